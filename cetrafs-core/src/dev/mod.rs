@@ -1,0 +1,101 @@
+//! The shared-LUN seam. Everything above this module sees a [`BlockDevice`]: whole logical
+//! blocks read and written at byte offsets, a one-block COMPARE AND WRITE, a flush barrier,
+//! discard, and geometry. Backends: [`file::FileDevice`] (regular file or block device, O_DIRECT,
+//! host-local CAW emulation) and [`mem::MemDevice`] (unit tests, fault injection). The SG_IO
+//! backend plugs in here too; its CAW is one logical block, which is all this trait asks for.
+
+pub mod aligned;
+pub mod file;
+pub mod mem;
+
+use crate::error::{Error, ErrorKind, Result};
+pub use aligned::{AlignedBuf, IO_ALIGN};
+use std::fmt::Debug;
+use std::sync::Arc;
+
+/// How COMPARE AND WRITE is made atomic on this device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CawKind {
+    /// The target executes SCSI COMPARE AND WRITE: atomic across every initiator.
+    Scsi,
+    /// Emulated with OFD byte-range locks: atomic only among processes on this host.
+    HostLocal,
+    /// In-process emulation (memory device).
+    InProcess,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Geometry {
+    /// Unit of addressing and of compare_and_write: 512 or 4096.
+    pub logical_block_size: u32,
+    /// Preferred alignment of I/O (the physical block), >= logical_block_size.
+    pub physical_block_size: u32,
+    /// Usable size in bytes (a multiple of logical_block_size).
+    pub size_bytes: u64,
+    /// A stable identity of the LUN (path-independent where the backend can tell).
+    pub identity: String,
+    pub caw: CawKind,
+}
+
+impl Geometry {
+    pub fn lbs(&self) -> u64 {
+        u64::from(self.logical_block_size)
+    }
+}
+
+/// Result of a compare_and_write that reached the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CawOutcome {
+    /// The block matched `expected` and now holds `new`.
+    Written,
+    /// The block did not match; nothing was written.
+    Miscompare,
+}
+
+/// A shared LUN. Offsets and lengths are bytes and must be multiples of the logical block size.
+/// Buffers need not be aligned: backends that require alignment bounce through an
+/// [`AlignedBuf`], so hot paths should pass aligned buffers to avoid the copy.
+pub trait BlockDevice: Send + Sync + Debug {
+    fn geometry(&self) -> &Geometry;
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Atomically: if logical block `lba` equals `expected`, replace it with `new`.
+    /// Both slices are exactly one logical block.
+    fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome>;
+    /// Durability barrier: every write that completed before this call is on stable media after it.
+    fn flush(&self) -> Result<()>;
+    /// Hint that a byte range no longer holds data. Reads of it afterwards are unspecified.
+    fn discard(&self, offset: u64, len: u64) -> Result<()>;
+}
+
+pub type SharedDevice = Arc<dyn BlockDevice>;
+
+/// Validate that an I/O request is block-aligned and inside the device.
+pub(crate) fn check_io(geo: &Geometry, offset: u64, len: usize, what: &str) -> Result<()> {
+    let lbs = geo.lbs();
+    let len64 = len as u64;
+    if offset % lbs != 0 || len64 % lbs != 0 {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("{what} at {offset} len {len} is not aligned to the {lbs}-byte logical block"),
+        ));
+    }
+    if offset.checked_add(len64).is_none_or(|end| end > geo.size_bytes) {
+        return Err(Error::new(
+            ErrorKind::Range,
+            format!("{what} at {offset} len {len} is beyond the end of the device ({} bytes)", geo.size_bytes),
+        ));
+    }
+    Ok(())
+}
+
+pub(crate) fn check_caw(geo: &Geometry, lba: u64, expected: &[u8], new: &[u8]) -> Result<()> {
+    let lbs = geo.logical_block_size as usize;
+    if expected.len() != lbs || new.len() != lbs {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!("compare_and_write covers exactly one {lbs}-byte block, got {}/{}", expected.len(), new.len()),
+        ));
+    }
+    check_io(geo, lba * geo.lbs(), lbs, "compare_and_write")
+}

@@ -1,0 +1,134 @@
+//! One error type for the whole core: a small, stable [`ErrorKind`] that callers match on,
+//! a human context string, and an optional source. `cetrafs-fuse` maps kinds to errno in one
+//! place; binaries print `Display`, which is one line a sysadmin can act on.
+
+use std::fmt;
+
+/// What went wrong, as far as a caller needs to decide what to do.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ErrorKind {
+    NotFound,
+    Exists,
+    NotEmpty,
+    NotDir,
+    IsDir,
+    NoSpace,
+    Busy,
+    InvalidInput,
+    NameTooLong,
+    PermissionDenied,
+    ReadOnly,
+    /// Data on disk failed validation (bad magic, crc, out-of-range field).
+    Corrupted,
+    /// The device or request is not supported (no CAW, wrong geometry, unknown incompat feature).
+    Unsupported,
+    /// The node lost its lease; it must not write again under this generation.
+    Fenced,
+    Io,
+    NoData,
+    Range,
+    CrossDevice,
+    TooManyLinks,
+}
+
+#[derive(Debug)]
+pub struct Error {
+    kind: ErrorKind,
+    context: String,
+    source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
+        Self { kind, context: context.into(), source: None }
+    }
+
+    pub fn with_source(
+        kind: ErrorKind,
+        context: impl Into<String>,
+        source: impl std::error::Error + Send + Sync + 'static,
+    ) -> Self {
+        Self { kind, context: context.into(), source: Some(Box::new(source)) }
+    }
+
+    pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
+        Self::with_source(ErrorKind::Io, context, source)
+    }
+
+    pub fn corrupted(context: impl Into<String>) -> Self {
+        Self::new(ErrorKind::Corrupted, context)
+    }
+
+    pub fn kind(&self) -> ErrorKind {
+        self.kind
+    }
+
+    pub fn context(&self) -> &str {
+        &self.context
+    }
+
+    /// Prefix more context, keeping kind and source: "while mounting: <old context>".
+    #[must_use]
+    pub fn wrap(mut self, outer: impl fmt::Display) -> Self {
+        self.context = format!("{outer}: {}", self.context);
+        self
+    }
+
+    /// The raw OS error, if the source is an I/O error.
+    pub fn raw_os_error(&self) -> Option<i32> {
+        self.source
+            .as_ref()
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .and_then(std::io::Error::raw_os_error)
+    }
+
+    /// The errno this error should surface as through POSIX interfaces.
+    pub fn errno(&self) -> i32 {
+        match self.kind {
+            ErrorKind::NotFound => libc::ENOENT,
+            ErrorKind::Exists => libc::EEXIST,
+            ErrorKind::NotEmpty => libc::ENOTEMPTY,
+            ErrorKind::NotDir => libc::ENOTDIR,
+            ErrorKind::IsDir => libc::EISDIR,
+            ErrorKind::NoSpace => libc::ENOSPC,
+            ErrorKind::Busy => libc::EBUSY,
+            ErrorKind::InvalidInput => libc::EINVAL,
+            ErrorKind::NameTooLong => libc::ENAMETOOLONG,
+            ErrorKind::PermissionDenied => libc::EPERM,
+            ErrorKind::ReadOnly => libc::EROFS,
+            ErrorKind::Unsupported => libc::EOPNOTSUPP,
+            ErrorKind::NoData => libc::ENODATA,
+            ErrorKind::Range => libc::ERANGE,
+            ErrorKind::CrossDevice => libc::EXDEV,
+            ErrorKind::TooManyLinks => libc::EMLINK,
+            ErrorKind::Corrupted | ErrorKind::Fenced | ErrorKind::Io => libc::EIO,
+        }
+    }
+}
+
+impl fmt::Display for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.context)?;
+        if let Some(s) = &self.source {
+            write!(f, ": {s}")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for Error {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.source.as_ref().map(|s| &**s as &(dyn std::error::Error + 'static))
+    }
+}
+
+/// Shorthand for early returns: `bail!(NotFound, "no such entry {name:?}")`.
+#[macro_export]
+macro_rules! bail {
+    ($kind:ident, $($arg:tt)*) => {
+        return Err($crate::Error::new($crate::ErrorKind::$kind, format!($($arg)*)))
+    };
+}

@@ -1,0 +1,299 @@
+//! The superblock: fs block 0, with a backup copy in the device's last fs block.
+//! It fixes the geometry of every region for the life of the volume.
+//!
+//! ```text
+//! off  size field                     why
+//!   0     8 magic "CETRAFS\0"         identifies the volume (also what mkfs/blkid look for)
+//!   8     4 format_version (1)
+//!  12     4 compat features           unknown bits: ignore
+//!  16     4 ro_compat features        unknown bits: mount read-only only
+//!  20     4 incompat features         unknown bits: refuse to mount
+//!  24    16 uuid
+//!  40    64 label (UTF-8, NUL padded)
+//! 104     4 logical_block_size        512 | 4096: unit of lock/heartbeat records and CAW
+//! 108     4 fs_block_size (4096)
+//! 112     8 total_blocks              fs blocks covered by the volume
+//! 120     8 created (unix seconds)
+//! 128     4 max_nodes                 journals (= mountable nodes at once)
+//! 132     4 hb_slots                  heartbeat records (>= 64, >= max_nodes)
+//! 136     8 probe_block               scratch block for the CAW probe
+//! 144     8 hb_start    152 8 hb_blocks
+//! 160     8 lock_start  168 8 lock_count (records)   176 8 lock_blocks
+//! 184     8 journal_start             192 8 journal_blocks (per node)
+//! 200     8 group_start 208 8 group_count  216 8 group_blocks (per group)
+//! 224     8 root_ino
+//! 232     4 heartbeat_interval_ms     236 4 io_timeout_ms
+//! 240     8 backup_block (fs block of the backup copy)
+//! 248     8 seq                       bumped on each rewrite
+//! 256     4 bitmap_blocks per group   260 4 inode_lock_slots (hashed inode lock records)
+//! 264  3828 zero
+//! 4092    4 crc32c of bytes 0..4092
+//! ```
+
+use super::codec::{Reader, Writer};
+use super::FS_BLOCK_SIZE;
+use crate::error::{Error, ErrorKind, Result};
+
+pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
+pub const FORMAT_VERSION: u32 = 1;
+pub const LABEL_LEN: usize = 64;
+
+/// Feature bits known to this release. None are defined yet in v1; the fields exist so that
+/// the first feature can be added without a format break.
+pub const COMPAT_KNOWN: u32 = 0;
+pub const RO_COMPAT_KNOWN: u32 = 0;
+pub const INCOMPAT_KNOWN: u32 = 0;
+
+const MAGIC: usize = 0;
+const VERSION: usize = MAGIC + 8;
+const COMPAT: usize = VERSION + 4;
+const RO_COMPAT: usize = COMPAT + 4;
+const INCOMPAT: usize = RO_COMPAT + 4;
+const UUID: usize = INCOMPAT + 4;
+const LABEL: usize = UUID + 16;
+const LBS: usize = LABEL + LABEL_LEN;
+const FSBS: usize = LBS + 4;
+const TOTAL: usize = FSBS + 4;
+const CREATED: usize = TOTAL + 8;
+const MAX_NODES: usize = CREATED + 8;
+const HB_SLOTS: usize = MAX_NODES + 4;
+const PROBE: usize = HB_SLOTS + 4;
+const HB_START: usize = PROBE + 8;
+const HB_BLOCKS: usize = HB_START + 8;
+const LOCK_START: usize = HB_BLOCKS + 8;
+const LOCK_COUNT: usize = LOCK_START + 8;
+const LOCK_BLOCKS: usize = LOCK_COUNT + 8;
+const JOURNAL_START: usize = LOCK_BLOCKS + 8;
+const JOURNAL_BLOCKS: usize = JOURNAL_START + 8;
+const GROUP_START: usize = JOURNAL_BLOCKS + 8;
+const GROUP_COUNT: usize = GROUP_START + 8;
+const GROUP_BLOCKS: usize = GROUP_COUNT + 8;
+const ROOT_INO: usize = GROUP_BLOCKS + 8;
+const HB_INTERVAL: usize = ROOT_INO + 8;
+const IO_TIMEOUT: usize = HB_INTERVAL + 4;
+const BACKUP: usize = IO_TIMEOUT + 4;
+const SEQ: usize = BACKUP + 8;
+const BITMAP_BLOCKS: usize = SEQ + 8;
+const INODE_LOCKS: usize = BITMAP_BLOCKS + 4;
+const CRC: usize = FS_BLOCK_SIZE - 4;
+const _: () = assert!(INODE_LOCKS + 4 == 264);
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Superblock {
+    pub compat: u32,
+    pub ro_compat: u32,
+    pub incompat: u32,
+    pub uuid: [u8; 16],
+    pub label: String,
+    pub logical_block_size: u32,
+    pub total_blocks: u64,
+    pub created: u64,
+    pub max_nodes: u32,
+    pub hb_slots: u32,
+    pub probe_block: u64,
+    pub hb_start: u64,
+    pub hb_blocks: u64,
+    pub lock_start: u64,
+    pub lock_count: u64,
+    pub lock_blocks: u64,
+    pub journal_start: u64,
+    pub journal_blocks: u64,
+    pub group_start: u64,
+    pub group_count: u64,
+    pub group_blocks: u64,
+    pub root_ino: u64,
+    pub heartbeat_interval_ms: u32,
+    pub io_timeout_ms: u32,
+    pub backup_block: u64,
+    pub seq: u64,
+    pub bitmap_blocks: u32,
+    pub inode_lock_slots: u32,
+}
+
+impl Superblock {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; FS_BLOCK_SIZE];
+        let mut w = Writer::new(&mut b);
+        w.bytes(MAGIC, &SB_MAGIC);
+        w.u32(VERSION, FORMAT_VERSION);
+        w.u32(COMPAT, self.compat);
+        w.u32(RO_COMPAT, self.ro_compat);
+        w.u32(INCOMPAT, self.incompat);
+        w.bytes(UUID, &self.uuid);
+        let l = self.label.as_bytes();
+        w.bytes(LABEL, &l[..l.len().min(LABEL_LEN)]);
+        w.u32(LBS, self.logical_block_size);
+        w.u32(FSBS, FS_BLOCK_SIZE as u32);
+        w.u64(TOTAL, self.total_blocks);
+        w.u64(CREATED, self.created);
+        w.u32(MAX_NODES, self.max_nodes);
+        w.u32(HB_SLOTS, self.hb_slots);
+        w.u64(PROBE, self.probe_block);
+        w.u64(HB_START, self.hb_start);
+        w.u64(HB_BLOCKS, self.hb_blocks);
+        w.u64(LOCK_START, self.lock_start);
+        w.u64(LOCK_COUNT, self.lock_count);
+        w.u64(LOCK_BLOCKS, self.lock_blocks);
+        w.u64(JOURNAL_START, self.journal_start);
+        w.u64(JOURNAL_BLOCKS, self.journal_blocks);
+        w.u64(GROUP_START, self.group_start);
+        w.u64(GROUP_COUNT, self.group_count);
+        w.u64(GROUP_BLOCKS, self.group_blocks);
+        w.u64(ROOT_INO, self.root_ino);
+        w.u32(HB_INTERVAL, self.heartbeat_interval_ms);
+        w.u32(IO_TIMEOUT, self.io_timeout_ms);
+        w.u64(BACKUP, self.backup_block);
+        w.u64(SEQ, self.seq);
+        w.u32(BITMAP_BLOCKS, self.bitmap_blocks);
+        w.u32(INODE_LOCKS, self.inode_lock_slots);
+        let crc = crc32c::crc32c(&b[..CRC]);
+        Writer::new(&mut b).u32(CRC, crc);
+        b
+    }
+
+    /// True if the buffer starts with the CetraFS magic (whatever else is wrong with it).
+    pub fn has_magic(buf: &[u8]) -> bool {
+        buf.get(..8) == Some(&SB_MAGIC[..])
+    }
+
+    /// Decode and validate. Every check says what a sysadmin would need to know.
+    pub fn decode(buf: &[u8]) -> Result<Self> {
+        let r = Reader::new(buf, "superblock");
+        if !Self::has_magic(buf) {
+            return Err(Error::new(ErrorKind::Corrupted, "no CetraFS superblock (magic not found)"));
+        }
+        if buf.len() < FS_BLOCK_SIZE {
+            return Err(Error::corrupted("superblock is truncated"));
+        }
+        if r.u32(CRC)? != crc32c::crc32c(r.bytes(0, CRC)?) {
+            return Err(Error::corrupted("superblock checksum mismatch (damaged superblock)"));
+        }
+        let version = r.u32(VERSION)?;
+        if version != FORMAT_VERSION {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("format version {version} is not supported by this CetraFS (knows {FORMAT_VERSION})"),
+            ));
+        }
+        let label_raw = r.bytes(LABEL, LABEL_LEN)?;
+        let end = label_raw.iter().position(|&c| c == 0).unwrap_or(LABEL_LEN);
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(r.bytes(UUID, 16)?);
+        let sb = Self {
+            compat: r.u32(COMPAT)?,
+            ro_compat: r.u32(RO_COMPAT)?,
+            incompat: r.u32(INCOMPAT)?,
+            uuid,
+            label: String::from_utf8_lossy(&label_raw[..end]).into_owned(),
+            logical_block_size: r.u32(LBS)?,
+            total_blocks: r.u64(TOTAL)?,
+            created: r.u64(CREATED)?,
+            max_nodes: r.u32(MAX_NODES)?,
+            hb_slots: r.u32(HB_SLOTS)?,
+            probe_block: r.u64(PROBE)?,
+            hb_start: r.u64(HB_START)?,
+            hb_blocks: r.u64(HB_BLOCKS)?,
+            lock_start: r.u64(LOCK_START)?,
+            lock_count: r.u64(LOCK_COUNT)?,
+            lock_blocks: r.u64(LOCK_BLOCKS)?,
+            journal_start: r.u64(JOURNAL_START)?,
+            journal_blocks: r.u64(JOURNAL_BLOCKS)?,
+            group_start: r.u64(GROUP_START)?,
+            group_count: r.u64(GROUP_COUNT)?,
+            group_blocks: r.u64(GROUP_BLOCKS)?,
+            root_ino: r.u64(ROOT_INO)?,
+            heartbeat_interval_ms: r.u32(HB_INTERVAL)?,
+            io_timeout_ms: r.u32(IO_TIMEOUT)?,
+            backup_block: r.u64(BACKUP)?,
+            seq: r.u64(SEQ)?,
+            bitmap_blocks: r.u32(BITMAP_BLOCKS)?,
+            inode_lock_slots: r.u32(INODE_LOCKS)?,
+        };
+        if r.u32(FSBS)? as usize != FS_BLOCK_SIZE {
+            return Err(Error::corrupted(format!("superblock: fs block size {} is not 4096", r.u32(FSBS)?)));
+        }
+        sb.validate()?;
+        Ok(sb)
+    }
+
+    /// Check that the regions are ordered, inside the volume and non-overlapping. The superblock
+    /// is checksummed, so this guards against encoder bugs and hand-edited images rather than
+    /// bit rot; every later bounds check relies on it.
+    fn validate(&self) -> Result<()> {
+        let bad = |what: &str| Err(Error::corrupted(format!("superblock: {what}")));
+        if self.logical_block_size != 512 && self.logical_block_size != 4096 {
+            return bad(&format!("logical block size {} is not 512 or 4096", self.logical_block_size));
+        }
+        if self.max_nodes == 0 || self.hb_slots < self.max_nodes {
+            return bad("node slot counts are inconsistent");
+        }
+        let lpb = (FS_BLOCK_SIZE as u64) / u64::from(self.logical_block_size);
+        if self.hb_blocks * lpb < u64::from(self.hb_slots) || self.lock_blocks * lpb < self.lock_count {
+            return bad("heartbeat or lock area is too small for its records");
+        }
+        let regions = [
+            (self.probe_block, 1),
+            (self.hb_start, self.hb_blocks),
+            (self.lock_start, self.lock_blocks),
+            (self.journal_start, self.journal_blocks.checked_mul(u64::from(self.max_nodes)).unwrap_or(u64::MAX)),
+            (self.group_start, self.group_blocks.checked_mul(self.group_count).unwrap_or(u64::MAX)),
+        ];
+        let mut prev_end = 1u64;
+        for (start, len) in regions {
+            if start < prev_end {
+                return bad("regions overlap");
+            }
+            prev_end = match start.checked_add(len) {
+                Some(e) => e,
+                None => return bad("region size overflows"),
+            };
+        }
+        if prev_end > self.backup_block || self.backup_block >= self.total_blocks {
+            return bad("regions run past the end of the volume");
+        }
+        if self.group_count == 0 || self.group_blocks <= u64::from(self.bitmap_blocks) + 1 {
+            return bad("no usable allocation group");
+        }
+        if u64::from(self.bitmap_blocks) * super::group::BITS_PER_BITMAP_BLOCK < self.group_blocks {
+            return bad("group bitmap too small for the group");
+        }
+        if self.root_ino < self.group_start || self.root_ino >= prev_end {
+            return bad("root inode outside the allocation groups");
+        }
+        if self.inode_lock_slots == 0 {
+            return bad("no inode lock records");
+        }
+        Ok(())
+    }
+
+    /// Check feature flags against what this build understands. Returns Ok(true) if the volume
+    /// may only be mounted read-only.
+    pub fn check_features(&self) -> Result<bool> {
+        let unknown = self.incompat & !INCOMPAT_KNOWN;
+        if unknown != 0 {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!("volume uses incompatible features {unknown:#x} unknown to this CetraFS; upgrade it"),
+            ));
+        }
+        Ok(self.ro_compat & !RO_COMPAT_KNOWN != 0)
+    }
+
+    pub fn group_first_block(&self, group: u64) -> u64 {
+        self.group_start + group * self.group_blocks
+    }
+
+    /// Number of the group holding fs block `b`, if `b` is inside the group area.
+    pub fn group_of(&self, b: u64) -> Option<u64> {
+        let g = b.checked_sub(self.group_start)? / self.group_blocks;
+        (g < self.group_count).then_some(g)
+    }
+
+    pub fn uuid_string(&self) -> String {
+        let u = &self.uuid;
+        format!(
+            "{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+            u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]
+        )
+    }
+}
