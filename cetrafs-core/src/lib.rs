@@ -4,5 +4,6 @@
 pub mod dev;
 pub mod error;
 pub mod format;
+pub mod fs;
 
 pub use error::{Error, ErrorKind, Result};

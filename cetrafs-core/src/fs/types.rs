@@ -1,0 +1,168 @@
+//! Plain types of the filesystem API: what the FUSE adapter (and tests) pass in and get back.
+
+use crate::format::inode::Timespec;
+
+pub type Ino = u64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    Regular,
+    Directory,
+    Symlink,
+    Fifo,
+    CharDevice,
+    BlockDevice,
+    Socket,
+}
+
+impl FileKind {
+    pub fn from_mode(mode: u32) -> Option<Self> {
+        Some(match mode & libc::S_IFMT {
+            libc::S_IFREG => Self::Regular,
+            libc::S_IFDIR => Self::Directory,
+            libc::S_IFLNK => Self::Symlink,
+            libc::S_IFIFO => Self::Fifo,
+            libc::S_IFCHR => Self::CharDevice,
+            libc::S_IFBLK => Self::BlockDevice,
+            libc::S_IFSOCK => Self::Socket,
+            _ => return None,
+        })
+    }
+
+    /// The DT_* value stored in directory entries.
+    pub fn dtype(self) -> u8 {
+        match self {
+            Self::Regular => libc::DT_REG,
+            Self::Directory => libc::DT_DIR,
+            Self::Symlink => libc::DT_LNK,
+            Self::Fifo => libc::DT_FIFO,
+            Self::CharDevice => libc::DT_CHR,
+            Self::BlockDevice => libc::DT_BLK,
+            Self::Socket => libc::DT_SOCK,
+        }
+    }
+
+    pub fn from_dtype(d: u8) -> Option<Self> {
+        Some(match d {
+            libc::DT_REG => Self::Regular,
+            libc::DT_DIR => Self::Directory,
+            libc::DT_LNK => Self::Symlink,
+            libc::DT_FIFO => Self::Fifo,
+            libc::DT_CHR => Self::CharDevice,
+            libc::DT_BLK => Self::BlockDevice,
+            libc::DT_SOCK => Self::Socket,
+            _ => return None,
+        })
+    }
+}
+
+/// Attributes as stat(2) reports them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attr {
+    pub ino: Ino,
+    pub kind: FileKind,
+    /// Permission bits and setuid/setgid/sticky (mode & 0o7777).
+    pub perm: u16,
+    pub nlink: u32,
+    pub uid: u32,
+    pub gid: u32,
+    pub rdev: u64,
+    pub size: u64,
+    /// 512-byte units, as st_blocks.
+    pub blocks: u64,
+    pub atime: Timespec,
+    pub mtime: Timespec,
+    pub ctime: Timespec,
+    pub crtime: Timespec,
+    /// FS_*_FL flags (immutable, append-only, noatime).
+    pub flags: u32,
+    pub generation: u32,
+}
+
+/// A time to set: a given value, or "now" (UTIME_NOW).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SetTime {
+    Now,
+    At(Timespec),
+}
+
+/// setattr request; `None` fields are left unchanged.
+#[derive(Debug, Clone, Default)]
+pub struct SetAttr {
+    pub mode: Option<u32>,
+    pub uid: Option<u32>,
+    pub gid: Option<u32>,
+    pub size: Option<u64>,
+    pub atime: Option<SetTime>,
+    pub mtime: Option<SetTime>,
+    /// Explicit ctime (rarely sent by the kernel); otherwise ctime becomes now on any change.
+    pub ctime: Option<Timespec>,
+}
+
+/// Who is asking: used for new inodes' ownership and for checks the kernel cannot do for us.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Caller {
+    pub uid: u32,
+    pub gid: u32,
+}
+
+impl Caller {
+    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RenameFlags {
+    pub noreplace: bool,
+    pub exchange: bool,
+}
+
+/// fallocate(2) modes we support.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FallocMode {
+    /// Mode 0 (or KEEP_SIZE when `keep_size`): allocate unwritten extents that read as zeros.
+    Allocate { keep_size: bool },
+    /// PUNCH_HOLE | KEEP_SIZE: free the blocks; the range reads as zeros.
+    PunchHole,
+    /// ZERO_RANGE (optionally KEEP_SIZE): the range reads as zeros, and stays allocated.
+    ZeroRange { keep_size: bool },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Whence {
+    Data,
+    Hole,
+}
+
+/// One readdir entry; `next` is the cookie to resume after it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DirListEntry {
+    pub ino: Ino,
+    pub kind: FileKind,
+    pub name: Vec<u8>,
+    pub next: u64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatFs {
+    pub blocks: u64,
+    pub bfree: u64,
+    pub bavail: u64,
+    pub files: u64,
+    pub ffree: u64,
+    pub bsize: u32,
+    pub namelen: u32,
+}
+
+/// Options a node mounts with.
+#[derive(Debug, Clone)]
+pub struct MountOptions {
+    pub read_only: bool,
+    /// Node identity (host name); recorded in the heartbeat slot by the multi-node layer.
+    pub host: String,
+}
+
+impl Default for MountOptions {
+    fn default() -> Self {
+        Self { read_only: false, host: "localhost".into() }
+    }
+}
