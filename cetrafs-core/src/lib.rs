@@ -5,5 +5,6 @@ pub mod dev;
 pub mod error;
 pub mod format;
 pub mod fs;
+pub mod mkfs;
 
 pub use error::{Error, ErrorKind, Result};
