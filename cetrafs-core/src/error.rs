@@ -30,6 +30,8 @@ pub enum ErrorKind {
     Range,
     CrossDevice,
     TooManyLinks,
+    /// SEEK_DATA/SEEK_HOLE past the end, or no more data.
+    NoSuchOffset,
 }
 
 #[derive(Debug)]
@@ -104,6 +106,7 @@ impl Error {
             ErrorKind::Range => libc::ERANGE,
             ErrorKind::CrossDevice => libc::EXDEV,
             ErrorKind::TooManyLinks => libc::EMLINK,
+            ErrorKind::NoSuchOffset => libc::ENXIO,
             ErrorKind::Corrupted | ErrorKind::Fenced | ErrorKind::Io => libc::EIO,
         }
     }

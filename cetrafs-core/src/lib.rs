@@ -1,6 +1,7 @@
 //! CetraFS core: the on-disk format, the shared-LUN device layer, allocation, extent trees,
 //! directories and the filesystem API ([`fs::Volume`]). No FUSE types live here.
 
+pub mod alloc;
 pub mod dev;
 pub mod error;
 pub mod format;

@@ -135,8 +135,10 @@ impl FileDevice {
     }
 }
 
-fn aligned(buf: &[u8]) -> bool {
-    buf.as_ptr() as usize % IO_ALIGN == 0
+/// O_DIRECT needs the buffer address aligned to the logical block size; our callers pass
+/// AlignedBuf (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
+fn aligned(buf: &[u8], lbs: u32) -> bool {
+    buf.as_ptr() as usize % lbs.min(IO_ALIGN as u32) as usize == 0
 }
 
 impl BlockDevice for FileDevice {
@@ -146,7 +148,7 @@ impl BlockDevice for FileDevice {
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         check_io(&self.geo, offset, buf.len(), "read")?;
-        let res = if aligned(buf) {
+        let res = if aligned(buf, self.geo.logical_block_size) {
             self.file.read_exact_at(buf, offset)
         } else {
             let mut b = AlignedBuf::new(buf.len());
@@ -159,7 +161,7 @@ impl BlockDevice for FileDevice {
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         check_io(&self.geo, offset, buf.len(), "write")?;
-        let res = if aligned(buf) {
+        let res = if aligned(buf, self.geo.logical_block_size) {
             self.file.write_all_at(buf, offset)
         } else {
             self.file.write_all_at(&AlignedBuf::from_slice(buf), offset)
