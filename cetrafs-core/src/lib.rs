@@ -7,5 +7,6 @@ pub mod error;
 pub mod format;
 pub mod fs;
 pub mod mkfs;
+pub mod probe;
 
 pub use error::{Error, ErrorKind, Result};
