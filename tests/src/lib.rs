@@ -1,1 +1,754 @@
-//! Shared harness for the end-to-end tests.
+//! Shared harness for the end-to-end tests: real daemons (`mount-cetra`) on real FUSE mounts of
+//! sparse file-backed LUNs, plus the mkfs and fsck binaries.
+//!
+//! * [`Lun`]: a sparse file in a temporary directory on a filesystem that supports O_DIRECT.
+//! * [`Mount`]: the daemon started in daemon mode; `Drop` unmounts, waits for the daemon and
+//!   insists that it exits 0 (the test process is a child subreaper so it can reap the daemon).
+//! * [`require_fuse!`]: skip loudly when /dev/fuse is missing, unless `CETRA_REQUIRE_E2E=1`
+//!   (set by `scripts/test`), in which case a missing FUSE is a failure.
+//!
+//! Binaries are taken from `$CETRA_BIN_DIR`, else from the `target/{release,debug}` directory
+//! that has all three and the newest `mount-cetra`. Build them first: `cargo build --release --bins`.
+
+use std::ffi::{CString, OsStr};
+use std::fs;
+use std::io::{self, Write};
+use std::os::unix::ffi::OsStrExt;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+pub use rand;
+
+/// How long a daemon gets to mount or to exit after umount.
+const DAEMON_TIMEOUT: Duration = Duration::from_secs(120);
+
+// ---------------------------------------------------------------------------------------------
+// Locating things
+
+/// The workspace root (parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests crate has a parent").to_path_buf()
+}
+
+fn target_dir() -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) => {
+            let p = PathBuf::from(d);
+            if p.is_absolute() {
+                p
+            } else {
+                workspace_root().join(p)
+            }
+        }
+        None => workspace_root().join("target"),
+    }
+}
+
+pub const BINARIES: [&str; 3] = ["mkfs-cetra", "mount-cetra", "fsck-cetra"];
+
+/// Directory holding the CetraFS binaries.
+pub fn bin_dir() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if let Some(d) = std::env::var_os("CETRA_BIN_DIR") {
+            return PathBuf::from(d);
+        }
+        let t = target_dir();
+        let mut best: Option<(std::time::SystemTime, PathBuf)> = None;
+        for profile in ["release", "debug"] {
+            let d = t.join(profile);
+            if !BINARIES.iter().all(|b| d.join(b).is_file()) {
+                continue;
+            }
+            let m = fs::metadata(d.join("mount-cetra")).and_then(|m| m.modified()).ok();
+            if let Some(m) = m {
+                if best.as_ref().is_none_or(|(bm, _)| m > *bm) {
+                    best = Some((m, d));
+                }
+            }
+        }
+        match best {
+            Some((_, d)) => d,
+            None => panic!(
+                "CetraFS binaries ({}) not found in {}/{{release,debug}}; run `cargo build --release --bins` \
+                 or set CETRA_BIN_DIR",
+                BINARIES.join(", "),
+                t.display()
+            ),
+        }
+    })
+    .clone()
+}
+
+pub fn bin(name: &str) -> PathBuf {
+    let p = bin_dir().join(name);
+    assert!(p.is_file(), "binary {} missing", p.display());
+    p
+}
+
+/// True if FUSE mounts can be made here (device node present and we can open it).
+pub fn fuse_available() -> bool {
+    fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_ok()
+}
+
+/// Return early from a test (with a loud message) if FUSE is unavailable. With
+/// `CETRA_REQUIRE_E2E=1` a missing FUSE fails the test instead.
+#[macro_export]
+macro_rules! require_fuse {
+    () => {
+        if !$crate::fuse_available() {
+            if std::env::var("CETRA_REQUIRE_E2E").as_deref() == Ok("1") {
+                panic!("/dev/fuse is not usable and CETRA_REQUIRE_E2E=1: end-to-end tests cannot run");
+            }
+            eprintln!("\n!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!");
+            eprintln!("!!! SKIPPED {}: /dev/fuse is missing or not openable (need root + fuse)", module_path!());
+            eprintln!("!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!!\n");
+            return;
+        }
+    };
+}
+
+fn probe_o_direct(dir: &Path) -> bool {
+    if fs::create_dir_all(dir).is_err() {
+        return false;
+    }
+    let p = dir.join(format!(".odirect-probe-{}", std::process::id()));
+    let ok = (|| -> io::Result<()> {
+        let f = fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .custom_flags(libc::O_DIRECT)
+            .open(&p)?;
+        let buf = AlignedBuf::new(4096);
+        use std::os::unix::fs::FileExt;
+        f.write_all_at(&buf, 0)?;
+        Ok(())
+    })()
+    .is_ok();
+    let _ = fs::remove_file(&p);
+    ok
+}
+
+/// Base directory for LUN files: `$CETRA_TEST_TMP`, `<workspace>/.cache/tmp`, or the system temp
+/// dir, whichever first supports O_DIRECT (tmpfs does not).
+pub fn scratch_base() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let mut cands = Vec::new();
+        if let Some(d) = std::env::var_os("CETRA_TEST_TMP") {
+            cands.push(PathBuf::from(d));
+        }
+        cands.push(workspace_root().join(".cache").join("tmp"));
+        cands.push(std::env::temp_dir());
+        for c in &cands {
+            if probe_o_direct(c) {
+                return c.clone();
+            }
+        }
+        panic!("no scratch directory supporting O_DIRECT among {cands:?}");
+    })
+    .clone()
+}
+
+// ---------------------------------------------------------------------------------------------
+// Commands
+
+/// Exit code and output of a command.
+#[derive(Debug, Clone)]
+pub struct CmdResult {
+    pub code: i32,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl CmdResult {
+    fn from_output(o: &Output) -> Self {
+        use std::os::unix::process::ExitStatusExt;
+        let code = o.status.code().unwrap_or_else(|| 128 + o.status.signal().unwrap_or(0));
+        Self {
+            code,
+            stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
+        }
+    }
+    /// stdout and stderr together.
+    pub fn output(&self) -> String {
+        format!("{}{}", self.stdout, self.stderr)
+    }
+}
+
+impl std::fmt::Display for CmdResult {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "exit {}\n--- stdout ---\n{}--- stderr ---\n{}", self.code, self.stdout, self.stderr)
+    }
+}
+
+/// Run a command to completion, capturing output.
+pub fn run(cmd: &mut Command) -> CmdResult {
+    let o = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    CmdResult::from_output(&o)
+}
+
+/// Run a command that must succeed; returns stdout.
+pub fn run_ok(cmd: &mut Command) -> String {
+    let r = run(cmd);
+    assert_eq!(r.code, 0, "{cmd:?} failed: {r}");
+    r.stdout
+}
+
+// ---------------------------------------------------------------------------------------------
+// LUN
+
+/// A sparse file-backed LUN in its own temporary directory (removed on drop).
+#[derive(Debug)]
+pub struct Lun {
+    dir: tempfile::TempDir,
+    path: PathBuf,
+    size: u64,
+}
+
+impl Lun {
+    /// A sparse LUN of `size` bytes.
+    pub fn new(size: u64) -> Self {
+        let dir = tempfile::Builder::new().prefix("cetra-e2e-").tempdir_in(scratch_base()).expect("tempdir for LUN");
+        let path = dir.path().join("lun.img");
+        let f = fs::File::create(&path).expect("create LUN file");
+        f.set_len(size).expect("size LUN file");
+        Self { dir, path, size }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+    pub fn size(&self) -> u64 {
+        self.size
+    }
+    /// The LUN's private temporary directory (mountpoints and logs live here too).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// Run mkfs with `args` (before the device) and return its result.
+    pub fn try_mkfs(&self, args: &[&str]) -> CmdResult {
+        run(Command::new(bin("mkfs-cetra")).args(args).arg(&self.path))
+    }
+
+    /// mkfs that must succeed.
+    pub fn mkfs(&self, args: &[&str]) -> CmdResult {
+        let r = self.try_mkfs(args);
+        assert_eq!(r.code, 0, "mkfs-cetra {args:?} {} failed: {r}", self.path.display());
+        r
+    }
+
+    /// `fsck-cetra -n`: exit code and output.
+    pub fn fsck(&self) -> CmdResult {
+        run(Command::new(bin("fsck-cetra")).arg("-n").arg(&self.path))
+    }
+
+    /// fsck -n must report a clean volume (exit 0).
+    pub fn assert_fsck_clean(&self) {
+        let r = self.fsck();
+        assert_eq!(r.code, 0, "fsck-cetra -n {} is not clean: {r}", self.path.display());
+    }
+
+    /// Overwrite `data.len()` bytes at `offset` of the backing file (corruption tests).
+    pub fn poke(&self, offset: u64, data: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new().write(true).open(&self.path).expect("open LUN for poke");
+        f.write_all_at(data, offset).expect("poke LUN");
+        f.sync_all().expect("sync LUN");
+    }
+
+    /// Read bytes of the backing file.
+    pub fn peek(&self, offset: u64, len: usize) -> Vec<u8> {
+        use std::os::unix::fs::FileExt;
+        let f = fs::File::open(&self.path).expect("open LUN for peek");
+        let mut b = vec![0u8; len];
+        f.read_exact_at(&mut b, offset).expect("peek LUN");
+        b
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Mount
+
+fn become_subreaper() {
+    static ONCE: OnceLock<()> = OnceLock::new();
+    ONCE.get_or_init(|| {
+        // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes no pointers and affects only this process.
+        let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+        assert_eq!(r, 0, "prctl(PR_SET_CHILD_SUBREAPER): {}", io::Error::last_os_error());
+    });
+}
+
+/// Is `path` a mountpoint right now (per /proc/self/mountinfo)? Returns its fstype.
+pub fn mount_fstype(path: &Path) -> Option<String> {
+    let canon = fs::canonicalize(path).unwrap_or_else(|_| path.to_path_buf());
+    let info = fs::read_to_string("/proc/self/mountinfo").ok()?;
+    let want = canon.to_string_lossy().replace(' ', "\\040");
+    let mut found = None;
+    for line in info.lines() {
+        let f: Vec<&str> = line.split(' ').collect();
+        if f.len() < 5 || f[4] != want {
+            continue;
+        }
+        let sep = f.iter().position(|x| *x == "-")?;
+        found = f.get(sep + 1).map(|s| (*s).to_string());
+    }
+    found
+}
+
+/// Pids of `mount-cetra` processes whose command line names `mountpoint`.
+fn daemon_pids(mountpoint: &Path) -> Vec<i32> {
+    let mp = mountpoint.as_os_str().as_bytes();
+    let mut pids = Vec::new();
+    let Ok(rd) = fs::read_dir("/proc") else { return pids };
+    for e in rd.flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else { continue };
+        let args: Vec<&[u8]> = cmdline.split(|&c| c == 0).collect();
+        let is_daemon = args.first().is_some_and(|a0| {
+            let n = Path::new(OsStr::from_bytes(a0)).file_name().map(|n| n.as_bytes().to_vec()).unwrap_or_default();
+            n.starts_with(b"mount-cetra") || n.starts_with(b"mount.cetra")
+        });
+        if is_daemon && args.iter().skip(1).any(|a| *a == mp) {
+            pids.push(pid);
+        }
+    }
+    pids
+}
+
+/// Outcome of waiting for a process.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Exit {
+    Code(i32),
+    Signal(i32),
+    /// Gone, but not our child (could not collect a status).
+    Unknown,
+}
+
+/// Poll until `pid` exits or `timeout` passes. Returns None on timeout.
+fn wait_pid(pid: i32, timeout: Duration) -> Option<Exit> {
+    let start = Instant::now();
+    loop {
+        let mut status = 0;
+        // SAFETY: waitpid with a valid out-pointer to a local.
+        let r = unsafe { libc::waitpid(pid, &raw mut status, libc::WNOHANG) };
+        if r == pid {
+            if libc::WIFEXITED(status) {
+                return Some(Exit::Code(libc::WEXITSTATUS(status)));
+            }
+            if libc::WIFSIGNALED(status) {
+                return Some(Exit::Signal(libc::WTERMSIG(status)));
+            }
+        } else if r < 0 {
+            // Not our child (ECHILD): fall back to polling its existence.
+            // SAFETY: kill with signal 0 only checks existence.
+            if unsafe { libc::kill(pid, 0) } != 0 {
+                return Some(Exit::Unknown);
+            }
+        }
+        if start.elapsed() > timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// A mounted CetraFS served by a `mount-cetra` daemon.
+#[derive(Debug)]
+pub struct Mount {
+    mountpoint: PathBuf,
+    device: PathBuf,
+    log: PathBuf,
+    pid: i32,
+    mounted: bool,
+}
+
+impl Mount {
+    /// Mount `lun` as node `host`; panics (with the daemon log) if the mount fails.
+    pub fn new(lun: &Lun, host: &str) -> Self {
+        Self::with_opts(lun, host, &[])
+    }
+
+    /// Mount with extra `-o` options (e.g. `["ro"]`).
+    pub fn with_opts(lun: &Lun, host: &str, opts: &[&str]) -> Self {
+        match Self::try_new(lun.path(), &lun.dir().join(format!("mnt-{host}")), host, opts) {
+            Ok(m) => m,
+            Err(r) => panic!("mounting {} as {host} failed: {r}", lun.path().display()),
+        }
+    }
+
+    /// Start the daemon on `device` at `mountpoint` (created if needed). On failure returns the
+    /// daemon's exit status and output (with its log file appended to stderr).
+    pub fn try_new(device: &Path, mountpoint: &Path, host: &str, opts: &[&str]) -> Result<Self, CmdResult> {
+        become_subreaper();
+        fs::create_dir_all(mountpoint).expect("create mountpoint");
+        let mountpoint = fs::canonicalize(mountpoint).expect("canonical mountpoint");
+        let log = mountpoint.with_file_name(format!(
+            "{}.log",
+            mountpoint.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+        ));
+        let mut o = vec![format!("host={host}")];
+        o.extend(opts.iter().map(|s| (*s).to_string()));
+        let mut cmd = Command::new(bin("mount-cetra"));
+        cmd.arg(device).arg(&mountpoint).arg("-o").arg(o.join(",")).env("CETRA_LOG_FILE", &log);
+        let started = Instant::now();
+        let mut r = run(&mut cmd);
+        if r.code != 0 {
+            r.stderr.push_str(&format!("--- daemon log {} ---\n{}", log.display(), read_lossy(&log)));
+            // A failed mount must not leave a daemon behind.
+            for pid in daemon_pids(&mountpoint) {
+                // SAFETY: signalling a pid we found serving our private mountpoint.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+                let _ = wait_pid(pid, Duration::from_secs(5));
+            }
+            return Err(r);
+        }
+        // The contract: exit 0 only once the mount is ready. Check it.
+        let fstype = mount_fstype(&mountpoint);
+        assert!(
+            fstype.as_deref().is_some_and(|t| t.starts_with("fuse")),
+            "mount-cetra exited 0 but {} is not a FUSE mount (fstype {fstype:?}); log:\n{}",
+            mountpoint.display(),
+            read_lossy(&log)
+        );
+        let pids = daemon_pids(&mountpoint);
+        assert_eq!(
+            pids.len(),
+            1,
+            "expected exactly one mount-cetra daemon for {}, found {pids:?} (after {:?})",
+            mountpoint.display(),
+            started.elapsed()
+        );
+        Ok(Self { mountpoint, device: device.to_path_buf(), log, pid: pids[0], mounted: true })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.mountpoint
+    }
+    /// `path` joined under the mountpoint.
+    pub fn p(&self, rel: impl AsRef<Path>) -> PathBuf {
+        self.mountpoint.join(rel)
+    }
+    pub fn device(&self) -> &Path {
+        &self.device
+    }
+    pub fn pid(&self) -> i32 {
+        self.pid
+    }
+    pub fn log_path(&self) -> &Path {
+        &self.log
+    }
+    pub fn log(&self) -> String {
+        read_lossy(&self.log)
+    }
+
+    /// Unmount and wait for the daemon to exit; Err describes what went wrong (with the log).
+    pub fn try_unmount(&mut self) -> Result<(), String> {
+        if !self.mounted {
+            return Ok(());
+        }
+        self.mounted = false;
+        let r = umount_path(&self.mountpoint);
+        if let Err(e) = r {
+            // Keep the daemon from lingering: lazy unmount, then wait.
+            let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
+            let st = wait_pid(self.pid, Duration::from_secs(10));
+            return Err(format!("umount {} failed: {e}; daemon {st:?}\nlog:\n{}", self.mountpoint.display(), self.log()));
+        }
+        match wait_pid(self.pid, DAEMON_TIMEOUT) {
+            Some(Exit::Code(0) | Exit::Unknown) => Ok(()),
+            Some(st) => Err(format!(
+                "daemon {} for {} exited with {st:?} after umount\nlog:\n{}",
+                self.pid,
+                self.mountpoint.display(),
+                self.log()
+            )),
+            None => {
+                // SAFETY: killing the daemon we started, found by its private mountpoint.
+                unsafe { libc::kill(self.pid, libc::SIGKILL) };
+                let _ = wait_pid(self.pid, Duration::from_secs(5));
+                Err(format!(
+                    "daemon {} did not exit within {DAEMON_TIMEOUT:?} of umount {}\nlog:\n{}",
+                    self.pid,
+                    self.mountpoint.display(),
+                    self.log()
+                ))
+            }
+        }
+    }
+
+    /// Unmount; panics if the daemon does not exit 0.
+    pub fn unmount(mut self) {
+        if let Err(e) = self.try_unmount() {
+            panic!("{e}");
+        }
+    }
+}
+
+impl Drop for Mount {
+    fn drop(&mut self) {
+        if let Err(e) = self.try_unmount() {
+            if std::thread::panicking() {
+                eprintln!("(while unwinding) {e}");
+            } else {
+                panic!("{e}");
+            }
+        }
+    }
+}
+
+/// Unmount a FUSE mountpoint: fusermount3 -u if present, else umount(2). Retries EBUSY briefly
+/// (a just-closed file may still be releasing).
+pub fn umount_path(p: &Path) -> Result<(), String> {
+    let start = Instant::now();
+    loop {
+        let err = match nix::mount::umount(p) {
+            Ok(()) => return Ok(()),
+            Err(e) => e,
+        };
+        if err == nix::errno::Errno::EBUSY && start.elapsed() < Duration::from_secs(10) {
+            std::thread::sleep(Duration::from_millis(50));
+            continue;
+        }
+        // Not root or no permission: try fusermount3.
+        let r = Command::new("fusermount3").arg("-u").arg(p).stdin(Stdio::null()).output();
+        return match r {
+            Ok(o) if o.status.success() => Ok(()),
+            Ok(o) => Err(format!("umount: {err}; fusermount3 -u: {}", String::from_utf8_lossy(&o.stderr).trim())),
+            Err(_) => Err(format!("umount: {err}")),
+        };
+    }
+}
+
+pub fn read_lossy(p: &Path) -> String {
+    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_else(|e| format!("<{}: {e}>", p.display()))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Small utilities
+
+/// A heap buffer aligned for O_DIRECT.
+#[derive(Debug)]
+pub struct AlignedBuf {
+    ptr: std::ptr::NonNull<u8>,
+    len: usize,
+}
+
+// SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
+unsafe impl Send for AlignedBuf {}
+
+impl AlignedBuf {
+    pub const ALIGN: usize = 4096;
+    fn layout(len: usize) -> std::alloc::Layout {
+        std::alloc::Layout::from_size_align(len.max(1), Self::ALIGN).expect("layout")
+    }
+    /// A zeroed buffer of `len` bytes aligned to 4096.
+    pub fn new(len: usize) -> Self {
+        // SAFETY: the layout has non-zero size.
+        let p = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
+        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(len)));
+        Self { ptr, len }
+    }
+}
+
+impl Drop for AlignedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with the same layout.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), Self::layout(self.len)) };
+    }
+}
+
+impl std::ops::Deref for AlignedBuf {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: ptr is valid for len bytes for the lifetime of self.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for AlignedBuf {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: ptr is valid for len bytes and uniquely borrowed through &mut self.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// errno of an io::Error (0 if it has none).
+pub fn errno_of(e: &io::Error) -> i32 {
+    e.raw_os_error().unwrap_or(0)
+}
+
+/// Human name of an errno value.
+pub fn errno_name(e: i32) -> String {
+    format!("{:?}", nix::errno::Errno::from_raw(e))
+}
+
+/// Result of a libc call returning -1 on error, as io::Result.
+pub fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
+    if r < 0 {
+        Err(io::Error::last_os_error())
+    } else {
+        Ok(r)
+    }
+}
+
+pub fn cstr(p: &Path) -> CString {
+    CString::new(p.as_os_str().as_bytes()).expect("path without NUL")
+}
+
+/// statvfs of a path.
+pub fn statvfs(p: &Path) -> libc::statvfs {
+    let c = cstr(p);
+    // SAFETY: zeroed statvfs is a valid out-buffer.
+    let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    cvt(unsafe { libc::statvfs(c.as_ptr(), &raw mut s) }).unwrap_or_else(|e| panic!("statvfs {}: {e}", p.display()));
+    s
+}
+
+/// lstat with nanosecond times.
+pub fn lstat(p: &Path) -> io::Result<libc::stat> {
+    let c = cstr(p);
+    // SAFETY: zeroed stat is a valid out-buffer.
+    let mut s: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: valid C string and out-pointer.
+    cvt(unsafe { libc::lstat(c.as_ptr(), &raw mut s) })?;
+    Ok(s)
+}
+
+/// Seed for a randomized test: `$CETRA_SEED` if set, else random. Printed so failures can be replayed.
+pub fn seed(test: &str) -> u64 {
+    let s = std::env::var("CETRA_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
+    eprintln!("{test}: seed {s} (replay with CETRA_SEED={s})");
+    let _ = io::stderr().flush();
+    s
+}
+
+/// Extended attributes of `p` (not following symlinks), sorted by name.
+pub fn list_xattrs(p: &Path) -> io::Result<Vec<(Vec<u8>, Vec<u8>)>> {
+    let c = cstr(p);
+    // SAFETY: size query with a null buffer.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), std::ptr::null_mut(), 0) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let mut names = vec![0u8; usize::try_from(n).unwrap_or(0) + 256];
+    // SAFETY: buffer of the given length.
+    let n = unsafe { libc::llistxattr(c.as_ptr(), names.as_mut_ptr().cast(), names.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    names.truncate(usize::try_from(n).unwrap_or(0));
+    let mut out = Vec::new();
+    for name in names.split(|&b| b == 0).filter(|n| !n.is_empty()) {
+        let v = get_xattr(p, name)?;
+        out.push((name.to_vec(), v));
+    }
+    out.sort();
+    Ok(out)
+}
+
+pub fn get_xattr(p: &Path, name: &[u8]) -> io::Result<Vec<u8>> {
+    let c = cstr(p);
+    let cn = CString::new(name).expect("xattr name without NUL");
+    let mut v = vec![0u8; 65536];
+    // SAFETY: valid C strings and buffer of the given length.
+    let n = unsafe { libc::lgetxattr(c.as_ptr(), cn.as_ptr(), v.as_mut_ptr().cast(), v.len()) };
+    if n < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    v.truncate(usize::try_from(n).unwrap_or(0));
+    Ok(v)
+}
+
+pub fn set_xattr(p: &Path, name: &[u8], value: &[u8], flags: libc::c_int) -> io::Result<()> {
+    let c = cstr(p);
+    let cn = CString::new(name).expect("xattr name without NUL");
+    // SAFETY: valid C strings and value buffer.
+    cvt(unsafe { libc::lsetxattr(c.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), flags) }).map(|_| ())
+}
+
+pub fn remove_xattr(p: &Path, name: &[u8]) -> io::Result<()> {
+    let c = cstr(p);
+    let cn = CString::new(name).expect("xattr name without NUL");
+    // SAFETY: valid C strings.
+    cvt(unsafe { libc::lremovexattr(c.as_ptr(), cn.as_ptr()) }).map(|_| ())
+}
+
+/// Is `cmd` on PATH?
+pub fn have_command(cmd: &str) -> bool {
+    Command::new("sh")
+        .arg("-c")
+        .arg(format!("command -v {cmd} >/dev/null 2>&1"))
+        .status()
+        .is_ok_and(|s| s.success())
+}
+
+/// Read every extent of inode `ino` from an (unmounted) volume image: inline extents or the
+/// extent tree. Used by tests that check allocation quality from outside.
+pub fn read_extents(device: &Path, ino: u64) -> anyhow::Result<Vec<cetrafs_core::format::extent::Extent>> {
+    use cetrafs_core::format::extent::Extent;
+    use cetrafs_core::format::inode::{flags, Inode};
+    use cetrafs_core::format::tree_node::{NodeEntries, TreeNode};
+    use cetrafs_core::format::FS_BLOCK;
+    use std::os::unix::fs::FileExt;
+    let f = fs::File::open(device)?;
+    let block = |b: u64| -> anyhow::Result<Vec<u8>> {
+        let mut buf = vec![0u8; cetrafs_core::format::FS_BLOCK_SIZE];
+        f.read_exact_at(&mut buf, b * FS_BLOCK)?;
+        Ok(buf)
+    };
+    let inode = Inode::decode(&block(ino)?, ino)?;
+    anyhow::ensure!(inode.is_reg(), "inode {ino} is not a regular file (mode {:o})", inode.mode);
+    if inode.flags & flags::INLINE_EXTENTS != 0 {
+        return Ok(inode.inline_extents);
+    }
+    let mut out: Vec<Extent> = Vec::new();
+    if inode.tree_root == 0 {
+        return Ok(out);
+    }
+    let mut stack = vec![inode.tree_root];
+    let mut visited = 0usize;
+    while let Some(b) = stack.pop() {
+        visited += 1;
+        anyhow::ensure!(visited < 1_000_000, "extent tree of inode {ino} too large or cyclic");
+        let node = TreeNode::decode(&block(b)?, b)?;
+        match node.entries {
+            NodeEntries::Leaf(v) => {
+                for (k, val) in v {
+                    out.push(Extent::decode_value(k, &val)?);
+                }
+            }
+            NodeEntries::Internal(v) => stack.extend(v.iter().rev().map(|(_, c)| *c)),
+        }
+    }
+    out.sort_by_key(|e| e.logical);
+    Ok(out)
+}
+
+/// Number of physically discontiguous runs in a sorted extent list (adjacent extents that
+/// continue both logically and physically count as one run).
+pub fn physical_runs(ext: &[cetrafs_core::format::extent::Extent]) -> usize {
+    let mut runs = 0;
+    let mut prev: Option<&cetrafs_core::format::extent::Extent> = None;
+    for e in ext {
+        let contiguous = prev.is_some_and(|p| p.end() == e.logical && p.physical + u64::from(p.len) == e.physical);
+        if !contiguous {
+            runs += 1;
+        }
+        prev = Some(e);
+    }
+    runs
+}
+
+/// Format a duration compactly for test reports.
+pub fn secs(d: Duration) -> String {
+    format!("{:.1}s", d.as_secs_f64())
+}
