@@ -1,0 +1,1227 @@
+//! The only file that names fuser types: `impl fuser::Filesystem` as a thin translation onto
+//! [`cetrafs_core::fs::Volume`]. Policy lives in the core; what stays here is what FUSE itself
+//! asks of a filesystem (file handles, reply shapes, xattr size probes, ACL upkeep under
+//! `FUSE_POSIX_ACL`, the kernel's root nodeid).
+
+use crate::acl;
+use crate::options::Options;
+use cetrafs_core::fs::{
+    Attr, Caller, DirListEntry, FallocMode, FileKind, Ino, OpenFile, RenameFlags, SetAttr, SetTime,
+    Volume, Whence,
+};
+use cetrafs_core::{Error, ErrorKind};
+use fuser::{
+    AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags,
+    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
+    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL,
+    TimeOrNow, WriteFlags,
+};
+use std::ffi::OsStr;
+use std::io;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use tracing::{debug, error, info, warn};
+
+/// The kernel always calls the root directory nodeid 1 (FUSE_ROOT_ID). CetraFS inode numbers
+/// are fs block numbers, and block 1 is never an inode, so 1 <-> root_ino is a bijection.
+const FUSE_ROOT_ID: u64 = 1;
+/// What stat(2) reports as st_blksize: the fs block, the unit in which writes avoid read-modify-write.
+const BLKSIZE: u32 = 4096;
+/// max_write: one 1 MiB O_DIRECT write arrives as one FUSE_WRITE (measured, facts §1.3 #4).
+const MAX_WRITE: u32 = 1 << 20;
+/// Async DIO requests count as background requests; several VMs share one mount (facts §1.3 #2).
+const MAX_BACKGROUND: u16 = 512;
+const CONGESTION_THRESHOLD: u16 = 384;
+/// ioctl numbers of FS_IOC_{GET,SET}FLAGS (`_IOR('f', 1, long)` / `_IOW('f', 2, long)`) and
+/// their 32-bit compat variants. The kernel's FUSE fileattr code sends the native ones.
+const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
+const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
+const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
+const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+
+/// Result of `Volume::unmount` from `destroy`, for the daemon's exit status.
+pub type UnmountOutcome = Arc<Mutex<Option<Result<(), String>>>>;
+
+/// Session configuration (threads, clone_fd, mount options) for this device and options.
+pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
+    let mut mount_options = vec![
+        // The device shows as the source in /proc/mounts and `findmnt`, like any block fs.
+        MountOption::FSName(fsname.to_string_lossy().into_owned()),
+        // A kernel option: /proc/mounts then says "fuse.cetra", which is what umount(8) and
+        // Proxmox's storage checks match on. (fuser's Subtype only reaches fusermount.)
+        MountOption::CUSTOM("subtype=cetra".into()),
+        MountOption::DefaultPermissions,
+        if opts.nodev {
+            MountOption::NoDev
+        } else {
+            MountOption::Dev
+        },
+        if opts.nosuid {
+            MountOption::NoSuid
+        } else {
+            MountOption::Suid
+        },
+        if opts.noexec {
+            MountOption::NoExec
+        } else {
+            MountOption::Exec
+        },
+    ];
+    if opts.read_only {
+        mount_options.push(MountOption::RO);
+    }
+    if opts.noatime {
+        mount_options.push(MountOption::NoAtime);
+    }
+    let mut cfg = fuser::Config::default();
+    cfg.mount_options = mount_options;
+    // allow_other: VMs run as root but containers' processes run as many uids;
+    // default_permissions above makes the kernel check modes and ACLs for them.
+    cfg.acl = SessionACL::All;
+    // 32 workers with their own /dev/fuse clone: QD32 direct I/O gets 32 requests in flight.
+    cfg.n_threads = Some(32);
+    cfg.clone_fd = true;
+    cfg
+}
+
+#[derive(Debug)]
+pub struct Adapter {
+    vol: Arc<Volume>,
+    root: Ino,
+    attr_ttl: Duration,
+    entry_ttl: Duration,
+    /// Negotiated in init: the kernel enforces ACLs and leaves the umask to us.
+    posix_acl: bool,
+    outcome: UnmountOutcome,
+}
+
+impl Adapter {
+    pub fn new(vol: Arc<Volume>, opts: &Options, outcome: UnmountOutcome) -> Self {
+        let root = vol.root_ino();
+        Self {
+            vol,
+            root,
+            attr_ttl: opts.attr_timeout,
+            entry_ttl: opts.entry_timeout,
+            posix_acl: false,
+            outcome,
+        }
+    }
+
+    /// Kernel nodeid -> volume inode.
+    fn ino(&self, n: INodeNo) -> Ino {
+        if n.0 == FUSE_ROOT_ID {
+            self.root
+        } else {
+            n.0
+        }
+    }
+
+    /// Volume inode -> kernel nodeid.
+    fn nodeid(&self, ino: Ino) -> u64 {
+        if ino == self.root {
+            FUSE_ROOT_ID
+        } else {
+            ino
+        }
+    }
+
+    fn file_attr(&self, a: &Attr) -> FileAttr {
+        FileAttr {
+            ino: INodeNo(self.nodeid(a.ino)),
+            size: a.size,
+            blocks: a.blocks,
+            atime: system_time(a.atime),
+            mtime: system_time(a.mtime),
+            ctime: system_time(a.ctime),
+            crtime: system_time(a.crtime),
+            kind: file_type(a.kind),
+            perm: a.perm,
+            nlink: a.nlink,
+            uid: a.uid,
+            gid: a.gid,
+            // FUSE carries the kernel's 32-bit new_encode_dev() form, which is the low half of
+            // glibc's 64-bit makedev() for majors below 4096; mknod stores what it was given.
+            #[allow(clippy::cast_possible_truncation)]
+            rdev: a.rdev as u32,
+            blksize: BLKSIZE,
+            // macOS chflags only; Linux inode flags travel through FS_IOC_GETFLAGS.
+            flags: 0,
+        }
+    }
+
+    fn entry(&self, reply: ReplyEntry, a: &Attr) {
+        reply.entry_with_ttls(
+            &self.attr_ttl,
+            &self.entry_ttl,
+            &self.file_attr(a),
+            Generation(a.generation.into()),
+        );
+    }
+
+    /// The errno for a failed operation; unexpected failures are logged where the sysadmin looks.
+    fn fail(&self, op: &str, e: &Error) -> Errno {
+        match e.kind() {
+            ErrorKind::Io | ErrorKind::Corrupted | ErrorKind::Fenced => error!("{op}: {e}"),
+            _ => debug!("{op}: {e}"),
+        }
+        errno(e)
+    }
+
+    /// Mode and ACLs for a new inode under `parent` (see [`acl::inherit`]).
+    fn inherit(
+        &self,
+        parent: Ino,
+        mode: u32,
+        umask: u32,
+        is_dir: bool,
+    ) -> Result<acl::Inherited, Error> {
+        let default = match self.vol.getxattr(parent, acl::DEFAULT) {
+            Ok(v) => Some(v),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::NoData | ErrorKind::NotFound | ErrorKind::Unsupported
+                ) =>
+            {
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        Ok(acl::inherit(default.as_deref(), mode, umask, is_dir))
+    }
+
+    /// Store inherited ACLs on a just-created inode. On failure the new entry is removed again,
+    /// so that a create either happens with its ACLs or not at all (as far as this node can).
+    fn apply_inherited(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        a: &Attr,
+        inh: &acl::Inherited,
+    ) -> Result<(), Error> {
+        let set = || -> Result<(), Error> {
+            if let Some(v) = &inh.access {
+                self.vol.setxattr(a.ino, acl::ACCESS, v, false, false)?;
+            }
+            if let Some(v) = &inh.default {
+                self.vol.setxattr(a.ino, acl::DEFAULT, v, false, false)?;
+            }
+            Ok(())
+        };
+        set().inspect_err(|e| {
+            let undo = if a.kind == FileKind::Directory { self.vol.rmdir(parent, name) } else { self.vol.unlink(parent, name) };
+            if let Err(u) = undo {
+                error!("cannot remove {name:?} in directory {parent} after failing to store its inherited ACL ({e}): {u}");
+            }
+        })
+    }
+
+    /// After chmod: the owner, mask and other entries of an access ACL follow the new mode.
+    fn chmod_acl(&self, ino: Ino, mode: u32) -> Result<(), Error> {
+        let v = match self.vol.getxattr(ino, acl::ACCESS) {
+            Ok(v) => v,
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::NoData | ErrorKind::NotFound | ErrorKind::Unsupported
+                ) =>
+            {
+                return Ok(())
+            }
+            Err(e) => return Err(e),
+        };
+        let Some(mut a) = acl::Acl::decode(&v) else {
+            warn!(
+                "inode {ino}: ignoring an unparsable {} on chmod",
+                String::from_utf8_lossy(acl::ACCESS)
+            );
+            return Ok(());
+        };
+        a.chmod(mode);
+        self.vol
+            .setxattr(ino, acl::ACCESS, &a.encode(), false, true)
+    }
+
+    /// setfacl on the access ACL: the mode's permission bits follow the ACL; an ACL that says
+    /// no more than the mode is not stored at all (as ext4 does).
+    fn set_access_acl(&self, ino: Ino, value: &[u8], caller: Caller) -> Result<(), Error> {
+        let Some(a) = acl::Acl::decode(value) else {
+            return Err(Error::new(ErrorKind::InvalidInput, "invalid POSIX ACL"));
+        };
+        if a.is_equivalent_to_mode() {
+            match self.vol.removexattr(ino, acl::ACCESS) {
+                Err(e) if !matches!(e.kind(), ErrorKind::NoData | ErrorKind::NotFound) => {
+                    return Err(e)
+                }
+                _ => {}
+            }
+        } else {
+            self.vol.setxattr(ino, acl::ACCESS, value, false, false)?;
+        }
+        let cur = self.vol.getattr(ino)?;
+        let mode = (u32::from(cur.perm) & 0o7000) | a.mode_bits();
+        if mode != u32::from(cur.perm) {
+            let set = SetAttr {
+                mode: Some(mode),
+                ..SetAttr::default()
+            };
+            self.vol.setattr(ino, &set, caller)?;
+        }
+        Ok(())
+    }
+
+    /// O_CREAT. The volume is always asked for an exclusive create, so that inherited ACLs are
+    /// applied to new files only; if the name exists (created by another node since the
+    /// kernel's lookup) and O_EXCL was not given, the existing file is opened instead, with
+    /// O_TRUNC honoured.
+    #[allow(clippy::too_many_arguments)]
+    fn create_or_open(
+        &self,
+        req: &Request,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        writable: bool,
+    ) -> Result<(Attr, Arc<OpenFile>), Errno> {
+        let fail = |e: Error| self.fail("create", &e);
+        let inh = self.inherit(parent, mode, umask, false).map_err(fail)?;
+        let mut last = None;
+        // Another node may remove the name between our attempts; a few rounds settle it.
+        for _ in 0..3 {
+            match self.vol.create(parent, name, inh.mode, caller(req), true) {
+                Ok((a, of)) => {
+                    if let Err(e) = self.apply_inherited(parent, name, &a, &inh) {
+                        let _ = self.vol.release(&of);
+                        return Err(fail(e));
+                    }
+                    return Ok((a, of));
+                }
+                Err(e) if e.kind() == ErrorKind::Exists && flags & libc::O_EXCL == 0 => {
+                    let a = match self.vol.lookup(parent, name) {
+                        Ok(a) => a,
+                        Err(e) if e.kind() == ErrorKind::NotFound => {
+                            last = Some(e);
+                            continue;
+                        }
+                        Err(e) => return Err(fail(e)),
+                    };
+                    if a.kind == FileKind::Directory {
+                        return Err(Errno::EISDIR);
+                    }
+                    // The kernel believed it was creating, so it checked only the directory's
+                    // permissions (FUSE marks create-opens FMODE_CREATED): check the file's mode
+                    // bits here. Supplementary groups and ACLs are not visible at this point, so
+                    // this can only be stricter than the kernel, never looser.
+                    if !mode_permits(&a, caller(req), flags) {
+                        return Err(Errno::EACCES);
+                    }
+                    let truncate = flags & libc::O_TRUNC != 0;
+                    let of = self.vol.open(a.ino, writable, truncate).map_err(fail)?;
+                    let a = if truncate {
+                        self.vol.getattr(a.ino).map_err(fail)?
+                    } else {
+                        a
+                    };
+                    return Ok((a, of));
+                }
+                Err(e) => return Err(fail(e)),
+            }
+        }
+        Err(last.map_or(Errno::ENOENT, fail))
+    }
+
+    fn create_reply_flags(kind: FileKind) -> FopenFlags {
+        if kind == FileKind::Regular {
+            // No page cache for file data: another node may change the blocks at any time.
+            // Parallel direct writes: no per-inode write serialization in the kernel (§1.3 #3).
+            FopenFlags::FOPEN_DIRECT_IO | FopenFlags::FOPEN_PARALLEL_DIRECT_WRITES
+        } else {
+            FopenFlags::empty()
+        }
+    }
+}
+
+/// Map a core error to the errno the caller sees. The one place this mapping lives.
+pub fn errno(e: &Error) -> Errno {
+    Errno::from_i32(e.errno())
+}
+
+/// Classic owner/group/other check of an open's access mode against an inode's mode bits
+/// (root passes). Used only where the kernel skipped its own check.
+fn mode_permits(a: &Attr, who: Caller, flags: i32) -> bool {
+    if who.uid == 0 {
+        return true;
+    }
+    let class_shift = if who.uid == a.uid {
+        6
+    } else if who.gid == a.gid {
+        3
+    } else {
+        0
+    };
+    let bits = (u32::from(a.perm) >> class_shift) & 0o7;
+    let need = match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => 0o2,
+        libc::O_RDWR => 0o6,
+        _ => 0o4,
+    } | if flags & libc::O_TRUNC != 0 { 0o2 } else { 0 };
+    bits & need == need
+}
+
+fn caller(req: &Request) -> Caller {
+    Caller {
+        uid: req.uid(),
+        gid: req.gid(),
+    }
+}
+
+fn file_type(k: FileKind) -> FileType {
+    match k {
+        FileKind::Regular => FileType::RegularFile,
+        FileKind::Directory => FileType::Directory,
+        FileKind::Symlink => FileType::Symlink,
+        FileKind::Fifo => FileType::NamedPipe,
+        FileKind::CharDevice => FileType::CharDevice,
+        FileKind::BlockDevice => FileType::BlockDevice,
+        FileKind::Socket => FileType::Socket,
+    }
+}
+
+fn system_time(t: cetrafs_core::format::inode::Timespec) -> SystemTime {
+    let nsec = Duration::from_nanos(u64::from(t.nsec.min(999_999_999)));
+    if t.sec >= 0 {
+        UNIX_EPOCH + Duration::from_secs(t.sec.unsigned_abs()) + nsec
+    } else {
+        UNIX_EPOCH - Duration::from_secs(t.sec.unsigned_abs()) + nsec
+    }
+}
+
+fn timespec(t: SystemTime) -> cetrafs_core::format::inode::Timespec {
+    use cetrafs_core::format::inode::Timespec;
+    match t.duration_since(UNIX_EPOCH) {
+        Ok(d) => Timespec {
+            sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+            nsec: d.subsec_nanos(),
+        },
+        Err(before) => {
+            // Before 1970: sec is negative and nsec counts forward from it.
+            let d = before.duration();
+            let sec = -i64::try_from(d.as_secs()).unwrap_or(i64::MAX);
+            match d.subsec_nanos() {
+                0 => Timespec { sec, nsec: 0 },
+                n => Timespec {
+                    sec: sec - 1,
+                    nsec: 1_000_000_000 - n,
+                },
+            }
+        }
+    }
+}
+
+fn set_time(t: TimeOrNow) -> SetTime {
+    match t {
+        TimeOrNow::Now => SetTime::Now,
+        TimeOrNow::SpecificTime(st) => SetTime::At(timespec(st)),
+    }
+}
+
+/// Borrow the open file behind a FUSE file handle.
+///
+/// # Safety
+/// `fh` must be a value produced by `fh_from_open` that has not yet been passed to
+/// `fh_release`. The kernel guarantees this for the handle it sends with READ, WRITE, FSYNC,
+/// FLUSH, FALLOCATE, LSEEK and RELEASE: it keeps the `fuse_file` (and so the fh) alive until
+/// its last reference is dropped, and only then sends the single RELEASE.
+unsafe fn fh_borrow<'a>(fh: FileHandle) -> &'a OpenFile {
+    // SAFETY: per the contract above, fh.0 is the pointer from Arc::into_raw and the Arc's
+    // strong count it represents has not been released yet, so the OpenFile is alive.
+    unsafe { &*(fh.0 as *const OpenFile) }
+}
+
+fn fh_from_open(of: Arc<OpenFile>) -> FileHandle {
+    FileHandle(Arc::into_raw(of) as u64)
+}
+
+/// Take back ownership of the open file at RELEASE.
+///
+/// # Safety
+/// As for [`fh_borrow`], and it must be called exactly once per handle.
+unsafe fn fh_release(fh: FileHandle) -> Arc<OpenFile> {
+    // SAFETY: fh.0 came from Arc::into_raw in fh_from_open; RELEASE is sent once per open, so
+    // this reclaims that one strong count exactly once.
+    unsafe { Arc::from_raw(fh.0 as *const OpenFile) }
+}
+
+impl Filesystem for Adapter {
+    fn init(&mut self, _req: &Request, k: &mut KernelConfig) -> io::Result<()> {
+        k.set_max_write(MAX_WRITE)
+            .map_err(|max| io::Error::other(format!("kernel max_write is {max}")))?;
+        let _ = k.set_max_background(MAX_BACKGROUND);
+        let _ = k.set_congestion_threshold(CONGESTION_THRESHOLD);
+        let caps = k.capabilities();
+        // Required: without ASYNC_DIO an io_uring/libaio guest is held to one request in flight
+        // (§1.3 #1); ATOMIC_O_TRUNC makes open(O_TRUNC) one request that carries O_TRUNC to us.
+        let required = InitFlags::FUSE_ASYNC_DIO
+            | InitFlags::FUSE_PARALLEL_DIROPS
+            | InitFlags::FUSE_ATOMIC_O_TRUNC;
+        k.add_capabilities(required).map_err(|missing| {
+            io::Error::other(format!(
+                "the kernel's FUSE lacks required features {missing:?}"
+            ))
+        })?;
+        // POSIX ACLs: the kernel enforces them; DONT_MASK hands the umask to us, because it must
+        // not be applied when the parent has a default ACL (see acl.rs). Only both together.
+        let acl_caps = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
+        if caps.contains(acl_caps) {
+            let _ = k.add_capabilities(acl_caps);
+            self.posix_acl = true;
+        } else {
+            warn!(
+                "the kernel's FUSE does not offer POSIX ACLs; ACLs will be stored but not enforced"
+            );
+        }
+        // FOPEN_DIRECT_IO would otherwise make mmap fail, and containers' binaries need mmap.
+        // Shared writable mappings then go through this node's page cache: not coherent across
+        // nodes, which is acceptable for executables and libraries, not for shared databases.
+        if k.add_capabilities(InitFlags::FUSE_DIRECT_IO_ALLOW_MMAP)
+            .is_err()
+        {
+            warn!("the kernel's FUSE lacks DIRECT_IO_ALLOW_MMAP (Linux 6.6+): mmap of files on this mount will fail");
+        }
+        // ls -l in a big directory: attributes come with the entries instead of one LOOKUP each.
+        let _ =
+            k.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // Deliberately NOT FUSE_WRITEBACK_CACHE: a node-local dirty page cache has no
+        // cross-node coherence.
+        info!(
+            "FUSE session ready (kernel ABI {:?}, POSIX ACLs {})",
+            k.kernel_abi(),
+            if self.posix_acl { "on" } else { "off" }
+        );
+        Ok(())
+    }
+
+    fn destroy(&mut self) {
+        let r = self.vol.unmount();
+        match &r {
+            Ok(()) => info!("volume flushed and unmounted"),
+            Err(e) => error!("unmount: {e}"),
+        }
+        *self
+            .outcome
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) =
+            Some(r.map_err(|e| e.to_string()));
+    }
+
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.vol.lookup(self.ino(parent), name.as_bytes()) {
+            Ok(a) => self.entry(reply, &a),
+            // No negative entry caching: another node may create the name at any moment.
+            Err(e) => reply.error(self.fail("lookup", &e)),
+        }
+    }
+
+    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
+        // The kernel sends FORGET once, when it evicts the inode, with all its lookups at once.
+        self.vol.forget(self.ino(ino));
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        match self.vol.getattr(self.ino(ino)) {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
+            Err(e) => reply.error(self.fail("getattr", &e)),
+        }
+    }
+
+    fn setattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        uid: Option<u32>,
+        gid: Option<u32>,
+        size: Option<u64>,
+        atime: Option<TimeOrNow>,
+        mtime: Option<TimeOrNow>,
+        ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let ino = self.ino(ino);
+        // Truncation through an open handle (ftruncate) and through a path are the same
+        // operation on the volume; the handle adds nothing.
+        let set = SetAttr {
+            mode: mode.map(|m| m & 0o7777),
+            uid,
+            gid,
+            size,
+            atime: atime.map(set_time),
+            mtime: mtime.map(set_time),
+            ctime: ctime.map(timespec),
+        };
+        let r = self
+            .vol
+            .setattr(ino, &set, caller(req))
+            .and_then(|a| match set.mode {
+                Some(m) if self.posix_acl && a.kind != FileKind::Symlink => {
+                    self.chmod_acl(ino, m)?;
+                    Ok(a)
+                }
+                _ => Ok(a),
+            });
+        match r {
+            Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
+            Err(e) => reply.error(self.fail("setattr", &e)),
+        }
+    }
+
+    fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
+        match self.vol.readlink(self.ino(ino)) {
+            Ok(t) => reply.data(&t),
+            Err(e) => reply.error(self.fail("readlink", &e)),
+        }
+    }
+
+    fn mknod(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        rdev: u32,
+        reply: ReplyEntry,
+    ) {
+        let parent = self.ino(parent);
+        let r = self.inherit(parent, mode, umask, false).and_then(|inh| {
+            let a = self.vol.mknod(
+                parent,
+                name.as_bytes(),
+                inh.mode,
+                u64::from(rdev),
+                caller(req),
+            )?;
+            self.apply_inherited(parent, name.as_bytes(), &a, &inh)?;
+            Ok(a)
+        });
+        match r {
+            Ok(a) => self.entry(reply, &a),
+            Err(e) => reply.error(self.fail("mknod", &e)),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let parent = self.ino(parent);
+        // The kernel passes the permission bits only; the volume wants the type too.
+        let r = self
+            .inherit(parent, mode | libc::S_IFDIR, umask, true)
+            .and_then(|inh| {
+                let a = self
+                    .vol
+                    .mkdir(parent, name.as_bytes(), inh.mode, caller(req))?;
+                self.apply_inherited(parent, name.as_bytes(), &a, &inh)?;
+                Ok(a)
+            });
+        match r {
+            Ok(a) => self.entry(reply, &a),
+            Err(e) => reply.error(self.fail("mkdir", &e)),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.vol.unlink(self.ino(parent), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("unlink", &e)),
+        }
+    }
+
+    fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.vol.rmdir(self.ino(parent), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("rmdir", &e)),
+        }
+    }
+
+    fn symlink(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        link_name: &OsStr,
+        target: &Path,
+        reply: ReplyEntry,
+    ) {
+        match self.vol.symlink(
+            self.ino(parent),
+            link_name.as_bytes(),
+            target.as_os_str().as_bytes(),
+            caller(req),
+        ) {
+            Ok(a) => self.entry(reply, &a),
+            Err(e) => reply.error(self.fail("symlink", &e)),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        flags: fuser::RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
+        if !known.contains(flags) {
+            // RENAME_WHITEOUT (overlayfs upper layers) is not supported.
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let f = RenameFlags {
+            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
+            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+        };
+        match self.vol.rename(
+            self.ino(parent),
+            name.as_bytes(),
+            self.ino(newparent),
+            newname.as_bytes(),
+            f,
+        ) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("rename", &e)),
+        }
+    }
+
+    fn link(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        newparent: INodeNo,
+        newname: &OsStr,
+        reply: ReplyEntry,
+    ) {
+        match self
+            .vol
+            .link(self.ino(ino), self.ino(newparent), newname.as_bytes())
+        {
+            Ok(a) => self.entry(reply, &a),
+            Err(e) => reply.error(self.fail("link", &e)),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
+        // With FUSE_ATOMIC_O_TRUNC the kernel passes O_TRUNC here instead of a separate setattr.
+        let truncate = flags.0 & libc::O_TRUNC != 0;
+        match self.vol.open(self.ino(ino), writable, truncate) {
+            Ok(of) => reply.opened(
+                fh_from_open(of),
+                Self::create_reply_flags(FileKind::Regular),
+            ),
+            Err(e) => reply.error(self.fail("open", &e)),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        // SAFETY: the kernel sends READ only with an fh from our open/create that is not yet released.
+        let of = unsafe { fh_borrow(fh) };
+        // Volume::read hands the bytes to its callback once (short at EOF); reply from there so
+        // the data is not copied again.
+        let mut reply = Some(reply);
+        let r = self
+            .vol
+            .read(of, offset, size, &mut |bytes| match reply.take() {
+                Some(rp) => rp.data(bytes),
+                None => error!(
+                    "read of inode {}: the volume delivered data twice; extra data dropped",
+                    of.ino
+                ),
+            });
+        if let Some(rp) = reply {
+            match r {
+                Ok(()) => rp.data(&[]),
+                Err(e) => rp.error(self.fail("read", &e)),
+            }
+        } else if let Err(e) = r {
+            error!("read of inode {}: failed after replying: {e}", of.ino);
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        // SAFETY: the kernel sends WRITE only with an fh from our open/create that is not yet released.
+        let of = unsafe { fh_borrow(fh) };
+        // The payload is not aligned for O_DIRECT (§1.3 #5); the core copies it into its
+        // aligned buffer, so it is passed straight through.
+        match self.vol.write(of, offset, data) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(self.fail("write", &e)),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        // Writes go to the device before they are acknowledged; close(2) has nothing to flush.
+        // (Durability is fsync's job.)
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        // SAFETY: RELEASE comes exactly once per handle from our open/create, after its last use.
+        let of = unsafe { fh_release(fh) };
+        match self.vol.release(&of) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("release", &e)),
+        }
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.vol.fsync(self.ino(ino), datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fsync", &e)),
+        }
+    }
+
+    fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
+        // Directory streams are stateless: the cookies from Volume::readdir carry the position.
+        // Still check that it is a directory the volume knows, so opendir fails early.
+        match self.vol.getattr(self.ino(ino)) {
+            Ok(a) if a.kind == FileKind::Directory => {
+                reply.opened(FileHandle(0), FopenFlags::empty())
+            }
+            Ok(_) => reply.error(Errno::ENOTDIR),
+            Err(e) => reply.error(self.fail("opendir", &e)),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = self
+            .vol
+            .readdir(self.ino(ino), offset, &mut |e: &DirListEntry| {
+                // add() returns true when the buffer is full and the entry was not added.
+                !reply.add(
+                    INodeNo(self.nodeid(e.ino)),
+                    e.next,
+                    file_type(e.kind),
+                    OsStr::from_bytes(&e.name),
+                )
+            });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("readdir", &e)),
+        }
+    }
+
+    fn readdirplus(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectoryPlus,
+    ) {
+        let dir = self.ino(ino);
+        let r = self.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
+            let attr = if e.name == b"." || e.name == b".." {
+                // The kernel does not instantiate dot entries; their attributes are informational.
+                self.vol.getattr(e.ino)
+            } else {
+                self.vol.lookup(dir, &e.name)
+            };
+            match attr {
+                Ok(a) => !reply.add(
+                    INodeNo(self.nodeid(a.ino)),
+                    e.next,
+                    OsStr::from_bytes(&e.name),
+                    &self.entry_ttl,
+                    &self.file_attr(&a),
+                    Generation(a.generation.into()),
+                ),
+                // Removed (here or on another node) since the directory block was read: skip it;
+                // the next entry's cookie still resumes correctly.
+                Err(err) => {
+                    debug!(
+                        "readdirplus: skipping {:?} in {dir}: {err}",
+                        String::from_utf8_lossy(&e.name)
+                    );
+                    true
+                }
+            }
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("readdirplus", &e)),
+        }
+    }
+
+    fn releasedir(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _flags: OpenFlags,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        match self.vol.fsync(self.ino(ino), datasync) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fsyncdir", &e)),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        match self.vol.statfs() {
+            Ok(s) => reply.statfs(
+                s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
+            ),
+            Err(e) => reply.error(self.fail("statfs", &e)),
+        }
+    }
+
+    fn setxattr(
+        &self,
+        req: &Request,
+        ino: INodeNo,
+        name: &OsStr,
+        value: &[u8],
+        flags: i32,
+        position: u32,
+        reply: ReplyEmpty,
+    ) {
+        if position != 0 {
+            reply.error(Errno::EINVAL);
+            return;
+        }
+        let ino = self.ino(ino);
+        let name = name.as_bytes();
+        let create = flags & libc::XATTR_CREATE != 0;
+        let replace = flags & libc::XATTR_REPLACE != 0;
+        let r = if self.posix_acl && name == acl::ACCESS {
+            // The kernel validated the ACL and checked ownership; keeping the mode in step is ours.
+            self.set_access_acl(ino, value, caller(req))
+        } else {
+            self.vol.setxattr(ino, name, value, create, replace)
+        };
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("setxattr", &e)),
+        }
+    }
+
+    fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
+        match self.vol.getxattr(self.ino(ino), name.as_bytes()) {
+            Ok(v) => xattr_reply(reply, size, &v),
+            Err(e) => reply.error(self.fail("getxattr", &e)),
+        }
+    }
+
+    fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
+        match self.vol.listxattr(self.ino(ino)) {
+            Ok(names) => {
+                let mut buf = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+                for n in names {
+                    buf.extend_from_slice(&n);
+                    buf.push(0);
+                }
+                xattr_reply(reply, size, &buf);
+            }
+            Err(e) => reply.error(self.fail("listxattr", &e)),
+        }
+    }
+
+    fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        match self.vol.removexattr(self.ino(ino), name.as_bytes()) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("removexattr", &e)),
+        }
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        // Mounted with default_permissions: the kernel checks modes and ACLs itself and does
+        // not send ACCESS; if it ever does, the inode exists, which is all left to say.
+        reply.ok();
+    }
+
+    fn create(
+        &self,
+        req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let parent = self.ino(parent);
+        let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
+        match self.create_or_open(req, parent, name.as_bytes(), mode, umask, flags, writable) {
+            Ok((a, of)) => {
+                let fa = self.file_attr(&a);
+                let fh = fh_from_open(of);
+                let gen = Generation(a.generation.into());
+                reply.created(
+                    &self.entry_ttl,
+                    &fa,
+                    gen,
+                    fh,
+                    Self::create_reply_flags(a.kind),
+                );
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fallocate(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        length: u64,
+        mode: i32,
+        reply: ReplyEmpty,
+    ) {
+        const KEEP: i32 = libc::FALLOC_FL_KEEP_SIZE;
+        const PUNCH: i32 = libc::FALLOC_FL_PUNCH_HOLE;
+        const ZERO: i32 = libc::FALLOC_FL_ZERO_RANGE;
+        let m = match mode {
+            0 => FallocMode::Allocate { keep_size: false },
+            KEEP => FallocMode::Allocate { keep_size: true },
+            m if m == PUNCH | KEEP => FallocMode::PunchHole,
+            ZERO => FallocMode::ZeroRange { keep_size: false },
+            m if m == ZERO | KEEP => FallocMode::ZeroRange { keep_size: true },
+            _ => {
+                reply.error(Errno::EOPNOTSUPP);
+                return;
+            }
+        };
+        match self.vol.fallocate(self.ino(ino), offset, length, m) {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(self.fail("fallocate", &e)),
+        }
+    }
+
+    fn lseek(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: i64,
+        whence: i32,
+        reply: ReplyLseek,
+    ) {
+        // The kernel handles SEEK_SET/CUR/END itself and forwards only SEEK_DATA/SEEK_HOLE.
+        let w = match whence {
+            libc::SEEK_DATA => Whence::Data,
+            libc::SEEK_HOLE => Whence::Hole,
+            libc::SEEK_SET => {
+                reply.offset(offset);
+                return;
+            }
+            _ => {
+                reply.error(Errno::EINVAL);
+                return;
+            }
+        };
+        let Ok(off) = u64::try_from(offset) else {
+            reply.error(Errno::ENXIO);
+            return;
+        };
+        match self.vol.lseek(self.ino(ino), off, w) {
+            Ok(pos) => match i64::try_from(pos) {
+                Ok(p) => reply.offset(p),
+                Err(_) => reply.error(Errno::EOVERFLOW),
+            },
+            Err(e) => reply.error(self.fail("lseek", &e)),
+        }
+    }
+
+    fn ioctl(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _flags: IoctlFlags,
+        cmd: u32,
+        in_data: &[u8],
+        out_size: u32,
+        reply: ReplyIoctl,
+    ) {
+        // lsattr/chattr reach us through the kernel's fileattr code, which opens the inode
+        // privately (so fh may be a directory's 0) and sends FS_IOC_[GS]ETFLAGS with a 4-byte
+        // int in and out. The kernel has already checked ownership and CAP_LINUX_IMMUTABLE.
+        let ino = self.ino(ino);
+        let out_len = usize::try_from(out_size).unwrap_or(usize::MAX).min(4);
+        match cmd {
+            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match self.vol.get_flags(ino) {
+                Ok(f) => reply.ioctl(0, &f.to_ne_bytes()[..out_len]),
+                Err(e) => reply.error(self.fail("ioctl(FS_IOC_GETFLAGS)", &e)),
+            },
+            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+                let Some(raw) = in_data.first_chunk::<4>() else {
+                    reply.error(Errno::EINVAL);
+                    return;
+                };
+                let f = u32::from_ne_bytes(*raw);
+                match self.vol.set_flags(ino, f) {
+                    Ok(()) => reply.ioctl(0, &raw[..out_len]),
+                    Err(e) => reply.error(self.fail("ioctl(FS_IOC_SETFLAGS)", &e)),
+                }
+            }
+            _ => reply.error(Errno::ENOTTY),
+        }
+    }
+}
+
+/// getxattr/listxattr size-probe protocol: size 0 asks for the length; a buffer too small is ERANGE.
+fn xattr_reply(reply: ReplyXattr, size: u32, value: &[u8]) {
+    let Ok(len) = u32::try_from(value.len()) else {
+        reply.error(Errno::E2BIG);
+        return;
+    };
+    if size == 0 {
+        reply.size(len);
+    } else if len > size {
+        reply.error(Errno::ERANGE);
+    } else {
+        reply.data(value);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use cetrafs_core::format::inode::Timespec;
+
+    #[test]
+    fn errno_mapping_uses_core_kinds() {
+        assert_eq!(errno(&Error::new(ErrorKind::NotFound, "x")), Errno::ENOENT);
+        assert_eq!(errno(&Error::new(ErrorKind::NoData, "x")), Errno::NO_XATTR);
+        assert_eq!(errno(&Error::new(ErrorKind::Fenced, "x")), Errno::EIO);
+        assert_eq!(errno(&Error::new(ErrorKind::ReadOnly, "x")), Errno::EROFS);
+    }
+
+    #[test]
+    fn time_conversion_roundtrips_including_before_1970() {
+        for t in [
+            Timespec { sec: 0, nsec: 0 },
+            Timespec {
+                sec: 1_700_000_000,
+                nsec: 123_456_789,
+            },
+            Timespec {
+                sec: -1,
+                nsec: 500_000_000,
+            },
+            Timespec {
+                sec: -86_400,
+                nsec: 0,
+            },
+        ] {
+            assert_eq!(timespec(system_time(t)), t, "{t:?}");
+        }
+    }
+
+    #[test]
+    fn session_config_defaults() {
+        let cfg = session_config(Path::new("/dev/sdb"), &Options::default());
+        assert_eq!(cfg.n_threads, Some(32));
+        assert!(cfg.clone_fd);
+        assert_eq!(cfg.acl, SessionACL::All);
+        assert!(cfg
+            .mount_options
+            .contains(&MountOption::FSName("/dev/sdb".into())));
+        assert!(cfg.mount_options.contains(&MountOption::DefaultPermissions));
+        assert!(cfg.mount_options.contains(&MountOption::Suid));
+        assert!(!cfg.mount_options.contains(&MountOption::RO));
+        let ro = Options {
+            read_only: true,
+            nosuid: true,
+            noatime: true,
+            ..Options::default()
+        };
+        let cfg = session_config(Path::new("/dev/sdb"), &ro);
+        assert!(cfg.mount_options.contains(&MountOption::RO));
+        assert!(cfg.mount_options.contains(&MountOption::NoSuid));
+        assert!(cfg.mount_options.contains(&MountOption::NoAtime));
+    }
+}

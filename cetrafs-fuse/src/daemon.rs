@@ -1,0 +1,431 @@
+//! Process life cycle: daemonize, open the device, mount the volume, run the FUSE session,
+//! report readiness to whoever ran mount(8), and unmount cleanly on umount or SIGTERM/SIGINT.
+//!
+//! Daemon mode forks *before* anything starts a thread (threads do not survive fork). The
+//! child does all the work and reports through a pipe: "OK" once the mount is visible, or
+//! "ERR <line>" — so `mount` returns only when the filesystem can be used, and its failure
+//! message is the child's one line.
+
+use crate::adapter::{self, Adapter, UnmountOutcome};
+use crate::options::Args;
+use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
+use cetrafs_core::dev::SharedDevice;
+use cetrafs_core::format::superblock::Superblock;
+use cetrafs_core::format::FS_BLOCK_SIZE;
+use cetrafs_core::fs::{MountOptions, Volume};
+use nix::sys::signal::{SigSet, Signal};
+use std::fs::{File, OpenOptions};
+use std::io::{IsTerminal, Read, Write};
+use std::os::fd::AsFd;
+use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{error, info, warn};
+
+pub const EXIT_OK: i32 = 0;
+/// mount(8): "incorrect invocation or permissions".
+pub const EXIT_USAGE: i32 = 1;
+/// mount(8): "mount failure".
+pub const EXIT_MOUNT_FAILURE: i32 = 32;
+/// Exit status when the volume could not be flushed at unmount.
+const EXIT_UNMOUNT_FAILURE: i32 = 1;
+/// How long the new mount may take to become visible at the mountpoint.
+const READY_TIMEOUT: Duration = Duration::from_secs(30);
+/// Tests set this to a file that collects the daemon's log.
+const LOG_FILE_ENV: &str = "CETRA_LOG_FILE";
+
+/// Entry point after argument parsing.
+pub fn run(args: &Args) -> i32 {
+    // The daemon changes directory to "/", so relative paths must be resolved first.
+    let abs = |p: &Path| std::path::absolute(p).unwrap_or_else(|_| p.to_path_buf());
+    let args = Args {
+        device: abs(&args.device),
+        mountpoint: abs(&args.mountpoint),
+        ..args.clone()
+    };
+    if args.foreground {
+        init_logging(&args, false);
+        serve(&args, Notifier::Foreground)
+    } else {
+        daemonize(&args)
+    }
+}
+
+/// Where "mounted" / "failed" goes: the waiting parent's pipe, or our own stderr with -f.
+#[derive(Debug)]
+enum Notifier {
+    Foreground,
+    Pipe(File),
+    Done,
+}
+
+impl Notifier {
+    fn ready(&mut self) {
+        if let Notifier::Pipe(f) = self {
+            if let Err(e) = f.write_all(b"OK\n") {
+                warn!("cannot tell the mount command that the mount is ready: {e}");
+            }
+        }
+        *self = Notifier::Done;
+    }
+
+    fn failed(&mut self, line: &str) {
+        match self {
+            Notifier::Foreground => eprintln!("mount.cetra: {line}"),
+            Notifier::Pipe(f) => {
+                error!("{line}");
+                let _ = f.write_all(format!("ERR {line}\n").as_bytes());
+            }
+            Notifier::Done => error!("{line}"),
+        }
+        *self = Notifier::Done;
+    }
+}
+
+fn daemonize(args: &Args) -> i32 {
+    let cannot = |what: String| {
+        eprintln!(
+            "mount.cetra: cannot mount {}: {what}",
+            args.device.display()
+        );
+        EXIT_MOUNT_FAILURE
+    };
+    let (rd, wr) = match nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC) {
+        Ok(p) => p,
+        Err(e) => return cannot(format!("pipe: {e}")),
+    };
+    // SAFETY: nothing has started a thread yet (argument parsing only), so the child is a
+    // complete copy of a single-threaded process and may do anything afterwards.
+    match unsafe { nix::unistd::fork() } {
+        Err(e) => cannot(format!("fork: {e}")),
+        Ok(nix::unistd::ForkResult::Parent { child }) => {
+            drop(wr);
+            wait_for_child(args, child, File::from(rd))
+        }
+        Ok(nix::unistd::ForkResult::Child) => {
+            drop(rd);
+            let code = child_main(args, File::from(wr));
+            std::process::exit(code);
+        }
+    }
+}
+
+/// Parent: relay the child's verdict. EOF without a verdict means the child died.
+fn wait_for_child(args: &Args, child: nix::unistd::Pid, mut rd: File) -> i32 {
+    let mut msg = String::new();
+    let _ = rd.read_to_string(&mut msg);
+    let line = msg.lines().next().unwrap_or("");
+    if line == "OK" {
+        return EXIT_OK;
+    }
+    if let Some(err) = line.strip_prefix("ERR ") {
+        eprintln!("mount.cetra: {err}");
+    } else {
+        let status = nix::sys::wait::waitpid(child, None)
+            .map_or_else(|e| e.to_string(), |s| format!("{s:?}"));
+        eprintln!(
+            "mount.cetra: cannot mount {}: the mount daemon exited before the mount was ready ({status}); \
+             run with -f to see why",
+            args.device.display()
+        );
+    }
+    EXIT_MOUNT_FAILURE
+}
+
+fn child_main(args: &Args, pipe: File) -> i32 {
+    let mut notifier = Notifier::Pipe(pipe);
+    let fail = |n: &mut Notifier, what: String| {
+        n.failed(&format!("cannot mount {}: {what}", args.device.display()));
+        EXIT_MOUNT_FAILURE
+    };
+    // A new session: no controlling terminal, not killed with mount(8)'s process group.
+    let _ = nix::unistd::setsid();
+    // Do not keep the caller's working directory busy.
+    let _ = nix::unistd::chdir("/");
+    if let Err(e) = redirect_stdio() {
+        return fail(&mut notifier, e);
+    }
+    init_logging(args, true);
+    serve(args, notifier)
+}
+
+/// stdin from /dev/null; stdout and stderr to $CETRA_LOG_FILE, else left alone when they are
+/// the systemd journal (mount units run helpers with stderr on the journal), else /dev/null.
+fn redirect_stdio() -> Result<(), String> {
+    let devnull = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/null")
+        .map_err(|e| format!("/dev/null: {e}"))?;
+    nix::unistd::dup2_stdin(devnull.as_fd()).map_err(|e| format!("redirecting stdin: {e}"))?;
+    let out: Option<File> = match std::env::var_os(LOG_FILE_ENV) {
+        Some(path) => Some(
+            OpenOptions::new()
+                .create(true)
+                .append(true)
+                .mode(0o640)
+                .open(&path)
+                .map_err(|e| {
+                    format!(
+                        "cannot open log file {} (${LOG_FILE_ENV}): {e}",
+                        Path::new(&path).display()
+                    )
+                })?,
+        ),
+        None if stderr_is_journal() => None,
+        None => Some(devnull),
+    };
+    if let Some(f) = out {
+        nix::unistd::dup2_stdout(f.as_fd()).map_err(|e| format!("redirecting stdout: {e}"))?;
+        nix::unistd::dup2_stderr(f.as_fd()).map_err(|e| format!("redirecting stderr: {e}"))?;
+    }
+    Ok(())
+}
+
+/// systemd sets JOURNAL_STREAM=<dev>:<ino> of the journal socket it connected stderr to.
+fn stderr_is_journal() -> bool {
+    let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
+        return false;
+    };
+    let Some((dev, ino)) = v.to_str().and_then(|s| s.split_once(':')) else {
+        return false;
+    };
+    let Ok(st) = nix::sys::stat::fstat(std::io::stderr().as_fd()) else {
+        return false;
+    };
+    dev.parse() == Ok(st.st_dev) && ino.parse() == Ok(st.st_ino)
+}
+
+fn init_logging(args: &Args, daemon: bool) {
+    use tracing_subscriber::EnvFilter;
+    let default = if args.verbose { "debug" } else { "info" };
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
+    let builder = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr);
+    // init() also routes the `log` records of fuser into tracing.
+    let r = if daemon {
+        // journald (or the test's log file reader) adds its own timestamps; no colour codes.
+        builder.with_ansi(false).without_time().try_init()
+    } else {
+        builder
+            .with_ansi(std::io::stderr().is_terminal())
+            .try_init()
+    };
+    if let Err(e) = r {
+        eprintln!("mount.cetra: logging not set up: {e}");
+    }
+}
+
+fn hostname() -> String {
+    nix::unistd::gethostname()
+        .ok()
+        .and_then(|h| h.into_string().ok())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
+}
+
+/// Open the device. For a regular file (a test LUN) the logical block size is not a property
+/// of the file, so it is read from the superblock (or its backup in the last fs block); a
+/// block device reports its own. If neither copy decodes, mount with 512 and let the core
+/// produce the error message, so there is one source of "why this is not mountable".
+fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<FileDevice> {
+    let mut o = FileDeviceOptions {
+        read_only,
+        ..FileDeviceOptions::default()
+    };
+    let dev = FileDevice::open(path, &o)?;
+    if dev.is_block_device() {
+        return Ok(dev);
+    }
+    let Some(lbs) = probe_logical_block_size(&dev) else {
+        return Ok(dev);
+    };
+    if lbs == o.file_logical_block_size {
+        return Ok(dev);
+    }
+    drop(dev);
+    o.file_logical_block_size = lbs;
+    FileDevice::open(path, &o)
+}
+
+fn probe_logical_block_size(dev: &FileDevice) -> Option<u32> {
+    use cetrafs_core::dev::{AlignedBuf, BlockDevice};
+    let fsb = FS_BLOCK_SIZE as u64;
+    let size = dev.geometry().size_bytes;
+    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+    let last = (size / fsb).checked_sub(1).map(|b| b * fsb);
+    for off in std::iter::once(0).chain(last.filter(|&o| o > 0)) {
+        if dev.read_at(off, &mut buf).is_ok() {
+            if let Ok(sb) = Superblock::decode(&buf) {
+                return Some(sb.logical_block_size);
+            }
+        }
+    }
+    None
+}
+
+/// Mount and serve until unmounted. Returns the exit status.
+fn serve(args: &Args, mut notifier: Notifier) -> i32 {
+    let dev_name = args.device.display().to_string();
+    let fail = |n: &mut Notifier, why: String| {
+        n.failed(&format!("cannot mount {dev_name}: {why}"));
+        EXIT_MOUNT_FAILURE
+    };
+
+    // SIGTERM/SIGINT/SIGHUP are taken by one thread with sigwait; blocking them here, before
+    // any thread exists, makes every later thread (fuser's workers, the core's) inherit the
+    // mask, so no worker is interrupted in the middle of a request.
+    let mut sigs = SigSet::empty();
+    for s in [Signal::SIGTERM, Signal::SIGINT, Signal::SIGHUP] {
+        sigs.add(s);
+    }
+    if let Err(e) = sigs.thread_block() {
+        return fail(&mut notifier, format!("blocking signals: {e}"));
+    }
+
+    let mp_dev = match std::fs::metadata(&args.mountpoint) {
+        Ok(m) if m.is_dir() => m.dev(),
+        Ok(_) => {
+            return fail(
+                &mut notifier,
+                format!(
+                    "mountpoint {} is not a directory",
+                    args.mountpoint.display()
+                ),
+            )
+        }
+        Err(e) => {
+            return fail(
+                &mut notifier,
+                format!("mountpoint {}: {e}", args.mountpoint.display()),
+            )
+        }
+    };
+
+    let ro = args.opts.read_only;
+    let dev = match open_device(&args.device, ro) {
+        Ok(d) => d,
+        Err(e) => return fail(&mut notifier, e.to_string()),
+    };
+    let host = args.opts.host.clone().unwrap_or_else(hostname);
+    let shared: SharedDevice = Arc::new(dev);
+    let vol = match Volume::mount(
+        shared,
+        &MountOptions {
+            read_only: ro,
+            host: host.clone(),
+        },
+    ) {
+        Ok(v) => v,
+        Err(e) => return fail(&mut notifier, e.to_string()),
+    };
+    info!(
+        "{dev_name}: volume mounted as node {host}{}",
+        if ro { " (read-only)" } else { "" }
+    );
+
+    let outcome: UnmountOutcome = Arc::new(Mutex::new(None));
+    let fs = Adapter::new(Arc::clone(&vol), &args.opts, Arc::clone(&outcome));
+    let cfg = adapter::session_config(&args.device, &args.opts);
+    // Session::new performs the mount(2) and the FUSE INIT handshake. If it fails, dropping
+    // the adapter runs destroy, which unmounts the volume.
+    let session = match fuser::Session::new(fs, &args.mountpoint, &cfg) {
+        Ok(s) => s,
+        Err(e) => {
+            return fail(
+                &mut notifier,
+                format!("FUSE mount on {}: {e}", args.mountpoint.display()),
+            )
+        }
+    };
+    drop(vol);
+
+    spawn_signal_thread(sigs, args.mountpoint.clone());
+    spawn_ready_thread(args.mountpoint.clone(), mp_dev, notifier);
+
+    let run = session.run();
+    if let Err(e) = &run {
+        error!("FUSE session ended with an error: {e}");
+    }
+    let unmounted = outcome
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take();
+    match unmounted {
+        Some(Ok(())) if run.is_ok() => {
+            info!("{dev_name}: unmounted from {}", args.mountpoint.display());
+            EXIT_OK
+        }
+        Some(Ok(())) => EXIT_UNMOUNT_FAILURE,
+        Some(Err(_)) => EXIT_UNMOUNT_FAILURE,
+        None => {
+            error!("{dev_name}: the session ended without unmounting the volume");
+            EXIT_UNMOUNT_FAILURE
+        }
+    }
+}
+
+/// On SIGTERM/SIGINT/SIGHUP: unmount like `umount MOUNTPOINT` would. The kernel then ends the
+/// session, fuser calls destroy, and the volume is flushed. If the mount is busy it stays
+/// mounted (a daemon that vanished would leave every user with ENOTCONN); say so and wait.
+fn spawn_signal_thread(sigs: SigSet, mountpoint: PathBuf) {
+    let r = std::thread::Builder::new()
+        .name("cetra-signals".into())
+        .spawn(move || loop {
+            let Ok(sig) = sigs.wait() else { continue };
+            info!("received {sig:?}: unmounting {}", mountpoint.display());
+            match nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()) {
+                Ok(()) => return,
+                Err(nix::errno::Errno::EINVAL) => return, // not mounted any more
+                Err(e) => warn!(
+                    "cannot unmount {}: {e}; still serving it (close its users, or `umount -l` it)",
+                    mountpoint.display()
+                ),
+            }
+        });
+    if let Err(e) = r {
+        warn!("no signal handling thread ({e}); unmount with `umount`");
+    }
+}
+
+/// Report readiness once a stat of the mountpoint shows the new filesystem. That stat goes
+/// through our own FUSE workers (GETATTR of the root), so it proves the whole path works.
+fn spawn_ready_thread(mountpoint: PathBuf, old_dev: u64, mut notifier: Notifier) {
+    let r = std::thread::Builder::new()
+        .name("cetra-ready".into())
+        .spawn(move || {
+            let start = Instant::now();
+            loop {
+                match std::fs::metadata(&mountpoint) {
+                    Ok(m) if m.dev() != old_dev => {
+                        info!("mounted on {}", mountpoint.display());
+                        notifier.ready();
+                        return;
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        notifier.failed(&format!(
+                            "cannot mount on {}: the new mount does not answer: {e}",
+                            mountpoint.display()
+                        ));
+                        let _ = nix::mount::umount2(&mountpoint, nix::mount::MntFlags::MNT_DETACH);
+                        return;
+                    }
+                }
+                if start.elapsed() > READY_TIMEOUT {
+                    notifier.failed(&format!(
+                        "cannot mount on {}: the mount did not appear within {}s",
+                        mountpoint.display(),
+                        READY_TIMEOUT.as_secs()
+                    ));
+                    return;
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+    if let Err(e) = r {
+        error!("cannot start the readiness check: {e}");
+    }
+}

@@ -1,0 +1,394 @@
+//! Command line of a mount helper: `mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v] [-n] [-s]`.
+//!
+//! mount(8) calls helpers as `mount.TYPE SPEC DIR [-sfnv] [-o OPTIONS] [-t TYPE.SUBTYPE]`, with
+//! the options gathered from fstab and the command line; this parser accepts exactly that.
+//! It is hand-written rather than clap because helper syntax (`-oOPTS`, options after the
+//! positionals, flags mount(8) may add) does not map well onto a derive parser, and a usage
+//! error must be one line.
+
+use std::ffi::OsString;
+use std::fmt;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Kernel attribute/entry cache lifetime when not given. Every node caches what it looked up for
+/// this long without asking the volume again, so it bounds how stale a node's view of another
+/// node's change (new file, chmod, size after an append elsewhere) can be. One second is the
+/// usual network-filesystem compromise; 0 makes every stat a round trip.
+pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+/// Longer than this makes multi-node coherency meaningless; shorter than this is just a typo guard.
+const MAX_TTL_SECS: f64 = 3600.0;
+const MAX_HOST_LEN: usize = 64;
+
+pub const USAGE: &str = "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n\
+  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock,\n\
+           nosuid, nodev, noexec, noatime (and the generic fstab options)\n\
+  -f  stay in the foreground    -v  verbose (debug) logging";
+
+/// A command-line mistake: mount(8) treats helper exit status 1 as "incorrect invocation".
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UsageError(pub String);
+
+impl fmt::Display for UsageError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for UsageError {}
+
+fn usage(msg: impl Into<String>) -> UsageError {
+    UsageError(msg.into())
+}
+
+/// Mount options after parsing `-o`.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Options {
+    /// Node identity for the heartbeat slot; `None` means "use the host name".
+    pub host: Option<String>,
+    pub read_only: bool,
+    pub attr_timeout: Duration,
+    pub entry_timeout: Duration,
+    /// Cluster-wide POSIX locks (later). `nofilelock` keeps locks node-local.
+    pub file_locks: bool,
+    // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
+    // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
+    // need both); fstab can still say nosuid/nodev.
+    pub nosuid: bool,
+    pub nodev: bool,
+    pub noexec: bool,
+    pub noatime: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            host: None,
+            read_only: false,
+            attr_timeout: DEFAULT_TTL,
+            entry_timeout: DEFAULT_TTL,
+            file_locks: true,
+            nosuid: false,
+            nodev: false,
+            noexec: false,
+            noatime: false,
+        }
+    }
+}
+
+/// Options mount(8) or fstab may pass that mean nothing to this helper.
+/// `relatime` is the kernel default; `atime` is its opposite of `noatime`, handled below.
+const IGNORED: &[&str] = &[
+    "defaults", "_netdev", "nofail", "relatime", "auto", "noauto", "user", "nouser", "users",
+    "owner", "group", "async",
+];
+
+impl Options {
+    /// Apply one comma-separated `-o` string on top of the current values (later wins, as with
+    /// mount(8) where command-line options follow fstab options).
+    pub fn apply(&mut self, list: &str) -> Result<(), UsageError> {
+        for opt in list.split(',').filter(|o| !o.is_empty()) {
+            let (key, value) = match opt.split_once('=') {
+                Some((k, v)) => (k, Some(v)),
+                None => (opt, None),
+            };
+            match (key, value) {
+                ("host", Some(v)) => self.host = Some(parse_host(v)?),
+                ("attr_timeout", Some(v)) => self.attr_timeout = parse_secs(key, v)?,
+                ("entry_timeout", Some(v)) => self.entry_timeout = parse_secs(key, v)?,
+                ("ro", None) => self.read_only = true,
+                ("rw", None) => self.read_only = false,
+                ("nofilelock", None) => self.file_locks = false,
+                ("suid", None) => self.nosuid = false,
+                ("nosuid", None) => self.nosuid = true,
+                ("dev", None) => self.nodev = false,
+                ("nodev", None) => self.nodev = true,
+                ("exec", None) => self.noexec = false,
+                ("noexec", None) => self.noexec = true,
+                ("atime", None) => self.noatime = false,
+                ("noatime", None) => self.noatime = true,
+                (k, None) if IGNORED.contains(&k) => {}
+                // x-* are userspace comments (mount(8) normally strips them); comment= likewise.
+                (k, _) if k.starts_with("x-") || k == "comment" => {}
+                (k, None) if matches!(k, "host" | "attr_timeout" | "entry_timeout") => {
+                    return Err(usage(format!("option {k} needs a value ({k}=...)")))
+                }
+                (k, Some(_)) if is_flag(k) => {
+                    return Err(usage(format!("option {k} takes no value")))
+                }
+                _ => return Err(usage(format!("unknown mount option {opt:?}"))),
+            }
+        }
+        Ok(())
+    }
+}
+
+fn is_flag(k: &str) -> bool {
+    IGNORED.contains(&k)
+        || matches!(
+            k,
+            "ro" | "rw"
+                | "nofilelock"
+                | "suid"
+                | "nosuid"
+                | "dev"
+                | "nodev"
+                | "exec"
+                | "noexec"
+                | "atime"
+                | "noatime"
+        )
+}
+
+fn parse_host(v: &str) -> Result<String, UsageError> {
+    if v.is_empty() || v.len() > MAX_HOST_LEN {
+        return Err(usage(format!(
+            "host= must be 1 to {MAX_HOST_LEN} characters"
+        )));
+    }
+    if !v
+        .bytes()
+        .all(|c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+    {
+        return Err(usage(format!(
+            "host={v:?}: use letters, digits, '-', '_' and '.' only"
+        )));
+    }
+    Ok(v.to_string())
+}
+
+fn parse_secs(key: &str, v: &str) -> Result<Duration, UsageError> {
+    let bad = || {
+        usage(format!(
+            "{key}={v:?}: expected seconds between 0 and {MAX_TTL_SECS}, e.g. 1 or 0.5"
+        ))
+    };
+    let secs: f64 = v.parse().map_err(|_| bad())?;
+    if !secs.is_finite() || !(0.0..=MAX_TTL_SECS).contains(&secs) {
+        return Err(bad());
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+/// A parsed command line.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Args {
+    pub device: PathBuf,
+    pub mountpoint: PathBuf,
+    pub foreground: bool,
+    pub verbose: bool,
+    pub opts: Options,
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Command {
+    Mount(Args),
+    Help,
+}
+
+/// Parse the arguments after the program name.
+pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Command, UsageError> {
+    let mut positional: Vec<OsString> = Vec::new();
+    let mut opts = Options::default();
+    let (mut foreground, mut verbose) = (false, false);
+    let mut it = argv.into_iter();
+    let mut only_positional = false;
+    while let Some(arg) = it.next() {
+        let Some(s) = arg
+            .to_str()
+            .filter(|s| !only_positional && s.starts_with('-') && s.len() > 1)
+        else {
+            positional.push(arg);
+            continue;
+        };
+        match s {
+            "--" => only_positional = true,
+            "-h" | "--help" => return Ok(Command::Help),
+            "-o" => {
+                let v = it.next().ok_or_else(|| usage("-o needs an option list"))?;
+                let v = v
+                    .to_str()
+                    .ok_or_else(|| usage("mount options must be valid UTF-8"))?;
+                opts.apply(v)?;
+            }
+            // mount(8) passes -t TYPE.SUBTYPE for subtypes; the type is implied by this helper.
+            "-t" => {
+                it.next().ok_or_else(|| usage("-t needs a type"))?;
+            }
+            _ if s.starts_with("-o") => opts.apply(&s[2..])?,
+            _ if s.starts_with("--") => return Err(usage(format!("unknown argument {s}"))),
+            // Bundled short flags, e.g. "-fv" or mount(8)'s "-sn".
+            _ => {
+                for c in s[1..].chars() {
+                    match c {
+                        'f' => foreground = true,
+                        'v' => verbose = true,
+                        // -n: do not write /etc/mtab (there is none to write); -s: sloppy
+                        // (tolerate unknown options) is accepted but not honoured, because
+                        // silently dropping an option like nosuid would be worse than failing.
+                        'n' | 's' => {}
+                        _ => return Err(usage(format!("unknown flag -{c} in {s}"))),
+                    }
+                }
+            }
+        }
+    }
+    let mut positional = positional.into_iter();
+    let (Some(device), Some(mountpoint)) = (positional.next(), positional.next()) else {
+        return Err(usage("expected DEVICE and MOUNTPOINT"));
+    };
+    if let Some(extra) = positional.next() {
+        return Err(usage(format!(
+            "unexpected argument {:?}",
+            extra.to_string_lossy()
+        )));
+    }
+    Ok(Command::Mount(Args {
+        device: device.into(),
+        mountpoint: mountpoint.into(),
+        foreground,
+        verbose,
+        opts,
+    }))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn p(args: &[&str]) -> Result<Command, UsageError> {
+        parse(args.iter().map(OsString::from))
+    }
+
+    fn mount(args: &[&str]) -> Args {
+        match p(args) {
+            Ok(Command::Mount(a)) => a,
+            other => panic!("{args:?} parsed as {other:?}"),
+        }
+    }
+
+    #[test]
+    fn defaults() {
+        let a = mount(&["/dev/sdb", "/mnt/x"]);
+        assert_eq!(a.device, PathBuf::from("/dev/sdb"));
+        assert_eq!(a.mountpoint, PathBuf::from("/mnt/x"));
+        assert!(!a.foreground && !a.verbose);
+        assert_eq!(a.opts, Options::default());
+        assert_eq!(a.opts.attr_timeout, Duration::from_secs(1));
+        assert!(a.opts.file_locks && !a.opts.read_only && !a.opts.nosuid && !a.opts.nodev);
+    }
+
+    #[test]
+    fn mount8_style_invocation() {
+        // What mount(8) runs for an fstab line "... cetra defaults,_netdev,host=pve1,noatime 0 0".
+        let a = mount(&[
+            "/dev/mapper/lun0",
+            "/mnt/pve/c",
+            "-n",
+            "-o",
+            "rw,defaults,_netdev,host=pve1,noatime",
+        ]);
+        assert_eq!(a.opts.host.as_deref(), Some("pve1"));
+        assert!(a.opts.noatime && !a.opts.read_only);
+        let a = mount(&[
+            "-sfnv",
+            "-t",
+            "cetra",
+            "/dev/x",
+            "/m",
+            "-oro,nofilelock",
+            "-o",
+            "nosuid,nodev,noexec",
+        ]);
+        assert!(a.foreground && a.verbose && a.opts.read_only && !a.opts.file_locks);
+        assert!(a.opts.nosuid && a.opts.nodev && a.opts.noexec);
+    }
+
+    #[test]
+    fn later_options_win() {
+        assert!(!mount(&["d", "m", "-o", "ro", "-o", "rw"]).opts.read_only);
+        assert!(mount(&["d", "m", "-o", "rw,ro"]).opts.read_only);
+        assert!(!mount(&["d", "m", "-o", "nosuid,suid"]).opts.nosuid);
+    }
+
+    #[test]
+    fn ignored_options_are_accepted() {
+        let a = mount(&[
+            "d",
+            "m",
+            "-o",
+            "defaults,_netdev,nofail,noatime,relatime,auto,noauto,user,nouser,exec,noexec,suid,nosuid,dev,nodev,x-systemd.requires=iscsi.service",
+        ]);
+        assert!(a.opts.nosuid && a.opts.nodev && a.opts.noexec && a.opts.noatime);
+    }
+
+    #[test]
+    fn timeouts() {
+        let a = mount(&["d", "m", "-o", "attr_timeout=0,entry_timeout=2.5"]);
+        assert_eq!(a.opts.attr_timeout, Duration::ZERO);
+        assert_eq!(a.opts.entry_timeout, Duration::from_millis(2500));
+        for bad in [
+            "attr_timeout=-1",
+            "attr_timeout=abc",
+            "entry_timeout=inf",
+            "entry_timeout=NaN",
+            "attr_timeout=99999",
+        ] {
+            let e = p(&["d", "m", "-o", bad]).unwrap_err();
+            assert!(e.0.contains("expected seconds"), "{bad}: {e}");
+        }
+        assert!(p(&["d", "m", "-o", "attr_timeout"])
+            .unwrap_err()
+            .0
+            .contains("needs a value"));
+    }
+
+    #[test]
+    fn host_validation() {
+        assert_eq!(
+            mount(&["d", "m", "-o", "host=pve-2.lab"])
+                .opts
+                .host
+                .as_deref(),
+            Some("pve-2.lab")
+        );
+        assert!(p(&["d", "m", "-o", "host="]).is_err());
+        assert!(p(&["d", "m", "-o", "host=a b"]).is_err());
+        assert!(p(&["d", "m", "-o", &format!("host={}", "x".repeat(65))]).is_err());
+    }
+
+    #[test]
+    fn usage_errors() {
+        assert!(p(&["d", "m", "-o", "bogus"])
+            .unwrap_err()
+            .0
+            .contains("unknown mount option \"bogus\""));
+        assert!(p(&["d", "m", "-o", "ro=1"])
+            .unwrap_err()
+            .0
+            .contains("takes no value"));
+        assert!(p(&["d"])
+            .unwrap_err()
+            .0
+            .contains("expected DEVICE and MOUNTPOINT"));
+        assert!(p(&[]).is_err());
+        assert!(p(&["d", "m", "extra"])
+            .unwrap_err()
+            .0
+            .contains("unexpected argument"));
+        assert!(p(&["d", "m", "-x"])
+            .unwrap_err()
+            .0
+            .contains("unknown flag -x"));
+        assert!(p(&["d", "m", "--bogus"]).is_err());
+        assert!(p(&["d", "m", "-o"]).unwrap_err().0.contains("-o needs"));
+        assert_eq!(p(&["--help"]), Ok(Command::Help));
+    }
+
+    #[test]
+    fn double_dash_ends_flags() {
+        let a = mount(&["-f", "--", "-weird-device", "m"]);
+        assert_eq!(a.device, PathBuf::from("-weird-device"));
+        assert!(a.foreground);
+    }
+}
