@@ -1,12 +1,15 @@
 //! CetraFS core: the on-disk format, the shared-LUN device layer, allocation, extent trees,
 //! directories and the filesystem API ([`fs::Volume`]). No FUSE types live here.
 
-pub mod alloc;
-pub mod dev;
+#[macro_use]
 pub mod error;
+pub mod alloc;
+pub mod check;
+pub mod dev;
 pub mod format;
 pub mod fs;
 pub mod mkfs;
 pub mod probe;
+pub mod scsi;
 
 pub use error::{Error, ErrorKind, Result};

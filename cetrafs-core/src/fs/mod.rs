@@ -1,13 +1,81 @@
 //! The filesystem API: [`Volume`] is one mounted CetraFS on one node. The FUSE adapter is a
 //! thin translation onto these methods; tests call them directly on a memory device.
+//!
+//! Concurrency: metadata operations serialize on one per-volume mutex (`meta`, which also owns
+//! the allocator and the metadata block cache); each inode has its own RwLock. Lock order is
+//! meta → inode table → inode. The data path (read/write inside already-written extents) takes
+//! only the inode's lock in shared mode and does one device I/O per contiguous run.
 
 pub mod types;
 
+pub(crate) mod btree;
+mod data;
+mod dir;
+pub(crate) mod extent_map;
+pub(crate) mod txn;
+
 pub use types::*;
 
-use crate::dev::SharedDevice;
-use crate::error::Result;
-use std::sync::Arc;
+use crate::alloc::Allocator;
+use crate::dev::{AlignedBuf, SharedDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::group::{decode_bitmap, GroupHeader};
+use crate::format::inode::{flags, Inode, Timespec};
+use crate::format::superblock::Superblock;
+use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
+use extent_map::ExtentMap;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use txn::{Meta, Tx};
+
+pub(crate) fn now() -> Timespec {
+    crate::mkfs::now()
+}
+
+fn ts_to_nanos(t: Timespec) -> i64 {
+    t.sec.saturating_mul(1_000_000_000).saturating_add(i64::from(t.nsec))
+}
+
+fn nanos_to_ts(n: i64) -> Timespec {
+    Timespec { sec: n.div_euclid(1_000_000_000), nsec: u32::try_from(n.rem_euclid(1_000_000_000)).unwrap_or(0) }
+}
+
+/// In-memory state of one inode.
+#[derive(Debug)]
+pub(crate) struct InodeState {
+    pub ino: Ino,
+    inner: RwLock<InodeInner>,
+    /// Open file handles (an unlinked inode lives until the last one closes).
+    opens: AtomicU32,
+    /// Writable open handles (reservations are dropped when the last closes).
+    writers: AtomicU32,
+    /// Set by fast-path writes, which cannot update mtime under a shared lock: the time of the
+    /// latest such write, folded into the inode on the next metadata touch.
+    pending_mtime: AtomicI64,
+    has_pending: AtomicBool,
+}
+
+#[derive(Debug)]
+pub(crate) struct InodeInner {
+    pub inode: Inode,
+    pub extents: ExtentMap,
+    /// The inode has been freed (unlinked and closed); the state is a tombstone.
+    pub freed: bool,
+}
+
+impl InodeState {
+    fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
+        self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    fn write(&self) -> RwLockWriteGuard<'_, InodeInner> {
+        self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+    fn note_write(&self) {
+        self.pending_mtime.store(ts_to_nanos(now()), Ordering::Relaxed);
+        self.has_pending.store(true, Ordering::Release);
+    }
+}
 
 /// An open file. Handed to the kernel as a raw pointer inside the FUSE file handle so the data
 /// path needs no volume-wide table lookup.
@@ -15,62 +83,502 @@ use std::sync::Arc;
 pub struct OpenFile {
     pub ino: Ino,
     pub writable: bool,
+    state: Arc<InodeState>,
 }
 
 #[derive(Debug)]
 pub struct Volume {
-    _dev: SharedDevice,
+    dev: SharedDevice,
+    sb: Superblock,
+    read_only: bool,
+    meta: Mutex<Meta>,
+    table: Mutex<HashMap<Ino, Arc<InodeState>>>,
+    unmounted: AtomicBool,
 }
 
-#[allow(unused_variables, clippy::missing_errors_doc)]
+/// Read and validate the superblock: the primary, else the backup in the last fs block.
+pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
+    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+    dev.read_at(0, &mut buf)?;
+    let primary = Superblock::decode(&buf);
+    let primary_err = match primary {
+        Ok(sb) => return Ok(sb),
+        Err(e) => e,
+    };
+    let size = dev.geometry().size_bytes;
+    let backup_at = (size / FS_BLOCK).saturating_sub(1);
+    let mut b = AlignedBuf::new(FS_BLOCK_SIZE);
+    if backup_at > 0 && dev.read_at(backup_at * FS_BLOCK, &mut b).is_ok() {
+        if let Ok(sb) = Superblock::decode(&b) {
+            if sb.backup_block == backup_at {
+                tracing::warn!("primary superblock unusable ({primary_err}); using the backup at block {backup_at}");
+                return Ok(sb);
+            }
+        }
+    }
+    let had_magic = Superblock::has_magic(&buf) || Superblock::has_magic(&b);
+    if had_magic {
+        Err(Error::new(ErrorKind::Corrupted, format!("damaged CetraFS superblock ({primary_err}) and no usable backup; run fsck.cetra")))
+    } else {
+        Err(Error::new(ErrorKind::Corrupted, "not a CetraFS volume (no superblock found, nor a backup at the end of the device)"))
+    }
+}
+
+#[allow(clippy::missing_errors_doc)]
 impl Volume {
     /// Mount: read and validate the superblock (falling back to the backup), load allocation
     /// state. Errors are one line a sysadmin can act on.
-    pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> { todo!() }
+    pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
+        let sb = read_superblock(&*dev)?;
+        let geo = dev.geometry().clone();
+        if sb.total_blocks * FS_BLOCK > geo.size_bytes + FS_BLOCK {
+            bail!(Corrupted, "the device ({} bytes) is smaller than the volume ({} blocks): wrong device or truncated LUN", geo.size_bytes, sb.total_blocks);
+        }
+        if sb.logical_block_size != geo.logical_block_size {
+            bail!(
+                Unsupported,
+                "the volume was created for {}-byte logical blocks but the device has {}-byte blocks",
+                sb.logical_block_size,
+                geo.logical_block_size
+            );
+        }
+        let ro_only = sb.check_features()?;
+        let read_only = opts.read_only || ro_only;
+        let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
+        let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
+        let mut buf = AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
+        for g in 0..sb.group_count {
+            let first = sb.group_first_block(g);
+            dev.read_at(first * FS_BLOCK, &mut buf)?;
+            let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first).map_err(|e| e.wrap(format!("group {g}")))?;
+            if h.index != g || h.block_count != sb.group_blocks || h.bitmap_blocks != sb.bitmap_blocks {
+                bail!(Corrupted, "group {g}: header does not match the superblock; run fsck.cetra");
+            }
+            let mut bms = Vec::new();
+            for i in 0..meta_blocks - 1 {
+                let at = first + 1 + i as u64;
+                let (seq, payload) = decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
+                bms.push((seq, payload.to_vec()));
+            }
+            groups.push((h, bms));
+        }
+        let alloc = Allocator::new(&sb, groups)?;
+        let vol = Arc::new(Volume {
+            dev,
+            sb,
+            read_only,
+            meta: Mutex::new(Meta::new(alloc)),
+            table: Mutex::new(HashMap::new()),
+            unmounted: AtomicBool::new(false),
+        });
+        // Make sure the root is readable now rather than on the first lookup.
+        let root = vol.sb.root_ino;
+        {
+            let mut meta = vol.lock_meta();
+            let mut tx = Tx::new(&*vol.dev, &mut meta);
+            let st = vol.state(&mut tx, root).map_err(|e| e.wrap("root directory"))?;
+            if !st.read().inode.is_dir() {
+                bail!(Corrupted, "root inode {root} is not a directory; run fsck.cetra");
+            }
+        }
+        tracing::info!(
+            "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
+            vol.sb.uuid_string(),
+            vol.sb.label,
+            vol.sb.group_count,
+            (vol.sb.group_blocks * FS_BLOCK) >> 20,
+            (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
+            if read_only { ", read-only" } else { "" }
+        );
+        Ok(vol)
+    }
+
+    pub fn superblock(&self) -> &Superblock {
+        &self.sb
+    }
+
     /// Flush everything; the volume must not be used afterwards.
-    pub fn unmount(&self) -> Result<()> { todo!() }
-    pub fn root_ino(&self) -> Ino { todo!() }
-    pub fn is_read_only(&self) -> bool { todo!() }
+    pub fn unmount(&self) -> Result<()> {
+        if self.unmounted.swap(true, Ordering::SeqCst) {
+            return Ok(());
+        }
+        let r = self.sync();
+        // Open-unlinked files still open at unmount are freed now.
+        let states: Vec<Arc<InodeState>> = self.lock_table().values().cloned().collect();
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        for st in states {
+            let mut inner = st.write();
+            if !inner.freed && inner.inode.nlink == 0 && !self.read_only {
+                self.free_inode(&mut tx, &mut inner)?;
+            }
+        }
+        tx.commit()?;
+        drop(meta);
+        self.dev.flush()?;
+        r
+    }
 
-    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> { todo!() }
-    /// The kernel dropped its references to `ino`: a chance to free open-unlinked inodes.
-    pub fn forget(&self, ino: Ino) { todo!() }
-    pub fn getattr(&self, ino: Ino) -> Result<Attr> { todo!() }
-    pub fn setattr(&self, ino: Ino, set: &SetAttr, caller: Caller) -> Result<Attr> { todo!() }
-    /// Regular files, fifos, sockets and device nodes (mode includes the S_IF* type).
-    pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u64, caller: Caller) -> Result<Attr> { todo!() }
-    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> { todo!() }
-    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> { todo!() }
-    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> { todo!() }
-    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> { todo!() }
-    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> { todo!() }
-    pub fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], flags: RenameFlags) -> Result<()> { todo!() }
-    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> { todo!() }
-    /// Entries after cookie `offset` (0 = start; "." and ".." included). `emit` returns false
-    /// when the reply buffer is full; the entry it refused will be offered again next time.
-    pub fn readdir(&self, ino: Ino, offset: u64, emit: &mut dyn FnMut(&DirListEntry) -> bool) -> Result<()> { todo!() }
+    pub fn root_ino(&self) -> Ino {
+        self.sb.root_ino
+    }
 
-    pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> { todo!() }
-    /// Create and open a regular file in one step (O_CREAT); `excl` gives EEXIST if it exists.
-    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller, excl: bool) -> Result<(Attr, Arc<OpenFile>)> { todo!() }
-    pub fn release(&self, fh: &Arc<OpenFile>) -> Result<()> { todo!() }
-    /// Read up to `size` bytes at `offset`; `reply` receives the bytes (short at EOF).
-    pub fn read(&self, fh: &OpenFile, offset: u64, size: u32, reply: &mut dyn FnMut(&[u8])) -> Result<()> { todo!() }
-    pub fn write(&self, fh: &OpenFile, offset: u64, data: &[u8]) -> Result<u32> { todo!() }
-    /// Make the file's data (and with !datasync its metadata) durable.
-    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> { todo!() }
-    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocMode) -> Result<()> { todo!() }
-    pub fn lseek(&self, ino: Ino, offset: u64, whence: Whence) -> Result<u64> { todo!() }
+    pub fn is_read_only(&self) -> bool {
+        self.read_only
+    }
 
-    pub fn statfs(&self) -> Result<StatFs> { todo!() }
-    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> { todo!() }
+    fn lock_meta(&self) -> MutexGuard<'_, Meta> {
+        self.meta.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn lock_table(&self) -> MutexGuard<'_, HashMap<Ino, Arc<InodeState>>> {
+        self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn check_writable(&self) -> Result<()> {
+        if self.read_only {
+            bail!(ReadOnly, "volume is mounted read-only");
+        }
+        if self.unmounted.load(Ordering::Relaxed) {
+            bail!(Io, "volume is unmounted");
+        }
+        Ok(())
+    }
+
+    /// The in-memory state of an inode, loading it if needed.
+    fn state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<InodeState>> {
+        if let Some(s) = self.lock_table().get(&ino) {
+            if !s.read().freed {
+                return Ok(s.clone());
+            }
+        }
+        if self.sb.group_of(ino).is_none() || !tx.meta.alloc.is_used(ino) {
+            bail!(NotFound, "inode {ino} does not exist");
+        }
+        let raw = tx.read(ino)?;
+        let inode = Inode::decode(&raw, ino)?;
+        let extents = if inode.is_reg() { ExtentMap::load(tx, &inode)? } else { ExtentMap::default() };
+        let st = Arc::new(InodeState {
+            ino,
+            inner: RwLock::new(InodeInner { inode, extents, freed: false }),
+            opens: AtomicU32::new(0),
+            writers: AtomicU32::new(0),
+            pending_mtime: AtomicI64::new(0),
+            has_pending: AtomicBool::new(false),
+        });
+        let mut t = self.lock_table();
+        if t.len() > 100_000 {
+            t.retain(|_, s| Arc::strong_count(s) > 1);
+        }
+        t.insert(ino, st.clone());
+        Ok(st)
+    }
+
+    /// Write an inode (and its changed extents) into the transaction.
+    fn save(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
+        if inner.inode.is_reg() {
+            let d = inner.extents.persist(tx, &mut inner.inode)?;
+            inner.inode.blocks = inner.inode.blocks.saturating_add_signed(d);
+        }
+        inner.inode.seq += 1;
+        tx.write(inner.inode.ino, inner.inode.encode());
+        Ok(())
+    }
+
+    /// Fold a pending fast-path mtime into the inode (caller holds the write lock).
+    fn fold_pending(st: &InodeState, inner: &mut InodeInner) -> bool {
+        if st.has_pending.swap(false, Ordering::AcqRel) {
+            let t = nanos_to_ts(st.pending_mtime.load(Ordering::Relaxed));
+            inner.inode.mtime = t;
+            inner.inode.ctime = t;
+            return true;
+        }
+        false
+    }
+
+    /// Release every block an inode holds and the inode itself.
+    fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
+        let ino = inner.inode.ino;
+        if inner.inode.is_reg() {
+            for (p, l) in inner.extents.punch(0, u64::MAX) {
+                tx.meta.alloc.free(p, l);
+            }
+        }
+        if inner.inode.tree_root != 0 {
+            btree::Tree::new(tx, inner.inode.tree_root, ino).destroy()?;
+        }
+        if inner.inode.xattr_block != 0 {
+            tx.forget(inner.inode.xattr_block);
+            tx.meta.alloc.free(inner.inode.xattr_block, 1);
+        }
+        tx.meta.alloc.drop_reservation(ino);
+        tx.forget(ino);
+        tx.meta.alloc.free(ino, 1);
+        inner.freed = true;
+        self.lock_table().remove(&ino);
+        Ok(())
+    }
+
+    fn attr_of(inode: &Inode) -> Attr {
+        Attr {
+            ino: inode.ino,
+            kind: FileKind::from_mode(inode.mode).unwrap_or(FileKind::Regular),
+            perm: u16::try_from(inode.mode & 0o7777).unwrap_or(0),
+            nlink: inode.nlink,
+            uid: inode.uid,
+            gid: inode.gid,
+            rdev: inode.rdev,
+            size: inode.size,
+            blocks: inode.blocks.saturating_sub(1) * (FS_BLOCK / 512),
+            atime: inode.atime,
+            mtime: inode.mtime,
+            ctime: inode.ctime,
+            crtime: inode.crtime,
+            flags: inode.flags & flags::USER_VISIBLE,
+            generation: inode.generation,
+        }
+    }
+
+    /// Run a metadata operation: lock, transaction, commit.
+    fn meta_op<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let r = f(&mut tx);
+        // Commit what was done even on error: every step leaves metadata consistent, and
+        // blocks allocated before the failure are referenced by what is committed.
+        let c = tx.commit();
+        let v = r?;
+        c?;
+        Ok(v)
+    }
+
+    pub fn getattr(&self, ino: Ino) -> Result<Attr> {
+        let st = {
+            let mut meta = self.lock_meta();
+            let mut tx = Tx::new(&*self.dev, &mut meta);
+            self.state(&mut tx, ino)?
+        };
+        if st.has_pending.load(Ordering::Acquire) {
+            let mut inner = st.write();
+            Self::fold_pending(&st, &mut inner);
+            return Ok(Self::attr_of(&inner.inode));
+        }
+        let inner = st.read();
+        Ok(Self::attr_of(&inner.inode))
+    }
+
+    /// The kernel dropped its references to `ino`.
+    pub fn forget(&self, ino: Ino) {
+        let mut t = self.lock_table();
+        if let Some(s) = t.get(&ino) {
+            if s.opens.load(Ordering::Acquire) == 0 && Arc::strong_count(s) == 1 && !s.has_pending.load(Ordering::Acquire) {
+                let inner = s.read();
+                let keep = inner.inode.nlink == 0 && !inner.freed;
+                drop(inner);
+                if !keep {
+                    t.remove(&ino);
+                }
+            }
+        }
+    }
+
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, _caller: Caller) -> Result<Attr> {
+        self.check_writable()?;
+        self.meta_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let mut inner = st.write();
+            Self::fold_pending(&st, &mut inner);
+            let fl = inner.inode.flags;
+            let changes_content = set.size.is_some();
+            let changes_meta = set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.atime.is_some() || set.mtime.is_some();
+            if fl & flags::IMMUTABLE != 0 && (changes_content || changes_meta) {
+                bail!(PermissionDenied, "inode {ino} is immutable");
+            }
+            if fl & flags::APPEND != 0 && set.size.is_some_and(|s| s < inner.inode.size) {
+                bail!(PermissionDenied, "inode {ino} is append-only");
+            }
+            let t = now();
+            if let Some(size) = set.size {
+                if !inner.inode.is_reg() {
+                    bail!(InvalidInput, "cannot change the size of a non-regular file");
+                }
+                self.truncate_locked(tx, &mut inner, size)?;
+                inner.inode.mtime = t;
+            }
+            if let Some(m) = set.mode {
+                inner.inode.mode = (inner.inode.mode & libc::S_IFMT) | (m & 0o7777);
+            }
+            if let Some(u) = set.uid {
+                inner.inode.uid = u;
+            }
+            if let Some(g) = set.gid {
+                inner.inode.gid = g;
+            }
+            let pick = |s: SetTime| match s {
+                SetTime::Now => t,
+                SetTime::At(x) => x,
+            };
+            if let Some(a) = set.atime {
+                inner.inode.atime = pick(a);
+            }
+            if let Some(m) = set.mtime {
+                inner.inode.mtime = pick(m);
+            }
+            inner.inode.ctime = set.ctime.unwrap_or(t);
+            self.save(tx, &mut inner)?;
+            Ok(Self::attr_of(&inner.inode))
+        })
+    }
+
+    pub fn statfs(&self) -> Result<StatFs> {
+        let meta = self.lock_meta();
+        let free = meta.alloc.free_blocks();
+        Ok(StatFs {
+            blocks: meta.alloc.total_blocks(),
+            bfree: free,
+            bavail: free,
+            files: meta.alloc.total_blocks(),
+            ffree: free,
+            bsize: u32::try_from(FS_BLOCK).unwrap_or(4096),
+            namelen: u32::try_from(crate::format::dirent::MAX_NAME).unwrap_or(255),
+        })
+    }
+
+    fn load_xattrs(tx: &mut Tx<'_>, inode: &Inode) -> Result<xattr::XattrMap> {
+        if inode.xattr_block == 0 {
+            return Ok(xattr::XattrMap::new());
+        }
+        let raw = tx.read(inode.xattr_block)?;
+        let (_, map) = xattr::decode(&raw, inode.xattr_block)?;
+        Ok(map)
+    }
+
+    fn check_xattr_name(name: &[u8]) -> Result<()> {
+        const PREFIXES: [&[u8]; 4] = [b"user.", b"trusted.", b"security.", b"system.posix_acl_"];
+        if name.is_empty() || name.len() > 255 {
+            bail!(Range, "xattr name length {} out of range", name.len());
+        }
+        if !PREFIXES.iter().any(|p| name.starts_with(p)) {
+            bail!(Unsupported, "xattr namespace of {:?} is not supported", String::from_utf8_lossy(name));
+        }
+        Ok(())
+    }
+
+    pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let st = self.state(&mut tx, ino)?;
+        let inner = st.read();
+        let map = Self::load_xattrs(&mut tx, &inner.inode)?;
+        map.get(name).cloned().ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
+    }
+
+    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let st = self.state(&mut tx, ino)?;
+        let inner = st.read();
+        Ok(Self::load_xattrs(&mut tx, &inner.inode)?.into_keys().collect())
+    }
+
     /// flags: XATTR_CREATE / XATTR_REPLACE semantics.
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> { todo!() }
-    pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> { todo!() }
-    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> { todo!() }
-    /// FS_IOC_GETFLAGS / FS_IOC_SETFLAGS (immutable, append-only, noatime).
-    pub fn get_flags(&self, ino: Ino) -> Result<u32> { todo!() }
-    pub fn set_flags(&self, ino: Ino, flags: u32) -> Result<()> { todo!() }
+    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> {
+        self.check_writable()?;
+        Self::check_xattr_name(name)?;
+        self.update_xattrs(ino, |map| {
+            let exists = map.contains_key(name);
+            if create && exists {
+                bail!(Exists, "attribute exists");
+            }
+            if replace && !exists {
+                bail!(NoData, "no such attribute");
+            }
+            map.insert(name.to_vec(), value.to_vec());
+            Ok(())
+        })
+    }
+
+    pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
+        self.check_writable()?;
+        self.update_xattrs(ino, |map| {
+            map.remove(name).map(|_| ()).ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
+        })
+    }
+
+    fn update_xattrs(&self, ino: Ino, f: impl FnOnce(&mut xattr::XattrMap) -> Result<()>) -> Result<()> {
+        self.meta_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let mut inner = st.write();
+            if inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
+                bail!(PermissionDenied, "inode {ino} is immutable or append-only");
+            }
+            let mut map = Self::load_xattrs(tx, &inner.inode)?;
+            f(&mut map)?;
+            if xattr::encoded_len(&map) > xattr::XATTR_CAP {
+                bail!(NoSpace, "extended attributes of inode {ino} exceed one 4 KiB block");
+            }
+            if map.is_empty() {
+                if inner.inode.xattr_block != 0 {
+                    tx.forget(inner.inode.xattr_block);
+                    tx.meta.alloc.free(inner.inode.xattr_block, 1);
+                    inner.inode.xattr_block = 0;
+                    inner.inode.blocks -= 1;
+                }
+            } else {
+                let (b, seq) = if inner.inode.xattr_block == 0 {
+                    let b = tx.meta.alloc.alloc(ino, 1, 0)?[0].0;
+                    inner.inode.blocks += 1;
+                    inner.inode.xattr_block = b;
+                    (b, 1)
+                } else {
+                    let raw = tx.read(inner.inode.xattr_block)?;
+                    (inner.inode.xattr_block, xattr::decode(&raw, inner.inode.xattr_block)?.0 + 1)
+                };
+                tx.write(b, xattr::encode(&map, b, seq, ino));
+            }
+            inner.inode.ctime = now();
+            self.save(tx, &mut inner)
+        })
+    }
+
+    /// FS_IOC_GETFLAGS.
+    pub fn get_flags(&self, ino: Ino) -> Result<u32> {
+        Ok(self.getattr(ino)?.flags)
+    }
+
+    /// FS_IOC_SETFLAGS (immutable, append-only, noatime).
+    pub fn set_flags(&self, ino: Ino, new_flags: u32) -> Result<()> {
+        self.check_writable()?;
+        if new_flags & !flags::USER_VISIBLE != 0 {
+            bail!(Unsupported, "inode flags {:#x} are not supported", new_flags & !flags::USER_VISIBLE);
+        }
+        self.meta_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let mut inner = st.write();
+            inner.inode.flags = (inner.inode.flags & !flags::USER_VISIBLE) | new_flags;
+            inner.inode.ctime = now();
+            self.save(tx, &mut inner)
+        })
+    }
+
     /// Flush all dirty state (syncfs).
-    pub fn sync(&self) -> Result<()> { todo!() }
+    pub fn sync(&self) -> Result<()> {
+        let pending: Vec<Arc<InodeState>> =
+            self.lock_table().values().filter(|s| s.has_pending.load(Ordering::Acquire)).cloned().collect();
+        if !pending.is_empty() && !self.read_only {
+            self.meta_op(|tx| {
+                for st in pending {
+                    let mut inner = st.write();
+                    if !inner.freed && Self::fold_pending(&st, &mut inner) {
+                        self.save(tx, &mut inner)?;
+                    }
+                }
+                Ok(())
+            })?;
+        }
+        self.dev.flush()
+    }
 }
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,494 @@
+//! The data path: open/read/write/truncate/fallocate/lseek/fsync.
+//!
+//! Fast path: a read, or an aligned write inside already-written extents below EOF, holds the
+//! inode lock shared, copies through a per-thread aligned buffer and issues one device I/O per
+//! physically contiguous run: no volume lock, no allocation, no metadata I/O.
+//! Everything else (holes, unwritten extents, growth, unaligned writes) takes the metadata
+//! path under the inode's exclusive lock. Newly allocated or converted blocks are always
+//! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
+//! so no stale device bytes can ever be read through a file.
+
+use super::txn::Tx;
+use super::{FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence};
+use crate::dev::AlignedBuf;
+use crate::error::Result;
+use crate::format::inode::flags;
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+use std::cell::RefCell;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+thread_local! {
+    /// One reusable aligned I/O buffer per FUSE worker thread.
+    static IOBUF: RefCell<AlignedBuf> = RefCell::new(AlignedBuf::new((1 << 20) + 2 * FS_BLOCK_SIZE));
+}
+
+fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
+    IOBUF.with(|b| {
+        let mut b = b.borrow_mut();
+        b.resize(len);
+        f(&mut b[..len])
+    })
+}
+
+fn us(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// How the parts of a block range that the write does not cover are filled.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fill {
+    /// Keep what the blocks hold (written extents): read-modify-write partial blocks.
+    Existing,
+    /// Zeros (new or unwritten blocks, which read as zeros).
+    Zero,
+}
+
+#[allow(clippy::missing_errors_doc)]
+impl Volume {
+    pub(super) fn open_state(&self, st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
+        st.opens.fetch_add(1, Ordering::AcqRel);
+        if writable {
+            st.writers.fetch_add(1, Ordering::AcqRel);
+        }
+        Arc::new(OpenFile { ino: st.ino, writable, state: st })
+    }
+
+    pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> {
+        let st = {
+            let mut meta = self.lock_meta();
+            let mut tx = Tx::new(&*self.dev, &mut meta);
+            self.state(&mut tx, ino)?
+        };
+        {
+            let inner = st.read();
+            if inner.inode.is_dir() && writable {
+                bail!(IsDir, "inode {ino} is a directory");
+            }
+            if writable {
+                self.check_writable()?;
+                if inner.inode.flags & flags::IMMUTABLE != 0 {
+                    bail!(PermissionDenied, "inode {ino} is immutable");
+                }
+            }
+        }
+        if truncate && writable {
+            let set = super::SetAttr { size: Some(0), ..Default::default() };
+            if st.read().inode.size != 0 {
+                self.setattr(ino, &set, super::Caller::ROOT)?;
+            }
+        }
+        Ok(self.open_state(st, writable))
+    }
+
+    pub fn release(&self, fh: &Arc<OpenFile>) -> Result<()> {
+        let st = &fh.state;
+        let last_writer = fh.writable && st.writers.fetch_sub(1, Ordering::AcqRel) == 1;
+        let last = st.opens.fetch_sub(1, Ordering::AcqRel) == 1;
+        if self.read_only || self.unmounted.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        let pending = st.has_pending.load(Ordering::Acquire);
+        let unlinked = last && st.read().inode.nlink == 0;
+        if !(last_writer || pending || unlinked) {
+            return Ok(());
+        }
+        self.meta_op(|tx| {
+            if last_writer {
+                tx.meta.alloc.drop_reservation(st.ino);
+            }
+            let mut inner = st.write();
+            if inner.freed {
+                return Ok(());
+            }
+            if unlinked && st.opens.load(Ordering::Acquire) == 0 {
+                return self.free_inode(tx, &mut inner);
+            }
+            if Self::fold_pending(st, &mut inner) {
+                self.save(tx, &mut inner)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Read up to `size` bytes at `offset`; `reply` receives the bytes (short at EOF).
+    pub fn read(&self, fh: &OpenFile, offset: u64, size: u32, reply: &mut dyn FnMut(&[u8])) -> Result<()> {
+        let inner = fh.state.read();
+        let fsize = inner.inode.size;
+        if offset >= fsize || size == 0 {
+            reply(&[]);
+            return Ok(());
+        }
+        let end = fsize.min(offset + u64::from(size));
+        let lbs = self.dev.geometry().lbs();
+        let a0 = offset - offset % lbs;
+        let a1 = end.div_ceil(lbs) * lbs;
+        with_buf(us(a1 - a0), |buf| {
+            let mut pos = a0;
+            while pos < a1 {
+                let fb = pos / FS_BLOCK;
+                let (stop, phys) = match inner.extents.find(fb) {
+                    Some(e) if !e.unwritten() => {
+                        (a1.min(e.end() * FS_BLOCK), Some((e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK))
+                    }
+                    Some(e) => (a1.min(e.end() * FS_BLOCK), None),
+                    None => (a1.min(inner.extents.next_from(fb).map_or(u64::MAX, |e| e.logical * FS_BLOCK)), None),
+                };
+                let part = &mut buf[us(pos - a0)..us(stop - a0)];
+                match phys {
+                    Some(p) => self.dev.read_at(p, part)?,
+                    None => part.fill(0),
+                }
+                pos = stop;
+            }
+            reply(&buf[us(offset - a0)..us(end - a0)]);
+            Ok(())
+        })
+    }
+
+    pub fn write(&self, fh: &OpenFile, offset: u64, data: &[u8]) -> Result<u32> {
+        if !fh.writable {
+            bail!(InvalidInput, "file handle is not open for writing");
+        }
+        let len = u32::try_from(data.len()).map_err(|_| crate::Error::new(crate::ErrorKind::InvalidInput, "write too large"))?;
+        if data.is_empty() {
+            return Ok(0);
+        }
+        if self.try_fast_write(&fh.state, offset, data)? {
+            return Ok(len);
+        }
+        self.check_writable()?;
+        let st = &fh.state;
+        self.meta_op(|tx| {
+            let mut inner = st.write();
+            if inner.freed {
+                bail!(NotFound, "inode {} was removed", st.ino);
+            }
+            if inner.inode.flags & flags::IMMUTABLE != 0 {
+                bail!(PermissionDenied, "inode {} is immutable", st.ino);
+            }
+            if inner.inode.flags & flags::APPEND != 0 && offset != inner.inode.size {
+                bail!(PermissionDenied, "inode {} is append-only", st.ino);
+            }
+            Self::fold_pending(st, &mut inner);
+            let r = self.write_locked(tx, &mut inner, offset, data);
+            // Whatever was written and mapped before an error is kept consistent.
+            let end = offset + data.len() as u64;
+            if r.is_ok() && end > inner.inode.size {
+                inner.inode.size = end;
+            }
+            let t = super::now();
+            inner.inode.mtime = t;
+            inner.inode.ctime = t;
+            self.save(tx, &mut inner)?;
+            r
+        })?;
+        Ok(len)
+    }
+
+    /// The fast path; Ok(false) means "take the metadata path".
+    fn try_fast_write(&self, st: &InodeState, offset: u64, data: &[u8]) -> Result<bool> {
+        let lbs = self.dev.geometry().lbs();
+        let end = offset + data.len() as u64;
+        if offset % lbs != 0 || end % lbs != 0 {
+            return Ok(false);
+        }
+        let inner = st.read();
+        if inner.freed || end > inner.inode.size || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 || self.read_only {
+            return Ok(false);
+        }
+        let mut pos = offset;
+        while pos < end {
+            match inner.extents.find(pos / FS_BLOCK) {
+                Some(e) if !e.unwritten() => pos = e.end() * FS_BLOCK,
+                _ => return Ok(false),
+            }
+        }
+        with_buf(data.len(), |buf| {
+            buf.copy_from_slice(data);
+            let mut pos = offset;
+            while pos < end {
+                let fb = pos / FS_BLOCK;
+                let Some(e) = inner.extents.find(fb) else { unreachable!("checked above") };
+                let stop = end.min(e.end() * FS_BLOCK);
+                let phys = (e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK;
+                self.dev.write_at(phys, &buf[us(pos - offset)..us(stop - offset)])?;
+                pos = stop;
+            }
+            Ok::<(), crate::Error>(())
+        })?;
+        st.note_write();
+        Ok(true)
+    }
+
+    /// Write `data` at `offset`, allocating and converting as needed (exclusive inode lock held).
+    fn write_locked(&self, tx: &mut Tx<'_>, inner: &mut InodeInner, offset: u64, data: &[u8]) -> Result<()> {
+        let end = offset + data.len() as u64;
+        let fb1 = end.div_ceil(FS_BLOCK);
+        let mut b = offset / FS_BLOCK;
+        while b < fb1 {
+            match inner.extents.find(b) {
+                Some(e) => {
+                    let seg_end = fb1.min(e.end());
+                    let phys = e.physical + (b - e.logical);
+                    if e.unwritten() {
+                        self.write_segment(phys, b, seg_end, offset, data, Fill::Zero)?;
+                        inner.extents.set_unwritten(b, seg_end, false);
+                    } else {
+                        self.write_segment(phys, b, seg_end, offset, data, Fill::Existing)?;
+                    }
+                    b = seg_end;
+                }
+                None => {
+                    let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
+                    let seg_end = fb1.min(next);
+                    let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
+                    let runs = tx.meta.alloc.alloc(goal, seg_end - b, inner.inode.ino)?;
+                    let mut lb = b;
+                    for (p, l) in runs {
+                        inner.inode.blocks += l;
+                        // Map only after the data is on the device.
+                        let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
+                        if let Err(e) = w {
+                            tx.meta.alloc.free(p, l);
+                            inner.inode.blocks -= l;
+                            return Err(e);
+                        }
+                        inner.extents.insert(lb, p, l, false);
+                        lb += l;
+                    }
+                    b = seg_end;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Write file blocks [b0, b1) (device blocks from `phys`) with the part of `data` (which
+    /// starts at file byte `offset`) that falls inside them.
+    fn write_segment(&self, phys: u64, b0: u64, b1: u64, offset: u64, data: &[u8], fill: Fill) -> Result<()> {
+        let seg_start = b0 * FS_BLOCK;
+        let seg_end = b1 * FS_BLOCK;
+        let d0 = offset.max(seg_start);
+        let d1 = (offset + data.len() as u64).min(seg_end);
+        let len = seg_end - seg_start;
+        with_buf(us(len), |buf| {
+            let head = us(d0 - seg_start);
+            let tail = us(d1 - seg_start);
+            match fill {
+                Fill::Zero => {
+                    buf[..head].fill(0);
+                    buf[tail..].fill(0);
+                }
+                Fill::Existing => {
+                    if head > 0 {
+                        self.dev.read_at(phys * FS_BLOCK, &mut buf[..FS_BLOCK_SIZE])?;
+                    }
+                    if tail < us(len) && !(head > 0 && len == FS_BLOCK) {
+                        let last = us(len) - FS_BLOCK_SIZE;
+                        self.dev.read_at(phys * FS_BLOCK + last as u64, &mut buf[last..])?;
+                    }
+                }
+            }
+            buf[head..tail].copy_from_slice(&data[us(d0 - offset)..us(d1 - offset)]);
+            self.dev.write_at(phys * FS_BLOCK, buf)
+        })
+    }
+
+    /// Zero bytes [from, to) of the file where they are backed by written blocks.
+    fn zero_written(&self, inner: &InodeInner, from: u64, to: u64) -> Result<()> {
+        let mut pos = from;
+        while pos < to {
+            let fb = pos / FS_BLOCK;
+            let stop = to.min((fb + 1) * FS_BLOCK);
+            if let Some(e) = inner.extents.find(fb) {
+                if !e.unwritten() {
+                    let zeros = vec![0u8; us(stop - pos)];
+                    self.write_segment(e.physical + (fb - e.logical), fb, fb + 1, pos, &zeros, Fill::Existing)?;
+                }
+            }
+            pos = stop;
+        }
+        Ok(())
+    }
+
+    fn free_runs(tx: &mut Tx<'_>, inner: &mut InodeInner, runs: Vec<(u64, u64)>) {
+        for (p, l) in runs {
+            tx.meta.alloc.free(p, l);
+            inner.inode.blocks -= l;
+        }
+    }
+
+    pub(super) fn truncate_locked(&self, tx: &mut Tx<'_>, inner: &mut InodeInner, size: u64) -> Result<()> {
+        if size < inner.inode.size {
+            let keep = size.div_ceil(FS_BLOCK);
+            let freed = inner.extents.punch(keep, u64::MAX);
+            Self::free_runs(tx, inner, freed);
+            // Bytes past EOF in the last block must read as zeros if the file grows again.
+            if size % FS_BLOCK != 0 {
+                self.zero_written(inner, size, keep * FS_BLOCK)?;
+            }
+        }
+        inner.inode.size = size;
+        Ok(())
+    }
+
+    /// Map every hole in file blocks [b0, b1) with unwritten extents.
+    fn allocate_unwritten(tx: &mut Tx<'_>, inner: &mut InodeInner, b0: u64, b1: u64) -> Result<()> {
+        let mut b = b0;
+        while b < b1 {
+            if let Some(e) = inner.extents.find(b) {
+                b = e.end();
+                continue;
+            }
+            let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
+            let seg_end = b1.min(next);
+            let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
+            let runs = tx.meta.alloc.alloc(goal, seg_end - b, inner.inode.ino)?;
+            let mut lb = b;
+            for (p, l) in runs {
+                inner.inode.blocks += l;
+                inner.extents.insert(lb, p, l, true);
+                lb += l;
+            }
+            b = seg_end;
+        }
+        Ok(())
+    }
+
+    pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
+        self.check_writable()?;
+        if len == 0 {
+            bail!(InvalidInput, "fallocate length 0");
+        }
+        let end = offset.checked_add(len).ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
+        self.meta_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let mut inner = st.write();
+            if !inner.inode.is_reg() {
+                bail!(InvalidInput, "fallocate on a non-regular file");
+            }
+            if inner.inode.flags & flags::IMMUTABLE != 0 {
+                bail!(PermissionDenied, "inode {ino} is immutable");
+            }
+            Self::fold_pending(&st, &mut inner);
+            let t = super::now();
+            let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+            // Whole blocks strictly inside the range.
+            let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
+            let mut grows = None;
+            match mode {
+                FallocMode::Allocate { keep_size } => {
+                    Self::allocate_unwritten(tx, &mut inner, b0, b1)?;
+                    if !keep_size && end > inner.inode.size {
+                        grows = Some(end);
+                    }
+                }
+                FallocMode::PunchHole => {
+                    if inner.inode.flags & flags::APPEND != 0 {
+                        bail!(PermissionDenied, "inode {ino} is append-only");
+                    }
+                    if f0 < f1 {
+                        let freed = inner.extents.punch(f0, f1);
+                        Self::free_runs(tx, &mut inner, freed);
+                        self.zero_written(&inner, offset, f0 * FS_BLOCK)?;
+                        self.zero_written(&inner, f1 * FS_BLOCK, end)?;
+                    } else {
+                        self.zero_written(&inner, offset, end)?;
+                    }
+                    inner.inode.mtime = t;
+                }
+                FallocMode::ZeroRange { keep_size } => {
+                    if inner.inode.flags & flags::APPEND != 0 {
+                        bail!(PermissionDenied, "inode {ino} is append-only");
+                    }
+                    if f0 < f1 {
+                        inner.extents.set_unwritten(f0, f1, true);
+                        Self::allocate_unwritten(tx, &mut inner, f0, f1)?;
+                        self.zero_written(&inner, offset, f0 * FS_BLOCK)?;
+                        self.zero_written(&inner, f1 * FS_BLOCK, end)?;
+                    } else {
+                        self.zero_written(&inner, offset, end)?;
+                    }
+                    if !keep_size && end > inner.inode.size {
+                        grows = Some(end);
+                    }
+                    inner.inode.mtime = t;
+                }
+            }
+            if let Some(s) = grows {
+                inner.inode.size = s;
+                inner.inode.mtime = t;
+            }
+            inner.inode.ctime = t;
+            self.save(tx, &mut inner)
+        })
+    }
+
+    /// The file's extent map (for tools and tests: extent counts, fragmentation).
+    pub fn extents(&self, ino: Ino) -> Result<Vec<crate::format::extent::Extent>> {
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let st = self.state(&mut tx, ino)?;
+        let inner = st.read();
+        Ok(inner.extents.iter().copied().collect())
+    }
+
+    pub fn lseek(&self, ino: Ino, offset: u64, whence: Whence) -> Result<u64> {
+        let st = {
+            let mut meta = self.lock_meta();
+            let mut tx = Tx::new(&*self.dev, &mut meta);
+            self.state(&mut tx, ino)?
+        };
+        let inner = st.read();
+        let size = inner.inode.size;
+        if offset >= size {
+            bail!(NoSuchOffset, "offset {offset} is at or past the end of the file");
+        }
+        match whence {
+            Whence::Data => {
+                let mut b = offset / FS_BLOCK;
+                loop {
+                    match inner.extents.next_from(b) {
+                        Some(e) if !e.unwritten() => {
+                            let pos = offset.max(e.logical * FS_BLOCK);
+                            if pos >= size {
+                                bail!(NoSuchOffset, "no data after offset {offset}");
+                            }
+                            return Ok(pos);
+                        }
+                        Some(e) => b = e.end(),
+                        None => bail!(NoSuchOffset, "no data after offset {offset}"),
+                    }
+                }
+            }
+            Whence::Hole => {
+                let mut pos = offset;
+                while let Some(e) = inner.extents.find(pos / FS_BLOCK).filter(|e| !e.unwritten()) {
+                    pos = e.end() * FS_BLOCK;
+                }
+                Ok(pos.min(size))
+            }
+        }
+    }
+
+    /// Make the file's data (and with !datasync its metadata) durable.
+    pub fn fsync(&self, ino: Ino, _datasync: bool) -> Result<()> {
+        // Data written on the fast path is already on the device (O_DIRECT); metadata is
+        // written at the end of every operation. What remains is the pending mtime and the
+        // device's volatile cache.
+        let st = self.lock_table().get(&ino).cloned();
+        if let Some(st) = st {
+            if st.has_pending.load(Ordering::Acquire) && !self.read_only {
+                self.meta_op(|tx| {
+                    let mut inner = st.write();
+                    if !inner.freed && Self::fold_pending(&st, &mut inner) {
+                        self.save(tx, &mut inner)?;
+                    }
+                    Ok(())
+                })?;
+            }
+        }
+        self.dev.flush()
+    }
+}

@@ -1,0 +1,544 @@
+//! Directories and the namespace operations on them.
+
+use super::btree::Tree;
+use super::txn::Tx;
+use super::{now, Attr, Caller, DirListEntry, FileKind, Ino, InodeInner, OpenFile, RenameFlags, Volume};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::dirent::{decode_entries, encode_entries, name_hash, DirEntry, MAX_NAME};
+use crate::format::inode::{flags, Inode, INLINE_CAP};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32};
+use std::sync::Arc;
+
+fn check_name(name: &[u8]) -> Result<()> {
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
+        bail!(InvalidInput, "invalid file name {:?}", String::from_utf8_lossy(name));
+    }
+    if name.len() > MAX_NAME {
+        bail!(NameTooLong, "file name longer than {MAX_NAME} bytes");
+    }
+    Ok(())
+}
+
+/// Look a name up in a directory inode.
+pub(crate) fn dir_lookup(tx: &mut Tx<'_>, dir: &Inode, name: &[u8]) -> Result<Option<DirEntry>> {
+    if dir.tree_root == 0 {
+        return Ok(None);
+    }
+    let mut t = Tree::new(tx, dir.tree_root, dir.ino);
+    let Some(v) = t.get(name_hash(name))? else { return Ok(None) };
+    Ok(decode_entries(&v)?.into_iter().find(|e| e.name == name))
+}
+
+fn dir_insert(tx: &mut Tx<'_>, dir: &mut Inode, e: DirEntry) -> Result<()> {
+    if dir.tree_root == 0 {
+        dir.tree_root = Tree::create(tx, dir.ino)?;
+        dir.blocks += 1;
+    }
+    let key = name_hash(&e.name);
+    let mut t = Tree::new(tx, dir.tree_root, dir.ino);
+    let mut list = match t.get(key)? {
+        Some(v) => decode_entries(&v)?,
+        None => Vec::new(),
+    };
+    list.retain(|x| x.name != e.name);
+    list.push(e);
+    t.insert(key, &encode_entries(&list))?;
+    dir.blocks = dir.blocks.saturating_add_signed(t.delta);
+    Ok(())
+}
+
+fn dir_remove(tx: &mut Tx<'_>, dir: &mut Inode, name: &[u8]) -> Result<()> {
+    let key = name_hash(name);
+    let mut t = Tree::new(tx, dir.tree_root, dir.ino);
+    let mut list = match t.get(key)? {
+        Some(v) => decode_entries(&v)?,
+        None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
+    };
+    list.retain(|x| x.name != name);
+    if list.is_empty() {
+        t.remove(key)?;
+    } else {
+        t.insert(key, &encode_entries(&list))?;
+    }
+    dir.blocks = dir.blocks.saturating_add_signed(t.delta);
+    Ok(())
+}
+
+fn dir_is_empty(tx: &mut Tx<'_>, dir: &Inode) -> Result<bool> {
+    if dir.tree_root == 0 {
+        return Ok(true);
+    }
+    Tree::new(tx, dir.tree_root, dir.ino).is_empty()
+}
+
+fn kind_of(inode: &Inode) -> FileKind {
+    FileKind::from_mode(inode.mode).unwrap_or(FileKind::Regular)
+}
+
+#[allow(clippy::missing_errors_doc)]
+impl Volume {
+    fn dir_state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<super::InodeState>> {
+        let st = self.state(tx, ino)?;
+        if !st.read().inode.is_dir() {
+            bail!(NotDir, "inode {ino} is not a directory");
+        }
+        Ok(st)
+    }
+
+    pub fn lookup(&self, parent: Ino, name: &[u8]) -> Result<Attr> {
+        if name.len() > MAX_NAME {
+            bail!(NameTooLong, "file name longer than {MAX_NAME} bytes");
+        }
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let dst = self.dir_state(&mut tx, parent)?;
+        let target = {
+            let d = dst.read();
+            if name == b"." {
+                d.inode.ino
+            } else if name == b".." {
+                d.inode.parent
+            } else {
+                match dir_lookup(&mut tx, &d.inode, name)? {
+                    Some(e) => e.ino,
+                    None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
+                }
+            }
+        };
+        let st = self.state(&mut tx, target)?;
+        let mut inner = st.write();
+        Self::fold_pending(&st, &mut inner);
+        Ok(Self::attr_of(&inner.inode))
+    }
+
+    /// Allocate and link a new inode; returns its state (write-locked by the caller after).
+    fn new_inode(&self, tx: &mut Tx<'_>, parent: Ino, name: &[u8], mode: u32, rdev: u64, caller: Caller, target: &[u8]) -> Result<Arc<super::InodeState>> {
+        self.check_writable()?;
+        check_name(name)?;
+        let kind = FileKind::from_mode(mode).ok_or_else(|| Error::new(ErrorKind::InvalidInput, format!("bad file mode {mode:#o}")))?;
+        let pst = self.dir_state(tx, parent)?;
+        let mut p = pst.write();
+        if p.inode.nlink == 0 {
+            bail!(NotFound, "directory {parent} was removed");
+        }
+        if p.inode.flags & flags::IMMUTABLE != 0 {
+            bail!(PermissionDenied, "directory {parent} is immutable");
+        }
+        if dir_lookup(tx, &p.inode, name)?.is_some() {
+            bail!(Exists, "{:?} exists", String::from_utf8_lossy(name));
+        }
+        let ino = tx.meta.alloc.alloc(parent, 1, 0)?[0].0;
+        let t = now();
+        // setgid directories pass their group (and, for directories, the bit) on.
+        let sgid_dir = p.inode.mode & libc::S_ISGID != 0;
+        let gid = if sgid_dir { p.inode.gid } else { caller.gid };
+        let mut mode = mode;
+        if sgid_dir && kind == FileKind::Directory {
+            mode |= libc::S_ISGID;
+        }
+        let inode = Inode {
+            ino,
+            seq: 0,
+            mode,
+            uid: caller.uid,
+            gid,
+            nlink: if kind == FileKind::Directory { 2 } else { 1 },
+            flags: if kind == FileKind::Regular { flags::INLINE_EXTENTS } else { 0 },
+            generation: rand::random(),
+            size: target.len() as u64,
+            rdev,
+            atime: t,
+            mtime: t,
+            ctime: t,
+            crtime: t,
+            blocks: 1,
+            parent: if kind == FileKind::Directory { parent } else { 0 },
+            inline_data: target.to_vec(),
+            ..Default::default()
+        };
+        dir_insert(tx, &mut p.inode, DirEntry { name: name.to_vec(), ino, dtype: kind.dtype() })?;
+        if kind == FileKind::Directory {
+            p.inode.nlink += 1;
+        }
+        p.inode.mtime = t;
+        p.inode.ctime = t;
+        self.save(tx, &mut p)?;
+        let st = Arc::new(super::InodeState {
+            ino,
+            inner: std::sync::RwLock::new(InodeInner { inode, extents: super::ExtentMap::default(), freed: false }),
+            opens: AtomicU32::new(0),
+            writers: AtomicU32::new(0),
+            pending_mtime: AtomicI64::new(0),
+            has_pending: AtomicBool::new(false),
+        });
+        {
+            let mut inner = st.write();
+            self.save(tx, &mut inner)?;
+        }
+        self.lock_table().insert(ino, st.clone());
+        Ok(st)
+    }
+
+    /// Regular files, fifos, sockets and device nodes (mode includes the S_IF* type).
+    pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u64, caller: Caller) -> Result<Attr> {
+        if mode & libc::S_IFMT == libc::S_IFDIR || mode & libc::S_IFMT == libc::S_IFLNK {
+            bail!(InvalidInput, "mknod cannot create directories or symlinks");
+        }
+        let mode = if mode & libc::S_IFMT == 0 { mode | libc::S_IFREG } else { mode };
+        self.meta_op(|tx| {
+            let st = self.new_inode(tx, parent, name, mode, rdev, caller, b"")?;
+            let a = Self::attr_of(&st.read().inode);
+            Ok(a)
+        })
+    }
+
+    pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
+        self.meta_op(|tx| {
+            let st = self.new_inode(tx, parent, name, libc::S_IFDIR | (mode & 0o7777), 0, caller, b"")?;
+            let a = Self::attr_of(&st.read().inode);
+            Ok(a)
+        })
+    }
+
+    pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
+        if target.is_empty() || target.len() > INLINE_CAP {
+            bail!(NameTooLong, "symlink target must be 1..={INLINE_CAP} bytes");
+        }
+        self.meta_op(|tx| {
+            let st = self.new_inode(tx, parent, name, libc::S_IFLNK | 0o777, 0, caller, target)?;
+            let a = Self::attr_of(&st.read().inode);
+            Ok(a)
+        })
+    }
+
+    /// Create and open a regular file in one step (O_CREAT); `excl` gives EEXIST if it exists.
+    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller, excl: bool) -> Result<(Attr, Arc<OpenFile>)> {
+        let r = self.meta_op(|tx| {
+            let st = self.new_inode(tx, parent, name, libc::S_IFREG | (mode & 0o7777), 0, caller, b"")?;
+            let a = Self::attr_of(&st.read().inode);
+            Ok((a, st))
+        });
+        match r {
+            Ok((a, st)) => Ok((a, self.open_state(st, true))),
+            Err(e) if e.kind() == ErrorKind::Exists && !excl => {
+                let a = self.lookup(parent, name)?;
+                if a.kind == FileKind::Directory {
+                    bail!(IsDir, "{:?} is a directory", String::from_utf8_lossy(name));
+                }
+                let fh = self.open(a.ino, true, false)?;
+                Ok((a, fh))
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let st = self.state(&mut tx, ino)?;
+        let inner = st.read();
+        if !inner.inode.is_symlink() {
+            bail!(InvalidInput, "inode {ino} is not a symlink");
+        }
+        Ok(inner.inode.inline_data.clone())
+    }
+
+    pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
+        self.check_writable()?;
+        check_name(new_name)?;
+        self.meta_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let pst = self.dir_state(tx, new_parent)?;
+            let mut p = pst.write();
+            let mut inner = st.write();
+            if inner.inode.is_dir() {
+                bail!(PermissionDenied, "hard links to directories are not allowed");
+            }
+            if inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
+                bail!(PermissionDenied, "inode {ino} is immutable or append-only");
+            }
+            if inner.inode.nlink == 0 {
+                bail!(NotFound, "inode {ino} was removed");
+            }
+            if inner.inode.nlink >= u32::from(u16::MAX) {
+                bail!(TooManyLinks, "too many links");
+            }
+            if dir_lookup(tx, &p.inode, new_name)?.is_some() {
+                bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
+            }
+            dir_insert(tx, &mut p.inode, DirEntry { name: new_name.to_vec(), ino, dtype: kind_of(&inner.inode).dtype() })?;
+            let t = now();
+            p.inode.mtime = t;
+            p.inode.ctime = t;
+            self.save(tx, &mut p)?;
+            inner.inode.nlink += 1;
+            inner.inode.ctime = t;
+            self.save(tx, &mut inner)?;
+            Ok(Self::attr_of(&inner.inode))
+        })
+    }
+
+    /// Drop one link of `child` (already removed from its directory); free it if unused.
+    fn drop_link(&self, tx: &mut Tx<'_>, st: &super::InodeState, inner: &mut InodeInner) -> Result<()> {
+        let t = now();
+        if inner.inode.is_dir() {
+            inner.inode.nlink = 0;
+        } else {
+            inner.inode.nlink = inner.inode.nlink.saturating_sub(1);
+        }
+        inner.inode.ctime = t;
+        if inner.inode.nlink == 0 && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            self.free_inode(tx, inner)
+        } else {
+            self.save(tx, inner)
+        }
+    }
+
+    fn remove_entry(&self, parent: Ino, name: &[u8], want_dir: bool) -> Result<()> {
+        self.check_writable()?;
+        if name == b"." {
+            bail!(InvalidInput, "cannot remove \".\"");
+        }
+        if name == b".." {
+            bail!(NotEmpty, "cannot remove \"..\"");
+        }
+        self.meta_op(|tx| {
+            let pst = self.dir_state(tx, parent)?;
+            let mut p = pst.write();
+            let Some(e) = dir_lookup(tx, &p.inode, name)? else {
+                bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name));
+            };
+            let st = self.state(tx, e.ino)?;
+            let mut inner = st.write();
+            let is_dir = inner.inode.is_dir();
+            if want_dir && !is_dir {
+                bail!(NotDir, "{:?} is not a directory", String::from_utf8_lossy(name));
+            }
+            if !want_dir && is_dir {
+                bail!(IsDir, "{:?} is a directory", String::from_utf8_lossy(name));
+            }
+            if (inner.inode.flags | p.inode.flags) & (flags::IMMUTABLE | flags::APPEND) != 0 {
+                bail!(PermissionDenied, "{:?} or its directory is immutable or append-only", String::from_utf8_lossy(name));
+            }
+            if is_dir && !dir_is_empty(tx, &inner.inode)? {
+                bail!(NotEmpty, "directory {:?} is not empty", String::from_utf8_lossy(name));
+            }
+            dir_remove(tx, &mut p.inode, name)?;
+            if is_dir {
+                p.inode.nlink -= 1;
+            }
+            let t = now();
+            p.inode.mtime = t;
+            p.inode.ctime = t;
+            self.save(tx, &mut p)?;
+            self.drop_link(tx, &st, &mut inner)
+        })
+    }
+
+    pub fn unlink(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, false)
+    }
+
+    pub fn rmdir(&self, parent: Ino, name: &[u8]) -> Result<()> {
+        self.remove_entry(parent, name, true)
+    }
+
+    /// Is `ancestor` on the path from `dir` up to the root?
+    fn is_ancestor(&self, tx: &mut Tx<'_>, ancestor: Ino, mut dir: Ino) -> Result<bool> {
+        for _ in 0..100_000 {
+            if dir == ancestor {
+                return Ok(true);
+            }
+            if dir == self.sb.root_ino {
+                return Ok(false);
+            }
+            dir = self.state(tx, dir)?.read().inode.parent;
+        }
+        Err(Error::corrupted("directory parent chain does not reach the root"))
+    }
+
+    pub fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], rflags: RenameFlags) -> Result<()> {
+        self.check_writable()?;
+        check_name(name)?;
+        check_name(new_name)?;
+        if rflags.exchange && rflags.noreplace {
+            bail!(InvalidInput, "RENAME_EXCHANGE and RENAME_NOREPLACE together");
+        }
+        self.meta_op(|tx| {
+            let sp = self.dir_state(tx, parent)?;
+            let dp = self.dir_state(tx, new_parent)?;
+            let src = {
+                let p = sp.read();
+                dir_lookup(tx, &p.inode, name)?.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no entry {:?}", String::from_utf8_lossy(name))))?
+            };
+            let dst = {
+                let p = dp.read();
+                dir_lookup(tx, &p.inode, new_name)?
+            };
+            let sst = self.state(tx, src.ino)?;
+            let src_dir = sst.read().inode.is_dir();
+            if sst.read().inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
+                bail!(PermissionDenied, "{:?} is immutable or append-only", String::from_utf8_lossy(name));
+            }
+            // A directory cannot move into its own subtree.
+            if src_dir && parent != new_parent && self.is_ancestor(tx, src.ino, new_parent)? {
+                bail!(InvalidInput, "cannot move a directory into itself");
+            }
+            if let Some(d) = &dst {
+                if rflags.noreplace {
+                    bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
+                }
+                if d.ino == src.ino {
+                    return Ok(()); // same inode: POSIX says do nothing
+                }
+            }
+            let t = now();
+            if rflags.exchange {
+                let Some(d) = dst else { bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(new_name)) };
+                let dst_st = self.state(tx, d.ino)?;
+                let dst_dir = dst_st.read().inode.is_dir();
+                if dst_dir && parent != new_parent && self.is_ancestor(tx, d.ino, parent)? {
+                    bail!(InvalidInput, "cannot move a directory into itself");
+                }
+                self.with_parents(tx, &sp, &dp, |tx, s, dd| {
+                    dir_insert(tx, s, DirEntry { name: name.to_vec(), ino: d.ino, dtype: d.dtype })?;
+                    dir_insert(tx, dd, DirEntry { name: new_name.to_vec(), ino: src.ino, dtype: src.dtype })?;
+                    if parent != new_parent && src_dir != dst_dir {
+                        if src_dir {
+                            s.nlink -= 1;
+                            dd.nlink += 1;
+                        } else {
+                            s.nlink += 1;
+                            dd.nlink -= 1;
+                        }
+                    }
+                    Ok(())
+                }, t)?;
+                for (st, newp) in [(&sst, new_parent), (&dst_st, parent)] {
+                    let mut i = st.write();
+                    if i.inode.is_dir() {
+                        i.inode.parent = newp;
+                    }
+                    i.inode.ctime = t;
+                    self.save(tx, &mut i)?;
+                }
+                return Ok(());
+            }
+            let mut victim = None;
+            if let Some(d) = &dst {
+                if rflags.noreplace {
+                    bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
+                }
+                let vst = self.state(tx, d.ino)?;
+                {
+                    let v = vst.read();
+                    if v.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
+                        bail!(PermissionDenied, "{:?} is immutable or append-only", String::from_utf8_lossy(new_name));
+                    }
+                    if v.inode.is_dir() && !src_dir {
+                        bail!(IsDir, "{:?} is a directory", String::from_utf8_lossy(new_name));
+                    }
+                    if !v.inode.is_dir() && src_dir {
+                        bail!(NotDir, "{:?} is not a directory", String::from_utf8_lossy(new_name));
+                    }
+                    if v.inode.is_dir() && !dir_is_empty(tx, &v.inode)? {
+                        bail!(NotEmpty, "directory {:?} is not empty", String::from_utf8_lossy(new_name));
+                    }
+                }
+                victim = Some(vst);
+            }
+            let victim_dir = victim.as_ref().is_some_and(|v| v.read().inode.is_dir());
+            self.with_parents(tx, &sp, &dp, |tx, s, dd| {
+                dir_insert(tx, dd, DirEntry { name: new_name.to_vec(), ino: src.ino, dtype: src.dtype })?;
+                dir_remove(tx, s, name)?;
+                if src_dir && parent != new_parent {
+                    s.nlink -= 1;
+                    dd.nlink += 1;
+                }
+                if victim_dir {
+                    dd.nlink -= 1;
+                }
+                Ok(())
+            }, t)?;
+            {
+                let mut i = sst.write();
+                if src_dir {
+                    i.inode.parent = new_parent;
+                }
+                i.inode.ctime = t;
+                self.save(tx, &mut i)?;
+            }
+            if let Some(vst) = victim {
+                let mut v = vst.write();
+                self.drop_link(tx, &vst, &mut v)?;
+            }
+            Ok(())
+        })
+    }
+
+    /// Run `f` on the source and destination directory inodes (the same one when equal), then
+    /// stamp and save them.
+    fn with_parents(
+        &self,
+        tx: &mut Tx<'_>,
+        sp: &Arc<super::InodeState>,
+        dp: &Arc<super::InodeState>,
+        f: impl FnOnce(&mut Tx<'_>, &mut Inode, &mut Inode) -> Result<()>,
+        t: crate::format::inode::Timespec,
+    ) -> Result<()> {
+        if Arc::ptr_eq(sp, dp) {
+            let mut s = sp.write();
+            // Same directory in both roles: run the destination role on a copy and fold its
+            // effect on the in-memory counters back (the tree itself is shared through tx).
+            let orig = s.inode.clone();
+            let mut copy = orig.clone();
+            f(tx, &mut s.inode, &mut copy)?;
+            let delta = |a: u64, b: u64| a.cast_signed() - b.cast_signed();
+            s.inode.blocks = s.inode.blocks.saturating_add_signed(delta(copy.blocks, orig.blocks));
+            s.inode.nlink = u32::try_from(i64::from(s.inode.nlink) + i64::from(copy.nlink) - i64::from(orig.nlink)).unwrap_or(0);
+            if orig.tree_root == 0 {
+                s.inode.tree_root = s.inode.tree_root.max(copy.tree_root);
+            }
+            s.inode.mtime = t;
+            s.inode.ctime = t;
+            return self.save(tx, &mut s);
+        }
+        let mut s = sp.write();
+        let mut d = dp.write();
+        f(tx, &mut s.inode, &mut d.inode)?;
+        for i in [&mut s, &mut d] {
+            i.inode.mtime = t;
+            i.inode.ctime = t;
+        }
+        self.save(tx, &mut s)?;
+        self.save(tx, &mut d)
+    }
+
+    /// Entries after cookie `offset` (0 = start; "." and ".." included). `emit` returns false
+    /// when the reply buffer is full; the entry it refused will be offered again next time.
+    pub fn readdir(&self, ino: Ino, offset: u64, emit: &mut dyn FnMut(&DirListEntry) -> bool) -> Result<()> {
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let st = self.dir_state(&mut tx, ino)?;
+        let inode = st.read().inode.clone();
+        if offset < 1 && !emit(&DirListEntry { ino, kind: FileKind::Directory, name: b".".to_vec(), next: 1 }) {
+            return Ok(());
+        }
+        if offset < 2 && !emit(&DirListEntry { ino: inode.parent, kind: FileKind::Directory, name: b"..".to_vec(), next: 2 }) {
+            return Ok(());
+        }
+        if inode.tree_root == 0 {
+            return Ok(());
+        }
+        let mut t = Tree::new(&mut tx, inode.tree_root, ino);
+        t.scan_from(offset.max(crate::format::dirent::FIRST_HASH_KEY), &mut |k, v| {
+            for e in decode_entries(v)? {
+                let kind = FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
+                if !emit(&DirListEntry { ino: e.ino, kind, name: e.name, next: k + 1 }) {
+                    return Ok(false);
+                }
+            }
+            Ok(true)
+        })
+    }
+}

@@ -1,0 +1,222 @@
+//! Namespace and data operations on the memory device, without FUSE.
+
+use super::*;
+use crate::dev::mem::MemDevice;
+use crate::dev::BlockDevice;
+use crate::mkfs::{format, MkfsOptions};
+use std::collections::BTreeMap;
+
+const C: Caller = Caller::ROOT;
+
+fn fresh(size: u64) -> (Arc<MemDevice>, Arc<Volume>) {
+    let dev = Arc::new(MemDevice::new(size, 512));
+    let opts = MkfsOptions { max_nodes: 2, journal_bytes: 1 << 20, ..Default::default() };
+    format(&*dev, &opts, &mut |_, _| {}).unwrap();
+    let v = Volume::mount(dev.clone(), &MountOptions::default()).unwrap();
+    (dev, v)
+}
+
+fn remount(dev: &MemDevice, v: &Volume) -> (Arc<MemDevice>, Arc<Volume>) {
+    v.unmount().unwrap();
+    let d2 = Arc::new(MemDevice::from_image(dev.snapshot(), 512));
+    let v2 = Volume::mount(d2.clone(), &MountOptions::default()).unwrap();
+    (d2, v2)
+}
+
+fn read_all(v: &Volume, fh: &OpenFile, off: u64, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    v.read(fh, off, len, &mut |d| out.extend_from_slice(d)).unwrap();
+    out
+}
+
+fn names(v: &Volume, dir: Ino) -> Vec<String> {
+    let mut out = Vec::new();
+    v.readdir(dir, 0, &mut |e| {
+        out.push(String::from_utf8_lossy(&e.name).into_owned());
+        true
+    })
+    .unwrap();
+    out.sort();
+    out
+}
+
+#[test]
+fn file_data_roundtrip_and_persistence() {
+    let (dev, v) = fresh(256 << 20);
+    let root = v.root_ino();
+    let (a, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
+    let data: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+    v.write(&fh, 5, &data).unwrap();
+    assert_eq!(v.getattr(a.ino).unwrap().size, 300_005);
+    let back = read_all(&v, &fh, 0, 400_000);
+    assert_eq!(back.len(), 300_005);
+    assert_eq!(&back[..5], &[0; 5]);
+    assert_eq!(&back[5..], &data[..]);
+    // Overwrite aligned (fast path) and unaligned (slow path).
+    v.write(&fh, 4096, &[7u8; 8192]).unwrap();
+    v.write(&fh, 3, &[9u8; 3]).unwrap();
+    let back = read_all(&v, &fh, 0, 20_000);
+    assert_eq!(&back[3..6], &[9, 9, 9]);
+    assert!(back[4096..12288].iter().all(|&b| b == 7));
+    v.release(&fh).unwrap();
+    let (_d2, v2) = remount(&dev, &v);
+    let a2 = v2.lookup(v2.root_ino(), b"f").unwrap();
+    assert_eq!(a2.size, 300_005);
+    let fh2 = v2.open(a2.ino, false, false).unwrap();
+    let back2 = read_all(&v2, &fh2, 0, 400_000);
+    assert_eq!(&back2[3..6], &[9, 9, 9]);
+    assert_eq!(&back2[20_000..], &back[..0].iter().chain(&data[19_995..]).copied().collect::<Vec<_>>()[..]);
+}
+
+#[test]
+fn holes_unwritten_punch_truncate() {
+    let (_dev, v) = fresh(256 << 20);
+    let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
+    v.fallocate(a.ino, 0, 1 << 20, FallocMode::Allocate { keep_size: false }).unwrap();
+    assert_eq!(v.getattr(a.ino).unwrap().size, 1 << 20);
+    assert!(read_all(&v, &fh, 0, 1 << 20).iter().all(|&b| b == 0));
+    assert_eq!(v.lseek(a.ino, 0, Whence::Data).unwrap_err().kind(), ErrorKind::NoSuchOffset);
+    v.write(&fh, 10_000, b"hello").unwrap();
+    let r = read_all(&v, &fh, 8192, 8192);
+    assert_eq!(&r[1808..1813], b"hello");
+    assert!(r[..1808].iter().all(|&b| b == 0) && r[1813..].iter().all(|&b| b == 0));
+    assert_eq!(v.lseek(a.ino, 0, Whence::Data).unwrap(), 8192);
+    assert_eq!(v.lseek(a.ino, 8192, Whence::Hole).unwrap(), 12288);
+    v.fallocate(a.ino, 8192, 4096, FallocMode::PunchHole).unwrap();
+    assert!(read_all(&v, &fh, 8192, 4096).iter().all(|&b| b == 0));
+    v.write(&fh, 0, &[1u8; 10_000]).unwrap();
+    v.setattr(a.ino, &SetAttr { size: Some(5000), ..Default::default() }, C).unwrap();
+    v.setattr(a.ino, &SetAttr { size: Some(9000), ..Default::default() }, C).unwrap();
+    let r = read_all(&v, &fh, 0, 9000);
+    assert!(r[..5000].iter().all(|&b| b == 1));
+    assert!(r[5000..].iter().all(|&b| b == 0), "bytes past a truncation must read as zeros");
+    v.fallocate(a.ino, 1000, 2000, FallocMode::ZeroRange { keep_size: true }).unwrap();
+    let r = read_all(&v, &fh, 0, 5000);
+    assert!(r[1000..3000].iter().all(|&b| b == 0) && r[..1000].iter().all(|&b| b == 1));
+    v.release(&fh).unwrap();
+}
+
+#[test]
+fn namespace_operations() {
+    let (dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    let d = v.mkdir(r, b"d", 0o755, C).unwrap();
+    let e = v.mkdir(d.ino, b"e", 0o755, C).unwrap();
+    assert_eq!(v.getattr(d.ino).unwrap().nlink, 3);
+    let f = v.mknod(d.ino, b"f", libc::S_IFREG | 0o644, 0, C).unwrap();
+    v.link(f.ino, r, b"hard").unwrap();
+    assert_eq!(v.getattr(f.ino).unwrap().nlink, 2);
+    v.symlink(r, b"s", b"d/f", C).unwrap();
+    assert_eq!(v.readlink(v.lookup(r, b"s").unwrap().ino).unwrap(), b"d/f");
+    assert_eq!(v.rmdir(r, b"d").unwrap_err().kind(), ErrorKind::NotEmpty);
+    assert_eq!(v.rename(r, b"d", e.ino, b"x", RenameFlags::default()).unwrap_err().kind(), ErrorKind::InvalidInput);
+    v.rename(d.ino, b"f", r, b"hard", RenameFlags::default()).unwrap(); // same inode: no-op
+    v.rename(d.ino, b"f", r, b"g", RenameFlags::default()).unwrap();
+    assert_eq!(names(&v, d.ino), [".", "..", "e"]);
+    assert_eq!(v.rename(r, b"g", r, b"hard", RenameFlags { noreplace: true, exchange: false }).unwrap_err().kind(), ErrorKind::Exists);
+    v.rename(r, b"s", d.ino, b"e2", RenameFlags::default()).unwrap();
+    v.rename(r, b"g", d.ino, b"e", RenameFlags { exchange: true, noreplace: false }).unwrap();
+    assert_eq!(v.lookup(r, b"g").unwrap().ino, e.ino);
+    assert_eq!(v.getattr(e.ino).unwrap().nlink, 2);
+    assert_eq!(v.getattr(d.ino).unwrap().nlink, 2, "d lost subdir e to the root");
+    assert_eq!(v.getattr(r).unwrap().nlink, 4);
+    assert_eq!(v.lookup(e.ino, b"..").unwrap().ino, r);
+    v.unlink(r, b"hard").unwrap();
+    v.unlink(d.ino, b"e").unwrap();
+    assert_eq!(v.getattr(f.ino).unwrap_err().kind(), ErrorKind::NotFound);
+    v.setxattr(r, b"user.a", b"1", true, false).unwrap();
+    assert_eq!(v.setxattr(r, b"user.a", b"1", true, false).unwrap_err().kind(), ErrorKind::Exists);
+    assert_eq!(v.setxattr(r, b"bogus.a", b"1", false, false).unwrap_err().kind(), ErrorKind::Unsupported);
+    assert_eq!(v.getxattr(r, b"user.a").unwrap(), b"1");
+    let (_d2, v2) = remount(&dev, &v);
+    assert_eq!(names(&v2, r), [".", "..", "d", "g"]);
+    assert_eq!(v2.getxattr(r, b"user.a").unwrap(), b"1");
+    v2.removexattr(r, b"user.a").unwrap();
+    assert!(v2.listxattr(r).unwrap().is_empty());
+}
+
+#[test]
+fn open_unlinked_file_lives_until_close() {
+    let (_dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    v.mknod(r, b"first", libc::S_IFREG | 0o644, 0, C).unwrap(); // gives the root its entry tree
+    let free0 = v.statfs().unwrap().bfree;
+    let (a, fh) = v.create(r, b"tmp", 0o644, C, true).unwrap();
+    v.write(&fh, 0, &vec![5u8; 1 << 20]).unwrap();
+    v.unlink(r, b"tmp").unwrap();
+    assert_eq!(v.lookup(r, b"tmp").unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(read_all(&v, &fh, 0, 10), vec![5u8; 10]);
+    v.write(&fh, 0, b"x").unwrap();
+    assert_eq!(v.getattr(a.ino).unwrap().nlink, 0);
+    v.release(&fh).unwrap();
+    assert_eq!(v.statfs().unwrap().bfree, free0);
+}
+
+#[test]
+fn big_directory_and_many_extents() {
+    let (dev, v) = fresh(512 << 20);
+    let r = v.root_ino();
+    let d = v.mkdir(r, b"big", 0o755, C).unwrap();
+    let mut model = BTreeMap::new();
+    for i in 0..5000u32 {
+        let n = format!("file-{i:06}");
+        let a = v.mknod(d.ino, n.as_bytes(), libc::S_IFREG | 0o644, 0, C).unwrap();
+        model.insert(n, a.ino);
+    }
+    for i in (0..5000u32).step_by(3) {
+        let n = format!("file-{i:06}");
+        v.unlink(d.ino, n.as_bytes()).unwrap();
+        model.remove(&n);
+    }
+    let got: Vec<String> = names(&v, d.ino).into_iter().filter(|n| n != "." && n != "..").collect();
+    assert_eq!(got, model.keys().cloned().collect::<Vec<_>>());
+    // Fragmented file: every other block written -> > 160 extents -> extent tree.
+    let (f, fh) = v.create(r, b"frag", 0o644, C, true).unwrap();
+    for i in 0..600u64 {
+        v.write(&fh, i * 8192, &[i as u8; 4096]).unwrap();
+        // Interleave another allocation so blocks are not contiguous.
+        v.mknod(r, format!("x{i}").as_bytes(), libc::S_IFREG, 0, C).unwrap();
+    }
+    assert!(v.extents(f.ino).unwrap().len() > 160);
+    v.release(&fh).unwrap();
+    let (_d2, v2) = remount(&dev, &v);
+    let fh2 = v2.open(f.ino, true, false).unwrap();
+    for i in (0..600u64).step_by(37) {
+        assert_eq!(read_all(&v2, &fh2, i * 8192, 8192), [vec![i as u8; 4096], vec![0; 4096]].concat());
+    }
+    v2.setattr(f.ino, &SetAttr { size: Some(0), ..Default::default() }, C).unwrap();
+    assert!(v2.extents(f.ino).unwrap().is_empty());
+    v2.release(&fh2).unwrap();
+    let got: Vec<String> = names(&v2, d.ino).into_iter().filter(|n| n != "." && n != "..").collect();
+    assert_eq!(got.len(), model.len());
+}
+
+#[test]
+fn immutable_flag() {
+    let (_dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    let (a, fh) = v.create(r, b"t", 0o644, C, true).unwrap();
+    v.set_flags(a.ino, crate::format::inode::flags::IMMUTABLE).unwrap();
+    assert_eq!(v.write(&fh, 0, b"x").unwrap_err().kind(), ErrorKind::PermissionDenied);
+    assert_eq!(v.unlink(r, b"t").unwrap_err().kind(), ErrorKind::PermissionDenied);
+    assert_eq!(v.open(a.ino, true, false).unwrap_err().kind(), ErrorKind::PermissionDenied);
+    v.set_flags(a.ino, 0).unwrap();
+    v.unlink(r, b"t").unwrap();
+    v.release(&fh).unwrap();
+}
+
+#[test]
+fn corrupt_superblock_falls_back_to_backup_then_fails_clearly() {
+    let (dev, v) = fresh(256 << 20);
+    v.unmount().unwrap();
+    dev.write_at(512, &[0xffu8; 512]).unwrap();
+    let v2 = Volume::mount(dev.clone(), &MountOptions::default()).unwrap();
+    v2.unmount().unwrap();
+    let sb = v2.superblock().clone();
+    dev.write_at(sb.backup_block * 4096, &[0u8; 4096]).unwrap();
+    let e = Volume::mount(dev.clone(), &MountOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("damaged CetraFS superblock"), "{e}");
+    let zero = Arc::new(MemDevice::new(64 << 20, 512));
+    let e = Volume::mount(zero, &MountOptions::default()).unwrap_err();
+    assert!(e.to_string().contains("not a CetraFS volume"), "{e}");
+}
