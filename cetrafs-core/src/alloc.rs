@@ -316,7 +316,7 @@ impl Allocator {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::dev::{mem::MemDevice, BlockDevice};
     use crate::format::group::decode_bitmap;
