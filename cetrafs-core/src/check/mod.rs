@@ -1,0 +1,1211 @@
+//! The offline consistency checker behind `fsck.cetra` (and the test suites): read-only, it
+//! walks every structure from the superblock down and returns a [`Report`] listing each
+//! problem with the block or inode it concerns. Nothing is repaired here.
+//!
+//! Passes:
+//! 1. superblocks: primary valid (else fall back to the backup), features understood,
+//!    geometry matches the device, backup equal to the primary except `seq`;
+//! 2. groups: every header and bitmap block decodes, free counts agree with the bitmaps, the
+//!    group's own metadata is marked used, bits past the end of the group are set;
+//! 3. namespace: from the root, every inode, xattr block, tree node, extent and directory entry
+//!    (see the conventions in `docs/format.md` and [`crate::format`]);
+//! 4. link counts and directory structure;
+//! 5. space: every block claimed by something is marked used, every block marked used is
+//!    claimed, no block is claimed twice.
+//!
+//! Every decode error is a finding; the checker never panics on what it reads, and never
+//! follows a block twice, so hostile images terminate.
+
+mod space;
+pub mod synth;
+
+use crate::dev::{AlignedBuf, BlockDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::block::BlockHeader;
+use crate::format::dirent::{decode_entries, name_hash};
+use crate::format::extent::Extent;
+use crate::format::group::{decode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
+use crate::format::inode::{flags, Inode};
+use crate::format::superblock::{Superblock, COMPAT_KNOWN};
+use crate::format::tree_node::{NodeEntries, TreeNode, MAX_LEVEL};
+use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
+use crate::fs::FileKind;
+use space::{BlockBits, Claims, Owner};
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::fmt;
+
+/// What a finding is about, for callers (tests) that match on it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FindingKind {
+    /// The primary superblock is damaged; the check used the backup.
+    PrimarySuperblock,
+    /// The backup superblock is missing, damaged or differs from the primary.
+    BackupSuperblock,
+    /// Feature bits this version does not know.
+    Features,
+    /// The superblock does not match the device (logical block size).
+    Geometry,
+    GroupHeader,
+    Bitmap,
+    /// A group header's free count disagrees with its bitmap.
+    FreeCount,
+    /// A group's own header or bitmap block is not marked used.
+    GroupMetadataFree,
+    /// Bits past the end of a group are clear (would let the allocator escape the group).
+    BitsPastEnd,
+    /// An inode block that does not decode or whose fields contradict its type.
+    BadInode,
+    BadXattr,
+    /// A tree node that does not decode, belongs to someone else or breaks the B+tree rules.
+    BadTree,
+    /// Extents overlapping in file space, or written data past end of file.
+    BadExtent,
+    /// A directory entry record that does not decode, hashes wrongly, or names a bad inode.
+    BadEntry,
+    /// An entry's file type differs from the inode's mode.
+    EntryType,
+    /// A directory reachable through more than one entry.
+    DirLinkedTwice,
+    /// A directory's parent field is not the directory containing it.
+    DirParent,
+    LinkCount,
+    /// The inode's block count differs from the blocks it holds.
+    BlockCount,
+    Symlink,
+    /// A block reference outside the allocation groups.
+    BlockOutsideGroups,
+    /// A block in use that the bitmap says is free.
+    BlockFree,
+    /// A block marked used that nothing references.
+    BlockLeaked,
+    /// A block referenced by two owners (or twice by one).
+    BlockShared,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Severity {
+    /// Worth knowing; the volume is still consistent.
+    Warning,
+    /// The volume is inconsistent.
+    Error,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finding {
+    pub kind: FindingKind,
+    pub severity: Severity,
+    /// The block concerned (for inode findings: the inode number, which is its block).
+    pub block: Option<u64>,
+    pub ino: Option<u64>,
+    pub message: String,
+}
+
+impl fmt::Display for Finding {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.severity == Severity::Warning {
+            f.write_str("warning: ")?;
+        }
+        match (self.ino, self.block) {
+            (Some(i), _) => write!(f, "inode {i}: {}", self.message),
+            (None, Some(b)) => write!(f, "block {b}: {}", self.message),
+            (None, None) => f.write_str(&self.message),
+        }
+    }
+}
+
+/// Counts of what the check saw, for the summary line.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Stats {
+    pub inodes: u64,
+    pub directories: u64,
+    pub regular_files: u64,
+    pub symlinks: u64,
+    pub special_files: u64,
+    /// Blocks of the allocation groups, and how many the bitmaps mark used.
+    pub group_area_blocks: u64,
+    pub used_blocks: u64,
+}
+
+#[derive(Debug, Clone, Default)]
+pub struct Report {
+    /// The superblock the check ran against (the backup if the primary was unusable).
+    pub superblock: Option<Superblock>,
+    pub findings: Vec<Finding>,
+    pub stats: Stats,
+}
+
+impl Report {
+    pub fn errors(&self) -> impl Iterator<Item = &Finding> {
+        self.findings
+            .iter()
+            .filter(|f| f.severity == Severity::Error)
+    }
+
+    /// No errors (warnings allowed).
+    pub fn is_clean(&self) -> bool {
+        self.errors().next().is_none()
+    }
+
+    pub fn has(&self, kind: FindingKind) -> bool {
+        self.findings.iter().any(|f| f.kind == kind)
+    }
+}
+
+/// The passes, announced through the progress callback before each starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Pass {
+    Superblocks,
+    Groups,
+    Namespace,
+    LinkCounts,
+    Space,
+}
+
+impl fmt::Display for Pass {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Superblocks => "Pass 1: checking superblocks",
+            Self::Groups => "Pass 2: checking allocation groups and bitmaps",
+            Self::Namespace => "Pass 3: checking inodes, trees and directories",
+            Self::LinkCounts => "Pass 4: checking link counts",
+            Self::Space => "Pass 5: checking block allocation",
+        })
+    }
+}
+
+/// Check the volume on `dev` read-only. `Err` means the check could not run (no usable
+/// superblock, unsupported features, I/O error); inconsistencies are findings in the report.
+pub fn check_volume(dev: &dyn BlockDevice) -> Result<Report> {
+    check_volume_with(dev, &mut |_| {})
+}
+
+/// [`check_volume`] with a callback announcing each pass.
+pub fn check_volume_with(dev: &dyn BlockDevice, progress: &mut dyn FnMut(Pass)) -> Result<Report> {
+    progress(Pass::Superblocks);
+    let mut report = Report::default();
+    let sb = check_superblocks(dev, &mut report)?;
+    let area = sb.group_count * sb.group_blocks;
+    let mut c = Checker {
+        dev,
+        sb,
+        report,
+        bits: BlockBits::new(area),
+        bitmap_ok: Vec::new(),
+        claims: Claims::default(),
+        inodes: HashMap::new(),
+    };
+    c.report.stats.group_area_blocks = area;
+    progress(Pass::Groups);
+    c.check_groups()?;
+    progress(Pass::Namespace);
+    c.check_namespace()?;
+    progress(Pass::LinkCounts);
+    c.check_link_counts();
+    progress(Pass::Space);
+    c.check_space();
+    c.report.superblock = Some(c.sb);
+    Ok(c.report)
+}
+
+fn finding(kind: FindingKind, block: Option<u64>, ino: Option<u64>, message: String) -> Finding {
+    Finding {
+        kind,
+        severity: Severity::Error,
+        block,
+        ino,
+        message,
+    }
+}
+
+fn read_block(dev: &dyn BlockDevice, b: u64) -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+    dev.read_at(b * FS_BLOCK, &mut buf)?;
+    Ok(buf)
+}
+
+/// Pass 1. Returns the superblock to check against.
+fn check_superblocks(dev: &dyn BlockDevice, report: &mut Report) -> Result<Superblock> {
+    let geo = dev.geometry();
+    let dev_blocks = geo.size_bytes / FS_BLOCK;
+    if dev_blocks < 2 {
+        return Err(Error::new(
+            ErrorKind::InvalidInput,
+            format!(
+                "device of {} bytes is too small to hold a CetraFS volume",
+                geo.size_bytes
+            ),
+        ));
+    }
+    // mkfs puts the backup in the last fs block of the device.
+    let dev_backup = dev_blocks - 1;
+    let primary = Superblock::decode(&read_block(dev, 0)?);
+    let sb = match primary {
+        Ok(sb) => sb,
+        Err(pe) => {
+            let backup_raw = read_block(dev, dev_backup)?;
+            let backup = Superblock::decode(&backup_raw);
+            match backup {
+                Ok(sb) if sb.backup_block == dev_backup => {
+                    report.findings.push(finding(
+                        FindingKind::PrimarySuperblock,
+                        Some(0),
+                        None,
+                        format!("primary superblock is unusable ({pe}); checking with the backup at block {dev_backup}"),
+                    ));
+                    sb
+                }
+                Ok(_) => {
+                    return Err(Error::corrupted(format!(
+                        "primary superblock is unusable ({pe}) and the backup at block {dev_backup} does not describe this device"
+                    )))
+                }
+                Err(be) if !Superblock::has_magic(&backup_raw) && pe.to_string().contains("magic") => {
+                    return Err(Error::with_source(
+                        ErrorKind::Corrupted,
+                        format!("not a CetraFS volume: no superblock at block 0 or at block {dev_backup}"),
+                        be,
+                    ))
+                }
+                Err(be) => {
+                    return Err(Error::corrupted(format!(
+                        "no usable superblock: primary: {pe}; backup at block {dev_backup}: {be}"
+                    )))
+                }
+            }
+        }
+    };
+    // Refuses unknown incompat features: the checker would misread the volume.
+    let ro_unknown = sb.check_features()?;
+    if ro_unknown {
+        report.findings.push(Finding {
+            kind: FindingKind::Features,
+            severity: Severity::Warning,
+            block: Some(0),
+            ino: None,
+            message: format!("read-only-compatible features {:#x} are unknown to this fsck; structures they add are not checked", sb.ro_compat),
+        });
+    }
+    if sb.compat & !COMPAT_KNOWN != 0 {
+        report.findings.push(Finding {
+            kind: FindingKind::Features,
+            severity: Severity::Warning,
+            block: Some(0),
+            ino: None,
+            message: format!(
+                "compatible features {:#x} are unknown to this fsck",
+                sb.compat & !COMPAT_KNOWN
+            ),
+        });
+    }
+    if sb.total_blocks > dev_blocks {
+        return Err(Error::corrupted(format!(
+            "the superblock says the volume has {} blocks but the device has only {dev_blocks}; wrong device, or it was shrunk",
+            sb.total_blocks
+        )));
+    }
+    if sb.logical_block_size != geo.logical_block_size {
+        report.findings.push(finding(
+            FindingKind::Geometry,
+            Some(0),
+            None,
+            format!(
+                "volume was made for {}-byte logical blocks but the device has {}-byte blocks; heartbeat and lock records would be misaligned",
+                sb.logical_block_size, geo.logical_block_size
+            ),
+        ));
+    }
+    // The backup must exist and equal the primary (only seq may differ).
+    if report
+        .findings
+        .iter()
+        .all(|f| f.kind != FindingKind::PrimarySuperblock)
+    {
+        match Superblock::decode(&read_block(dev, sb.backup_block)?) {
+            Ok(mut b) => {
+                b.seq = sb.seq;
+                if b != sb {
+                    report.findings.push(finding(
+                        FindingKind::BackupSuperblock,
+                        Some(sb.backup_block),
+                        None,
+                        "backup superblock differs from the primary".into(),
+                    ));
+                }
+            }
+            Err(e) => report.findings.push(finding(
+                FindingKind::BackupSuperblock,
+                Some(sb.backup_block),
+                None,
+                format!("backup superblock is unusable: {e}"),
+            )),
+        }
+    }
+    Ok(sb)
+}
+
+/// What pass 3 learned about one inode, for pass 4.
+#[derive(Debug)]
+struct InodeState {
+    /// None when the inode block could not be decoded.
+    kind: Option<FileKind>,
+    nlink: u32,
+    /// Directory entries naming this inode.
+    refs: u32,
+    /// Entries in this directory naming directories.
+    subdirs: u32,
+    /// Where it was first reached.
+    path: String,
+}
+
+struct Checker<'a> {
+    dev: &'a dyn BlockDevice,
+    sb: Superblock,
+    report: Report,
+    bits: BlockBits,
+    /// Per group: whether its bitmap decoded (otherwise its blocks are not cross-checked).
+    bitmap_ok: Vec<bool>,
+    claims: Claims,
+    inodes: HashMap<u64, InodeState>,
+}
+
+/// A directory waiting for its entries to be checked.
+struct PendingDir {
+    ino: u64,
+    path: String,
+    leaves: Vec<(u64, Vec<u8>)>,
+}
+
+fn show_name(name: &[u8]) -> String {
+    String::from_utf8_lossy(name).escape_debug().to_string()
+}
+
+fn join(dir: &str, name: &[u8]) -> String {
+    if dir == "/" {
+        format!("/{}", show_name(name))
+    } else {
+        format!("{dir}/{}", show_name(name))
+    }
+}
+
+impl Checker<'_> {
+    fn push(&mut self, kind: FindingKind, block: Option<u64>, ino: Option<u64>, message: String) {
+        self.report
+            .findings
+            .push(finding(kind, block, ino, message));
+    }
+
+    fn group_area_end(&self) -> u64 {
+        self.sb.group_start + self.sb.group_count * self.sb.group_blocks
+    }
+
+    fn in_groups(&self, b: u64) -> bool {
+        b >= self.sb.group_start && b < self.group_area_end()
+    }
+
+    fn owner_desc(&self, o: Owner) -> String {
+        match o {
+            Owner::Inode(i) => match self.inodes.get(&i) {
+                Some(s) => format!("inode {i} ({})", s.path),
+                None => format!("inode {i}"),
+            },
+            Owner::Group(_) => o.to_string(),
+        }
+    }
+
+    /// Record that `owner` holds `[start, start+len)`; report blocks outside the groups and
+    /// blocks somebody else already holds.
+    fn claim(&mut self, start: u64, len: u64, owner: Owner, what: &str) {
+        let Some(end) = start.checked_add(len) else {
+            let ino = if let Owner::Inode(i) = owner {
+                Some(i)
+            } else {
+                None
+            };
+            self.push(
+                FindingKind::BlockOutsideGroups,
+                Some(start),
+                ino,
+                format!("{what} at block {start} runs past the end of the block address space"),
+            );
+            return;
+        };
+        let (lo, hi) = (self.sb.group_start, self.group_area_end());
+        if start < lo || end > hi {
+            let ino = if let Owner::Inode(i) = owner {
+                Some(i)
+            } else {
+                None
+            };
+            self.push(
+                FindingKind::BlockOutsideGroups,
+                Some(start),
+                ino,
+                format!(
+                    "{what} at {} lies outside the allocation groups ({})",
+                    blocks(start, end),
+                    blocks(lo, hi)
+                ),
+            );
+        }
+        let (s, e) = (start.max(lo), end.min(hi));
+        if s >= e {
+            return;
+        }
+        for (os, oe, prev) in self.claims.claim(s, e, owner) {
+            let ino = if let Owner::Inode(i) = owner {
+                Some(i)
+            } else {
+                None
+            };
+            let msg = format!(
+                "{what}: {} already held by {}",
+                blocks(os, oe),
+                self.owner_desc(prev)
+            );
+            self.push(FindingKind::BlockShared, Some(os), ino, msg);
+        }
+    }
+
+    /// Pass 2.
+    fn check_groups(&mut self) -> Result<()> {
+        let sb = self.sb.clone();
+        let meta = 1 + u64::from(sb.bitmap_blocks);
+        for g in 0..sb.group_count {
+            let first = sb.group_first_block(g);
+            self.claim(
+                first,
+                meta,
+                Owner::Group(g),
+                &format!("group {g} header and bitmap"),
+            );
+            let mut buf = AlignedBuf::new(usize::try_from(meta * FS_BLOCK).unwrap_or(usize::MAX));
+            self.dev.read_at(first * FS_BLOCK, &mut buf)?;
+            let header = match GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first) {
+                Ok(h) => {
+                    if h.index != g
+                        || h.block_count != sb.group_blocks
+                        || h.bitmap_blocks != sb.bitmap_blocks
+                    {
+                        self.push(
+                            FindingKind::GroupHeader,
+                            Some(first),
+                            None,
+                            format!(
+                                "group {g} header says index {}, {} blocks, {} bitmap blocks; the superblock says index {g}, {} blocks, {} bitmap blocks",
+                                h.index, h.block_count, h.bitmap_blocks, sb.group_blocks, sb.bitmap_blocks
+                            ),
+                        );
+                    }
+                    Some(h)
+                }
+                Err(e) => {
+                    self.push(
+                        FindingKind::GroupHeader,
+                        Some(first),
+                        None,
+                        format!("group {g} header is unusable: {e}"),
+                    );
+                    None
+                }
+            };
+            let mut ok = true;
+            let mut payload = Vec::with_capacity(
+                usize::try_from(u64::from(sb.bitmap_blocks) * BITS_PER_BITMAP_BLOCK / 8)
+                    .unwrap_or(0),
+            );
+            for i in 0..u64::from(sb.bitmap_blocks) {
+                let at = first + 1 + i;
+                let o = usize::try_from((1 + i) * FS_BLOCK).unwrap_or(usize::MAX);
+                match decode_bitmap(&buf[o..o + FS_BLOCK_SIZE], at) {
+                    Ok((_, p)) => payload.extend_from_slice(p),
+                    Err(e) => {
+                        self.push(
+                            FindingKind::Bitmap,
+                            Some(at),
+                            None,
+                            format!("bitmap block {i} of group {g} is unusable: {e}"),
+                        );
+                        ok = false;
+                    }
+                }
+            }
+            self.bitmap_ok.push(ok);
+            if !ok {
+                continue;
+            }
+            let bit = |b: u64| {
+                payload[usize::try_from(b / 8).unwrap_or(usize::MAX)] & (1 << (b % 8)) != 0
+            };
+            let base = g * sb.group_blocks;
+            let mut used = 0;
+            for b in 0..sb.group_blocks {
+                if bit(b) {
+                    self.bits.set(base + b);
+                    used += 1;
+                }
+            }
+            self.report.stats.used_blocks += used;
+            for b in 0..meta {
+                if !bit(b) {
+                    self.push(
+                        FindingKind::GroupMetadataFree,
+                        Some(first + b),
+                        None,
+                        format!(
+                            "group {g} {} is marked free in its own bitmap",
+                            if b == 0 { "header" } else { "bitmap block" }
+                        ),
+                    );
+                }
+            }
+            let past: u64 = (sb.group_blocks..u64::from(sb.bitmap_blocks) * BITS_PER_BITMAP_BLOCK)
+                .filter(|&b| !bit(b))
+                .count() as u64;
+            if past > 0 {
+                self.push(
+                    FindingKind::BitsPastEnd,
+                    Some(first + 1),
+                    None,
+                    format!("group {g} bitmap has {past} clear bits past the end of the group (they must be set so nothing is allocated there)"),
+                );
+            }
+            if let Some(h) = header {
+                let free = sb.group_blocks - used;
+                if h.free_blocks != free {
+                    self.push(
+                        FindingKind::FreeCount,
+                        Some(first),
+                        None,
+                        format!(
+                            "group {g} header says {} free blocks, its bitmap has {free}",
+                            h.free_blocks
+                        ),
+                    );
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Walk the tree rooted at `root` owned by `ino`; returns the number of nodes it holds and
+    /// the leaf entries in key order.
+    fn walk_tree(&mut self, ino: u64, root: u64) -> Result<(u64, Vec<(u64, Vec<u8>)>)> {
+        let mut nodes = 0;
+        let mut leaves = Vec::new();
+        self.walk_node(ino, root, None, None, None, &mut nodes, &mut leaves)?;
+        Ok((nodes, leaves))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn walk_node(
+        &mut self,
+        ino: u64,
+        b: u64,
+        level: Option<u16>,
+        lo: Option<u64>,
+        hi: Option<u64>,
+        nodes: &mut u64,
+        leaves: &mut Vec<(u64, Vec<u8>)>,
+    ) -> Result<()> {
+        *nodes += 1;
+        let before = self.report.findings.len();
+        self.claim(b, 1, Owner::Inode(ino), "tree node");
+        // A node somebody already holds is not followed: that would loop on cyclic trees and
+        // multiply work on trees sharing subtrees. The claim reported it.
+        if self.report.findings.len() != before {
+            return Ok(());
+        }
+        let buf = read_block(self.dev, b)?;
+        let node = match TreeNode::decode(&buf, b) {
+            Ok(n) => n,
+            Err(e) => {
+                self.push(
+                    FindingKind::BadTree,
+                    Some(b),
+                    Some(ino),
+                    format!("tree node {b} is unusable: {e}"),
+                );
+                return Ok(());
+            }
+        };
+        let bad = |m: String| {
+            finding(
+                FindingKind::BadTree,
+                Some(b),
+                Some(ino),
+                format!("tree node {b}: {m}"),
+            )
+        };
+        if node.owner != ino {
+            self.report
+                .findings
+                .push(bad(format!("belongs to inode {}", node.owner)));
+            return Ok(());
+        }
+        if let Some(l) = level {
+            if node.level != l {
+                self.report.findings.push(bad(format!(
+                    "is at level {} but its parent expects level {l} (leaves at different depths)",
+                    node.level
+                )));
+                return Ok(());
+            }
+        }
+        if node.is_empty() && (level.is_some() || node.level > 0) {
+            self.report
+                .findings
+                .push(bad("is empty (only an empty root leaf is allowed)".into()));
+            return Ok(());
+        }
+        let keys: Vec<u64> = match &node.entries {
+            NodeEntries::Leaf(v) => v.iter().map(|e| e.0).collect(),
+            NodeEntries::Internal(v) => v.iter().map(|e| e.0).collect(),
+        };
+        if let (Some(&first), Some(lo)) = (keys.first(), lo) {
+            if first < lo {
+                self.report.findings.push(bad(format!(
+                    "first key {first:#x} is below its parent's key {lo:#x}"
+                )));
+            }
+        }
+        if let (Some(&last), Some(hi)) = (keys.last(), hi) {
+            if last >= hi {
+                self.report.findings.push(bad(format!(
+                    "last key {last:#x} is not below the next key in its parent {hi:#x}"
+                )));
+            }
+        }
+        match node.entries {
+            NodeEntries::Leaf(v) => leaves.extend(v),
+            NodeEntries::Internal(v) => {
+                debug_assert!(node.level > 0 && node.level <= MAX_LEVEL);
+                for (i, &(k, child)) in v.iter().enumerate() {
+                    let next = v.get(i + 1).map(|e| e.0).or(hi);
+                    self.walk_node(
+                        ino,
+                        child,
+                        Some(node.level - 1),
+                        Some(k),
+                        next,
+                        nodes,
+                        leaves,
+                    )?;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Check one inode the first time an entry (or the superblock) reaches it. Directories
+    /// come back with their entry records for the namespace walk.
+    fn visit_inode(&mut self, ino: u64, path: &str) -> Result<Option<PendingDir>> {
+        if self.inodes.contains_key(&ino) {
+            return Ok(None);
+        }
+        let mut state = InodeState {
+            kind: None,
+            nlink: 0,
+            refs: 0,
+            subdirs: 0,
+            path: path.to_string(),
+        };
+        let in_group_data = self
+            .sb
+            .group_of(ino)
+            .is_some_and(|g| ino - self.sb.group_first_block(g) > u64::from(self.sb.bitmap_blocks));
+        if !in_group_data {
+            self.push(
+                FindingKind::BadInode,
+                Some(ino),
+                Some(ino),
+                format!(
+                    "{path}: inode number is not a block in the data part of an allocation group"
+                ),
+            );
+            self.inodes.insert(ino, state);
+            return Ok(None);
+        }
+        self.claim(ino, 1, Owner::Inode(ino), "inode block");
+        let buf = read_block(self.dev, ino)?;
+        let inode = match Inode::decode(&buf, ino) {
+            Ok(i) => i,
+            Err(e) => {
+                self.push(
+                    FindingKind::BadInode,
+                    Some(ino),
+                    Some(ino),
+                    format!("{path}: inode block is unusable: {e}"),
+                );
+                self.inodes.insert(ino, state);
+                return Ok(None);
+            }
+        };
+        // Decode succeeded, so the header is valid.
+        if let Ok(h) = BlockHeader::decode(&buf) {
+            if h.owner != ino {
+                self.push(
+                    FindingKind::BadInode,
+                    Some(ino),
+                    Some(ino),
+                    format!("{path}: block header names owner {}", h.owner),
+                );
+            }
+        }
+        state.nlink = inode.nlink;
+        state.kind = FileKind::from_mode(inode.mode);
+        self.inodes.insert(ino, state);
+        let bad = |m: String| {
+            finding(
+                FindingKind::BadInode,
+                Some(ino),
+                Some(ino),
+                format!("{path}: {m}"),
+            )
+        };
+        let Some(kind) = FileKind::from_mode(inode.mode) else {
+            self.report
+                .findings
+                .push(bad(format!("unknown file type in mode {:o}", inode.mode)));
+            return Ok(None);
+        };
+        let mut held = 1u64;
+        if inode.xattr_block != 0 {
+            held += 1;
+            self.check_xattr(ino, path, inode.xattr_block)?;
+        }
+        let inline_ext = inode.flags & flags::INLINE_EXTENTS != 0;
+        if inline_ext && kind != FileKind::Regular {
+            self.report.findings.push(bad(
+                "inline extents on something that is not a regular file".into(),
+            ));
+        }
+        if !inode.inline_data.is_empty() && kind != FileKind::Symlink {
+            self.report.findings.push(bad(format!(
+                "{} bytes of inline data on something that is not a symlink",
+                inode.inline_data.len()
+            )));
+        }
+        let mut pending = None;
+        match kind {
+            FileKind::Directory => {
+                let leaves = if inode.tree_root != 0 {
+                    let (n, leaves) = self.walk_tree(ino, inode.tree_root)?;
+                    held += n;
+                    leaves
+                } else {
+                    Vec::new()
+                };
+                pending = Some(PendingDir {
+                    ino,
+                    path: path.to_string(),
+                    leaves,
+                });
+            }
+            FileKind::Regular => {
+                let mut extents = Vec::new();
+                if inline_ext {
+                    if inode.tree_root != 0 {
+                        self.report
+                            .findings
+                            .push(bad("has both inline extents and an extent tree".into()));
+                    }
+                    extents.clone_from(&inode.inline_extents);
+                } else if inode.tree_root != 0 {
+                    let (n, leaves) = self.walk_tree(ino, inode.tree_root)?;
+                    held += n;
+                    for (k, v) in leaves {
+                        match Extent::decode_value(k, &v) {
+                            Ok(e) => extents.push(e),
+                            Err(e) => self.push(
+                                FindingKind::BadExtent,
+                                Some(inode.tree_root),
+                                Some(ino),
+                                format!("{path}: extent at file block {k}: {e}"),
+                            ),
+                        }
+                    }
+                }
+                held += self.check_extents(ino, path, inode.size, &mut extents);
+            }
+            FileKind::Symlink => {
+                if inode.tree_root != 0 {
+                    self.report.findings.push(bad("symlink has a tree".into()));
+                }
+                if inode.inline_data.is_empty() || inode.size != inode.inline_data.len() as u64 {
+                    let msg = format!(
+                        "{path}: symlink size is {} but its target is {} bytes",
+                        inode.size,
+                        inode.inline_data.len()
+                    );
+                    self.push(FindingKind::Symlink, Some(ino), Some(ino), msg);
+                }
+            }
+            _ => {
+                if inode.tree_root != 0 {
+                    self.report
+                        .findings
+                        .push(bad("special file has a tree".into()));
+                }
+            }
+        }
+        if inode.blocks != held {
+            self.push(
+                FindingKind::BlockCount,
+                Some(ino),
+                Some(ino),
+                format!(
+                    "{path}: block count is {} but it holds {held} blocks",
+                    inode.blocks
+                ),
+            );
+        }
+        let stats = &mut self.report.stats;
+        stats.inodes += 1;
+        match kind {
+            FileKind::Directory => stats.directories += 1,
+            FileKind::Regular => stats.regular_files += 1,
+            FileKind::Symlink => stats.symlinks += 1,
+            _ => stats.special_files += 1,
+        }
+        Ok(pending)
+    }
+
+    fn check_xattr(&mut self, ino: u64, path: &str, xb: u64) -> Result<()> {
+        let before = self.report.findings.len();
+        self.claim(xb, 1, Owner::Inode(ino), "xattr block");
+        if self.report.findings.len() != before || !self.in_groups(xb) {
+            return Ok(());
+        }
+        let buf = read_block(self.dev, xb)?;
+        match xattr::decode(&buf, xb) {
+            Ok(_) => {
+                if let Ok(h) = BlockHeader::decode(&buf) {
+                    if h.owner != ino {
+                        self.push(
+                            FindingKind::BadXattr,
+                            Some(xb),
+                            Some(ino),
+                            format!("{path}: xattr block {xb} belongs to inode {}", h.owner),
+                        );
+                    }
+                }
+            }
+            Err(e) => self.push(
+                FindingKind::BadXattr,
+                Some(xb),
+                Some(ino),
+                format!("{path}: xattr block {xb} is unusable: {e}"),
+            ),
+        }
+        Ok(())
+    }
+
+    /// Extents in file order must not overlap; written ones must lie below EOF. Returns the
+    /// number of data blocks they hold.
+    fn check_extents(&mut self, ino: u64, path: &str, size: u64, extents: &mut [Extent]) -> u64 {
+        extents.sort_by_key(|e| e.logical);
+        let eof_block = size.div_ceil(FS_BLOCK);
+        let mut held = 0u64;
+        let mut prev_end = 0u64;
+        for (i, e) in extents.iter().enumerate() {
+            let Some(end) = e.logical.checked_add(u64::from(e.len)) else {
+                self.push(
+                    FindingKind::BadExtent,
+                    None,
+                    Some(ino),
+                    format!("{path}: extent at file block {} overflows", e.logical),
+                );
+                continue;
+            };
+            if i > 0 && e.logical < prev_end {
+                self.push(
+                    FindingKind::BadExtent,
+                    Some(e.physical),
+                    Some(ino),
+                    format!("{path}: extent at file block {} overlaps the previous one (ending at {prev_end})", e.logical),
+                );
+            }
+            prev_end = prev_end.max(end);
+            if !e.unwritten() && e.logical >= eof_block {
+                self.push(
+                    FindingKind::BadExtent,
+                    Some(e.physical),
+                    Some(ino),
+                    format!("{path}: written extent at file block {} starts at or past end of file (size {size})", e.logical),
+                );
+            }
+            held += u64::from(e.len);
+            self.claim(
+                e.physical,
+                u64::from(e.len),
+                Owner::Inode(ino),
+                &format!("{path}: data of file blocks {}-{}", e.logical, end - 1),
+            );
+        }
+        held
+    }
+
+    /// Pass 3: breadth-first from the root.
+    fn check_namespace(&mut self) -> Result<()> {
+        let root = self.sb.root_ino;
+        let mut queue = VecDeque::new();
+        match self.visit_inode(root, "/")? {
+            Some(p) => {
+                queue.push_back(p);
+                if let Ok(i) = Inode::decode(&read_block(self.dev, root)?, root) {
+                    if i.parent != root {
+                        self.push(
+                            FindingKind::DirParent,
+                            Some(root),
+                            Some(root),
+                            format!("/: root's parent field is {}, not itself", i.parent),
+                        );
+                    }
+                }
+            }
+            None => {
+                if self.inodes.get(&root).is_some_and(|s| s.kind.is_some()) {
+                    self.push(
+                        FindingKind::BadInode,
+                        Some(root),
+                        Some(root),
+                        "/: the root inode is not a directory".into(),
+                    );
+                }
+                self.push(
+                    FindingKind::BadInode,
+                    Some(root),
+                    Some(root),
+                    "/: no usable root directory; the namespace was not checked".into(),
+                );
+                return Ok(());
+            }
+        }
+        while let Some(dir) = queue.pop_front() {
+            for (key, value) in &dir.leaves {
+                let entries = match decode_entries(value) {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.push(
+                            FindingKind::BadEntry,
+                            None,
+                            Some(dir.ino),
+                            format!("{}: entry record with hash {key:#x}: {e}", dir.path),
+                        );
+                        continue;
+                    }
+                };
+                let mut seen = HashSet::new();
+                for e in entries {
+                    let path = join(&dir.path, &e.name);
+                    if name_hash(&e.name) != *key {
+                        self.push(
+                            FindingKind::BadEntry,
+                            None,
+                            Some(dir.ino),
+                            format!(
+                                "{path}: stored under hash {key:#x} but the name hashes to {:#x}",
+                                name_hash(&e.name)
+                            ),
+                        );
+                    }
+                    if !seen.insert(e.name.clone()) {
+                        self.push(
+                            FindingKind::BadEntry,
+                            None,
+                            Some(dir.ino),
+                            format!("{path}: name appears twice in the directory"),
+                        );
+                        continue;
+                    }
+                    if e.ino == root {
+                        self.push(
+                            FindingKind::BadEntry,
+                            None,
+                            Some(dir.ino),
+                            format!("{path}: entry names the root directory"),
+                        );
+                        continue;
+                    }
+                    if let Some(p) = self.visit_inode(e.ino, &path)? {
+                        queue.push_back(p);
+                    }
+                    let Some(st) = self.inodes.get_mut(&e.ino) else {
+                        continue;
+                    };
+                    st.refs += 1;
+                    let Some(kind) = st.kind else { continue };
+                    let (refs, first_path) = (st.refs, st.path.clone());
+                    if kind.dtype() != e.dtype {
+                        self.push(
+                            FindingKind::EntryType,
+                            None,
+                            Some(dir.ino),
+                            format!(
+                                "{path}: entry says file type {} but inode {} is a {kind:?}",
+                                e.dtype, e.ino
+                            ),
+                        );
+                    }
+                    if kind == FileKind::Directory {
+                        if let Some(d) = self.inodes.get_mut(&dir.ino) {
+                            d.subdirs += 1;
+                        }
+                        if refs > 1 {
+                            self.push(
+                                FindingKind::DirLinkedTwice,
+                                Some(e.ino),
+                                Some(e.ino),
+                                format!("directory {first_path} is also reachable as {path}"),
+                            );
+                        } else if let Ok(child) =
+                            Inode::decode(&read_block(self.dev, e.ino)?, e.ino)
+                        {
+                            if child.parent != dir.ino {
+                                self.push(
+                                    FindingKind::DirParent,
+                                    Some(e.ino),
+                                    Some(e.ino),
+                                    format!(
+                                        "{path}: parent field is {} but it lives in directory {}",
+                                        child.parent, dir.ino
+                                    ),
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Pass 4.
+    fn check_link_counts(&mut self) {
+        let mut found = Vec::new();
+        for (&ino, s) in &self.inodes {
+            let Some(kind) = s.kind else { continue };
+            let want = if kind == FileKind::Directory {
+                2 + s.subdirs
+            } else {
+                s.refs
+            };
+            if s.nlink != want {
+                let why = if kind == FileKind::Directory {
+                    format!(
+                        "{} subdirector{}",
+                        s.subdirs,
+                        if s.subdirs == 1 { "y" } else { "ies" }
+                    )
+                } else {
+                    format!(
+                        "{} entr{} reference it",
+                        s.refs,
+                        if s.refs == 1 { "y" } else { "ies" }
+                    )
+                };
+                found.push(finding(
+                    FindingKind::LinkCount,
+                    Some(ino),
+                    Some(ino),
+                    format!(
+                        "{}: link count is {}, should be {want} ({why})",
+                        s.path, s.nlink
+                    ),
+                ));
+            }
+        }
+        found.sort_by_key(|f| f.ino);
+        self.report.findings.extend(found);
+    }
+
+    /// Pass 5: claims against bitmaps, for groups whose bitmap could be read.
+    fn check_space(&mut self) {
+        let mut found = Vec::new();
+        let mut cursor = self.sb.group_start;
+        let claims: Vec<_> = self.claims.ranges().collect();
+        for (s, e, owner) in claims {
+            for (ls, le) in self.bitmap_runs(cursor, s, true) {
+                let what = if le - ls == 1 {
+                    format!("block {ls} is")
+                } else {
+                    format!("{} ({} blocks) are", blocks(ls, le), le - ls)
+                };
+                found.push(finding(
+                    FindingKind::BlockLeaked,
+                    Some(ls),
+                    None,
+                    format!("{what} marked used but nothing references them (leaked)"),
+                ));
+            }
+            cursor = e;
+            for (fs, fe) in self.bitmap_runs(s, e, false) {
+                let ino = if let Owner::Inode(i) = owner {
+                    Some(i)
+                } else {
+                    None
+                };
+                let msg = format!(
+                    "{} held by {} marked free in the bitmap",
+                    blocks(fs, fe),
+                    self.owner_desc(owner)
+                );
+                found.push(finding(FindingKind::BlockFree, Some(fs), ino, msg));
+            }
+        }
+        for (ls, le) in self.bitmap_runs(cursor, self.group_area_end(), true) {
+            let what = if le - ls == 1 {
+                format!("block {ls} is")
+            } else {
+                format!("{} ({} blocks) are", blocks(ls, le), le - ls)
+            };
+            found.push(finding(
+                FindingKind::BlockLeaked,
+                Some(ls),
+                None,
+                format!("{what} marked used but nothing references them (leaked)"),
+            ));
+        }
+        self.report.findings.extend(found);
+    }
+
+    /// Runs of blocks in `[from, to)` whose bitmap bit equals `value`, split at group
+    /// boundaries and restricted to groups whose bitmap decoded.
+    fn bitmap_runs(&self, from: u64, to: u64, value: bool) -> Vec<(u64, u64)> {
+        let (gs, gb) = (self.sb.group_start, self.sb.group_blocks);
+        let mut out = Vec::new();
+        let mut b = from.max(gs);
+        let to = to.min(self.group_area_end());
+        while b < to {
+            let g = (b - gs) / gb;
+            let gend = (gs + (g + 1) * gb).min(to);
+            if self
+                .bitmap_ok
+                .get(usize::try_from(g).unwrap_or(usize::MAX))
+                .copied()
+                .unwrap_or(false)
+            {
+                out.extend(
+                    self.bits
+                        .runs(b - gs, gend - gs, value)
+                        .into_iter()
+                        .map(|(s, e)| (s + gs, e + gs)),
+                );
+            }
+            b = gend;
+        }
+        out
+    }
+}
+
+/// "blocks 10-19" for the half-open range 10..20.
+fn blocks(s: u64, e: u64) -> String {
+    if e - s == 1 {
+        format!("block {s}")
+    } else {
+        format!("blocks {s}-{}", e - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests;

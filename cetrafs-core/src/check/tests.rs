@@ -1,0 +1,513 @@
+use super::synth::{SynthVolume, MIN_SYNTH_BYTES};
+use super::*;
+use crate::dev::mem::MemDevice;
+use crate::format::block::BlockType;
+use crate::format::dirent::DirEntry;
+use crate::mkfs::{format, MkfsOptions};
+
+fn fresh(size: u64, lbs: u32) -> (MemDevice, Superblock) {
+    let dev = MemDevice::new(size, lbs);
+    let opts = MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: 1 << 20,
+        inode_lock_slots: 64,
+        ..Default::default()
+    };
+    let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
+    (dev, sb)
+}
+
+fn rd(dev: &dyn BlockDevice, b: u64) -> Vec<u8> {
+    read_block(dev, b).unwrap().to_vec()
+}
+
+fn wr(dev: &dyn BlockDevice, b: u64, data: &[u8]) {
+    dev.write_at(b * FS_BLOCK, &AlignedBuf::from_slice(data))
+        .unwrap();
+}
+
+fn kinds(r: &Report) -> Vec<FindingKind> {
+    r.findings.iter().map(|f| f.kind).collect()
+}
+
+fn assert_clean(r: &Report) {
+    assert!(
+        r.findings.is_empty(),
+        "unexpected findings:\n{}",
+        r.findings
+            .iter()
+            .map(|f| f.to_string())
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
+}
+
+/// Find the inode reached as `name` in the root of a volume (single-leaf root tree).
+fn lookup(dev: &dyn BlockDevice, dir: u64, name: &str) -> u64 {
+    let d = Inode::decode(&rd(dev, dir), dir).unwrap();
+    let mut stack = vec![d.tree_root];
+    while let Some(b) = stack.pop() {
+        match TreeNode::decode(&rd(dev, b), b).unwrap().entries {
+            NodeEntries::Internal(v) => stack.extend(v.iter().map(|e| e.1)),
+            NodeEntries::Leaf(v) => {
+                for (_, val) in v {
+                    if let Some(e) = decode_entries(&val)
+                        .unwrap()
+                        .into_iter()
+                        .find(|e| e.name == name.as_bytes())
+                    {
+                        return e.ino;
+                    }
+                }
+            }
+        }
+    }
+    panic!("{name} not found");
+}
+
+#[test]
+fn fresh_volumes_are_clean() {
+    for (size, lbs) in [(64u64 << 20, 512u32), (80 << 20, 4096)] {
+        let (dev, sb) = fresh(size, lbs);
+        let mut passes = Vec::new();
+        let r = check_volume_with(&dev, &mut |p| passes.push(p)).unwrap();
+        assert_clean(&r);
+        assert_eq!(passes.len(), 5);
+        assert_eq!(r.stats.inodes, 1);
+        assert_eq!(r.stats.directories, 1);
+        assert_eq!(r.superblock.as_ref(), Some(&sb));
+        assert_eq!(r.stats.group_area_blocks, sb.group_count * sb.group_blocks);
+    }
+}
+
+#[test]
+fn populated_synthetic_volume_is_clean() {
+    let dev = SynthVolume::sample().unwrap();
+    let r = check_volume(&dev).unwrap();
+    assert_clean(&r);
+    assert_eq!(r.stats.directories, 3);
+    assert_eq!(r.stats.regular_files, 14);
+    assert_eq!(r.stats.symlinks, 1);
+    assert_eq!(r.stats.special_files, 1);
+    // The sample must really exercise multi-level trees.
+    let root = r.superblock.unwrap().root_ino;
+    let docs = lookup(&dev, root, "docs");
+    let d = Inode::decode(&rd(&dev, docs), docs).unwrap();
+    assert!(
+        TreeNode::decode(&rd(&dev, d.tree_root), d.tree_root)
+            .unwrap()
+            .level
+            > 0
+    );
+}
+
+#[test]
+fn not_cetrafs_is_an_error_not_a_report() {
+    let dev = MemDevice::new(32 << 20, 512);
+    let e = check_volume(&dev).unwrap_err();
+    assert!(e.to_string().contains("not a CetraFS volume"), "{e}");
+}
+
+#[test]
+fn damaged_primary_falls_back_to_backup() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    let mut b = rd(&dev, 0);
+    b[200] ^= 1;
+    wr(&dev, 0, &b);
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::PrimarySuperblock]);
+    assert!(
+        r.findings[0].to_string().contains("checksum"),
+        "{}",
+        r.findings[0]
+    );
+    assert_eq!(r.superblock.unwrap().uuid, sb.uuid);
+}
+
+#[test]
+fn backup_differences_are_found_but_seq_is_ignored() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    let mut other = sb.clone();
+    other.seq += 5;
+    wr(&dev, sb.backup_block, &other.encode());
+    assert_clean(&check_volume(&dev).unwrap());
+    other.label = "changed".into();
+    wr(&dev, sb.backup_block, &other.encode());
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::BackupSuperblock]);
+    wr(&dev, sb.backup_block, &[0u8; FS_BLOCK_SIZE]);
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::BackupSuperblock]);
+    assert_eq!(r.findings[0].block, Some(sb.backup_block));
+}
+
+#[test]
+fn unknown_incompat_feature_refuses_ro_compat_warns() {
+    let (dev, mut sb) = fresh(64 << 20, 512);
+    sb.ro_compat = 0x4;
+    wr(&dev, 0, &sb.encode());
+    wr(&dev, sb.backup_block, &sb.encode());
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::Features]);
+    assert!(r.is_clean(), "a warning is not an error");
+    sb.incompat = 0x1;
+    wr(&dev, 0, &sb.encode());
+    assert_eq!(
+        check_volume(&dev).unwrap_err().kind(),
+        ErrorKind::Unsupported
+    );
+}
+
+#[test]
+fn bit_flip_in_group_header() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    let g1 = sb.group_first_block(1);
+    let mut b = rd(&dev, g1);
+    b[70] ^= 0x10;
+    wr(&dev, g1, &b);
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::GroupHeader]);
+    assert_eq!(r.findings[0].block, Some(g1));
+    assert!(
+        r.findings[0]
+            .to_string()
+            .starts_with(&format!("block {g1}: group 1 header is unusable")),
+        "{}",
+        r.findings[0]
+    );
+}
+
+#[test]
+fn wrong_free_count_and_bitmap_damage() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    assert!(sb.group_count >= 3);
+    let g = sb.group_first_block(2);
+    let mut h = GroupHeader::decode(&rd(&dev, g), g).unwrap();
+    h.free_blocks -= 1;
+    wr(&dev, g, &h.encode());
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::FreeCount]);
+    // A bitmap block of another type: reported, and that group's space is not cross-checked.
+    let bm = sb.group_first_block(sb.group_count - 1) + 1;
+    let mut raw = rd(&dev, bm);
+    BlockHeader {
+        btype: BlockType::Xattr,
+        blockno: bm,
+        seq: 1,
+        owner: 0,
+    }
+    .seal(&mut raw);
+    wr(&dev, bm, &raw);
+    let r = check_volume(&dev).unwrap();
+    assert!(
+        r.findings
+            .iter()
+            .any(|f| f.kind == FindingKind::Bitmap && f.block == Some(bm)),
+        "{:?}",
+        r.findings
+    );
+}
+
+/// Rewrite one bit of a group bitmap.
+fn set_bit(dev: &dyn BlockDevice, sb: &Superblock, block: u64, on: bool, fix_count: bool) {
+    let g = sb.group_of(block).unwrap();
+    set_group_bit(dev, sb, g, block - sb.group_first_block(g), on, fix_count);
+}
+
+/// Rewrite bit `rel` of group `g`'s bitmap (may lie past the end of the group).
+fn set_group_bit(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    g: u64,
+    rel: u64,
+    on: bool,
+    fix_count: bool,
+) {
+    let first = sb.group_first_block(g);
+    let at = first + 1 + rel / BITS_PER_BITMAP_BLOCK;
+    let raw = rd(dev, at);
+    let (seq, p) = decode_bitmap(&raw, at).unwrap();
+    let mut bits = p.to_vec();
+    let o = rel % BITS_PER_BITMAP_BLOCK;
+    if on {
+        bits[(o / 8) as usize] |= 1 << (o % 8);
+    } else {
+        bits[(o / 8) as usize] &= !(1 << (o % 8));
+    }
+    wr(dev, at, &encode_bitmap(at, seq + 1, &bits));
+    if fix_count {
+        let mut h = GroupHeader::decode(&rd(dev, first), first).unwrap();
+        h.free_blocks = if on {
+            h.free_blocks - 1
+        } else {
+            h.free_blocks + 1
+        };
+        wr(dev, first, &h.encode());
+    }
+}
+
+use crate::format::group::encode_bitmap;
+
+#[test]
+fn used_block_marked_free() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    set_bit(&dev, &sb, sb.root_ino, false, true);
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::BlockFree]);
+    assert_eq!(r.findings[0].block, Some(sb.root_ino));
+    assert!(r.findings[0].message.contains("inode"), "{}", r.findings[0]);
+}
+
+#[test]
+fn leaked_block_and_group_metadata_free() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    let leak = sb.root_ino + 100;
+    set_bit(&dev, &sb, leak, true, true);
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::BlockLeaked]);
+    assert_eq!(
+        r.findings[0].to_string(),
+        format!("block {leak}: block {leak} is marked used but nothing references them (leaked)")
+    );
+    let (dev, sb) = fresh(64 << 20, 512);
+    let hdr = sb.group_first_block(1);
+    set_bit(&dev, &sb, hdr, false, true);
+    let r = check_volume(&dev).unwrap();
+    assert!(
+        r.has(FindingKind::GroupMetadataFree) && r.has(FindingKind::BlockFree),
+        "{:?}",
+        r.findings
+    );
+}
+
+#[test]
+fn bits_past_group_end_must_be_set() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    assert!(u64::from(sb.bitmap_blocks) * BITS_PER_BITMAP_BLOCK > sb.group_blocks);
+    set_group_bit(&dev, &sb, 0, sb.group_blocks, false, false);
+    let r = check_volume(&dev).unwrap();
+    assert_eq!(kinds(&r), [FindingKind::BitsPastEnd]);
+}
+
+#[test]
+fn zeroed_root_inode() {
+    let (dev, sb) = fresh(64 << 20, 512);
+    wr(&dev, sb.root_ino, &[0u8; FS_BLOCK_SIZE]);
+    let r = check_volume(&dev).unwrap();
+    assert!(
+        r.findings.iter().any(|f| f.kind == FindingKind::BadInode
+            && f.ino == Some(sb.root_ino)
+            && f.message.contains("unusable")),
+        "{:?}",
+        r.findings
+    );
+    assert!(r
+        .findings
+        .iter()
+        .any(|f| f.message.contains("no usable root directory")));
+}
+
+#[test]
+fn corrupted_synthetic_structures() {
+    // Each case damages one thing on a fresh sample and names the finding it must produce.
+    type Damage = fn(&MemDevice, &Superblock) -> ();
+    let cases: Vec<(&str, Damage, FindingKind)> = vec![
+        (
+            "wrong nlink on a file",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "latest");
+                let mut i = Inode::decode(&rd(d, ino), ino).unwrap();
+                i.nlink = 2;
+                wr(d, ino, &i.encode());
+            },
+            FindingKind::LinkCount,
+        ),
+        (
+            "wrong nlink on a directory",
+            |d, sb| {
+                let mut i = Inode::decode(&rd(d, sb.root_ino), sb.root_ino).unwrap();
+                i.nlink = 2;
+                wr(d, sb.root_ino, &i.encode());
+            },
+            FindingKind::LinkCount,
+        ),
+        (
+            "wrong block count",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "big.img");
+                let mut i = Inode::decode(&rd(d, ino), ino).unwrap();
+                i.blocks += 1;
+                wr(d, ino, &i.encode());
+            },
+            FindingKind::BlockCount,
+        ),
+        (
+            "symlink size",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "latest");
+                let mut i = Inode::decode(&rd(d, ino), ino).unwrap();
+                i.size += 1;
+                wr(d, ino, &i.encode());
+            },
+            FindingKind::Symlink,
+        ),
+        (
+            "written data past EOF",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "big.img");
+                let mut i = Inode::decode(&rd(d, ino), ino).unwrap();
+                i.size = 4 * FS_BLOCK;
+                wr(d, ino, &i.encode());
+            },
+            FindingKind::BadExtent,
+        ),
+        (
+            "directory parent",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "docs");
+                let mut i = Inode::decode(&rd(d, ino), ino).unwrap();
+                i.parent = ino;
+                wr(d, ino, &i.encode());
+            },
+            FindingKind::DirParent,
+        ),
+        (
+            "tree node checksum",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "big.img");
+                let i = Inode::decode(&rd(d, ino), ino).unwrap();
+                let mut b = rd(d, i.tree_root);
+                b[100] ^= 4;
+                wr(d, i.tree_root, &b);
+            },
+            FindingKind::BadTree,
+        ),
+        (
+            "xattr block of another inode",
+            |d, sb| {
+                let ino = lookup(d, sb.root_ino, "big.img");
+                let i = Inode::decode(&rd(d, ino), ino).unwrap();
+                let (_, map) = xattr::decode(&rd(d, i.xattr_block), i.xattr_block).unwrap();
+                wr(
+                    d,
+                    i.xattr_block,
+                    &xattr::encode(&map, i.xattr_block, 2, ino + 1),
+                );
+            },
+            FindingKind::BadXattr,
+        ),
+        (
+            "two files share a data block",
+            |d, sb| {
+                let a = lookup(d, sb.root_ino, "big.img");
+                let docs = lookup(d, sb.root_ino, "docs");
+                let n = lookup(d, docs, "note3.txt");
+                let big = Inode::decode(&rd(d, a), a).unwrap();
+                let leaf = TreeNode::decode(&rd(d, big.tree_root), big.tree_root).unwrap();
+                let NodeEntries::Leaf(v) = leaf.entries else {
+                    panic!("big.img tree is one leaf")
+                };
+                let phys = Extent::decode_value(v[0].0, &v[0].1).unwrap().physical;
+                let mut i = Inode::decode(&rd(d, n), n).unwrap();
+                i.inline_extents[0].physical = phys;
+                wr(d, n, &i.encode());
+            },
+            FindingKind::BlockShared,
+        ),
+        (
+            "entry under the wrong hash",
+            |d, sb| {
+                let root = Inode::decode(&rd(d, sb.root_ino), sb.root_ino).unwrap();
+                let mut leaf = TreeNode::decode(&rd(d, root.tree_root), root.tree_root).unwrap();
+                if let NodeEntries::Leaf(v) = &mut leaf.entries {
+                    // Keep keys ordered: bump the last key by one.
+                    let last = v.last_mut().unwrap();
+                    last.0 += 1;
+                }
+                wr(d, root.tree_root, &leaf.encode());
+            },
+            FindingKind::BadEntry,
+        ),
+        (
+            "entry type differs from mode",
+            |d, sb| {
+                let root = Inode::decode(&rd(d, sb.root_ino), sb.root_ino).unwrap();
+                let mut leaf = TreeNode::decode(&rd(d, root.tree_root), root.tree_root).unwrap();
+                if let NodeEntries::Leaf(v) = &mut leaf.entries {
+                    for (_, val) in v.iter_mut() {
+                        let mut es: Vec<DirEntry> = decode_entries(val).unwrap();
+                        for e in &mut es {
+                            if e.name == b"latest" {
+                                e.dtype = libc::DT_REG;
+                            }
+                        }
+                        *val = crate::format::dirent::encode_entries(&es);
+                    }
+                }
+                wr(d, root.tree_root, &leaf.encode());
+            },
+            FindingKind::EntryType,
+        ),
+        (
+            "directory hard link",
+            |d, sb| {
+                // Add a second entry for "docs" inside docs/deep.
+                let docs = lookup(d, sb.root_ino, "docs");
+                let deep = lookup(d, docs, "deep");
+                let di = Inode::decode(&rd(d, deep), deep).unwrap();
+                let mut leaf = TreeNode::decode(&rd(d, di.tree_root), di.tree_root).unwrap();
+                let name = b"again".to_vec();
+                let e = DirEntry {
+                    name: name.clone(),
+                    ino: docs,
+                    dtype: libc::DT_DIR,
+                };
+                let NodeEntries::Leaf(v) = &mut leaf.entries else {
+                    panic!("deep/ is one leaf")
+                };
+                let k = name_hash(&name);
+                let pos = v.partition_point(|x| x.0 < k);
+                v.insert(pos, (k, crate::format::dirent::encode_entries(&[e])));
+                wr(d, di.tree_root, &leaf.encode());
+            },
+            FindingKind::DirLinkedTwice,
+        ),
+    ];
+    for (what, damage, want) in cases {
+        let dev = SynthVolume::sample().unwrap();
+        let sb = check_volume(&dev).unwrap().superblock.unwrap();
+        damage(&dev, &sb);
+        let r = check_volume(&dev).unwrap();
+        assert!(
+            r.has(want),
+            "{what}: expected {want:?}, got:\n{}",
+            r.findings
+                .iter()
+                .map(|f| f.to_string())
+                .collect::<Vec<_>>()
+                .join("\n")
+        );
+        assert!(!r.is_clean(), "{what}");
+    }
+}
+
+#[test]
+fn cyclic_tree_terminates() {
+    let mut v = SynthVolume::new(MIN_SYNTH_BYTES).unwrap();
+    v.fanout = 2;
+    let root = v.root();
+    for i in 0..8 {
+        v.mknod(root, &format!("f{i}"), libc::S_IFIFO | 0o644, 0)
+            .unwrap();
+    }
+    let dev = v.finish().unwrap();
+    let i = Inode::decode(&rd(&dev, root), root).unwrap();
+    let mut top = TreeNode::decode(&rd(&dev, i.tree_root), i.tree_root).unwrap();
+    // Point the second child back at the first: shared subtree, reported once, not re-walked.
+    if let NodeEntries::Internal(v) = &mut top.entries {
+        v[1].1 = v[0].1;
+    }
+    wr(&dev, i.tree_root, &top.encode());
+    let r = check_volume(&dev).unwrap();
+    assert!(r.has(FindingKind::BlockShared), "{:?}", r.findings);
+}
