@@ -30,7 +30,10 @@ const DAEMON_TIMEOUT: Duration = Duration::from_secs(120);
 
 /// The workspace root (parent of this crate).
 pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("tests crate has a parent").to_path_buf()
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests crate has a parent")
+        .to_path_buf()
 }
 
 fn target_dir() -> PathBuf {
@@ -91,7 +94,11 @@ pub fn bin(name: &str) -> PathBuf {
 
 /// True if FUSE mounts can be made here (device node present and we can open it).
 pub fn fuse_available() -> bool {
-    fs::OpenOptions::new().read(true).write(true).open("/dev/fuse").is_ok()
+    fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open("/dev/fuse")
+        .is_ok()
 }
 
 /// Return early from a test (with a loud message) if FUSE is unavailable. With
@@ -169,7 +176,10 @@ pub struct CmdResult {
 impl CmdResult {
     fn from_output(o: &Output) -> Self {
         use std::os::unix::process::ExitStatusExt;
-        let code = o.status.code().unwrap_or_else(|| 128 + o.status.signal().unwrap_or(0));
+        let code = o
+            .status
+            .code()
+            .unwrap_or_else(|| 128 + o.status.signal().unwrap_or(0));
         Self {
             code,
             stdout: String::from_utf8_lossy(&o.stdout).into_owned(),
@@ -184,13 +194,20 @@ impl CmdResult {
 
 impl std::fmt::Display for CmdResult {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "exit {}\n--- stdout ---\n{}--- stderr ---\n{}", self.code, self.stdout, self.stderr)
+        write!(
+            f,
+            "exit {}\n--- stdout ---\n{}--- stderr ---\n{}",
+            self.code, self.stdout, self.stderr
+        )
     }
 }
 
 /// Run a command to completion, capturing output.
 pub fn run(cmd: &mut Command) -> CmdResult {
-    let o = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let o = cmd
+        .stdin(Stdio::null())
+        .output()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
     CmdResult::from_output(&o)
 }
 
@@ -215,7 +232,10 @@ pub struct Lun {
 impl Lun {
     /// A sparse LUN of `size` bytes.
     pub fn new(size: u64) -> Self {
-        let dir = tempfile::Builder::new().prefix("cetra-e2e-").tempdir_in(scratch_base()).expect("tempdir for LUN");
+        let dir = tempfile::Builder::new()
+            .prefix("cetra-e2e-")
+            .tempdir_in(scratch_base())
+            .expect("tempdir for LUN");
         let path = dir.path().join("lun.img");
         let f = fs::File::create(&path).expect("create LUN file");
         f.set_len(size).expect("size LUN file");
@@ -241,7 +261,12 @@ impl Lun {
     /// mkfs that must succeed.
     pub fn mkfs(&self, args: &[&str]) -> CmdResult {
         let r = self.try_mkfs(args);
-        assert_eq!(r.code, 0, "mkfs-cetra {args:?} {} failed: {r}", self.path.display());
+        assert_eq!(
+            r.code,
+            0,
+            "mkfs-cetra {args:?} {} failed: {r}",
+            self.path.display()
+        );
         r
     }
 
@@ -253,13 +278,21 @@ impl Lun {
     /// fsck -n must report a clean volume (exit 0).
     pub fn assert_fsck_clean(&self) {
         let r = self.fsck();
-        assert_eq!(r.code, 0, "fsck-cetra -n {} is not clean: {r}", self.path.display());
+        assert_eq!(
+            r.code,
+            0,
+            "fsck-cetra -n {} is not clean: {r}",
+            self.path.display()
+        );
     }
 
     /// Overwrite `data.len()` bytes at `offset` of the backing file (corruption tests).
     pub fn poke(&self, offset: u64, data: &[u8]) {
         use std::os::unix::fs::FileExt;
-        let f = fs::OpenOptions::new().write(true).open(&self.path).expect("open LUN for poke");
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(&self.path)
+            .expect("open LUN for poke");
         f.write_all_at(data, offset).expect("poke LUN");
         f.sync_all().expect("sync LUN");
     }
@@ -282,7 +315,12 @@ fn become_subreaper() {
     ONCE.get_or_init(|| {
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes no pointers and affects only this process.
         let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-        assert_eq!(r, 0, "prctl(PR_SET_CHILD_SUBREAPER): {}", io::Error::last_os_error());
+        assert_eq!(
+            r,
+            0,
+            "prctl(PR_SET_CHILD_SUBREAPER): {}",
+            io::Error::last_os_error()
+        );
     });
 }
 
@@ -307,13 +345,22 @@ pub fn mount_fstype(path: &Path) -> Option<String> {
 fn daemon_pids(mountpoint: &Path) -> Vec<i32> {
     let mp = mountpoint.as_os_str().as_bytes();
     let mut pids = Vec::new();
-    let Ok(rd) = fs::read_dir("/proc") else { return pids };
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return pids;
+    };
     for e in rd.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else { continue };
-        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else { continue };
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
+            continue;
+        };
+        let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
+            continue;
+        };
         let args: Vec<&[u8]> = cmdline.split(|&c| c == 0).collect();
         let is_daemon = args.first().is_some_and(|a0| {
-            let n = Path::new(OsStr::from_bytes(a0)).file_name().map(|n| n.as_bytes().to_vec()).unwrap_or_default();
+            let n = Path::new(OsStr::from_bytes(a0))
+                .file_name()
+                .map(|n| n.as_bytes().to_vec())
+                .unwrap_or_default();
             n.starts_with(b"mount-cetra") || n.starts_with(b"mount.cetra")
         });
         if is_daemon && args.iter().skip(1).any(|a| *a == mp) {
@@ -378,7 +425,12 @@ impl Mount {
 
     /// Mount with extra `-o` options (e.g. `["ro"]`).
     pub fn with_opts(lun: &Lun, host: &str, opts: &[&str]) -> Self {
-        match Self::try_new(lun.path(), &lun.dir().join(format!("mnt-{host}")), host, opts) {
+        match Self::try_new(
+            lun.path(),
+            &lun.dir().join(format!("mnt-{host}")),
+            host,
+            opts,
+        ) {
             Ok(m) => m,
             Err(r) => panic!("mounting {} as {host} failed: {r}", lun.path().display()),
         }
@@ -386,22 +438,38 @@ impl Mount {
 
     /// Start the daemon on `device` at `mountpoint` (created if needed). On failure returns the
     /// daemon's exit status and output (with its log file appended to stderr).
-    pub fn try_new(device: &Path, mountpoint: &Path, host: &str, opts: &[&str]) -> Result<Self, CmdResult> {
+    pub fn try_new(
+        device: &Path,
+        mountpoint: &Path,
+        host: &str,
+        opts: &[&str],
+    ) -> Result<Self, CmdResult> {
         become_subreaper();
         fs::create_dir_all(mountpoint).expect("create mountpoint");
         let mountpoint = fs::canonicalize(mountpoint).expect("canonical mountpoint");
         let log = mountpoint.with_file_name(format!(
             "{}.log",
-            mountpoint.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+            mountpoint
+                .file_name()
+                .map(|s| s.to_string_lossy().into_owned())
+                .unwrap_or_default()
         ));
         let mut o = vec![format!("host={host}")];
         o.extend(opts.iter().map(|s| (*s).to_string()));
         let mut cmd = Command::new(bin("mount-cetra"));
-        cmd.arg(device).arg(&mountpoint).arg("-o").arg(o.join(",")).env("CETRA_LOG_FILE", &log);
+        cmd.arg(device)
+            .arg(&mountpoint)
+            .arg("-o")
+            .arg(o.join(","))
+            .env("CETRA_LOG_FILE", &log);
         let started = Instant::now();
         let mut r = run(&mut cmd);
         if r.code != 0 {
-            r.stderr.push_str(&format!("--- daemon log {} ---\n{}", log.display(), read_lossy(&log)));
+            r.stderr.push_str(&format!(
+                "--- daemon log {} ---\n{}",
+                log.display(),
+                read_lossy(&log)
+            ));
             // A failed mount must not leave a daemon behind.
             for pid in daemon_pids(&mountpoint) {
                 // SAFETY: signalling a pid we found serving our private mountpoint.
@@ -426,7 +494,13 @@ impl Mount {
             mountpoint.display(),
             started.elapsed()
         );
-        Ok(Self { mountpoint, device: device.to_path_buf(), log, pid: pids[0], mounted: true })
+        Ok(Self {
+            mountpoint,
+            device: device.to_path_buf(),
+            log,
+            pid: pids[0],
+            mounted: true,
+        })
     }
 
     pub fn path(&self) -> &Path {
@@ -460,7 +534,11 @@ impl Mount {
             // Keep the daemon from lingering: lazy unmount, then wait.
             let _ = nix::mount::umount2(&self.mountpoint, nix::mount::MntFlags::MNT_DETACH);
             let st = wait_pid(self.pid, Duration::from_secs(10));
-            return Err(format!("umount {} failed: {e}; daemon {st:?}\nlog:\n{}", self.mountpoint.display(), self.log()));
+            return Err(format!(
+                "umount {} failed: {e}; daemon {st:?}\nlog:\n{}",
+                self.mountpoint.display(),
+                self.log()
+            ));
         }
         match wait_pid(self.pid, DAEMON_TIMEOUT) {
             Some(Exit::Code(0) | Exit::Unknown) => Ok(()),
@@ -518,17 +596,26 @@ pub fn umount_path(p: &Path) -> Result<(), String> {
             continue;
         }
         // Not root or no permission: try fusermount3.
-        let r = Command::new("fusermount3").arg("-u").arg(p).stdin(Stdio::null()).output();
+        let r = Command::new("fusermount3")
+            .arg("-u")
+            .arg(p)
+            .stdin(Stdio::null())
+            .output();
         return match r {
             Ok(o) if o.status.success() => Ok(()),
-            Ok(o) => Err(format!("umount: {err}; fusermount3 -u: {}", String::from_utf8_lossy(&o.stderr).trim())),
+            Ok(o) => Err(format!(
+                "umount: {err}; fusermount3 -u: {}",
+                String::from_utf8_lossy(&o.stderr).trim()
+            )),
             Err(_) => Err(format!("umount: {err}")),
         };
     }
 }
 
 pub fn read_lossy(p: &Path) -> String {
-    fs::read(p).map(|b| String::from_utf8_lossy(&b).into_owned()).unwrap_or_else(|e| format!("<{}: {e}>", p.display()))
+    fs::read(p)
+        .map(|b| String::from_utf8_lossy(&b).into_owned())
+        .unwrap_or_else(|e| format!("<{}: {e}>", p.display()))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -553,7 +640,8 @@ impl AlignedBuf {
     pub fn new(len: usize) -> Self {
         // SAFETY: the layout has non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(Self::layout(len)) };
-        let ptr = std::ptr::NonNull::new(p).unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(len)));
+        let ptr = std::ptr::NonNull::new(p)
+            .unwrap_or_else(|| std::alloc::handle_alloc_error(Self::layout(len)));
         Self { ptr, len }
     }
 }
@@ -609,7 +697,8 @@ pub fn statvfs(p: &Path) -> libc::statvfs {
     // SAFETY: zeroed statvfs is a valid out-buffer.
     let mut s: libc::statvfs = unsafe { std::mem::zeroed() };
     // SAFETY: valid C string and out-pointer.
-    cvt(unsafe { libc::statvfs(c.as_ptr(), &raw mut s) }).unwrap_or_else(|e| panic!("statvfs {}: {e}", p.display()));
+    cvt(unsafe { libc::statvfs(c.as_ptr(), &raw mut s) })
+        .unwrap_or_else(|e| panic!("statvfs {}: {e}", p.display()));
     s
 }
 
@@ -625,7 +714,10 @@ pub fn lstat(p: &Path) -> io::Result<libc::stat> {
 
 /// Seed for a randomized test: `$CETRA_SEED` if set, else random. Printed so failures can be replayed.
 pub fn seed(test: &str) -> u64 {
-    let s = std::env::var("CETRA_SEED").ok().and_then(|v| v.parse().ok()).unwrap_or_else(rand::random);
+    let s = std::env::var("CETRA_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(rand::random);
     eprintln!("{test}: seed {s} (replay with CETRA_SEED={s})");
     let _ = io::stderr().flush();
     s
@@ -672,7 +764,16 @@ pub fn set_xattr(p: &Path, name: &[u8], value: &[u8], flags: libc::c_int) -> io:
     let c = cstr(p);
     let cn = CString::new(name).expect("xattr name without NUL");
     // SAFETY: valid C strings and value buffer.
-    cvt(unsafe { libc::lsetxattr(c.as_ptr(), cn.as_ptr(), value.as_ptr().cast(), value.len(), flags) }).map(|_| ())
+    cvt(unsafe {
+        libc::lsetxattr(
+            c.as_ptr(),
+            cn.as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            flags,
+        )
+    })
+    .map(|_| ())
 }
 
 pub fn remove_xattr(p: &Path, name: &[u8]) -> io::Result<()> {
@@ -693,7 +794,10 @@ pub fn have_command(cmd: &str) -> bool {
 
 /// Read every extent of inode `ino` from an (unmounted) volume image: inline extents or the
 /// extent tree. Used by tests that check allocation quality from outside.
-pub fn read_extents(device: &Path, ino: u64) -> anyhow::Result<Vec<cetrafs_core::format::extent::Extent>> {
+pub fn read_extents(
+    device: &Path,
+    ino: u64,
+) -> anyhow::Result<Vec<cetrafs_core::format::extent::Extent>> {
     use cetrafs_core::format::extent::Extent;
     use cetrafs_core::format::inode::{flags, Inode};
     use cetrafs_core::format::tree_node::{NodeEntries, TreeNode};
@@ -706,7 +810,11 @@ pub fn read_extents(device: &Path, ino: u64) -> anyhow::Result<Vec<cetrafs_core:
         Ok(buf)
     };
     let inode = Inode::decode(&block(ino)?, ino)?;
-    anyhow::ensure!(inode.is_reg(), "inode {ino} is not a regular file (mode {:o})", inode.mode);
+    anyhow::ensure!(
+        inode.is_reg(),
+        "inode {ino} is not a regular file (mode {:o})",
+        inode.mode
+    );
     if inode.flags & flags::INLINE_EXTENTS != 0 {
         return Ok(inode.inline_extents);
     }
@@ -718,7 +826,10 @@ pub fn read_extents(device: &Path, ino: u64) -> anyhow::Result<Vec<cetrafs_core:
     let mut visited = 0usize;
     while let Some(b) = stack.pop() {
         visited += 1;
-        anyhow::ensure!(visited < 1_000_000, "extent tree of inode {ino} too large or cyclic");
+        anyhow::ensure!(
+            visited < 1_000_000,
+            "extent tree of inode {ino} too large or cyclic"
+        );
         let node = TreeNode::decode(&block(b)?, b)?;
         match node.entries {
             NodeEntries::Leaf(v) => {
@@ -739,7 +850,8 @@ pub fn physical_runs(ext: &[cetrafs_core::format::extent::Extent]) -> usize {
     let mut runs = 0;
     let mut prev: Option<&cetrafs_core::format::extent::Extent> = None;
     for e in ext {
-        let contiguous = prev.is_some_and(|p| p.end() == e.logical && p.physical + u64::from(p.len) == e.physical);
+        let contiguous = prev
+            .is_some_and(|p| p.end() == e.logical && p.physical + u64::from(p.len) == e.physical);
         if !contiguous {
             runs += 1;
         }

@@ -43,7 +43,8 @@ fn open(path: &Path, direct: bool) -> File {
     if direct {
         o.custom_flags(libc::O_DIRECT);
     }
-    o.open(path).unwrap_or_else(|e| panic!("open {} (direct={direct}): {e}", path.display()))
+    o.open(path)
+        .unwrap_or_else(|e| panic!("open {} (direct={direct}): {e}", path.display()))
 }
 
 impl Fsx {
@@ -113,7 +114,9 @@ impl Fsx {
         let o = match self.rng.gen_range(0..8) {
             0 if size > 0 => size.saturating_sub(self.rng.gen_range(0..8192)),
             1 => self.rng.gen_range(0..=max / 4096) * 4096,
-            2 => (self.rng.gen_range(0..=max / 4096) * 4096).saturating_sub(self.rng.gen_range(0..3)),
+            2 => {
+                (self.rng.gen_range(0..=max / 4096) * 4096).saturating_sub(self.rng.gen_range(0..3))
+            }
             _ => self.rng.gen_range(0..=max),
         };
         o.min(max)
@@ -130,15 +133,26 @@ impl Fsx {
     }
 
     fn check_size(&mut self, after: &str) {
-        let st = self.buffered.metadata().unwrap_or_else(|e| self.fail(&format!("fstat after {after}: {e}")));
+        let st = self
+            .buffered
+            .metadata()
+            .unwrap_or_else(|e| self.fail(&format!("fstat after {after}: {e}")));
         if st.len() != self.size() {
-            let msg = format!("size after {after}: file {} model {}", st.len(), self.size());
+            let msg = format!(
+                "size after {after}: file {} model {}",
+                st.len(),
+                self.size()
+            );
             self.fail(&msg);
         }
     }
 
     fn op_write(&mut self) {
-        let via = if self.rng.gen_bool(0.5) { Via::Direct } else { Via::Buffered };
+        let via = if self.rng.gen_bool(0.5) {
+            Via::Direct
+        } else {
+            Via::Buffered
+        };
         let len = self.rand_len();
         let off = self.rand_off(MAXLEN - 1);
         let (off, mut len) = Self::align_for(via, off, len);
@@ -156,7 +170,10 @@ impl Fsx {
         if len >= 8 {
             data[..8].copy_from_slice(&tag.to_le_bytes());
         }
-        self.note(format!("write {via:?} off {off:#x} len {len:#x} (end {:#x})", off + len));
+        self.note(format!(
+            "write {via:?} off {off:#x} len {len:#x} (end {:#x})",
+            off + len
+        ));
         let r = self.fd(via).write_at(&data, off);
         match r {
             Ok(n) if n as u64 == len => {}
@@ -176,10 +193,16 @@ impl Fsx {
         let r = self.fd(via).read_at(&mut buf, off);
         let n = match r {
             Ok(n) => n,
-            Err(e) => self.fail(&format!("{what}: read {via:?} off {off:#x} len {len:#x}: {e}")),
+            Err(e) => self.fail(&format!(
+                "{what}: read {via:?} off {off:#x} len {len:#x}: {e}"
+            )),
         };
         let size = self.size();
-        let expect_n = if off >= size { 0 } else { (size - off).min(len) } as usize;
+        let expect_n = if off >= size {
+            0
+        } else {
+            (size - off).min(len)
+        } as usize;
         if n != expect_n {
             // A short read before EOF is legal for read(2) in general but not for a regular
             // file on a local filesystem; report it.
@@ -187,10 +210,23 @@ impl Fsx {
         }
         let want = &self.model[off as usize..off as usize + n];
         if buf[..n] != *want {
-            let first = buf[..n].iter().zip(want).position(|(a, b)| a != b).unwrap_or(0);
-            let last = buf[..n].iter().zip(want).rposition(|(a, b)| a != b).unwrap_or(0);
+            let first = buf[..n]
+                .iter()
+                .zip(want)
+                .position(|(a, b)| a != b)
+                .unwrap_or(0);
+            let last = buf[..n]
+                .iter()
+                .zip(want)
+                .rposition(|(a, b)| a != b)
+                .unwrap_or(0);
             let at = off as usize + first;
-            let show = |s: &[u8]| s.iter().take(16).map(|b| format!("{b:02x}")).collect::<String>();
+            let show = |s: &[u8]| {
+                s.iter()
+                    .take(16)
+                    .map(|b| format!("{b:02x}"))
+                    .collect::<String>()
+            };
             self.fail(&format!(
                 "{what}: DATA MISMATCH reading {via:?} off {off:#x} len {len:#x}: first bad byte at file offset {at:#x}, \
                  last at {:#x}; got {} expected {}",
@@ -202,7 +238,11 @@ impl Fsx {
     }
 
     fn op_read(&mut self) {
-        let via = if self.rng.gen_bool(0.5) { Via::Direct } else { Via::Buffered };
+        let via = if self.rng.gen_bool(0.5) {
+            Via::Direct
+        } else {
+            Via::Buffered
+        };
         let len = self.rand_len();
         let max = self.size().max(1) + 4096;
         let off = self.rand_off(max);
@@ -219,8 +259,15 @@ impl Fsx {
             2 => (self.size() + self.rng.gen_range(0..=65536)).min(MAXLEN),
             _ => self.rng.gen_range(0..=MAXLEN),
         };
-        let via = if self.rng.gen_bool(0.5) { Via::Direct } else { Via::Buffered };
-        self.note(format!("truncate {via:?} from {:#x} to {new:#x}", self.size()));
+        let via = if self.rng.gen_bool(0.5) {
+            Via::Direct
+        } else {
+            Via::Buffered
+        };
+        self.note(format!(
+            "truncate {via:?} from {:#x} to {new:#x}",
+            self.size()
+        ));
         if let Err(e) = self.fd(via).set_len(new) {
             self.fail(&format!("ftruncate to {new}: {e}"));
         }
@@ -237,12 +284,25 @@ impl Fsx {
         let (mode, name) = match self.rng.gen_range(0..5) {
             0 => (0, "falloc"),
             1 => (libc::FALLOC_FL_KEEP_SIZE, "falloc-keep"),
-            2 => (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE, "punch"),
+            2 => (
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                "punch",
+            ),
             3 => (libc::FALLOC_FL_ZERO_RANGE, "zero"),
-            _ => (libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE, "zero-keep"),
+            _ => (
+                libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
+                "zero-keep",
+            ),
         };
-        let via = if self.rng.gen_bool(0.5) { Via::Direct } else { Via::Buffered };
-        self.note(format!("fallocate {name} {via:?} off {off:#x} len {len:#x} (end {:#x})", off + len));
+        let via = if self.rng.gen_bool(0.5) {
+            Via::Direct
+        } else {
+            Via::Buffered
+        };
+        self.note(format!(
+            "fallocate {name} {via:?} off {off:#x} len {len:#x} (end {:#x})",
+            off + len
+        ));
         let fd = self.fd(via).as_raw_fd();
         #[allow(clippy::cast_possible_wrap)] // both < 4 MiB
         // SAFETY: plain syscall on an open fd.
@@ -280,7 +340,11 @@ impl Fsx {
 
     fn op_seek(&mut self) {
         let size = self.size();
-        let off = if self.rng.gen_range(0..10) == 0 { size + self.rng.gen_range(0..3) } else { self.rand_off(size) };
+        let off = if self.rng.gen_range(0..10) == 0 {
+            size + self.rng.gen_range(0..3)
+        } else {
+            self.rand_off(size)
+        };
         self.note(format!("seek data/hole from {off:#x} (size {size:#x})"));
         let data = self.lseek(libc::SEEK_DATA, off);
         let hole = self.lseek(libc::SEEK_HOLE, off);
@@ -298,9 +362,14 @@ impl Fsx {
             Err(e) => self.fail(&format!("SEEK_DATA at {off:#x}: errno {e}")),
         };
         if d < off || d > size {
-            self.fail(&format!("SEEK_DATA at {off:#x} returned {d:#x} outside [{off:#x}, size {size:#x}]"));
+            self.fail(&format!(
+                "SEEK_DATA at {off:#x} returned {d:#x} outside [{off:#x}, size {size:#x}]"
+            ));
         }
-        if let Some(p) = self.model[off as usize..d as usize].iter().position(|&b| b != 0) {
+        if let Some(p) = self.model[off as usize..d as usize]
+            .iter()
+            .position(|&b| b != 0)
+        {
             self.fail(&format!(
                 "SEEK_DATA at {off:#x} returned {d:#x} but the model has data at {:#x} (data reported as hole)",
                 off as usize + p
@@ -312,7 +381,9 @@ impl Fsx {
             Err(e) => self.fail(&format!("SEEK_HOLE at {off:#x}: errno {e}")),
         };
         if h < off || h > size {
-            self.fail(&format!("SEEK_HOLE at {off:#x} returned {h:#x} outside [{off:#x}, size {size:#x}]"));
+            self.fail(&format!(
+                "SEEK_HOLE at {off:#x} returned {h:#x} outside [{off:#x}, size {size:#x}]"
+            ));
         }
         if h < size {
             let d2 = match self.lseek(libc::SEEK_DATA, h) {
@@ -321,9 +392,14 @@ impl Fsx {
                 Err(e) => self.fail(&format!("SEEK_DATA at hole {h:#x}: errno {e}")),
             };
             if d2 <= h {
-                self.fail(&format!("SEEK_HOLE at {off:#x} said hole at {h:#x} but SEEK_DATA({h:#x}) = {d2:#x}"));
+                self.fail(&format!(
+                    "SEEK_HOLE at {off:#x} said hole at {h:#x} but SEEK_DATA({h:#x}) = {d2:#x}"
+                ));
             }
-            if let Some(p) = self.model[h as usize..d2 as usize].iter().position(|&b| b != 0) {
+            if let Some(p) = self.model[h as usize..d2 as usize]
+                .iter()
+                .position(|&b| b != 0)
+            {
                 self.fail(&format!(
                     "hole [{h:#x}, {d2:#x}) reported by SEEK_HOLE({off:#x}) but the model has data at {:#x}",
                     h as usize + p
@@ -334,10 +410,21 @@ impl Fsx {
     }
 
     fn op_fsync(&mut self) {
-        let via = if self.rng.gen_bool(0.5) { Via::Direct } else { Via::Buffered };
+        let via = if self.rng.gen_bool(0.5) {
+            Via::Direct
+        } else {
+            Via::Buffered
+        };
         let datasync = self.rng.gen_bool(0.5);
-        self.note(format!("{} {via:?}", if datasync { "fdatasync" } else { "fsync" }));
-        let r = if datasync { self.fd(via).sync_data() } else { self.fd(via).sync_all() };
+        self.note(format!(
+            "{} {via:?}",
+            if datasync { "fdatasync" } else { "fsync" }
+        ));
+        let r = if datasync {
+            self.fd(via).sync_data()
+        } else {
+            self.fd(via).sync_all()
+        };
         if let Err(e) = r {
             self.fail(&format!("fsync: {e}"));
         }
@@ -385,7 +472,10 @@ impl Fsx {
 #[test]
 fn fsx_random_data_path() {
     require_fuse!();
-    let ops: u64 = std::env::var("CETRA_FSX_OPS").ok().and_then(|v| v.parse().ok()).unwrap_or(100_000);
+    let ops: u64 = std::env::var("CETRA_FSX_OPS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(100_000);
     let seed = seed("fsx");
     let lun = Lun::new(2 << 30);
     lun.mkfs(&["-q", "-L", "fsx"]);
@@ -397,11 +487,20 @@ fn fsx_random_data_path() {
         fsx.step();
         if i % 10_000 == 9_999 {
             fsx.verify_all("periodic verify");
-            eprintln!("fsx: {} ops in {}, size {}", i + 1, secs(started.elapsed()), fsx.size());
+            eprintln!(
+                "fsx: {} ops in {}, size {}",
+                i + 1,
+                secs(started.elapsed()),
+                fsx.size()
+            );
         }
     }
     fsx.verify_all("final verify");
-    eprintln!("fsx: {ops} ops in {} (seed {seed}): {:?}", secs(started.elapsed()), fsx.counts);
+    eprintln!(
+        "fsx: {ops} ops in {} (seed {seed}): {:?}",
+        secs(started.elapsed()),
+        fsx.counts
+    );
 
     // Close, unmount, remount and compare everything again.
     let model = std::mem::take(&mut fsx.model);

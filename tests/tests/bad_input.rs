@@ -1,0 +1,215 @@
+//! Hostile and mistaken inputs: mkfs over another filesystem, mounting garbage, damaged
+//! superblocks (fallback to the backup), and fsck of a damaged volume.
+
+use cetrafs_core::format::superblock::Superblock;
+use cetrafs_core::format::FS_BLOCK;
+use cetrafs_tests::{bin, lstat, mount_fstype, require_fuse, run, Lun, Mount};
+use std::process::Command;
+
+const LUN_SIZE: u64 = 2 << 30;
+
+fn superblock(lun: &Lun, at: u64) -> Result<Superblock, String> {
+    Superblock::decode(&lun.peek(at, 4096)).map_err(|e| e.to_string())
+}
+
+fn backup_offset(lun: &Lun) -> u64 {
+    (lun.size() / FS_BLOCK - 1) * FS_BLOCK
+}
+
+/// The mount must fail with a one-line, non-empty error, and leave nothing mounted.
+fn assert_mount_fails(lun: &Lun, expect_words: &[&str]) -> String {
+    let mp = lun.dir().join("mnt-bad");
+    let r = match Mount::try_new(lun.path(), &mp, "bad", &[]) {
+        Ok(m) => {
+            drop(m);
+            panic!(
+                "mounting {} succeeded but should have failed",
+                lun.path().display()
+            );
+        }
+        Err(r) => r,
+    };
+    assert_ne!(r.code, 0);
+    assert!(
+        mount_fstype(&mp).is_none(),
+        "a failed mount left {} mounted",
+        mp.display()
+    );
+    // The daemon's own stderr: exactly one line (the log file is appended after a marker).
+    let own = r
+        .stderr
+        .split("--- daemon log")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    let lines: Vec<&str> = own.lines().filter(|l| !l.trim().is_empty()).collect();
+    assert_eq!(lines.len(), 1, "expected a one-line error, got:\n{own}");
+    let lower = own.to_lowercase();
+    assert!(
+        expect_words.iter().any(|w| lower.contains(w)),
+        "error '{own}' should mention one of {expect_words:?}"
+    );
+    own
+}
+
+#[test]
+fn mkfs_refuses_ext4_without_force() {
+    require_fuse!();
+    let lun = Lun::new(LUN_SIZE);
+    let r = run(Command::new("mkfs.ext4").args(["-F", "-q"]).arg(lun.path()));
+    assert_eq!(r.code, 0, "mkfs.ext4: {r}");
+    let ext4_sb = lun.peek(1024, 1024);
+    let r = lun.try_mkfs(&["-q"]);
+    assert_eq!(r.code, 1, "mkfs over ext4 without --force must exit 1: {r}");
+    assert!(
+        r.output().to_lowercase().contains("ext4"),
+        "message should name ext4: {r}"
+    );
+    assert_eq!(
+        lun.peek(1024, 1024),
+        ext4_sb,
+        "a refused mkfs must not touch the device"
+    );
+    let r = lun.try_mkfs(&["-q", "--force"]);
+    assert_eq!(r.code, 0, "mkfs --force over ext4: {r}");
+    // And the result is a working, clean volume.
+    let m = Mount::new(&lun, "after-ext4");
+    std::fs::write(m.p("hello"), b"world").expect("write");
+    m.unmount();
+    lun.assert_fsck_clean();
+    // A CetraFS is an existing signature too.
+    let r = lun.try_mkfs(&["-q"]);
+    assert_eq!(
+        r.code, 1,
+        "mkfs over an existing CetraFS without --force must exit 1: {r}"
+    );
+    assert!(
+        superblock(&lun, 0).is_ok(),
+        "the refused mkfs damaged the volume"
+    );
+}
+
+#[test]
+fn mount_of_zeroed_file_fails_cleanly() {
+    require_fuse!();
+    let lun = Lun::new(LUN_SIZE);
+    let msg = assert_mount_fails(&lun, &["superblock", "cetrafs", "magic"]);
+    eprintln!("zeroed device: {msg}");
+    // A missing device too.
+    let missing = lun.dir().join("does-not-exist.img");
+    let r = Mount::try_new(&missing, &lun.dir().join("mnt-missing"), "bad", &[])
+        .expect_err("mount of a missing file");
+    let own = r
+        .stderr
+        .split("--- daemon log")
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_string();
+    assert_eq!(
+        own.lines().count(),
+        1,
+        "one-line error for a missing device: {own}"
+    );
+    // fsck of a zeroed device is not a clean filesystem.
+    let f = lun.fsck();
+    assert!(
+        f.code == 4 || f.code == 8,
+        "fsck -n of a zeroed device must fail (4 or 8): {f}"
+    );
+}
+
+#[test]
+fn damaged_primary_superblock_falls_back_to_backup() {
+    require_fuse!();
+    let lun = Lun::new(LUN_SIZE);
+    lun.mkfs(&["-q", "-L", "fallback"]);
+    let m = Mount::new(&lun, "n1");
+    std::fs::write(m.p("before"), b"written before the damage").expect("write");
+    m.unmount();
+    lun.assert_fsck_clean();
+
+    // Flip bytes inside the primary (keep the magic, so it is "a damaged CetraFS").
+    let mut sb = lun.peek(0, 4096);
+    sb[200] ^= 0xff;
+    sb[1000] ^= 0x55;
+    lun.poke(0, &sb);
+    assert!(
+        superblock(&lun, 0).is_err(),
+        "the primary should now be invalid"
+    );
+    assert!(
+        superblock(&lun, backup_offset(&lun)).is_ok(),
+        "the backup must still be valid"
+    );
+
+    let m = Mount::new(&lun, "n1");
+    assert_eq!(
+        std::fs::read(m.p("before")).expect("read after fallback"),
+        b"written before the damage"
+    );
+    std::fs::write(m.p("after"), b"written on the backup").expect("write");
+    m.unmount();
+    // fsck -n agrees with the on-disk state: clean if the mount repaired the primary,
+    // errors (4) if the primary is still damaged.
+    let f = lun.fsck();
+    match superblock(&lun, 0) {
+        Ok(_) => assert_eq!(f.code, 0, "primary repaired but fsck is not clean: {f}"),
+        Err(e) => {
+            eprintln!("NOTE: mount did not repair the primary superblock ({e})");
+            assert_eq!(
+                f.code, 4,
+                "damaged primary superblock: fsck -n must report errors (4): {f}"
+            );
+        }
+    }
+    // Remount still works and sees both files.
+    let m = Mount::new(&lun, "n1");
+    assert!(lstat(&m.p("before")).is_ok() && lstat(&m.p("after")).is_ok());
+    m.unmount();
+
+    // Both copies damaged: the mount fails with a clear message.
+    let mut b = lun.peek(backup_offset(&lun), 4096);
+    b[300] ^= 0xff;
+    lun.poke(backup_offset(&lun), &b);
+    let mut p = lun.peek(0, 4096);
+    p[300] ^= 0xff;
+    lun.poke(0, &p);
+    let msg = assert_mount_fails(&lun, &["superblock"]);
+    eprintln!("both superblocks damaged: {msg}");
+    let f = lun.fsck();
+    assert!(
+        f.code == 4 || f.code == 8,
+        "fsck -n with both superblocks damaged must fail: {f}"
+    );
+}
+
+#[test]
+fn fsck_detects_corruption() {
+    require_fuse!();
+    let lun = Lun::new(LUN_SIZE);
+    lun.mkfs(&["-q"]);
+    let m = Mount::new(&lun, "n1");
+    std::fs::create_dir(m.p("dir")).expect("mkdir");
+    for i in 0..20 {
+        std::fs::write(m.p(format!("dir/f{i}")), vec![i as u8; 10_000]).expect("write");
+    }
+    let ino = lstat(&m.p("dir/f7")).expect("stat").st_ino;
+    m.unmount();
+    lun.assert_fsck_clean();
+    // Damage one file's inode block (the inode number is its block number): fsck must say 4.
+    let off = ino * FS_BLOCK + 64; // inside the inode body (the size field)
+    let mut b = lun.peek(off, 8);
+    b[0] ^= 0x5a;
+    lun.poke(off, &b);
+    let f = lun.fsck();
+    assert_eq!(
+        f.code, 4,
+        "fsck -n of a volume with a damaged inode must exit 4: {f}"
+    );
+    // And fsck -n did not modify anything (read-only mode).
+    assert_eq!(lun.peek(off, 8), b, "fsck -n wrote to the device");
+    let out = run(Command::new(bin("fsck-cetra")).arg("-n").arg(lun.path()));
+    assert_eq!(out.code, 4, "fsck -n is repeatable: {out}");
+}
