@@ -1,1 +1,202 @@
-fn main() {}
+//! `fsck.cetra`: check a CetraFS volume offline. Read-only for now: repair is not implemented,
+//! so `-n` is the mode it always runs in.
+//!
+//! Exit codes follow e2fsck: 0 no errors, 4 errors left uncorrected, 8 operational error (cannot
+//! open or read the device, not a CetraFS volume, unsupported features), 16 usage error.
+//! Run it only while no node has the volume mounted: a live volume changes under the check.
+
+use cetrafs_core::check::{self, Pass, Report, Severity};
+use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
+use cetrafs_core::dev::{AlignedBuf, BlockDevice};
+use cetrafs_core::format::superblock::Superblock;
+use cetrafs_core::format::FS_BLOCK_SIZE;
+use cetrafs_core::ErrorKind;
+use clap::Parser;
+use std::io::IsTerminal;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const EXIT_CLEAN: u8 = 0;
+const EXIT_UNCORRECTED: u8 = 4;
+const EXIT_OPERATIONAL: u8 = 8;
+const EXIT_USAGE: u8 = 16;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "fsck.cetra",
+    version,
+    about = "Check a CetraFS volume (read-only)"
+)]
+struct Cli {
+    /// Check only, change nothing (the only mode implemented).
+    #[arg(short = 'n')]
+    no_change: bool,
+    /// Force a full check (every check is full; accepted for fsck(8) compatibility).
+    #[arg(short = 'f')]
+    force: bool,
+    /// Repair without asking: not implemented yet.
+    #[arg(short = 'y')]
+    yes: bool,
+    /// Repair automatically (fsck -a / -p): not implemented yet.
+    #[arg(short = 'p', short_alias = 'a')]
+    preen: bool,
+    /// Print only findings and the summary line.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Block device or image file holding the volume.
+    device: PathBuf,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() {
+                EXIT_USAGE
+            } else {
+                EXIT_CLEAN
+            };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    ExitCode::from(run(&cli))
+}
+
+fn run(cli: &Cli) -> u8 {
+    if cli.yes || cli.preen {
+        eprintln!(
+            "fsck.cetra: repair is not implemented yet; run with -n to check {} read-only",
+            cli.device.display()
+        );
+        return EXIT_USAGE;
+    }
+    if !cli.no_change && !cli.quiet {
+        eprintln!("fsck.cetra: repair is not implemented yet; checking read-only as with -n");
+    }
+    let shown = cli.device.display().to_string();
+    let dev = match open(&cli.device) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("fsck.cetra: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let tty = std::io::stderr().is_terminal() && !cli.quiet;
+    let result = check::check_volume_with(&dev, &mut |p: Pass| {
+        if tty {
+            eprintln!("{p}");
+        }
+    });
+    let report = match result {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fsck.cetra: {shown}: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    for f in &report.findings {
+        println!("{f}");
+    }
+    print_summary(&shown, &report);
+    if report.is_clean() {
+        EXIT_CLEAN
+    } else {
+        EXIT_UNCORRECTED
+    }
+}
+
+fn print_summary(dev: &str, r: &Report) {
+    let s = &r.stats;
+    let errors = r.errors().count();
+    let warnings = r
+        .findings
+        .iter()
+        .filter(|f| f.severity == Severity::Warning)
+        .count();
+    let label = r
+        .superblock
+        .as_ref()
+        .map(|sb| {
+            if sb.label.is_empty() {
+                String::new()
+            } else {
+                format!(" [{}]", sb.label)
+            }
+        })
+        .unwrap_or_default();
+    println!(
+        "{dev}{label}: {} inodes ({} directories, {} files, {} symlinks, {} other), {}/{} blocks used",
+        s.inodes, s.directories, s.regular_files, s.symlinks, s.special_files, s.used_blocks, s.group_area_blocks
+    );
+    if errors == 0 {
+        println!(
+            "{dev}: clean{}",
+            if warnings > 0 {
+                format!(" ({warnings} warnings)")
+            } else {
+                String::new()
+            }
+        );
+    } else {
+        println!(
+            "{dev}: {errors} error{} found{}; not repaired (repair is not implemented yet)",
+            if errors == 1 { "" } else { "s" },
+            if warnings > 0 {
+                format!(", {warnings} warnings")
+            } else {
+                String::new()
+            }
+        );
+    }
+}
+
+/// Open read-only with O_DIRECT. A regular file has no logical block size of its own, so it is
+/// opened with the one its superblock records (the checker compares the two); files on
+/// filesystems without O_DIRECT (tmpfs) fall back to buffered reads.
+fn open(path: &Path) -> Result<FileDevice, String> {
+    let is_file = std::fs::metadata(path)
+        .map_err(|e| format!("cannot access {}: {e}", path.display()))?
+        .is_file();
+    let mut opts = FileDeviceOptions {
+        read_only: true,
+        file_logical_block_size: 512,
+        direct: true,
+    };
+    let mut dev = match FileDevice::open(path, &opts) {
+        Err(e) if is_file && e.kind() == ErrorKind::Unsupported => {
+            opts.direct = false;
+            FileDevice::open(path, &opts)
+        }
+        r => r,
+    }
+    .map_err(|e| e.to_string())?;
+    if is_file {
+        let mut b = AlignedBuf::new(FS_BLOCK_SIZE);
+        if dev.geometry().size_bytes >= FS_BLOCK_SIZE as u64 && dev.read_at(0, &mut b).is_ok() {
+            if let Ok(sb) = Superblock::decode(&b) {
+                if sb.logical_block_size != 512 {
+                    opts.file_logical_block_size = sb.logical_block_size;
+                    dev = FileDevice::open(path, &opts).map_err(|e| e.to_string())?;
+                }
+            }
+        }
+    }
+    Ok(dev)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cli_flags() {
+        let c = Cli::try_parse_from(["fsck.cetra", "-n", "-f", "/dev/x"]).unwrap();
+        assert!(c.no_change && c.force && !c.yes);
+        let c = Cli::try_parse_from(["fsck.cetra", "-y", "/dev/x"]).unwrap();
+        assert_eq!(run(&c), EXIT_USAGE);
+        let c = Cli::try_parse_from(["fsck.cetra", "-a", "/dev/x"]).unwrap();
+        assert!(c.preen);
+        assert!(Cli::try_parse_from(["fsck.cetra", "-n"]).is_err());
+    }
+}

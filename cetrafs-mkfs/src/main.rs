@@ -1,1 +1,451 @@
-fn main() {}
+//! `mkfs.cetra`: create a CetraFS volume on a shared LUN (or a regular file for testing).
+//!
+//! Exit codes: 0 success, 1 usage error or refusal (existing data without `--force`, device
+//! too small, bad option values), 8 operational error (I/O, device cannot be opened).
+
+use anyhow::anyhow;
+use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
+use cetrafs_core::dev::BlockDevice;
+use cetrafs_core::format::superblock::Superblock;
+use cetrafs_core::format::FS_BLOCK;
+use cetrafs_core::mkfs::{self, MkfsOptions};
+use cetrafs_core::{probe, ErrorKind};
+use clap::Parser;
+use std::io::IsTerminal;
+use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+const EXIT_USAGE: u8 = 1;
+const EXIT_OPERATIONAL: u8 = 8;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "mkfs.cetra",
+    version,
+    about = "Create a CetraFS shared-disk filesystem"
+)]
+struct Cli {
+    /// Volume label (up to 64 bytes).
+    #[arg(short = 'L', long = "label", default_value = "")]
+    label: String,
+    /// Most nodes that can mount at once (one journal each).
+    #[arg(short = 'N', long = "max-nodes", default_value_t = mkfs::DEFAULT_MAX_NODES)]
+    max_nodes: u32,
+    /// Journal size per node (K/M/G suffixes).
+    #[arg(long = "journal-size", value_parser = parse_size, default_value = "64M")]
+    journal_size: u64,
+    /// Allocation group size (K/M/G suffixes; default: up to 1G, at least 8 groups).
+    #[arg(long = "group-size", value_parser = parse_size)]
+    group_size: Option<u64>,
+    /// Heartbeat renewal interval in milliseconds.
+    #[arg(long = "heartbeat-interval", value_name = "MS", default_value_t = mkfs::DEFAULT_HEARTBEAT_INTERVAL_MS)]
+    heartbeat_interval: u32,
+    /// Deadline for one I/O in milliseconds; a node that cannot write its heartbeat within it
+    /// is considered dead.
+    #[arg(long = "io-timeout", value_name = "MS", default_value_t = mkfs::DEFAULT_IO_TIMEOUT_MS)]
+    io_timeout: u32,
+    /// Logical block size to use for a regular file (block devices report their own).
+    #[arg(long = "logical-block-size", value_parser = ["512", "4096"])]
+    logical_block_size: Option<String>,
+    /// Overwrite existing filesystems, partition tables or volume labels.
+    #[arg(short = 'f', long)]
+    force: bool,
+    /// Print nothing but errors.
+    #[arg(short, long)]
+    quiet: bool,
+    /// Block device (or regular file) to format.
+    device: PathBuf,
+}
+
+/// "64M" → 67108864. Suffixes are binary (K = 1024); "B"/"iB" after the suffix is accepted.
+fn parse_size(s: &str) -> Result<u64, String> {
+    let t = s.trim();
+    let t = t
+        .strip_suffix("iB")
+        .or_else(|| t.strip_suffix('B'))
+        .unwrap_or(t);
+    let (num, shift) = match t.char_indices().last() {
+        Some((i, c)) if c.is_ascii_alphabetic() => {
+            let shift = match c.to_ascii_uppercase() {
+                'K' => 10,
+                'M' => 20,
+                'G' => 30,
+                'T' => 40,
+                _ => {
+                    return Err(format!(
+                        "unknown size suffix {c:?} in {s:?} (use K, M, G or T)"
+                    ))
+                }
+            };
+            (&t[..i], shift)
+        }
+        _ => (t, 0),
+    };
+    let n: u64 = num
+        .trim()
+        .parse()
+        .map_err(|_| format!("{s:?} is not a size (e.g. 512M, 4G)"))?;
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {s:?} is too large"))
+}
+
+fn human(bytes: u64) -> String {
+    const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
+    let mut v = bytes as f64;
+    let mut u = 0;
+    while v >= 1024.0 && u + 1 < UNITS.len() {
+        v /= 1024.0;
+        u += 1;
+    }
+    if u == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[u])
+    }
+}
+
+/// How a volume on this device can be shared between hosts.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Sharing {
+    /// Atomic COMPARE AND WRITE reaches the target: safe for several hosts. Produced once the
+    /// SG_IO probe is wired into [`probe_scsi_compare_and_write`].
+    #[allow(dead_code)]
+    MultiHost,
+    /// Only hosts-local atomicity; the reason says why.
+    SingleHost(String),
+}
+
+impl std::fmt::Display for Sharing {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::MultiHost => f.write_str("multi-host (SCSI COMPARE AND WRITE)"),
+            Self::SingleHost(why) => write!(f, "single-host ({why})"),
+        }
+    }
+}
+
+/// Whether `path` is a SCSI disk (sd*): the only kind of device where a real COMPARE AND
+/// WRITE can exist.
+fn is_scsi_disk(meta: &std::fs::Metadata) -> bool {
+    if !meta.file_type().is_block_device() {
+        return false;
+    }
+    let rdev = meta.rdev();
+    let sys = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
+    // Partitions have their disk's device link one level up.
+    Path::new(&sys).join("device/scsi_device").exists()
+        || Path::new(&sys).join("../device/scsi_device").exists()
+}
+
+/// Probe whether the LUN executes SCSI COMPARE AND WRITE, which multi-host locking needs.
+///
+/// Regular files and non-SCSI block devices can only ever be single-host. For SCSI disks the
+/// real probe (issue COMPARE AND WRITE through SG_IO on the superblock's probe block) is not
+/// wired in yet, and the device layer this mkfs writes through emulates CAW host-locally, so
+/// they are reported as single-host too, with that reason.
+fn probe_scsi_compare_and_write(meta: &std::fs::Metadata) -> Sharing {
+    if !is_scsi_disk(meta) {
+        return Sharing::SingleHost("no SCSI COMPARE AND WRITE".into());
+    }
+    Sharing::SingleHost("SCSI disk, COMPARE AND WRITE not probed by this version".into())
+}
+
+/// An error with the exit code it should produce.
+struct Failure {
+    code: u8,
+    err: anyhow::Error,
+}
+
+fn usage(err: anyhow::Error) -> Failure {
+    Failure {
+        code: EXIT_USAGE,
+        err,
+    }
+}
+
+fn operational(err: anyhow::Error) -> Failure {
+    Failure {
+        code: EXIT_OPERATIONAL,
+        err,
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let code = if e.use_stderr() { EXIT_USAGE } else { 0 };
+            let _ = e.print();
+            return ExitCode::from(code);
+        }
+    };
+    match run(&cli) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            eprintln!("mkfs.cetra: {:#}", f.err);
+            ExitCode::from(f.code)
+        }
+    }
+}
+
+fn validate(cli: &Cli) -> Result<MkfsOptions, Failure> {
+    if cli.journal_size < (1 << 20) || cli.journal_size % FS_BLOCK != 0 {
+        return Err(usage(anyhow!(
+            "--journal-size must be at least 1M and a multiple of 4K"
+        )));
+    }
+    if let Some(g) = cli.group_size {
+        let min = mkfs::MIN_GROUP_BLOCKS * FS_BLOCK;
+        if g < min || g % FS_BLOCK != 0 {
+            return Err(usage(anyhow!(
+                "--group-size must be at least {} and a multiple of 4K",
+                human(min)
+            )));
+        }
+    }
+    Ok(MkfsOptions {
+        label: cli.label.clone(),
+        max_nodes: cli.max_nodes,
+        journal_bytes: cli.journal_size,
+        group_bytes: cli.group_size,
+        heartbeat_interval_ms: cli.heartbeat_interval,
+        io_timeout_ms: cli.io_timeout,
+        ..MkfsOptions::default()
+    })
+}
+
+fn run(cli: &Cli) -> Result<(), Failure> {
+    let opts = validate(cli)?;
+    let path = &cli.device;
+    let shown = path.display();
+    let meta = std::fs::metadata(path).map_err(|e| {
+        let f = if e.kind() == std::io::ErrorKind::NotFound {
+            usage
+        } else {
+            operational
+        };
+        f(anyhow!("cannot access {shown}: {e}"))
+    })?;
+    let is_block = meta.file_type().is_block_device();
+    if !is_block && !meta.file_type().is_file() {
+        return Err(usage(anyhow!(
+            "{shown} is neither a block device nor a regular file"
+        )));
+    }
+    let lbs = match (&cli.logical_block_size, is_block) {
+        (Some(_), true) => {
+            return Err(usage(anyhow!(
+                "--logical-block-size applies to regular files only; {shown} reports its own"
+            )))
+        }
+        (Some(s), false) => s
+            .parse()
+            .map_err(|_| usage(anyhow!("bad logical block size {s}")))?,
+        (None, _) => 512,
+    };
+    // Claim a block device exclusively: fails with EBUSY while it is mounted or held by
+    // device-mapper/md, and keeps other O_EXCL openers (mkfs, mount) out while we write.
+    let _exclusive = if is_block {
+        Some(
+            std::fs::OpenOptions::new()
+                .read(true)
+                .custom_flags(libc::O_EXCL)
+                .open(path)
+                .map_err(|e| {
+                    if e.raw_os_error() == Some(libc::EBUSY) {
+                        usage(anyhow!("{shown} is in use (mounted, or held by LVM/md/multipath); refusing to format it"))
+                    } else {
+                        operational(anyhow!("cannot open {shown}: {e}"))
+                    }
+                })?,
+        )
+    } else {
+        None
+    };
+    let dev = open_device(path, lbs, cli.quiet).map_err(operational)?;
+    let geo = dev.geometry().clone();
+    // Plan first: a bad option or a too-small device is reported before anything is read.
+    mkfs::plan(geo.size_bytes, geo.logical_block_size, &opts).map_err(|e| match e.kind() {
+        ErrorKind::InvalidInput | ErrorKind::NoSpace => usage(anyhow!("{shown}: {e}")),
+        _ => operational(anyhow!("{shown}: {e}")),
+    })?;
+    let found =
+        probe::probe_device(&dev).map_err(|e| operational(anyhow!("cannot read {shown}: {e}")))?;
+    if !found.is_empty() {
+        let list = found.iter().map(ToString::to_string).collect::<Vec<_>>();
+        if !cli.force {
+            return Err(usage(anyhow!(
+                "{shown} contains {}; use --force to overwrite it",
+                list.join(" and ")
+            )));
+        }
+        if !cli.quiet {
+            for f in &list {
+                eprintln!("mkfs.cetra: overwriting {f} on {shown}");
+            }
+        }
+    }
+    let sharing = probe_scsi_compare_and_write(&meta);
+    let sb = format_with_progress(&dev, &opts, cli.quiet)
+        .map_err(|e| operational(anyhow!("formatting {shown} failed: {e}")))?;
+    if !cli.quiet {
+        print_summary(&shown.to_string(), &sb, geo.size_bytes, &sharing);
+    }
+    Ok(())
+}
+
+/// Open with O_DIRECT. Regular files on filesystems without O_DIRECT (tmpfs) fall back to
+/// buffered I/O: mkfs flushes (fdatasync) at every ordering point, so that is still durable.
+fn open_device(path: &Path, lbs: u32, quiet: bool) -> anyhow::Result<FileDevice> {
+    let opts = FileDeviceOptions {
+        read_only: false,
+        file_logical_block_size: lbs,
+        direct: true,
+    };
+    match FileDevice::open(path, &opts) {
+        Ok(d) => Ok(d),
+        Err(e)
+            if e.kind() == ErrorKind::Unsupported
+                && std::fs::metadata(path).is_ok_and(|m| m.is_file()) =>
+        {
+            if !quiet {
+                eprintln!(
+                    "mkfs.cetra: {} does not support O_DIRECT; using buffered I/O",
+                    path.display()
+                );
+            }
+            FileDevice::open(
+                path,
+                &FileDeviceOptions {
+                    direct: false,
+                    ..opts
+                },
+            )
+            .map_err(Into::into)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn format_with_progress(
+    dev: &dyn BlockDevice,
+    opts: &MkfsOptions,
+    quiet: bool,
+) -> cetrafs_core::Result<Superblock> {
+    if quiet || !std::io::stderr().is_terminal() {
+        return mkfs::format(dev, opts, &mut |_, _| {});
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len}")
+            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar())
+            .progress_chars("=> "),
+    );
+    bar.set_message("writing metadata");
+    let r = mkfs::format(dev, opts, &mut |done, total| {
+        bar.set_length(total);
+        bar.set_position(done);
+    });
+    bar.finish_and_clear();
+    r
+}
+
+fn print_summary(dev: &str, sb: &Superblock, size: u64, sharing: &Sharing) {
+    let fs_bytes = sb.total_blocks * FS_BLOCK;
+    println!("Created CetraFS on {dev}");
+    println!(
+        "  size:               {} ({} blocks of 4096 bytes{})",
+        human(fs_bytes),
+        sb.total_blocks,
+        if fs_bytes < size {
+            format!("; {} bytes at the end unused", size - fs_bytes)
+        } else {
+            String::new()
+        }
+    );
+    println!("  logical block size: {}", sb.logical_block_size);
+    println!(
+        "  node slots:         {} journals, {} heartbeat slots",
+        sb.max_nodes, sb.hb_slots
+    );
+    println!(
+        "  journal size:       {} per node",
+        human(sb.journal_blocks * FS_BLOCK)
+    );
+    println!(
+        "  groups:             {} x {}",
+        sb.group_count,
+        human(sb.group_blocks * FS_BLOCK)
+    );
+    println!(
+        "  lock records:       {} ({} inode lock slots)",
+        sb.lock_count, sb.inode_lock_slots
+    );
+    println!(
+        "  heartbeat:          every {} ms, I/O timeout {} ms",
+        sb.heartbeat_interval_ms, sb.io_timeout_ms
+    );
+    println!("  UUID:               {}", sb.uuid_string());
+    println!(
+        "  label:              {}",
+        if sb.label.is_empty() {
+            "(none)"
+        } else {
+            &sb.label
+        }
+    );
+    println!("  sharing:            {sharing}");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn sizes() {
+        assert_eq!(parse_size("4096"), Ok(4096));
+        assert_eq!(parse_size("64M"), Ok(64 << 20));
+        assert_eq!(parse_size("64MiB"), Ok(64 << 20));
+        assert_eq!(parse_size("2g"), Ok(2 << 30));
+        assert_eq!(parse_size("1K"), Ok(1024));
+        assert!(parse_size("12Q").is_err());
+        assert!(parse_size("M").is_err());
+        assert!(parse_size("99999999999T").is_err());
+    }
+
+    #[test]
+    fn cli_parses() {
+        let c = Cli::try_parse_from([
+            "mkfs.cetra",
+            "-L",
+            "x",
+            "-N",
+            "4",
+            "--journal-size",
+            "8M",
+            "-f",
+            "/dev/null",
+        ])
+        .unwrap();
+        assert_eq!((c.max_nodes, c.journal_size, c.force), (4, 8 << 20, true));
+        assert!(Cli::try_parse_from(["mkfs.cetra", "--logical-block-size", "1024", "x"]).is_err());
+    }
+
+    #[test]
+    fn files_are_single_host() {
+        let f = tempfile_path();
+        let m = std::fs::metadata(&f).unwrap();
+        assert_eq!(
+            probe_scsi_compare_and_write(&m).to_string(),
+            "single-host (no SCSI COMPARE AND WRITE)"
+        );
+        std::fs::remove_file(f).unwrap();
+    }
+
+    fn tempfile_path() -> PathBuf {
+        let p = std::env::temp_dir().join(format!("mkfs-cetra-test-{}", std::process::id()));
+        std::fs::write(&p, b"x").unwrap();
+        p
+    }
+}

@@ -259,12 +259,10 @@ fn check_superblocks(dev: &dyn BlockDevice, report: &mut Report) -> Result<Super
                         "primary superblock is unusable ({pe}) and the backup at block {dev_backup} does not describe this device"
                     )))
                 }
-                Err(be) if !Superblock::has_magic(&backup_raw) && pe.to_string().contains("magic") => {
-                    return Err(Error::with_source(
-                        ErrorKind::Corrupted,
-                        format!("not a CetraFS volume: no superblock at block 0 or at block {dev_backup}"),
-                        be,
-                    ))
+                Err(_) if !Superblock::has_magic(&backup_raw) && pe.to_string().contains("magic") => {
+                    return Err(Error::corrupted(format!(
+                        "not a CetraFS volume: no superblock at block 0 or at block {dev_backup}"
+                    )))
                 }
                 Err(be) => {
                     return Err(Error::corrupted(format!(
