@@ -126,7 +126,7 @@ pub fn probe_device(dev: &dyn BlockDevice) -> Result<Vec<Finding>> {
     }))
 }
 
-fn at<'a>(buf: &'a [u8], off: usize, len: usize) -> Option<&'a [u8]> {
+fn at(buf: &[u8], off: usize, len: usize) -> Option<&[u8]> {
     buf.get(off..off.checked_add(len)?)
 }
 
@@ -310,7 +310,8 @@ pub fn probe_sample(s: &Sample<'_>) -> Vec<Finding> {
             .filter(|e| (e[0] == 0 || e[0] == 0x80) && e[4] != 0)
             .map(|e| e[4])
             .collect();
-        if !used.is_empty() && !(gpt && used.iter().all(|&t| t == 0xEE)) {
+        let protective_only = gpt && used.iter().all(|&t| t == 0xEE);
+        if !used.is_empty() && !protective_only {
             let detail = format!(
                 "{} partition{}",
                 used.len(),

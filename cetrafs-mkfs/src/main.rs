@@ -190,14 +190,14 @@ fn main() -> ExitCode {
 }
 
 fn validate(cli: &Cli) -> Result<MkfsOptions, Failure> {
-    if cli.journal_size < (1 << 20) || cli.journal_size % FS_BLOCK != 0 {
+    if cli.journal_size < (1 << 20) || !cli.journal_size.is_multiple_of(FS_BLOCK) {
         return Err(usage(anyhow!(
             "--journal-size must be at least 1M and a multiple of 4K"
         )));
     }
     if let Some(g) = cli.group_size {
         let min = mkfs::MIN_GROUP_BLOCKS * FS_BLOCK;
-        if g < min || g % FS_BLOCK != 0 {
+        if g < min || !g.is_multiple_of(FS_BLOCK) {
             return Err(usage(anyhow!(
                 "--group-size must be at least {} and a multiple of 4K",
                 human(min)

@@ -366,11 +366,14 @@ struct Checker<'a> {
     inodes: HashMap<u64, InodeState>,
 }
 
+/// A (key, value) pair of a tree leaf.
+type LeafEntry = (u64, Vec<u8>);
+
 /// A directory waiting for its entries to be checked.
 struct PendingDir {
     ino: u64,
     path: String,
-    leaves: Vec<(u64, Vec<u8>)>,
+    leaves: Vec<LeafEntry>,
 }
 
 fn show_name(name: &[u8]) -> String {
@@ -587,7 +590,7 @@ impl Checker<'_> {
 
     /// Walk the tree rooted at `root` owned by `ino`; returns the number of nodes it holds and
     /// the leaf entries in key order.
-    fn walk_tree(&mut self, ino: u64, root: u64) -> Result<(u64, Vec<(u64, Vec<u8>)>)> {
+    fn walk_tree(&mut self, ino: u64, root: u64) -> Result<(u64, Vec<LeafEntry>)> {
         let mut nodes = 0;
         let mut leaves = Vec::new();
         self.walk_node(ino, root, None, None, None, &mut nodes, &mut leaves)?;
@@ -603,7 +606,7 @@ impl Checker<'_> {
         lo: Option<u64>,
         hi: Option<u64>,
         nodes: &mut u64,
-        leaves: &mut Vec<(u64, Vec<u8>)>,
+        leaves: &mut Vec<LeafEntry>,
     ) -> Result<()> {
         *nodes += 1;
         let before = self.report.findings.len();
@@ -1207,3 +1210,6 @@ fn blocks(s: u64, e: u64) -> String {
 
 #[cfg(test)]
 mod tests;
+
+#[cfg(test)]
+mod volume_tests;

@@ -102,7 +102,7 @@ impl BlockBits {
         let mut b = from;
         while b < to {
             // Skip whole words that cannot start a run.
-            if b % 64 == 0 && b + 64 <= to {
+            if b.is_multiple_of(64) && b + 64 <= to {
                 let w = self.words[Self::idx(b)];
                 if (value && w == 0) || (!value && w == u64::MAX) {
                     b += 64;
