@@ -46,6 +46,9 @@ pub struct Allocator {
     group_start: u64,
     group_blocks: u64,
     resv: HashMap<u64, Reservation>,
+    /// Blocks freed by the running transaction: free on disk once it commits, but not
+    /// reusable before that (see fs/txn.rs, commit point step 4).
+    quarantine: Vec<(u64, u64)>,
 }
 
 fn get(words: &[u64], bit: u64) -> bool {
@@ -142,7 +145,7 @@ impl Allocator {
                 header_dirty: false,
             });
         }
-        Ok(Self { groups: out, group_start: sb.group_start, group_blocks: sb.group_blocks, resv: HashMap::new() })
+        Ok(Self { groups: out, group_start: sb.group_start, group_blocks: sb.group_blocks, resv: HashMap::new(), quarantine: Vec::new() })
     }
 
     fn locate(&self, block: u64) -> Option<(usize, u64)> {
@@ -214,8 +217,11 @@ impl Allocator {
             }
         }
         if need > 0 {
+            // Roll back: these were never committed, so no quarantine.
             for (s, l) in runs {
-                self.free(s, l);
+                if let Some((g, bit)) = self.locate(s) {
+                    self.groups[g].mark(bit, l, false);
+                }
             }
             return Err(Error::new(ErrorKind::NoSpace, "no space left on the volume"));
         }
@@ -268,7 +274,8 @@ impl Allocator {
         }
     }
 
-    /// Free a run (it must lie in one group, as every extent and allocation does).
+    /// Free a run (it must lie in one group, as every extent and allocation does). The run
+    /// shows as free in the bitmap at once but is quarantined until `release_quarantine`.
     pub fn free(&mut self, start: u64, len: u64) {
         if len == 0 {
             return;
@@ -276,7 +283,22 @@ impl Allocator {
         if let Some((g, bit)) = self.locate(start) {
             debug_assert!((bit..bit + len).all(|b| get(&self.groups[g].used, b)), "double free at {start}+{len}");
             self.groups[g].mark(bit, len, false);
+            set_range(&mut self.groups[g].resv, bit, len, true);
+            self.quarantine.push((start, len));
         }
+    }
+
+    /// The transaction that freed the quarantined runs is durable: they may be reused.
+    pub fn release_quarantine(&mut self) {
+        for (start, len) in std::mem::take(&mut self.quarantine) {
+            if let Some((g, bit)) = self.locate(start) {
+                set_range(&mut self.groups[g].resv, bit, len, false);
+            }
+        }
+    }
+
+    pub fn has_quarantine(&self) -> bool {
+        !self.quarantine.is_empty()
     }
 
     pub fn drop_reservation(&mut self, owner: u64) {
@@ -413,6 +435,7 @@ pub(crate) mod tests {
             }
             prop_assert_eq!(a.free_blocks() + seen.len() as u64, start_free);
             for o in 0..5 { a.drop_reservation(o); }
+            a.release_quarantine();
             for g in &a.groups { prop_assert!(g.resv.iter().all(|&w| w == 0)); }
         }
     }

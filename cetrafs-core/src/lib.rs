@@ -3,11 +3,14 @@
 
 #[macro_use]
 pub mod error;
+#[macro_use]
+pub mod failpoint;
 pub mod alloc;
 pub mod check;
 pub mod dev;
 pub mod format;
 pub mod fs;
+pub mod journal;
 pub mod mkfs;
 pub mod probe;
 pub mod scsi;

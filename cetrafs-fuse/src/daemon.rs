@@ -316,6 +316,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         &MountOptions {
             read_only: ro,
             host: host.clone(),
+            ..MountOptions::default()
         },
     ) {
         Ok(v) => v,

@@ -8,6 +8,7 @@ pub mod dirent;
 pub mod extent;
 pub mod group;
 pub mod inode;
+pub mod journal;
 pub mod superblock;
 pub mod tree_node;
 pub mod xattr;

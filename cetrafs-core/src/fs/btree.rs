@@ -32,7 +32,7 @@ impl<'t, 'a> Tree<'t, 'a> {
     /// Create an empty tree: one empty leaf, returned as the new root block.
     pub fn create(tx: &mut Tx<'_>, owner: u64) -> Result<u64> {
         let b = tx.meta.alloc.alloc(owner, 1, 0)?[0].0;
-        let n = TreeNode { blockno: b, seq: 1, owner, level: 0, entries: NodeEntries::Leaf(Vec::new()) };
+        let n = TreeNode { blockno: b, seq: tx.prior_seq(b)? + 1, owner, level: 0, entries: NodeEntries::Leaf(Vec::new()) };
         tx.write(b, n.encode());
         Ok(b)
     }
@@ -54,7 +54,8 @@ impl<'t, 'a> Tree<'t, 'a> {
     fn alloc_node(&mut self, level: u16, entries: NodeEntries) -> Result<TreeNode> {
         let b = self.tx.meta.alloc.alloc(self.root, 1, 0)?[0].0;
         self.delta += 1;
-        Ok(TreeNode { blockno: b, seq: 0, owner: self.owner, level, entries })
+        let seq = self.tx.prior_seq(b)?;
+        Ok(TreeNode { blockno: b, seq, owner: self.owner, level, entries })
     }
 
     fn free_node(&mut self, b: u64) {
@@ -312,7 +313,7 @@ mod tests {
         let dev = crate::dev::mem::MemDevice::new(256 << 20, 512);
         let opts = crate::mkfs::MkfsOptions { max_nodes: 2, journal_bytes: 1 << 20, ..Default::default() };
         let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
-        let mut meta = Meta::new(crate::alloc::tests::load(&dev, &sb));
+        let mut meta = Meta::new(crate::alloc::tests::load(&dev, &sb), crate::journal::JournalArea::for_slot(&sb, 0));
         let mut tx = Tx::new(&dev, &mut meta);
         f(&mut tx);
         tx.commit().unwrap();

@@ -489,6 +489,9 @@ impl Volume {
                 })?;
             }
         }
-        self.dev.flush()
+        if self.read_only {
+            return self.dev.flush();
+        }
+        self.lock_meta().commit_point(&*self.dev)
     }
 }

@@ -136,9 +136,10 @@ impl Volume {
         if sgid_dir && kind == FileKind::Directory {
             mode |= libc::S_ISGID;
         }
+        let prior = tx.prior_seq(ino)?;
         let inode = Inode {
             ino,
-            seq: 0,
+            seq: prior,
             mode,
             uid: caller.uid,
             gid,

@@ -144,6 +144,15 @@ impl Volume {
         }
         let ro_only = sb.check_features()?;
         let read_only = opts.read_only || ro_only;
+        // Until node slots exist (multi-node work) every mount uses slot 0's journal.
+        let journal = crate::journal::JournalArea::for_slot(&sb, 0);
+        if read_only {
+            if crate::journal::find_tx(&*dev, journal)?.is_some() {
+                bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
+            }
+        } else {
+            crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
+        }
         let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
         let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
         let mut buf = AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
@@ -167,10 +176,13 @@ impl Volume {
             dev,
             sb,
             read_only,
-            meta: Mutex::new(Meta::new(alloc)),
+            meta: Mutex::new(Meta::new(alloc, journal)),
             table: Mutex::new(HashMap::new()),
             unmounted: AtomicBool::new(false),
         });
+        if !read_only {
+            Self::spawn_committer(&vol, opts.commit_interval);
+        }
         // Make sure the root is readable now rather than on the first lookup.
         let root = vol.sb.root_ino;
         {
@@ -193,6 +205,24 @@ impl Volume {
         Ok(vol)
     }
 
+    /// Bound the window of un-fsync'd metadata a crash can lose (ext4's commit=N).
+    fn spawn_committer(vol: &Arc<Volume>, every: std::time::Duration) {
+        let weak = Arc::downgrade(vol);
+        let spawned = std::thread::Builder::new().name("cetra-commit".into()).spawn(move || loop {
+            std::thread::sleep(every);
+            let Some(v) = weak.upgrade() else { break };
+            if v.unmounted.load(Ordering::Relaxed) {
+                break;
+            }
+            if let Err(e) = v.commit_if_pending() {
+                tracing::error!("metadata commit failed, the volume now refuses changes: {e}");
+            }
+        });
+        if let Err(e) = spawned {
+            tracing::warn!("no background committer ({e}); metadata is committed on fsync/sync/unmount only");
+        }
+    }
+
     pub fn superblock(&self) -> &Superblock {
         &self.sb
     }
@@ -205,17 +235,19 @@ impl Volume {
         let r = self.sync();
         // Open-unlinked files still open at unmount are freed now.
         let states: Vec<Arc<InodeState>> = self.lock_table().values().cloned().collect();
+        if self.read_only {
+            return r;
+        }
         let mut meta = self.lock_meta();
         let mut tx = Tx::new(&*self.dev, &mut meta);
         for st in states {
             let mut inner = st.write();
-            if !inner.freed && inner.inode.nlink == 0 && !self.read_only {
+            if !inner.freed && inner.inode.nlink == 0 {
                 self.free_inode(&mut tx, &mut inner)?;
             }
         }
         tx.commit()?;
-        drop(meta);
-        self.dev.flush()?;
+        meta.close(&*self.dev)?;
         r
     }
 
@@ -529,7 +561,7 @@ impl Volume {
                     let b = tx.meta.alloc.alloc(ino, 1, 0)?[0].0;
                     inner.inode.blocks += 1;
                     inner.inode.xattr_block = b;
-                    (b, 1)
+                    (b, tx.prior_seq(b)? + 1)
                 } else {
                     let raw = tx.read(inner.inode.xattr_block)?;
                     (inner.inode.xattr_block, xattr::decode(&raw, inner.inode.xattr_block)?.0 + 1)
@@ -576,7 +608,19 @@ impl Volume {
                 Ok(())
             })?;
         }
-        self.dev.flush()
+        if self.read_only {
+            return self.dev.flush();
+        }
+        self.lock_meta().commit_point(&*self.dev)
+    }
+
+    /// Commit point if anything is pending (the background committer's tick).
+    pub fn commit_if_pending(&self) -> Result<()> {
+        let mut meta = self.lock_meta();
+        if meta.has_pending() && !meta.is_failed() {
+            meta.commit_point(&*self.dev)?;
+        }
+        Ok(())
     }
 }
 

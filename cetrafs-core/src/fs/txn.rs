@@ -1,28 +1,105 @@
-//! Metadata transactions: every metadata change of one operation is collected here as whole
-//! encoded blocks, then written out together on commit. This is the seam the per-node journal
-//! plugs into (commit to the journal, flush, then write home); today commit writes home
-//! directly. Data blocks are always written *before* the transaction that makes them
-//! reachable commits, so a reader never sees stale bytes through new metadata.
+//! Metadata transactions and commit points.
+//!
+//! Every metadata change of one operation is collected in a [`Tx`] as whole encoded blocks.
+//! `Tx::commit` folds them into the node's *running compound transaction* (`Meta::pending`),
+//! which the cache serves reads from. A *commit point* (fsync, sync, unmount, the background
+//! committer every second, or a full journal) makes it durable:
+//!
+//! 1. flush the device: every data block written so far — in particular the blocks the
+//!    pending metadata newly maps — is durable before the metadata that maps it;
+//! 2. write the compound transaction to this node's journal, flush;
+//! 3. write the blocks home (made durable by the next commit point's first flush, which is what
+//!    lets the next transaction overwrite this one in the journal);
+//! 4. release blocks freed by the transaction for reuse: until the free is durable a freed
+//!    block must not receive another file's data.
+//!
+//! A crash before step 2 completes loses the whole compound transaction (the volume stays at
+//! the previous commit point); after it, replay at mount redoes step 3.
 
 use crate::alloc::Allocator;
 use crate::dev::{AlignedBuf, BlockDevice};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::block::BlockHeader;
 use crate::format::FS_BLOCK;
+use crate::journal::{self, JournalArea};
 use std::collections::{BTreeMap, HashMap};
 
-/// Cached metadata blocks. Unbounded growth is prevented by clearing when full; the cache is
-/// an optimisation only (every entry equals what is on disk).
+/// Cached metadata blocks (clean copies only; pending blocks are kept separately).
 const CACHE_LIMIT: usize = 1 << 16;
 
 #[derive(Debug)]
 pub(crate) struct Meta {
     pub alloc: Allocator,
     cache: HashMap<u64, Vec<u8>>,
+    /// Latest image of every block changed since the last commit point.
+    pending: BTreeMap<u64, Vec<u8>>,
+    journal: JournalArea,
+    next_seq: u64,
+    /// A commit point failed: what is on disk is unknown, so no more metadata is written.
+    failed: bool,
 }
 
 impl Meta {
-    pub fn new(alloc: Allocator) -> Self {
-        Self { alloc, cache: HashMap::new() }
+    pub fn new(alloc: Allocator, journal: JournalArea) -> Self {
+        Self { alloc, cache: HashMap::new(), pending: BTreeMap::new(), journal, next_seq: 1, failed: false }
+    }
+
+    pub fn has_pending(&self) -> bool {
+        !self.pending.is_empty() || self.alloc.has_quarantine()
+    }
+
+    /// Make the running compound transaction durable (see the module docs).
+    pub fn commit_point(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        if self.failed {
+            return Err(Error::new(ErrorKind::Io, "an earlier metadata commit failed; remount the volume"));
+        }
+        let r = self.commit_point_inner(dev);
+        if r.is_err() {
+            self.failed = true;
+        }
+        r
+    }
+
+    fn commit_point_inner(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        dev.flush()?;
+        if self.pending.is_empty() {
+            self.alloc.release_quarantine();
+            return Ok(());
+        }
+        crate::failpoint!("commit::before_journal");
+        let blocks: Vec<(u64, &[u8])> = self.pending.iter().map(|(b, d)| (*b, d.as_slice())).collect();
+        journal::write_tx(dev, self.journal, self.next_seq, &blocks)?;
+        crate::failpoint!("commit::before_journal_flush");
+        dev.flush()?;
+        crate::failpoint!("commit::before_home");
+        self.next_seq += 1;
+        let pending = std::mem::take(&mut self.pending);
+        let mut run: Vec<(u64, &Vec<u8>)> = Vec::new();
+        for (b, data) in &pending {
+            if run.last().is_some_and(|(pb, _)| pb + 1 != *b) || run.len() >= 256 {
+                write_run(dev, &run)?;
+                run.clear();
+            }
+            run.push((*b, data));
+        }
+        write_run(dev, &run)?;
+        if self.cache.len() + pending.len() >= CACHE_LIMIT {
+            self.cache.clear();
+        }
+        self.cache.extend(pending);
+        self.alloc.release_quarantine();
+        Ok(())
+    }
+
+    /// Everything durable and home: leave an empty journal behind (clean unmount).
+    pub fn close(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        self.commit_point(dev)?;
+        dev.flush()?;
+        journal::invalidate(dev, self.journal)
+    }
+
+    pub fn is_failed(&self) -> bool {
+        self.failed
     }
 }
 
@@ -38,9 +115,10 @@ impl<'a> Tx<'a> {
         Self { dev, meta, dirty: BTreeMap::new() }
     }
 
-    /// Read a metadata block: this transaction's copy, else the cache, else the device.
+    /// Read a metadata block: this transaction's copy, the running compound transaction's,
+    /// the cache, else the device.
     pub fn read(&mut self, block: u64) -> Result<Vec<u8>> {
-        if let Some(b) = self.dirty.get(&block) {
+        if let Some(b) = self.dirty.get(&block).or_else(|| self.meta.pending.get(&block)) {
             return Ok(b.clone());
         }
         if let Some(b) = self.meta.cache.get(&block) {
@@ -56,6 +134,14 @@ impl<'a> Tx<'a> {
         Ok(v)
     }
 
+    /// The sequence number a new metadata object placed in `block` must start above: the one
+    /// of whatever metadata the block held before, so journal replay (which only moves blocks
+    /// forward in sequence) never prefers an old image over the new object.
+    pub fn prior_seq(&mut self, block: u64) -> Result<u64> {
+        let raw = self.read(block)?;
+        Ok(BlockHeader::decode(&raw).map_or(0, |h| h.seq))
+    }
+
     pub fn write(&mut self, block: u64, data: Vec<u8>) {
         self.dirty.insert(block, data);
     }
@@ -63,36 +149,25 @@ impl<'a> Tx<'a> {
     /// A block that was freed must not be written later in this transaction.
     pub fn forget(&mut self, block: u64) {
         self.dirty.remove(&block);
+        self.meta.pending.remove(&block);
         self.meta.cache.remove(&block);
     }
 
-    /// Write every changed block home, adjacent blocks in one I/O.
+    /// Fold this operation's changes into the running compound transaction.
     pub fn commit(mut self) -> Result<()> {
+        if self.meta.failed {
+            return Err(Error::new(ErrorKind::Io, "an earlier metadata commit failed; remount the volume"));
+        }
         for (b, data) in self.meta.alloc.take_dirty() {
             self.dirty.insert(b, data);
         }
         let dirty = std::mem::take(&mut self.dirty);
-        let mut run: Vec<(u64, &Vec<u8>)> = Vec::new();
-        let mut result = Ok(());
-        for (b, data) in &dirty {
-            if run.last().is_some_and(|(pb, _)| pb + 1 != *b) || run.len() >= 256 {
-                result = result.and(write_run(self.dev, &run));
-                run.clear();
-            }
-            run.push((*b, data));
+        self.meta.pending.extend(dirty);
+        // Keep one transaction well inside the journal so a single large operation still fits.
+        if self.meta.pending.len() > self.meta.journal.capacity() / 2 {
+            self.meta.commit_point(self.dev)?;
         }
-        result = result.and(write_run(self.dev, &run));
-        if self.meta.cache.len() + dirty.len() >= CACHE_LIMIT {
-            self.meta.cache.clear();
-        }
-        match &result {
-            Ok(()) => self.meta.cache.extend(dirty),
-            // What reached the disk is unknown: drop the cached copies so they are re-read.
-            Err(_) => dirty.keys().for_each(|b| {
-                self.meta.cache.remove(b);
-            }),
-        }
-        result
+        Ok(())
     }
 }
 

@@ -159,10 +159,12 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Node identity (host name); recorded in the heartbeat slot by the multi-node layer.
     pub host: String,
+    /// How often pending metadata is committed without an fsync.
+    pub commit_interval: std::time::Duration,
 }
 
 impl Default for MountOptions {
     fn default() -> Self {
-        Self { read_only: false, host: "localhost".into() }
+        Self { read_only: false, host: "localhost".into(), commit_interval: std::time::Duration::from_secs(1) }
     }
 }

@@ -1,0 +1,174 @@
+//! The per-node redo journal: write a compound transaction, find and replay one.
+//!
+//! Ordering (see docs/recovery.md): at a commit point the device is flushed first (so every
+//! data block the transaction maps is durable before the mapping is), then the transaction is
+//! written here and flushed, then the blocks are written home. The next commit point's first
+//! flush makes those home writes durable, which is what allows the next transaction to
+//! overwrite this one. Replay applies a logged block only if the home copy does not decode or
+//! has an older sequence number than the logged copy (the GFS2 replay hazard: a node must never
+//! roll a block back to an older image another node has since superseded).
+
+use crate::dev::{AlignedBuf, BlockDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::block::BlockHeader;
+use crate::format::journal::{Commit, Descriptor, ENTRIES_PER_DESCRIPTOR};
+use crate::format::superblock::Superblock;
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+
+/// Where one slot's journal lives.
+#[derive(Debug, Clone, Copy)]
+pub struct JournalArea {
+    pub start: u64,
+    pub blocks: u64,
+}
+
+impl JournalArea {
+    pub fn for_slot(sb: &Superblock, slot: u32) -> Self {
+        Self { start: sb.journal_start + u64::from(slot) * sb.journal_blocks, blocks: sb.journal_blocks }
+    }
+
+    /// The most blocks one transaction can log.
+    pub fn capacity(&self) -> usize {
+        // header block, commit block, one descriptor per 504 entries
+        let usable = self.blocks.saturating_sub(2);
+        let per = ENTRIES_PER_DESCRIPTOR as u64;
+        usize::try_from(usable * per / (per + 1)).unwrap_or(usize::MAX)
+    }
+}
+
+/// A transaction found in a journal.
+#[derive(Debug)]
+pub struct FoundTx {
+    pub seq: u64,
+    pub blocks: Vec<(u64, Vec<u8>)>,
+}
+
+fn tx_crc(descs: &[Vec<u8>], images: &[&[u8]]) -> u32 {
+    let mut c = 0;
+    for d in descs {
+        c = crc32c::crc32c_append(c, d);
+    }
+    for i in images {
+        c = crc32c::crc32c_append(c, i);
+    }
+    c
+}
+
+/// Write one compound transaction (caller flushes before and after).
+pub fn write_tx(dev: &dyn BlockDevice, area: JournalArea, seq: u64, blocks: &[(u64, &[u8])]) -> Result<()> {
+    if blocks.len() > area.capacity() {
+        return Err(Error::new(ErrorKind::NoSpace, format!("transaction of {} blocks exceeds the journal ({} blocks)", blocks.len(), area.capacity())));
+    }
+    let n = blocks.len();
+    let d = n.div_ceil(ENTRIES_PER_DESCRIPTOR).max(1);
+    let first = area.start + 1;
+    let total = d + n + 1;
+    let mut buf = AlignedBuf::new(total * FS_BLOCK_SIZE);
+    let mut descs = Vec::with_capacity(d);
+    for (i, chunk) in blocks.chunks(ENTRIES_PER_DESCRIPTOR).chain(std::iter::repeat_n(&[][..], usize::from(n == 0))).enumerate() {
+        let desc = Descriptor {
+            seq,
+            index: u32::try_from(i).unwrap_or(u32::MAX),
+            count: u32::try_from(d).unwrap_or(u32::MAX),
+            logged: u32::try_from(n).unwrap_or(u32::MAX),
+            homes: chunk.iter().map(|(h, _)| *h).collect(),
+        };
+        descs.push(desc.encode(first + i as u64));
+    }
+    for (i, dsc) in descs.iter().enumerate() {
+        buf[i * FS_BLOCK_SIZE..(i + 1) * FS_BLOCK_SIZE].copy_from_slice(dsc);
+    }
+    for (i, (_, img)) in blocks.iter().enumerate() {
+        let o = (d + i) * FS_BLOCK_SIZE;
+        buf[o..o + FS_BLOCK_SIZE].copy_from_slice(img);
+    }
+    let images: Vec<&[u8]> = blocks.iter().map(|(_, i)| *i).collect();
+    let commit = Commit {
+        seq,
+        descriptors: u32::try_from(d).unwrap_or(u32::MAX),
+        logged: u32::try_from(n).unwrap_or(u32::MAX),
+        crc: tx_crc(&descs, &images),
+    };
+    let o = (d + n) * FS_BLOCK_SIZE;
+    buf[o..o + FS_BLOCK_SIZE].copy_from_slice(&commit.encode(first + (d + n) as u64));
+    dev.write_at(first * FS_BLOCK, &buf)
+}
+
+/// Find the transaction in a journal, if a complete one is there.
+pub fn find_tx(dev: &dyn BlockDevice, area: JournalArea) -> Result<Option<FoundTx>> {
+    let first = area.start + 1;
+    let read = |b: u64| -> Result<Vec<u8>> {
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        dev.read_at(b * FS_BLOCK, &mut buf)?;
+        Ok(buf.to_vec())
+    };
+    let d0raw = read(first)?;
+    let Ok(d0) = Descriptor::decode(&d0raw, first) else { return Ok(None) };
+    let (d, n) = (d0.count as usize, d0.logged as usize);
+    if d == 0 || d != n.div_ceil(ENTRIES_PER_DESCRIPTOR).max(1) || (d + n + 2) as u64 > area.blocks {
+        return Ok(None);
+    }
+    let mut descs = vec![d0raw];
+    let mut homes = d0.homes;
+    for i in 1..d {
+        let raw = read(first + i as u64)?;
+        let Ok(di) = Descriptor::decode(&raw, first + i as u64) else { return Ok(None) };
+        if di.seq != d0.seq || di.index as usize != i {
+            return Ok(None);
+        }
+        homes.extend(di.homes);
+        descs.push(raw);
+    }
+    if homes.len() != n {
+        return Ok(None);
+    }
+    let mut images = Vec::with_capacity(n);
+    for i in 0..n {
+        images.push(read(first + (d + i) as u64)?);
+    }
+    let craw = read(first + (d + n) as u64)?;
+    let Ok(c) = Commit::decode(&craw, first + (d + n) as u64) else { return Ok(None) };
+    let refs: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
+    if c.seq != d0.seq || c.descriptors as usize != d || c.logged as usize != n || c.crc != tx_crc(&descs, &refs) {
+        return Ok(None);
+    }
+    Ok(Some(FoundTx { seq: d0.seq, blocks: homes.into_iter().zip(images).collect() }))
+}
+
+/// Should the logged image replace the home image? Only if it is newer (or home is garbage).
+pub fn replay_wins(home: &[u8], logged: &[u8]) -> bool {
+    let Ok(l) = BlockHeader::decode(logged) else { return false };
+    match BlockHeader::decode(home) {
+        Ok(h) => h.seq < l.seq || (h.seq == l.seq && home != logged),
+        Err(_) => true,
+    }
+}
+
+/// Replay a slot's journal onto the device (idempotent), then invalidate it.
+/// Returns the number of blocks written home.
+pub fn replay(dev: &dyn BlockDevice, area: JournalArea) -> Result<usize> {
+    let Some(tx) = find_tx(dev, area)? else { return Ok(0) };
+    let mut applied = 0;
+    let mut home = AlignedBuf::new(FS_BLOCK_SIZE);
+    for (b, img) in &tx.blocks {
+        if *b >= area.start && *b < area.start + area.blocks {
+            return Err(Error::corrupted(format!("journal transaction {} logs a block inside the journal", tx.seq)));
+        }
+        dev.read_at(b * FS_BLOCK, &mut home)?;
+        if replay_wins(&home, img) {
+            home.copy_from_slice(img);
+            dev.write_at(b * FS_BLOCK, &home)?;
+            applied += 1;
+        }
+    }
+    dev.flush()?;
+    invalidate(dev, area)?;
+    tracing::info!("journal replay: transaction {} with {} blocks, {applied} written home", tx.seq, tx.blocks.len());
+    Ok(applied)
+}
+
+/// Mark the journal empty (after everything in it is durable at home).
+pub fn invalidate(dev: &dyn BlockDevice, area: JournalArea) -> Result<()> {
+    dev.write_at((area.start + 1) * FS_BLOCK, &AlignedBuf::new(FS_BLOCK_SIZE))?;
+    dev.flush()
+}
