@@ -1,0 +1,323 @@
+//! Bodies of the fuzz targets, their seed inputs, and a stable-toolchain driver.
+//!
+//! Every decoder must return an error rather than panic on any bytes, and whatever it accepts
+//! must survive encode → decode unchanged. Checksums would stop almost every random input at
+//! the first check, so block decoders are fed twice: the raw bytes, and the bytes resealed with
+//! a valid header and crc of the expected type, which lets mutations reach the field checks.
+
+pub mod stable;
+
+use cetrafs_core::format::block::{BlockHeader, BlockType};
+use cetrafs_core::format::FS_BLOCK_SIZE;
+
+fn u64_at(data: &[u8], off: usize) -> u64 {
+    let mut a = [0u8; 8];
+    if let Some(b) = data.get(off..off + 8) {
+        a.copy_from_slice(b);
+    }
+    u64::from_le_bytes(a)
+}
+
+/// `data` as a 4 KiB block sealed as `btype`, keeping the address, seq and owner it carries.
+/// Returns (block, address).
+fn resealed(data: &[u8], btype: BlockType) -> (Vec<u8>, u64) {
+    let mut b = data.to_vec();
+    b.resize(FS_BLOCK_SIZE, 0);
+    let at = u64_at(&b, 8);
+    BlockHeader { btype, blockno: at, seq: u64_at(&b, 16), owner: u64_at(&b, 32) }.seal(&mut b);
+    (b, at)
+}
+
+pub mod targets {
+    use super::*;
+    use cetrafs_core::check;
+    use cetrafs_core::dev::mem::MemDevice;
+    use cetrafs_core::format::superblock::Superblock;
+    use cetrafs_core::format::tree_node::TreeNode;
+    use cetrafs_core::format::{dirent, extent::Extent, group, inode::Inode, xattr};
+    use cetrafs_core::probe::{probe_sample, Sample, TAIL_BYTES};
+
+    pub fn superblock(data: &[u8]) {
+        for buf in [data.to_vec(), reseal_superblock(data)] {
+            if let Ok(sb) = Superblock::decode(&buf) {
+                let _ = sb.check_features();
+                let _ = sb.group_of(u64_at(data, 0));
+                let back = Superblock::decode(&sb.encode()).expect("an accepted superblock re-encodes validly");
+                // Labels with invalid UTF-8 are decoded lossily; everything else is exact.
+                assert_eq!(Superblock { label: sb.label.clone(), ..back }, sb);
+            }
+        }
+    }
+
+    /// The superblock has its own crc (of everything before it) in its last 4 bytes.
+    fn reseal_superblock(data: &[u8]) -> Vec<u8> {
+        let mut b = data.to_vec();
+        b.resize(FS_BLOCK_SIZE, 0);
+        b[..8].copy_from_slice(b"CETRAFS\0");
+        let crc = crc32c::crc32c(&b[..FS_BLOCK_SIZE - 4]);
+        b[FS_BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
+        b
+    }
+
+    pub fn block_header(data: &[u8]) {
+        if let Ok(h) = BlockHeader::decode(data) {
+            assert_eq!(BlockHeader::check(data, h.btype, h.blockno).expect("decoded header checks at its own address"), h);
+        }
+        let (b, at) = resealed(data, BlockType::Inode);
+        let h = BlockHeader::check(&b, BlockType::Inode, at).expect("a freshly sealed header decodes");
+        assert_eq!((h.btype, h.blockno), (BlockType::Inode, at));
+    }
+
+    pub fn group_header(data: &[u8]) {
+        let (b, at) = resealed(data, BlockType::GroupHeader);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok(g) = group::GroupHeader::decode(buf, at) {
+                assert_eq!(group::GroupHeader::decode(&g.encode(), at).expect("re-encoded group header decodes"), g);
+            }
+        }
+    }
+
+    pub fn bitmap(data: &[u8]) {
+        let (b, at) = resealed(data, BlockType::Bitmap);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok((seq, bits)) = group::decode_bitmap(buf, at) {
+                let again = group::encode_bitmap(at, seq, bits);
+                assert_eq!(group::decode_bitmap(&again, at).expect("re-encoded bitmap decodes"), (seq, bits));
+            }
+        }
+    }
+
+    pub fn inode(data: &[u8]) {
+        let (b, at) = resealed(data, BlockType::Inode);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok(i) = Inode::decode(buf, at) {
+                let _ = (i.is_dir(), i.is_reg(), i.is_symlink(), i.file_type());
+                assert_eq!(Inode::decode(&i.encode(), at).expect("re-encoded inode decodes"), i);
+            }
+        }
+    }
+
+    /// Input: 8-byte key (file block), then the value.
+    pub fn extent_value(data: &[u8]) {
+        let key = u64_at(data, 0);
+        let v = data.get(8..).unwrap_or(&[]);
+        if let Ok(e) = Extent::decode_value(key, v) {
+            assert_eq!(&e.encode_value()[..], v);
+            assert!(e.end() > e.logical);
+        }
+    }
+
+    pub fn tree_node(data: &[u8]) {
+        let (b, at) = resealed(data, BlockType::TreeNode);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok(n) = TreeNode::decode(buf, at) {
+                assert_eq!(TreeNode::decode(&n.encode(), at).expect("re-encoded tree node decodes"), n);
+            }
+        }
+    }
+
+    pub fn dirent(data: &[u8]) {
+        if let Ok(es) = dirent::decode_entries(data) {
+            assert_eq!(dirent::encode_entries(&es), data, "entry records have one encoding");
+            for e in &es {
+                assert!(dirent::name_hash(&e.name) >= dirent::FIRST_HASH_KEY);
+            }
+        }
+    }
+
+    pub fn xattr(data: &[u8]) {
+        let (b, at) = resealed(data, BlockType::Xattr);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok((seq, map)) = xattr::decode(buf, at) {
+                let again = xattr::encode(&map, at, seq, 0);
+                assert_eq!(xattr::decode(&again, at).expect("re-encoded xattr block decodes"), (seq, map));
+            }
+        }
+    }
+
+    pub fn probe(data: &[u8]) {
+        let tail = data.len().checked_sub(TAIL_BYTES).map(|o| &data[o..]);
+        let backup = data.len().checked_sub(FS_BLOCK_SIZE).map(|o| &data[o..]);
+        let _ = probe_sample(&Sample { head: data, backup_block: backup, tail, size: data.len() as u64 });
+    }
+
+    /// Input: patches applied to a populated synthetic volume, then a full check. Each patch
+    /// is `selector u8 | offset u16 | len u8 | bytes`: the selector picks one of the
+    /// metadata blocks (superblocks, group headers and bitmaps, everything the sample
+    /// allocated); its top bit asks to reseal the block's crc after XORing the bytes in, so
+    /// the damage gets past the checksums into the structural checks.
+    pub fn check_volume(data: &[u8]) {
+        let base = crate::seeds::base_image();
+        let mut img = base.image.clone();
+        let mut o = 0;
+        let mut patched = false;
+        while o + 4 <= data.len() {
+            let sel = data[o];
+            let off = usize::from(u16::from_le_bytes([data[o + 1], data[o + 2]])) % FS_BLOCK_SIZE;
+            let len = usize::from(data[o + 3]);
+            let bytes = &data[(o + 4).min(data.len())..(o + 4 + len).min(data.len())];
+            o += 4 + len;
+            let block = base.blocks[usize::from(sel & 0x7f) % base.blocks.len()];
+            let start = usize::try_from(block).unwrap_or(usize::MAX) * FS_BLOCK_SIZE;
+            let Some(blk) = img.get_mut(start..start + FS_BLOCK_SIZE) else { continue };
+            for (i, x) in bytes.iter().enumerate() {
+                blk[(off + i) % FS_BLOCK_SIZE] ^= x;
+                patched |= *x != 0;
+            }
+            if sel & 0x80 != 0 {
+                if block == 0 || block == base.backup_block {
+                    let crc = crc32c::crc32c(&blk[..FS_BLOCK_SIZE - 4]);
+                    blk[FS_BLOCK_SIZE - 4..].copy_from_slice(&crc.to_le_bytes());
+                } else {
+                    let crc = cetrafs_core::format::codec::crc_with_hole(blk, 24);
+                    blk[24..28].copy_from_slice(&crc.to_le_bytes());
+                }
+            }
+        }
+        let dev = MemDevice::from_image(img, 512);
+        match check::check_volume(&dev) {
+            Ok(r) => {
+                if !patched {
+                    assert!(r.findings.is_empty(), "the untouched sample must check clean: {:?}", r.findings);
+                }
+                for f in &r.findings {
+                    let _ = f.to_string();
+                }
+            }
+            Err(e) => assert!(patched, "the untouched sample must be checkable: {e}"),
+        }
+    }
+}
+
+/// Valid encodings to start mutating from, and the base image of `check_volume`.
+pub mod seeds {
+    use super::*;
+    use cetrafs_core::check::synth::SynthVolume;
+    use cetrafs_core::format::dirent::{encode_entries, DirEntry};
+    use cetrafs_core::format::extent::Extent;
+    use cetrafs_core::format::group::{decode_bitmap, encode_bitmap, GroupHeader};
+    use cetrafs_core::format::inode::{flags, Inode};
+    use cetrafs_core::format::tree_node::{NodeEntries, TreeNode};
+    use cetrafs_core::format::xattr;
+    use cetrafs_core::mkfs::{plan, MkfsOptions};
+    use std::sync::OnceLock;
+
+    pub struct BaseImage {
+        pub image: Vec<u8>,
+        /// Blocks worth mutating: superblocks, group metadata, and what the sample allocated.
+        pub blocks: Vec<u64>,
+        pub backup_block: u64,
+    }
+
+    pub fn base_image() -> &'static BaseImage {
+        static IMG: OnceLock<BaseImage> = OnceLock::new();
+        IMG.get_or_init(|| {
+            let dev = SynthVolume::sample().expect("the synthetic sample volume builds");
+            let r = cetrafs_core::check::check_volume(&dev).expect("the sample checks");
+            let sb = r.superblock.expect("the sample has a superblock");
+            let mut blocks = vec![0, sb.backup_block];
+            for g in 0..sb.group_count {
+                let first = sb.group_first_block(g);
+                blocks.extend(first..=first + u64::from(sb.bitmap_blocks));
+            }
+            // The sample allocates sequentially after the root inode: take every block up to
+            // the first one group 0's bitmap shows free.
+            let image = dev.snapshot();
+            let bm = sb.group_first_block(0) + 1;
+            let raw = &image[bm as usize * FS_BLOCK_SIZE..][..FS_BLOCK_SIZE];
+            let (_, bits) = decode_bitmap(raw, bm).expect("sample bitmap decodes");
+            let used = |b: u64| {
+                let rel = b - sb.group_first_block(0);
+                bits.get(rel as usize / 8).is_some_and(|x| x & (1 << (rel % 8)) != 0)
+            };
+            blocks.extend((sb.root_ino..).take_while(|&b| used(b)));
+            BaseImage { image, blocks, backup_block: sb.backup_block }
+        })
+    }
+
+    pub fn superblock() -> Vec<Vec<u8>> {
+        let opts = MkfsOptions { label: "seed".into(), ..Default::default() };
+        vec![plan(8 << 30, 512, &opts).expect("plan for 8 GiB").encode(), plan(100 << 30, 4096, &opts).expect("plan for 100 GiB").encode()]
+    }
+
+    fn sample_inode() -> Inode {
+        Inode {
+            ino: 4242,
+            seq: 3,
+            mode: 0o100644,
+            nlink: 2,
+            flags: flags::INLINE_EXTENTS,
+            size: 40960,
+            blocks: 11,
+            inline_extents: vec![Extent { logical: 0, physical: 5000, len: 4, flags: 0 }, Extent { logical: 6, physical: 6000, len: 4, flags: 1 }],
+            ..Default::default()
+        }
+    }
+
+    pub fn block_header() -> Vec<Vec<u8>> {
+        vec![sample_inode().encode()]
+    }
+
+    pub fn group_header() -> Vec<Vec<u8>> {
+        vec![GroupHeader { seq: 2, index: 3, first_block: 90000, block_count: 32768, free_blocks: 1000, bitmap_blocks: 2 }.encode()]
+    }
+
+    pub fn bitmap() -> Vec<Vec<u8>> {
+        vec![encode_bitmap(777, 9, &[0xA5; 100])]
+    }
+
+    pub fn inode() -> Vec<Vec<u8>> {
+        let mut link = Inode { ino: 99, mode: 0o120777, nlink: 1, size: 7, blocks: 1, inline_data: b"/target".to_vec(), ..Default::default() };
+        let a = link.encode();
+        link.mode = 0o040755;
+        link.inline_data.clear();
+        link.tree_root = 100;
+        vec![sample_inode().encode(), a, link.encode()]
+    }
+
+    pub fn extent_value() -> Vec<Vec<u8>> {
+        let mut v = 12u64.to_le_bytes().to_vec();
+        v.extend_from_slice(&Extent { logical: 12, physical: 777, len: 3, flags: 1 }.encode_value());
+        vec![v]
+    }
+
+    pub fn tree_node() -> Vec<Vec<u8>> {
+        let leaf = TreeNode {
+            blockno: 500,
+            seq: 1,
+            owner: 400,
+            level: 0,
+            entries: NodeEntries::Leaf((0..20u64).map(|k| (k * 7 + 3, vec![k as u8; (k % 5) as usize * 4])).collect()),
+        };
+        let internal = TreeNode { blockno: 501, seq: 1, owner: 400, level: 1, entries: NodeEntries::Internal(vec![(3, 500), (90, 502), (200, 503)]) };
+        vec![leaf.encode(), internal.encode()]
+    }
+
+    pub fn dirent() -> Vec<Vec<u8>> {
+        let es = [DirEntry { name: b"hello.txt".to_vec(), ino: 300, dtype: 8 }, DirEntry { name: b"sub".to_vec(), ino: 301, dtype: 4 }];
+        vec![encode_entries(&es)]
+    }
+
+    pub fn xattr() -> Vec<Vec<u8>> {
+        let mut m = xattr::XattrMap::new();
+        m.insert(b"user.a".to_vec(), b"1".to_vec());
+        m.insert(b"security.selinux".to_vec(), vec![7; 40]);
+        vec![xattr::encode(&m, 321, 4, 320)]
+    }
+
+    pub fn probe() -> Vec<Vec<u8>> {
+        let mut ext = vec![0u8; 70 << 10];
+        ext[1080] = 0x53;
+        ext[1081] = 0xEF;
+        ext[65600..65608].copy_from_slice(b"_BHRfS_M");
+        ext[510] = 0x55;
+        ext[511] = 0xAA;
+        ext[512..520].copy_from_slice(b"EFI PART");
+        vec![ext]
+    }
+
+    pub fn check_volume() -> Vec<Vec<u8>> {
+        // No patch (must be clean), a resealed inode tweak and a raw group header flip.
+        vec![Vec::new(), vec![0x80 | 20, 52, 0, 1, 1], vec![2, 64, 0, 1, 0x10]]
+    }
+}
