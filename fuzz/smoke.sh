@@ -35,7 +35,8 @@ if [ "$mode" = libfuzzer ]; then
     echo "smoke: libFuzzer via cargo +nightly fuzz, ${secs}s per target"
     for t in "${targets[@]}"; do
         mkdir -p "corpus/$t"
-        if ! cargo +nightly fuzz run "$t" "corpus/$t" -- -max_total_time="$secs" -print_final_stats=1 2>"artifacts-$t.log"; then
+        # New inputs go to corpus/ (ignored by git); seeds/ holds the committed valid encodings.
+        if ! cargo +nightly fuzz run "$t" "corpus/$t" "seeds/$t" -- -max_total_time="$secs" -print_final_stats=1 2>"artifacts-$t.log"; then
             tail -n 30 "artifacts-$t.log" >&2
             failed+=("$t")
         else

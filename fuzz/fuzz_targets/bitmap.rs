@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::bitmap(data));
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("bitmap", cetrafs_fuzz::targets::bitmap, cetrafs_fuzz::seeds::bitmap);
+    cetrafs_fuzz::stable::main(
+        "bitmap",
+        cetrafs_fuzz::targets::bitmap,
+        cetrafs_fuzz::seeds::bitmap,
+    );
 }

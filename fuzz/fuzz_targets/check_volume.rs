@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::check_volume(da
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("check_volume", cetrafs_fuzz::targets::check_volume, cetrafs_fuzz::seeds::check_volume);
+    cetrafs_fuzz::stable::main(
+        "check_volume",
+        cetrafs_fuzz::targets::check_volume,
+        cetrafs_fuzz::seeds::check_volume,
+    );
 }

@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::dirent(data));
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("dirent", cetrafs_fuzz::targets::dirent, cetrafs_fuzz::seeds::dirent);
+    cetrafs_fuzz::stable::main(
+        "dirent",
+        cetrafs_fuzz::targets::dirent,
+        cetrafs_fuzz::seeds::dirent,
+    );
 }

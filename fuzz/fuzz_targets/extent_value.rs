@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::extent_value(da
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("extent_value", cetrafs_fuzz::targets::extent_value, cetrafs_fuzz::seeds::extent_value);
+    cetrafs_fuzz::stable::main(
+        "extent_value",
+        cetrafs_fuzz::targets::extent_value,
+        cetrafs_fuzz::seeds::extent_value,
+    );
 }

@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::group_header(da
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("group_header", cetrafs_fuzz::targets::group_header, cetrafs_fuzz::seeds::group_header);
+    cetrafs_fuzz::stable::main(
+        "group_header",
+        cetrafs_fuzz::targets::group_header,
+        cetrafs_fuzz::seeds::group_header,
+    );
 }

@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::inode(data));
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("inode", cetrafs_fuzz::targets::inode, cetrafs_fuzz::seeds::inode);
+    cetrafs_fuzz::stable::main(
+        "inode",
+        cetrafs_fuzz::targets::inode,
+        cetrafs_fuzz::seeds::inode,
+    );
 }

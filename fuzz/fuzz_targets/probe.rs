@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::probe(data));
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("probe", cetrafs_fuzz::targets::probe, cetrafs_fuzz::seeds::probe);
+    cetrafs_fuzz::stable::main(
+        "probe",
+        cetrafs_fuzz::targets::probe,
+        cetrafs_fuzz::seeds::probe,
+    );
 }

@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::superblock(data
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("superblock", cetrafs_fuzz::targets::superblock, cetrafs_fuzz::seeds::superblock);
+    cetrafs_fuzz::stable::main(
+        "superblock",
+        cetrafs_fuzz::targets::superblock,
+        cetrafs_fuzz::seeds::superblock,
+    );
 }

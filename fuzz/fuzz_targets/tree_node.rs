@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::tree_node(data)
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("tree_node", cetrafs_fuzz::targets::tree_node, cetrafs_fuzz::seeds::tree_node);
+    cetrafs_fuzz::stable::main(
+        "tree_node",
+        cetrafs_fuzz::targets::tree_node,
+        cetrafs_fuzz::seeds::tree_node,
+    );
 }

@@ -6,5 +6,9 @@ libfuzzer_sys::fuzz_target!(|data: &[u8]| cetrafs_fuzz::targets::xattr(data));
 
 #[cfg(not(feature = "libfuzzer"))]
 fn main() {
-    cetrafs_fuzz::stable::main("xattr", cetrafs_fuzz::targets::xattr, cetrafs_fuzz::seeds::xattr);
+    cetrafs_fuzz::stable::main(
+        "xattr",
+        cetrafs_fuzz::targets::xattr,
+        cetrafs_fuzz::seeds::xattr,
+    );
 }

@@ -24,7 +24,13 @@ fn resealed(data: &[u8], btype: BlockType) -> (Vec<u8>, u64) {
     let mut b = data.to_vec();
     b.resize(FS_BLOCK_SIZE, 0);
     let at = u64_at(&b, 8);
-    BlockHeader { btype, blockno: at, seq: u64_at(&b, 16), owner: u64_at(&b, 32) }.seal(&mut b);
+    BlockHeader {
+        btype,
+        blockno: at,
+        seq: u64_at(&b, 16),
+        owner: u64_at(&b, 32),
+    }
+    .seal(&mut b);
     (b, at)
 }
 
@@ -42,9 +48,16 @@ pub mod targets {
             if let Ok(sb) = Superblock::decode(&buf) {
                 let _ = sb.check_features();
                 let _ = sb.group_of(u64_at(data, 0));
-                let back = Superblock::decode(&sb.encode()).expect("an accepted superblock re-encodes validly");
+                let back = Superblock::decode(&sb.encode())
+                    .expect("an accepted superblock re-encodes validly");
                 // Labels with invalid UTF-8 are decoded lossily; everything else is exact.
-                assert_eq!(Superblock { label: sb.label.clone(), ..back }, sb);
+                assert_eq!(
+                    Superblock {
+                        label: sb.label.clone(),
+                        ..back
+                    },
+                    sb
+                );
             }
         }
     }
@@ -61,10 +74,15 @@ pub mod targets {
 
     pub fn block_header(data: &[u8]) {
         if let Ok(h) = BlockHeader::decode(data) {
-            assert_eq!(BlockHeader::check(data, h.btype, h.blockno).expect("decoded header checks at its own address"), h);
+            assert_eq!(
+                BlockHeader::check(data, h.btype, h.blockno)
+                    .expect("decoded header checks at its own address"),
+                h
+            );
         }
         let (b, at) = resealed(data, BlockType::Inode);
-        let h = BlockHeader::check(&b, BlockType::Inode, at).expect("a freshly sealed header decodes");
+        let h =
+            BlockHeader::check(&b, BlockType::Inode, at).expect("a freshly sealed header decodes");
         assert_eq!((h.btype, h.blockno), (BlockType::Inode, at));
     }
 
@@ -72,7 +90,11 @@ pub mod targets {
         let (b, at) = resealed(data, BlockType::GroupHeader);
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok(g) = group::GroupHeader::decode(buf, at) {
-                assert_eq!(group::GroupHeader::decode(&g.encode(), at).expect("re-encoded group header decodes"), g);
+                assert_eq!(
+                    group::GroupHeader::decode(&g.encode(), at)
+                        .expect("re-encoded group header decodes"),
+                    g
+                );
             }
         }
     }
@@ -82,7 +104,10 @@ pub mod targets {
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok((seq, bits)) = group::decode_bitmap(buf, at) {
                 let again = group::encode_bitmap(at, seq, bits);
-                assert_eq!(group::decode_bitmap(&again, at).expect("re-encoded bitmap decodes"), (seq, bits));
+                assert_eq!(
+                    group::decode_bitmap(&again, at).expect("re-encoded bitmap decodes"),
+                    (seq, bits)
+                );
             }
         }
     }
@@ -92,7 +117,10 @@ pub mod targets {
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok(i) = Inode::decode(buf, at) {
                 let _ = (i.is_dir(), i.is_reg(), i.is_symlink(), i.file_type());
-                assert_eq!(Inode::decode(&i.encode(), at).expect("re-encoded inode decodes"), i);
+                assert_eq!(
+                    Inode::decode(&i.encode(), at).expect("re-encoded inode decodes"),
+                    i
+                );
             }
         }
     }
@@ -111,14 +139,21 @@ pub mod targets {
         let (b, at) = resealed(data, BlockType::TreeNode);
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok(n) = TreeNode::decode(buf, at) {
-                assert_eq!(TreeNode::decode(&n.encode(), at).expect("re-encoded tree node decodes"), n);
+                assert_eq!(
+                    TreeNode::decode(&n.encode(), at).expect("re-encoded tree node decodes"),
+                    n
+                );
             }
         }
     }
 
     pub fn dirent(data: &[u8]) {
         if let Ok(es) = dirent::decode_entries(data) {
-            assert_eq!(dirent::encode_entries(&es), data, "entry records have one encoding");
+            assert_eq!(
+                dirent::encode_entries(&es),
+                data,
+                "entry records have one encoding"
+            );
             for e in &es {
                 assert!(dirent::name_hash(&e.name) >= dirent::FIRST_HASH_KEY);
             }
@@ -130,7 +165,10 @@ pub mod targets {
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok((seq, map)) = xattr::decode(buf, at) {
                 let again = xattr::encode(&map, at, seq, 0);
-                assert_eq!(xattr::decode(&again, at).expect("re-encoded xattr block decodes"), (seq, map));
+                assert_eq!(
+                    xattr::decode(&again, at).expect("re-encoded xattr block decodes"),
+                    (seq, map)
+                );
             }
         }
     }
@@ -138,7 +176,12 @@ pub mod targets {
     pub fn probe(data: &[u8]) {
         let tail = data.len().checked_sub(TAIL_BYTES).map(|o| &data[o..]);
         let backup = data.len().checked_sub(FS_BLOCK_SIZE).map(|o| &data[o..]);
-        let _ = probe_sample(&Sample { head: data, backup_block: backup, tail, size: data.len() as u64 });
+        let _ = probe_sample(&Sample {
+            head: data,
+            backup_block: backup,
+            tail,
+            size: data.len() as u64,
+        });
     }
 
     /// Input: patches applied to a populated synthetic volume, then a full check. Each patch
@@ -159,7 +202,9 @@ pub mod targets {
             o += 4 + len;
             let block = base.blocks[usize::from(sel & 0x7f) % base.blocks.len()];
             let start = usize::try_from(block).unwrap_or(usize::MAX) * FS_BLOCK_SIZE;
-            let Some(blk) = img.get_mut(start..start + FS_BLOCK_SIZE) else { continue };
+            let Some(blk) = img.get_mut(start..start + FS_BLOCK_SIZE) else {
+                continue;
+            };
             for (i, x) in bytes.iter().enumerate() {
                 blk[(off + i) % FS_BLOCK_SIZE] ^= x;
                 patched |= *x != 0;
@@ -178,7 +223,11 @@ pub mod targets {
         match check::check_volume(&dev) {
             Ok(r) => {
                 if !patched {
-                    assert!(r.findings.is_empty(), "the untouched sample must check clean: {:?}", r.findings);
+                    assert!(
+                        r.findings.is_empty(),
+                        "the untouched sample must check clean: {:?}",
+                        r.findings
+                    );
                 }
                 for f in &r.findings {
                     let _ = f.to_string();
@@ -228,16 +277,29 @@ pub mod seeds {
             let (_, bits) = decode_bitmap(raw, bm).expect("sample bitmap decodes");
             let used = |b: u64| {
                 let rel = b - sb.group_first_block(0);
-                bits.get(rel as usize / 8).is_some_and(|x| x & (1 << (rel % 8)) != 0)
+                bits.get(rel as usize / 8)
+                    .is_some_and(|x| x & (1 << (rel % 8)) != 0)
             };
             blocks.extend((sb.root_ino..).take_while(|&b| used(b)));
-            BaseImage { image, blocks, backup_block: sb.backup_block }
+            BaseImage {
+                image,
+                blocks,
+                backup_block: sb.backup_block,
+            }
         })
     }
 
     pub fn superblock() -> Vec<Vec<u8>> {
-        let opts = MkfsOptions { label: "seed".into(), ..Default::default() };
-        vec![plan(8 << 30, 512, &opts).expect("plan for 8 GiB").encode(), plan(100 << 30, 4096, &opts).expect("plan for 100 GiB").encode()]
+        let opts = MkfsOptions {
+            label: "seed".into(),
+            ..Default::default()
+        };
+        vec![
+            plan(8 << 30, 512, &opts).expect("plan for 8 GiB").encode(),
+            plan(100 << 30, 4096, &opts)
+                .expect("plan for 100 GiB")
+                .encode(),
+        ]
     }
 
     fn sample_inode() -> Inode {
@@ -249,7 +311,20 @@ pub mod seeds {
             flags: flags::INLINE_EXTENTS,
             size: 40960,
             blocks: 11,
-            inline_extents: vec![Extent { logical: 0, physical: 5000, len: 4, flags: 0 }, Extent { logical: 6, physical: 6000, len: 4, flags: 1 }],
+            inline_extents: vec![
+                Extent {
+                    logical: 0,
+                    physical: 5000,
+                    len: 4,
+                    flags: 0,
+                },
+                Extent {
+                    logical: 6,
+                    physical: 6000,
+                    len: 4,
+                    flags: 1,
+                },
+            ],
             ..Default::default()
         }
     }
@@ -259,7 +334,15 @@ pub mod seeds {
     }
 
     pub fn group_header() -> Vec<Vec<u8>> {
-        vec![GroupHeader { seq: 2, index: 3, first_block: 90000, block_count: 32768, free_blocks: 1000, bitmap_blocks: 2 }.encode()]
+        vec![GroupHeader {
+            seq: 2,
+            index: 3,
+            first_block: 90000,
+            block_count: 32768,
+            free_blocks: 1000,
+            bitmap_blocks: 2,
+        }
+        .encode()]
     }
 
     pub fn bitmap() -> Vec<Vec<u8>> {
@@ -267,7 +350,15 @@ pub mod seeds {
     }
 
     pub fn inode() -> Vec<Vec<u8>> {
-        let mut link = Inode { ino: 99, mode: 0o120777, nlink: 1, size: 7, blocks: 1, inline_data: b"/target".to_vec(), ..Default::default() };
+        let mut link = Inode {
+            ino: 99,
+            mode: 0o120777,
+            nlink: 1,
+            size: 7,
+            blocks: 1,
+            inline_data: b"/target".to_vec(),
+            ..Default::default()
+        };
         let a = link.encode();
         link.mode = 0o040755;
         link.inline_data.clear();
@@ -277,7 +368,15 @@ pub mod seeds {
 
     pub fn extent_value() -> Vec<Vec<u8>> {
         let mut v = 12u64.to_le_bytes().to_vec();
-        v.extend_from_slice(&Extent { logical: 12, physical: 777, len: 3, flags: 1 }.encode_value());
+        v.extend_from_slice(
+            &Extent {
+                logical: 12,
+                physical: 777,
+                len: 3,
+                flags: 1,
+            }
+            .encode_value(),
+        );
         vec![v]
     }
 
@@ -287,14 +386,35 @@ pub mod seeds {
             seq: 1,
             owner: 400,
             level: 0,
-            entries: NodeEntries::Leaf((0..20u64).map(|k| (k * 7 + 3, vec![k as u8; (k % 5) as usize * 4])).collect()),
+            entries: NodeEntries::Leaf(
+                (0..20u64)
+                    .map(|k| (k * 7 + 3, vec![k as u8; (k % 5) as usize * 4]))
+                    .collect(),
+            ),
         };
-        let internal = TreeNode { blockno: 501, seq: 1, owner: 400, level: 1, entries: NodeEntries::Internal(vec![(3, 500), (90, 502), (200, 503)]) };
+        let internal = TreeNode {
+            blockno: 501,
+            seq: 1,
+            owner: 400,
+            level: 1,
+            entries: NodeEntries::Internal(vec![(3, 500), (90, 502), (200, 503)]),
+        };
         vec![leaf.encode(), internal.encode()]
     }
 
     pub fn dirent() -> Vec<Vec<u8>> {
-        let es = [DirEntry { name: b"hello.txt".to_vec(), ino: 300, dtype: 8 }, DirEntry { name: b"sub".to_vec(), ino: 301, dtype: 4 }];
+        let es = [
+            DirEntry {
+                name: b"hello.txt".to_vec(),
+                ino: 300,
+                dtype: 8,
+            },
+            DirEntry {
+                name: b"sub".to_vec(),
+                ino: 301,
+                dtype: 4,
+            },
+        ];
         vec![encode_entries(&es)]
     }
 
@@ -318,6 +438,10 @@ pub mod seeds {
 
     pub fn check_volume() -> Vec<Vec<u8>> {
         // No patch (must be clean), a resealed inode tweak and a raw group header flip.
-        vec![Vec::new(), vec![0x80 | 20, 52, 0, 1, 1], vec![2, 64, 0, 1, 0x10]]
+        vec![
+            Vec::new(),
+            vec![0x80 | 20, 52, 0, 1, 1],
+            vec![2, 64, 0, 1, 0x10],
+        ]
     }
 }

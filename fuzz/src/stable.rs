@@ -5,8 +5,9 @@
 //! panic, saving the input under `artifacts/<target>/`. That catches shallow decoder panics
 //! and roundtrip breaks in CI; deep bugs need `cargo +nightly fuzz run`.
 //!
-//! Usage: `<target> [SECONDS] [--seed N] [INPUT...]` — with input files, runs each once
-//! (to reproduce an artifact) instead of fuzzing.
+//! Usage: `<target> [SECONDS] [--seed N] [--write-seeds DIR] [INPUT...]` — with input files,
+//! runs each once (to reproduce an artifact) instead of fuzzing; `--write-seeds` stores the
+//! seed inputs as files (the committed `seeds/<target>/` corpora libFuzzer starts from).
 
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::{Duration, Instant};
@@ -32,7 +33,20 @@ impl Rng {
     }
 }
 
-const INTERESTING: [u64; 12] = [0, 1, 2, 0x7f, 0x80, 0xff, 0x100, 0xfff, 0x1000, 0xffff, u32::MAX as u64, u64::MAX];
+const INTERESTING: [u64; 12] = [
+    0,
+    1,
+    2,
+    0x7f,
+    0x80,
+    0xff,
+    0x100,
+    0xfff,
+    0x1000,
+    0xffff,
+    u32::MAX as u64,
+    u64::MAX,
+];
 
 fn mutate(rng: &mut Rng, input: &mut Vec<u8>, pool: &[Vec<u8>]) {
     let rounds = 1 + rng.below(8);
@@ -90,7 +104,9 @@ fn mutate(rng: &mut Rng, input: &mut Vec<u8>, pool: &[Vec<u8>]) {
 }
 
 fn save_artifact(name: &str, input: &[u8]) -> String {
-    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("artifacts").join(name);
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("artifacts")
+        .join(name);
     let _ = std::fs::create_dir_all(&dir);
     let mut h = 0xcbf2_9ce4_8422_2325u64;
     for &b in input {
@@ -106,13 +122,28 @@ fn save_artifact(name: &str, input: &[u8]) -> String {
 /// Entry point of every target binary in stable mode.
 pub fn main(name: &str, target: fn(&[u8]), seeds: fn() -> Vec<Vec<u8>>) {
     let mut secs = 10u64;
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
     let mut seed = now.as_nanos() as u64 ^ (u64::from(std::process::id()) << 32);
     let mut files = Vec::new();
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
-        if a == "--seed" {
-            seed = args.next().and_then(|s| s.parse().ok()).unwrap_or_else(|| usage(name));
+        if a == "--write-seeds" {
+            let dir = args.next().unwrap_or_else(|| usage(name));
+            for (i, s) in seeds().iter().enumerate() {
+                let p = std::path::Path::new(&dir).join(format!("seed-{i}"));
+                if let Err(e) = std::fs::create_dir_all(&dir).and_then(|()| std::fs::write(&p, s)) {
+                    eprintln!("{name}: cannot write {}: {e}", p.display());
+                    std::process::exit(2);
+                }
+            }
+            return;
+        } else if a == "--seed" {
+            seed = args
+                .next()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or_else(|| usage(name));
         } else if let Ok(n) = a.parse() {
             secs = n;
         } else if a.starts_with('-') {
@@ -162,6 +193,6 @@ pub fn main(name: &str, target: fn(&[u8]), seeds: fn() -> Vec<Vec<u8>>) {
 }
 
 fn usage(name: &str) -> ! {
-    eprintln!("usage: {name} [SECONDS] [--seed N] [INPUT...]");
+    eprintln!("usage: {name} [SECONDS] [--seed N] [--write-seeds DIR] [INPUT...]");
     std::process::exit(2)
 }
