@@ -178,6 +178,8 @@ impl Allocator {
         let mut runs = Vec::new();
         let mut need = want;
         let mut goal = goal;
+        // The window the file has earned so far; it survives the reservation being used up.
+        let window = self.resv.get(&owner).map_or(MIN_WINDOW, |r| r.window);
         // 1. The owner's reservation, if the file continues where it left off.
         if let Some(r) = self.resv.get(&owner).copied() {
             if r.start == goal || goal == 0 {
@@ -196,7 +198,6 @@ impl Allocator {
                 self.drop_reservation(owner);
             }
         }
-        let window = self.resv.get(&owner).map_or(MIN_WINDOW, |r| r.window);
         // 2. First fit from the goal, wrapping around once; if reservations of other files
         //    are all that stands in the way, drop them and retry.
         for attempt in 0..2 {

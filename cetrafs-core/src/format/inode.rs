@@ -4,10 +4,10 @@
 //! ```text
 //!   0  40 block header (type Inode, owner = own number)
 //!  40   4 mode        44 4 uid        48 4 gid        52 4 nlink
-//!  56   4 flags       60 4 generation (bumped when the block is reused for a new inode)
+//!  56   4 flags       60 4 generation (random per new inode, so a reused number is distinguishable)
 //!  64   8 size        72 8 rdev
 //!  80  12 atime (i64 sec, u32 nsec)   92 12 mtime   104 12 ctime   116 12 crtime
-//! 128   8 blocks (fs blocks held: data, tree nodes, xattr block)
+//! 128   8 blocks (fs blocks held: this inode block, xattr block, tree nodes, data)
 //! 136   8 xattr block (0 = none)
 //! 144   8 tree root (extent tree for files, entry tree for directories; 0 = none)
 //! 152   4 inline length (bytes of the inline area in use)

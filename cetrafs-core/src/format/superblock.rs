@@ -228,7 +228,7 @@ impl Superblock {
             return bad("node slot counts are inconsistent");
         }
         let lpb = (FS_BLOCK_SIZE as u64) / u64::from(self.logical_block_size);
-        if self.hb_blocks * lpb < u64::from(self.hb_slots) || self.lock_blocks * lpb < self.lock_count {
+        if self.hb_blocks.saturating_mul(lpb) < u64::from(self.hb_slots) || self.lock_blocks.saturating_mul(lpb) < self.lock_count {
             return bad("heartbeat or lock area is too small for its records");
         }
         let regions = [
@@ -254,8 +254,9 @@ impl Superblock {
         if self.group_count == 0 || self.group_blocks <= u64::from(self.bitmap_blocks) + 1 {
             return bad("no usable allocation group");
         }
-        if u64::from(self.bitmap_blocks) * super::group::BITS_PER_BITMAP_BLOCK < self.group_blocks {
-            return bad("group bitmap too small for the group");
+        // Exactly as many bitmap blocks as the group needs: mount sizes buffers from this.
+        if u64::from(self.bitmap_blocks) != self.group_blocks.div_ceil(super::group::BITS_PER_BITMAP_BLOCK) {
+            return bad("group bitmap size does not match the group size");
         }
         if self.root_ino < self.group_start || self.root_ino >= prev_end {
             return bad("root inode outside the allocation groups");

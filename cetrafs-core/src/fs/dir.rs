@@ -106,9 +106,7 @@ impl Volume {
             }
         };
         let st = self.state(&mut tx, target)?;
-        let mut inner = st.write();
-        Self::fold_pending(&st, &mut inner);
-        Ok(Self::attr_of(&inner.inode))
+        Ok(Self::attr_with_pending(&st))
     }
 
     /// Allocate and link a new inode; returns its state (write-locked by the caller after).
@@ -517,29 +515,49 @@ impl Volume {
 
     /// Entries after cookie `offset` (0 = start; "." and ".." included). `emit` returns false
     /// when the reply buffer is full; the entry it refused will be offered again next time.
+    ///
+    /// Entries are gathered in batches under the metadata lock and handed to `emit` after it
+    /// is released, so `emit` may call back into the volume (readdirplus does getattr).
+    /// Names that share a 63-bit hash share one cookie; if the reply fills up between them,
+    /// the rest of that (vanishingly rare) group is skipped.
     pub fn readdir(&self, ino: Ino, offset: u64, emit: &mut dyn FnMut(&DirListEntry) -> bool) -> Result<()> {
-        let mut meta = self.lock_meta();
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        let st = self.dir_state(&mut tx, ino)?;
-        let inode = st.read().inode.clone();
-        if offset < 1 && !emit(&DirListEntry { ino, kind: FileKind::Directory, name: b".".to_vec(), next: 1 }) {
-            return Ok(());
-        }
-        if offset < 2 && !emit(&DirListEntry { ino: inode.parent, kind: FileKind::Directory, name: b"..".to_vec(), next: 2 }) {
-            return Ok(());
-        }
-        if inode.tree_root == 0 {
-            return Ok(());
-        }
-        let mut t = Tree::new(&mut tx, inode.tree_root, ino);
-        t.scan_from(offset.max(crate::format::dirent::FIRST_HASH_KEY), &mut |k, v| {
-            for e in decode_entries(v)? {
-                let kind = FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
-                if !emit(&DirListEntry { ino: e.ino, kind, name: e.name, next: k + 1 }) {
-                    return Ok(false);
+        const BATCH: usize = 256;
+        let mut offset = offset;
+        loop {
+            let mut batch = Vec::with_capacity(BATCH + 2);
+            {
+                let mut meta = self.lock_meta();
+                let mut tx = Tx::new(&*self.dev, &mut meta);
+                let st = self.dir_state(&mut tx, ino)?;
+                let inode = st.read().inode.clone();
+                if offset < 1 {
+                    batch.push(DirListEntry { ino, kind: FileKind::Directory, name: b".".to_vec(), next: 1 });
+                }
+                if offset < 2 {
+                    batch.push(DirListEntry { ino: inode.parent, kind: FileKind::Directory, name: b"..".to_vec(), next: 2 });
+                }
+                if inode.tree_root != 0 {
+                    let mut t = Tree::new(&mut tx, inode.tree_root, ino);
+                    t.scan_from(offset.max(crate::format::dirent::FIRST_HASH_KEY), &mut |k, v| {
+                        for e in decode_entries(v)? {
+                            let kind = FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
+                            batch.push(DirListEntry { ino: e.ino, kind, name: e.name, next: k + 1 });
+                        }
+                        Ok(batch.len() < BATCH)
+                    })?;
                 }
             }
-            Ok(true)
-        })
+            let Some(last) = batch.last().map(|e| e.next) else { return Ok(()) };
+            let full = batch.len() >= BATCH;
+            for e in &batch {
+                if !emit(e) {
+                    return Ok(());
+                }
+            }
+            if !full {
+                return Ok(());
+            }
+            offset = last;
+        }
     }
 }

@@ -390,13 +390,20 @@ impl Volume {
             let mut tx = Tx::new(&*self.dev, &mut meta);
             self.state(&mut tx, ino)?
         };
-        if st.has_pending.load(Ordering::Acquire) {
-            let mut inner = st.write();
-            Self::fold_pending(&st, &mut inner);
-            return Ok(Self::attr_of(&inner.inode));
-        }
+        Ok(Self::attr_with_pending(&st))
+    }
+
+    /// Attributes including an mtime that fast-path writes have not folded in yet (it stays
+    /// pending, so the next metadata commit still persists it).
+    fn attr_with_pending(st: &InodeState) -> Attr {
         let inner = st.read();
-        Ok(Self::attr_of(&inner.inode))
+        let mut a = Self::attr_of(&inner.inode);
+        if st.has_pending.load(Ordering::Acquire) {
+            let t = nanos_to_ts(st.pending_mtime.load(Ordering::Relaxed));
+            a.mtime = t;
+            a.ctime = t;
+        }
+        a
     }
 
     /// The kernel dropped its references to `ino`.
