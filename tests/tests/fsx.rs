@@ -208,7 +208,11 @@ impl Fsx {
             // file on a local filesystem; report it.
             self.fail(&format!("{what}: read {via:?} off {off:#x} len {len:#x} returned {n} bytes, expected {expect_n}"));
         }
-        let want = &self.model[off as usize..off as usize + n];
+        let want = if n == 0 {
+            &[][..]
+        } else {
+            &self.model[off as usize..off as usize + n]
+        };
         if buf[..n] != *want {
             let first = buf[..n]
                 .iter()
