@@ -890,13 +890,10 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = self.ino(ino);
+        // Volume::readdir calls emit with its metadata lock released, so calling back is safe.
         let r = self.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
-            let attr = if e.name == b"." || e.name == b".." {
-                // The kernel does not instantiate dot entries; their attributes are informational.
-                self.vol.getattr(e.ino)
-            } else {
-                self.vol.lookup(dir, &e.name)
-            };
+            // The entry names its inode; dot entries are not instantiated by the kernel.
+            let attr = self.vol.getattr(e.ino);
             match attr {
                 Ok(a) => !reply.add(
                     INodeNo(self.nodeid(a.ino)),
