@@ -17,10 +17,11 @@ WORK=$CACHE/work
 T0=$(date +%s.%N)
 log() { printf '[build %6.1fs] %s\n' "$(awk -v a="$T0" -v b="$(date +%s.%N)" 'BEGIN{print b-a}')" "$*"; }
 
-# ---- 1. host packages. sg3-utils: a few binaries copied into the guest for debugging.
+# ---- 1. host packages. sg3-utils: a few binaries copied into the guest for debugging;
+#         dmsetup: the guest suspends a dm device under one LUN to stall its I/O.
 apt-cache show linux-image-amd64 >/dev/null 2>&1 || { log "apt-get update"; apt-get update >/dev/null; }
 need=()
-for p in qemu-system-x86 busybox-static sg3-utils cpio xz-utils kmod; do
+for p in qemu-system-x86 busybox-static sg3-utils dmsetup cpio xz-utils kmod; do
     dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'ok installed' || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
@@ -69,7 +70,8 @@ cp /bin/busybox "$ST/bin/busybox"
 # `busybox --list` contains busybox itself: linking it would replace the binary by a self-link
 for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$ST/bin/$a"; done
 ln -sf ../bin/busybox "$ST/sbin/modprobe"
-MODS="crc32c_generic crc32c_intel configfs target_core_mod target_core_file tcm_loop sd_mod sg"
+# brd + dm_mod: a RAM disk behind dm-linear behind an iblock backstore, for the stall test
+MODS="crc32c_generic crc32c_intel configfs target_core_mod target_core_file target_core_iblock tcm_loop sd_mod sg brd dm_mod"
 : > "$ST/etc/modules.order"
 for m in $MODS; do
     modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
@@ -81,10 +83,11 @@ done | awk '!seen[$0]++' | while read -r ko; do
 done
 cp "$KROOT/lib/modules/$KVER/modules.builtin"* "$KROOT/lib/modules/$KVER/modules.order" "$ST/lib/modules/$KVER/"
 depmod -b "$ST" "$KVER"
-# sg3-utils for manual debugging in the guest (dynamically linked: host and guest are Debian 12)
-for b in sg_inq sg_readcap sg_vpd sg_dd sg_turs sg_raw sg_compare_and_write; do
-    cp "/usr/bin/$b" "$ST/bin/"
-    ldd "/usr/bin/$b" | awk '/=>/{print $3} /ld-linux/{print $1}'
+# sg3-utils (debugging) and dmsetup, dynamically linked: host and guest are both Debian 12
+for b in /usr/bin/sg_inq /usr/bin/sg_readcap /usr/bin/sg_vpd /usr/bin/sg_dd /usr/bin/sg_turs \
+         /usr/bin/sg_raw /usr/bin/sg_compare_and_write /usr/sbin/dmsetup; do
+    cp "$b" "$ST/bin/"
+    ldd "$b" | awk '/=>/{print $3} /ld-linux/{print $1}'
 done | sort -u | while read -r lib; do
     [ -e "$lib" ] || continue
     case $lib in

@@ -3,7 +3,7 @@
 # backstores through tcm_loop as local SCSI disks, runs /bin/lio-check and powers off.
 # Results go to the second serial port (/dev/ttyS1 -> host file results.log), kernel noise
 # stays on ttyS0 (console.log).
-# Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.shell=0
+# Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.stall=0
 export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -14,12 +14,13 @@ R=/dev/ttyS1
 say() { echo "lio-guest: $*"; echo "GUEST $*" > $R; }
 die() { say "FATAL: $*"; dmesg | tail -30 > $R; echo "LIO-CHECK-RESULT FAIL (guest setup: $*)" > $R; sync; poweroff -f; sleep 5; }
 
-SIZE=64M; CAWTOTAL=10200; NPATHS=3
+SIZE=64M; CAWTOTAL=10200; NPATHS=3; STALLTEST=0
 for a in $(cat /proc/cmdline); do
     case $a in
         lio.size=*) SIZE=${a#*=} ;;
         lio.cawtotal=*) CAWTOTAL=${a#*=} ;;
         lio.paths=*) NPATHS=${a#*=} ;;
+        lio.stall=*) STALLTEST=${a#*=} ;;
     esac
 done
 case $SIZE in
@@ -64,7 +65,8 @@ export_lun() {
     # nexus first: the LUN link calls scsi_add_device, which needs the I_T nexus
     mkdir -p $LT || die "mkdir $LT"
     echo naa.50014050000001$(printf %02x $N) > $LT/nexus || die "nexus $N"
-    mkdir $LT/lun/lun_0 && ln -s $T/core/fileio_0/$bs $LT/lun/lun_0/$bs || die "link $bs"
+    BSD=$(ls -d $T/core/*/$bs | head -1)
+    mkdir $LT/lun/lun_0 && ln -s $BSD $LT/lun/lun_0/$bs || die "link $bs"
     i=0; SG=
     while [ $i -lt 200 ]; do
         for s in $(ls /sys/class/scsi_generic); do
@@ -83,11 +85,25 @@ export_lun d512; D512=$LAST_SG; D512SD=$LAST_SD; PATHS=$LAST_SG
 p=1; while [ $p -lt "$NPATHS" ]; do export_lun d512; PATHS="$PATHS,$LAST_SG"; p=$((p + 1)); done
 export_lun d4k; D4K=$LAST_SG; D4KSD=$LAST_SD
 export_lun nocaw; NOCAW=$LAST_SG
+# stall LUN (opt-in, lio.stall=1): iblock on dm-linear over /dev/ram0 (brd). `dmsetup suspend`
+# queues its I/O, so a CAW sent meanwhile outlives its SG_IO timeout: the outcome-unknown path.
+# Opt-in because Debian's 6.1.192 LIO oopses when the aborted CAW completes after resume
+# (list_add corruption in target_cmd_interrupted <- iblock_complete_cmd), see tests/lio/README.md.
+STALL=
+if [ "$STALLTEST" = 1 ] && [ -b /dev/ram0 ] && echo "0 $(cat /sys/block/ram0/size) linear /dev/ram0 0" | dmsetup --noudevsync create stall; then
+    DM=$(for d in /sys/block/dm-*; do [ "$(cat $d/dm/name)" = stall ] && basename $d; done)
+    D=$T/core/iblock_0/stall; mkdir -p $D || die "mkdir $D"
+    echo "udev_path=/dev/$DM" > $D/control && echo "cetrafs-stall" > $D/wwn/vpd_unit_serial &&
+        echo 1 > $D/enable || die "iblock stall"
+    export_lun stall; STALL="--stall $LAST_SG --stall-dm stall"
+else
+    [ "$STALLTEST" = 1 ] && say "no brd/dm-mod: stall test skipped"
+fi
 say "LIO ready at $(cut -d' ' -f1 /proc/uptime)s; memory $(free -m | awk '/Mem:/{print "total="$2"M used="$3"M"}')"
 echo "LIO-READY"
 
 /bin/lio-check all --d512 $D512 --d512-sd $D512SD --d4k $D4K --d4k-sd $D4KSD \
-    --paths "$PATHS" --nocaw $NOCAW --size $BYTES --caw-total $CAWTOTAL > $R 2>&1
+    --paths "$PATHS" --nocaw $NOCAW --size $BYTES --caw-total $CAWTOTAL $STALL > $R 2>&1
 rc=$?
 say "lio-check exit $rc at $(cut -d' ' -f1 /proc/uptime)s"
 # LIO logs every miscompare ("Detected MISCOMPARE at offset N"): count them, show the rest

@@ -6,7 +6,7 @@
 //!
 //! Subcommands:
 //! - `all --d512 SG --d512-sd SD --d4k SG --d4k-sd SD --paths SG,SG,SG --nocaw SG --size BYTES
-//!   [--caw-total N]`: everything below.
+//!   [--caw-total N] [--stall SG --stall-dm NAME]`: everything below.
 //! - `worker --dev SG --lba N --count N --id N --out FILE`: one contention process (spawned by
 //!   `all`): read + COMPARE AND WRITE(counter+1) until `count` CAWs succeeded.
 
@@ -130,6 +130,15 @@ fn run_all(m: &HashMap<String, String>) -> Result<bool, String> {
     summary.push(format!("contention: {:.2}s", t.elapsed().as_secs_f64()));
 
     nocaw(&mut rep, get(m, "nocaw")?);
+
+    match (m.get("stall"), m.get("stall-dm")) {
+        (Some(sg), Some(dm)) => {
+            let t = Instant::now();
+            stall(&mut rep, sg, dm);
+            summary.push(format!("stall: {:.2}s", t.elapsed().as_secs_f64()));
+        }
+        _ => println!("SKIP stall: no --stall LUN"),
+    }
 
     println!("---- summary ----");
     for s in &summary {
@@ -667,4 +676,81 @@ fn nocaw(rep: &mut Report, sg: &str) {
             Err(e) => Err(e.to_string()),
         },
     );
+}
+
+fn dmsetup(args: &[&str]) -> Result<(), String> {
+    let o = std::process::Command::new("dmsetup").arg("--noudevsync").args(args).output().map_err(|e| e.to_string())?;
+    if o.status.success() {
+        Ok(())
+    } else {
+        Err(format!("dmsetup {args:?}: {}", String::from_utf8_lossy(&o.stderr).trim()))
+    }
+}
+
+/// (d) A COMPARE AND WRITE that outlives its timeout: the dm device under the LUN's iblock
+/// backstore is suspended, so the target cannot finish the command; SG_IO times out and the
+/// error must say "outcome unknown". After resuming, re-reading the block resolves it, which
+/// is what the lock layer does.
+fn stall(rep: &mut Report, sg: &str, dm: &str) {
+    let opts = SgDeviceOptions { io_timeout: Duration::from_secs(2), ..SgDeviceOptions::default() };
+    let dev = match SgDevice::open(Path::new(sg), &opts) {
+        Ok(d) => d,
+        Err(e) => return rep.check("stall", "open", Err(e.to_string())),
+    };
+    let lbs = dev.geometry().logical_block_size as usize;
+    let lba = 10u64;
+    let r = (|| -> CheckResult {
+        let mut cur = AlignedBuf::new(lbs);
+        dev.read_at(lba * lbs as u64, &mut cur).map_err(|e| e.to_string())?;
+        let new = random_block(lbs);
+        dmsetup(&["suspend", "--noflush", dm])?;
+        let dm_name = dm.to_string();
+        let resumer = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_secs(6));
+            dmsetup(&["resume", &dm_name])
+        });
+        let t = Instant::now();
+        let res = dev.compare_and_write(lba, &cur, &new);
+        let waited = t.elapsed();
+        resumer.join().map_err(|_| "resume thread panicked".to_string())??;
+        let e = match res {
+            Ok(o) => {
+                return Err(format!(
+                    "CAW returned {o:?} after {waited:?} although the LUN was stalled for 6 s with a 2 s timeout"
+                ))
+            }
+            Err(e) => e,
+        };
+        if !scsi::outcome_unknown(&e) || e.kind() != ErrorKind::Io {
+            return Err(format!("error does not say outcome unknown ({:?}): {e}", e.kind()));
+        }
+        // Resolve the unknown outcome the way the lock layer will: re-read.
+        let mut back = AlignedBuf::new(lbs);
+        let t2 = Instant::now();
+        let mut tries = 0;
+        loop {
+            match dev.read_at(lba * lbs as u64, &mut back) {
+                Ok(()) => break,
+                Err(err) if tries < 20 => {
+                    tries += 1;
+                    println!("INFO stall re-read attempt {tries}: {err}");
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                Err(err) => return Err(format!("LUN unusable after the timeout: {err}")),
+            }
+        }
+        let state = if back[..] == new[..] {
+            "the CAW was applied after all (the write image is on the LUN)"
+        } else if back[..] == cur[..] {
+            "the CAW was not applied"
+        } else {
+            return Err("block holds neither the verify nor the write image".into());
+        };
+        Ok(format!(
+            "SG_IO returned after {:.1}s: {e}; re-read after {:.1}s: {state}",
+            waited.as_secs_f64(),
+            t2.elapsed().as_secs_f64()
+        ))
+    })();
+    rep.check("stall", "CAW timeout -> outcome unknown", r);
 }
