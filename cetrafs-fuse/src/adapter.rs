@@ -41,6 +41,14 @@ const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
 const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
+/// `_IOR/_IOW('X', 31/32, struct fsxattr)`: the kernel asks with FSGETXATTR when it needs the
+/// old attributes before a SETFLAGS (vfs_fileattr_set), and xfs_io uses both.
+const FS_IOC_FSGETXATTR: u32 = 0x801C_581F;
+const FS_IOC_FSSETXATTR: u32 = 0x401C_5820;
+/// sizeof(struct fsxattr): xflags, extsize, nextents, projid, cowextsize, 8 pad bytes.
+const FSXATTR_SIZE: usize = 28;
+/// FS_*_FL inode flag <-> FS_XFLAG_* pairs for the flags CetraFS stores.
+const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 
 /// Result of `Volume::unmount` from `destroy`, for the daemon's exit status.
 pub type UnmountOutcome = Arc<Mutex<Option<Result<(), String>>>>;
@@ -1142,6 +1150,44 @@ impl Filesystem for Adapter {
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &raw[..out_len]),
                     Err(e) => reply.error(self.fail("ioctl(FS_IOC_SETFLAGS)", &e)),
+                }
+            }
+            FS_IOC_FSGETXATTR => match self.vol.get_flags(ino) {
+                Ok(f) => {
+                    let x = FL_XFLAG
+                        .iter()
+                        .filter(|(fl, _)| f & fl != 0)
+                        .fold(0, |x, (_, xf)| x | xf);
+                    let mut fsx = [0u8; FSXATTR_SIZE];
+                    fsx[..4].copy_from_slice(&u32::to_ne_bytes(x));
+                    let n = usize::try_from(out_size)
+                        .unwrap_or(usize::MAX)
+                        .min(FSXATTR_SIZE);
+                    reply.ioctl(0, &fsx[..n]);
+                }
+                Err(e) => reply.error(self.fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
+            },
+            FS_IOC_FSSETXATTR => {
+                let Some(fsx) = in_data.first_chunk::<FSXATTR_SIZE>() else {
+                    reply.error(Errno::EINVAL);
+                    return;
+                };
+                let word =
+                    |i: usize| u32::from_ne_bytes([fsx[i], fsx[i + 1], fsx[i + 2], fsx[i + 3]]);
+                let x = word(0);
+                let known = FL_XFLAG.iter().fold(0, |k, (_, xf)| k | xf);
+                // extent size hints and project ids are not stored: only accept "none".
+                if x & !known != 0 || word(4) != 0 || word(12) != 0 || word(16) != 0 {
+                    reply.error(Errno::EOPNOTSUPP);
+                    return;
+                }
+                let f = FL_XFLAG
+                    .iter()
+                    .filter(|(_, xf)| x & xf != 0)
+                    .fold(0, |f, (fl, _)| f | fl);
+                match self.vol.set_flags(ino, f) {
+                    Ok(()) => reply.ioctl(0, &[]),
+                    Err(e) => reply.error(self.fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
                 }
             }
             _ => reply.error(Errno::ENOTTY),
