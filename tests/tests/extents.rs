@@ -81,6 +81,12 @@ fn check_extents(lun: &Path, ino: u64, bytes: u64, what: &str) -> (usize, usize)
         "{what}: extents cover {next} blocks, file has {}",
         bytes / 4096
     );
+    let mut lens: Vec<u64> = ext.iter().map(|e| u64::from(e.len) * 4096 / 1024).collect();
+    lens.sort_unstable();
+    eprintln!(
+        "extents: {what}: {} extents, sizes in KiB (sorted): {lens:?}",
+        ext.len()
+    );
     (ext.len(), physical_runs(&ext))
 }
 
