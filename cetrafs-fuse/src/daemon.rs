@@ -199,7 +199,14 @@ fn stderr_is_journal() -> bool {
 
 fn init_logging(args: &Args, daemon: bool) {
     use tracing_subscriber::EnvFilter;
-    let default = if args.verbose { "debug" } else { "info" };
+    // fuser's session logs a spurious "Failed to umount filesystem: Invalid argument" after
+    // every normal unmount (it retries the umount the kernel already did); keep that noise
+    // out of the sysadmin's journal unless RUST_LOG asks for it.
+    let default = if args.verbose {
+        "debug"
+    } else {
+        "info,fuser::session=error"
+    };
     let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default));
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)

@@ -20,10 +20,12 @@ pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
 const MAX_TTL_SECS: f64 = 3600.0;
 const MAX_HOST_LEN: usize = 64;
 
-pub const USAGE: &str = "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n\
-  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock,\n\
-           nosuid, nodev, noexec, noatime (and the generic fstab options)\n\
-  -f  stay in the foreground    -v  verbose (debug) logging";
+pub const USAGE: &str = concat!(
+    "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
+    "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock,\n",
+    "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
+    "  -f  stay in the foreground    -v  verbose (debug) logging",
+);
 
 /// A command-line mistake: mount(8) treats helper exit status 1 as "incorrect invocation".
 #[derive(Debug, Clone, PartialEq, Eq)]
