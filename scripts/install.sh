@@ -24,9 +24,11 @@ fi
 echo "install.sh: cargo build --release --bins"
 (cd "$REPO" && cargo build --release --bins)
 
+TARGET=${CARGO_TARGET_DIR:-$REPO/target}
+[[ $TARGET == /* ]] || TARGET=$REPO/$TARGET
 install -d "$PREFIX/sbin"
 for t in "${TOOLS[@]}"; do
-    install -m 0755 "$REPO/target/release/$t-cetra" "$PREFIX/sbin/$t.cetra"
+    install -m 0755 "$TARGET/release/$t-cetra" "$PREFIX/sbin/$t.cetra"
     # /sbin may be /usr/sbin (merged /usr) or a real directory: a link there works for both.
     if [[ ! -e /sbin/$t.cetra || -L /sbin/$t.cetra ]]; then
         ln -sfn "$PREFIX/sbin/$t.cetra" "/sbin/$t.cetra"
