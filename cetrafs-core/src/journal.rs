@@ -172,3 +172,75 @@ pub fn invalidate(dev: &dyn BlockDevice, area: JournalArea) -> Result<()> {
     dev.write_at((area.start + 1) * FS_BLOCK, &AlignedBuf::new(FS_BLOCK_SIZE))?;
     dev.flush()
 }
+
+/// Journals that hold a committed transaction (slot, transaction).
+pub fn pending(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<(u32, FoundTx)>> {
+    let mut out = Vec::new();
+    for slot in 0..sb.max_nodes {
+        if let Some(tx) = find_tx(dev, JournalArea::for_slot(sb, slot))? {
+            out.push((slot, tx));
+        }
+    }
+    Ok(out)
+}
+
+/// A read-only view of a device with every pending journal replayed in memory, for
+/// `fsck.cetra -n` on a volume that crashed: it checks what a mount would see.
+#[derive(Debug)]
+pub struct ReplayedView<'a> {
+    dev: &'a dyn BlockDevice,
+    overlay: std::collections::HashMap<u64, Vec<u8>>,
+}
+
+impl<'a> ReplayedView<'a> {
+    pub fn new(dev: &'a dyn BlockDevice, txs: &[(u32, FoundTx)]) -> Result<Self> {
+        let mut overlay: std::collections::HashMap<u64, Vec<u8>> = std::collections::HashMap::new();
+        let mut home = AlignedBuf::new(FS_BLOCK_SIZE);
+        for (_, tx) in txs {
+            for (b, img) in &tx.blocks {
+                let cur = match overlay.get(b) {
+                    Some(v) => v.clone(),
+                    None => {
+                        dev.read_at(b * FS_BLOCK, &mut home)?;
+                        home.to_vec()
+                    }
+                };
+                if replay_wins(&cur, img) {
+                    overlay.insert(*b, img.clone());
+                }
+            }
+        }
+        Ok(Self { dev, overlay })
+    }
+}
+
+impl BlockDevice for ReplayedView<'_> {
+    fn geometry(&self) -> &crate::dev::Geometry {
+        self.dev.geometry()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.dev.read_at(offset, buf)?;
+        let end = offset + buf.len() as u64;
+        for b in offset / FS_BLOCK..end.div_ceil(FS_BLOCK) {
+            if let Some(img) = self.overlay.get(&b) {
+                let bs = b * FS_BLOCK;
+                let (from, to) = (bs.max(offset), (bs + FS_BLOCK).min(end));
+                let src = &img[usize::try_from(from - bs).unwrap_or(0)..usize::try_from(to - bs).unwrap_or(0)];
+                buf[usize::try_from(from - offset).unwrap_or(0)..usize::try_from(to - offset).unwrap_or(0)].copy_from_slice(src);
+            }
+        }
+        Ok(())
+    }
+    fn write_at(&self, _offset: u64, _buf: &[u8]) -> Result<()> {
+        Err(Error::new(ErrorKind::ReadOnly, "replayed view is read-only"))
+    }
+    fn compare_and_write(&self, _lba: u64, _e: &[u8], _n: &[u8]) -> Result<crate::dev::CawOutcome> {
+        Err(Error::new(ErrorKind::ReadOnly, "replayed view is read-only"))
+    }
+    fn flush(&self) -> Result<()> {
+        Ok(())
+    }
+    fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
+        Ok(())
+    }
+}

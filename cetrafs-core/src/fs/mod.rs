@@ -180,7 +180,7 @@ impl Volume {
             table: Mutex::new(HashMap::new()),
             unmounted: AtomicBool::new(false),
         });
-        if !read_only {
+        if !read_only && !opts.commit_interval.is_zero() {
             Self::spawn_committer(&vol, opts.commit_interval);
         }
         // Make sure the root is readable now rather than on the first lookup.

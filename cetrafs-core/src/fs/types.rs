@@ -159,7 +159,8 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Node identity (host name); recorded in the heartbeat slot by the multi-node layer.
     pub host: String,
-    /// How often pending metadata is committed without an fsync.
+    /// How often pending metadata is committed without an fsync (zero: only on fsync, sync,
+    /// unmount and journal pressure — deterministic, for crash tests).
     pub commit_interval: std::time::Duration,
 }
 
