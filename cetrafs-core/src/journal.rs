@@ -151,7 +151,7 @@ pub fn replay(dev: &dyn BlockDevice, area: JournalArea) -> Result<usize> {
     let mut applied = 0;
     let mut home = AlignedBuf::new(FS_BLOCK_SIZE);
     for (b, img) in &tx.blocks {
-        if *b >= area.start && *b < area.start + area.blocks {
+        if *b > area.start && *b < area.start + area.blocks {
             return Err(Error::corrupted(format!("journal transaction {} logs a block inside the journal", tx.seq)));
         }
         dev.read_at(b * FS_BLOCK, &mut home)?;

@@ -80,6 +80,10 @@ pub enum FindingKind {
     BlockLeaked,
     /// A block referenced by two owners (or twice by one).
     BlockShared,
+    /// A slot header (orphan list) that does not decode.
+    SlotHeader,
+    /// An inode unlinked while open when its node stopped; the next mount of that slot frees it.
+    Orphan,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -1075,6 +1079,37 @@ impl Checker<'_> {
                             }
                         }
                     }
+                }
+            }
+        }
+        self.check_orphans()
+    }
+
+    /// Orphan lists: their inodes are legitimately nameless and still hold blocks.
+    fn check_orphans(&mut self) -> Result<()> {
+        use crate::format::slot_header::SlotHeader;
+        for slot in 0..self.sb.max_nodes {
+            let at = self.sb.journal_start + u64::from(slot) * self.sb.journal_blocks;
+            let header = match SlotHeader::decode(&read_block(self.dev, at)?, at, slot) {
+                Ok(h) => h,
+                Err(e) => {
+                    self.push(FindingKind::SlotHeader, Some(at), None, format!("node slot {slot} header is unusable: {e}"));
+                    continue;
+                }
+            };
+            for ino in header.orphans {
+                let path = format!("<orphan of node slot {slot}>");
+                self.visit_inode(ino, &path)?;
+                if self.inodes.get(&ino).is_some_and(|s| s.nlink != 0) {
+                    self.push(FindingKind::Orphan, Some(ino), Some(ino), format!("inode {ino} is on the orphan list of node slot {slot} but still has links"));
+                } else {
+                    self.report.findings.push(Finding {
+                        kind: FindingKind::Orphan,
+                        severity: Severity::Warning,
+                        block: Some(ino),
+                        ino: Some(ino),
+                        message: format!("inode {ino} was open but unlinked when node slot {slot} stopped; the next mount frees it"),
+                    });
                 }
             }
         }

@@ -9,6 +9,7 @@ pub mod extent;
 pub mod group;
 pub mod inode;
 pub mod journal;
+pub mod slot_header;
 pub mod superblock;
 pub mod tree_node;
 pub mod xattr;

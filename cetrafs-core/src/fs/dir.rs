@@ -289,6 +289,16 @@ impl Volume {
         if inner.inode.nlink == 0 && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
             self.free_inode(tx, inner)
         } else {
+            if inner.inode.nlink == 0 {
+                // Open but nameless: remember it so a crash does not leak it.
+                let mut h = tx.slot_header()?;
+                if h.orphans.len() < crate::format::slot_header::MAX_ORPHANS {
+                    h.orphans.push(inner.inode.ino);
+                    tx.put_slot_header(h);
+                } else {
+                    tracing::warn!("orphan list full: inode {} leaks if this node crashes before closing it", inner.inode.ino);
+                }
+            }
             self.save(tx, inner)
         }
     }

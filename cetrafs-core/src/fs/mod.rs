@@ -193,6 +193,9 @@ impl Volume {
                 bail!(Corrupted, "root inode {root} is not a directory; run fsck.cetra");
             }
         }
+        if !read_only {
+            vol.free_orphans().map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
+        }
         tracing::info!(
             "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
             vol.sb.uuid_string(),
@@ -221,6 +224,34 @@ impl Volume {
         if let Err(e) = spawned {
             tracing::warn!("no background committer ({e}); metadata is committed on fsync/sync/unmount only");
         }
+    }
+
+    /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).
+    fn free_orphans(&self) -> Result<()> {
+        let orphans = {
+            let mut meta = self.lock_meta();
+            Tx::new(&*self.dev, &mut meta).slot_header()?.orphans
+        };
+        if orphans.is_empty() {
+            return Ok(());
+        }
+        self.meta_op(|tx| {
+            for ino in &orphans {
+                let st = self.state(tx, *ino)?;
+                let mut inner = st.write();
+                if inner.inode.nlink == 0 && !inner.freed {
+                    self.free_inode(tx, &mut inner)?;
+                }
+            }
+            let mut h = tx.slot_header()?;
+            if !h.orphans.is_empty() {
+                h.orphans.clear();
+                tx.put_slot_header(h);
+            }
+            Ok(())
+        })?;
+        tracing::info!("freed {} inodes left open-unlinked by a crash", orphans.len());
+        self.lock_meta().commit_point(&*self.dev)
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -331,6 +362,13 @@ impl Volume {
     /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
+        if inner.inode.nlink == 0 {
+            let mut h = tx.slot_header()?;
+            if let Some(i) = h.orphans.iter().position(|&o| o == ino) {
+                h.orphans.swap_remove(i);
+                tx.put_slot_header(h);
+            }
+        }
         if inner.inode.is_reg() {
             for (p, l) in inner.extents.punch(0, u64::MAX) {
                 tx.meta.alloc.free(p, l);

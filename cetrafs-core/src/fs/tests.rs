@@ -220,3 +220,28 @@ fn corrupt_superblock_falls_back_to_backup_then_fails_clearly() {
     let e = Volume::mount(zero, &MountOptions::default()).unwrap_err();
     assert!(e.to_string().contains("not a CetraFS volume"), "{e}");
 }
+
+#[test]
+fn orphans_survive_a_crash_and_are_freed_by_the_next_mount() {
+    let (dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    v.mknod(r, b"keep", libc::S_IFREG | 0o644, 0, C).unwrap();
+    v.sync().unwrap();
+    let free0 = v.statfs().unwrap().bfree;
+    let (a, fh) = v.create(r, b"tmp", 0o644, C, true).unwrap();
+    v.write(&fh, 0, &vec![3u8; 300_000]).unwrap();
+    v.unlink(r, b"tmp").unwrap();
+    v.fsync(a.ino, false).unwrap();
+    // Crash: the file is still open, nameless, and holds blocks.
+    let image = dev.snapshot();
+    let crashed = Arc::new(MemDevice::from_image(image, 512));
+    let report = crate::check::check_volume(&*crashed).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+    assert!(report.has(crate::check::FindingKind::Orphan));
+    let v2 = Volume::mount(crashed.clone(), &MountOptions::default()).unwrap();
+    assert_eq!(v2.statfs().unwrap().bfree, free0, "the orphan's blocks come back");
+    v2.unmount().unwrap();
+    let report = crate::check::check_volume(&*crashed).unwrap();
+    assert!(report.is_clean() && !report.has(crate::check::FindingKind::Orphan), "{:?}", report.findings);
+    v.release(&fh).unwrap();
+}

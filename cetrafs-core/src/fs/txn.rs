@@ -37,11 +37,13 @@ pub(crate) struct Meta {
     next_seq: u64,
     /// A commit point failed: what is on disk is unknown, so no more metadata is written.
     failed: bool,
+    /// This node's slot (whose journal and orphan list it uses).
+    pub slot: u32,
 }
 
 impl Meta {
     pub fn new(alloc: Allocator, journal: JournalArea) -> Self {
-        Self { alloc, cache: HashMap::new(), pending: BTreeMap::new(), journal, next_seq: 1, failed: false }
+        Self { alloc, cache: HashMap::new(), pending: BTreeMap::new(), journal, next_seq: 1, failed: false, slot: 0 }
     }
 
     pub fn has_pending(&self) -> bool {
@@ -101,6 +103,10 @@ impl Meta {
     pub fn is_failed(&self) -> bool {
         self.failed
     }
+
+    pub fn journal(&self) -> JournalArea {
+        self.journal
+    }
 }
 
 #[derive(Debug)]
@@ -140,6 +146,19 @@ impl<'a> Tx<'a> {
     pub fn prior_seq(&mut self, block: u64) -> Result<u64> {
         let raw = self.read(block)?;
         Ok(BlockHeader::decode(&raw).map_or(0, |h| h.seq))
+    }
+
+    /// This node's slot header (orphan list).
+    pub fn slot_header(&mut self) -> Result<crate::format::slot_header::SlotHeader> {
+        let at = self.meta.journal().start;
+        let raw = self.read(at)?;
+        crate::format::slot_header::SlotHeader::decode(&raw, at, self.meta.slot)
+    }
+
+    pub fn put_slot_header(&mut self, mut h: crate::format::slot_header::SlotHeader) {
+        h.seq += 1;
+        let at = self.meta.journal().start;
+        self.write(at, h.encode(at));
     }
 
     pub fn write(&mut self, block: u64, data: Vec<u8>) {
