@@ -105,7 +105,8 @@ impl Group {
         }
         let per = BITS_PER_BITMAP_BLOCK;
         for blk in bit / per..=(bit + len - 1) / per {
-            self.dirty_bitmaps.insert(usize::try_from(blk).unwrap_or(usize::MAX));
+            self.dirty_bitmaps
+                .insert(usize::try_from(blk).unwrap_or(usize::MAX));
         }
         self.header_dirty = true;
     }
@@ -145,7 +146,13 @@ impl Allocator {
                 header_dirty: false,
             });
         }
-        Ok(Self { groups: out, group_start: sb.group_start, group_blocks: sb.group_blocks, resv: HashMap::new(), quarantine: Vec::new() })
+        Ok(Self {
+            groups: out,
+            group_start: sb.group_start,
+            group_blocks: sb.group_blocks,
+            resv: HashMap::new(),
+            quarantine: Vec::new(),
+        })
     }
 
     fn locate(&self, block: u64) -> Option<(usize, u64)> {
@@ -163,7 +170,8 @@ impl Allocator {
     }
 
     pub fn is_used(&self, block: u64) -> bool {
-        self.locate(block).is_some_and(|(g, bit)| get(&self.groups[g].used, bit))
+        self.locate(block)
+            .is_some_and(|(g, bit)| get(&self.groups[g].used, bit))
     }
 
     /// Allocate exactly `want` blocks for `owner` (0 = metadata, no reservation), as close to
@@ -173,7 +181,10 @@ impl Allocator {
             return Ok(Vec::new());
         }
         if self.free_blocks() < want {
-            return Err(Error::new(ErrorKind::NoSpace, "no space left on the volume"));
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                "no space left on the volume",
+            ));
         }
         let mut runs = Vec::new();
         let mut need = want;
@@ -192,7 +203,14 @@ impl Allocator {
                 if left == 0 {
                     self.resv.remove(&owner);
                 } else {
-                    self.resv.insert(owner, Reservation { start: r.start + take, len: left, window: r.window });
+                    self.resv.insert(
+                        owner,
+                        Reservation {
+                            start: r.start + take,
+                            len: left,
+                            window: r.window,
+                        },
+                    );
                 }
             } else {
                 self.drop_reservation(owner);
@@ -202,7 +220,9 @@ impl Allocator {
         //    are all that stands in the way, drop them and retry.
         for attempt in 0..2 {
             while need > 0 {
-                let Some((start, len)) = self.find_run(goal, need.max(1)) else { break };
+                let Some((start, len)) = self.find_run(goal, need.max(1)) else {
+                    break;
+                };
                 let take = len.min(need);
                 self.mark_used(start, take);
                 runs.push((start, take));
@@ -224,17 +244,29 @@ impl Allocator {
                     self.groups[g].mark(bit, l, false);
                 }
             }
-            return Err(Error::new(ErrorKind::NoSpace, "no space left on the volume"));
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                "no space left on the volume",
+            ));
         }
         // 3. Reserve the run after the allocation for the file's next writes.
         if owner != 0 && !self.resv.contains_key(&owner) {
-            let next_window = (window * 2).min(MAX_WINDOW).max(want.next_power_of_two().min(MAX_WINDOW));
+            let next_window = (window * 2)
+                .min(MAX_WINDOW)
+                .max(want.next_power_of_two().min(MAX_WINDOW));
             if let Some((g, bit)) = self.locate(goal) {
                 let grp = &self.groups[g];
                 let len = grp.run_len(bit, self.group_blocks, next_window);
                 if len > 0 {
                     set_range(&mut self.groups[g].resv, bit, len, true);
-                    self.resv.insert(owner, Reservation { start: goal, len, window: next_window });
+                    self.resv.insert(
+                        owner,
+                        Reservation {
+                            start: goal,
+                            len,
+                            window: next_window,
+                        },
+                    );
                 }
             }
         }
@@ -282,7 +314,10 @@ impl Allocator {
             return;
         }
         if let Some((g, bit)) = self.locate(start) {
-            debug_assert!((bit..bit + len).all(|b| get(&self.groups[g].used, b)), "double free at {start}+{len}");
+            debug_assert!(
+                (bit..bit + len).all(|b| get(&self.groups[g].used, b)),
+                "double free at {start}+{len}"
+            );
             self.groups[g].mark(bit, len, false);
             set_range(&mut self.groups[g].resv, bit, len, true);
             self.quarantine.push((start, len));
@@ -347,7 +382,11 @@ pub(crate) mod tests {
 
     fn setup() -> (Superblock, Allocator) {
         let dev = MemDevice::new(512 << 20, 512);
-        let opts = crate::mkfs::MkfsOptions { max_nodes: 2, journal_bytes: 1 << 20, ..Default::default() };
+        let opts = crate::mkfs::MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            ..Default::default()
+        };
         let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
         let a = load(&dev, &sb);
         (sb, a)
@@ -407,8 +446,14 @@ pub(crate) mod tests {
             gb = y.last().map(|(s, l)| s + l).unwrap();
             rb.extend(y);
         }
-        let frags = |v: &Vec<(u64, u64)>| v.windows(2).filter(|w| w[0].0 + w[0].1 != w[1].0).count();
-        assert!(frags(&ra) <= 4 && frags(&rb) <= 4, "a: {} b: {}", frags(&ra), frags(&rb));
+        let frags =
+            |v: &Vec<(u64, u64)>| v.windows(2).filter(|w| w[0].0 + w[0].1 != w[1].0).count();
+        assert!(
+            frags(&ra) <= 4 && frags(&rb) <= 4,
+            "a: {} b: {}",
+            frags(&ra),
+            frags(&rb)
+        );
     }
 
     proptest! {

@@ -45,7 +45,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub fn new(kind: ErrorKind, context: impl Into<String>) -> Self {
-        Self { kind, context: context.into(), source: None }
+        Self {
+            kind,
+            context: context.into(),
+            source: None,
+        }
     }
 
     pub fn with_source(
@@ -53,7 +57,11 @@ impl Error {
         context: impl Into<String>,
         source: impl std::error::Error + Send + Sync + 'static,
     ) -> Self {
-        Self { kind, context: context.into(), source: Some(Box::new(source)) }
+        Self {
+            kind,
+            context: context.into(),
+            source: Some(Box::new(source)),
+        }
     }
 
     pub fn io(context: impl Into<String>, source: std::io::Error) -> Self {
@@ -124,7 +132,9 @@ impl fmt::Display for Error {
 
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.source.as_ref().map(|s| &**s as &(dyn std::error::Error + 'static))
+        self.source
+            .as_ref()
+            .map(|s| &**s as &(dyn std::error::Error + 'static))
     }
 }
 

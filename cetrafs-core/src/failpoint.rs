@@ -10,15 +10,25 @@ mod imp {
     static ARMED: Mutex<Option<HashSet<String>>> = Mutex::new(None);
 
     pub fn arm(name: &str) {
-        ARMED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get_or_insert_with(HashSet::new).insert(name.to_string());
+        ARMED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get_or_insert_with(HashSet::new)
+            .insert(name.to_string());
     }
 
     pub fn disarm_all() {
-        *ARMED.lock().unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *ARMED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
     }
 
     pub fn hit(name: &str) -> bool {
-        ARMED.lock().unwrap_or_else(std::sync::PoisonError::into_inner).as_ref().is_some_and(|s| s.contains(name))
+        ARMED
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|s| s.contains(name))
     }
 }
 
@@ -32,7 +42,10 @@ macro_rules! failpoint {
         #[cfg(feature = "failpoints")]
         {
             if $crate::failpoint::hit($name) {
-                return Err($crate::Error::new($crate::ErrorKind::Io, concat!("failpoint ", $name)));
+                return Err($crate::Error::new(
+                    $crate::ErrorKind::Io,
+                    concat!("failpoint ", $name),
+                ));
             }
         }
     };

@@ -24,7 +24,10 @@ pub struct JournalArea {
 
 impl JournalArea {
     pub fn for_slot(sb: &Superblock, slot: u32) -> Self {
-        Self { start: sb.journal_start + u64::from(slot) * sb.journal_blocks, blocks: sb.journal_blocks }
+        Self {
+            start: sb.journal_start + u64::from(slot) * sb.journal_blocks,
+            blocks: sb.journal_blocks,
+        }
     }
 
     /// The most blocks one transaction can log.
@@ -55,9 +58,21 @@ fn tx_crc(descs: &[Vec<u8>], images: &[&[u8]]) -> u32 {
 }
 
 /// Write one compound transaction (caller flushes before and after).
-pub fn write_tx(dev: &dyn BlockDevice, area: JournalArea, seq: u64, blocks: &[(u64, &[u8])]) -> Result<()> {
+pub fn write_tx(
+    dev: &dyn BlockDevice,
+    area: JournalArea,
+    seq: u64,
+    blocks: &[(u64, &[u8])],
+) -> Result<()> {
     if blocks.len() > area.capacity() {
-        return Err(Error::new(ErrorKind::NoSpace, format!("transaction of {} blocks exceeds the journal ({} blocks)", blocks.len(), area.capacity())));
+        return Err(Error::new(
+            ErrorKind::NoSpace,
+            format!(
+                "transaction of {} blocks exceeds the journal ({} blocks)",
+                blocks.len(),
+                area.capacity()
+            ),
+        ));
     }
     let n = blocks.len();
     let d = n.div_ceil(ENTRIES_PER_DESCRIPTOR).max(1);
@@ -65,7 +80,11 @@ pub fn write_tx(dev: &dyn BlockDevice, area: JournalArea, seq: u64, blocks: &[(u
     let total = d + n + 1;
     let mut buf = AlignedBuf::new(total * FS_BLOCK_SIZE);
     let mut descs = Vec::with_capacity(d);
-    for (i, chunk) in blocks.chunks(ENTRIES_PER_DESCRIPTOR).chain(std::iter::repeat_n(&[][..], usize::from(n == 0))).enumerate() {
+    for (i, chunk) in blocks
+        .chunks(ENTRIES_PER_DESCRIPTOR)
+        .chain(std::iter::repeat_n(&[][..], usize::from(n == 0)))
+        .enumerate()
+    {
         let desc = Descriptor {
             seq,
             index: u32::try_from(i).unwrap_or(u32::MAX),
@@ -103,16 +122,21 @@ pub fn find_tx(dev: &dyn BlockDevice, area: JournalArea) -> Result<Option<FoundT
         Ok(buf.to_vec())
     };
     let d0raw = read(first)?;
-    let Ok(d0) = Descriptor::decode(&d0raw, first) else { return Ok(None) };
+    let Ok(d0) = Descriptor::decode(&d0raw, first) else {
+        return Ok(None);
+    };
     let (d, n) = (d0.count as usize, d0.logged as usize);
-    if d == 0 || d != n.div_ceil(ENTRIES_PER_DESCRIPTOR).max(1) || (d + n + 2) as u64 > area.blocks {
+    if d == 0 || d != n.div_ceil(ENTRIES_PER_DESCRIPTOR).max(1) || (d + n + 2) as u64 > area.blocks
+    {
         return Ok(None);
     }
     let mut descs = vec![d0raw];
     let mut homes = d0.homes;
     for i in 1..d {
         let raw = read(first + i as u64)?;
-        let Ok(di) = Descriptor::decode(&raw, first + i as u64) else { return Ok(None) };
+        let Ok(di) = Descriptor::decode(&raw, first + i as u64) else {
+            return Ok(None);
+        };
         if di.seq != d0.seq || di.index as usize != i {
             return Ok(None);
         }
@@ -127,17 +151,28 @@ pub fn find_tx(dev: &dyn BlockDevice, area: JournalArea) -> Result<Option<FoundT
         images.push(read(first + (d + i) as u64)?);
     }
     let craw = read(first + (d + n) as u64)?;
-    let Ok(c) = Commit::decode(&craw, first + (d + n) as u64) else { return Ok(None) };
+    let Ok(c) = Commit::decode(&craw, first + (d + n) as u64) else {
+        return Ok(None);
+    };
     let refs: Vec<&[u8]> = images.iter().map(Vec::as_slice).collect();
-    if c.seq != d0.seq || c.descriptors as usize != d || c.logged as usize != n || c.crc != tx_crc(&descs, &refs) {
+    if c.seq != d0.seq
+        || c.descriptors as usize != d
+        || c.logged as usize != n
+        || c.crc != tx_crc(&descs, &refs)
+    {
         return Ok(None);
     }
-    Ok(Some(FoundTx { seq: d0.seq, blocks: homes.into_iter().zip(images).collect() }))
+    Ok(Some(FoundTx {
+        seq: d0.seq,
+        blocks: homes.into_iter().zip(images).collect(),
+    }))
 }
 
 /// Should the logged image replace the home image? Only if it is newer (or home is garbage).
 pub fn replay_wins(home: &[u8], logged: &[u8]) -> bool {
-    let Ok(l) = BlockHeader::decode(logged) else { return false };
+    let Ok(l) = BlockHeader::decode(logged) else {
+        return false;
+    };
     match BlockHeader::decode(home) {
         Ok(h) => h.seq < l.seq || (h.seq == l.seq && home != logged),
         Err(_) => true,
@@ -147,12 +182,17 @@ pub fn replay_wins(home: &[u8], logged: &[u8]) -> bool {
 /// Replay a slot's journal onto the device (idempotent), then invalidate it.
 /// Returns the number of blocks written home.
 pub fn replay(dev: &dyn BlockDevice, area: JournalArea) -> Result<usize> {
-    let Some(tx) = find_tx(dev, area)? else { return Ok(0) };
+    let Some(tx) = find_tx(dev, area)? else {
+        return Ok(0);
+    };
     let mut applied = 0;
     let mut home = AlignedBuf::new(FS_BLOCK_SIZE);
     for (b, img) in &tx.blocks {
         if *b > area.start && *b < area.start + area.blocks {
-            return Err(Error::corrupted(format!("journal transaction {} logs a block inside the journal", tx.seq)));
+            return Err(Error::corrupted(format!(
+                "journal transaction {} logs a block inside the journal",
+                tx.seq
+            )));
         }
         dev.read_at(b * FS_BLOCK, &mut home)?;
         if replay_wins(&home, img) {
@@ -163,7 +203,11 @@ pub fn replay(dev: &dyn BlockDevice, area: JournalArea) -> Result<usize> {
     }
     dev.flush()?;
     invalidate(dev, area)?;
-    tracing::info!("journal replay: transaction {} with {} blocks, {applied} written home", tx.seq, tx.blocks.len());
+    tracing::info!(
+        "journal replay: transaction {} with {} blocks, {applied} written home",
+        tx.seq,
+        tx.blocks.len()
+    );
     Ok(applied)
 }
 
@@ -225,17 +269,26 @@ impl BlockDevice for ReplayedView<'_> {
             if let Some(img) = self.overlay.get(&b) {
                 let bs = b * FS_BLOCK;
                 let (from, to) = (bs.max(offset), (bs + FS_BLOCK).min(end));
-                let src = &img[usize::try_from(from - bs).unwrap_or(0)..usize::try_from(to - bs).unwrap_or(0)];
-                buf[usize::try_from(from - offset).unwrap_or(0)..usize::try_from(to - offset).unwrap_or(0)].copy_from_slice(src);
+                let src = &img[usize::try_from(from - bs).unwrap_or(0)
+                    ..usize::try_from(to - bs).unwrap_or(0)];
+                buf[usize::try_from(from - offset).unwrap_or(0)
+                    ..usize::try_from(to - offset).unwrap_or(0)]
+                    .copy_from_slice(src);
             }
         }
         Ok(())
     }
     fn write_at(&self, _offset: u64, _buf: &[u8]) -> Result<()> {
-        Err(Error::new(ErrorKind::ReadOnly, "replayed view is read-only"))
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            "replayed view is read-only",
+        ))
     }
     fn compare_and_write(&self, _lba: u64, _e: &[u8], _n: &[u8]) -> Result<crate::dev::CawOutcome> {
-        Err(Error::new(ErrorKind::ReadOnly, "replayed view is read-only"))
+        Err(Error::new(
+            ErrorKind::ReadOnly,
+            "replayed view is read-only",
+        ))
     }
     fn flush(&self) -> Result<()> {
         Ok(())

@@ -2,7 +2,9 @@
 
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::group::{encode_bitmap, GroupHeader, BITMAP_BYTES_PER_BLOCK, BITS_PER_BITMAP_BLOCK};
+use crate::format::group::{
+    encode_bitmap, GroupHeader, BITMAP_BYTES_PER_BLOCK, BITS_PER_BITMAP_BLOCK,
+};
 use crate::format::inode::{Inode, Timespec};
 use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
@@ -51,10 +53,16 @@ impl Default for MkfsOptions {
 pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock> {
     let inval = |m: String| Err(Error::new(ErrorKind::InvalidInput, m));
     if opts.label.len() > crate::format::superblock::LABEL_LEN {
-        return inval(format!("label is longer than {} bytes", crate::format::superblock::LABEL_LEN));
+        return inval(format!(
+            "label is longer than {} bytes",
+            crate::format::superblock::LABEL_LEN
+        ));
     }
     if opts.max_nodes == 0 || opts.max_nodes > 1024 {
-        return inval(format!("max nodes {} must be between 1 and 1024", opts.max_nodes));
+        return inval(format!(
+            "max nodes {} must be between 1 and 1024",
+            opts.max_nodes
+        ));
     }
     if opts.heartbeat_interval_ms == 0 || opts.io_timeout_ms < opts.heartbeat_interval_ms {
         return inval("io timeout must be at least the heartbeat interval".into());
@@ -67,7 +75,8 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     let hb_start = 2;
     let after_hb = hb_start + hb_blocks;
     // First guess of the group area to size the lock area (one record per group).
-    let rough_avail = total.saturating_sub(after_hb + journal_blocks * u64::from(opts.max_nodes) + 1);
+    let rough_avail =
+        total.saturating_sub(after_hb + journal_blocks * u64::from(opts.max_nodes) + 1);
     let group_blocks = match opts.group_bytes {
         Some(b) => (b / FS_BLOCK).max(MIN_GROUP_BLOCKS),
         None => {
@@ -99,7 +108,8 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
             ),
         ));
     }
-    let bitmap_blocks = u32::try_from(group_blocks.div_ceil(BITS_PER_BITMAP_BLOCK)).unwrap_or(u32::MAX);
+    let bitmap_blocks =
+        u32::try_from(group_blocks.div_ceil(BITS_PER_BITMAP_BLOCK)).unwrap_or(u32::MAX);
     let mut uuid = [0u8; 16];
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid);
     uuid[6] = (uuid[6] & 0x0f) | 0x40;
@@ -137,12 +147,21 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
 }
 
 pub fn now() -> Timespec {
-    let d = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
-    Timespec { sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX), nsec: d.subsec_nanos() }
+    let d = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap_or_default();
+    Timespec {
+        sec: i64::try_from(d.as_secs()).unwrap_or(i64::MAX),
+        nsec: d.subsec_nanos(),
+    }
 }
 
 /// Write a fresh volume. `progress(done, total)` is called as regions are written.
-pub fn format(dev: &dyn BlockDevice, opts: &MkfsOptions, progress: &mut dyn FnMut(u64, u64)) -> Result<Superblock> {
+pub fn format(
+    dev: &dyn BlockDevice,
+    opts: &MkfsOptions,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<Superblock> {
     let geo = dev.geometry().clone();
     let sb = plan(geo.size_bytes, geo.logical_block_size, opts)?;
     let total_steps = sb.group_count + u64::from(sb.max_nodes) + 3;
@@ -162,7 +181,11 @@ pub fn format(dev: &dyn BlockDevice, opts: &MkfsOptions, progress: &mut dyn FnMu
     tick(progress);
     for n in 0..u64::from(sb.max_nodes) {
         let start = sb.journal_start + n * sb.journal_blocks;
-        zero_range(dev, start, (JOURNAL_ZERO_BYTES / FS_BLOCK).min(sb.journal_blocks))?;
+        zero_range(
+            dev,
+            start,
+            (JOURNAL_ZERO_BYTES / FS_BLOCK).min(sb.journal_blocks),
+        )?;
         tick(progress);
     }
 
@@ -217,7 +240,10 @@ pub fn format(dev: &dyn BlockDevice, opts: &MkfsOptions, progress: &mut dyn FnMu
         crtime: t,
         ..Default::default()
     };
-    dev.write_at(sb.root_ino * FS_BLOCK, &AlignedBuf::from_slice(&root.encode()))?;
+    dev.write_at(
+        sb.root_ino * FS_BLOCK,
+        &AlignedBuf::from_slice(&root.encode()),
+    )?;
     dev.flush()?;
     // Backup first, primary last: the volume exists only once the primary is written.
     let sbb = AlignedBuf::from_slice(&sb.encode());
@@ -235,7 +261,10 @@ fn zero_range(dev: &dyn BlockDevice, start: u64, blocks: u64) -> Result<()> {
     let mut b = start;
     while b < start + blocks {
         let n = CHUNK.min(start + blocks - b);
-        dev.write_at(b * FS_BLOCK, &buf[..usize::try_from(n * FS_BLOCK).unwrap_or(0)])?;
+        dev.write_at(
+            b * FS_BLOCK,
+            &buf[..usize::try_from(n * FS_BLOCK).unwrap_or(0)],
+        )?;
         b += n;
     }
     Ok(())
@@ -249,7 +278,11 @@ mod tests {
     #[test]
     fn plan_and_format_small() {
         let dev = MemDevice::new(256 << 20, 512);
-        let opts = MkfsOptions { max_nodes: 4, journal_bytes: 4 << 20, ..Default::default() };
+        let opts = MkfsOptions {
+            max_nodes: 4,
+            journal_bytes: 4 << 20,
+            ..Default::default()
+        };
         let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
         let mut b = vec![0u8; 4096];
         dev.read_at(0, &mut b).unwrap();

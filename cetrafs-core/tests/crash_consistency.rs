@@ -9,7 +9,9 @@
 use cetrafs_core::check::check_volume;
 use cetrafs_core::dev::mem::MemDevice;
 use cetrafs_core::dev::record::{crash_image, unflushed_writes, Op, RecordingDevice, Unflushed};
-use cetrafs_core::fs::{Caller, FallocMode, FileKind, Ino, MountOptions, OpenFile, RenameFlags, SetAttr, Volume};
+use cetrafs_core::fs::{
+    Caller, FallocMode, FileKind, Ino, MountOptions, OpenFile, RenameFlags, SetAttr, Volume,
+};
 use cetrafs_core::mkfs::{format, MkfsOptions};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -23,7 +25,10 @@ const C: Caller = Caller::ROOT;
 const IMG_BLOCKS: u64 = 2048;
 
 fn opts() -> MountOptions {
-    MountOptions { commit_interval: Duration::ZERO, ..MountOptions::default() }
+    MountOptions {
+        commit_interval: Duration::ZERO,
+        ..MountOptions::default()
+    }
 }
 
 /// The byte a writer puts at `offset` of inode `ino`: recognisable and position-dependent.
@@ -33,15 +38,26 @@ fn pattern_byte(ino: Ino, offset: u64) -> u8 {
 }
 
 fn pattern(ino: Ino, offset: u64, len: usize) -> Vec<u8> {
-    (0..len as u64).map(|i| pattern_byte(ino, offset + i)).collect()
+    (0..len as u64)
+        .map(|i| pattern_byte(ino, offset + i))
+        .collect()
 }
 
 fn base_image() -> Vec<u8> {
     // Free space holds a marker, so any exposure of never-written blocks is visible.
     let marker = b"STALE!!\x01";
-    let img: Vec<u8> = marker.iter().copied().cycle().take(DEV_SIZE as usize).collect();
+    let img: Vec<u8> = marker
+        .iter()
+        .copied()
+        .cycle()
+        .take(DEV_SIZE as usize)
+        .collect();
     let dev = MemDevice::from_image(img, LBS);
-    let mk = MkfsOptions { max_nodes: 2, journal_bytes: 2 << 20, ..Default::default() };
+    let mk = MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: 2 << 20,
+        ..Default::default()
+    };
     format(&dev, &mk, &mut |_, _| {}).unwrap();
     dev.snapshot()
 }
@@ -67,9 +83,20 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
     let mut rng = StdRng::seed_from_u64(seed);
     let root = vol.root_ino();
     let (img, img_fh) = vol.create(root, b"img", 0o600, C, true).unwrap();
-    vol.fallocate(img.ino, 0, IMG_BLOCKS * 4096, FallocMode::Allocate { keep_size: false }).unwrap();
+    vol.fallocate(
+        img.ino,
+        0,
+        IMG_BLOCKS * 4096,
+        FallocMode::Allocate { keep_size: false },
+    )
+    .unwrap();
     vol.fsync(img.ino, false).unwrap();
-    let mut w = Workload { durable: Vec::new(), img_durable: Vec::new(), img_ino: img.ino, img_at: dev.position() };
+    let mut w = Workload {
+        durable: Vec::new(),
+        img_durable: Vec::new(),
+        img_ino: img.ino,
+        img_at: dev.position(),
+    };
     let mut img_pending: Vec<u64> = Vec::new();
     // Scratch namespace model: directory inode -> names.
     let mut dirs: Vec<Ino> = vec![root];
@@ -87,12 +114,18 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                 let mut off = 0;
                 while off < size {
                     let len = rng.gen_range(1..70_000u64).min(size - off);
-                    vol.write(&fh, off, &pattern(a.ino, off, len as usize)).unwrap();
+                    vol.write(&fh, off, &pattern(a.ino, off, len as usize))
+                        .unwrap();
                     off += len;
                 }
                 vol.fsync(a.ino, false).unwrap();
                 vol.release(&fh).unwrap();
-                w.durable.push(Durable { name, ino: a.ino, size, at: dev.position() });
+                w.durable.push(Durable {
+                    name,
+                    ino: a.ino,
+                    size,
+                    at: dev.position(),
+                });
             }
             2 | 3 => {
                 let name = format!("f{n}");
@@ -117,7 +150,16 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
             6 if !files.is_empty() => {
                 let i = rng.gen_range(0..files.len());
                 let new = format!("r{n}");
-                if vol.rename(files[i].0, files[i].1.as_bytes(), d, new.as_bytes(), RenameFlags::default()).is_ok() {
+                if vol
+                    .rename(
+                        files[i].0,
+                        files[i].1.as_bytes(),
+                        d,
+                        new.as_bytes(),
+                        RenameFlags::default(),
+                    )
+                    .is_ok()
+                {
                     files[i] = (d, new);
                 }
             }
@@ -139,10 +181,31 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                     let off = rng.gen_range(0..200_000u64);
                     let len = rng.gen_range(1..40_000u64);
                     let r = match rng.gen_range(0..5) {
-                        0 => vol.setattr(a.ino, &SetAttr { size: Some(off), ..Default::default() }, C).map(|_| ()),
-                        1 => vol.fallocate(a.ino, off, len, FallocMode::Allocate { keep_size: rng.gen() }),
+                        0 => vol
+                            .setattr(
+                                a.ino,
+                                &SetAttr {
+                                    size: Some(off),
+                                    ..Default::default()
+                                },
+                                C,
+                            )
+                            .map(|_| ()),
+                        1 => vol.fallocate(
+                            a.ino,
+                            off,
+                            len,
+                            FallocMode::Allocate {
+                                keep_size: rng.gen(),
+                            },
+                        ),
                         2 => vol.fallocate(a.ino, off, len, FallocMode::PunchHole),
-                        3 => vol.fallocate(a.ino, off, len, FallocMode::ZeroRange { keep_size: true }),
+                        3 => vol.fallocate(
+                            a.ino,
+                            off,
+                            len,
+                            FallocMode::ZeroRange { keep_size: true },
+                        ),
                         _ => vol.open(a.ino, true, false).and_then(|fh| {
                             vol.write(&fh, off, &pattern(a.ino, off, len as usize))?;
                             vol.release(&fh)
@@ -167,12 +230,19 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                 }
             }
             12 => {
-                let _ = vol.setxattr(d, format!("user.k{}", n % 7).as_bytes(), &pattern(d, 0, rng.gen_range(0..300)), false, false);
+                let _ = vol.setxattr(
+                    d,
+                    format!("user.k{}", n % 7).as_bytes(),
+                    &pattern(d, 0, rng.gen_range(0..300)),
+                    false,
+                    false,
+                );
             }
             13..=16 => {
                 // O_DIRECT-style 4 KiB writes into the preallocated image.
                 let b = rng.gen_range(0..IMG_BLOCKS);
-                vol.write(&img_fh, b * 4096, &pattern(img.ino, b * 4096, 4096)).unwrap();
+                vol.write(&img_fh, b * 4096, &pattern(img.ino, b * 4096, 4096))
+                    .unwrap();
                 img_pending.push(b);
             }
             17 => {
@@ -192,7 +262,9 @@ fn check_file_bytes(ino: Ino, off: u64, data: &[u8], what: &str) -> Result<(), S
     for (i, &b) in data.iter().enumerate() {
         let o = off + i as u64;
         if b != 0 && b != pattern_byte(ino, o) {
-            return Err(format!("{what}: inode {ino} byte {o} = {b:#x}: stale or foreign data"));
+            return Err(format!(
+                "{what}: inode {ino} byte {o} = {b:#x}: stale or foreign data"
+            ));
         }
     }
     Ok(())
@@ -200,7 +272,8 @@ fn check_file_bytes(ino: Ino, off: u64, data: &[u8], what: &str) -> Result<(), S
 
 fn read(vol: &Volume, fh: &OpenFile, off: u64, len: u32) -> Vec<u8> {
     let mut v = Vec::new();
-    vol.read(fh, off, len, &mut |d| v.extend_from_slice(d)).unwrap();
+    vol.read(fh, off, len, &mut |d| v.extend_from_slice(d))
+        .unwrap();
     v
 }
 
@@ -222,7 +295,9 @@ fn verify_state(img: Vec<u8>, w: &Workload, at: usize) -> Result<(), String> {
                 FileKind::Directory => stack.push(e.ino),
                 FileKind::Regular => {
                     let a = vol.getattr(e.ino).map_err(|x| format!("getattr: {x}"))?;
-                    let fh = vol.open(e.ino, false, false).map_err(|x| format!("open: {x}"))?;
+                    let fh = vol
+                        .open(e.ino, false, false)
+                        .map_err(|x| format!("open: {x}"))?;
                     let mut off = 0;
                     while off < a.size {
                         let data = read(&vol, &fh, off, 1 << 20);
@@ -240,16 +315,24 @@ fn verify_state(img: Vec<u8>, w: &Workload, at: usize) -> Result<(), String> {
     }
     // fsync'd files.
     for d in w.durable.iter().filter(|d| d.at <= at) {
-        let a = vol.lookup(vol.root_ino(), d.name.as_bytes()).map_err(|e| format!("fsync'd {} lost: {e}", d.name))?;
+        let a = vol
+            .lookup(vol.root_ino(), d.name.as_bytes())
+            .map_err(|e| format!("fsync'd {} lost: {e}", d.name))?;
         if a.ino != d.ino || a.size != d.size {
-            return Err(format!("fsync'd {}: size {} (want {})", d.name, a.size, d.size));
+            return Err(format!(
+                "fsync'd {}: size {} (want {})",
+                d.name, a.size, d.size
+            ));
         }
         let fh = vol.open(a.ino, false, false).map_err(|e| e.to_string())?;
         let mut off = 0;
         while off < d.size {
             let data = read(&vol, &fh, off, 1 << 20);
             if data != pattern(d.ino, off, data.len()) {
-                return Err(format!("fsync'd {}: content differs near byte {off}", d.name));
+                return Err(format!(
+                    "fsync'd {}: content differs near byte {off}",
+                    d.name
+                ));
             }
             off += data.len() as u64;
         }
@@ -257,7 +340,9 @@ fn verify_state(img: Vec<u8>, w: &Workload, at: usize) -> Result<(), String> {
     }
     // fsync'd image blocks.
     if w.img_at <= at {
-        let fh = vol.open(w.img_ino, false, false).map_err(|e| format!("image lost: {e}"))?;
+        let fh = vol
+            .open(w.img_ino, false, false)
+            .map_err(|e| format!("image lost: {e}"))?;
         for &(b, when) in &w.img_durable {
             if when <= at && read(&vol, &fh, b * 4096, 4096) != pattern(w.img_ino, b * 4096, 4096) {
                 return Err(format!("fsync'd image block {b} lost"));
@@ -276,34 +361,76 @@ fn verify_state(img: Vec<u8>, w: &Workload, at: usize) -> Result<(), String> {
 
 #[test]
 fn crash_states_are_consistent_and_keep_fsynced_data() {
-    let states: usize = std::env::var("CRASH_STATES").ok().and_then(|s| s.parse().ok()).unwrap_or(1200);
-    let seed: u64 = std::env::var("CRASH_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or(0x5eed);
+    let states: usize = std::env::var("CRASH_STATES")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1200);
+    let seed: u64 = std::env::var("CRASH_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(0x5eed);
     let base = base_image();
-    let dev = Arc::new(RecordingDevice::new(MemDevice::from_image(base.clone(), LBS)));
+    let dev = Arc::new(RecordingDevice::new(MemDevice::from_image(
+        base.clone(),
+        LBS,
+    )));
     let vol = Volume::mount(dev.clone(), &opts()).unwrap();
     let w = run_workload(&vol, &dev, seed);
     vol.unmount().unwrap();
     let log = dev.log();
-    let flushes: Vec<usize> = log.iter().enumerate().filter(|(_, o)| matches!(o, Op::Flush)).map(|(i, _)| i + 1).collect();
-    assert!(w.durable.len() > 10 && w.img_durable.len() > 10, "workload too small to prove anything");
+    let flushes: Vec<usize> = log
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, Op::Flush))
+        .map(|(i, _)| i + 1)
+        .collect();
+    assert!(
+        w.durable.len() > 10 && w.img_durable.len() > 10,
+        "workload too small to prove anything"
+    );
     let mut rng = StdRng::seed_from_u64(seed ^ 0xabcdef);
     // (a) every flush point, everything before it persisted;
     // (b) random points between flushes, random subsets, sometimes a torn write.
-    let mut plan: Vec<(usize, Unflushed, usize)> =
-        flushes.iter().map(|&at| (at, Unflushed { persisted: vec![], torn: None }, at)).collect();
+    let mut plan: Vec<(usize, Unflushed, usize)> = flushes
+        .iter()
+        .map(|&at| {
+            (
+                at,
+                Unflushed {
+                    persisted: vec![],
+                    torn: None,
+                },
+                at,
+            )
+        })
+        .collect();
     while plan.len() < states {
         let at = rng.gen_range(1..=log.len());
         let n = unflushed_writes(&log, at);
         let persisted: Vec<bool> = (0..n).map(|_| rng.gen_bool(0.5)).collect();
         let torn = if n > 0 && rng.gen_bool(0.3) {
             let i = rng.gen_range(0..n);
-            let len = log[..at].iter().filter_map(|o| if let Op::Write { data, .. } = o { Some(data.len()) } else { None }).rev().nth(n - 1 - i).unwrap_or(512);
+            let len = log[..at]
+                .iter()
+                .filter_map(|o| {
+                    if let Op::Write { data, .. } = o {
+                        Some(data.len())
+                    } else {
+                        None
+                    }
+                })
+                .rev()
+                .nth(n - 1 - i)
+                .unwrap_or(512);
             Some((i, rng.gen_range(1..(len / 512).max(2)) * 512))
         } else {
             None
         };
         // A crash state only vouches for fsyncs that completed before its last flush.
-        let durable_at = log[..at].iter().rposition(|o| matches!(o, Op::Flush)).map_or(0, |i| i + 1);
+        let durable_at = log[..at]
+            .iter()
+            .rposition(|o| matches!(o, Op::Flush))
+            .map_or(0, |i| i + 1);
         plan.push((at, Unflushed { persisted, torn }, durable_at));
     }
     let tested = plan.len();
@@ -325,7 +452,10 @@ fn crash_states_are_consistent_and_keep_fsynced_data() {
                 })
             })
             .collect();
-        handles.into_iter().flat_map(|h| h.join().unwrap()).collect()
+        handles
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect()
     });
     eprintln!(
         "crash harness: seed {seed}, {} log ops, {} flushes, {tested} crash states, {} durable files, {} durable image blocks, {} failures",
@@ -335,14 +465,22 @@ fn crash_states_are_consistent_and_keep_fsynced_data() {
         w.img_durable.len(),
         failures.len()
     );
-    assert!(failures.is_empty(), "{} inconsistent crash states, first: {:#?}", failures.len(), &failures[..failures.len().min(5)]);
+    assert!(
+        failures.is_empty(),
+        "{} inconsistent crash states, first: {:#?}",
+        failures.len(),
+        &failures[..failures.len().min(5)]
+    );
 }
 
 /// A crash while replaying the journal, then replaying again, converges to the same volume.
 #[test]
 fn crash_during_replay_converges() {
     let base = base_image();
-    let dev = Arc::new(RecordingDevice::new(MemDevice::from_image(base.clone(), LBS)));
+    let dev = Arc::new(RecordingDevice::new(MemDevice::from_image(
+        base.clone(),
+        LBS,
+    )));
     let vol = Volume::mount(dev.clone(), &opts()).unwrap();
     let w = run_workload(&vol, &dev, 7);
     vol.unmount().unwrap();
@@ -350,9 +488,23 @@ fn crash_during_replay_converges() {
     // Crash points right after a journal commit (the flush after the journal write), before
     // the home writes are flushed: replay has real work to do.
     let mut tried = 0;
-    for (i, _) in log.iter().enumerate().filter(|(_, o)| matches!(o, Op::Flush)).skip(1).step_by(3) {
+    for (i, _) in log
+        .iter()
+        .enumerate()
+        .filter(|(_, o)| matches!(o, Op::Flush))
+        .skip(1)
+        .step_by(3)
+    {
         let at = i + 1;
-        let img = crash_image(&base, &log, at, &Unflushed { persisted: vec![], torn: None });
+        let img = crash_image(
+            &base,
+            &log,
+            at,
+            &Unflushed {
+                persisted: vec![],
+                torn: None,
+            },
+        );
         let clean = {
             let d = Arc::new(MemDevice::from_image(img.clone(), LBS));
             let v = Volume::mount(d.clone(), &opts()).unwrap();
@@ -361,27 +513,39 @@ fn crash_during_replay_converges() {
         };
         for cut_after in [1u64, 2, 5] {
             let d = Arc::new(MemDevice::from_image(img.clone(), LBS));
-            d.faults.fail_write_countdown.store(cut_after, std::sync::atomic::Ordering::Relaxed);
+            d.faults
+                .fail_write_countdown
+                .store(cut_after, std::sync::atomic::Ordering::Relaxed);
             if Volume::mount(d.clone(), &opts()).is_ok() {
                 continue; // nothing (or too little) to replay at this point
             }
             tried += 1;
             let half = d.snapshot();
-            verify_state(half, &w, at).unwrap_or_else(|e| panic!("after a crash inside replay at {at} (cut after {cut_after}): {e}"));
+            verify_state(half, &w, at).unwrap_or_else(|e| {
+                panic!("after a crash inside replay at {at} (cut after {cut_after}): {e}")
+            });
             // And the converged volume's metadata equals a clean replay's, file by file.
             let d2 = Arc::new(MemDevice::from_image(d.snapshot(), LBS));
             let v2 = Volume::mount(d2.clone(), &opts()).unwrap();
-            let v1 = Volume::mount(Arc::new(MemDevice::from_image(clean.clone(), LBS)), &opts()).unwrap();
+            let v1 = Volume::mount(Arc::new(MemDevice::from_image(clean.clone(), LBS)), &opts())
+                .unwrap();
             let list = |v: &Volume| {
                 let mut m = BTreeMap::new();
                 v.readdir(v.root_ino(), 0, &mut |e| {
-                    m.insert(e.name.clone(), v.getattr(e.ino).map(|a| a.size).unwrap_or(u64::MAX));
+                    m.insert(
+                        e.name.clone(),
+                        v.getattr(e.ino).map(|a| a.size).unwrap_or(u64::MAX),
+                    );
                     true
                 })
                 .unwrap();
                 m
             };
-            assert_eq!(list(&v1), list(&v2), "replay after a crash in replay diverged at {at}");
+            assert_eq!(
+                list(&v1),
+                list(&v2),
+                "replay after a crash in replay diverged at {at}"
+            );
         }
     }
     assert!(tried >= 5, "only {tried} interrupted replays exercised");

@@ -86,7 +86,9 @@ fn run(cli: &Cli) -> u8 {
     // A node that crashed leaves a committed transaction in its journal. Without -n it is
     // replayed first (what the next mount would do); with -n the check runs on a view with
     // the replay applied in memory, so findings are about the volume as it will be.
-    let pending = match cetrafs_core::fs::read_superblock(&dev).and_then(|sb| journal::pending(&dev, &sb).map(|p| (sb, p))) {
+    let pending = match cetrafs_core::fs::read_superblock(&dev)
+        .and_then(|sb| journal::pending(&dev, &sb).map(|p| (sb, p)))
+    {
         Ok((_, p)) if p.is_empty() => Vec::new(),
         Ok((sb, p)) if !cli.no_change => {
             drop(dev);
@@ -252,8 +254,20 @@ mod tests {
 
 /// Open for journal replay (the only write fsck makes today).
 fn open_rw(path: &Path, lbs: u32) -> Result<FileDevice, String> {
-    let opts = FileDeviceOptions { read_only: false, file_logical_block_size: lbs, direct: true };
+    let opts = FileDeviceOptions {
+        read_only: false,
+        file_logical_block_size: lbs,
+        direct: true,
+    };
     FileDevice::open(path, &opts)
-        .or_else(|_| FileDevice::open(path, &FileDeviceOptions { direct: false, ..opts.clone() }))
+        .or_else(|_| {
+            FileDevice::open(
+                path,
+                &FileDeviceOptions {
+                    direct: false,
+                    ..opts.clone()
+                },
+            )
+        })
         .map_err(|e| e.to_string())
 }

@@ -1093,7 +1093,12 @@ impl Checker<'_> {
             let header = match SlotHeader::decode(&read_block(self.dev, at)?, at, slot) {
                 Ok(h) => h,
                 Err(e) => {
-                    self.push(FindingKind::SlotHeader, Some(at), None, format!("node slot {slot} header is unusable: {e}"));
+                    self.push(
+                        FindingKind::SlotHeader,
+                        Some(at),
+                        None,
+                        format!("node slot {slot} header is unusable: {e}"),
+                    );
                     continue;
                 }
             };

@@ -25,7 +25,9 @@ impl AlignedBuf {
         let layout = Layout::from_size_align(cap, IO_ALIGN).expect("buffer size overflows isize");
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
-        let Some(ptr) = NonNull::new(raw) else { std::alloc::handle_alloc_error(layout) };
+        let Some(ptr) = NonNull::new(raw) else {
+            std::alloc::handle_alloc_error(layout)
+        };
         Self { ptr, len, layout }
     }
 

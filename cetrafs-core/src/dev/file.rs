@@ -6,7 +6,9 @@
 //! this backend get no atomicity at all. An in-process stripe of mutexes covers threads that
 //! share our one descriptor, which OFD locks do not separate.
 
-use super::{check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry, IO_ALIGN};
+use super::{
+    check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry, IO_ALIGN,
+};
 use crate::error::{Error, ErrorKind, Result};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
@@ -32,7 +34,11 @@ pub struct FileDeviceOptions {
 
 impl Default for FileDeviceOptions {
     fn default() -> Self {
-        Self { read_only: false, file_logical_block_size: 512, direct: true }
+        Self {
+            read_only: false,
+            file_logical_block_size: 512,
+            direct: true,
+        }
     }
 }
 
@@ -58,7 +64,10 @@ impl FileDevice {
             Err(e) if opts.direct && e.raw_os_error() == Some(libc::EINVAL) => {
                 return Err(Error::with_source(
                     ErrorKind::Unsupported,
-                    format!("{}: the filesystem holding it does not support O_DIRECT", ctx()),
+                    format!(
+                        "{}: the filesystem holding it does not support O_DIRECT",
+                        ctx()
+                    ),
                     e,
                 ))
             }
@@ -79,15 +88,28 @@ impl FileDevice {
             }
             let rdev = meta.rdev();
             let lbs = u32::try_from(lbs).unwrap_or(512);
-            (size, lbs, pbs.max(lbs), format!("blockdev:{}:{}", libc::major(rdev), libc::minor(rdev)))
+            (
+                size,
+                lbs,
+                pbs.max(lbs),
+                format!("blockdev:{}:{}", libc::major(rdev), libc::minor(rdev)),
+            )
         } else {
             let lbs = opts.file_logical_block_size;
-            (meta.len(), lbs, lbs, format!("file:{}:{}", meta.dev(), meta.ino()))
+            (
+                meta.len(),
+                lbs,
+                lbs,
+                format!("file:{}:{}", meta.dev(), meta.ino()),
+            )
         };
         if lbs != 512 && lbs != 4096 {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                format!("{}: logical block size {lbs} is not supported (512 or 4096)", path.display()),
+                format!(
+                    "{}: logical block size {lbs} is not supported (512 or 4096)",
+                    path.display()
+                ),
             ));
         }
         let size = size - size % u64::from(lbs);
@@ -119,7 +141,8 @@ impl FileDevice {
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
         fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
         fl.l_whence = libc::SEEK_SET as libc::c_short;
-        fl.l_start = i64::try_from(start).map_err(|_| Error::new(ErrorKind::Range, "lock offset"))?;
+        fl.l_start =
+            i64::try_from(start).map_err(|_| Error::new(ErrorKind::Range, "lock offset"))?;
         fl.l_len = i64::try_from(len).map_err(|_| Error::new(ErrorKind::Range, "lock length"))?;
         loop {
             // SAFETY: valid fd and a pointer to an initialized flock.
@@ -156,7 +179,16 @@ impl BlockDevice for FileDevice {
             buf.copy_from_slice(&b);
             r
         };
-        res.map_err(|e| Error::io(format!("read of {} bytes at {offset} from {}", buf.len(), self.path.display()), e))
+        res.map_err(|e| {
+            Error::io(
+                format!(
+                    "read of {} bytes at {offset} from {}",
+                    buf.len(),
+                    self.path.display()
+                ),
+                e,
+            )
+        })
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
@@ -166,7 +198,16 @@ impl BlockDevice for FileDevice {
         } else {
             self.file.write_all_at(&AlignedBuf::from_slice(buf), offset)
         };
-        res.map_err(|e| Error::io(format!("write of {} bytes at {offset} to {}", buf.len(), self.path.display()), e))
+        res.map_err(|e| {
+            Error::io(
+                format!(
+                    "write of {} bytes at {offset} to {}",
+                    buf.len(),
+                    self.path.display()
+                ),
+                e,
+            )
+        })
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
@@ -174,7 +215,9 @@ impl BlockDevice for FileDevice {
         let lbs = self.geo.lbs();
         let off = lba * lbs;
         #[allow(clippy::cast_possible_truncation)] // modulo a small constant
-        let _g = self.caw_stripes[(lba % CAW_STRIPES as u64) as usize].lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _g = self.caw_stripes[(lba % CAW_STRIPES as u64) as usize]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         self.ofd_lock(off, lbs, true)?;
         let result = (|| {
             let mut cur = AlignedBuf::new(expected.len());
@@ -194,11 +237,18 @@ impl BlockDevice for FileDevice {
     }
 
     fn flush(&self) -> Result<()> {
-        self.file.sync_data().map_err(|e| Error::io(format!("flush of {}", self.path.display()), e))
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io(format!("flush of {}", self.path.display()), e))
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        check_io(&self.geo, offset, usize::try_from(len).unwrap_or(usize::MAX), "discard")?;
+        check_io(
+            &self.geo,
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            "discard",
+        )?;
         if self.is_block {
             let range = [offset, len];
             // SAFETY: valid fd, pointer to a [u64; 2] as BLKDISCARD expects.
@@ -211,7 +261,8 @@ impl BlockDevice for FileDevice {
         } else {
             let r = nix::fcntl::fallocate(
                 &self.file,
-                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
+                nix::fcntl::FallocateFlags::FALLOC_FL_PUNCH_HOLE
+                    | nix::fcntl::FallocateFlags::FALLOC_FL_KEEP_SIZE,
                 i64::try_from(offset).unwrap_or(i64::MAX),
                 i64::try_from(len).unwrap_or(i64::MAX),
             );

@@ -46,7 +46,10 @@ impl MemDevice {
                 identity: format!("mem:{:x}", rand::random::<u64>()),
                 caw: CawKind::InProcess,
             },
-            data: RwLock::new(vec![0; usize::try_from(size).expect("memory device too large")]),
+            data: RwLock::new(vec![
+                0;
+                usize::try_from(size).expect("memory device too large")
+            ]),
             caw_lock: Mutex::new(()),
             faults: Faults::default(),
             writes: AtomicU64::new(0),
@@ -56,12 +59,17 @@ impl MemDevice {
 
     /// A copy of the whole device, e.g. to reopen it as another "node" or after a crash.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.data.read().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.data
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     pub fn from_image(image: Vec<u8>, logical_block_size: u32) -> Self {
         let d = Self::new(image.len() as u64, logical_block_size);
-        *d.data.write().unwrap_or_else(std::sync::PoisonError::into_inner) = image;
+        *d.data
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = image;
         d
     }
 
@@ -78,10 +86,15 @@ impl MemDevice {
         }
         let c = self.faults.fail_write_countdown.load(Ordering::Relaxed);
         if c > 0 {
-            self.faults.fail_write_countdown.store(c - 1, Ordering::Relaxed);
+            self.faults
+                .fail_write_countdown
+                .store(c - 1, Ordering::Relaxed);
             if c == 1 {
                 self.faults.fail_writes.store(true, Ordering::Relaxed);
-                return Err(Error::new(ErrorKind::Io, "injected write error (countdown)"));
+                return Err(Error::new(
+                    ErrorKind::Io,
+                    "injected write error (countdown)",
+                ));
             }
         }
         Ok(!self.faults.cut.load(Ordering::Relaxed))
@@ -105,7 +118,10 @@ impl BlockDevice for MemDevice {
         if self.faults.fail_reads.load(Ordering::Relaxed) {
             return Err(Error::new(ErrorKind::Io, "injected read error"));
         }
-        let d = self.data.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let d = self
+            .data
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         buf.copy_from_slice(&d[Self::range(offset, buf.len())]);
         Ok(())
     }
@@ -118,15 +134,25 @@ impl BlockDevice for MemDevice {
         }
         self.writes.fetch_add(1, Ordering::Relaxed);
         let tear = self.faults.tear_next_write_at.swap(0, Ordering::Relaxed);
-        let keep = if tear > 0 { buf.len().min(usize::try_from(tear).unwrap_or(usize::MAX)) } else { buf.len() };
-        let mut d = self.data.write().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let keep = if tear > 0 {
+            buf.len().min(usize::try_from(tear).unwrap_or(usize::MAX))
+        } else {
+            buf.len()
+        };
+        let mut d = self
+            .data
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         d[Self::range(offset, keep)].copy_from_slice(&buf[..keep]);
         Ok(())
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         check_caw(&self.geo, lba, expected, new)?;
-        let _g = self.caw_lock.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _g = self
+            .caw_lock
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         let off = lba * self.geo.lbs();
         let mut cur = vec![0; expected.len()];
         self.read_at(off, &mut cur)?;
@@ -144,7 +170,12 @@ impl BlockDevice for MemDevice {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        check_io(&self.geo, offset, usize::try_from(len).unwrap_or(usize::MAX), "discard")?;
+        check_io(
+            &self.geo,
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            "discard",
+        )?;
         Ok(())
     }
 }
@@ -158,8 +189,14 @@ mod tests {
         let d = MemDevice::new(1 << 20, 512);
         let zero = vec![0u8; 512];
         let one = vec![1u8; 512];
-        assert_eq!(d.compare_and_write(3, &zero, &one).unwrap(), CawOutcome::Written);
-        assert_eq!(d.compare_and_write(3, &zero, &one).unwrap(), CawOutcome::Miscompare);
+        assert_eq!(
+            d.compare_and_write(3, &zero, &one).unwrap(),
+            CawOutcome::Written
+        );
+        assert_eq!(
+            d.compare_and_write(3, &zero, &one).unwrap(),
+            CawOutcome::Miscompare
+        );
         let mut b = vec![0u8; 512];
         d.read_at(3 * 512, &mut b).unwrap();
         assert_eq!(b, one);

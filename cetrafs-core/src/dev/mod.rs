@@ -82,10 +82,16 @@ pub(crate) fn check_io(geo: &Geometry, offset: u64, len: usize, what: &str) -> R
             format!("{what} at {offset} len {len} is not aligned to the {lbs}-byte logical block"),
         ));
     }
-    if offset.checked_add(len64).is_none_or(|end| end > geo.size_bytes) {
+    if offset
+        .checked_add(len64)
+        .is_none_or(|end| end > geo.size_bytes)
+    {
         return Err(Error::new(
             ErrorKind::Range,
-            format!("{what} at {offset} len {len} is beyond the end of the device ({} bytes)", geo.size_bytes),
+            format!(
+                "{what} at {offset} len {len} is beyond the end of the device ({} bytes)",
+                geo.size_bytes
+            ),
         ));
     }
     Ok(())
@@ -96,7 +102,11 @@ pub(crate) fn check_caw(geo: &Geometry, lba: u64, expected: &[u8], new: &[u8]) -
     if expected.len() != lbs || new.len() != lbs {
         return Err(Error::new(
             ErrorKind::InvalidInput,
-            format!("compare_and_write covers exactly one {lbs}-byte block, got {}/{}", expected.len(), new.len()),
+            format!(
+                "compare_and_write covers exactly one {lbs}-byte block, got {}/{}",
+                expected.len(),
+                new.len()
+            ),
         ));
     }
     check_io(geo, lba * geo.lbs(), lbs, "compare_and_write")

@@ -24,20 +24,32 @@ pub struct RecordingDevice<D: BlockDevice> {
 
 impl<D: BlockDevice> RecordingDevice<D> {
     pub fn new(inner: D) -> Self {
-        Self { inner, log: Mutex::new(Vec::new()) }
+        Self {
+            inner,
+            log: Mutex::new(Vec::new()),
+        }
     }
 
     pub fn log(&self) -> Vec<Op> {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).clone()
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
     }
 
     /// Number of ops logged so far (a position in the log).
     pub fn position(&self) -> usize {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).len()
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len()
     }
 
     fn push(&self, op: Op) {
-        self.log.lock().unwrap_or_else(std::sync::PoisonError::into_inner).push(op);
+        self.log
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(op);
     }
 }
 
@@ -50,13 +62,19 @@ impl<D: BlockDevice> BlockDevice for RecordingDevice<D> {
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         self.inner.write_at(offset, buf)?;
-        self.push(Op::Write { offset, data: buf.to_vec() });
+        self.push(Op::Write {
+            offset,
+            data: buf.to_vec(),
+        });
         Ok(())
     }
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         let r = self.inner.compare_and_write(lba, expected, new)?;
         if r == CawOutcome::Written {
-            self.push(Op::Write { offset: lba * self.inner.geometry().lbs(), data: new.to_vec() });
+            self.push(Op::Write {
+                offset: lba * self.inner.geometry().lbs(),
+                data: new.to_vec(),
+            });
         }
         Ok(r)
     }
@@ -82,7 +100,10 @@ pub struct Unflushed {
 /// Build the image of a crash at log position `at` (ops before `at` were issued).
 pub fn crash_image(base: &[u8], log: &[Op], at: usize, unflushed: &Unflushed) -> Vec<u8> {
     let mut img = base.to_vec();
-    let last_flush = log[..at].iter().rposition(|o| matches!(o, Op::Flush)).map_or(0, |i| i + 1);
+    let last_flush = log[..at]
+        .iter()
+        .rposition(|o| matches!(o, Op::Flush))
+        .map_or(0, |i| i + 1);
     let apply = |img: &mut Vec<u8>, offset: u64, data: &[u8]| {
         let o = usize::try_from(offset).unwrap_or(usize::MAX);
         img[o..o + data.len()].copy_from_slice(data);
@@ -97,7 +118,9 @@ pub fn crash_image(base: &[u8], log: &[Op], at: usize, unflushed: &Unflushed) ->
         if let Op::Write { offset, data } = op {
             if unflushed.persisted.get(i).copied().unwrap_or(false) {
                 match unflushed.torn {
-                    Some((t, keep)) if t == i => apply(&mut img, *offset, &data[..keep.min(data.len())]),
+                    Some((t, keep)) if t == i => {
+                        apply(&mut img, *offset, &data[..keep.min(data.len())])
+                    }
                     _ => apply(&mut img, *offset, data),
                 }
             }
@@ -109,6 +132,12 @@ pub fn crash_image(base: &[u8], log: &[Op], at: usize, unflushed: &Unflushed) ->
 
 /// Number of writes between the last flush before `at` and `at`.
 pub fn unflushed_writes(log: &[Op], at: usize) -> usize {
-    let last_flush = log[..at].iter().rposition(|o| matches!(o, Op::Flush)).map_or(0, |i| i + 1);
-    log[last_flush..at].iter().filter(|o| matches!(o, Op::Write { .. })).count()
+    let last_flush = log[..at]
+        .iter()
+        .rposition(|o| matches!(o, Op::Flush))
+        .map_or(0, |i| i + 1);
+    log[last_flush..at]
+        .iter()
+        .filter(|o| matches!(o, Op::Write { .. }))
+        .count()
 }

@@ -19,7 +19,9 @@ use super::{check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, G
 use crate::error::{Error, ErrorKind, Result};
 use crate::scsi::cdb::{self, vpd_page};
 use crate::scsi::vpd::{self, BlockLimits, Capacity, Provisioning, StandardInquiry};
-use crate::scsi::{classify, sgio, CommandKind, Completion, Direction, FailureKind, Outcome, ScsiFailure, SgIoHdr};
+use crate::scsi::{
+    classify, sgio, CommandKind, Completion, Direction, FailureKind, Outcome, ScsiFailure, SgIoHdr,
+};
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -200,12 +202,18 @@ impl SgDevice {
         let p = self.path.display().to_string();
         // TEST UNIT READY first: it also soaks up the UNIT ATTENTION (power on / reset) a
         // freshly attached LUN reports once per initiator.
-        if let Err(f) = self.submit(CommandKind::Query, &cdb::test_unit_ready(), DataBuf::None, self.opts.data_timeout)
-        {
+        if let Err(f) = self.submit(
+            CommandKind::Query,
+            &cdb::test_unit_ready(),
+            DataBuf::None,
+            self.opts.data_timeout,
+        ) {
             if let Some(errno @ (libc::ENOTTY | libc::EINVAL)) = f.errno {
                 return Err(Error::with_source(
                     ErrorKind::Unsupported,
-                    format!("{p} is not a SCSI device (SG_IO refused); use it through the file backend"),
+                    format!(
+                        "{p} is not a SCSI device (SG_IO refused); use it through the file backend"
+                    ),
                     std::io::Error::from_raw_os_error(errno),
                 ));
             }
@@ -214,7 +222,12 @@ impl SgDevice {
 
         let mut inq = vec![0u8; 96];
         let done = self
-            .submit(CommandKind::Query, &cdb::inquiry(96), DataBuf::In(&mut inq), self.opts.data_timeout)
+            .submit(
+                CommandKind::Query,
+                &cdb::inquiry(96),
+                DataBuf::In(&mut inq),
+                self.opts.data_timeout,
+            )
             .map_err(|f| f.into_error(format!("INQUIRY on {p}")))?;
         inq.truncate(received(96, done));
         let inquiry = StandardInquiry::parse(&inq)
@@ -230,10 +243,19 @@ impl SgDevice {
         }
 
         let mut rc = vec![0u8; cdb::READ_CAPACITY_16_LEN as usize];
-        self.submit(CommandKind::Query, &cdb::read_capacity16(), DataBuf::In(&mut rc), self.opts.data_timeout)
-            .map_err(|f| f.into_error(format!("READ CAPACITY(16) on {p}")))?;
-        let capacity = Capacity::parse(&rc)
-            .ok_or_else(|| Error::new(ErrorKind::Io, format!("READ CAPACITY(16) on {p} returned unusable data")))?;
+        self.submit(
+            CommandKind::Query,
+            &cdb::read_capacity16(),
+            DataBuf::In(&mut rc),
+            self.opts.data_timeout,
+        )
+        .map_err(|f| f.into_error(format!("READ CAPACITY(16) on {p}")))?;
+        let capacity = Capacity::parse(&rc).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!("READ CAPACITY(16) on {p} returned unusable data"),
+            )
+        })?;
         let lbs = capacity.logical_block_size;
         if lbs != 512 && lbs != 4096 {
             return Err(Error::new(
@@ -242,24 +264,35 @@ impl SgDevice {
             ));
         }
         let size_bytes = capacity.blocks.checked_mul(u64::from(lbs)).ok_or_else(|| {
-            Error::new(ErrorKind::Unsupported, format!("{p}: capacity of {} blocks overflows", capacity.blocks))
+            Error::new(
+                ErrorKind::Unsupported,
+                format!("{p}: capacity of {} blocks overflows", capacity.blocks),
+            )
         })?;
 
-        let supported = self.vpd(vpd_page::SUPPORTED_PAGES)?.and_then(|d| vpd::vpd_payload(&d, 0).map(<[u8]>::to_vec));
+        let supported = self
+            .vpd(vpd_page::SUPPORTED_PAGES)?
+            .and_then(|d| vpd::vpd_payload(&d, 0).map(<[u8]>::to_vec));
         let has = |page: u8| supported.as_ref().is_none_or(|s| s.contains(&page));
         let page = |dev: &Self, code: u8| if has(code) { dev.vpd(code) } else { Ok(None) };
         let block_limits = page(self, vpd_page::BLOCK_LIMITS)?.and_then(|d| BlockLimits::parse(&d));
-        let provisioning = page(self, vpd_page::LOGICAL_BLOCK_PROVISIONING)?.and_then(|d| Provisioning::parse(&d));
-        let mut identity = page(self, vpd_page::DEVICE_IDENTIFICATION)?.and_then(|d| vpd::lun_identity(&d));
+        let provisioning =
+            page(self, vpd_page::LOGICAL_BLOCK_PROVISIONING)?.and_then(|d| Provisioning::parse(&d));
+        let mut identity =
+            page(self, vpd_page::DEVICE_IDENTIFICATION)?.and_then(|d| vpd::lun_identity(&d));
         if identity.is_none() {
             // No usable designator: vendor + product + unit serial is still path-independent.
             if let Some(serial) = page(self, vpd_page::UNIT_SERIAL)?
                 .and_then(|d| {
-                    vpd::vpd_payload(&d, vpd_page::UNIT_SERIAL).map(|s| String::from_utf8_lossy(s).trim().to_string())
+                    vpd::vpd_payload(&d, vpd_page::UNIT_SERIAL)
+                        .map(|s| String::from_utf8_lossy(s).trim().to_string())
                 })
                 .filter(|s| !s.is_empty())
             {
-                identity = Some(format!("serial.{}_{}_{}", inquiry.vendor, inquiry.product, serial).replace(' ', "_"));
+                identity = Some(
+                    format!("serial.{}_{}_{}", inquiry.vendor, inquiry.product, serial)
+                        .replace(' ', "_"),
+                );
             }
         }
         let identity = identity.ok_or_else(|| {
@@ -273,7 +306,11 @@ impl SgDevice {
         if let Some(kb) = sysfs_max_sectors_kb(&self.file) {
             max = max.min(kb.saturating_mul(1024));
         }
-        if let Some(n) = block_limits.as_ref().and_then(|b| b.max_transfer_length).filter(|&n| n > 0) {
+        if let Some(n) = block_limits
+            .as_ref()
+            .and_then(|b| b.max_transfer_length)
+            .filter(|&n| n > 0)
+        {
             max = max.min(u64::from(n).saturating_mul(u64::from(lbs)));
         }
         let max = (max - max % u64::from(lbs)).max(u64::from(lbs));
@@ -286,7 +323,13 @@ impl SgDevice {
             identity,
             caw: CawKind::Scsi,
         };
-        self.info = LunInfo { inquiry, capacity, block_limits, provisioning, max_transfer_bytes };
+        self.info = LunInfo {
+            inquiry,
+            capacity,
+            block_limits,
+            provisioning,
+            max_transfer_bytes,
+        };
         Ok(())
     }
 
@@ -304,7 +347,12 @@ impl SgDevice {
 
     /// One SG_IO call, no retries, no classification: for diagnostics and conformance tests.
     /// `Err` only when the ioctl itself failed.
-    pub fn execute(&self, cdb: &[u8], data: DataBuf<'_>, timeout: Duration) -> Result<CommandResult> {
+    pub fn execute(
+        &self,
+        cdb: &[u8],
+        data: DataBuf<'_>,
+        timeout: Duration,
+    ) -> Result<CommandResult> {
         self.execute_raw(CommandKind::Query, cdb, data, timeout)
             .map_err(|f| f.into_error(format!("SG_IO on {}", self.path.display())))
     }
@@ -377,14 +425,25 @@ impl SgDevice {
                             cmd,
                             false,
                             None,
-                            format!("{}: still not accepted after {ua} retries ({reason})", cmd.name()),
+                            format!(
+                                "{}: still not accepted after {ua} retries ({reason})",
+                                cmd.name()
+                            ),
                         ));
                     }
                     ua += 1;
-                    self.stats.unit_attention_retries.fetch_add(1, Ordering::Relaxed);
-                    tracing::debug!("{} on {}: retrying after {reason}", cmd.name(), self.path.display());
+                    self.stats
+                        .unit_attention_retries
+                        .fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(
+                        "{} on {}: retrying after {reason}",
+                        cmd.name(),
+                        self.path.display()
+                    );
                 }
-                Outcome::Failed(f) if f.kind == FailureKind::Busy && busy < self.opts.busy_retries => {
+                Outcome::Failed(f)
+                    if f.kind == FailureKind::Busy && busy < self.opts.busy_retries =>
+                {
                     self.stats.busy_retries.fetch_add(1, Ordering::Relaxed);
                     std::thread::sleep(Duration::from_millis(10u64 << busy.min(6)));
                     busy += 1;
@@ -427,14 +486,30 @@ impl SgDevice {
                         None => return Ok(None),
                     }
                 }
-                Err(f) if matches!(f.kind, FailureKind::InvalidRequest | FailureKind::NotSupported) => return Ok(None),
-                Err(f) => return Err(f.into_error(format!("INQUIRY VPD page 0x{page:02x} on {}", self.path.display()))),
+                Err(f)
+                    if matches!(
+                        f.kind,
+                        FailureKind::InvalidRequest | FailureKind::NotSupported
+                    ) =>
+                {
+                    return Ok(None)
+                }
+                Err(f) => {
+                    return Err(f.into_error(format!(
+                        "INQUIRY VPD page 0x{page:02x} on {}",
+                        self.path.display()
+                    )))
+                }
             }
         }
     }
 
     fn rw_context(&self, cmd: CommandKind, lba: u64, blocks: u32) -> String {
-        format!("{} of {blocks} blocks at LBA {lba} on {}", cmd.name(), self.path.display())
+        format!(
+            "{} of {blocks} blocks at LBA {lba} on {}",
+            cmd.name(),
+            self.path.display()
+        )
     }
 
     fn check_writable(&self, what: &str) -> Result<()> {
@@ -456,7 +531,11 @@ impl SgDevice {
     pub fn probe_caw(&self, scratch_lba: u64) -> Result<CawProbe> {
         self.check_writable("COMPARE AND WRITE probe")?;
         let lbs = self.geo.logical_block_size as usize;
-        let vpd_max = self.info.block_limits.as_ref().and_then(|b| b.max_compare_and_write_len);
+        let vpd_max = self
+            .info
+            .block_limits
+            .as_ref()
+            .and_then(|b| b.max_compare_and_write_len);
         let vpd_txt = vpd_max.map_or("no Block Limits VPD page".to_string(), |n| {
             format!("VPD 0xB0 maximum compare and write length {n}")
         });
@@ -476,9 +555,12 @@ impl SgDevice {
                 ),
             )
         };
-        let off = scratch_lba
-            .checked_mul(lbs as u64)
-            .ok_or_else(|| Error::new(ErrorKind::Range, format!("scratch LBA {scratch_lba} out of range")))?;
+        let off = scratch_lba.checked_mul(lbs as u64).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Range,
+                format!("scratch LBA {scratch_lba} out of range"),
+            )
+        })?;
         let mut orig = AlignedBuf::new(lbs);
         let mut marked = AlignedBuf::new(lbs);
         let mut check = AlignedBuf::new(lbs);
@@ -513,7 +595,9 @@ impl SgDevice {
         };
         self.read_at(off, &mut check)?;
         if check[..] != marked[..] {
-            return Err(broken("reported GOOD but the block does not hold the written image"));
+            return Err(broken(
+                "reported GOOD but the block does not hold the written image",
+            ));
         }
         // The verify image `orig` is stale now: this must miscompare and write nothing.
         let mut garbage = AlignedBuf::new(lbs);
@@ -526,7 +610,9 @@ impl SgDevice {
                 return Err(broken("wrote although the verify image did not match"));
             }
             Err(Ok(f)) => {
-                return Err(f.into_error(format!("{who}: COMPARE AND WRITE probe (miscompare) at LBA {scratch_lba}")))
+                return Err(f.into_error(format!(
+                    "{who}: COMPARE AND WRITE probe (miscompare) at LBA {scratch_lba}"
+                )))
             }
             Err(Err(e)) => return Err(e),
         }
@@ -540,11 +626,16 @@ impl SgDevice {
                 tracing::warn!("{who}: scratch LBA {scratch_lba} changed during the CAW probe")
             }
             Err(Ok(f)) => {
-                return Err(f.into_error(format!("{who}: COMPARE AND WRITE probe (restore) at LBA {scratch_lba}")))
+                return Err(f.into_error(format!(
+                    "{who}: COMPARE AND WRITE probe (restore) at LBA {scratch_lba}"
+                )))
             }
             Err(Err(e)) => return Err(e),
         }
-        Ok(CawProbe { vpd_max_compare_and_write: vpd_max, latency })
+        Ok(CawProbe {
+            vpd_max_compare_and_write: vpd_max,
+            latency,
+        })
     }
 
     /// COMPARE AND WRITE keeping the SCSI failure unwrapped for the probe's messages.
@@ -595,12 +686,21 @@ impl BlockDevice for SgDevice {
             let blocks = u32::try_from(len as u64 / lbs).unwrap_or(u32::MAX);
             let ctx = || self.rw_context(CommandKind::Read, lba, blocks);
             let done = self
-                .submit(CommandKind::Read, &cdb::read16(lba, blocks), DataBuf::In(piece), self.opts.data_timeout)
+                .submit(
+                    CommandKind::Read,
+                    &cdb::read16(lba, blocks),
+                    DataBuf::In(piece),
+                    self.opts.data_timeout,
+                )
                 .map_err(|f| f.into_error(ctx()))?;
             if received(len, done) != len {
                 return Err(Error::new(
                     ErrorKind::Io,
-                    format!("{}: short transfer ({} of {len} bytes)", ctx(), received(len, done)),
+                    format!(
+                        "{}: short transfer ({} of {len} bytes)",
+                        ctx(),
+                        received(len, done)
+                    ),
                 ));
             }
             lba += u64::from(blocks);
@@ -644,7 +744,10 @@ impl BlockDevice for SgDevice {
         check_caw(&self.geo, lba, expected, new)?;
         self.check_writable("COMPARE AND WRITE")?;
         self.caw_once(lba, expected, new).map_err(|e| match e {
-            Ok(f) => f.into_error(format!("COMPARE AND WRITE of LBA {lba} on {}", self.path.display())),
+            Ok(f) => f.into_error(format!(
+                "COMPARE AND WRITE of LBA {lba} on {}",
+                self.path.display()
+            )),
             Err(e) => e,
         })
     }
@@ -659,7 +762,12 @@ impl BlockDevice for SgDevice {
                 self.opts.data_timeout,
             ) {
                 Ok(_) => return Ok(()),
-                Err(f) if matches!(f.kind, FailureKind::NotSupported | FailureKind::InvalidRequest) => {
+                Err(f)
+                    if matches!(
+                        f.kind,
+                        FailureKind::NotSupported | FailureKind::InvalidRequest
+                    ) =>
+                {
                     self.sync16_supported.store(false, Ordering::Relaxed);
                 }
                 Err(f) => return Err(f.into_error(p())),
@@ -682,10 +790,20 @@ impl BlockDevice for SgDevice {
     }
 
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        check_io(&self.geo, offset, usize::try_from(len).unwrap_or(usize::MAX), "discard")?;
+        check_io(
+            &self.geo,
+            offset,
+            usize::try_from(len).unwrap_or(usize::MAX),
+            "discard",
+        )?;
         self.check_writable("discard")?;
         let thin = self.info.provisioning.is_some_and(|p| p.unmap) || self.info.capacity.lbpme;
-        let max_lbas = self.info.block_limits.as_ref().and_then(|b| b.max_unmap_lba_count).unwrap_or(u32::MAX);
+        let max_lbas = self
+            .info
+            .block_limits
+            .as_ref()
+            .and_then(|b| b.max_unmap_lba_count)
+            .unwrap_or(u32::MAX);
         if len == 0 || !thin || max_lbas == 0 || !self.unmap_supported.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -708,10 +826,20 @@ impl BlockDevice for SgDevice {
             }
             let list = cdb::unmap_parameter_list(&ranges);
             let plen = u16::try_from(list.len()).unwrap_or(u16::MAX);
-            match self.submit(CommandKind::Unmap, &cdb::unmap(plen), DataBuf::Out(&list), self.opts.data_timeout) {
+            match self.submit(
+                CommandKind::Unmap,
+                &cdb::unmap(plen),
+                DataBuf::Out(&list),
+                self.opts.data_timeout,
+            ) {
                 Ok(_) => {}
                 // Discard is a hint: a target that turns UNMAP down keeps the data, which is fine.
-                Err(f) if matches!(f.kind, FailureKind::NotSupported | FailureKind::InvalidRequest) => {
+                Err(f)
+                    if matches!(
+                        f.kind,
+                        FailureKind::NotSupported | FailureKind::InvalidRequest
+                    ) =>
+                {
                     tracing::debug!("UNMAP on {}: {f}; discard disabled", self.path.display());
                     self.unmap_supported.store(false, Ordering::Relaxed);
                     return Ok(());
@@ -746,7 +874,11 @@ fn sysfs_max_sectors_kb(file: &File) -> Option<u64> {
     } else {
         return None;
     };
-    std::fs::read_to_string(queue.join("max_sectors_kb")).ok()?.trim().parse().ok()
+    std::fs::read_to_string(queue.join("max_sectors_kb"))
+        .ok()?
+        .trim()
+        .parse()
+        .ok()
 }
 
 /// What kind of whole-LUN node a path is (see [`is_whole_lun`]).
@@ -757,7 +889,12 @@ pub enum WholeLun {
     /// A SCSI generic node, `/dev/sgN`.
     ScsiGeneric { name: String },
     /// A dm-multipath map (`dm-N`, uuid `mpath-…`) over whole SCSI disks.
-    Multipath { name: String, dm_name: String, dm_uuid: String, paths: Vec<String> },
+    Multipath {
+        name: String,
+        dm_name: String,
+        dm_uuid: String,
+        paths: Vec<String>,
+    },
     /// A whole block device that is not SCSI (loop, NVMe, virtio-blk): no SG_IO, use the file
     /// backend (which gives only host-local CAW).
     OtherDisk { name: String },
@@ -825,7 +962,8 @@ pub fn is_whole_lun(path: &Path) -> Result<WholeLun> {
 
 /// [`is_whole_lun`] against a sysfs tree at `sys` (tests use a fake one).
 pub fn is_whole_lun_in(sys: &Path, path: &Path) -> Result<WholeLun> {
-    let meta = std::fs::metadata(path).map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?;
+    let meta = std::fs::metadata(path)
+        .map_err(|e| Error::io(format!("cannot stat {}", path.display()), e))?;
     let ft = meta.file_type();
     if ft.is_file() {
         return Ok(WholeLun::RegularFile);
@@ -841,7 +979,10 @@ pub fn is_whole_lun_in(sys: &Path, path: &Path) -> Result<WholeLun> {
         }
         return Err(Error::new(
             ErrorKind::Unsupported,
-            format!("{} is a character device ({name}) but not a SCSI generic node", path.display()),
+            format!(
+                "{} is a character device ({name}) but not a SCSI generic node",
+                path.display()
+            ),
         ));
     }
     if !ft.is_block_device() {
@@ -855,11 +996,15 @@ pub fn is_whole_lun_in(sys: &Path, path: &Path) -> Result<WholeLun> {
 }
 
 fn file_name(p: &Path) -> String {
-    p.file_name().map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
+    p.file_name()
+        .map(|s| s.to_string_lossy().into_owned())
+        .unwrap_or_default()
 }
 
 fn read_trim(p: &Path) -> Option<String> {
-    std::fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+    std::fs::read_to_string(p)
+        .ok()
+        .map(|s| s.trim().to_string())
 }
 
 fn classify_block(sys: &Path, path: &Path, dir: &Path) -> Result<WholeLun> {
@@ -888,18 +1033,32 @@ fn classify_block(sys: &Path, path: &Path, dir: &Path) -> Result<WholeLun> {
         return match kind {
             DmKind::Multipath => {
                 let mut paths: Vec<String> = std::fs::read_dir(dir.join("slaves"))
-                    .map(|rd| rd.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect())
+                    .map(|rd| {
+                        rd.flatten()
+                            .map(|e| e.file_name().to_string_lossy().into_owned())
+                            .collect()
+                    })
                     .unwrap_or_default();
                 paths.sort();
-                if let Some(p) = paths.iter().find(|p| sys.join("class/block").join(p).join("partition").exists()) {
+                if let Some(p) = paths
+                    .iter()
+                    .find(|p| sys.join("class/block").join(p).join("partition").exists())
+                {
                     return refuse(format!("a multipath map over a partition ({p})"));
                 }
-                Ok(WholeLun::Multipath { name, dm_name, dm_uuid: uuid, paths })
+                Ok(WholeLun::Multipath {
+                    name,
+                    dm_name,
+                    dm_uuid: uuid,
+                    paths,
+                })
             }
             DmKind::MultipathPartition => refuse("a partition of a multipath map (kpartx)".into()),
             DmKind::Lvm => refuse("an LVM logical volume".into()),
             DmKind::Crypt => refuse("a dm-crypt mapping".into()),
-            DmKind::Other(t) => refuse(format!("a device-mapper device that is not a multipath map ({t})")),
+            DmKind::Other(t) => refuse(format!(
+                "a device-mapper device that is not a multipath map ({t})"
+            )),
         };
     }
     if dir.join("device/scsi_disk").exists()
@@ -917,8 +1076,15 @@ fn dm_table(dm_name: &str) -> Option<String> {
     if dm_name.is_empty() {
         return None;
     }
-    let out = std::process::Command::new("dmsetup").arg("table").arg("--").arg(dm_name).output().ok()?;
-    out.status.success().then(|| String::from_utf8_lossy(&out.stdout).into_owned())
+    let out = std::process::Command::new("dmsetup")
+        .arg("table")
+        .arg("--")
+        .arg(dm_name)
+        .output()
+        .ok()?;
+    out.status
+        .success()
+        .then(|| String::from_utf8_lossy(&out.stdout).into_owned())
 }
 
 #[cfg(test)]
@@ -929,26 +1095,48 @@ mod tests {
     #[test]
     fn dm_uuid_classification() {
         assert_eq!(classify_dm("mpath-36001405abcdef", None), DmKind::Multipath);
-        assert_eq!(classify_dm("part1-mpath-36001405abcdef", None), DmKind::MultipathPartition);
+        assert_eq!(
+            classify_dm("part1-mpath-36001405abcdef", None),
+            DmKind::MultipathPartition
+        );
         assert_eq!(classify_dm("LVM-abcDEF123456", None), DmKind::Lvm);
         assert_eq!(classify_dm("CRYPT-LUKS2-0123-x", None), DmKind::Crypt);
         assert_eq!(classify_dm("", None), DmKind::Other(String::new()));
-        assert_eq!(classify_dm("partX-mpath-1", None), DmKind::Other("partX".into()));
+        assert_eq!(
+            classify_dm("partX-mpath-1", None),
+            DmKind::Other("partX".into())
+        );
         // the uuid decides even when a table is given
-        assert_eq!(classify_dm("LVM-x", Some("0 100 multipath 0 0 1 1 round-robin 0 1 1 8:16 1")), DmKind::Lvm);
+        assert_eq!(
+            classify_dm(
+                "LVM-x",
+                Some("0 100 multipath 0 0 1 1 round-robin 0 1 1 8:16 1")
+            ),
+            DmKind::Lvm
+        );
     }
 
     #[test]
     fn dm_table_classification() {
-        let mp = "0 2097152 multipath 1 queue_if_no_path 1 alua 1 1 service-time 0 2 1 8:16 1 8:32 1\n";
+        let mp =
+            "0 2097152 multipath 1 queue_if_no_path 1 alua 1 1 service-time 0 2 1 8:16 1 8:32 1\n";
         assert_eq!(parse_dm_table(mp), vec!["multipath"]);
         assert_eq!(classify_dm("", Some(mp)), DmKind::Multipath);
         let lv = "0 204800 linear 8:16 2048\n204800 100 linear 8:32 0\n";
         assert_eq!(parse_dm_table(lv), vec!["linear", "linear"]);
-        assert_eq!(classify_dm("", Some(lv)), DmKind::Other("linear+linear".into()));
-        assert_eq!(classify_dm("", Some("0 8 striped 2 128 8:16 0 8:32 0")), DmKind::Other("striped".into()));
+        assert_eq!(
+            classify_dm("", Some(lv)),
+            DmKind::Other("linear+linear".into())
+        );
+        assert_eq!(
+            classify_dm("", Some("0 8 striped 2 128 8:16 0 8:32 0")),
+            DmKind::Other("striped".into())
+        );
         // two multipath lines is not a whole-device map either
-        assert_eq!(classify_dm("", Some(&format!("{mp}{mp}"))), DmKind::Other("multipath+multipath".into()));
+        assert_eq!(
+            classify_dm("", Some(&format!("{mp}{mp}"))),
+            DmKind::Other("multipath+multipath".into())
+        );
         assert!(parse_dm_table("garbage\nx y z\n").is_empty());
     }
 
@@ -959,7 +1147,9 @@ mod tests {
 
     impl FakeSys {
         fn new() -> Self {
-            Self { dir: tempfile::tempdir().unwrap() }
+            Self {
+                dir: tempfile::tempdir().unwrap(),
+            }
         }
         fn root(&self) -> &Path {
             self.dir.path()
@@ -978,7 +1168,11 @@ mod tests {
     }
 
     fn classify_fake(sys: &FakeSys, real: &Path) -> Result<WholeLun> {
-        classify_block(sys.root(), Path::new("/dev/x"), &std::fs::canonicalize(real).unwrap())
+        classify_block(
+            sys.root(),
+            Path::new("/dev/x"),
+            &std::fs::canonicalize(real).unwrap(),
+        )
     }
 
     #[test]
@@ -989,7 +1183,10 @@ mod tests {
         let part = disk.join("sdb1");
         std::fs::create_dir_all(&part).unwrap();
         sys.write(&part.join("partition"), "1\n");
-        assert_eq!(classify_fake(&sys, &disk).unwrap(), WholeLun::ScsiDisk { name: "sdb".into() });
+        assert_eq!(
+            classify_fake(&sys, &disk).unwrap(),
+            WholeLun::ScsiDisk { name: "sdb".into() }
+        );
         let e = classify_fake(&sys, &part).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput);
         assert!(e.to_string().contains("partition 1 of sdb"), "{e}");
@@ -1010,7 +1207,12 @@ mod tests {
         std::fs::create_dir_all(dm.join("slaves/sdc")).unwrap();
         std::fs::create_dir_all(dm.join("slaves/sdb")).unwrap();
         match classify_fake(&sys, &dm).unwrap() {
-            WholeLun::Multipath { name, dm_name, dm_uuid, paths } => {
+            WholeLun::Multipath {
+                name,
+                dm_name,
+                dm_uuid,
+                paths,
+            } => {
                 assert_eq!((name.as_str(), dm_name.as_str()), ("dm-0", "mpatha"));
                 assert_eq!(dm_uuid, "mpath-36001405aaaa");
                 assert_eq!(paths, vec!["sdb", "sdc"]);
@@ -1031,20 +1233,32 @@ mod tests {
 
         let kp = sys.add("block", "253:2", "virtual/block/dm-2");
         sys.write(&kp.join("dm/uuid"), "part1-mpath-36001405aaaa\n");
-        assert!(classify_fake(&sys, &kp).unwrap_err().to_string().contains("kpartx"));
+        assert!(classify_fake(&sys, &kp)
+            .unwrap_err()
+            .to_string()
+            .contains("kpartx"));
     }
 
     #[test]
     fn sysfs_other_disks_and_files() {
         let sys = FakeSys::new();
         let nvme = sys.add("block", "259:0", "pci/nvme/nvme0/nvme0n1");
-        assert_eq!(classify_fake(&sys, &nvme).unwrap(), WholeLun::OtherDisk { name: "nvme0n1".into() });
+        assert_eq!(
+            classify_fake(&sys, &nvme).unwrap(),
+            WholeLun::OtherDisk {
+                name: "nvme0n1".into()
+            }
+        );
         let f = tempfile::NamedTempFile::new().unwrap();
         assert_eq!(is_whole_lun(f.path()).unwrap(), WholeLun::RegularFile);
         // /dev/null is a character device that is not a SCSI generic node
         let e = is_whole_lun(Path::new("/dev/null")).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        let sg = sys.add("char", "21:0", "pci/host0/target0:0:0/0:0:0:0/scsi_generic/sg0");
+        let sg = sys.add(
+            "char",
+            "21:0",
+            "pci/host0/target0:0:0/0:0:0:0/scsi_generic/sg0",
+        );
         let real = std::fs::canonicalize(sg).unwrap();
         assert!(real.components().any(|c| c.as_os_str() == "scsi_generic"));
     }
@@ -1054,7 +1268,11 @@ mod tests {
     fn assert_not_scsi(path: &Path) {
         let e = SgDevice::open(path, &SgDeviceOptions::default()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");
-        assert!(matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)), "{e} / {:?}", e.raw_os_error());
+        assert!(
+            matches!(e.raw_os_error(), Some(libc::ENOTTY | libc::EINVAL)),
+            "{e} / {:?}",
+            e.raw_os_error()
+        );
         assert!(e.to_string().contains("not a SCSI device"), "{e}");
     }
 
@@ -1071,7 +1289,11 @@ mod tests {
     fn sg_io_on_loop_device_fails_cleanly() {
         let f = tempfile::NamedTempFile::new().unwrap();
         f.as_file().set_len(1 << 20).unwrap();
-        let out = std::process::Command::new("losetup").arg("--find").arg("--show").arg(f.path()).output();
+        let out = std::process::Command::new("losetup")
+            .arg("--find")
+            .arg("--show")
+            .arg(f.path())
+            .output();
         let Some(out) = out.ok().filter(|o| o.status.success()) else {
             eprintln!("skipping: cannot attach a loop device here");
             return;
@@ -1084,7 +1306,10 @@ mod tests {
                 other => panic!("{other:?}"),
             }
         });
-        let _ = std::process::Command::new("losetup").arg("-d").arg(&loopdev).status();
+        let _ = std::process::Command::new("losetup")
+            .arg("-d")
+            .arg(&loopdev)
+            .status();
         if let Err(p) = r {
             std::panic::resume_unwind(p);
         }
@@ -1095,7 +1320,11 @@ mod tests {
         let o = SgDeviceOptions::default();
         assert_eq!(o.data_timeout, Duration::from_secs(30));
         assert!(o.io_timeout < o.data_timeout);
-        assert_eq!(ms(Duration::from_micros(10)), 1, "a zero timeout would mean the driver default");
+        assert_eq!(
+            ms(Duration::from_micros(10)),
+            1,
+            "a zero timeout would mean the driver default"
+        );
         assert_eq!(ms(Duration::from_secs(u64::MAX)), u32::MAX);
         assert_eq!(received(512, Done::Good { resid: 12 }), 500);
         assert_eq!(received(512, Done::Good { resid: -5 }), 512);

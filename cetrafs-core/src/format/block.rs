@@ -102,14 +102,19 @@ impl BlockHeader {
     pub fn decode(block: &[u8]) -> Result<Self> {
         let r = Reader::new(block, "metadata block");
         if block.len() != FS_BLOCK_SIZE {
-            return Err(Error::corrupted(format!("metadata block of {} bytes", block.len())));
+            return Err(Error::corrupted(format!(
+                "metadata block of {} bytes",
+                block.len()
+            )));
         }
         if r.u32(MAGIC_OFF)? != BLOCK_MAGIC {
             return Err(Error::corrupted("metadata block: bad magic".to_string()));
         }
         let ver = r.u16(VERSION_OFF)?;
         if ver != BLOCK_HEADER_VERSION {
-            return Err(Error::corrupted(format!("metadata block: unknown header version {ver}")));
+            return Err(Error::corrupted(format!(
+                "metadata block: unknown header version {ver}"
+            )));
         }
         let stored = r.u32(CRC_OFF)?;
         if stored != crc_with_hole(block, CRC_OFF) {
@@ -119,8 +124,14 @@ impl BlockHeader {
             )));
         }
         let t = r.u16(TYPE_OFF)?;
-        let btype = BlockType::from_u16(t).ok_or_else(|| Error::corrupted(format!("metadata block: unknown type {t}")))?;
-        Ok(Self { btype, blockno: r.u64(SELF_OFF)?, seq: r.u64(SEQ_OFF)?, owner: r.u64(OWNER_OFF)? })
+        let btype = BlockType::from_u16(t)
+            .ok_or_else(|| Error::corrupted(format!("metadata block: unknown type {t}")))?;
+        Ok(Self {
+            btype,
+            blockno: r.u64(SELF_OFF)?,
+            seq: r.u64(SEQ_OFF)?,
+            owner: r.u64(OWNER_OFF)?,
+        })
     }
 }
 

@@ -19,7 +19,12 @@ impl<'a> Reader<'a> {
     pub fn bytes(&self, off: usize, len: usize) -> Result<&'a [u8]> {
         off.checked_add(len)
             .and_then(|end| self.buf.get(off..end))
-            .ok_or_else(|| Error::corrupted(format!("{}: field at {off}+{len} runs past the record", self.what)))
+            .ok_or_else(|| {
+                Error::corrupted(format!(
+                    "{}: field at {off}+{len} runs past the record",
+                    self.what
+                ))
+            })
     }
 
     pub fn u8(&self, off: usize) -> Result<u8> {

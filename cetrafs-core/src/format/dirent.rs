@@ -49,7 +49,9 @@ pub fn decode_entries(v: &[u8]) -> Result<Vec<DirEntry>> {
         let n = r.u8(o + 9)? as usize;
         let name = r.bytes(o + 10, n)?.to_vec();
         if n == 0 || ino == 0 || name.contains(&b'/') || name.contains(&0) {
-            return Err(Error::corrupted("directory entry with an invalid name or inode"));
+            return Err(Error::corrupted(
+                "directory entry with an invalid name or inode",
+            ));
         }
         out.push(DirEntry { name, ino, dtype });
         o += 10 + n;

@@ -40,11 +40,24 @@ impl Extent {
     pub fn decode_value(logical: u64, v: &[u8]) -> Result<Self> {
         let r = Reader::new(v, "extent");
         if v.len() != EXTENT_VALUE_LEN {
-            return Err(Error::corrupted(format!("extent value of {} bytes", v.len())));
+            return Err(Error::corrupted(format!(
+                "extent value of {} bytes",
+                v.len()
+            )));
         }
-        let e = Self { logical, physical: r.u64(0)?, len: r.u32(8)?, flags: r.u32(12)? };
-        if e.len == 0 || e.flags & !EXTENT_FLAGS_KNOWN != 0 || logical.checked_add(u64::from(e.len)).is_none() {
-            return Err(Error::corrupted(format!("extent at file block {logical}: bad length or flags")));
+        let e = Self {
+            logical,
+            physical: r.u64(0)?,
+            len: r.u32(8)?,
+            flags: r.u32(12)?,
+        };
+        if e.len == 0
+            || e.flags & !EXTENT_FLAGS_KNOWN != 0
+            || logical.checked_add(u64::from(e.len)).is_none()
+        {
+            return Err(Error::corrupted(format!(
+                "extent at file block {logical}: bad length or flags"
+            )));
         }
         Ok(e)
     }

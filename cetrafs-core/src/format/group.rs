@@ -40,7 +40,13 @@ impl GroupHeader {
         w.u64(56, self.block_count);
         w.u64(64, self.free_blocks);
         w.u32(72, self.bitmap_blocks);
-        BlockHeader { btype: BlockType::GroupHeader, blockno: self.first_block, seq: self.seq, owner: 0 }.seal(&mut b);
+        BlockHeader {
+            btype: BlockType::GroupHeader,
+            blockno: self.first_block,
+            seq: self.seq,
+            owner: 0,
+        }
+        .seal(&mut b);
         b
     }
 
@@ -56,7 +62,9 @@ impl GroupHeader {
             bitmap_blocks: r.u32(72)?,
         };
         if g.free_blocks > g.block_count || g.first_block != at {
-            return Err(Error::corrupted(format!("group header at block {at}: inconsistent counts")));
+            return Err(Error::corrupted(format!(
+                "group header at block {at}: inconsistent counts"
+            )));
         }
         Ok(g)
     }
@@ -66,7 +74,13 @@ impl GroupHeader {
 pub fn encode_bitmap(blockno: u64, seq: u64, bits: &[u8]) -> Vec<u8> {
     let mut b = vec![0u8; FS_BLOCK_SIZE];
     b[HEADER_LEN..HEADER_LEN + bits.len()].copy_from_slice(bits);
-    BlockHeader { btype: BlockType::Bitmap, blockno, seq, owner: 0 }.seal(&mut b);
+    BlockHeader {
+        btype: BlockType::Bitmap,
+        blockno,
+        seq,
+        owner: 0,
+    }
+    .seal(&mut b);
     b
 }
 

@@ -81,16 +81,24 @@ fn put_time(w: &mut Writer<'_>, off: usize, t: Timespec) {
 }
 
 fn get_time(r: &Reader<'_>, off: usize) -> Result<Timespec> {
-    let t = Timespec { sec: r.i64(off)?, nsec: r.u32(off + 8)? };
+    let t = Timespec {
+        sec: r.i64(off)?,
+        nsec: r.u32(off + 8)?,
+    };
     if t.nsec >= 1_000_000_000 {
-        return Err(Error::corrupted(format!("inode: nanoseconds {} out of range", t.nsec)));
+        return Err(Error::corrupted(format!(
+            "inode: nanoseconds {} out of range",
+            t.nsec
+        )));
     }
     Ok(t)
 }
 
 impl Inode {
     pub fn encode(&self) -> Vec<u8> {
-        assert!(self.inline_data.len() <= INLINE_CAP && self.inline_extents.len() <= INLINE_EXTENTS_MAX);
+        assert!(
+            self.inline_data.len() <= INLINE_CAP && self.inline_extents.len() <= INLINE_EXTENTS_MAX
+        );
         let mut b = vec![0u8; FS_BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.u32(40, self.mode);
@@ -125,7 +133,13 @@ impl Inode {
             w.u32(152, self.inline_data.len() as u32);
             w.bytes(INLINE_OFF, &self.inline_data);
         }
-        BlockHeader { btype: BlockType::Inode, blockno: self.ino, seq: self.seq, owner: self.ino }.seal(&mut b);
+        BlockHeader {
+            btype: BlockType::Inode,
+            blockno: self.ino,
+            seq: self.seq,
+            owner: self.ino,
+        }
+        .seal(&mut b);
         b
     }
 
@@ -134,7 +148,9 @@ impl Inode {
         let r = Reader::new(buf, "inode");
         let flags = r.u32(56)?;
         if flags & !flags::KNOWN != 0 {
-            return Err(Error::corrupted(format!("inode {ino}: unknown flags {flags:#x}")));
+            return Err(Error::corrupted(format!(
+                "inode {ino}: unknown flags {flags:#x}"
+            )));
         }
         let mut ino_rec = Self {
             ino,
@@ -166,9 +182,16 @@ impl Inode {
             }
             for i in 0..n {
                 let o = INLINE_OFF + i * INLINE_EXTENT_SIZE;
-                let e = Extent { logical: r.u64(o)?, physical: r.u64(o + 8)?, len: r.u32(o + 16)?, flags: r.u32(o + 20)? };
+                let e = Extent {
+                    logical: r.u64(o)?,
+                    physical: r.u64(o + 8)?,
+                    len: r.u32(o + 16)?,
+                    flags: r.u32(o + 20)?,
+                };
                 if e.len == 0 || e.flags & !EXTENT_FLAGS_KNOWN != 0 {
-                    return Err(Error::corrupted(format!("inode {ino}: bad inline extent {i}")));
+                    return Err(Error::corrupted(format!(
+                        "inode {ino}: bad inline extent {i}"
+                    )));
                 }
                 ino_rec.inline_extents.push(e);
             }

@@ -55,7 +55,13 @@ impl Descriptor {
         for (i, h) in self.homes.iter().enumerate() {
             w.u64(DESC_ENTRIES_OFF + i * 8, *h);
         }
-        BlockHeader { btype: BlockType::JournalRecord, blockno: at, seq: self.seq, owner: self.seq }.seal(&mut b);
+        BlockHeader {
+            btype: BlockType::JournalRecord,
+            blockno: at,
+            seq: self.seq,
+            owner: self.seq,
+        }
+        .seal(&mut b);
         b
     }
 
@@ -63,14 +69,24 @@ impl Descriptor {
         let h = BlockHeader::check(buf, BlockType::JournalRecord, at)?;
         let r = Reader::new(buf, "journal descriptor");
         if r.u32(40)? != KIND_DESCRIPTOR {
-            return Err(Error::corrupted(format!("journal block {at}: not a descriptor")));
+            return Err(Error::corrupted(format!(
+                "journal block {at}: not a descriptor"
+            )));
         }
         let n = r.u32(56)? as usize;
         if n > ENTRIES_PER_DESCRIPTOR {
             return Err(Error::corrupted(format!("journal block {at}: {n} entries")));
         }
-        let homes = (0..n).map(|i| r.u64(DESC_ENTRIES_OFF + i * 8)).collect::<Result<Vec<_>>>()?;
-        Ok(Self { seq: h.seq, index: r.u32(44)?, count: r.u32(48)?, logged: r.u32(52)?, homes })
+        let homes = (0..n)
+            .map(|i| r.u64(DESC_ENTRIES_OFF + i * 8))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            seq: h.seq,
+            index: r.u32(44)?,
+            count: r.u32(48)?,
+            logged: r.u32(52)?,
+            homes,
+        })
     }
 }
 
@@ -90,7 +106,13 @@ impl Commit {
         w.u32(44, self.descriptors);
         w.u32(48, self.logged);
         w.u32(52, self.crc);
-        BlockHeader { btype: BlockType::JournalRecord, blockno: at, seq: self.seq, owner: self.seq }.seal(&mut b);
+        BlockHeader {
+            btype: BlockType::JournalRecord,
+            blockno: at,
+            seq: self.seq,
+            owner: self.seq,
+        }
+        .seal(&mut b);
         b
     }
 
@@ -98,9 +120,16 @@ impl Commit {
         let h = BlockHeader::check(buf, BlockType::JournalRecord, at)?;
         let r = Reader::new(buf, "journal commit");
         if r.u32(40)? != KIND_COMMIT {
-            return Err(Error::corrupted(format!("journal block {at}: not a commit record")));
+            return Err(Error::corrupted(format!(
+                "journal block {at}: not a commit record"
+            )));
         }
-        Ok(Self { seq: h.seq, descriptors: r.u32(44)?, logged: r.u32(48)?, crc: r.u32(52)? })
+        Ok(Self {
+            seq: h.seq,
+            descriptors: r.u32(44)?,
+            logged: r.u32(48)?,
+            crc: r.u32(52)?,
+        })
     }
 }
 

@@ -37,23 +37,41 @@ impl SlotHeader {
         for (i, o) in self.orphans.iter().enumerate() {
             w.u64(ORPHANS_OFF + i * 8, *o);
         }
-        BlockHeader { btype: BlockType::JournalHeader, blockno: at, seq: self.seq, owner: u64::from(self.slot) }.seal(&mut b);
+        BlockHeader {
+            btype: BlockType::JournalHeader,
+            blockno: at,
+            seq: self.seq,
+            owner: u64::from(self.slot),
+        }
+        .seal(&mut b);
         b
     }
 
     /// Decode; an all-zero block is the empty header mkfs leaves.
     pub fn decode(buf: &[u8], at: u64, slot: u32) -> Result<Self> {
         if buf.iter().all(|&b| b == 0) {
-            return Ok(Self { seq: 0, slot, orphans: Vec::new() });
+            return Ok(Self {
+                seq: 0,
+                slot,
+                orphans: Vec::new(),
+            });
         }
         let h = BlockHeader::check(buf, BlockType::JournalHeader, at)?;
         let r = Reader::new(buf, "slot header");
         let n = r.u32(44)? as usize;
         if n > MAX_ORPHANS || r.u32(40)? != slot {
-            return Err(Error::corrupted(format!("slot header at block {at}: bad slot or orphan count")));
+            return Err(Error::corrupted(format!(
+                "slot header at block {at}: bad slot or orphan count"
+            )));
         }
-        let orphans = (0..n).map(|i| r.u64(ORPHANS_OFF + i * 8)).collect::<Result<Vec<_>>>()?;
-        Ok(Self { seq: h.seq, slot, orphans })
+        let orphans = (0..n)
+            .map(|i| r.u64(ORPHANS_OFF + i * 8))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(Self {
+            seq: h.seq,
+            slot,
+            orphans,
+        })
     }
 }
 

@@ -160,13 +160,18 @@ impl Superblock {
     pub fn decode(buf: &[u8]) -> Result<Self> {
         let r = Reader::new(buf, "superblock");
         if !Self::has_magic(buf) {
-            return Err(Error::new(ErrorKind::Corrupted, "no CetraFS superblock (magic not found)"));
+            return Err(Error::new(
+                ErrorKind::Corrupted,
+                "no CetraFS superblock (magic not found)",
+            ));
         }
         if buf.len() < FS_BLOCK_SIZE {
             return Err(Error::corrupted("superblock is truncated"));
         }
         if r.u32(CRC)? != crc32c::crc32c(r.bytes(0, CRC)?) {
-            return Err(Error::corrupted("superblock checksum mismatch (damaged superblock)"));
+            return Err(Error::corrupted(
+                "superblock checksum mismatch (damaged superblock)",
+            ));
         }
         let version = r.u32(VERSION)?;
         if version != FORMAT_VERSION {
@@ -210,7 +215,10 @@ impl Superblock {
             inode_lock_slots: r.u32(INODE_LOCKS)?,
         };
         if r.u32(FSBS)? as usize != FS_BLOCK_SIZE {
-            return Err(Error::corrupted(format!("superblock: fs block size {} is not 4096", r.u32(FSBS)?)));
+            return Err(Error::corrupted(format!(
+                "superblock: fs block size {} is not 4096",
+                r.u32(FSBS)?
+            )));
         }
         sb.validate()?;
         Ok(sb)
@@ -222,21 +230,36 @@ impl Superblock {
     fn validate(&self) -> Result<()> {
         let bad = |what: &str| Err(Error::corrupted(format!("superblock: {what}")));
         if self.logical_block_size != 512 && self.logical_block_size != 4096 {
-            return bad(&format!("logical block size {} is not 512 or 4096", self.logical_block_size));
+            return bad(&format!(
+                "logical block size {} is not 512 or 4096",
+                self.logical_block_size
+            ));
         }
         if self.max_nodes == 0 || self.hb_slots < self.max_nodes {
             return bad("node slot counts are inconsistent");
         }
         let lpb = (FS_BLOCK_SIZE as u64) / u64::from(self.logical_block_size);
-        if self.hb_blocks.saturating_mul(lpb) < u64::from(self.hb_slots) || self.lock_blocks.saturating_mul(lpb) < self.lock_count {
+        if self.hb_blocks.saturating_mul(lpb) < u64::from(self.hb_slots)
+            || self.lock_blocks.saturating_mul(lpb) < self.lock_count
+        {
             return bad("heartbeat or lock area is too small for its records");
         }
         let regions = [
             (self.probe_block, 1),
             (self.hb_start, self.hb_blocks),
             (self.lock_start, self.lock_blocks),
-            (self.journal_start, self.journal_blocks.checked_mul(u64::from(self.max_nodes)).unwrap_or(u64::MAX)),
-            (self.group_start, self.group_blocks.checked_mul(self.group_count).unwrap_or(u64::MAX)),
+            (
+                self.journal_start,
+                self.journal_blocks
+                    .checked_mul(u64::from(self.max_nodes))
+                    .unwrap_or(u64::MAX),
+            ),
+            (
+                self.group_start,
+                self.group_blocks
+                    .checked_mul(self.group_count)
+                    .unwrap_or(u64::MAX),
+            ),
         ];
         let mut prev_end = 1u64;
         for (start, len) in regions {
@@ -255,7 +278,11 @@ impl Superblock {
             return bad("no usable allocation group");
         }
         // Exactly as many bitmap blocks as the group needs: mount sizes buffers from this.
-        if u64::from(self.bitmap_blocks) != self.group_blocks.div_ceil(super::group::BITS_PER_BITMAP_BLOCK) {
+        if u64::from(self.bitmap_blocks)
+            != self
+                .group_blocks
+                .div_ceil(super::group::BITS_PER_BITMAP_BLOCK)
+        {
             return bad("group bitmap size does not match the group size");
         }
         if self.root_ino < self.group_start || self.root_ino >= prev_end {

@@ -41,7 +41,10 @@ pub struct TreeNode {
 impl TreeNode {
     pub fn used_bytes(&self) -> usize {
         match &self.entries {
-            NodeEntries::Leaf(v) => v.iter().map(|(_, val)| LEAF_ENTRY_OVERHEAD + val.len()).sum(),
+            NodeEntries::Leaf(v) => v
+                .iter()
+                .map(|(_, val)| LEAF_ENTRY_OVERHEAD + val.len())
+                .sum(),
             NodeEntries::Internal(v) => v.len() * INTERNAL_ENTRY,
         }
     }
@@ -87,7 +90,13 @@ impl TreeNode {
                 }
             }
         }
-        BlockHeader { btype: BlockType::TreeNode, blockno: self.blockno, seq: self.seq, owner: self.owner }.seal(&mut b);
+        BlockHeader {
+            btype: BlockType::TreeNode,
+            blockno: self.blockno,
+            seq: self.seq,
+            owner: self.owner,
+        }
+        .seal(&mut b);
         b
     }
 
@@ -140,7 +149,13 @@ impl TreeNode {
         if o - NODE_HDR != used {
             return Err(bad("entry bytes do not add up"));
         }
-        Ok(Self { blockno: at, seq: h.seq, owner: h.owner, level, entries })
+        Ok(Self {
+            blockno: at,
+            seq: h.seq,
+            owner: h.owner,
+            level,
+            entries,
+        })
     }
 }
 

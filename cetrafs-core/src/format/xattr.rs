@@ -42,7 +42,13 @@ pub fn encode(map: &XattrMap, blockno: u64, seq: u64, owner: u64) -> Vec<u8> {
         w.bytes(o + 3 + k.len(), v);
         o += 3 + k.len() + v.len();
     }
-    BlockHeader { btype: BlockType::Xattr, blockno, seq, owner }.seal(&mut b);
+    BlockHeader {
+        btype: BlockType::Xattr,
+        blockno,
+        seq,
+        owner,
+    }
+    .seal(&mut b);
     b
 }
 
@@ -58,12 +64,16 @@ pub fn decode(buf: &[u8], at: u64) -> Result<(u64, XattrMap)> {
         let k = r.bytes(o + 3, kl)?.to_vec();
         let v = r.bytes(o + 3 + kl, vl)?.to_vec();
         if kl == 0 || map.insert(k, v).is_some() {
-            return Err(Error::corrupted(format!("xattr block {at}: empty or duplicate name")));
+            return Err(Error::corrupted(format!(
+                "xattr block {at}: empty or duplicate name"
+            )));
         }
         o += 3 + kl + vl;
     }
     if o - XATTR_HDR != r.u32(44)? as usize {
-        return Err(Error::corrupted(format!("xattr block {at}: sizes do not add up")));
+        return Err(Error::corrupted(format!(
+            "xattr block {at}: sizes do not add up"
+        )));
     }
     Ok((h.seq, map))
 }

@@ -21,18 +21,31 @@ pub(crate) struct Tree<'t, 'a> {
 
 /// Which child of an internal node covers `key`.
 fn child_index(entries: &[(u64, u64)], key: u64) -> usize {
-    entries.partition_point(|(k, _)| *k <= key).saturating_sub(1)
+    entries
+        .partition_point(|(k, _)| *k <= key)
+        .saturating_sub(1)
 }
 
 impl<'t, 'a> Tree<'t, 'a> {
     pub fn new(tx: &'t mut Tx<'a>, root: u64, owner: u64) -> Self {
-        Self { tx, root, owner, delta: 0 }
+        Self {
+            tx,
+            root,
+            owner,
+            delta: 0,
+        }
     }
 
     /// Create an empty tree: one empty leaf, returned as the new root block.
     pub fn create(tx: &mut Tx<'_>, owner: u64) -> Result<u64> {
         let b = tx.meta.alloc.alloc(owner, 1, 0)?[0].0;
-        let n = TreeNode { blockno: b, seq: tx.prior_seq(b)? + 1, owner, level: 0, entries: NodeEntries::Leaf(Vec::new()) };
+        let n = TreeNode {
+            blockno: b,
+            seq: tx.prior_seq(b)? + 1,
+            owner,
+            level: 0,
+            entries: NodeEntries::Leaf(Vec::new()),
+        };
         tx.write(b, n.encode());
         Ok(b)
     }
@@ -41,7 +54,10 @@ impl<'t, 'a> Tree<'t, 'a> {
         let raw = self.tx.read(b)?;
         let n = TreeNode::decode(&raw, b)?;
         if n.owner != self.owner {
-            return Err(Error::corrupted(format!("tree node {b} belongs to inode {}, not {}", n.owner, self.owner)));
+            return Err(Error::corrupted(format!(
+                "tree node {b} belongs to inode {}, not {}",
+                n.owner, self.owner
+            )));
         }
         Ok(n)
     }
@@ -55,7 +71,13 @@ impl<'t, 'a> Tree<'t, 'a> {
         let b = self.tx.meta.alloc.alloc(self.root, 1, 0)?[0].0;
         self.delta += 1;
         let seq = self.tx.prior_seq(b)?;
-        Ok(TreeNode { blockno: b, seq, owner: self.owner, level, entries })
+        Ok(TreeNode {
+            blockno: b,
+            seq,
+            owner: self.owner,
+            level,
+            entries,
+        })
     }
 
     fn free_node(&mut self, b: u64) {
@@ -70,13 +92,19 @@ impl<'t, 'a> Tree<'t, 'a> {
             let n = self.read(b)?;
             match n.entries {
                 NodeEntries::Leaf(v) => {
-                    return Ok(v.binary_search_by_key(&key, |(k, _)| *k).ok().map(|i| v[i].1.clone()));
+                    return Ok(v
+                        .binary_search_by_key(&key, |(k, _)| *k)
+                        .ok()
+                        .map(|i| v[i].1.clone()));
                 }
                 NodeEntries::Internal(v) if !v.is_empty() => b = v[child_index(&v, key)].1,
                 NodeEntries::Internal(_) => return Ok(None),
             }
         }
-        Err(Error::corrupted(format!("tree of inode {} is deeper than possible", self.owner)))
+        Err(Error::corrupted(format!(
+            "tree of inode {} is deeper than possible",
+            self.owner
+        )))
     }
 
     /// The entry with the greatest key <= `key`.
@@ -88,7 +116,10 @@ impl<'t, 'a> Tree<'t, 'a> {
     #[allow(dead_code)]
     fn seek_le_in(&mut self, b: u64, key: u64, depth: u16) -> Result<Option<(u64, Vec<u8>)>> {
         if depth > crate::format::tree_node::MAX_LEVEL {
-            return Err(Error::corrupted(format!("tree of inode {} is deeper than possible", self.owner)));
+            return Err(Error::corrupted(format!(
+                "tree of inode {} is deeper than possible",
+                self.owner
+            )));
         }
         let n = self.read(b)?;
         match n.entries {
@@ -116,13 +147,26 @@ impl<'t, 'a> Tree<'t, 'a> {
     }
 
     /// Visit entries with key >= `start` in order until `f` returns false.
-    pub fn scan_from(&mut self, start: u64, f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>) -> Result<()> {
+    pub fn scan_from(
+        &mut self,
+        start: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
+    ) -> Result<()> {
         self.scan_in(self.root, start, f, 0).map(|_| ())
     }
 
-    fn scan_in(&mut self, b: u64, start: u64, f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>, depth: u16) -> Result<bool> {
+    fn scan_in(
+        &mut self,
+        b: u64,
+        start: u64,
+        f: &mut dyn FnMut(u64, &[u8]) -> Result<bool>,
+        depth: u16,
+    ) -> Result<bool> {
         if depth > crate::format::tree_node::MAX_LEVEL {
-            return Err(Error::corrupted(format!("tree of inode {} is deeper than possible", self.owner)));
+            return Err(Error::corrupted(format!(
+                "tree of inode {} is deeper than possible",
+                self.owner
+            )));
         }
         let n = self.read(b)?;
         match n.entries {
@@ -135,7 +179,11 @@ impl<'t, 'a> Tree<'t, 'a> {
                 Ok(true)
             }
             NodeEntries::Internal(v) => {
-                let first = if v.is_empty() { 0 } else { child_index(&v, start) };
+                let first = if v.is_empty() {
+                    0
+                } else {
+                    child_index(&v, start)
+                };
                 for (_, child) in v.iter().skip(first) {
                     if !self.scan_in(*child, start, f, depth + 1)? {
                         return Ok(false);
@@ -149,14 +197,21 @@ impl<'t, 'a> Tree<'t, 'a> {
     /// Insert or replace.
     pub fn insert(&mut self, key: u64, value: &[u8]) -> Result<()> {
         if value.len() > MAX_VALUE {
-            return Err(Error::new(crate::ErrorKind::NoSpace, "tree value too large"));
+            return Err(Error::new(
+                crate::ErrorKind::NoSpace,
+                "tree value too large",
+            ));
         }
         if let Some((sep, right)) = self.insert_in(self.root, key, value, 0)? {
             // Root split: move the root's (left) contents into a new child, keep the block.
             let mut root = self.read(self.root)?;
-            let left = self.alloc_node(root.level, std::mem::replace(&mut root.entries, NodeEntries::Internal(Vec::new())))?;
+            let left = self.alloc_node(
+                root.level,
+                std::mem::replace(&mut root.entries, NodeEntries::Internal(Vec::new())),
+            )?;
             let left_key = first_key(&left).unwrap_or(0);
-            root.entries = NodeEntries::Internal(vec![(left_key.min(sep), left.blockno), (sep, right)]);
+            root.entries =
+                NodeEntries::Internal(vec![(left_key.min(sep), left.blockno), (sep, right)]);
             root.level = left.level + 1;
             let lb = left.blockno;
             self.write(left);
@@ -167,9 +222,18 @@ impl<'t, 'a> Tree<'t, 'a> {
     }
 
     /// Returns Some((first key of new right sibling, its block)) if the node split.
-    fn insert_in(&mut self, b: u64, key: u64, value: &[u8], depth: u16) -> Result<Option<(u64, u64)>> {
+    fn insert_in(
+        &mut self,
+        b: u64,
+        key: u64,
+        value: &[u8],
+        depth: u16,
+    ) -> Result<Option<(u64, u64)>> {
         if depth > crate::format::tree_node::MAX_LEVEL {
-            return Err(Error::corrupted(format!("tree of inode {} is deeper than possible", self.owner)));
+            return Err(Error::corrupted(format!(
+                "tree of inode {} is deeper than possible",
+                self.owner
+            )));
         }
         let mut n = self.read(b)?;
         match &mut n.entries {
@@ -187,7 +251,9 @@ impl<'t, 'a> Tree<'t, 'a> {
                 }
                 let child = v[i].1;
                 if let Some((sep, right)) = self.insert_in(child, key, value, depth + 1)? {
-                    let NodeEntries::Internal(v) = &mut n.entries else { unreachable!() };
+                    let NodeEntries::Internal(v) = &mut n.entries else {
+                        unreachable!()
+                    };
                     v.insert(i + 1, (sep, right));
                 }
             }
@@ -211,9 +277,18 @@ impl<'t, 'a> Tree<'t, 'a> {
         Ok(old)
     }
 
-    fn remove_in(&mut self, b: u64, key: u64, is_root: bool, depth: u16) -> Result<(Option<Vec<u8>>, bool)> {
+    fn remove_in(
+        &mut self,
+        b: u64,
+        key: u64,
+        is_root: bool,
+        depth: u16,
+    ) -> Result<(Option<Vec<u8>>, bool)> {
         if depth > crate::format::tree_node::MAX_LEVEL {
-            return Err(Error::corrupted(format!("tree of inode {} is deeper than possible", self.owner)));
+            return Err(Error::corrupted(format!(
+                "tree of inode {} is deeper than possible",
+                self.owner
+            )));
         }
         let mut n = self.read(b)?;
         let old = match &mut n.entries {
@@ -231,7 +306,9 @@ impl<'t, 'a> Tree<'t, 'a> {
                 if !child_empty {
                     return Ok((old, false));
                 }
-                let NodeEntries::Internal(v) = &mut n.entries else { unreachable!() };
+                let NodeEntries::Internal(v) = &mut n.entries else {
+                    unreachable!()
+                };
                 v.remove(i);
                 old
             }
@@ -255,7 +332,10 @@ impl<'t, 'a> Tree<'t, 'a> {
 
     fn destroy_in(&mut self, b: u64, depth: u16) -> Result<()> {
         if depth > crate::format::tree_node::MAX_LEVEL {
-            return Err(Error::corrupted(format!("tree of inode {} is deeper than possible", self.owner)));
+            return Err(Error::corrupted(format!(
+                "tree of inode {} is deeper than possible",
+                self.owner
+            )));
         }
         let n = self.read(b)?;
         if let NodeEntries::Internal(v) = n.entries {
@@ -311,9 +391,16 @@ mod tests {
 
     fn with_tree(f: impl FnOnce(&mut Tx<'_>)) {
         let dev = crate::dev::mem::MemDevice::new(256 << 20, 512);
-        let opts = crate::mkfs::MkfsOptions { max_nodes: 2, journal_bytes: 1 << 20, ..Default::default() };
+        let opts = crate::mkfs::MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            ..Default::default()
+        };
         let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
-        let mut meta = Meta::new(crate::alloc::tests::load(&dev, &sb), crate::journal::JournalArea::for_slot(&sb, 0));
+        let mut meta = Meta::new(
+            crate::alloc::tests::load(&dev, &sb),
+            crate::journal::JournalArea::for_slot(&sb, 0),
+        );
         let mut tx = Tx::new(&dev, &mut meta);
         f(&mut tx);
         tx.commit().unwrap();

@@ -51,7 +51,11 @@ impl Volume {
         if writable {
             st.writers.fetch_add(1, Ordering::AcqRel);
         }
-        Arc::new(OpenFile { ino: st.ino, writable, state: st })
+        Arc::new(OpenFile {
+            ino: st.ino,
+            writable,
+            state: st,
+        })
     }
 
     pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> {
@@ -73,7 +77,10 @@ impl Volume {
             }
         }
         if truncate && writable {
-            let set = super::SetAttr { size: Some(0), ..Default::default() };
+            let set = super::SetAttr {
+                size: Some(0),
+                ..Default::default()
+            };
             if st.read().inode.size != 0 {
                 self.setattr(ino, &set, super::Caller::ROOT)?;
             }
@@ -112,7 +119,13 @@ impl Volume {
     }
 
     /// Read up to `size` bytes at `offset`; `reply` receives the bytes (short at EOF).
-    pub fn read(&self, fh: &OpenFile, offset: u64, size: u32, reply: &mut dyn FnMut(&[u8])) -> Result<()> {
+    pub fn read(
+        &self,
+        fh: &OpenFile,
+        offset: u64,
+        size: u32,
+        reply: &mut dyn FnMut(&[u8]),
+    ) -> Result<()> {
         let inner = fh.state.read();
         let fsize = inner.inode.size;
         if offset >= fsize || size == 0 {
@@ -128,11 +141,20 @@ impl Volume {
             while pos < a1 {
                 let fb = pos / FS_BLOCK;
                 let (stop, phys) = match inner.extents.find(fb) {
-                    Some(e) if !e.unwritten() => {
-                        (a1.min(e.end() * FS_BLOCK), Some((e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK))
-                    }
+                    Some(e) if !e.unwritten() => (
+                        a1.min(e.end() * FS_BLOCK),
+                        Some((e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK),
+                    ),
                     Some(e) => (a1.min(e.end() * FS_BLOCK), None),
-                    None => (a1.min(inner.extents.next_from(fb).map_or(u64::MAX, |e| e.logical * FS_BLOCK)), None),
+                    None => (
+                        a1.min(
+                            inner
+                                .extents
+                                .next_from(fb)
+                                .map_or(u64::MAX, |e| e.logical * FS_BLOCK),
+                        ),
+                        None,
+                    ),
                 };
                 let part = &mut buf[us(pos - a0)..us(stop - a0)];
                 match phys {
@@ -150,7 +172,8 @@ impl Volume {
         if !fh.writable {
             bail!(InvalidInput, "file handle is not open for writing");
         }
-        let len = u32::try_from(data.len()).map_err(|_| crate::Error::new(crate::ErrorKind::InvalidInput, "write too large"))?;
+        let len = u32::try_from(data.len())
+            .map_err(|_| crate::Error::new(crate::ErrorKind::InvalidInput, "write too large"))?;
         if data.is_empty() {
             return Ok(0);
         }
@@ -194,7 +217,11 @@ impl Volume {
             return Ok(false);
         }
         let inner = st.read();
-        if inner.freed || end > inner.inode.size || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 || self.read_only {
+        if inner.freed
+            || end > inner.inode.size
+            || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
+            || self.read_only
+        {
             return Ok(false);
         }
         let mut pos = offset;
@@ -209,10 +236,13 @@ impl Volume {
             let mut pos = offset;
             while pos < end {
                 let fb = pos / FS_BLOCK;
-                let Some(e) = inner.extents.find(fb) else { unreachable!("checked above") };
+                let Some(e) = inner.extents.find(fb) else {
+                    unreachable!("checked above")
+                };
                 let stop = end.min(e.end() * FS_BLOCK);
                 let phys = (e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK;
-                self.dev.write_at(phys, &buf[us(pos - offset)..us(stop - offset)])?;
+                self.dev
+                    .write_at(phys, &buf[us(pos - offset)..us(stop - offset)])?;
                 pos = stop;
             }
             Ok::<(), crate::Error>(())
@@ -222,7 +252,13 @@ impl Volume {
     }
 
     /// Write `data` at `offset`, allocating and converting as needed (exclusive inode lock held).
-    fn write_locked(&self, tx: &mut Tx<'_>, inner: &mut InodeInner, offset: u64, data: &[u8]) -> Result<()> {
+    fn write_locked(
+        &self,
+        tx: &mut Tx<'_>,
+        inner: &mut InodeInner,
+        offset: u64,
+        data: &[u8],
+    ) -> Result<()> {
         let end = offset + data.len() as u64;
         let fb1 = end.div_ceil(FS_BLOCK);
         let mut b = offset / FS_BLOCK;
@@ -266,7 +302,15 @@ impl Volume {
 
     /// Write file blocks [b0, b1) (device blocks from `phys`) with the part of `data` (which
     /// starts at file byte `offset`) that falls inside them.
-    fn write_segment(&self, phys: u64, b0: u64, b1: u64, offset: u64, data: &[u8], fill: Fill) -> Result<()> {
+    fn write_segment(
+        &self,
+        phys: u64,
+        b0: u64,
+        b1: u64,
+        offset: u64,
+        data: &[u8],
+        fill: Fill,
+    ) -> Result<()> {
         let seg_start = b0 * FS_BLOCK;
         let seg_end = b1 * FS_BLOCK;
         let d0 = offset.max(seg_start);
@@ -282,11 +326,13 @@ impl Volume {
                 }
                 Fill::Existing => {
                     if head > 0 {
-                        self.dev.read_at(phys * FS_BLOCK, &mut buf[..FS_BLOCK_SIZE])?;
+                        self.dev
+                            .read_at(phys * FS_BLOCK, &mut buf[..FS_BLOCK_SIZE])?;
                     }
                     if tail < us(len) && !(head > 0 && len == FS_BLOCK) {
                         let last = us(len) - FS_BLOCK_SIZE;
-                        self.dev.read_at(phys * FS_BLOCK + last as u64, &mut buf[last..])?;
+                        self.dev
+                            .read_at(phys * FS_BLOCK + last as u64, &mut buf[last..])?;
                     }
                 }
             }
@@ -304,7 +350,14 @@ impl Volume {
             if let Some(e) = inner.extents.find(fb) {
                 if !e.unwritten() {
                     let zeros = vec![0u8; us(stop - pos)];
-                    self.write_segment(e.physical + (fb - e.logical), fb, fb + 1, pos, &zeros, Fill::Existing)?;
+                    self.write_segment(
+                        e.physical + (fb - e.logical),
+                        fb,
+                        fb + 1,
+                        pos,
+                        &zeros,
+                        Fill::Existing,
+                    )?;
                 }
             }
             pos = stop;
@@ -319,7 +372,12 @@ impl Volume {
         }
     }
 
-    pub(super) fn truncate_locked(&self, tx: &mut Tx<'_>, inner: &mut InodeInner, size: u64) -> Result<()> {
+    pub(super) fn truncate_locked(
+        &self,
+        tx: &mut Tx<'_>,
+        inner: &mut InodeInner,
+        size: u64,
+    ) -> Result<()> {
         if size < inner.inode.size {
             let keep = size.div_ceil(FS_BLOCK);
             let freed = inner.extents.punch(keep, u64::MAX);
@@ -361,7 +419,9 @@ impl Volume {
         if len == 0 {
             bail!(InvalidInput, "fallocate length 0");
         }
-        let end = offset.checked_add(len).ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
+        let end = offset
+            .checked_add(len)
+            .ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
@@ -443,7 +503,10 @@ impl Volume {
         let inner = st.read();
         let size = inner.inode.size;
         if offset >= size {
-            bail!(NoSuchOffset, "offset {offset} is at or past the end of the file");
+            bail!(
+                NoSuchOffset,
+                "offset {offset} is at or past the end of the file"
+            );
         }
         match whence {
             Whence::Data => {
@@ -464,7 +527,11 @@ impl Volume {
             }
             Whence::Hole => {
                 let mut pos = offset;
-                while let Some(e) = inner.extents.find(pos / FS_BLOCK).filter(|e| !e.unwritten()) {
+                while let Some(e) = inner
+                    .extents
+                    .find(pos / FS_BLOCK)
+                    .filter(|e| !e.unwritten())
+                {
                     pos = e.end() * FS_BLOCK;
                 }
                 Ok(pos.min(size))

@@ -2,7 +2,9 @@
 
 use super::btree::Tree;
 use super::txn::Tx;
-use super::{now, Attr, Caller, DirListEntry, FileKind, Ino, InodeInner, OpenFile, RenameFlags, Volume};
+use super::{
+    now, Attr, Caller, DirListEntry, FileKind, Ino, InodeInner, OpenFile, RenameFlags, Volume,
+};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::dirent::{decode_entries, encode_entries, name_hash, DirEntry, MAX_NAME};
 use crate::format::inode::{flags, Inode, INLINE_CAP};
@@ -10,8 +12,13 @@ use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32};
 use std::sync::Arc;
 
 fn check_name(name: &[u8]) -> Result<()> {
-    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0) {
-        bail!(InvalidInput, "invalid file name {:?}", String::from_utf8_lossy(name));
+    if name.is_empty() || name == b"." || name == b".." || name.contains(&b'/') || name.contains(&0)
+    {
+        bail!(
+            InvalidInput,
+            "invalid file name {:?}",
+            String::from_utf8_lossy(name)
+        );
     }
     if name.len() > MAX_NAME {
         bail!(NameTooLong, "file name longer than {MAX_NAME} bytes");
@@ -25,7 +32,9 @@ pub(crate) fn dir_lookup(tx: &mut Tx<'_>, dir: &Inode, name: &[u8]) -> Result<Op
         return Ok(None);
     }
     let mut t = Tree::new(tx, dir.tree_root, dir.ino);
-    let Some(v) = t.get(name_hash(name))? else { return Ok(None) };
+    let Some(v) = t.get(name_hash(name))? else {
+        return Ok(None);
+    };
     Ok(decode_entries(&v)?.into_iter().find(|e| e.name == name))
 }
 
@@ -110,10 +119,21 @@ impl Volume {
     }
 
     /// Allocate and link a new inode; returns its state (write-locked by the caller after).
-    fn new_inode(&self, tx: &mut Tx<'_>, parent: Ino, name: &[u8], mode: u32, rdev: u64, caller: Caller, target: &[u8]) -> Result<Arc<super::InodeState>> {
+    fn new_inode(
+        &self,
+        tx: &mut Tx<'_>,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+        target: &[u8],
+    ) -> Result<Arc<super::InodeState>> {
         self.check_writable()?;
         check_name(name)?;
-        let kind = FileKind::from_mode(mode).ok_or_else(|| Error::new(ErrorKind::InvalidInput, format!("bad file mode {mode:#o}")))?;
+        let kind = FileKind::from_mode(mode).ok_or_else(|| {
+            Error::new(ErrorKind::InvalidInput, format!("bad file mode {mode:#o}"))
+        })?;
         let pst = self.dir_state(tx, parent)?;
         let mut p = pst.write();
         if p.inode.nlink == 0 {
@@ -142,7 +162,11 @@ impl Volume {
             uid: caller.uid,
             gid,
             nlink: if kind == FileKind::Directory { 2 } else { 1 },
-            flags: if kind == FileKind::Regular { flags::INLINE_EXTENTS } else { 0 },
+            flags: if kind == FileKind::Regular {
+                flags::INLINE_EXTENTS
+            } else {
+                0
+            },
             generation: rand::random(),
             size: target.len() as u64,
             rdev,
@@ -151,11 +175,23 @@ impl Volume {
             ctime: t,
             crtime: t,
             blocks: 1,
-            parent: if kind == FileKind::Directory { parent } else { 0 },
+            parent: if kind == FileKind::Directory {
+                parent
+            } else {
+                0
+            },
             inline_data: target.to_vec(),
             ..Default::default()
         };
-        dir_insert(tx, &mut p.inode, DirEntry { name: name.to_vec(), ino, dtype: kind.dtype() })?;
+        dir_insert(
+            tx,
+            &mut p.inode,
+            DirEntry {
+                name: name.to_vec(),
+                ino,
+                dtype: kind.dtype(),
+            },
+        )?;
         if kind == FileKind::Directory {
             p.inode.nlink += 1;
         }
@@ -164,7 +200,11 @@ impl Volume {
         self.save(tx, &mut p)?;
         let st = Arc::new(super::InodeState {
             ino,
-            inner: std::sync::RwLock::new(InodeInner { inode, extents: super::ExtentMap::default(), freed: false }),
+            inner: std::sync::RwLock::new(InodeInner {
+                inode,
+                extents: super::ExtentMap::default(),
+                freed: false,
+            }),
             opens: AtomicU32::new(0),
             writers: AtomicU32::new(0),
             pending_mtime: AtomicI64::new(0),
@@ -179,11 +219,22 @@ impl Volume {
     }
 
     /// Regular files, fifos, sockets and device nodes (mode includes the S_IF* type).
-    pub fn mknod(&self, parent: Ino, name: &[u8], mode: u32, rdev: u64, caller: Caller) -> Result<Attr> {
+    pub fn mknod(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+    ) -> Result<Attr> {
         if mode & libc::S_IFMT == libc::S_IFDIR || mode & libc::S_IFMT == libc::S_IFLNK {
             bail!(InvalidInput, "mknod cannot create directories or symlinks");
         }
-        let mode = if mode & libc::S_IFMT == 0 { mode | libc::S_IFREG } else { mode };
+        let mode = if mode & libc::S_IFMT == 0 {
+            mode | libc::S_IFREG
+        } else {
+            mode
+        };
         self.meta_op(|tx| {
             let st = self.new_inode(tx, parent, name, mode, rdev, caller, b"")?;
             let a = Self::attr_of(&st.read().inode);
@@ -193,7 +244,15 @@ impl Volume {
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
         self.meta_op(|tx| {
-            let st = self.new_inode(tx, parent, name, libc::S_IFDIR | (mode & 0o7777), 0, caller, b"")?;
+            let st = self.new_inode(
+                tx,
+                parent,
+                name,
+                libc::S_IFDIR | (mode & 0o7777),
+                0,
+                caller,
+                b"",
+            )?;
             let a = Self::attr_of(&st.read().inode);
             Ok(a)
         })
@@ -211,9 +270,24 @@ impl Volume {
     }
 
     /// Create and open a regular file in one step (O_CREAT); `excl` gives EEXIST if it exists.
-    pub fn create(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller, excl: bool) -> Result<(Attr, Arc<OpenFile>)> {
+    pub fn create(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        caller: Caller,
+        excl: bool,
+    ) -> Result<(Attr, Arc<OpenFile>)> {
         let r = self.meta_op(|tx| {
-            let st = self.new_inode(tx, parent, name, libc::S_IFREG | (mode & 0o7777), 0, caller, b"")?;
+            let st = self.new_inode(
+                tx,
+                parent,
+                name,
+                libc::S_IFREG | (mode & 0o7777),
+                0,
+                caller,
+                b"",
+            )?;
             let a = Self::attr_of(&st.read().inode);
             Ok((a, st))
         });
@@ -251,7 +325,10 @@ impl Volume {
             let mut p = pst.write();
             let mut inner = st.write();
             if inner.inode.is_dir() {
-                bail!(PermissionDenied, "hard links to directories are not allowed");
+                bail!(
+                    PermissionDenied,
+                    "hard links to directories are not allowed"
+                );
             }
             if inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
                 bail!(PermissionDenied, "inode {ino} is immutable or append-only");
@@ -265,7 +342,15 @@ impl Volume {
             if dir_lookup(tx, &p.inode, new_name)?.is_some() {
                 bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
             }
-            dir_insert(tx, &mut p.inode, DirEntry { name: new_name.to_vec(), ino, dtype: kind_of(&inner.inode).dtype() })?;
+            dir_insert(
+                tx,
+                &mut p.inode,
+                DirEntry {
+                    name: new_name.to_vec(),
+                    ino,
+                    dtype: kind_of(&inner.inode).dtype(),
+                },
+            )?;
             let t = now();
             p.inode.mtime = t;
             p.inode.ctime = t;
@@ -278,7 +363,12 @@ impl Volume {
     }
 
     /// Drop one link of `child` (already removed from its directory); free it if unused.
-    fn drop_link(&self, tx: &mut Tx<'_>, st: &super::InodeState, inner: &mut InodeInner) -> Result<()> {
+    fn drop_link(
+        &self,
+        tx: &mut Tx<'_>,
+        st: &super::InodeState,
+        inner: &mut InodeInner,
+    ) -> Result<()> {
         let t = now();
         if inner.inode.is_dir() {
             inner.inode.nlink = 0;
@@ -296,7 +386,10 @@ impl Volume {
                     h.orphans.push(inner.inode.ino);
                     tx.put_slot_header(h);
                 } else {
-                    tracing::warn!("orphan list full: inode {} leaks if this node crashes before closing it", inner.inode.ino);
+                    tracing::warn!(
+                        "orphan list full: inode {} leaks if this node crashes before closing it",
+                        inner.inode.ino
+                    );
                 }
             }
             self.save(tx, inner)
@@ -321,16 +414,28 @@ impl Volume {
             let mut inner = st.write();
             let is_dir = inner.inode.is_dir();
             if want_dir && !is_dir {
-                bail!(NotDir, "{:?} is not a directory", String::from_utf8_lossy(name));
+                bail!(
+                    NotDir,
+                    "{:?} is not a directory",
+                    String::from_utf8_lossy(name)
+                );
             }
             if !want_dir && is_dir {
                 bail!(IsDir, "{:?} is a directory", String::from_utf8_lossy(name));
             }
             if (inner.inode.flags | p.inode.flags) & (flags::IMMUTABLE | flags::APPEND) != 0 {
-                bail!(PermissionDenied, "{:?} or its directory is immutable or append-only", String::from_utf8_lossy(name));
+                bail!(
+                    PermissionDenied,
+                    "{:?} or its directory is immutable or append-only",
+                    String::from_utf8_lossy(name)
+                );
             }
             if is_dir && !dir_is_empty(tx, &inner.inode)? {
-                bail!(NotEmpty, "directory {:?} is not empty", String::from_utf8_lossy(name));
+                bail!(
+                    NotEmpty,
+                    "directory {:?} is not empty",
+                    String::from_utf8_lossy(name)
+                );
             }
             dir_remove(tx, &mut p.inode, name)?;
             if is_dir {
@@ -363,22 +468,39 @@ impl Volume {
             }
             dir = self.state(tx, dir)?.read().inode.parent;
         }
-        Err(Error::corrupted("directory parent chain does not reach the root"))
+        Err(Error::corrupted(
+            "directory parent chain does not reach the root",
+        ))
     }
 
-    pub fn rename(&self, parent: Ino, name: &[u8], new_parent: Ino, new_name: &[u8], rflags: RenameFlags) -> Result<()> {
+    pub fn rename(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        new_parent: Ino,
+        new_name: &[u8],
+        rflags: RenameFlags,
+    ) -> Result<()> {
         self.check_writable()?;
         check_name(name)?;
         check_name(new_name)?;
         if rflags.exchange && rflags.noreplace {
-            bail!(InvalidInput, "RENAME_EXCHANGE and RENAME_NOREPLACE together");
+            bail!(
+                InvalidInput,
+                "RENAME_EXCHANGE and RENAME_NOREPLACE together"
+            );
         }
         self.meta_op(|tx| {
             let sp = self.dir_state(tx, parent)?;
             let dp = self.dir_state(tx, new_parent)?;
             let src = {
                 let p = sp.read();
-                dir_lookup(tx, &p.inode, name)?.ok_or_else(|| Error::new(ErrorKind::NotFound, format!("no entry {:?}", String::from_utf8_lossy(name))))?
+                dir_lookup(tx, &p.inode, name)?.ok_or_else(|| {
+                    Error::new(
+                        ErrorKind::NotFound,
+                        format!("no entry {:?}", String::from_utf8_lossy(name)),
+                    )
+                })?
             };
             let dst = {
                 let p = dp.read();
@@ -387,7 +509,11 @@ impl Volume {
             let sst = self.state(tx, src.ino)?;
             let src_dir = sst.read().inode.is_dir();
             if sst.read().inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
-                bail!(PermissionDenied, "{:?} is immutable or append-only", String::from_utf8_lossy(name));
+                bail!(
+                    PermissionDenied,
+                    "{:?} is immutable or append-only",
+                    String::from_utf8_lossy(name)
+                );
             }
             // A directory cannot move into its own subtree.
             if src_dir && parent != new_parent && self.is_ancestor(tx, src.ino, new_parent)? {
@@ -403,26 +529,50 @@ impl Volume {
             }
             let t = now();
             if rflags.exchange {
-                let Some(d) = dst else { bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(new_name)) };
+                let Some(d) = dst else {
+                    bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(new_name))
+                };
                 let dst_st = self.state(tx, d.ino)?;
                 let dst_dir = dst_st.read().inode.is_dir();
                 if dst_dir && parent != new_parent && self.is_ancestor(tx, d.ino, parent)? {
                     bail!(InvalidInput, "cannot move a directory into itself");
                 }
-                self.with_parents(tx, &sp, &dp, |tx, s, dd| {
-                    dir_insert(tx, s, DirEntry { name: name.to_vec(), ino: d.ino, dtype: d.dtype })?;
-                    dir_insert(tx, dd, DirEntry { name: new_name.to_vec(), ino: src.ino, dtype: src.dtype })?;
-                    if parent != new_parent && src_dir != dst_dir {
-                        if src_dir {
-                            s.nlink -= 1;
-                            dd.nlink += 1;
-                        } else {
-                            s.nlink += 1;
-                            dd.nlink -= 1;
+                self.with_parents(
+                    tx,
+                    &sp,
+                    &dp,
+                    |tx, s, dd| {
+                        dir_insert(
+                            tx,
+                            s,
+                            DirEntry {
+                                name: name.to_vec(),
+                                ino: d.ino,
+                                dtype: d.dtype,
+                            },
+                        )?;
+                        dir_insert(
+                            tx,
+                            dd,
+                            DirEntry {
+                                name: new_name.to_vec(),
+                                ino: src.ino,
+                                dtype: src.dtype,
+                            },
+                        )?;
+                        if parent != new_parent && src_dir != dst_dir {
+                            if src_dir {
+                                s.nlink -= 1;
+                                dd.nlink += 1;
+                            } else {
+                                s.nlink += 1;
+                                dd.nlink -= 1;
+                            }
                         }
-                    }
-                    Ok(())
-                }, t)?;
+                        Ok(())
+                    },
+                    t,
+                )?;
                 for (st, newp) in [(&sst, new_parent), (&dst_st, parent)] {
                     let mut i = st.write();
                     if i.inode.is_dir() {
@@ -442,33 +592,63 @@ impl Volume {
                 {
                     let v = vst.read();
                     if v.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
-                        bail!(PermissionDenied, "{:?} is immutable or append-only", String::from_utf8_lossy(new_name));
+                        bail!(
+                            PermissionDenied,
+                            "{:?} is immutable or append-only",
+                            String::from_utf8_lossy(new_name)
+                        );
                     }
                     if v.inode.is_dir() && !src_dir {
-                        bail!(IsDir, "{:?} is a directory", String::from_utf8_lossy(new_name));
+                        bail!(
+                            IsDir,
+                            "{:?} is a directory",
+                            String::from_utf8_lossy(new_name)
+                        );
                     }
                     if !v.inode.is_dir() && src_dir {
-                        bail!(NotDir, "{:?} is not a directory", String::from_utf8_lossy(new_name));
+                        bail!(
+                            NotDir,
+                            "{:?} is not a directory",
+                            String::from_utf8_lossy(new_name)
+                        );
                     }
                     if v.inode.is_dir() && !dir_is_empty(tx, &v.inode)? {
-                        bail!(NotEmpty, "directory {:?} is not empty", String::from_utf8_lossy(new_name));
+                        bail!(
+                            NotEmpty,
+                            "directory {:?} is not empty",
+                            String::from_utf8_lossy(new_name)
+                        );
                     }
                 }
                 victim = Some(vst);
             }
             let victim_dir = victim.as_ref().is_some_and(|v| v.read().inode.is_dir());
-            self.with_parents(tx, &sp, &dp, |tx, s, dd| {
-                dir_insert(tx, dd, DirEntry { name: new_name.to_vec(), ino: src.ino, dtype: src.dtype })?;
-                dir_remove(tx, s, name)?;
-                if src_dir && parent != new_parent {
-                    s.nlink -= 1;
-                    dd.nlink += 1;
-                }
-                if victim_dir {
-                    dd.nlink -= 1;
-                }
-                Ok(())
-            }, t)?;
+            self.with_parents(
+                tx,
+                &sp,
+                &dp,
+                |tx, s, dd| {
+                    dir_insert(
+                        tx,
+                        dd,
+                        DirEntry {
+                            name: new_name.to_vec(),
+                            ino: src.ino,
+                            dtype: src.dtype,
+                        },
+                    )?;
+                    dir_remove(tx, s, name)?;
+                    if src_dir && parent != new_parent {
+                        s.nlink -= 1;
+                        dd.nlink += 1;
+                    }
+                    if victim_dir {
+                        dd.nlink -= 1;
+                    }
+                    Ok(())
+                },
+                t,
+            )?;
             {
                 let mut i = sst.write();
                 if src_dir {
@@ -503,8 +683,14 @@ impl Volume {
             let mut copy = orig.clone();
             f(tx, &mut s.inode, &mut copy)?;
             let delta = |a: u64, b: u64| a.cast_signed() - b.cast_signed();
-            s.inode.blocks = s.inode.blocks.saturating_add_signed(delta(copy.blocks, orig.blocks));
-            s.inode.nlink = u32::try_from(i64::from(s.inode.nlink) + i64::from(copy.nlink) - i64::from(orig.nlink)).unwrap_or(0);
+            s.inode.blocks = s
+                .inode
+                .blocks
+                .saturating_add_signed(delta(copy.blocks, orig.blocks));
+            s.inode.nlink = u32::try_from(
+                i64::from(s.inode.nlink) + i64::from(copy.nlink) - i64::from(orig.nlink),
+            )
+            .unwrap_or(0);
             if orig.tree_root == 0 {
                 s.inode.tree_root = s.inode.tree_root.max(copy.tree_root);
             }
@@ -530,7 +716,12 @@ impl Volume {
     /// is released, so `emit` may call back into the volume (readdirplus does getattr).
     /// Names that share a 63-bit hash share one cookie; if the reply fills up between them,
     /// the rest of that (vanishingly rare) group is skipped.
-    pub fn readdir(&self, ino: Ino, offset: u64, emit: &mut dyn FnMut(&DirListEntry) -> bool) -> Result<()> {
+    pub fn readdir(
+        &self,
+        ino: Ino,
+        offset: u64,
+        emit: &mut dyn FnMut(&DirListEntry) -> bool,
+    ) -> Result<()> {
         const BATCH: usize = 256;
         let mut offset = offset;
         loop {
@@ -541,23 +732,44 @@ impl Volume {
                 let st = self.dir_state(&mut tx, ino)?;
                 let inode = st.read().inode.clone();
                 if offset < 1 {
-                    batch.push(DirListEntry { ino, kind: FileKind::Directory, name: b".".to_vec(), next: 1 });
+                    batch.push(DirListEntry {
+                        ino,
+                        kind: FileKind::Directory,
+                        name: b".".to_vec(),
+                        next: 1,
+                    });
                 }
                 if offset < 2 {
-                    batch.push(DirListEntry { ino: inode.parent, kind: FileKind::Directory, name: b"..".to_vec(), next: 2 });
+                    batch.push(DirListEntry {
+                        ino: inode.parent,
+                        kind: FileKind::Directory,
+                        name: b"..".to_vec(),
+                        next: 2,
+                    });
                 }
                 if inode.tree_root != 0 {
                     let mut t = Tree::new(&mut tx, inode.tree_root, ino);
-                    t.scan_from(offset.max(crate::format::dirent::FIRST_HASH_KEY), &mut |k, v| {
-                        for e in decode_entries(v)? {
-                            let kind = FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
-                            batch.push(DirListEntry { ino: e.ino, kind, name: e.name, next: k + 1 });
-                        }
-                        Ok(batch.len() < BATCH)
-                    })?;
+                    t.scan_from(
+                        offset.max(crate::format::dirent::FIRST_HASH_KEY),
+                        &mut |k, v| {
+                            for e in decode_entries(v)? {
+                                let kind =
+                                    FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
+                                batch.push(DirListEntry {
+                                    ino: e.ino,
+                                    kind,
+                                    name: e.name,
+                                    next: k + 1,
+                                });
+                            }
+                            Ok(batch.len() < BATCH)
+                        },
+                    )?;
                 }
             }
-            let Some(last) = batch.last().map(|e| e.next) else { return Ok(()) };
+            let Some(last) = batch.last().map(|e| e.next) else {
+                return Ok(());
+            };
             let full = batch.len() >= BATCH;
             for e in &batch {
                 if !emit(e) {

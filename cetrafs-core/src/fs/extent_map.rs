@@ -30,17 +30,25 @@ impl ExtentMap {
                 Ok(true)
             })?;
         }
-        Ok(Self { map, changed: BTreeSet::new() })
+        Ok(Self {
+            map,
+            changed: BTreeSet::new(),
+        })
     }
 
     /// The extent covering file block `b`.
     pub fn find(&self, b: u64) -> Option<Extent> {
-        self.map.range(..=b).next_back().map(|(_, e)| *e).filter(|e| e.end() > b)
+        self.map
+            .range(..=b)
+            .next_back()
+            .map(|(_, e)| *e)
+            .filter(|e| e.end() > b)
     }
 
     /// The first extent ending after `b` (covering it or after it).
     pub fn next_from(&self, b: u64) -> Option<Extent> {
-        self.find(b).or_else(|| self.map.range(b..).next().map(|(_, e)| *e))
+        self.find(b)
+            .or_else(|| self.map.range(b..).next().map(|(_, e)| *e))
     }
 
     pub fn iter(&self) -> impl Iterator<Item = &Extent> {
@@ -49,7 +57,10 @@ impl ExtentMap {
 
     /// The physical block right after the mapping that precedes file block `b` (allocation goal).
     pub fn goal_for(&self, b: u64) -> Option<u64> {
-        self.map.range(..b).next_back().map(|(_, e)| e.physical + (b - e.logical).min(u64::from(e.len)))
+        self.map
+            .range(..b)
+            .next_back()
+            .map(|(_, e)| e.physical + (b - e.logical).min(u64::from(e.len)))
     }
 
     fn put(&mut self, e: Extent) {
@@ -68,7 +79,12 @@ impl ExtentMap {
             if e.logical < b {
                 let head = u32::try_from(b - e.logical).unwrap_or(u32::MAX);
                 self.put(Extent { len: head, ..e });
-                self.put(Extent { logical: b, physical: e.physical + u64::from(head), len: e.len - head, flags: e.flags });
+                self.put(Extent {
+                    logical: b,
+                    physical: e.physical + u64::from(head),
+                    len: e.len - head,
+                    flags: e.flags,
+                });
             }
         }
     }
@@ -97,7 +113,11 @@ impl ExtentMap {
         let keys: Vec<u64> = self.map.range(start..end).map(|(k, _)| *k).collect();
         for k in &keys {
             let mut e = self.map[k];
-            e.flags = if unwritten { e.flags | EXTENT_UNWRITTEN } else { e.flags & !EXTENT_UNWRITTEN };
+            e.flags = if unwritten {
+                e.flags | EXTENT_UNWRITTEN
+            } else {
+                e.flags & !EXTENT_UNWRITTEN
+            };
             self.put(e);
         }
         self.merge_around(start, end);
@@ -111,7 +131,12 @@ impl ExtentMap {
         while left > 0 {
             let n = left.min(u64::from(MAX_EXTENT_BLOCKS));
             let f = if unwritten { EXTENT_UNWRITTEN } else { 0 };
-            self.put(Extent { logical: l, physical: p, len: u32::try_from(n).unwrap_or(MAX_EXTENT_BLOCKS), flags: f });
+            self.put(Extent {
+                logical: l,
+                physical: p,
+                len: u32::try_from(n).unwrap_or(MAX_EXTENT_BLOCKS),
+                flags: f,
+            });
             l += n;
             p += n;
             left -= n;
@@ -121,18 +146,27 @@ impl ExtentMap {
 
     /// Merge neighbours that are contiguous in file and device space with equal flags.
     fn merge_around(&mut self, start: u64, end: u64) {
-        let from = self.map.range(..start).next_back().map_or(start, |(k, _)| *k);
+        let from = self
+            .map
+            .range(..start)
+            .next_back()
+            .map_or(start, |(k, _)| *k);
         let keys: Vec<u64> = self.map.range(from..=end).map(|(k, _)| *k).collect();
         let mut prev: Option<Extent> = None;
         for k in keys {
-            let Some(e) = self.map.get(&k).copied() else { continue };
+            let Some(e) = self.map.get(&k).copied() else {
+                continue;
+            };
             if let Some(p) = prev {
                 if p.end() == e.logical
                     && p.physical + u64::from(p.len) == e.physical
                     && p.flags == e.flags
                     && u64::from(p.len) + u64::from(e.len) <= u64::from(MAX_EXTENT_BLOCKS)
                 {
-                    let m = Extent { len: p.len + e.len, ..p };
+                    let m = Extent {
+                        len: p.len + e.len,
+                        ..p
+                    };
                     self.del(e.logical);
                     self.put(m);
                     prev = Some(m);

@@ -34,11 +34,16 @@ pub(crate) fn now() -> Timespec {
 }
 
 fn ts_to_nanos(t: Timespec) -> i64 {
-    t.sec.saturating_mul(1_000_000_000).saturating_add(i64::from(t.nsec))
+    t.sec
+        .saturating_mul(1_000_000_000)
+        .saturating_add(i64::from(t.nsec))
 }
 
 fn nanos_to_ts(n: i64) -> Timespec {
-    Timespec { sec: n.div_euclid(1_000_000_000), nsec: u32::try_from(n.rem_euclid(1_000_000_000)).unwrap_or(0) }
+    Timespec {
+        sec: n.div_euclid(1_000_000_000),
+        nsec: u32::try_from(n.rem_euclid(1_000_000_000)).unwrap_or(0),
+    }
 }
 
 /// In-memory state of one inode.
@@ -66,13 +71,18 @@ pub(crate) struct InodeInner {
 
 impl InodeState {
     fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
-        self.inner.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     fn write(&self) -> RwLockWriteGuard<'_, InodeInner> {
-        self.inner.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
     fn note_write(&self) {
-        self.pending_mtime.store(ts_to_nanos(now()), Ordering::Relaxed);
+        self.pending_mtime
+            .store(ts_to_nanos(now()), Ordering::Relaxed);
         self.has_pending.store(true, Ordering::Release);
     }
 }
@@ -118,9 +128,17 @@ pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> 
     }
     let had_magic = Superblock::has_magic(&buf) || Superblock::has_magic(&b);
     if had_magic {
-        Err(Error::new(ErrorKind::Corrupted, format!("damaged CetraFS superblock ({primary_err}) and no usable backup; run fsck.cetra")))
+        Err(Error::new(
+            ErrorKind::Corrupted,
+            format!(
+                "damaged CetraFS superblock ({primary_err}) and no usable backup; run fsck.cetra"
+            ),
+        ))
     } else {
-        Err(Error::new(ErrorKind::Corrupted, "not a CetraFS volume (no superblock found, nor a backup at the end of the device)"))
+        Err(Error::new(
+            ErrorKind::Corrupted,
+            "not a CetraFS volume (no superblock found, nor a backup at the end of the device)",
+        ))
     }
 }
 
@@ -159,14 +177,22 @@ impl Volume {
         for g in 0..sb.group_count {
             let first = sb.group_first_block(g);
             dev.read_at(first * FS_BLOCK, &mut buf)?;
-            let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first).map_err(|e| e.wrap(format!("group {g}")))?;
-            if h.index != g || h.block_count != sb.group_blocks || h.bitmap_blocks != sb.bitmap_blocks {
-                bail!(Corrupted, "group {g}: header does not match the superblock; run fsck.cetra");
+            let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
+                .map_err(|e| e.wrap(format!("group {g}")))?;
+            if h.index != g
+                || h.block_count != sb.group_blocks
+                || h.bitmap_blocks != sb.bitmap_blocks
+            {
+                bail!(
+                    Corrupted,
+                    "group {g}: header does not match the superblock; run fsck.cetra"
+                );
             }
             let mut bms = Vec::new();
             for i in 0..meta_blocks - 1 {
                 let at = first + 1 + i as u64;
-                let (seq, payload) = decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
+                let (seq, payload) =
+                    decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
                 bms.push((seq, payload.to_vec()));
             }
             groups.push((h, bms));
@@ -188,13 +214,19 @@ impl Volume {
         {
             let mut meta = vol.lock_meta();
             let mut tx = Tx::new(&*vol.dev, &mut meta);
-            let st = vol.state(&mut tx, root).map_err(|e| e.wrap("root directory"))?;
+            let st = vol
+                .state(&mut tx, root)
+                .map_err(|e| e.wrap("root directory"))?;
             if !st.read().inode.is_dir() {
-                bail!(Corrupted, "root inode {root} is not a directory; run fsck.cetra");
+                bail!(
+                    Corrupted,
+                    "root inode {root} is not a directory; run fsck.cetra"
+                );
             }
         }
         if !read_only {
-            vol.free_orphans().map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
+            vol.free_orphans()
+                .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
         }
         tracing::info!(
             "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
@@ -211,18 +243,22 @@ impl Volume {
     /// Bound the window of un-fsync'd metadata a crash can lose (ext4's commit=N).
     fn spawn_committer(vol: &Arc<Volume>, every: std::time::Duration) {
         let weak = Arc::downgrade(vol);
-        let spawned = std::thread::Builder::new().name("cetra-commit".into()).spawn(move || loop {
-            std::thread::sleep(every);
-            let Some(v) = weak.upgrade() else { break };
-            if v.unmounted.load(Ordering::Relaxed) {
-                break;
-            }
-            if let Err(e) = v.commit_if_pending() {
-                tracing::error!("metadata commit failed, the volume now refuses changes: {e}");
-            }
-        });
+        let spawned = std::thread::Builder::new()
+            .name("cetra-commit".into())
+            .spawn(move || loop {
+                std::thread::sleep(every);
+                let Some(v) = weak.upgrade() else { break };
+                if v.unmounted.load(Ordering::Relaxed) {
+                    break;
+                }
+                if let Err(e) = v.commit_if_pending() {
+                    tracing::error!("metadata commit failed, the volume now refuses changes: {e}");
+                }
+            });
         if let Err(e) = spawned {
-            tracing::warn!("no background committer ({e}); metadata is committed on fsync/sync/unmount only");
+            tracing::warn!(
+                "no background committer ({e}); metadata is committed on fsync/sync/unmount only"
+            );
         }
     }
 
@@ -250,7 +286,10 @@ impl Volume {
             }
             Ok(())
         })?;
-        tracing::info!("freed {} inodes left open-unlinked by a crash", orphans.len());
+        tracing::info!(
+            "freed {} inodes left open-unlinked by a crash",
+            orphans.len()
+        );
         self.lock_meta().commit_point(&*self.dev)
     }
 
@@ -291,11 +330,15 @@ impl Volume {
     }
 
     fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.meta.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.meta
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn lock_table(&self) -> MutexGuard<'_, HashMap<Ino, Arc<InodeState>>> {
-        self.table.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.table
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -320,10 +363,18 @@ impl Volume {
         }
         let raw = tx.read(ino)?;
         let inode = Inode::decode(&raw, ino)?;
-        let extents = if inode.is_reg() { ExtentMap::load(tx, &inode)? } else { ExtentMap::default() };
+        let extents = if inode.is_reg() {
+            ExtentMap::load(tx, &inode)?
+        } else {
+            ExtentMap::default()
+        };
         let st = Arc::new(InodeState {
             ino,
-            inner: RwLock::new(InodeInner { inode, extents, freed: false }),
+            inner: RwLock::new(InodeInner {
+                inode,
+                extents,
+                freed: false,
+            }),
             opens: AtomicU32::new(0),
             writers: AtomicU32::new(0),
             pending_mtime: AtomicI64::new(0),
@@ -448,7 +499,10 @@ impl Volume {
     pub fn forget(&self, ino: Ino) {
         let mut t = self.lock_table();
         if let Some(s) = t.get(&ino) {
-            if s.opens.load(Ordering::Acquire) == 0 && Arc::strong_count(s) == 1 && !s.has_pending.load(Ordering::Acquire) {
+            if s.opens.load(Ordering::Acquire) == 0
+                && Arc::strong_count(s) == 1
+                && !s.has_pending.load(Ordering::Acquire)
+            {
                 let inner = s.read();
                 let keep = inner.inode.nlink == 0 && !inner.freed;
                 drop(inner);
@@ -467,7 +521,11 @@ impl Volume {
             Self::fold_pending(&st, &mut inner);
             let fl = inner.inode.flags;
             let changes_content = set.size.is_some();
-            let changes_meta = set.mode.is_some() || set.uid.is_some() || set.gid.is_some() || set.atime.is_some() || set.mtime.is_some();
+            let changes_meta = set.mode.is_some()
+                || set.uid.is_some()
+                || set.gid.is_some()
+                || set.atime.is_some()
+                || set.mtime.is_some();
             if fl & flags::IMMUTABLE != 0 && (changes_content || changes_meta) {
                 bail!(PermissionDenied, "inode {ino} is immutable");
             }
@@ -536,7 +594,11 @@ impl Volume {
             bail!(Range, "xattr name length {} out of range", name.len());
         }
         if !PREFIXES.iter().any(|p| name.starts_with(p)) {
-            bail!(Unsupported, "xattr namespace of {:?} is not supported", String::from_utf8_lossy(name));
+            bail!(
+                Unsupported,
+                "xattr namespace of {:?} is not supported",
+                String::from_utf8_lossy(name)
+            );
         }
         Ok(())
     }
@@ -547,7 +609,9 @@ impl Volume {
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
         let map = Self::load_xattrs(&mut tx, &inner.inode)?;
-        map.get(name).cloned().ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
+        map.get(name)
+            .cloned()
+            .ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
@@ -555,11 +619,20 @@ impl Volume {
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
-        Ok(Self::load_xattrs(&mut tx, &inner.inode)?.into_keys().collect())
+        Ok(Self::load_xattrs(&mut tx, &inner.inode)?
+            .into_keys()
+            .collect())
     }
 
     /// flags: XATTR_CREATE / XATTR_REPLACE semantics.
-    pub fn setxattr(&self, ino: Ino, name: &[u8], value: &[u8], create: bool, replace: bool) -> Result<()> {
+    pub fn setxattr(
+        &self,
+        ino: Ino,
+        name: &[u8],
+        value: &[u8],
+        create: bool,
+        replace: bool,
+    ) -> Result<()> {
         self.check_writable()?;
         Self::check_xattr_name(name)?;
         self.update_xattrs(ino, |map| {
@@ -578,11 +651,17 @@ impl Volume {
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.check_writable()?;
         self.update_xattrs(ino, |map| {
-            map.remove(name).map(|_| ()).ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
+            map.remove(name)
+                .map(|_| ())
+                .ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
         })
     }
 
-    fn update_xattrs(&self, ino: Ino, f: impl FnOnce(&mut xattr::XattrMap) -> Result<()>) -> Result<()> {
+    fn update_xattrs(
+        &self,
+        ino: Ino,
+        f: impl FnOnce(&mut xattr::XattrMap) -> Result<()>,
+    ) -> Result<()> {
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
@@ -592,7 +671,10 @@ impl Volume {
             let mut map = Self::load_xattrs(tx, &inner.inode)?;
             f(&mut map)?;
             if xattr::encoded_len(&map) > xattr::XATTR_CAP {
-                bail!(NoSpace, "extended attributes of inode {ino} exceed one 4 KiB block");
+                bail!(
+                    NoSpace,
+                    "extended attributes of inode {ino} exceed one 4 KiB block"
+                );
             }
             if map.is_empty() {
                 if inner.inode.xattr_block != 0 {
@@ -609,7 +691,10 @@ impl Volume {
                     (b, tx.prior_seq(b)? + 1)
                 } else {
                     let raw = tx.read(inner.inode.xattr_block)?;
-                    (inner.inode.xattr_block, xattr::decode(&raw, inner.inode.xattr_block)?.0 + 1)
+                    (
+                        inner.inode.xattr_block,
+                        xattr::decode(&raw, inner.inode.xattr_block)?.0 + 1,
+                    )
                 };
                 tx.write(b, xattr::encode(&map, b, seq, ino));
             }
@@ -627,7 +712,11 @@ impl Volume {
     pub fn set_flags(&self, ino: Ino, new_flags: u32) -> Result<()> {
         self.check_writable()?;
         if new_flags & !flags::USER_VISIBLE != 0 {
-            bail!(Unsupported, "inode flags {:#x} are not supported", new_flags & !flags::USER_VISIBLE);
+            bail!(
+                Unsupported,
+                "inode flags {:#x} are not supported",
+                new_flags & !flags::USER_VISIBLE
+            );
         }
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
@@ -640,8 +729,12 @@ impl Volume {
 
     /// Flush all dirty state (syncfs).
     pub fn sync(&self) -> Result<()> {
-        let pending: Vec<Arc<InodeState>> =
-            self.lock_table().values().filter(|s| s.has_pending.load(Ordering::Acquire)).cloned().collect();
+        let pending: Vec<Arc<InodeState>> = self
+            .lock_table()
+            .values()
+            .filter(|s| s.has_pending.load(Ordering::Acquire))
+            .cloned()
+            .collect();
         if !pending.is_empty() && !self.read_only {
             self.meta_op(|tx| {
                 for st in pending {

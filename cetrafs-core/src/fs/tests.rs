@@ -10,7 +10,11 @@ const C: Caller = Caller::ROOT;
 
 fn fresh(size: u64) -> (Arc<MemDevice>, Arc<Volume>) {
     let dev = Arc::new(MemDevice::new(size, 512));
-    let opts = MkfsOptions { max_nodes: 2, journal_bytes: 1 << 20, ..Default::default() };
+    let opts = MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: 1 << 20,
+        ..Default::default()
+    };
     format(&*dev, &opts, &mut |_, _| {}).unwrap();
     let v = Volume::mount(dev.clone(), &MountOptions::default()).unwrap();
     (dev, v)
@@ -25,7 +29,8 @@ fn remount(dev: &MemDevice, v: &Volume) -> (Arc<MemDevice>, Arc<Volume>) {
 
 fn read_all(v: &Volume, fh: &OpenFile, off: u64, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
-    v.read(fh, off, len, &mut |d| out.extend_from_slice(d)).unwrap();
+    v.read(fh, off, len, &mut |d| out.extend_from_slice(d))
+        .unwrap();
     out
 }
 
@@ -65,32 +70,64 @@ fn file_data_roundtrip_and_persistence() {
     let fh2 = v2.open(a2.ino, false, false).unwrap();
     let back2 = read_all(&v2, &fh2, 0, 400_000);
     assert_eq!(&back2[3..6], &[9, 9, 9]);
-    assert_eq!(&back2[20_000..], &back[..0].iter().chain(&data[19_995..]).copied().collect::<Vec<_>>()[..]);
+    assert_eq!(
+        &back2[20_000..],
+        &back[..0]
+            .iter()
+            .chain(&data[19_995..])
+            .copied()
+            .collect::<Vec<_>>()[..]
+    );
 }
 
 #[test]
 fn holes_unwritten_punch_truncate() {
     let (_dev, v) = fresh(256 << 20);
     let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
-    v.fallocate(a.ino, 0, 1 << 20, FallocMode::Allocate { keep_size: false }).unwrap();
+    v.fallocate(a.ino, 0, 1 << 20, FallocMode::Allocate { keep_size: false })
+        .unwrap();
     assert_eq!(v.getattr(a.ino).unwrap().size, 1 << 20);
     assert!(read_all(&v, &fh, 0, 1 << 20).iter().all(|&b| b == 0));
-    assert_eq!(v.lseek(a.ino, 0, Whence::Data).unwrap_err().kind(), ErrorKind::NoSuchOffset);
+    assert_eq!(
+        v.lseek(a.ino, 0, Whence::Data).unwrap_err().kind(),
+        ErrorKind::NoSuchOffset
+    );
     v.write(&fh, 10_000, b"hello").unwrap();
     let r = read_all(&v, &fh, 8192, 8192);
     assert_eq!(&r[1808..1813], b"hello");
     assert!(r[..1808].iter().all(|&b| b == 0) && r[1813..].iter().all(|&b| b == 0));
     assert_eq!(v.lseek(a.ino, 0, Whence::Data).unwrap(), 8192);
     assert_eq!(v.lseek(a.ino, 8192, Whence::Hole).unwrap(), 12288);
-    v.fallocate(a.ino, 8192, 4096, FallocMode::PunchHole).unwrap();
+    v.fallocate(a.ino, 8192, 4096, FallocMode::PunchHole)
+        .unwrap();
     assert!(read_all(&v, &fh, 8192, 4096).iter().all(|&b| b == 0));
     v.write(&fh, 0, &[1u8; 10_000]).unwrap();
-    v.setattr(a.ino, &SetAttr { size: Some(5000), ..Default::default() }, C).unwrap();
-    v.setattr(a.ino, &SetAttr { size: Some(9000), ..Default::default() }, C).unwrap();
+    v.setattr(
+        a.ino,
+        &SetAttr {
+            size: Some(5000),
+            ..Default::default()
+        },
+        C,
+    )
+    .unwrap();
+    v.setattr(
+        a.ino,
+        &SetAttr {
+            size: Some(9000),
+            ..Default::default()
+        },
+        C,
+    )
+    .unwrap();
     let r = read_all(&v, &fh, 0, 9000);
     assert!(r[..5000].iter().all(|&b| b == 1));
-    assert!(r[5000..].iter().all(|&b| b == 0), "bytes past a truncation must read as zeros");
-    v.fallocate(a.ino, 1000, 2000, FallocMode::ZeroRange { keep_size: true }).unwrap();
+    assert!(
+        r[5000..].iter().all(|&b| b == 0),
+        "bytes past a truncation must read as zeros"
+    );
+    v.fallocate(a.ino, 1000, 2000, FallocMode::ZeroRange { keep_size: true })
+        .unwrap();
     let r = read_all(&v, &fh, 0, 5000);
     assert!(r[1000..3000].iter().all(|&b| b == 0) && r[..1000].iter().all(|&b| b == 1));
     v.release(&fh).unwrap();
@@ -109,24 +146,70 @@ fn namespace_operations() {
     v.symlink(r, b"s", b"d/f", C).unwrap();
     assert_eq!(v.readlink(v.lookup(r, b"s").unwrap().ino).unwrap(), b"d/f");
     assert_eq!(v.rmdir(r, b"d").unwrap_err().kind(), ErrorKind::NotEmpty);
-    assert_eq!(v.rename(r, b"d", e.ino, b"x", RenameFlags::default()).unwrap_err().kind(), ErrorKind::InvalidInput);
-    v.rename(d.ino, b"f", r, b"hard", RenameFlags::default()).unwrap(); // same inode: no-op
-    v.rename(d.ino, b"f", r, b"g", RenameFlags::default()).unwrap();
+    assert_eq!(
+        v.rename(r, b"d", e.ino, b"x", RenameFlags::default())
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+    v.rename(d.ino, b"f", r, b"hard", RenameFlags::default())
+        .unwrap(); // same inode: no-op
+    v.rename(d.ino, b"f", r, b"g", RenameFlags::default())
+        .unwrap();
     assert_eq!(names(&v, d.ino), [".", "..", "e"]);
-    assert_eq!(v.rename(r, b"g", r, b"hard", RenameFlags { noreplace: true, exchange: false }).unwrap_err().kind(), ErrorKind::Exists);
-    v.rename(r, b"s", d.ino, b"e2", RenameFlags::default()).unwrap();
-    v.rename(r, b"g", d.ino, b"e", RenameFlags { exchange: true, noreplace: false }).unwrap();
+    assert_eq!(
+        v.rename(
+            r,
+            b"g",
+            r,
+            b"hard",
+            RenameFlags {
+                noreplace: true,
+                exchange: false
+            }
+        )
+        .unwrap_err()
+        .kind(),
+        ErrorKind::Exists
+    );
+    v.rename(r, b"s", d.ino, b"e2", RenameFlags::default())
+        .unwrap();
+    v.rename(
+        r,
+        b"g",
+        d.ino,
+        b"e",
+        RenameFlags {
+            exchange: true,
+            noreplace: false,
+        },
+    )
+    .unwrap();
     assert_eq!(v.lookup(r, b"g").unwrap().ino, e.ino);
     assert_eq!(v.getattr(e.ino).unwrap().nlink, 2);
-    assert_eq!(v.getattr(d.ino).unwrap().nlink, 2, "d lost subdir e to the root");
+    assert_eq!(
+        v.getattr(d.ino).unwrap().nlink,
+        2,
+        "d lost subdir e to the root"
+    );
     assert_eq!(v.getattr(r).unwrap().nlink, 4);
     assert_eq!(v.lookup(e.ino, b"..").unwrap().ino, r);
     v.unlink(r, b"hard").unwrap();
     v.unlink(d.ino, b"e").unwrap();
     assert_eq!(v.getattr(f.ino).unwrap_err().kind(), ErrorKind::NotFound);
     v.setxattr(r, b"user.a", b"1", true, false).unwrap();
-    assert_eq!(v.setxattr(r, b"user.a", b"1", true, false).unwrap_err().kind(), ErrorKind::Exists);
-    assert_eq!(v.setxattr(r, b"bogus.a", b"1", false, false).unwrap_err().kind(), ErrorKind::Unsupported);
+    assert_eq!(
+        v.setxattr(r, b"user.a", b"1", true, false)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Exists
+    );
+    assert_eq!(
+        v.setxattr(r, b"bogus.a", b"1", false, false)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::Unsupported
+    );
     assert_eq!(v.getxattr(r, b"user.a").unwrap(), b"1");
     let (_d2, v2) = remount(&dev, &v);
     assert_eq!(names(&v2, r), [".", "..", "d", "g"]);
@@ -160,7 +243,9 @@ fn big_directory_and_many_extents() {
     let mut model = BTreeMap::new();
     for i in 0..5000u32 {
         let n = format!("file-{i:06}");
-        let a = v.mknod(d.ino, n.as_bytes(), libc::S_IFREG | 0o644, 0, C).unwrap();
+        let a = v
+            .mknod(d.ino, n.as_bytes(), libc::S_IFREG | 0o644, 0, C)
+            .unwrap();
         model.insert(n, a.ino);
     }
     for i in (0..5000u32).step_by(3) {
@@ -168,26 +253,44 @@ fn big_directory_and_many_extents() {
         v.unlink(d.ino, n.as_bytes()).unwrap();
         model.remove(&n);
     }
-    let got: Vec<String> = names(&v, d.ino).into_iter().filter(|n| n != "." && n != "..").collect();
+    let got: Vec<String> = names(&v, d.ino)
+        .into_iter()
+        .filter(|n| n != "." && n != "..")
+        .collect();
     assert_eq!(got, model.keys().cloned().collect::<Vec<_>>());
     // Fragmented file: every other block written -> > 160 extents -> extent tree.
     let (f, fh) = v.create(r, b"frag", 0o644, C, true).unwrap();
     for i in 0..600u64 {
         v.write(&fh, i * 8192, &[i as u8; 4096]).unwrap();
         // Interleave another allocation so blocks are not contiguous.
-        v.mknod(r, format!("x{i}").as_bytes(), libc::S_IFREG, 0, C).unwrap();
+        v.mknod(r, format!("x{i}").as_bytes(), libc::S_IFREG, 0, C)
+            .unwrap();
     }
     assert!(v.extents(f.ino).unwrap().len() > 160);
     v.release(&fh).unwrap();
     let (_d2, v2) = remount(&dev, &v);
     let fh2 = v2.open(f.ino, true, false).unwrap();
     for i in (0..600u64).step_by(37) {
-        assert_eq!(read_all(&v2, &fh2, i * 8192, 8192), [vec![i as u8; 4096], vec![0; 4096]].concat());
+        assert_eq!(
+            read_all(&v2, &fh2, i * 8192, 8192),
+            [vec![i as u8; 4096], vec![0; 4096]].concat()
+        );
     }
-    v2.setattr(f.ino, &SetAttr { size: Some(0), ..Default::default() }, C).unwrap();
+    v2.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(0),
+            ..Default::default()
+        },
+        C,
+    )
+    .unwrap();
     assert!(v2.extents(f.ino).unwrap().is_empty());
     v2.release(&fh2).unwrap();
-    let got: Vec<String> = names(&v2, d.ino).into_iter().filter(|n| n != "." && n != "..").collect();
+    let got: Vec<String> = names(&v2, d.ino)
+        .into_iter()
+        .filter(|n| n != "." && n != "..")
+        .collect();
     assert_eq!(got.len(), model.len());
 }
 
@@ -196,10 +299,20 @@ fn immutable_flag() {
     let (_dev, v) = fresh(256 << 20);
     let r = v.root_ino();
     let (a, fh) = v.create(r, b"t", 0o644, C, true).unwrap();
-    v.set_flags(a.ino, crate::format::inode::flags::IMMUTABLE).unwrap();
-    assert_eq!(v.write(&fh, 0, b"x").unwrap_err().kind(), ErrorKind::PermissionDenied);
-    assert_eq!(v.unlink(r, b"t").unwrap_err().kind(), ErrorKind::PermissionDenied);
-    assert_eq!(v.open(a.ino, true, false).unwrap_err().kind(), ErrorKind::PermissionDenied);
+    v.set_flags(a.ino, crate::format::inode::flags::IMMUTABLE)
+        .unwrap();
+    assert_eq!(
+        v.write(&fh, 0, b"x").unwrap_err().kind(),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        v.unlink(r, b"t").unwrap_err().kind(),
+        ErrorKind::PermissionDenied
+    );
+    assert_eq!(
+        v.open(a.ino, true, false).unwrap_err().kind(),
+        ErrorKind::PermissionDenied
+    );
     v.set_flags(a.ino, 0).unwrap();
     v.unlink(r, b"t").unwrap();
     v.release(&fh).unwrap();
@@ -239,9 +352,17 @@ fn orphans_survive_a_crash_and_are_freed_by_the_next_mount() {
     assert!(report.is_clean(), "{:?}", report.findings);
     assert!(report.has(crate::check::FindingKind::Orphan));
     let v2 = Volume::mount(crashed.clone(), &MountOptions::default()).unwrap();
-    assert_eq!(v2.statfs().unwrap().bfree, free0, "the orphan's blocks come back");
+    assert_eq!(
+        v2.statfs().unwrap().bfree,
+        free0,
+        "the orphan's blocks come back"
+    );
     v2.unmount().unwrap();
     let report = crate::check::check_volume(&*crashed).unwrap();
-    assert!(report.is_clean() && !report.has(crate::check::FindingKind::Orphan), "{:?}", report.findings);
+    assert!(
+        report.is_clean() && !report.has(crate::check::FindingKind::Orphan),
+        "{:?}",
+        report.findings
+    );
     v.release(&fh).unwrap();
 }

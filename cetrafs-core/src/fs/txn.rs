@@ -43,7 +43,15 @@ pub(crate) struct Meta {
 
 impl Meta {
     pub fn new(alloc: Allocator, journal: JournalArea) -> Self {
-        Self { alloc, cache: HashMap::new(), pending: BTreeMap::new(), journal, next_seq: 1, failed: false, slot: 0 }
+        Self {
+            alloc,
+            cache: HashMap::new(),
+            pending: BTreeMap::new(),
+            journal,
+            next_seq: 1,
+            failed: false,
+            slot: 0,
+        }
     }
 
     pub fn has_pending(&self) -> bool {
@@ -53,7 +61,10 @@ impl Meta {
     /// Make the running compound transaction durable (see the module docs).
     pub fn commit_point(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         if self.failed {
-            return Err(Error::new(ErrorKind::Io, "an earlier metadata commit failed; remount the volume"));
+            return Err(Error::new(
+                ErrorKind::Io,
+                "an earlier metadata commit failed; remount the volume",
+            ));
         }
         let r = self.commit_point_inner(dev);
         if r.is_err() {
@@ -69,7 +80,11 @@ impl Meta {
             return Ok(());
         }
         crate::failpoint!("commit::before_journal");
-        let blocks: Vec<(u64, &[u8])> = self.pending.iter().map(|(b, d)| (*b, d.as_slice())).collect();
+        let blocks: Vec<(u64, &[u8])> = self
+            .pending
+            .iter()
+            .map(|(b, d)| (*b, d.as_slice()))
+            .collect();
         journal::write_tx(dev, self.journal, self.next_seq, &blocks)?;
         crate::failpoint!("commit::before_journal_flush");
         dev.flush()?;
@@ -118,13 +133,21 @@ pub(crate) struct Tx<'a> {
 
 impl<'a> Tx<'a> {
     pub fn new(dev: &'a dyn BlockDevice, meta: &'a mut Meta) -> Self {
-        Self { dev, meta, dirty: BTreeMap::new() }
+        Self {
+            dev,
+            meta,
+            dirty: BTreeMap::new(),
+        }
     }
 
     /// Read a metadata block: this transaction's copy, the running compound transaction's,
     /// the cache, else the device.
     pub fn read(&mut self, block: u64) -> Result<Vec<u8>> {
-        if let Some(b) = self.dirty.get(&block).or_else(|| self.meta.pending.get(&block)) {
+        if let Some(b) = self
+            .dirty
+            .get(&block)
+            .or_else(|| self.meta.pending.get(&block))
+        {
             return Ok(b.clone());
         }
         if let Some(b) = self.meta.cache.get(&block) {
@@ -175,7 +198,10 @@ impl<'a> Tx<'a> {
     /// Fold this operation's changes into the running compound transaction.
     pub fn commit(mut self) -> Result<()> {
         if self.meta.failed {
-            return Err(Error::new(ErrorKind::Io, "an earlier metadata commit failed; remount the volume"));
+            return Err(Error::new(
+                ErrorKind::Io,
+                "an earlier metadata commit failed; remount the volume",
+            ));
         }
         for (b, data) in self.meta.alloc.take_dirty() {
             self.dirty.insert(b, data);
@@ -191,10 +217,13 @@ impl<'a> Tx<'a> {
 }
 
 fn write_run(dev: &dyn BlockDevice, run: &[(u64, &Vec<u8>)]) -> Result<()> {
-    let Some((first, _)) = run.first() else { return Ok(()) };
+    let Some((first, _)) = run.first() else {
+        return Ok(());
+    };
     let mut buf = AlignedBuf::new(run.len() * crate::format::FS_BLOCK_SIZE);
     for (i, (_, d)) in run.iter().enumerate() {
-        buf[i * crate::format::FS_BLOCK_SIZE..(i + 1) * crate::format::FS_BLOCK_SIZE].copy_from_slice(d);
+        buf[i * crate::format::FS_BLOCK_SIZE..(i + 1) * crate::format::FS_BLOCK_SIZE]
+            .copy_from_slice(d);
     }
     dev.write_at(first * FS_BLOCK, &buf)
 }

@@ -166,6 +166,10 @@ pub struct MountOptions {
 
 impl Default for MountOptions {
     fn default() -> Self {
-        Self { read_only: false, host: "localhost".into(), commit_interval: std::time::Duration::from_secs(1) }
+        Self {
+            read_only: false,
+            host: "localhost".into(),
+            commit_interval: std::time::Duration::from_secs(1),
+        }
     }
 }

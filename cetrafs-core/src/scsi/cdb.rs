@@ -153,7 +153,10 @@ mod tests {
     #[test]
     fn read_write_16() {
         let c = read16(0x0102_0304_0506_0708, 0x0a0b_0c0d);
-        assert_eq!(c, [0x88, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0x0a, 0x0b, 0x0c, 0x0d, 0, 0]);
+        assert_eq!(
+            c,
+            [0x88, 0, 1, 2, 3, 4, 5, 6, 7, 8, 0x0a, 0x0b, 0x0c, 0x0d, 0, 0]
+        );
         let w = write16(5, 8, false);
         assert_eq!(w, [0x8a, 0, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0, 8, 0, 0]);
         assert_eq!(write16(5, 8, true)[1], 0x08);
@@ -192,8 +195,14 @@ mod tests {
         let p = unmap_parameter_list(&[(0x10, 0x20), (0x1_0000_0000, 7)]);
         assert_eq!(p.len(), 8 + 32);
         assert_eq!(&p[0..8], &[0, 38, 0, 32, 0, 0, 0, 0]);
-        assert_eq!(&p[8..24], &[0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0x20, 0, 0, 0, 0]);
-        assert_eq!(&p[24..40], &[0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0]);
+        assert_eq!(
+            &p[8..24],
+            &[0, 0, 0, 0, 0, 0, 0, 0x10, 0, 0, 0, 0x20, 0, 0, 0, 0]
+        );
+        assert_eq!(
+            &p[24..40],
+            &[0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 7, 0, 0, 0, 0]
+        );
         let c = unmap(40);
         assert_eq!(c, [0x42, 0, 0, 0, 0, 0, 0, 0, 40, 0]);
     }
@@ -202,8 +211,14 @@ mod tests {
     fn inquiry_cdbs() {
         assert_eq!(inquiry(96), [0x12, 0, 0, 0, 96, 0]);
         assert_eq!(inquiry_vpd(0x83, 0x1000), [0x12, 1, 0x83, 0x10, 0, 0]);
-        assert_eq!(inquiry_vpd(vpd_page::BLOCK_LIMITS, 64), [0x12, 1, 0xb0, 0, 64, 0]);
-        assert_eq!(inquiry_vpd(vpd_page::LOGICAL_BLOCK_PROVISIONING, 64)[2], 0xb2);
+        assert_eq!(
+            inquiry_vpd(vpd_page::BLOCK_LIMITS, 64),
+            [0x12, 1, 0xb0, 0, 64, 0]
+        );
+        assert_eq!(
+            inquiry_vpd(vpd_page::LOGICAL_BLOCK_PROVISIONING, 64)[2],
+            0xb2
+        );
     }
 
     #[test]

@@ -9,7 +9,8 @@ pub mod sgio;
 pub mod vpd;
 
 pub use outcome::{
-    classify, outcome_unknown, scsi_failure, CommandKind, Completion, FailureKind, Outcome, ScsiFailure,
+    classify, outcome_unknown, scsi_failure, CommandKind, Completion, FailureKind, Outcome,
+    ScsiFailure,
 };
 pub use sense::Sense;
 pub use sgio::{Direction, SgIoHdr};

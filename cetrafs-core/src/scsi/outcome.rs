@@ -121,8 +121,21 @@ impl fmt::Display for ScsiFailure {
 impl std::error::Error for ScsiFailure {}
 
 impl ScsiFailure {
-    pub fn new(kind: FailureKind, command: CommandKind, unknown: bool, sense: Option<Sense>, detail: String) -> Self {
-        Self { kind, command, outcome_unknown: unknown, sense, errno: None, detail }
+    pub fn new(
+        kind: FailureKind,
+        command: CommandKind,
+        unknown: bool,
+        sense: Option<Sense>,
+        detail: String,
+    ) -> Self {
+        Self {
+            kind,
+            command,
+            outcome_unknown: unknown,
+            sense,
+            errno: None,
+            detail,
+        }
     }
 
     /// The [`ErrorKind`] this failure surfaces as.
@@ -174,7 +187,13 @@ impl ScsiFailure {
             _ => FailureKind::Transport,
         };
         let msg = std::io::Error::from_raw_os_error(errno);
-        let mut f = Self::new(kind, command, !before_submit, None, format!("SG_IO ioctl failed: {msg}"));
+        let mut f = Self::new(
+            kind,
+            command,
+            !before_submit,
+            None,
+            format!("SG_IO ioctl failed: {msg}"),
+        );
         f.errno = Some(errno);
         f
     }
@@ -237,26 +256,57 @@ fn host_status_name(h: u16) -> &'static str {
 /// Classify a completion of `cmd`. Never panics, whatever the bytes.
 pub fn classify(cmd: CommandKind, c: &Completion) -> Outcome {
     use FailureKind as F;
-    let fail =
-        |kind, unknown, sense, detail: String| Outcome::Failed(ScsiFailure::new(kind, cmd, unknown, sense, detail));
+    let fail = |kind, unknown, sense, detail: String| {
+        Outcome::Failed(ScsiFailure::new(kind, cmd, unknown, sense, detail))
+    };
 
     // Transport first: when the path failed, status and sense are not meaningful.
     if c.host_status != 0 {
-        let kind = if c.host_status == DID_TIME_OUT { F::Timeout } else { F::Transport };
-        let what = if kind == F::Timeout { "timed out" } else { "failed in transport" };
+        let kind = if c.host_status == DID_TIME_OUT {
+            F::Timeout
+        } else {
+            F::Transport
+        };
+        let what = if kind == F::Timeout {
+            "timed out"
+        } else {
+            "failed in transport"
+        };
         return fail(
             kind,
             true,
             None,
-            format!("{} {what}: host_status 0x{:02x} {}", cmd.name(), c.host_status, host_status_name(c.host_status)),
+            format!(
+                "{} {what}: host_status 0x{:02x} {}",
+                cmd.name(),
+                c.host_status,
+                host_status_name(c.host_status)
+            ),
         );
     }
     // DRIVER_SENSE (0x08) only says sense data is present; the low bits are the error.
     let drv = c.driver_status & 0x07;
     if drv != 0 {
-        let kind = if drv == DRIVER_TIMEOUT { F::Timeout } else { F::Transport };
-        let what = if kind == F::Timeout { "timed out" } else { "failed in the SCSI midlayer" };
-        return fail(kind, true, None, format!("{} {what}: driver_status 0x{:02x}", cmd.name(), c.driver_status));
+        let kind = if drv == DRIVER_TIMEOUT {
+            F::Timeout
+        } else {
+            F::Transport
+        };
+        let what = if kind == F::Timeout {
+            "timed out"
+        } else {
+            "failed in the SCSI midlayer"
+        };
+        return fail(
+            kind,
+            true,
+            None,
+            format!(
+                "{} {what}: driver_status 0x{:02x}",
+                cmd.name(),
+                c.driver_status
+            ),
+        );
     }
 
     match c.status & 0xFE {
@@ -287,11 +337,21 @@ fn classify_sense(cmd: CommandKind, raw: &[u8]) -> Outcome {
             cmd,
             true,
             None,
-            format!("{}: CHECK CONDITION without usable sense data ({} bytes)", cmd.name(), raw.len()),
+            format!(
+                "{}: CHECK CONDITION without usable sense data ({} bytes)",
+                cmd.name(),
+                raw.len()
+            ),
         ));
     };
     let fail = |kind, unknown, detail: &str| {
-        Outcome::Failed(ScsiFailure::new(kind, cmd, unknown, Some(s), format!("{}: {detail}{s}", cmd.name())))
+        Outcome::Failed(ScsiFailure::new(
+            kind,
+            cmd,
+            unknown,
+            Some(s),
+            format!("{}: {detail}{s}", cmd.name()),
+        ))
     };
     if s.deferred {
         // A deferred error reports an earlier command's failure (typically a cached write);
@@ -300,14 +360,22 @@ fn classify_sense(cmd: CommandKind, raw: &[u8]) -> Outcome {
     }
     match s.key {
         K::RECOVERED_ERROR => Outcome::Good,
-        K::MISCOMPARE if s.asc == 0x1D => Outcome::Miscompare { offset: s.information },
-        K::UNIT_ATTENTION => Outcome::Retry { reason: s.to_string() },
+        K::MISCOMPARE if s.asc == 0x1D => Outcome::Miscompare {
+            offset: s.information,
+        },
+        K::UNIT_ATTENTION => Outcome::Retry {
+            reason: s.to_string(),
+        },
         // becoming ready, ALUA state transition: not executed, try again
-        K::NOT_READY if s.asc == 0x04 && matches!(s.ascq, 0x01 | 0x0A) => Outcome::Retry { reason: s.to_string() },
+        K::NOT_READY if s.asc == 0x04 && matches!(s.ascq, 0x01 | 0x0A) => Outcome::Retry {
+            reason: s.to_string(),
+        },
         K::NOT_READY => fail(F::NotReady, false, "logical unit not ready: "),
         K::ILLEGAL_REQUEST => match s.asc {
             0x20 => fail(F::NotSupported, false, "not supported by the target: "),
-            0x24 if cmd == CommandKind::CompareAndWrite => fail(F::NotSupported, false, "rejected by the target: "),
+            0x24 if cmd == CommandKind::CompareAndWrite => {
+                fail(F::NotSupported, false, "rejected by the target: ")
+            }
             0x21 => fail(F::OutOfRange, false, ""),
             _ => fail(F::InvalidRequest, false, ""),
         },
@@ -333,7 +401,12 @@ mod tests {
         sb[7] = 10;
         sb[12] = asc;
         sb[13] = ascq;
-        Completion { status: status::CHECK_CONDITION, host_status: 0, driver_status: 0x08, sense: sb }
+        Completion {
+            status: status::CHECK_CONDITION,
+            host_status: 0,
+            driver_status: 0x08,
+            sense: sb,
+        }
     }
 
     fn failed(o: Outcome) -> ScsiFailure {
@@ -345,23 +418,42 @@ mod tests {
 
     #[test]
     fn good() {
-        assert_eq!(classify(CommandKind::Read, &Completion::default()), Outcome::Good);
-        assert_eq!(classify(CommandKind::Write, &cc(1, 0x17, 0)), Outcome::Good, "recovered error");
+        assert_eq!(
+            classify(CommandKind::Read, &Completion::default()),
+            Outcome::Good
+        );
+        assert_eq!(
+            classify(CommandKind::Write, &cc(1, 0x17, 0)),
+            Outcome::Good,
+            "recovered error"
+        );
     }
 
     #[test]
     fn miscompare_with_and_without_information() {
         let mut c = cc(0x0E, 0x1D, 0);
-        assert_eq!(classify(CommandKind::CompareAndWrite, &c), Outcome::Miscompare { offset: None });
+        assert_eq!(
+            classify(CommandKind::CompareAndWrite, &c),
+            Outcome::Miscompare { offset: None }
+        );
         c.sense[0] |= 0x80;
         c.sense[3..7].copy_from_slice(&12u32.to_be_bytes());
-        assert_eq!(classify(CommandKind::CompareAndWrite, &c), Outcome::Miscompare { offset: Some(12) });
+        assert_eq!(
+            classify(CommandKind::CompareAndWrite, &c),
+            Outcome::Miscompare { offset: Some(12) }
+        );
     }
 
     #[test]
     fn unit_attention_and_becoming_ready_retry() {
-        assert!(matches!(classify(CommandKind::CompareAndWrite, &cc(6, 0x29, 0)), Outcome::Retry { .. }));
-        assert!(matches!(classify(CommandKind::Read, &cc(2, 0x04, 0x0A)), Outcome::Retry { .. }));
+        assert!(matches!(
+            classify(CommandKind::CompareAndWrite, &cc(6, 0x29, 0)),
+            Outcome::Retry { .. }
+        ));
+        assert!(matches!(
+            classify(CommandKind::Read, &cc(2, 0x04, 0x0A)),
+            Outcome::Retry { .. }
+        ));
         let f = failed(classify(CommandKind::Read, &cc(2, 0x3A, 0)));
         assert_eq!(f.kind, FailureKind::NotReady);
     }
@@ -377,13 +469,22 @@ mod tests {
         // INVALID FIELD IN CDB on a READ is a bug in the request, not a missing feature
         let f = failed(classify(CommandKind::Read, &cc(5, 0x24, 0)));
         assert_eq!(f.error_kind(), ErrorKind::InvalidInput);
-        assert_eq!(failed(classify(CommandKind::Read, &cc(5, 0x21, 0))).error_kind(), ErrorKind::Range);
+        assert_eq!(
+            failed(classify(CommandKind::Read, &cc(5, 0x21, 0))).error_kind(),
+            ErrorKind::Range
+        );
     }
 
     #[test]
     fn status_codes() {
-        let st = |s| Completion { status: s, ..Default::default() };
-        let f = failed(classify(CommandKind::CompareAndWrite, &st(status::RESERVATION_CONFLICT)));
+        let st = |s| Completion {
+            status: s,
+            ..Default::default()
+        };
+        let f = failed(classify(
+            CommandKind::CompareAndWrite,
+            &st(status::RESERVATION_CONFLICT),
+        ));
         assert_eq!(
             (f.kind, f.error_kind(), f.outcome_unknown),
             (FailureKind::ReservationConflict, ErrorKind::Io, false)
@@ -391,16 +492,25 @@ mod tests {
         assert!(f.to_string().contains("RESERVATION CONFLICT"));
         for s in [status::BUSY, status::TASK_SET_FULL] {
             let f = failed(classify(CommandKind::CompareAndWrite, &st(s)));
-            assert_eq!((f.kind, f.error_kind(), f.outcome_unknown), (FailureKind::Busy, ErrorKind::Busy, false));
+            assert_eq!(
+                (f.kind, f.error_kind(), f.outcome_unknown),
+                (FailureKind::Busy, ErrorKind::Busy, false)
+            );
         }
-        let f = failed(classify(CommandKind::CompareAndWrite, &st(status::TASK_ABORTED)));
+        let f = failed(classify(
+            CommandKind::CompareAndWrite,
+            &st(status::TASK_ABORTED),
+        ));
         assert!(f.outcome_unknown);
         assert!(failed(classify(CommandKind::Read, &st(0x22))).outcome_unknown);
     }
 
     #[test]
     fn transport_errors_leave_outcome_unknown() {
-        let c = Completion { host_status: DID_TIME_OUT, ..Default::default() };
+        let c = Completion {
+            host_status: DID_TIME_OUT,
+            ..Default::default()
+        };
         let f = failed(classify(CommandKind::CompareAndWrite, &c));
         assert_eq!(f.kind, FailureKind::Timeout);
         assert!(f.outcome_unknown);
@@ -410,29 +520,56 @@ mod tests {
         assert!(e.to_string().contains("DID_TIME_OUT"), "{e}");
         assert!(e.to_string().contains("outcome unknown"), "{e}");
         // host status wins even if a GOOD status byte is present
-        let c = Completion { host_status: 0x0E, ..Default::default() };
-        assert_eq!(failed(classify(CommandKind::Write, &c)).kind, FailureKind::Transport);
-        let c = Completion { driver_status: DRIVER_TIMEOUT, ..Default::default() };
-        assert_eq!(failed(classify(CommandKind::Write, &c)).kind, FailureKind::Timeout);
+        let c = Completion {
+            host_status: 0x0E,
+            ..Default::default()
+        };
+        assert_eq!(
+            failed(classify(CommandKind::Write, &c)).kind,
+            FailureKind::Transport
+        );
+        let c = Completion {
+            driver_status: DRIVER_TIMEOUT,
+            ..Default::default()
+        };
+        assert_eq!(
+            failed(classify(CommandKind::Write, &c)).kind,
+            FailureKind::Timeout
+        );
         // DRIVER_SENSE alone is not an error
-        let c = Completion { driver_status: 0x08, ..Default::default() };
+        let c = Completion {
+            driver_status: 0x08,
+            ..Default::default()
+        };
         assert_eq!(classify(CommandKind::Write, &c), Outcome::Good);
     }
 
     #[test]
     fn aborted_and_data_protect() {
         assert!(failed(classify(CommandKind::CompareAndWrite, &cc(0x0B, 0x47, 0))).outcome_unknown);
-        assert_eq!(failed(classify(CommandKind::Write, &cc(7, 0x27, 0x07))).error_kind(), ErrorKind::NoSpace);
-        assert_eq!(failed(classify(CommandKind::Write, &cc(7, 0x27, 0))).error_kind(), ErrorKind::ReadOnly);
+        assert_eq!(
+            failed(classify(CommandKind::Write, &cc(7, 0x27, 0x07))).error_kind(),
+            ErrorKind::NoSpace
+        );
+        assert_eq!(
+            failed(classify(CommandKind::Write, &cc(7, 0x27, 0))).error_kind(),
+            ErrorKind::ReadOnly
+        );
         assert!(!failed(classify(CommandKind::Read, &cc(3, 0x11, 0))).outcome_unknown);
         let mut c = cc(3, 0x0C, 0);
         c.sense[0] = 0x71;
-        assert!(failed(classify(CommandKind::Read, &c)).outcome_unknown, "deferred");
+        assert!(
+            failed(classify(CommandKind::Read, &c)).outcome_unknown,
+            "deferred"
+        );
     }
 
     #[test]
     fn missing_sense_is_unknown() {
-        let c = Completion { status: status::CHECK_CONDITION, ..Default::default() };
+        let c = Completion {
+            status: status::CHECK_CONDITION,
+            ..Default::default()
+        };
         assert!(failed(classify(CommandKind::CompareAndWrite, &c)).outcome_unknown);
     }
 

@@ -57,7 +57,14 @@ impl Sense {
         } else {
             None
         };
-        Some(Sense { response_code: rc, deferred: rc == 0x71, key, asc, ascq, information })
+        Some(Sense {
+            response_code: rc,
+            deferred: rc == 0x71,
+            key,
+            asc,
+            ascq,
+            information,
+        })
     }
 
     fn parse_descriptor(sb: &[u8], rc: u8) -> Option<Sense> {
@@ -86,7 +93,14 @@ impl Sense {
             }
             pos = dend;
         }
-        Some(Sense { response_code: rc, deferred: rc == 0x73, key, asc, ascq, information })
+        Some(Sense {
+            response_code: rc,
+            deferred: rc == 0x73,
+            key,
+            asc,
+            ascq,
+            information,
+        })
     }
 
     pub fn is_miscompare(&self) -> bool {
@@ -153,7 +167,14 @@ pub fn asc_name(asc: u8, ascq: u8) -> Option<&'static str> {
 
 impl fmt::Display for Sense {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "sense key 0x{:X} {} ASC/ASCQ 0x{:02X}/0x{:02X}", self.key, key_name(self.key), self.asc, self.ascq)?;
+        write!(
+            f,
+            "sense key 0x{:X} {} ASC/ASCQ 0x{:02X}/0x{:02X}",
+            self.key,
+            key_name(self.key),
+            self.asc,
+            self.ascq
+        )?;
         if let Some(n) = asc_name(self.asc, self.ascq) {
             write!(f, " ({n})")?;
         }
@@ -233,7 +254,10 @@ mod tests {
     fn descriptor_skips_other_descriptors_and_invalid_information() {
         // a sense-key-specific descriptor (type 2, len 6) first, then an information
         // descriptor without VALID
-        let mut sb = vec![0x73, 0x05, 0x24, 0x00, 0, 0, 0, 20, 0x02, 0x06, 0, 0, 0, 0, 0, 0, 0x00, 0x0A, 0x00, 0x00];
+        let mut sb = vec![
+            0x73, 0x05, 0x24, 0x00, 0, 0, 0, 20, 0x02, 0x06, 0, 0, 0, 0, 0, 0, 0x00, 0x0A, 0x00,
+            0x00,
+        ];
         sb.extend_from_slice(&1u64.to_be_bytes());
         let s = Sense::parse(&sb).unwrap();
         assert_eq!((s.key, s.asc), (5, 0x24));
@@ -243,7 +267,9 @@ mod tests {
 
     #[test]
     fn descriptor_truncated_descriptor_ignored() {
-        let sb = [0x72, 0x0E, 0x1D, 0x00, 0, 0, 0, 12, 0x00, 0x0A, 0x80, 0x00, 1, 2];
+        let sb = [
+            0x72, 0x0E, 0x1D, 0x00, 0, 0, 0, 12, 0x00, 0x0A, 0x80, 0x00, 1, 2,
+        ];
         let s = Sense::parse(&sb).unwrap();
         assert_eq!(s.information, None);
     }

@@ -83,7 +83,14 @@ const _: () = {
 impl SgIoHdr {
     /// A header for one command. The caller keeps `cdb`, `data` and `sense` alive and unmoved
     /// until the ioctl returns: the header holds raw pointers into them.
-    pub fn new(cdb: &[u8], dir: Direction, data: *mut u8, data_len: u32, sense: &mut [u8], timeout_ms: u32) -> Self {
+    pub fn new(
+        cdb: &[u8],
+        dir: Direction,
+        data: *mut u8,
+        data_len: u32,
+        sense: &mut [u8],
+        timeout_ms: u32,
+    ) -> Self {
         Self {
             interface_id: SG_INTERFACE_ID_ORIG,
             dxfer_direction: dir.as_sg(),
@@ -127,7 +134,14 @@ mod tests {
         let cdb = [0u8; 16];
         let mut sense = [0u8; 32];
         let mut data = [0u8; 512];
-        let h = SgIoHdr::new(&cdb, Direction::FromDevice, data.as_mut_ptr(), 512, &mut sense, 30_000);
+        let h = SgIoHdr::new(
+            &cdb,
+            Direction::FromDevice,
+            data.as_mut_ptr(),
+            512,
+            &mut sense,
+            30_000,
+        );
         assert_eq!(h.interface_id, 0x53);
         assert_eq!(h.cmd_len, 16);
         assert_eq!(h.mx_sb_len, 32);

@@ -16,13 +16,27 @@ pub struct StandardInquiry {
 }
 
 fn ascii_field(b: &[u8]) -> String {
-    b.iter().map(|&c| if (0x20..0x7f).contains(&c) { c as char } else { ' ' }).collect::<String>().trim().to_string()
+    b.iter()
+        .map(|&c| {
+            if (0x20..0x7f).contains(&c) {
+                c as char
+            } else {
+                ' '
+            }
+        })
+        .collect::<String>()
+        .trim()
+        .to_string()
 }
 
 impl StandardInquiry {
     pub fn parse(d: &[u8]) -> Option<Self> {
         let b0 = *d.first()?;
-        let get = |r: std::ops::Range<usize>| d.get(r.start..r.end.min(d.len())).map(ascii_field).unwrap_or_default();
+        let get = |r: std::ops::Range<usize>| {
+            d.get(r.start..r.end.min(d.len()))
+                .map(ascii_field)
+                .unwrap_or_default()
+        };
         Some(Self {
             qualifier: b0 >> 5,
             device_type: b0 & 0x1F,
@@ -102,8 +116,11 @@ fn hex(b: &[u8]) -> String {
 
 fn text(v: &[u8]) -> String {
     // SCSI name strings are NUL-padded; T10 ids are space-padded with inner runs of spaces.
-    let s: String =
-        v.iter().take_while(|&&c| c != 0).map(|&c| if c.is_ascii_graphic() { c as char } else { ' ' }).collect();
+    let s: String = v
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| if c.is_ascii_graphic() { c as char } else { ' ' })
+        .collect();
     s.split_whitespace().collect::<Vec<_>>().join("_")
 }
 
@@ -133,7 +150,11 @@ fn rank(d: &Designator) -> Option<u8> {
 /// (multipath, several nexuses) yields the same string.
 pub fn lun_identity(d: &[u8]) -> Option<String> {
     let all = parse_device_identification(d);
-    let best = all.iter().filter_map(|x| rank(x).map(|r| (r, x))).max_by_key(|(r, _)| *r)?.1;
+    let best = all
+        .iter()
+        .filter_map(|x| rank(x).map(|r| (r, x)))
+        .max_by_key(|(r, _)| *r)?
+        .1;
     let s = match best.designator_type {
         designator_type::NAA => format!("naa.{}", hex(&best.value)),
         designator_type::EUI64 => format!("eui.{}", hex(&best.value)),
@@ -192,7 +213,9 @@ impl BlockLimits {
             max_unmap_lba_count: w32(20),
             max_unmap_block_descriptor_count: w32(24),
             optimal_unmap_granularity: w32(28),
-            unmap_granularity_alignment: w32(32).filter(|v| v & 0x8000_0000 != 0).map(|v| v & 0x7FFF_FFFF),
+            unmap_granularity_alignment: w32(32)
+                .filter(|v| v & 0x8000_0000 != 0)
+                .map(|v| v & 0x7FFF_FFFF),
         })
     }
 }
@@ -263,7 +286,8 @@ impl Capacity {
 
     /// Physical block size in bytes (`None` if the exponent overflows u32).
     pub fn physical_block_size(&self) -> Option<u32> {
-        1u32.checked_shl(u32::from(self.physical_exponent)).and_then(|m| m.checked_mul(self.logical_block_size))
+        1u32.checked_shl(u32::from(self.physical_exponent))
+            .and_then(|m| m.checked_mul(self.logical_block_size))
     }
 }
 
@@ -277,7 +301,10 @@ mod tests {
     /// SCSI name string (port).
     fn lio_83() -> Vec<u8> {
         let mut descs: Vec<u8> = Vec::new();
-        let naa = [0x60, 0x01, 0x40, 0x5a, 0xbc, 0xde, 0xf0, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 0x12];
+        let naa = [
+            0x60, 0x01, 0x40, 0x5a, 0xbc, 0xde, 0xf0, 0x12, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde,
+            0xf0, 0x12,
+        ];
         descs.extend([0x01, 0x03, 0x00, 16]);
         descs.extend(naa);
         let t10 = b"LIO-ORG FILEIO          liovm-disk0";
@@ -303,7 +330,10 @@ mod tests {
         d[16..32].copy_from_slice(b"FILEIO          ");
         d[32..36].copy_from_slice(b"4.0\0");
         let i = StandardInquiry::parse(&d).unwrap();
-        assert_eq!((i.vendor.as_str(), i.product.as_str(), i.revision.as_str()), ("LIO-ORG", "FILEIO", "4.0"));
+        assert_eq!(
+            (i.vendor.as_str(), i.product.as_str(), i.revision.as_str()),
+            ("LIO-ORG", "FILEIO", "4.0")
+        );
         assert_eq!((i.qualifier, i.device_type), (0, 0));
         let short = StandardInquiry::parse(&d[..12]).unwrap();
         assert_eq!(short.vendor, "LIO-");
@@ -316,7 +346,10 @@ mod tests {
         let d = lio_83();
         let all = parse_device_identification(&d);
         assert_eq!(all.len(), 6);
-        assert_eq!(lun_identity(&d).unwrap(), "naa.6001405abcdef0123456789abcdef012");
+        assert_eq!(
+            lun_identity(&d).unwrap(),
+            "naa.6001405abcdef0123456789abcdef012"
+        );
     }
 
     #[test]
@@ -337,7 +370,9 @@ mod tests {
     #[test]
     fn identity_ignores_port_designators_and_garbage() {
         // NAA with association 1 (target port) must not become the LUN identity
-        let d = [0x00, 0x83, 0, 12, 0x01, 0x13, 0, 8, 0x50, 1, 2, 3, 4, 5, 6, 7];
+        let d = [
+            0x00, 0x83, 0, 12, 0x01, 0x13, 0, 8, 0x50, 1, 2, 3, 4, 5, 6, 7,
+        ];
         assert_eq!(lun_identity(&d), None);
         assert_eq!(lun_identity(&[0x00, 0x80, 0, 0]), None);
         // descriptor claiming more bytes than the page holds
@@ -398,7 +433,10 @@ mod tests {
         d[13] = 0;
         d[14] = 0;
         let c = Capacity::parse(&d).unwrap();
-        assert_eq!((c.logical_block_size, c.physical_block_size()), (4096, Some(4096)));
+        assert_eq!(
+            (c.logical_block_size, c.physical_block_size()),
+            (4096, Some(4096))
+        );
         assert!(!c.lbpme);
         assert!(Capacity::parse(&d[..11]).is_none());
         d[0..8].copy_from_slice(&u64::MAX.to_be_bytes());

@@ -47,7 +47,9 @@ fn args_map(args: &[String]) -> Result<HashMap<String, String>, String> {
     let mut m = HashMap::new();
     let mut it = args.iter();
     while let Some(k) = it.next() {
-        let key = k.strip_prefix("--").ok_or_else(|| format!("unexpected argument {k:?}"))?;
+        let key = k
+            .strip_prefix("--")
+            .ok_or_else(|| format!("unexpected argument {k:?}"))?;
         let v = it.next().ok_or_else(|| format!("--{key} needs a value"))?;
         m.insert(key.to_string(), v.clone());
     }
@@ -55,7 +57,9 @@ fn args_map(args: &[String]) -> Result<HashMap<String, String>, String> {
 }
 
 fn get<'a>(m: &'a HashMap<String, String>, k: &str) -> Result<&'a str, String> {
-    m.get(k).map(String::as_str).ok_or_else(|| format!("missing --{k}"))
+    m.get(k)
+        .map(String::as_str)
+        .ok_or_else(|| format!("missing --{k}"))
 }
 
 fn num(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
@@ -94,7 +98,11 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss, clippy::cast_precision_loss)]
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss
+    )]
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -114,14 +122,27 @@ fn random_block(len: usize) -> AlignedBuf {
 fn run_all(m: &HashMap<String, String>) -> Result<bool, String> {
     let t_all = Instant::now();
     let size = num(m, "size")?;
-    let caw_total = m.get("caw-total").map_or(Ok(10_200), |_| num(m, "caw-total"))?;
+    let caw_total = m
+        .get("caw-total")
+        .map_or(Ok(10_200), |_| num(m, "caw-total"))?;
     let mut rep = Report { pass: 0, fail: 0 };
     let mut summary = Vec::new();
 
     for (tag, lbs) in [("d512", 512u32), ("d4k", 4096u32)] {
         let t = Instant::now();
-        conformance(&mut rep, tag, get(m, tag)?, get(m, &format!("{tag}-sd"))?, lbs, size, &mut summary);
-        summary.push(format!("conformance {tag}: {:.2}s", t.elapsed().as_secs_f64()));
+        conformance(
+            &mut rep,
+            tag,
+            get(m, tag)?,
+            get(m, &format!("{tag}-sd"))?,
+            lbs,
+            size,
+            &mut summary,
+        );
+        summary.push(format!(
+            "conformance {tag}: {:.2}s",
+            t.elapsed().as_secs_f64()
+        ));
     }
 
     let paths: Vec<String> = get(m, "paths")?.split(',').map(str::to_string).collect();
@@ -144,14 +165,27 @@ fn run_all(m: &HashMap<String, String>) -> Result<bool, String> {
     for s in &summary {
         println!("SUMMARY {s}");
     }
-    println!("SUMMARY checks: {} passed, {} failed, {:.2}s", rep.pass, rep.fail, t_all.elapsed().as_secs_f64());
+    println!(
+        "SUMMARY checks: {} passed, {} failed, {:.2}s",
+        rep.pass,
+        rep.fail,
+        t_all.elapsed().as_secs_f64()
+    );
     let ok = rep.fail == 0 && rep.pass > 0;
     println!("LIO-CHECK-RESULT {}", if ok { "PASS" } else { "FAIL" });
     Ok(ok)
 }
 
 /// (a) SgDevice against one LUN, through its sg node and its sd node.
-fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: u64, summary: &mut Vec<String>) {
+fn conformance(
+    rep: &mut Report,
+    tag: &str,
+    sg: &str,
+    sd: &str,
+    lbs: u32,
+    size: u64,
+    summary: &mut Vec<String>,
+) {
     let dev = match open(sg) {
         Ok(d) => d,
         Err(e) => return rep.check(tag, "open", Err(e)),
@@ -163,7 +197,10 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
         tag,
         "open+INQUIRY",
         if info.inquiry.vendor == "LIO-ORG" && geo.caw == CawKind::Scsi {
-            Ok(format!("{sg}: {} {} {}", info.inquiry.vendor, info.inquiry.product, info.inquiry.revision))
+            Ok(format!(
+                "{sg}: {} {} {}",
+                info.inquiry.vendor, info.inquiry.product, info.inquiry.revision
+            ))
         } else {
             Err(format!("{:?} caw={:?}", info.inquiry, geo.caw))
         },
@@ -171,7 +208,10 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
     rep.check(
         tag,
         "READ CAPACITY(16)",
-        if geo.logical_block_size == lbs && geo.size_bytes == size && info.capacity.blocks == size / u64::from(lbs) {
+        if geo.logical_block_size == lbs
+            && geo.size_bytes == size
+            && info.capacity.blocks == size / u64::from(lbs)
+        {
             Ok(format!(
                 "{} blocks x {} B, physical {} B, lbpme={} lbprz={}",
                 info.capacity.blocks,
@@ -181,7 +221,9 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
                 info.capacity.lbprz
             ))
         } else {
-            Err(format!("expected {size} bytes of {lbs}-byte blocks, got {geo:?}"))
+            Err(format!(
+                "expected {size} bytes of {lbs}-byte blocks, got {geo:?}"
+            ))
         },
     );
     rep.check(
@@ -247,7 +289,8 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
             }
             // unaligned caller buffers work too (the kernel bounces)
             let mut v = vec![0u8; lbsz * 3 + 1];
-            dev.read_at(off + u64::from(lbs), &mut v[1..]).map_err(|e| e.to_string())?;
+            dev.read_at(off + u64::from(lbs), &mut v[1..])
+                .map_err(|e| e.to_string())?;
             if v[1..] != data[lbsz..lbsz * 4] {
                 return Err("unaligned read differs".into());
             }
@@ -261,7 +304,13 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
             ))
         })(),
     );
-    rep.check(tag, "SYNCHRONIZE CACHE", dev.flush().map(|()| "GOOD".to_string()).map_err(|e| e.to_string()));
+    rep.check(
+        tag,
+        "SYNCHRONIZE CACHE",
+        dev.flush()
+            .map(|()| "GOOD".to_string())
+            .map_err(|e| e.to_string()),
+    );
 
     // The sd node of the same LUN sees the data written through the sg node.
     rep.check(
@@ -270,7 +319,11 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
         (|| {
             let sdd = open(sd)?;
             if sdd.geometry().identity != geo.identity {
-                return Err(format!("identity {} vs {}", sdd.geometry().identity, geo.identity));
+                return Err(format!(
+                    "identity {} vs {}",
+                    sdd.geometry().identity,
+                    geo.identity
+                ));
             }
             let mut a = AlignedBuf::new(lbsz * 4);
             let mut b = AlignedBuf::new(lbsz * 4);
@@ -303,7 +356,10 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
         "CAW success",
         (|| {
             dev.read_at(boff, &mut cur).map_err(|e| e.to_string())?;
-            match dev.compare_and_write(lba, &cur, &a).map_err(|e| e.to_string())? {
+            match dev
+                .compare_and_write(lba, &cur, &a)
+                .map_err(|e| e.to_string())?
+            {
                 CawOutcome::Written => {}
                 CawOutcome::Miscompare => return Err("miscompare with the current contents".into()),
             }
@@ -322,9 +378,14 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
             let mut wrong = a.clone();
             wrong[37] ^= 0xFF;
             let b = random_block(lbsz);
-            match dev.compare_and_write(lba, &wrong, &b).map_err(|e| e.to_string())? {
+            match dev
+                .compare_and_write(lba, &wrong, &b)
+                .map_err(|e| e.to_string())?
+            {
                 CawOutcome::Miscompare => {}
-                CawOutcome::Written => return Err("wrote although the verify image differed".into()),
+                CawOutcome::Written => {
+                    return Err("wrote although the verify image differed".into())
+                }
             }
             let mut back = AlignedBuf::new(lbsz);
             dev.read_at(boff, &mut back).map_err(|e| e.to_string())?;
@@ -344,23 +405,35 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
             let mut data = AlignedBuf::new(2 * lbsz);
             cdb::compare_and_write_data(&wrong, &random_block(lbsz), &mut data);
             let r = dev
-                .execute(&cdb::compare_and_write(lba, 1), DataBuf::Out(&data), Duration::from_secs(10))
+                .execute(
+                    &cdb::compare_and_write(lba, 1),
+                    DataBuf::Out(&data),
+                    Duration::from_secs(10),
+                )
                 .map_err(|e| e.to_string())?;
-            let s =
-                sense::Sense::parse(&r.completion.sense).ok_or_else(|| format!("no sense data: {:?}", r.completion))?;
-            if r.completion.status != scsi::outcome::status::CHECK_CONDITION || s.key != 0x0E || s.asc != 0x1D {
+            let s = sense::Sense::parse(&r.completion.sense)
+                .ok_or_else(|| format!("no sense data: {:?}", r.completion))?;
+            if r.completion.status != scsi::outcome::status::CHECK_CONDITION
+                || s.key != 0x0E
+                || s.asc != 0x1D
+            {
                 return Err(format!("status 0x{:02x}, {s}", r.completion.status));
             }
             if let Some(i) = s.information {
                 if i != 37 {
-                    return Err(format!("INFORMATION {i}, expected 37 (first differing byte)"));
+                    return Err(format!(
+                        "INFORMATION {i}, expected 37 (first differing byte)"
+                    ));
                 }
             }
             let cls = scsi::classify(CommandKind::CompareAndWrite, &r.completion);
             if !matches!(cls, Outcome::Miscompare { .. }) {
                 return Err(format!("classified as {cls:?}"));
             }
-            Ok(format!("status CHECK CONDITION, response code 0x{:02x}, {s}", s.response_code))
+            Ok(format!(
+                "status CHECK CONDITION, response code 0x{:02x}, {s}",
+                s.response_code
+            ))
         })(),
     );
     // READ beyond the end: ILLEGAL REQUEST / LBA OUT OF RANGE, classified as Range.
@@ -370,7 +443,11 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
         (|| {
             let mut buf = AlignedBuf::new(lbsz);
             let r = dev
-                .execute(&cdb::read16(info.capacity.blocks, 1), DataBuf::In(&mut buf), Duration::from_secs(10))
+                .execute(
+                    &cdb::read16(info.capacity.blocks, 1),
+                    DataBuf::In(&mut buf),
+                    Duration::from_secs(10),
+                )
                 .map_err(|e| e.to_string())?;
             match scsi::classify(CommandKind::Read, &r.completion) {
                 Outcome::Failed(f) if f.error_kind() == ErrorKind::Range => Ok(f.to_string()),
@@ -386,19 +463,31 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
         (|| {
             let ulba = 2048 * 512 / u64::from(lbs);
             let n = 64u32;
-            dev.write_at(ulba * u64::from(lbs), &random_block(n as usize * lbsz)).map_err(|e| e.to_string())?;
+            dev.write_at(ulba * u64::from(lbs), &random_block(n as usize * lbsz))
+                .map_err(|e| e.to_string())?;
             let list = cdb::unmap_parameter_list(&[(ulba, n)]);
             let plen = u16::try_from(list.len()).map_err(|e| e.to_string())?;
             let r = dev
-                .execute(&cdb::unmap(plen), DataBuf::Out(&list), Duration::from_secs(10))
+                .execute(
+                    &cdb::unmap(plen),
+                    DataBuf::Out(&list),
+                    Duration::from_secs(10),
+                )
                 .map_err(|e| e.to_string())?;
             if scsi::classify(CommandKind::Unmap, &r.completion) != Outcome::Good {
-                return Err(format!("raw UNMAP: {:?}", scsi::classify(CommandKind::Unmap, &r.completion)));
+                return Err(format!(
+                    "raw UNMAP: {:?}",
+                    scsi::classify(CommandKind::Unmap, &r.completion)
+                ));
             }
-            dev.discard((ulba + u64::from(n)) * u64::from(lbs), u64::from(n) * u64::from(lbs))
-                .map_err(|e| e.to_string())?;
+            dev.discard(
+                (ulba + u64::from(n)) * u64::from(lbs),
+                u64::from(n) * u64::from(lbs),
+            )
+            .map_err(|e| e.to_string())?;
             let mut back = AlignedBuf::new(2 * n as usize * lbsz);
-            dev.read_at(ulba * u64::from(lbs), &mut back).map_err(|e| e.to_string())?;
+            dev.read_at(ulba * u64::from(lbs), &mut back)
+                .map_err(|e| e.to_string())?;
             let zero = back.iter().all(|&x| x == 0);
             if info.capacity.lbprz && !zero {
                 return Err("LBPRZ=1 but unmapped blocks do not read as zeros".into());
@@ -415,7 +504,11 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
         tag,
         "probe_caw",
         match dev.probe_caw(lba + 1) {
-            Ok(p) => Ok(format!("ok, vpd max {:?}, first CAW {}", p.vpd_max_compare_and_write, us(p.latency))),
+            Ok(p) => Ok(format!(
+                "ok, vpd max {:?}, first CAW {}",
+                p.vpd_max_compare_and_write,
+                us(p.latency)
+            )),
             Err(e) => Err(e.to_string()),
         },
     );
@@ -433,7 +526,11 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
                 next[..4].copy_from_slice(&i.to_le_bytes());
                 next[4] ^= 1;
                 let t = Instant::now();
-                if dev.compare_and_write(lba, &cur, &next).map_err(|e| e.to_string())? != CawOutcome::Written {
+                if dev
+                    .compare_and_write(lba, &cur, &next)
+                    .map_err(|e| e.to_string())?
+                    != CawOutcome::Written
+                {
                     return Err(format!("miscompare at iteration {i} without contention"));
                 }
                 lat.push(t.elapsed());
@@ -453,9 +550,11 @@ fn conformance(rep: &mut Report, tag: &str, sg: &str, sd: &str, lbs: u32, size: 
     let st = dev.stats();
     println!(
         "INFO {tag} retries: unit attention {}, busy {}, transport {}",
-        st.unit_attention_retries.load(std::sync::atomic::Ordering::Relaxed),
+        st.unit_attention_retries
+            .load(std::sync::atomic::Ordering::Relaxed),
         st.busy_retries.load(std::sync::atomic::Ordering::Relaxed),
-        st.transport_retries.load(std::sync::atomic::Ordering::Relaxed)
+        st.transport_retries
+            .load(std::sync::atomic::Ordering::Relaxed)
     );
 }
 
@@ -477,7 +576,9 @@ fn decode(block: &[u8]) -> Result<u64, String> {
     let c = u64::from_le_bytes(block[0..8].try_into().map_err(|_| "short block")?);
     let chk = u64::from_le_bytes(block[8..16].try_into().map_err(|_| "short block")?);
     if chk != c ^ MAGIC {
-        return Err(format!("counter block is torn or foreign: counter {c}, check {chk:#x}"));
+        return Err(format!(
+            "counter block is torn or foreign: counter {c}, check {chk:#x}"
+        ));
     }
     Ok(c)
 }
@@ -517,14 +618,20 @@ fn worker(m: &HashMap<String, String>) -> Result<(), String> {
         };
         encode(&mut new, c + 1, id, rand::random());
         let t = Instant::now();
-        let r = dev.compare_and_write(lba, &cur, &new).map_err(|e| e.to_string())?;
+        let r = dev
+            .compare_and_write(lba, &cur, &new)
+            .map_err(|e| e.to_string())?;
         let lat = t.elapsed();
         all_lat.push(lat);
         match r {
             CawOutcome::Written => {
                 ok += 1;
                 out.extend_from_slice(&(c + 1).to_le_bytes());
-                out.extend_from_slice(&u64::try_from(lat.as_nanos()).unwrap_or(u64::MAX).to_le_bytes());
+                out.extend_from_slice(
+                    &u64::try_from(lat.as_nanos())
+                        .unwrap_or(u64::MAX)
+                        .to_le_bytes(),
+                );
                 cur.copy_from_slice(&new);
             }
             CawOutcome::Miscompare => {
@@ -554,8 +661,10 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
         "multi",
         "nexuses share one LUN",
         (|| {
-            let ids: Vec<String> =
-                paths.iter().map(|p| open(p).map(|d| d.geometry().identity.clone())).collect::<Result<_, _>>()?;
+            let ids: Vec<String> = paths
+                .iter()
+                .map(|p| open(p).map(|d| d.geometry().identity.clone()))
+                .collect::<Result<_, _>>()?;
             if n < 3 || ids.iter().any(|i| *i != ids[0]) {
                 return Err(format!("{paths:?} -> {ids:?}"));
             }
@@ -567,7 +676,8 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
         let lbs = dev.geometry().logical_block_size as usize;
         let mut b = AlignedBuf::new(lbs);
         encode(&mut b, 0, 0, 0);
-        dev.write_at(CONTEND_LBA * lbs as u64, &b).map_err(|e| e.to_string())?;
+        dev.write_at(CONTEND_LBA * lbs as u64, &b)
+            .map_err(|e| e.to_string())?;
         dev.flush().map_err(|e| e.to_string())?;
         let per = total.div_ceil(n);
         let exe = std::env::current_exe().map_err(|e| e.to_string())?;
@@ -577,8 +687,21 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
             .enumerate()
             .map(|(i, p)| {
                 std::process::Command::new(&exe)
-                    .args(["worker", "--dev", p, "--lba", &CONTEND_LBA.to_string(), "--count", &per.to_string()])
-                    .args(["--id", &(i + 1).to_string(), "--out", &format!("/tmp/worker-{i}.bin")])
+                    .args([
+                        "worker",
+                        "--dev",
+                        p,
+                        "--lba",
+                        &CONTEND_LBA.to_string(),
+                        "--count",
+                        &per.to_string(),
+                    ])
+                    .args([
+                        "--id",
+                        &(i + 1).to_string(),
+                        "--out",
+                        &format!("/tmp/worker-{i}.bin"),
+                    ])
                     .stdout(std::process::Stdio::piped())
                     .spawn()
                     .map_err(|e| e.to_string())
@@ -612,7 +735,8 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
         values.sort_unstable();
         let dups = values.windows(2).filter(|w| w[0] == w[1]).count();
         let contiguous = values.iter().copied().eq(1..=expected);
-        dev.read_at(CONTEND_LBA * lbs as u64, &mut b).map_err(|e| e.to_string())?;
+        dev.read_at(CONTEND_LBA * lbs as u64, &mut b)
+            .map_err(|e| e.to_string())?;
         let fin = decode(&b)?;
         lat.sort();
         #[allow(clippy::cast_precision_loss)]
@@ -627,7 +751,8 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
             us(lat.last().copied().unwrap_or_default())
         );
         summary.push(format!("contention {s}"));
-        if fin != expected || !contiguous || dups != 0 || (values.len() as u64) < 10_000.min(total) {
+        if fin != expected || !contiguous || dups != 0 || (values.len() as u64) < 10_000.min(total)
+        {
             return Err(s);
         }
         Ok(s)
@@ -661,7 +786,9 @@ fn nocaw(rep: &mut Report, sg: &str) {
         "nocaw",
         "compare_and_write error kind",
         match dev.compare_and_write(5, &b, &b) {
-            Err(e) if e.kind() == ErrorKind::Unsupported && !scsi::outcome_unknown(&e) => Ok(e.to_string()),
+            Err(e) if e.kind() == ErrorKind::Unsupported && !scsi::outcome_unknown(&e) => {
+                Ok(e.to_string())
+            }
             other => Err(format!("{other:?}")),
         },
     );
@@ -670,20 +797,29 @@ fn nocaw(rep: &mut Report, sg: &str) {
         "nocaw",
         "discard without UNMAP support",
         match dev.discard(0, 8 * lbs as u64) {
-            Ok(()) => {
-                Ok(format!("no-op (provisioning {:?}, lbpme {})", dev.info().provisioning, dev.info().capacity.lbpme))
-            }
+            Ok(()) => Ok(format!(
+                "no-op (provisioning {:?}, lbpme {})",
+                dev.info().provisioning,
+                dev.info().capacity.lbpme
+            )),
             Err(e) => Err(e.to_string()),
         },
     );
 }
 
 fn dmsetup(args: &[&str]) -> Result<(), String> {
-    let o = std::process::Command::new("dmsetup").arg("--noudevsync").args(args).output().map_err(|e| e.to_string())?;
+    let o = std::process::Command::new("dmsetup")
+        .arg("--noudevsync")
+        .args(args)
+        .output()
+        .map_err(|e| e.to_string())?;
     if o.status.success() {
         Ok(())
     } else {
-        Err(format!("dmsetup {args:?}: {}", String::from_utf8_lossy(&o.stderr).trim()))
+        Err(format!(
+            "dmsetup {args:?}: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        ))
     }
 }
 
@@ -692,7 +828,10 @@ fn dmsetup(args: &[&str]) -> Result<(), String> {
 /// error must say "outcome unknown". After resuming, re-reading the block resolves it, which
 /// is what the lock layer does.
 fn stall(rep: &mut Report, sg: &str, dm: &str) {
-    let opts = SgDeviceOptions { io_timeout: Duration::from_secs(2), ..SgDeviceOptions::default() };
+    let opts = SgDeviceOptions {
+        io_timeout: Duration::from_secs(2),
+        ..SgDeviceOptions::default()
+    };
     let dev = match SgDevice::open(Path::new(sg), &opts) {
         Ok(d) => d,
         Err(e) => return rep.check("stall", "open", Err(e.to_string())),
@@ -701,7 +840,8 @@ fn stall(rep: &mut Report, sg: &str, dm: &str) {
     let lba = 10u64;
     let r = (|| -> CheckResult {
         let mut cur = AlignedBuf::new(lbs);
-        dev.read_at(lba * lbs as u64, &mut cur).map_err(|e| e.to_string())?;
+        dev.read_at(lba * lbs as u64, &mut cur)
+            .map_err(|e| e.to_string())?;
         let new = random_block(lbs);
         dmsetup(&["suspend", "--noflush", dm])?;
         let dm_name = dm.to_string();
@@ -712,7 +852,9 @@ fn stall(rep: &mut Report, sg: &str, dm: &str) {
         let t = Instant::now();
         let res = dev.compare_and_write(lba, &cur, &new);
         let waited = t.elapsed();
-        resumer.join().map_err(|_| "resume thread panicked".to_string())??;
+        resumer
+            .join()
+            .map_err(|_| "resume thread panicked".to_string())??;
         let e = match res {
             Ok(o) => {
                 return Err(format!(
@@ -722,7 +864,10 @@ fn stall(rep: &mut Report, sg: &str, dm: &str) {
             Err(e) => e,
         };
         if !scsi::outcome_unknown(&e) || e.kind() != ErrorKind::Io {
-            return Err(format!("error does not say outcome unknown ({:?}): {e}", e.kind()));
+            return Err(format!(
+                "error does not say outcome unknown ({:?}): {e}",
+                e.kind()
+            ));
         }
         // Resolve the unknown outcome the way the lock layer will: re-read.
         let mut back = AlignedBuf::new(lbs);
