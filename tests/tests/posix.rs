@@ -146,11 +146,8 @@ fn truncate_semantics() {
     // truncate(2) by path, and O_TRUNC.
     std::fs::write(&p, b"0123456789").expect("write");
     // SAFETY: valid C string.
-    assert_eq!(
-        unsafe { libc::truncate(cstr(&p).as_ptr(), 3) },
-        0,
-        "truncate(2)"
-    );
+    let r = unsafe { libc::truncate(cstr(&p).as_ptr(), 3) };
+    assert_eq!(r, 0, "truncate(2)");
     assert_eq!(std::fs::read(&p).expect("read"), b"012");
     drop(
         OpenOptions::new()
