@@ -7,6 +7,7 @@ pub mod error;
 pub mod failpoint;
 pub mod alloc;
 pub mod check;
+pub mod cluster;
 pub mod dev;
 pub mod format;
 pub mod fs;

@@ -10,6 +10,7 @@ use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice};
 use cetrafs_core::format::superblock::Superblock;
 use cetrafs_core::format::FS_BLOCK_SIZE;
+use cetrafs_core::cluster::membership;
 use cetrafs_core::{journal, ErrorKind};
 use clap::Parser;
 use std::io::IsTerminal;
@@ -83,6 +84,29 @@ fn run(cli: &Cli) -> u8 {
         }
     };
     let tty = std::io::stderr().is_terminal() && !cli.quiet;
+    // Refuse to check a volume some node has mounted: it changes under the check (and a
+    // replay would write under a live node). A read-only check watches heartbeats briefly; a
+    // check that replays waits out the dead time of every live-looking slot.
+    if let Ok(sb) = cetrafs_core::fs::read_superblock(&dev) {
+        let patience = if cli.no_change { membership::Patience::Brief } else { membership::Patience::Dead };
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
+        match membership::find_holders(&dev, &sb, &host, patience) {
+            Ok((alive, _)) if !alive.is_empty() => {
+                let who: Vec<String> = alive.iter().map(membership::describe).collect();
+                eprintln!("fsck.cetra: {shown} is mounted by {}; unmount it on every node before checking", who.join(", "));
+                return EXIT_OPERATIONAL;
+            }
+            Ok((_, dead)) => {
+                for d in &dead {
+                    println!("{shown}: {} stopped without unmounting (its heartbeat is not advancing)", membership::describe(d));
+                }
+            }
+            Err(e) => {
+                eprintln!("fsck.cetra: {shown}: cannot read the heartbeat area: {e}");
+                return EXIT_OPERATIONAL;
+            }
+        }
+    }
     // A node that crashed leaves a committed transaction in its journal. Without -n it is
     // replayed first (what the next mount would do); with -n the check runs on a view with
     // the replay applied in memory, so findings are about the volume as it will be.

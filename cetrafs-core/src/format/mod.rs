@@ -7,6 +7,7 @@ pub mod codec;
 pub mod dirent;
 pub mod extent;
 pub mod group;
+pub mod heartbeat;
 pub mod inode;
 pub mod journal;
 pub mod slot_header;

@@ -102,7 +102,7 @@ impl Volume {
         }
         self.meta_op(|tx| {
             if last_writer {
-                tx.meta.alloc.drop_reservation(st.ino);
+                tx.meta.alloc.forget_owner(st.ino);
             }
             let mut inner = st.write();
             if inner.freed {

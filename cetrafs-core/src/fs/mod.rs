@@ -17,6 +17,8 @@ pub(crate) mod txn;
 pub use types::*;
 
 use crate::alloc::Allocator;
+use crate::cluster::membership;
+use crate::cluster::{LeaseGuard, Membership};
 use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::group::{decode_bitmap, GroupHeader};
@@ -101,6 +103,7 @@ pub struct Volume {
     dev: SharedDevice,
     sb: Superblock,
     read_only: bool,
+    member: Arc<Membership>,
     meta: Mutex<Meta>,
     table: Mutex<HashMap<Ino, Arc<InodeState>>>,
     unmounted: AtomicBool,
@@ -162,8 +165,40 @@ impl Volume {
         }
         let ro_only = sb.check_features()?;
         let read_only = opts.read_only || ro_only;
-        // Until node slots exist (multi-node work) every mount uses slot 0's journal.
-        let journal = crate::journal::JournalArea::for_slot(&sb, 0);
+        // Who else holds the volume? Until cluster locking lands, one node at a time.
+        let (alive, dead) =
+            membership::find_holders(&*dev, &sb, &opts.host, membership::Patience::Dead)?;
+        if let Some(a) = alive.first() {
+            if a.record.as_ref().is_some_and(|h| h.host == opts.host) {
+                bail!(Busy, "{} already has this volume mounted: a second daemon with the same node identity is refused", membership::describe(a));
+            }
+            bail!(
+                Busy,
+                "the volume is in use by {}: this version mounts a volume on one node at a time",
+                membership::describe(a)
+            );
+        }
+        // Dead nodes' journals are replayed before anything else is read.
+        for d in &dead {
+            let area = crate::journal::JournalArea::for_slot(&sb, d.slot);
+            if read_only {
+                if crate::journal::find_tx(&*dev, area)?.is_some() {
+                    bail!(ReadOnly, "{} died with a journal that needs replay, which writes to the volume; mount read-write once", membership::describe(d));
+                }
+            } else {
+                let n = crate::journal::replay(&*dev, area).map_err(|e| {
+                    e.wrap(format!("journal replay of {}", membership::describe(d)))
+                })?;
+                tracing::warn!("recovered {}: node had stopped without unmounting; {n} blocks replayed from its journal", membership::describe(d));
+            }
+        }
+        let prefer = dead
+            .iter()
+            .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
+            .map(|d| d.slot);
+        let member = Membership::claim(dev.clone(), &sb, &opts.host, prefer)?;
+        let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
+        let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
         if read_only {
             if crate::journal::find_tx(&*dev, journal)?.is_some() {
                 bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
@@ -198,11 +233,14 @@ impl Volume {
             groups.push((h, bms));
         }
         let alloc = Allocator::new(&sb, groups)?;
+        let mut meta = Meta::new(alloc, journal);
+        meta.slot = member.slot;
         let vol = Arc::new(Volume {
             dev,
             sb,
             read_only,
-            meta: Mutex::new(Meta::new(alloc, journal)),
+            member,
+            meta: Mutex::new(meta),
             table: Mutex::new(HashMap::new()),
             unmounted: AtomicBool::new(false),
         });
@@ -225,8 +263,18 @@ impl Volume {
             }
         }
         if !read_only {
-            vol.free_orphans()
-                .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
+            for slot in dead
+                .iter()
+                .map(|d| d.slot)
+                .filter(|&s| s != vol.member.slot)
+                .chain([vol.member.slot])
+            {
+                vol.free_orphans(slot)
+                    .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
+            }
+            for d in dead.iter().filter(|d| d.slot != vol.member.slot) {
+                membership::clear_slot(&*vol.dev, &vol.sb, d)?;
+            }
         }
         tracing::info!(
             "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
@@ -263,10 +311,10 @@ impl Volume {
     }
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).
-    fn free_orphans(&self) -> Result<()> {
+    fn free_orphans(&self, slot: u32) -> Result<()> {
         let orphans = {
             let mut meta = self.lock_meta();
-            Tx::new(&*self.dev, &mut meta).slot_header()?.orphans
+            Tx::new(&*self.dev, &mut meta).slot_header_of(slot)?.orphans
         };
         if orphans.is_empty() {
             return Ok(());
@@ -279,10 +327,10 @@ impl Volume {
                     self.free_inode(tx, &mut inner)?;
                 }
             }
-            let mut h = tx.slot_header()?;
+            let mut h = tx.slot_header_of(slot)?;
             if !h.orphans.is_empty() {
                 h.orphans.clear();
-                tx.put_slot_header(h);
+                tx.put_slot_header_of(slot, h);
             }
             Ok(())
         })?;
@@ -291,6 +339,16 @@ impl Volume {
             orphans.len()
         );
         self.lock_meta().commit_point(&*self.dev)
+    }
+
+    /// The node slot this mount holds.
+    pub fn slot(&self) -> u32 {
+        self.member.slot
+    }
+
+    /// Why this node fenced itself, if it did.
+    pub fn fence_reason(&self) -> Option<String> {
+        self.member.fence_reason()
     }
 
     pub fn superblock(&self) -> &Superblock {
@@ -306,6 +364,7 @@ impl Volume {
         // Open-unlinked files still open at unmount are freed now.
         let states: Vec<Arc<InodeState>> = self.lock_table().values().cloned().collect();
         if self.read_only {
+            self.member.release()?;
             return r;
         }
         let mut meta = self.lock_meta();
@@ -318,6 +377,8 @@ impl Volume {
         }
         tx.commit()?;
         meta.close(&*self.dev)?;
+        drop(meta);
+        self.member.release()?;
         r
     }
 
@@ -432,7 +493,7 @@ impl Volume {
             tx.forget(inner.inode.xattr_block);
             tx.meta.alloc.free(inner.inode.xattr_block, 1);
         }
-        tx.meta.alloc.drop_reservation(ino);
+        tx.meta.alloc.forget_owner(ino);
         tx.forget(ino);
         tx.meta.alloc.free(ino, 1);
         inner.freed = true;

@@ -345,8 +345,11 @@ fn orphans_survive_a_crash_and_are_freed_by_the_next_mount() {
     v.write(&fh, 0, &vec![3u8; 300_000]).unwrap();
     v.unlink(r, b"tmp").unwrap();
     v.fsync(a.ino, false).unwrap();
-    // Crash: the file is still open, nameless, and holds blocks.
+    // Crash: the file is still open, nameless, and holds blocks. (The original volume is
+    // then shut down on its own device; the snapshot is the crashed one.)
     let image = dev.snapshot();
+    v.release(&fh).unwrap();
+    v.unmount().unwrap();
     let crashed = Arc::new(MemDevice::from_image(image, 512));
     let report = crate::check::check_volume(&*crashed).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
@@ -364,5 +367,4 @@ fn orphans_survive_a_crash_and_are_freed_by_the_next_mount() {
         "{:?}",
         report.findings
     );
-    v.release(&fh).unwrap();
 }

@@ -173,14 +173,29 @@ impl<'a> Tx<'a> {
 
     /// This node's slot header (orphan list).
     pub fn slot_header(&mut self) -> Result<crate::format::slot_header::SlotHeader> {
-        let at = self.meta.journal().start;
-        let raw = self.read(at)?;
-        crate::format::slot_header::SlotHeader::decode(&raw, at, self.meta.slot)
+        self.slot_header_of(self.meta.slot)
     }
 
-    pub fn put_slot_header(&mut self, mut h: crate::format::slot_header::SlotHeader) {
+    pub fn put_slot_header(&mut self, h: crate::format::slot_header::SlotHeader) {
+        self.put_slot_header_of(self.meta.slot, h);
+    }
+
+    fn slot_header_at(&self, slot: u32) -> u64 {
+        // Every slot's journal has the same size; ours is at `journal().start`.
+        let j = self.meta.journal();
+        (j.start - u64::from(self.meta.slot) * j.blocks) + u64::from(slot) * j.blocks
+    }
+
+    /// Any slot's header (recovery of a dead node's orphans).
+    pub fn slot_header_of(&mut self, slot: u32) -> Result<crate::format::slot_header::SlotHeader> {
+        let at = self.slot_header_at(slot);
+        let raw = self.read(at)?;
+        crate::format::slot_header::SlotHeader::decode(&raw, at, slot)
+    }
+
+    pub fn put_slot_header_of(&mut self, slot: u32, mut h: crate::format::slot_header::SlotHeader) {
         h.seq += 1;
-        let at = self.meta.journal().start;
+        let at = self.slot_header_at(slot);
         self.write(at, h.encode(at));
     }
 

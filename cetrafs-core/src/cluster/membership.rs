@@ -1,0 +1,535 @@
+//! Claiming a node slot, renewing it, watching the others, and fencing ourselves.
+//!
+//! Claim: read the slot, COMPARE AND WRITE it from exactly what was read to a live record with
+//! generation + 1 and a fresh nonce; on a miscompare re-read (our image there means the CAW did
+//! land — the ATS false-miscompare lesson); then wait 2 × io_timeout and re-read to catch a
+//! concurrent claimer. Renewal: read our slot (a foreign image means someone took it: fence at
+//! once), then write the next counter. Every write this node makes goes through [`LeaseGuard`],
+//! which refuses it once the last successful renewal is older than the fail time — checked at
+//! the write itself, so a node resuming from SIGSTOP fences before any worker thread can write.
+
+use super::Timing;
+use crate::dev::{AlignedBuf, BlockDevice, CawOutcome, Geometry, SharedDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::heartbeat::{Heartbeat, SlotState};
+use crate::format::superblock::Superblock;
+use crate::format::FS_BLOCK;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Slots held by live memberships of this process: (volume uuid, slot, generation).
+static HELD: Mutex<Vec<([u8; 16], u32, u64)>> = Mutex::new(Vec::new());
+
+fn held_here(uuid: &[u8; 16], slot: u32, generation: u64) -> bool {
+    HELD.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .iter()
+        .any(|h| h == &(*uuid, slot, generation))
+}
+
+fn set_held(uuid: [u8; 16], slot: u32, generation: u64, held: bool) {
+    let mut v = HELD
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    v.retain(|h| h != &(uuid, slot, generation));
+    if held {
+        v.push((uuid, slot, generation));
+    }
+}
+
+/// What one slot looked like when scanned.
+#[derive(Debug, Clone)]
+pub struct SlotView {
+    pub slot: u32,
+    pub raw: Vec<u8>,
+    pub record: Option<Heartbeat>,
+}
+
+#[derive(Debug)]
+pub struct Membership {
+    dev: SharedDevice,
+    sb: Superblock,
+    pub slot: u32,
+    pub host: String,
+    timing: Timing,
+    base: Instant,
+    /// Milliseconds since `base` at the *start* of the last successful renewal.
+    last_ok_ms: AtomicU64,
+    image: Mutex<Vec<u8>>,
+    fenced: AtomicBool,
+    reason: Mutex<Option<String>>,
+    stop: AtomicBool,
+    generation: AtomicU64,
+}
+
+impl Drop for Membership {
+    fn drop(&mut self) {
+        set_held(
+            self.sb.uuid,
+            self.slot,
+            self.generation.load(Ordering::Acquire),
+            false,
+        );
+    }
+}
+
+fn lba_of(sb: &Superblock, slot: u32) -> u64 {
+    sb.hb_start * (FS_BLOCK / u64::from(sb.logical_block_size)) + u64::from(slot)
+}
+
+fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: u32) -> Result<Vec<u8>> {
+    let lbs = dev.geometry().logical_block_size as usize;
+    let mut buf = AlignedBuf::new(lbs);
+    dev.read_at(lba_of(sb, slot) * lbs as u64, &mut buf)?;
+    Ok(buf.to_vec())
+}
+
+/// Read every slot of the heartbeat area. Records from another volume count as garbage.
+pub fn scan(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<SlotView>> {
+    (0..sb.hb_slots)
+        .map(|slot| {
+            let raw = read_slot(dev, sb, slot)?;
+            let record = Heartbeat::decode(&raw)
+                .ok()
+                .flatten()
+                .filter(|h| h.uuid == sb.uuid && h.slot == slot);
+            Ok(SlotView { slot, raw, record })
+        })
+        .collect()
+}
+
+/// Watch live slots for their dead time (each by its own published timing); returns the
+/// slots whose heartbeat changed (alive) and those that did not (dead).
+pub fn observe(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    live: &[SlotView],
+    limit: Option<Duration>,
+) -> Result<(Vec<SlotView>, Vec<SlotView>)> {
+    let start = Instant::now();
+    let mut pending: Vec<(SlotView, Duration)> = live
+        .iter()
+        .map(|v| {
+            let h = v.record.as_ref().map_or(
+                Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms),
+                |h| Timing::from_ms(h.interval_ms, h.io_timeout_ms),
+            );
+            (v.clone(), limit.unwrap_or_else(|| h.dead_time()))
+        })
+        .collect();
+    let mut alive = Vec::new();
+    let mut dead = Vec::new();
+    let poll = Duration::from_millis(u64::from(sb.heartbeat_interval_ms).clamp(10, 500));
+    while !pending.is_empty() {
+        std::thread::sleep(poll);
+        let mut still = Vec::new();
+        for (v, wait) in pending {
+            let now = read_slot(dev, sb, v.slot)?;
+            if now != v.raw {
+                alive.push(SlotView {
+                    record: Heartbeat::decode(&now).ok().flatten(),
+                    raw: now,
+                    slot: v.slot,
+                });
+            } else if start.elapsed() >= wait {
+                dead.push(v);
+            } else {
+                still.push((v, wait));
+            }
+        }
+        pending = still;
+    }
+    Ok((alive, dead))
+}
+
+impl Membership {
+    /// Claim a slot for `host`. `dead` are slots the caller has established are dead and
+    /// recovered; one of them that belonged to `host` is reused.
+    pub fn claim(
+        dev: SharedDevice,
+        sb: &Superblock,
+        host: &str,
+        prefer: Option<u32>,
+    ) -> Result<Arc<Self>> {
+        let lbs = dev.geometry().logical_block_size as usize;
+        let timing = Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
+        let mut tried = std::collections::HashSet::new();
+        loop {
+            let views = scan(&*dev, sb)?;
+            let usable = |v: &SlotView| {
+                v.record.as_ref().is_none_or(|h| h.state == SlotState::Free)
+                    && v.slot < sb.max_nodes
+            };
+            let pick = prefer
+                .filter(|p| !tried.contains(p))
+                .and_then(|p| views.iter().find(|v| v.slot == p))
+                .or_else(|| {
+                    views
+                        .iter()
+                        .filter(|v| !tried.contains(&v.slot))
+                        .find(|v| usable(v))
+                })
+                .cloned();
+            let Some(v) = pick else {
+                bail!(Busy, "no free node slot: all {} slots are in use (mkfs.cetra -N sets the number of nodes)", sb.max_nodes);
+            };
+            tried.insert(v.slot);
+            let generation = v.record.as_ref().map_or(0, |h| h.generation) + 1;
+            let mine = Heartbeat {
+                state: SlotState::Live,
+                generation,
+                counter: 1,
+                nonce: rand::random(),
+                uuid: sb.uuid,
+                interval_ms: sb.heartbeat_interval_ms,
+                io_timeout_ms: sb.io_timeout_ms,
+                slot: v.slot,
+                host: host.to_string(),
+                pid: u64::from(std::process::id()),
+            };
+            let image = mine.encode(lbs);
+            let lba = lba_of(sb, v.slot);
+            let won = match dev.compare_and_write(lba, &v.raw, &image) {
+                Ok(CawOutcome::Written) => true,
+                // A miscompare, or an error of unknown outcome: the block tells the truth.
+                Ok(CawOutcome::Miscompare) | Err(_) => read_slot(&*dev, sb, v.slot)? == image,
+            };
+            if !won {
+                continue;
+            }
+            // A concurrent claimer that read the same old image would have miscompared; one
+            // whose CAW was delayed in flight (SCSI only: the host-local emulation completes
+            // a CAW before returning) shows up within 2 × io_timeout.
+            if dev.geometry().caw == crate::dev::CawKind::Scsi {
+                std::thread::sleep(timing.io_timeout * 2);
+            }
+            if read_slot(&*dev, sb, v.slot)? != image {
+                bail!(Busy, "lost node slot {} to another node claiming it at the same moment; retry the mount", v.slot);
+            }
+            let m = Arc::new(Self {
+                dev,
+                sb: sb.clone(),
+                slot: v.slot,
+                host: host.to_string(),
+                timing,
+                base: Instant::now(),
+                last_ok_ms: AtomicU64::new(0),
+                image: Mutex::new(image),
+                fenced: AtomicBool::new(false),
+                reason: Mutex::new(None),
+                stop: AtomicBool::new(false),
+                generation: AtomicU64::new(0),
+            });
+            set_held(sb.uuid, v.slot, generation, true);
+            m.generation.store(generation, Ordering::Release);
+            Self::spawn_renewer(&m);
+            tracing::info!(
+                "node {host} holds slot {} (generation {generation})",
+                v.slot
+            );
+            return Ok(m);
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn spawn_renewer(m: &Arc<Self>) {
+        let weak = Arc::downgrade(m);
+        let interval = m.timing.interval;
+        let _ = std::thread::Builder::new()
+            .name("cetra-heartbeat".into())
+            .spawn(move || loop {
+                std::thread::sleep(interval);
+                let Some(m) = weak.upgrade() else { break };
+                if m.stop.load(Ordering::Acquire) || m.fenced.load(Ordering::Acquire) {
+                    break;
+                }
+                m.renew_once();
+            });
+    }
+
+    /// One renewal; fences on a foreign image or when the lease ran out.
+    fn renew_once(&self) {
+        let started = self.now_ms();
+        if !self.lease_valid() {
+            self.fence(format!(
+                "could not renew the heartbeat for {} ms (fail time {} ms)",
+                started.saturating_sub(self.last_ok_ms.load(Ordering::Acquire)),
+                self.timing.fail_time().as_millis()
+            ));
+            return;
+        }
+        let lbs = self.dev.geometry().logical_block_size as usize;
+        let mut image = self
+            .image
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match read_slot(&*self.dev, &self.sb, self.slot) {
+            Ok(cur) if cur != *image => {
+                drop(image);
+                self.fence(format!(
+                    "node slot {} was taken over by another node",
+                    self.slot
+                ));
+                return;
+            }
+            Ok(_) => {}
+            Err(e) => {
+                tracing::warn!("heartbeat read failed: {e}");
+                return;
+            }
+        }
+        let Ok(Some(mut h)) = Heartbeat::decode(&image) else {
+            return;
+        };
+        h.counter += 1;
+        h.nonce = rand::random();
+        let next = h.encode(lbs);
+        let lba = lba_of(&self.sb, self.slot);
+        match self
+            .dev
+            .write_at(lba * lbs as u64, &AlignedBuf::from_slice(&next))
+        {
+            Ok(()) => {
+                *image = next;
+                self.last_ok_ms.store(started, Ordering::Release);
+            }
+            Err(e) => tracing::warn!("heartbeat write failed: {e}"),
+        }
+    }
+
+    /// May this node still write? False once fenced or once the lease has run out.
+    pub fn lease_valid(&self) -> bool {
+        if self.fenced.load(Ordering::Acquire) {
+            return false;
+        }
+        let age = self
+            .now_ms()
+            .saturating_sub(self.last_ok_ms.load(Ordering::Acquire));
+        u128::from(age) < self.timing.fail_time().as_millis()
+    }
+
+    pub fn fence(&self, why: String) {
+        if !self.fenced.swap(true, Ordering::AcqRel) {
+            tracing::error!("FENCED: {why}; this node writes nothing more to the volume until it is unmounted and mounted again");
+            *self
+                .reason
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+        }
+    }
+
+    pub fn is_fenced(&self) -> bool {
+        self.fenced.load(Ordering::Acquire)
+    }
+
+    pub fn fence_reason(&self) -> Option<String> {
+        self.reason
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
+    /// Clean release: mark the slot free (only if it is still ours and we are not fenced).
+    pub fn release(&self) -> Result<()> {
+        self.stop.store(true, Ordering::Release);
+        set_held(
+            self.sb.uuid,
+            self.slot,
+            self.generation.load(Ordering::Acquire),
+            false,
+        );
+        if !self.lease_valid() {
+            return Ok(());
+        }
+        let image = self
+            .image
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let Ok(Some(mut h)) = Heartbeat::decode(&image) else {
+            return Ok(());
+        };
+        h.state = SlotState::Free;
+        h.nonce = rand::random();
+        let lbs = self.dev.geometry().logical_block_size as usize;
+        let free = h.encode(lbs);
+        match self
+            .dev
+            .compare_and_write(lba_of(&self.sb, self.slot), &image, &free)
+        {
+            Ok(CawOutcome::Written) => Ok(()),
+            _ if read_slot(&*self.dev, &self.sb, self.slot)? == free => Ok(()),
+            _ => Err(Error::new(
+                ErrorKind::Fenced,
+                format!("node slot {} changed under us before release", self.slot),
+            )),
+        }
+    }
+}
+
+/// The device as the filesystem sees it: every write requires a valid lease.
+#[derive(Debug)]
+pub struct LeaseGuard {
+    inner: SharedDevice,
+    member: Arc<Membership>,
+}
+
+impl LeaseGuard {
+    pub fn new(inner: SharedDevice, member: Arc<Membership>) -> Self {
+        Self { inner, member }
+    }
+
+    fn check(&self) -> Result<()> {
+        if self.member.lease_valid() {
+            return Ok(());
+        }
+        if !self.member.is_fenced() {
+            self.member
+                .fence("the heartbeat lease expired (node paused or storage unreachable)".into());
+        }
+        Err(Error::new(
+            ErrorKind::Fenced,
+            format!(
+                "node is fenced: {}",
+                self.member.fence_reason().unwrap_or_default()
+            ),
+        ))
+    }
+}
+
+impl BlockDevice for LeaseGuard {
+    fn geometry(&self) -> &Geometry {
+        self.inner.geometry()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.inner.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.check()?;
+        self.inner.write_at(offset, buf)
+    }
+    fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
+        self.check()?;
+        self.inner.compare_and_write(lba, expected, new)
+    }
+    fn flush(&self) -> Result<()> {
+        self.check()?;
+        self.inner.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.check()?;
+        self.inner.discard(offset, len)
+    }
+}
+
+/// Is the process that wrote this record gone? Only answerable for records of this host: a
+/// daemon on this host that no longer exists cannot have I/O in flight, so its slot is dead
+/// without waiting out the dead time (the common case of a crashed or killed local daemon).
+fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
+    if h.host != local_host {
+        return false;
+    }
+    let Ok(pid) = i32::try_from(h.pid) else {
+        return false;
+    };
+    if u64::from(std::process::id()) == h.pid {
+        // Written by this very process: gone unless one of our live memberships holds it.
+        return !held_here(&h.uuid, h.slot, h.generation);
+    }
+    if pid <= 0 {
+        return false;
+    }
+    // SAFETY: kill with signal 0 only checks for existence; it sends nothing.
+    let r = unsafe { libc::kill(pid, 0) };
+    if r != 0 {
+        return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
+    }
+    // A zombie (killed, not yet reaped: daemons are reparented) has no I/O in flight either.
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// How long to watch a live-looking slot before calling it dead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Patience {
+    /// The node's full dead time: required before anyone writes on its behalf.
+    Dead,
+    /// A few heartbeat intervals: enough to see a healthy node's heartbeat move (read-only
+    /// checks).
+    Brief,
+}
+
+/// Find nodes that hold live slots. Returns (alive, dead): alive nodes changed their heartbeat
+/// while we watched; dead ones did not for the chosen patience (or are local processes that
+/// no longer exist).
+pub fn find_holders(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    local_host: &str,
+    patience: Patience,
+) -> Result<(Vec<SlotView>, Vec<SlotView>)> {
+    let views = scan(dev, sb)?;
+    let live: Vec<SlotView> = views
+        .into_iter()
+        .filter(|v| {
+            v.record
+                .as_ref()
+                .is_some_and(|h| h.state == SlotState::Live)
+        })
+        .collect();
+    let (gone, watch): (Vec<SlotView>, Vec<SlotView>) = live.into_iter().partition(|v| {
+        v.record
+            .as_ref()
+            .is_some_and(|h| local_writer_gone(h, local_host))
+    });
+    if watch.is_empty() {
+        return Ok((Vec::new(), gone));
+    }
+    let limit = match patience {
+        Patience::Dead => None,
+        Patience::Brief => {
+            Some(Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms).interval * 4)
+        }
+    };
+    tracing::info!(
+        "watching {} live-looking node slot(s) to tell whether their nodes are alive",
+        watch.len()
+    );
+    let (alive, mut dead) = observe(dev, sb, &watch, limit)?;
+    dead.extend(gone);
+    Ok((alive, dead))
+}
+
+/// Mark a dead node's slot free after its recovery (CAW from the image observed dead).
+pub fn clear_slot(dev: &dyn BlockDevice, sb: &Superblock, v: &SlotView) -> Result<()> {
+    let Some(mut h) = v.record.clone() else {
+        return Ok(());
+    };
+    h.state = SlotState::Free;
+    h.nonce = rand::random();
+    let lbs = dev.geometry().logical_block_size as usize;
+    let img = h.encode(lbs);
+    match dev.compare_and_write(lba_of(sb, v.slot), &v.raw, &img)? {
+        CawOutcome::Written => Ok(()),
+        CawOutcome::Miscompare if read_slot(dev, sb, v.slot)? == img => Ok(()),
+        CawOutcome::Miscompare => bail!(
+            Busy,
+            "node slot {} changed while it was being recovered; retry",
+            v.slot
+        ),
+    }
+}
+
+/// One line describing who holds a slot, for error messages.
+pub fn describe(v: &SlotView) -> String {
+    match &v.record {
+        Some(h) => format!("node {:?} (slot {}, pid {})", h.host, v.slot, h.pid),
+        None => format!("slot {}", v.slot),
+    }
+}

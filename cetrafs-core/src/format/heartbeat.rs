@@ -1,0 +1,133 @@
+//! Heartbeat (node slot) record: exactly one logical block (512 or 4096 bytes) per slot in the
+//! heartbeat area, so a slot changes with one COMPARE AND WRITE.
+//!
+//! ```text
+//!   0  4 magic "CTHB"      4 2 version (1)      6 2 state (0 free, 1 live)
+//!   8  8 generation        bumped on every claim: the owner's identity for locks and fencing
+//!  16  8 counter           bumped on every renewal: liveness is judged by its *change*
+//!  24  8 nonce             random per claim and renewal: proves "this image is mine"
+//!  32 16 volume uuid       a record from another volume is never trusted
+//!  48  4 heartbeat interval (ms)   52 4 io timeout (ms)   the owner's own timing, which
+//!                                   observers use to compute *its* fail and dead times
+//!  56  4 slot index        60 4 reserved
+//!  64 64 host name (UTF-8, NUL padded)
+//! 128  8 owner pid (diagnostics only)
+//! 136 .. zero
+//! lbs-4 4 crc32c of bytes 0..lbs-4
+//! ```
+//! An all-zero block is a free slot that was never used.
+
+use super::codec::{Reader, Writer};
+use crate::error::{Error, Result};
+
+pub const HB_MAGIC: u32 = u32::from_le_bytes(*b"CTHB");
+pub const HB_VERSION: u16 = 1;
+pub const HOST_LEN: usize = 64;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SlotState {
+    Free = 0,
+    Live = 1,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Heartbeat {
+    pub state: SlotState,
+    pub generation: u64,
+    pub counter: u64,
+    pub nonce: u64,
+    pub uuid: [u8; 16],
+    pub interval_ms: u32,
+    pub io_timeout_ms: u32,
+    pub slot: u32,
+    pub host: String,
+    pub pid: u64,
+}
+
+impl Heartbeat {
+    pub fn encode(&self, lbs: usize) -> Vec<u8> {
+        let mut b = vec![0u8; lbs];
+        let mut w = Writer::new(&mut b);
+        w.u32(0, HB_MAGIC);
+        w.u16(4, HB_VERSION);
+        w.u16(6, self.state as u16);
+        w.u64(8, self.generation);
+        w.u64(16, self.counter);
+        w.u64(24, self.nonce);
+        w.bytes(32, &self.uuid);
+        w.u32(48, self.interval_ms);
+        w.u32(52, self.io_timeout_ms);
+        w.u32(56, self.slot);
+        let h = self.host.as_bytes();
+        w.bytes(64, &h[..h.len().min(HOST_LEN)]);
+        w.u64(128, self.pid);
+        let crc = crc32c::crc32c(&b[..lbs - 4]);
+        Writer::new(&mut b).u32(lbs - 4, crc);
+        b
+    }
+
+    /// Decode a slot; Ok(None) for a never-used (all-zero) slot.
+    pub fn decode(buf: &[u8]) -> Result<Option<Self>> {
+        if buf.iter().all(|&b| b == 0) {
+            return Ok(None);
+        }
+        let lbs = buf.len();
+        if lbs != 512 && lbs != 4096 {
+            return Err(Error::corrupted(format!("heartbeat record of {lbs} bytes")));
+        }
+        let r = Reader::new(buf, "heartbeat");
+        if r.u32(0)? != HB_MAGIC || r.u16(4)? != HB_VERSION {
+            return Err(Error::corrupted("heartbeat record: bad magic or version"));
+        }
+        if r.u32(lbs - 4)? != crc32c::crc32c(&buf[..lbs - 4]) {
+            return Err(Error::corrupted("heartbeat record: checksum mismatch"));
+        }
+        let state = match r.u16(6)? {
+            0 => SlotState::Free,
+            1 => SlotState::Live,
+            s => {
+                return Err(Error::corrupted(format!(
+                    "heartbeat record: unknown state {s}"
+                )))
+            }
+        };
+        let raw = r.bytes(64, HOST_LEN)?;
+        let end = raw.iter().position(|&c| c == 0).unwrap_or(HOST_LEN);
+        let mut uuid = [0u8; 16];
+        uuid.copy_from_slice(r.bytes(32, 16)?);
+        Ok(Some(Self {
+            state,
+            generation: r.u64(8)?,
+            counter: r.u64(16)?,
+            nonce: r.u64(24)?,
+            uuid,
+            interval_ms: r.u32(48)?,
+            io_timeout_ms: r.u32(52)?,
+            slot: r.u32(56)?,
+            host: String::from_utf8_lossy(&raw[..end]).into_owned(),
+            pid: r.u64(128)?,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+    proptest! {
+        #[test]
+        fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8) {
+            let lbs = if big { 4096 } else { 512 };
+            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42 };
+            let mut b = h.encode(lbs);
+            prop_assert_eq!(Heartbeat::decode(&b).unwrap(), Some(h));
+            let bit = flip % (lbs * 8);
+            b[bit / 8] ^= 1 << (bit % 8);
+            prop_assert!(Heartbeat::decode(&b).is_err());
+        }
+        #[test]
+        fn never_panics(data in proptest::collection::vec(any::<u8>(), 0..5000)) {
+            let _ = Heartbeat::decode(&data);
+        }
+    }
+}
