@@ -793,7 +793,7 @@ impl Filesystem for Adapter {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
@@ -801,10 +801,19 @@ impl Filesystem for Adapter {
         let of = unsafe { fh_borrow(fh) };
         // The payload is not aligned for O_DIRECT (§1.3 #5); the core copies it into its
         // aligned buffer, so it is passed straight through.
-        match self.vol.write(of, offset, data) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(self.fail("write", &e)),
+        let n = match self.vol.write(of, offset, data) {
+            Ok(n) => n,
+            Err(e) => return reply.error(self.fail("write", &e)),
+        };
+        // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
+        // (it only does for page-cache writes): the write must be durable before we answer.
+        // O_SYNC includes the O_DSYNC bit.
+        if flags.0 & libc::O_DSYNC != 0 {
+            if let Err(e) = self.vol.fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC) {
+                return reply.error(self.fail("write (O_SYNC)", &e));
+            }
         }
+        reply.written(n);
     }
 
     fn flush(
