@@ -53,8 +53,8 @@ pub struct Membership {
     pub slot: u32,
     pub host: String,
     timing: Timing,
-    base: Instant,
-    /// Milliseconds since `base` at the *start* of the last successful renewal.
+    /// CLOCK_BOOTTIME milliseconds at the *start* of the last successful renewal (boot time,
+    /// unlike CLOCK_MONOTONIC, keeps counting while the host is suspended).
     last_ok_ms: AtomicU64,
     image: Mutex<Vec<u8>>,
     fenced: AtomicBool,
@@ -72,6 +72,17 @@ impl Drop for Membership {
             false,
         );
     }
+}
+
+/// Milliseconds of CLOCK_BOOTTIME: monotonic, and advancing across suspend.
+fn boottime_ms() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec to a valid pointer.
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    if r != 0 {
+        return u64::MAX; // makes every lease look expired: fail safe
+    }
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }
 
 fn lba_of(sb: &Superblock, slot: u32) -> u64 {
@@ -100,7 +111,9 @@ pub fn scan(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<SlotView>> {
 }
 
 /// Watch live slots for their dead time (each by its own published timing); returns the
-/// slots whose heartbeat changed (alive) and those that did not (dead).
+/// slots whose heartbeat changed (alive) and those that did not (dead). Stops at the first
+/// live node (callers refuse then); a slot that turns Free was unmounted cleanly and is in
+/// neither list.
 pub fn observe(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -127,11 +140,12 @@ pub fn observe(
         for (v, wait) in pending {
             let now = read_slot(dev, sb, v.slot)?;
             if now != v.raw {
-                alive.push(SlotView {
-                    record: Heartbeat::decode(&now).ok().flatten(),
-                    raw: now,
-                    slot: v.slot,
-                });
+                let record = Heartbeat::decode(&now).ok().flatten();
+                if record.as_ref().is_some_and(|h| h.state == SlotState::Free) {
+                    continue;
+                }
+                alive.push(SlotView { record, raw: now, slot: v.slot });
+                return Ok((alive, dead));
             } else if start.elapsed() >= wait {
                 dead.push(v);
             } else {
@@ -144,8 +158,8 @@ pub fn observe(
 }
 
 impl Membership {
-    /// Claim a slot for `host`. `dead` are slots the caller has established are dead and
-    /// recovered; one of them that belonged to `host` is reused.
+    /// Claim a slot for `host`; `prefer` is a dead slot of this host's that the caller has
+    /// recovered and wants reused.
     pub fn claim(
         dev: SharedDevice,
         sb: &Superblock,
@@ -162,7 +176,7 @@ impl Membership {
                     && v.slot < sb.max_nodes
             };
             let pick = prefer
-                .filter(|p| !tried.contains(p))
+                .filter(|p| *p < sb.max_nodes && !tried.contains(p))
                 .and_then(|p| views.iter().find(|v| v.slot == p))
                 .or_else(|| {
                     views
@@ -190,6 +204,9 @@ impl Membership {
             };
             let image = mine.encode(lbs);
             let lba = lba_of(sb, v.slot);
+            // The lease runs from the moment the claim was issued, not from when we learn it
+            // succeeded: others time us from the last change they saw.
+            let issued = boottime_ms();
             let won = match dev.compare_and_write(lba, &v.raw, &image) {
                 Ok(CawOutcome::Written) => true,
                 // A miscompare, or an error of unknown outcome: the block tells the truth.
@@ -213,8 +230,7 @@ impl Membership {
                 slot: v.slot,
                 host: host.to_string(),
                 timing,
-                base: Instant::now(),
-                last_ok_ms: AtomicU64::new(0),
+                last_ok_ms: AtomicU64::new(issued),
                 image: Mutex::new(image),
                 fenced: AtomicBool::new(false),
                 reason: Mutex::new(None),
@@ -223,7 +239,7 @@ impl Membership {
             });
             set_held(sb.uuid, v.slot, generation, true);
             m.generation.store(generation, Ordering::Release);
-            Self::spawn_renewer(&m);
+            Self::spawn_renewer(&m)?;
             tracing::info!(
                 "node {host} holds slot {} (generation {generation})",
                 v.slot
@@ -233,13 +249,13 @@ impl Membership {
     }
 
     fn now_ms(&self) -> u64 {
-        u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX)
+        boottime_ms()
     }
 
-    fn spawn_renewer(m: &Arc<Self>) {
+    fn spawn_renewer(m: &Arc<Self>) -> Result<()> {
         let weak = Arc::downgrade(m);
         let interval = m.timing.interval;
-        let _ = std::thread::Builder::new()
+        std::thread::Builder::new()
             .name("cetra-heartbeat".into())
             .spawn(move || loop {
                 std::thread::sleep(interval);
@@ -248,7 +264,9 @@ impl Membership {
                     break;
                 }
                 m.renew_once();
-            });
+            })
+            .map(|_| ())
+            .map_err(|e| Error::io("cannot start the heartbeat thread", e))
     }
 
     /// One renewal; fences on a foreign image or when the lease ran out.
@@ -515,10 +533,11 @@ pub fn clear_slot(dev: &dyn BlockDevice, sb: &Superblock, v: &SlotView) -> Resul
     h.nonce = rand::random();
     let lbs = dev.geometry().logical_block_size as usize;
     let img = h.encode(lbs);
-    match dev.compare_and_write(lba_of(sb, v.slot), &v.raw, &img)? {
-        CawOutcome::Written => Ok(()),
-        CawOutcome::Miscompare if read_slot(dev, sb, v.slot)? == img => Ok(()),
-        CawOutcome::Miscompare => bail!(
+    match dev.compare_and_write(lba_of(sb, v.slot), &v.raw, &img) {
+        Ok(CawOutcome::Written) => Ok(()),
+        // Miscompare or unknown outcome: the block tells whether our write landed.
+        _ if read_slot(dev, sb, v.slot)? == img => Ok(()),
+        _ => bail!(
             Busy,
             "node slot {} changed while it was being recovered; retry",
             v.slot
@@ -531,5 +550,29 @@ pub fn describe(v: &SlotView) -> String {
     match &v.record {
         Some(h) => format!("node {:?} (slot {}, pid {})", h.host, v.slot, h.pid),
         None => format!("slot {}", v.slot),
+    }
+}
+
+/// After claiming: two nodes that found the volume free at the same moment both hold slots
+/// now. Any other live slot (not one of the `dead` we are recovering) means a race: the node
+/// with the higher slot backs off at once; the lower one waits (up to the other's dead time)
+/// for it to go away, then proceeds — or backs off too.
+pub fn settle_race(dev: &dyn BlockDevice, sb: &Superblock, me: &Membership, dead: &[SlotView]) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let others: Vec<SlotView> = scan(dev, sb)?
+            .into_iter()
+            .filter(|v| v.slot != me.slot && !dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw))
+            .filter(|v| v.record.as_ref().is_some_and(|h| h.state == SlotState::Live))
+            .collect();
+        let Some(first) = others.first() else { return Ok(()) };
+        if others.iter().any(|v| v.slot < me.slot) {
+            bail!(Busy, "{} is mounting this volume at the same moment; this version mounts a volume on one node at a time", describe(first));
+        }
+        let t = first.record.as_ref().map_or(me.timing, |h| Timing::from_ms(h.interval_ms, h.io_timeout_ms));
+        if started.elapsed() > t.dead_time() {
+            bail!(Busy, "the volume is in use by {}: this version mounts a volume on one node at a time", describe(first));
+        }
+        std::thread::sleep(me.timing.interval);
     }
 }

@@ -1,6 +1,5 @@
 //! Journal records. Each node slot owns `journal_blocks` fs blocks. Block 0 of a slot's
-//! journal is reserved (zero today; the orphan list and slot state will live there). From
-//! block 1 on, the slot holds at most one *compound transaction*, always written from the
+//! journal is the slot header (`slot_header.rs`: the orphan list). From block 1 on, the slot holds at most one *compound transaction*, always written from the
 //! same place (the previous one is fully checkpointed and flushed before it is overwritten):
 //!
 //! ```text

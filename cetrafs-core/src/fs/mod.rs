@@ -197,95 +197,104 @@ impl Volume {
             .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
             .map(|d| d.slot);
         let member = Membership::claim(dev.clone(), &sb, &opts.host, prefer)?;
-        let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
-        let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
-        if read_only {
-            if crate::journal::find_tx(&*dev, journal)?.is_some() {
-                bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
+        let claimed = member.clone();
+        // Everything after the claim runs in here so that any failure gives the slot back.
+        let result = (move || -> Result<Arc<Volume>> {
+            membership::settle_race(&*dev, &sb, &member, &dead)?;
+            let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
+            let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
+            if read_only {
+                if crate::journal::find_tx(&*dev, journal)?.is_some() {
+                    bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
+                }
+            } else {
+                crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
             }
-        } else {
-            crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
-        }
-        let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
-        let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
-        let mut buf = AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
-        for g in 0..sb.group_count {
-            let first = sb.group_first_block(g);
-            dev.read_at(first * FS_BLOCK, &mut buf)?;
-            let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
-                .map_err(|e| e.wrap(format!("group {g}")))?;
-            if h.index != g
-                || h.block_count != sb.group_blocks
-                || h.bitmap_blocks != sb.bitmap_blocks
+            let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
+            let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
+            let mut buf = AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
+            for g in 0..sb.group_count {
+                let first = sb.group_first_block(g);
+                dev.read_at(first * FS_BLOCK, &mut buf)?;
+                let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
+                    .map_err(|e| e.wrap(format!("group {g}")))?;
+                if h.index != g
+                    || h.block_count != sb.group_blocks
+                    || h.bitmap_blocks != sb.bitmap_blocks
+                {
+                    bail!(
+                        Corrupted,
+                        "group {g}: header does not match the superblock; run fsck.cetra"
+                    );
+                }
+                let mut bms = Vec::new();
+                for i in 0..meta_blocks - 1 {
+                    let at = first + 1 + i as u64;
+                    let (seq, payload) =
+                        decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
+                    bms.push((seq, payload.to_vec()));
+                }
+                groups.push((h, bms));
+            }
+            let alloc = Allocator::new(&sb, groups)?;
+            let mut meta = Meta::new(alloc, journal);
+            meta.slot = member.slot;
+            let vol = Arc::new(Volume {
+                dev,
+                sb,
+                read_only,
+                member,
+                meta: Mutex::new(meta),
+                table: Mutex::new(HashMap::new()),
+                unmounted: AtomicBool::new(false),
+            });
+            if !read_only && !opts.commit_interval.is_zero() {
+                Self::spawn_committer(&vol, opts.commit_interval);
+            }
+            // Make sure the root is readable now rather than on the first lookup.
+            let root = vol.sb.root_ino;
             {
-                bail!(
-                    Corrupted,
-                    "group {g}: header does not match the superblock; run fsck.cetra"
-                );
+                let mut meta = vol.lock_meta();
+                let mut tx = Tx::new(&*vol.dev, &mut meta);
+                let st = vol
+                    .state(&mut tx, root)
+                    .map_err(|e| e.wrap("root directory"))?;
+                if !st.read().inode.is_dir() {
+                    bail!(
+                        Corrupted,
+                        "root inode {root} is not a directory; run fsck.cetra"
+                    );
+                }
             }
-            let mut bms = Vec::new();
-            for i in 0..meta_blocks - 1 {
-                let at = first + 1 + i as u64;
-                let (seq, payload) =
-                    decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
-                bms.push((seq, payload.to_vec()));
+            if !read_only {
+                for slot in dead
+                    .iter()
+                    .map(|d| d.slot)
+                    .filter(|&s| s != vol.member.slot)
+                    .chain([vol.member.slot])
+                {
+                    vol.free_orphans(slot)
+                        .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
+                }
+                for d in dead.iter().filter(|d| d.slot != vol.member.slot) {
+                    membership::clear_slot(&*vol.dev, &vol.sb, d)?;
+                }
             }
-            groups.push((h, bms));
+            tracing::info!(
+                "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
+                vol.sb.uuid_string(),
+                vol.sb.label,
+                vol.sb.group_count,
+                (vol.sb.group_blocks * FS_BLOCK) >> 20,
+                (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
+                if read_only { ", read-only" } else { "" }
+            );
+            Ok(vol)
+        })();
+        if result.is_err() {
+            let _ = claimed.release();
         }
-        let alloc = Allocator::new(&sb, groups)?;
-        let mut meta = Meta::new(alloc, journal);
-        meta.slot = member.slot;
-        let vol = Arc::new(Volume {
-            dev,
-            sb,
-            read_only,
-            member,
-            meta: Mutex::new(meta),
-            table: Mutex::new(HashMap::new()),
-            unmounted: AtomicBool::new(false),
-        });
-        if !read_only && !opts.commit_interval.is_zero() {
-            Self::spawn_committer(&vol, opts.commit_interval);
-        }
-        // Make sure the root is readable now rather than on the first lookup.
-        let root = vol.sb.root_ino;
-        {
-            let mut meta = vol.lock_meta();
-            let mut tx = Tx::new(&*vol.dev, &mut meta);
-            let st = vol
-                .state(&mut tx, root)
-                .map_err(|e| e.wrap("root directory"))?;
-            if !st.read().inode.is_dir() {
-                bail!(
-                    Corrupted,
-                    "root inode {root} is not a directory; run fsck.cetra"
-                );
-            }
-        }
-        if !read_only {
-            for slot in dead
-                .iter()
-                .map(|d| d.slot)
-                .filter(|&s| s != vol.member.slot)
-                .chain([vol.member.slot])
-            {
-                vol.free_orphans(slot)
-                    .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
-            }
-            for d in dead.iter().filter(|d| d.slot != vol.member.slot) {
-                membership::clear_slot(&*vol.dev, &vol.sb, d)?;
-            }
-        }
-        tracing::info!(
-            "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
-            vol.sb.uuid_string(),
-            vol.sb.label,
-            vol.sb.group_count,
-            (vol.sb.group_blocks * FS_BLOCK) >> 20,
-            (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
-            if read_only { ", read-only" } else { "" }
-        );
-        Ok(vol)
+        result
     }
 
     /// Bound the window of un-fsync'd metadata a crash can lose (ext4's commit=N).
@@ -405,6 +414,9 @@ impl Volume {
     fn check_writable(&self) -> Result<()> {
         if self.read_only {
             bail!(ReadOnly, "volume is mounted read-only");
+        }
+        if !self.member.lease_valid() {
+            bail!(Fenced, "this node is fenced ({}); unmount and mount again", self.member.fence_reason().unwrap_or_else(|| "heartbeat lease expired".into()));
         }
         if self.unmounted.load(Ordering::Relaxed) {
             bail!(Io, "volume is unmounted");

@@ -157,7 +157,7 @@ pub struct StatFs {
 #[derive(Debug, Clone)]
 pub struct MountOptions {
     pub read_only: bool,
-    /// Node identity (host name); recorded in the heartbeat slot by the multi-node layer.
+    /// Node identity (host name), recorded in the node's heartbeat slot.
     pub host: String,
     /// How often pending metadata is committed without an fsync (zero: only on fsync, sync,
     /// unmount and journal pressure — deterministic, for crash tests).
