@@ -184,13 +184,20 @@ impl Allocator {
             return Ok(Vec::new());
         }
         if self.free_blocks() < want {
-            return Err(Error::new(ErrorKind::NoSpace, "no space left on the volume"));
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                "no space left on the volume",
+            ));
         }
         let mut runs = Vec::new();
         let mut need = want;
         let mut goal = goal;
         // The window the file has earned so far; it outlives each reservation.
-        let window = if owner == 0 { 0 } else { self.windows.get(&owner).copied().unwrap_or(MIN_WINDOW) };
+        let window = if owner == 0 {
+            0
+        } else {
+            self.windows.get(&owner).copied().unwrap_or(MIN_WINDOW)
+        };
         // 1. The owner's reservation: where the file's data should continue, even if the
         //    block right after its last extent is taken.
         if let Some(r) = self.resv.get(&owner).copied() {
@@ -202,7 +209,14 @@ impl Allocator {
             if r.len == take {
                 self.resv.remove(&owner);
             } else {
-                self.resv.insert(owner, Reservation { start: r.start + take, len: r.len - take, window: r.window });
+                self.resv.insert(
+                    owner,
+                    Reservation {
+                        start: r.start + take,
+                        len: r.len - take,
+                        window: r.window,
+                    },
+                );
             }
         }
         // 2. Free runs from the goal on. A growing file skips gaps smaller than what it asks
@@ -212,7 +226,9 @@ impl Allocator {
         for attempt in 0..3 {
             while need > 0 {
                 let min = if attempt == 0 { min_run.min(need) } else { 1 };
-                let Some((start, len)) = self.find_run(goal, need, min) else { break };
+                let Some((start, len)) = self.find_run(goal, need, min) else {
+                    break;
+                };
                 let take = len.min(need);
                 self.mark_used(start, take);
                 runs.push((start, take));
@@ -236,21 +252,39 @@ impl Allocator {
                     self.groups[g].mark(bit, l, false);
                 }
             }
-            return Err(Error::new(ErrorKind::NoSpace, "no space left on the volume"));
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                "no space left on the volume",
+            ));
         }
         // 3. Reserve the next window for the file: right after this allocation if free,
         //    else the next free run of that size.
         if owner != 0 && !self.resv.contains_key(&owner) {
-            let next = (window * 2).min(MAX_WINDOW).max(want.next_power_of_two().min(MAX_WINDOW));
+            let next = (window * 2)
+                .min(MAX_WINDOW)
+                .max(want.next_power_of_two().min(MAX_WINDOW));
             self.windows.insert(owner, next);
-            let here = self.locate(goal).map_or(0, |(g, bit)| self.groups[g].run_len(bit, self.group_blocks, next));
-            let spot = if here > 0 { Some((goal, here)) } else { self.find_run(goal, next, next.min(want.max(MIN_WINDOW))) };
+            let here = self.locate(goal).map_or(0, |(g, bit)| {
+                self.groups[g].run_len(bit, self.group_blocks, next)
+            });
+            let spot = if here > 0 {
+                Some((goal, here))
+            } else {
+                self.find_run(goal, next, next.min(want.max(MIN_WINDOW)))
+            };
             if let Some((start, len)) = spot {
                 if let Some((g, bit)) = self.locate(start) {
                     let len = len.min(self.groups[g].run_len(bit, self.group_blocks, next));
                     if len > 0 {
                         set_range(&mut self.groups[g].resv, bit, len, true);
-                        self.resv.insert(owner, Reservation { start, len, window: next });
+                        self.resv.insert(
+                            owner,
+                            Reservation {
+                                start,
+                                len,
+                                window: next,
+                            },
+                        );
                     }
                 }
             }

@@ -76,13 +76,17 @@ impl Drop for Membership {
 
 /// Milliseconds of CLOCK_BOOTTIME: monotonic, and advancing across suspend.
 fn boottime_ms() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes one timespec to a valid pointer.
     let r = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
     if r != 0 {
         return u64::MAX; // makes every lease look expired: fail safe
     }
-    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000 + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
+    u64::try_from(ts.tv_sec).unwrap_or(0) * 1000
+        + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }
 
 fn lba_of(sb: &Superblock, slot: u32) -> u64 {
@@ -144,7 +148,11 @@ pub fn observe(
                 if record.as_ref().is_some_and(|h| h.state == SlotState::Free) {
                     continue;
                 }
-                alive.push(SlotView { record, raw: now, slot: v.slot });
+                alive.push(SlotView {
+                    record,
+                    raw: now,
+                    slot: v.slot,
+                });
                 return Ok((alive, dead));
             } else if start.elapsed() >= wait {
                 dead.push(v);
@@ -469,7 +477,10 @@ fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
     // A zombie (killed, not yet reaped: daemons are reparented) has no I/O in flight either.
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
-        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| rest.trim_start().starts_with('Z')))
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
+        })
         .unwrap_or(false)
 }
 
@@ -557,21 +568,40 @@ pub fn describe(v: &SlotView) -> String {
 /// now. Any other live slot (not one of the `dead` we are recovering) means a race: the node
 /// with the higher slot backs off at once; the lower one waits (up to the other's dead time)
 /// for it to go away, then proceeds — or backs off too.
-pub fn settle_race(dev: &dyn BlockDevice, sb: &Superblock, me: &Membership, dead: &[SlotView]) -> Result<()> {
+pub fn settle_race(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    me: &Membership,
+    dead: &[SlotView],
+) -> Result<()> {
     let started = Instant::now();
     loop {
         let others: Vec<SlotView> = scan(dev, sb)?
             .into_iter()
-            .filter(|v| v.slot != me.slot && !dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw))
-            .filter(|v| v.record.as_ref().is_some_and(|h| h.state == SlotState::Live))
+            .filter(|v| {
+                v.slot != me.slot && !dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw)
+            })
+            .filter(|v| {
+                v.record
+                    .as_ref()
+                    .is_some_and(|h| h.state == SlotState::Live)
+            })
             .collect();
-        let Some(first) = others.first() else { return Ok(()) };
+        let Some(first) = others.first() else {
+            return Ok(());
+        };
         if others.iter().any(|v| v.slot < me.slot) {
             bail!(Busy, "{} is mounting this volume at the same moment; this version mounts a volume on one node at a time", describe(first));
         }
-        let t = first.record.as_ref().map_or(me.timing, |h| Timing::from_ms(h.interval_ms, h.io_timeout_ms));
+        let t = first.record.as_ref().map_or(me.timing, |h| {
+            Timing::from_ms(h.interval_ms, h.io_timeout_ms)
+        });
         if started.elapsed() > t.dead_time() {
-            bail!(Busy, "the volume is in use by {}: this version mounts a volume on one node at a time", describe(first));
+            bail!(
+                Busy,
+                "the volume is in use by {}: this version mounts a volume on one node at a time",
+                describe(first)
+            );
         }
         std::thread::sleep(me.timing.interval);
     }

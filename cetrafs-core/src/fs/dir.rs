@@ -218,6 +218,23 @@ impl Volume {
         Ok(st)
     }
 
+    /// Create a non-opened inode and return its attributes.
+    fn make(
+        &self,
+        parent: Ino,
+        name: &[u8],
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+        target: &[u8],
+    ) -> Result<Attr> {
+        self.meta_op(|tx| {
+            let st = self.new_inode(tx, parent, name, mode, rdev, caller, target)?;
+            let a = Self::attr_of(&st.read().inode);
+            Ok(a)
+        })
+    }
+
     /// Regular files, fifos, sockets and device nodes (mode includes the S_IF* type).
     pub fn mknod(
         &self,
@@ -235,38 +252,25 @@ impl Volume {
         } else {
             mode
         };
-        self.meta_op(|tx| {
-            let st = self.new_inode(tx, parent, name, mode, rdev, caller, b"")?;
-            let a = Self::attr_of(&st.read().inode);
-            Ok(a)
-        })
+        self.make(parent, name, mode, rdev, caller, b"")
     }
 
     pub fn mkdir(&self, parent: Ino, name: &[u8], mode: u32, caller: Caller) -> Result<Attr> {
-        self.meta_op(|tx| {
-            let st = self.new_inode(
-                tx,
-                parent,
-                name,
-                libc::S_IFDIR | (mode & 0o7777),
-                0,
-                caller,
-                b"",
-            )?;
-            let a = Self::attr_of(&st.read().inode);
-            Ok(a)
-        })
+        self.make(
+            parent,
+            name,
+            libc::S_IFDIR | (mode & 0o7777),
+            0,
+            caller,
+            b"",
+        )
     }
 
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
         if target.is_empty() || target.len() > INLINE_CAP {
             bail!(NameTooLong, "symlink target must be 1..={INLINE_CAP} bytes");
         }
-        self.meta_op(|tx| {
-            let st = self.new_inode(tx, parent, name, libc::S_IFLNK | 0o777, 0, caller, target)?;
-            let a = Self::attr_of(&st.read().inode);
-            Ok(a)
-        })
+        self.make(parent, name, libc::S_IFLNK | 0o777, 0, caller, target)
     }
 
     /// Create and open a regular file in one step (O_CREAT); `excl` gives EEXIST if it exists.

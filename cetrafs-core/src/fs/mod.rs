@@ -416,7 +416,13 @@ impl Volume {
             bail!(ReadOnly, "volume is mounted read-only");
         }
         if !self.member.lease_valid() {
-            bail!(Fenced, "this node is fenced ({}); unmount and mount again", self.member.fence_reason().unwrap_or_else(|| "heartbeat lease expired".into()));
+            bail!(
+                Fenced,
+                "this node is fenced ({}); unmount and mount again",
+                self.member
+                    .fence_reason()
+                    .unwrap_or_else(|| "heartbeat lease expired".into())
+            );
         }
         if self.unmounted.load(Ordering::Relaxed) {
             bail!(Io, "volume is unmounted");
