@@ -550,7 +550,13 @@ fn durable_thread(
             .filter(|(_, d)| d.exact_len.is_some())
             .map(|(n, _)| n)
             .collect();
-        let r = if rng.gen_ratio(1, 5) && !names.is_empty() {
+        // Deleting faster once there are many keeps the verification time per round bounded.
+        let delete = if dm.live.len() > 500 {
+            rng.gen_ratio(1, 2)
+        } else {
+            rng.gen_ratio(1, 5)
+        };
+        let r = if delete && !names.is_empty() {
             let name = names[rng.gen_range(0..names.len())].clone();
             let d = dm.live.remove(&name).expect("live");
             dm.maybe_deleted.insert(name.clone(), d);
@@ -1010,7 +1016,21 @@ fn sigkill_during_storm() {
 
     let lun = Lun::new(LUN_SIZE);
     fill_marker(&lun);
-    lun.mkfs(&["-q", "-N", "2", "--journal-size", "8M", "-L", "crashkill"]);
+    // A short heartbeat interval: `fsck -n` watches a crashed node's slot for a few intervals
+    // before it calls it dead, and every round leaves one behind.
+    lun.mkfs(&[
+        "-q",
+        "-N",
+        "2",
+        "--journal-size",
+        "8M",
+        "--heartbeat-interval",
+        "250",
+        "--io-timeout",
+        "2000",
+        "-L",
+        "crashkill",
+    ]);
 
     // Layout: D/ durable files, S/d*/ scratch, I/disk.raw the preallocated image.
     let m = Mount::new(&lun, HOST);
@@ -1081,7 +1101,14 @@ fn sigkill_during_storm() {
         let ops = stats.ops.load(Ordering::Relaxed) - ops_before;
 
         // fsck on the crashed volume (it checks the view with the journal replayed).
+        let mut t = Instant::now();
+        let phase = |t: &mut Instant| {
+            let d = t.elapsed();
+            *t = Instant::now();
+            secs(d)
+        };
         let f = lun.fsck();
+        let t_fsck1 = phase(&mut t);
         if f.code != 0 {
             v.push(format!("fsck -n after the kill: {f}"));
         }
@@ -1091,20 +1118,25 @@ fn sigkill_during_storm() {
 
         // Remount (replays), then validate everything.
         let mut m = Mount::new(&lun, HOST);
+        let t_mount = phase(&mut t);
         walk(m.path(), image_ino, &mut v, &mut checked);
         check_durable(m.path(), &mut dm, &mut v, &mut checked);
         check_image(m.path(), &mut img, &mut v, &mut checked);
         let recovery_log = m.log_path().to_path_buf();
+        let t_verify = phase(&mut t);
         if let Err(e) = m.try_unmount() {
             v.push(format!("clean unmount after recovery: {e}"));
         }
+        let t_umount = phase(&mut t);
         let f = lun.fsck();
+        let t_fsck2 = phase(&mut t);
         if f.code != 0 {
             v.push(format!("fsck -n after recovery + clean unmount: {f}"));
         }
         eprintln!(
             "crash_kill: round {round}: storm {storm_ms} ms, {ops} ops; {kill_info}; \
-             {} live durable files, {} violations",
+             {} live durable files, {} violations; fsck {t_fsck1}, mount {t_mount}, \
+             verify {t_verify}, umount {t_umount}, fsck {t_fsck2}",
             dm.live.len(),
             v.len()
         );
@@ -1141,4 +1173,29 @@ fn sigkill_during_storm() {
         checked.image_blocks,
         checked.image_written_blocks
     );
+}
+
+/// The byte checker itself: own pattern and zeros pass; the LUN marker and another inode's
+/// pattern are caught and named.
+#[test]
+fn checker_flags_stale_and_foreign_bytes() {
+    let own = pattern(4242, 8190, 9000);
+    assert_eq!(first_bad(4242, 8190, &own), None);
+    let mut holes = own.clone();
+    holes[100..5000].fill(0);
+    assert_eq!(first_bad(4242, 8190, &holes), None);
+    let mut stale = own.clone();
+    for (i, b) in stale[4098..8194].iter_mut().enumerate() {
+        *b = MARKER[(8190 + 4098 + i) % 8];
+    }
+    let i = first_bad(4242, 8190, &stale).expect("marker caught");
+    assert!((4098..4106).contains(&i), "marker caught late, at {i}");
+    assert!(diagnose(8190 + i as u64, &stale[i..], &HashSet::new()).starts_with("STALE"));
+    let mut foreign = own;
+    foreign[20..4116].copy_from_slice(&pattern(77, 8190 + 20, 4096));
+    let i = first_bad(4242, 8190, &foreign).expect("foreign caught");
+    assert!((20..28).contains(&i), "foreign bytes caught late, at {i}");
+    let known: HashSet<u64> = [5, 77, 9].into_iter().collect();
+    let d = diagnose(8190 + i as u64, &foreign[i..], &known);
+    assert!(d.starts_with("FOREIGN (pattern of inode 77)"), "{d}");
 }
