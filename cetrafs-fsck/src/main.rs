@@ -6,12 +6,10 @@
 //! Run it only while no node has the volume mounted: a live volume changes under the check.
 
 use cetrafs_core::check::{self, Pass, Report, Severity};
-use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
-use cetrafs_core::dev::{AlignedBuf, BlockDevice};
-use cetrafs_core::format::superblock::Superblock;
-use cetrafs_core::format::FS_BLOCK_SIZE;
 use cetrafs_core::cluster::membership;
-use cetrafs_core::{journal, ErrorKind};
+use cetrafs_core::dev::open::{open_lun, LunOptions};
+use cetrafs_core::dev::{BlockDevice, SharedDevice};
+use cetrafs_core::journal;
 use clap::Parser;
 use std::io::IsTerminal;
 use std::path::{Path, PathBuf};
@@ -87,10 +85,16 @@ fn run(cli: &Cli) -> u8 {
     // Refuse to check a volume some node has mounted: it changes under the check (and a
     // replay would write under a live node). A read-only check watches heartbeats briefly; a
     // check that replays waits out the dead time of every live-looking slot.
-    if let Ok(sb) = cetrafs_core::fs::read_superblock(&dev) {
-        let patience = if cli.no_change { membership::Patience::Brief } else { membership::Patience::Dead };
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname").map(|h| h.trim().to_string()).unwrap_or_default();
-        match membership::find_holders(&dev, &sb, &host, patience) {
+    if let Ok(sb) = cetrafs_core::fs::read_superblock(&*dev) {
+        let patience = if cli.no_change {
+            membership::Patience::Brief
+        } else {
+            membership::Patience::Dead
+        };
+        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|h| h.trim().to_string())
+            .unwrap_or_default();
+        match membership::find_holders(&*dev, &sb, &host, patience) {
             Ok((alive, _)) if !alive.is_empty() => {
                 let who: Vec<String> = alive.iter().map(membership::describe).collect();
                 eprintln!("fsck.cetra: {shown} is mounted by {}; unmount it on every node before checking", who.join(", "));
@@ -98,7 +102,10 @@ fn run(cli: &Cli) -> u8 {
             }
             Ok((_, dead)) => {
                 for d in &dead {
-                    println!("{shown}: {} stopped without unmounting (its heartbeat is not advancing)", membership::describe(d));
+                    println!(
+                        "{shown}: {} stopped without unmounting (its heartbeat is not advancing)",
+                        membership::describe(d)
+                    );
                 }
             }
             Err(e) => {
@@ -110,8 +117,8 @@ fn run(cli: &Cli) -> u8 {
     // A node that crashed leaves a committed transaction in its journal. Without -n it is
     // replayed first (what the next mount would do); with -n the check runs on a view with
     // the replay applied in memory, so findings are about the volume as it will be.
-    let pending = match cetrafs_core::fs::read_superblock(&dev)
-        .and_then(|sb| journal::pending(&dev, &sb).map(|p| (sb, p)))
+    let pending = match cetrafs_core::fs::read_superblock(&*dev)
+        .and_then(|sb| journal::pending(&*dev, &sb).map(|p| (sb, p)))
     {
         Ok((_, p)) if p.is_empty() => Vec::new(),
         Ok((sb, p)) if !cli.no_change => {
@@ -124,7 +131,7 @@ fn run(cli: &Cli) -> u8 {
                 }
             };
             for (slot, tx) in &p {
-                match journal::replay(&rw, journal::JournalArea::for_slot(&sb, *slot)) {
+                match journal::replay(&*rw, journal::JournalArea::for_slot(&sb, *slot)) {
                     Ok(n) => println!("{shown}: replayed the journal of node slot {slot} (transaction {}, {n} blocks written)", tx.seq),
                     Err(e) => {
                         eprintln!("fsck.cetra: {shown}: journal replay of node slot {slot} failed: {e}");
@@ -132,7 +139,7 @@ fn run(cli: &Cli) -> u8 {
                     }
                 }
             }
-            return check_and_report(cli, &shown, &rw, tty);
+            return check_and_report(cli, &shown, &*rw, tty);
         }
         Ok((_, p)) => p,
         Err(_) => Vec::new(), // the checker reports superblock problems itself
@@ -145,7 +152,7 @@ fn run(cli: &Cli) -> u8 {
                 tx.blocks.len()
             );
         }
-        let view = match journal::ReplayedView::new(&dev, &pending) {
+        let view = match journal::ReplayedView::new(&*dev, &pending) {
             Ok(v) => v,
             Err(e) => {
                 eprintln!("fsck.cetra: {shown}: cannot read the journal: {e}");
@@ -154,7 +161,7 @@ fn run(cli: &Cli) -> u8 {
         };
         return check_and_report(cli, &shown, &view, tty);
     }
-    check_and_report(cli, &shown, &dev, tty)
+    check_and_report(cli, &shown, &*dev, tty)
 }
 
 fn check_and_report(_cli: &Cli, shown: &str, dev: &dyn BlockDevice, tty: bool) -> u8 {
@@ -226,38 +233,39 @@ fn print_summary(dev: &str, r: &Report) {
     }
 }
 
-/// Open read-only with O_DIRECT. A regular file has no logical block size of its own, so it is
-/// opened with the one its superblock records (the checker compares the two); files on
-/// filesystems without O_DIRECT (tmpfs) fall back to buffered reads.
-fn open(path: &Path) -> Result<FileDevice, String> {
-    let is_file = std::fs::metadata(path)
-        .map_err(|e| format!("cannot access {}: {e}", path.display()))?
-        .is_file();
-    let mut opts = FileDeviceOptions {
-        read_only: true,
-        file_logical_block_size: 512,
-        direct: true,
-    };
-    let mut dev = match FileDevice::open(path, &opts) {
-        Err(e) if is_file && e.kind() == ErrorKind::Unsupported => {
-            opts.direct = false;
-            FileDevice::open(path, &opts)
-        }
-        r => r,
-    }
-    .map_err(|e| e.to_string())?;
-    if is_file {
-        let mut b = AlignedBuf::new(FS_BLOCK_SIZE);
-        if dev.geometry().size_bytes >= FS_BLOCK_SIZE as u64 && dev.read_at(0, &mut b).is_ok() {
-            if let Ok(sb) = Superblock::decode(&b) {
-                if sb.logical_block_size != 512 {
-                    opts.file_logical_block_size = sb.logical_block_size;
-                    dev = FileDevice::open(path, &opts).map_err(|e| e.to_string())?;
-                }
-            }
-        }
-    }
-    Ok(dev)
+/// Open read-only through the backend the device needs (`cetrafs_core::dev::open`): SG_IO for
+/// a whole SCSI LUN (partitions and LVs are refused), O_DIRECT otherwise. A regular file has no
+/// logical block size of its own, so it is opened with the one its superblock records (the
+/// checker compares the two); files on filesystems without O_DIRECT (tmpfs) fall back to
+/// buffered reads. No COMPARE AND WRITE probe: fsck only reads (and replays journals, which
+/// are plain writes), and it refuses volumes that any node has mounted.
+fn open(path: &Path) -> Result<SharedDevice, String> {
+    open_lun(
+        path,
+        &LunOptions {
+            read_only: true,
+            buffered_file_fallback: true,
+            ..LunOptions::default()
+        },
+    )
+    .map(|l| l.dev)
+    .map_err(|e| e.to_string())
+}
+
+/// Open for journal replay (the only write fsck makes today).
+fn open_rw(path: &Path, lbs: u32) -> Result<SharedDevice, String> {
+    let is_file = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    open_lun(
+        path,
+        &LunOptions {
+            read_only: false,
+            file_logical_block_size: is_file.then_some(lbs),
+            buffered_file_fallback: true,
+            ..LunOptions::default()
+        },
+    )
+    .map(|l| l.dev)
+    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]
@@ -274,24 +282,4 @@ mod tests {
         assert!(c.preen);
         assert!(Cli::try_parse_from(["fsck.cetra", "-n"]).is_err());
     }
-}
-
-/// Open for journal replay (the only write fsck makes today).
-fn open_rw(path: &Path, lbs: u32) -> Result<FileDevice, String> {
-    let opts = FileDeviceOptions {
-        read_only: false,
-        file_logical_block_size: lbs,
-        direct: true,
-    };
-    FileDevice::open(path, &opts)
-        .or_else(|_| {
-            FileDevice::open(
-                path,
-                &FileDeviceOptions {
-                    direct: false,
-                    ..opts.clone()
-                },
-            )
-        })
-        .map_err(|e| e.to_string())
 }

@@ -8,10 +8,8 @@
 
 use crate::adapter::{self, Adapter, UnmountOutcome};
 use crate::options::Args;
-use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
+use cetrafs_core::dev::open::{open_lun, LunOptions, Sharing};
 use cetrafs_core::dev::SharedDevice;
-use cetrafs_core::format::superblock::Superblock;
-use cetrafs_core::format::FS_BLOCK_SIZE;
 use cetrafs_core::fs::{MountOptions, Volume};
 use nix::sys::signal::{SigSet, Signal};
 use std::fs::{File, OpenOptions};
@@ -233,44 +231,42 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Open the device. For a regular file (a test LUN) the logical block size is not a property
-/// of the file, so it is read from the superblock (or its backup in the last fs block); a
-/// block device reports its own. If neither copy decodes, mount with 512 and let the core
-/// produce the error message, so there is one source of "why this is not mountable".
-fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<FileDevice> {
-    let mut o = FileDeviceOptions {
+/// Open the device through the backend it needs (`cetrafs_core::dev::open`): SG_IO for a
+/// whole SCSI LUN, O_DIRECT file backend otherwise (a regular file gets the logical block size
+/// its superblock records). A SCSI LUN must pass the COMPARE AND WRITE probe on the
+/// superblock's probe block at every read-write mount; anything else is a single-host volume.
+fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<SharedDevice> {
+    let mut lo = LunOptions {
         read_only,
-        ..FileDeviceOptions::default()
+        ..LunOptions::default()
     };
-    let dev = FileDevice::open(path, &o)?;
-    if dev.is_block_device() {
-        return Ok(dev);
-    }
-    let Some(lbs) = probe_logical_block_size(&dev) else {
-        return Ok(dev);
-    };
-    if lbs == o.file_logical_block_size {
-        return Ok(dev);
-    }
-    drop(dev);
-    o.file_logical_block_size = lbs;
-    FileDevice::open(path, &o)
-}
-
-fn probe_logical_block_size(dev: &FileDevice) -> Option<u32> {
-    use cetrafs_core::dev::{AlignedBuf, BlockDevice};
-    let fsb = FS_BLOCK_SIZE as u64;
-    let size = dev.geometry().size_bytes;
-    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-    let last = (size / fsb).checked_sub(1).map(|b| b * fsb);
-    for off in std::iter::once(0).chain(last.filter(|&o| o > 0)) {
-        if dev.read_at(off, &mut buf).is_ok() {
-            if let Ok(sb) = Superblock::decode(&buf) {
-                return Some(sb.logical_block_size);
-            }
+    let mut lun = open_lun(path, &lo)?;
+    let shown = path.display();
+    // An unreadable superblock is left to Volume::mount, the one source of "why this is not
+    // mountable".
+    let sb = cetrafs_core::fs::read_superblock(&*lun.dev);
+    // The SG_IO timeout of COMPARE AND WRITE is the volume's I/O deadline.
+    if let (Ok(sb), true) = (&sb, lun.kind.is_scsi()) {
+        let t = std::time::Duration::from_millis(u64::from(sb.io_timeout_ms.max(1)));
+        if t != lo.sg.io_timeout {
+            lo.sg.io_timeout = t;
+            drop(lun);
+            lun = open_lun(path, &lo)?;
         }
     }
-    None
+    match (sb, read_only) {
+        (Ok(sb), false) => match lun.check_sharing(sb.probe_block)? {
+            s @ Sharing::MultiNode { .. } => info!("{shown}: {}; {s}", lun.kind),
+            s => info!("{shown}: single-host volume: {}; {s}", lun.kind),
+        },
+        (_, true) if lun.kind.is_scsi() => info!(
+            "{shown}: {}; read-only mount, COMPARE AND WRITE not probed",
+            lun.kind
+        ),
+        (_, _) if !lun.kind.is_scsi() => info!("{shown}: single-host volume ({})", lun.kind),
+        _ => {}
+    }
+    Ok(lun.dev)
 }
 
 /// Mount and serve until unmounted. Returns the exit status.
@@ -317,7 +313,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         Err(e) => return fail(&mut notifier, e.to_string()),
     };
     let host = args.opts.host.clone().unwrap_or_else(hostname);
-    let shared: SharedDevice = Arc::new(dev);
+    let shared: SharedDevice = dev;
     let vol = match Volume::mount(
         shared,
         &MountOptions {

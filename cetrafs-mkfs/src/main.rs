@@ -1,10 +1,12 @@
 //! `mkfs.cetra`: create a CetraFS volume on a shared LUN (or a regular file for testing).
 //!
 //! Exit codes: 0 success, 1 usage error or refusal (existing data without `--force`, device
-//! too small, bad option values), 8 operational error (I/O, device cannot be opened).
+//! too small, bad option values, a partition/LV, a SCSI LUN without working COMPARE AND WRITE),
+//! 8 operational error (I/O, device cannot be opened).
 
 use anyhow::anyhow;
-use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
+use cetrafs_core::dev::open::{open_lun, LunKind, LunOptions, Sharing};
+use cetrafs_core::dev::sg::SgDeviceOptions;
 use cetrafs_core::dev::BlockDevice;
 use cetrafs_core::format::superblock::Superblock;
 use cetrafs_core::format::FS_BLOCK;
@@ -12,9 +14,10 @@ use cetrafs_core::mkfs::{self, MkfsOptions};
 use cetrafs_core::{probe, ErrorKind};
 use clap::Parser;
 use std::io::IsTerminal;
-use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt};
-use std::path::{Path, PathBuf};
+use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
+use std::path::PathBuf;
 use std::process::ExitCode;
+use std::time::Duration;
 
 const EXIT_USAGE: u8 = 1;
 const EXIT_OPERATIONAL: u8 = 8;
@@ -105,52 +108,6 @@ fn human(bytes: u64) -> String {
     }
 }
 
-/// How a volume on this device can be shared between hosts.
-#[derive(Debug, Clone, PartialEq, Eq)]
-enum Sharing {
-    /// Atomic COMPARE AND WRITE reaches the target: safe for several hosts. Produced once the
-    /// SG_IO probe is wired into [`probe_scsi_compare_and_write`].
-    #[allow(dead_code)]
-    MultiHost,
-    /// Only hosts-local atomicity; the reason says why.
-    SingleHost(String),
-}
-
-impl std::fmt::Display for Sharing {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::MultiHost => f.write_str("multi-host (SCSI COMPARE AND WRITE)"),
-            Self::SingleHost(why) => write!(f, "single-host ({why})"),
-        }
-    }
-}
-
-/// Whether `path` is a SCSI disk (sd*): the only kind of device where a real COMPARE AND
-/// WRITE can exist.
-fn is_scsi_disk(meta: &std::fs::Metadata) -> bool {
-    if !meta.file_type().is_block_device() {
-        return false;
-    }
-    let rdev = meta.rdev();
-    let sys = format!("/sys/dev/block/{}:{}", libc::major(rdev), libc::minor(rdev));
-    // Partitions have their disk's device link one level up.
-    Path::new(&sys).join("device/scsi_device").exists()
-        || Path::new(&sys).join("../device/scsi_device").exists()
-}
-
-/// Probe whether the LUN executes SCSI COMPARE AND WRITE, which multi-host locking needs.
-///
-/// Regular files and non-SCSI block devices can only ever be single-host. For SCSI disks the
-/// real probe (issue COMPARE AND WRITE through SG_IO on the superblock's probe block) is not
-/// wired in yet, and the device layer this mkfs writes through emulates CAW host-locally, so
-/// they are reported as single-host too, with that reason.
-fn probe_scsi_compare_and_write(meta: &std::fs::Metadata) -> Sharing {
-    if !is_scsi_disk(meta) {
-        return Sharing::SingleHost("no SCSI COMPARE AND WRITE".into());
-    }
-    Sharing::SingleHost("SCSI disk, COMPARE AND WRITE not probed by this version".into())
-}
-
 /// An error with the exit code it should produce.
 struct Failure {
     code: u8,
@@ -227,19 +184,15 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         };
         f(anyhow!("cannot access {shown}: {e}"))
     })?;
+    let is_file = meta.file_type().is_file();
     let is_block = meta.file_type().is_block_device();
-    if !is_block && !meta.file_type().is_file() {
-        return Err(usage(anyhow!(
-            "{shown} is neither a block device nor a regular file"
-        )));
-    }
-    let lbs = match (&cli.logical_block_size, is_block) {
-        (Some(_), true) => {
+    let lbs = match (&cli.logical_block_size, is_file) {
+        (Some(_), false) => {
             return Err(usage(anyhow!(
                 "--logical-block-size applies to regular files only; {shown} reports its own"
             )))
         }
-        (Some(s), false) => s
+        (Some(s), true) => s
             .parse()
             .map_err(|_| usage(anyhow!("bad logical block size {s}")))?,
         (None, _) => 512,
@@ -263,15 +216,34 @@ fn run(cli: &Cli) -> Result<(), Failure> {
     } else {
         None
     };
-    let dev = open_device(path, lbs, cli.quiet).map_err(operational)?;
+    let lun = open_lun(
+        path,
+        &LunOptions {
+            file_logical_block_size: Some(lbs),
+            buffered_file_fallback: true,
+            // the probe's COMPARE AND WRITE gets the volume's I/O deadline
+            sg: SgDeviceOptions {
+                io_timeout: Duration::from_millis(u64::from(opts.io_timeout_ms.max(1))),
+                ..SgDeviceOptions::default()
+            },
+            ..LunOptions::default()
+        },
+    )
+    .map_err(|e| match e.kind() {
+        // partitions, LVs, other dm devices, character devices that are not sg nodes
+        ErrorKind::InvalidInput | ErrorKind::Unsupported => usage(anyhow!("{e}")),
+        _ => operational(anyhow!("{e}")),
+    })?;
+    let dev = &*lun.dev;
     let geo = dev.geometry().clone();
     // Plan first: a bad option or a too-small device is reported before anything is read.
-    mkfs::plan(geo.size_bytes, geo.logical_block_size, &opts).map_err(|e| match e.kind() {
-        ErrorKind::InvalidInput | ErrorKind::NoSpace => usage(anyhow!("{shown}: {e}")),
-        _ => operational(anyhow!("{shown}: {e}")),
-    })?;
+    let planned =
+        mkfs::plan(geo.size_bytes, geo.logical_block_size, &opts).map_err(|e| match e.kind() {
+            ErrorKind::InvalidInput | ErrorKind::NoSpace => usage(anyhow!("{shown}: {e}")),
+            _ => operational(anyhow!("{shown}: {e}")),
+        })?;
     let found =
-        probe::probe_device(&dev).map_err(|e| operational(anyhow!("cannot read {shown}: {e}")))?;
+        probe::probe_device(dev).map_err(|e| operational(anyhow!("cannot read {shown}: {e}")))?;
     if !found.is_empty() {
         let list = found.iter().map(ToString::to_string).collect::<Vec<_>>();
         if !cli.force {
@@ -286,46 +258,28 @@ fn run(cli: &Cli) -> Result<(), Failure> {
             }
         }
     }
-    let sharing = probe_scsi_compare_and_write(&meta);
-    let sb = format_with_progress(&dev, &opts, cli.quiet)
+    // Before anything is written: a SCSI LUN must execute COMPARE AND WRITE correctly, tried
+    // on the block the superblock reserves for that probe (its content is restored).
+    let sharing = lun.check_sharing(planned.probe_block).map_err(|e| {
+        let f = if e.kind() == ErrorKind::Unsupported {
+            usage
+        } else {
+            operational
+        };
+        f(anyhow!("refusing to format {shown}: {e}"))
+    })?;
+    if !cli.quiet && !lun.kind.is_scsi() {
+        eprintln!(
+            "mkfs.cetra: {shown} is a {}: the volume will be single-host (no SCSI COMPARE AND WRITE)",
+            lun.kind
+        );
+    }
+    let sb = format_with_progress(dev, &opts, cli.quiet)
         .map_err(|e| operational(anyhow!("formatting {shown} failed: {e}")))?;
     if !cli.quiet {
-        print_summary(&shown.to_string(), &sb, geo.size_bytes, &sharing);
+        print_summary(&shown.to_string(), &sb, geo.size_bytes, &lun.kind, &sharing);
     }
     Ok(())
-}
-
-/// Open with O_DIRECT. Regular files on filesystems without O_DIRECT (tmpfs) fall back to
-/// buffered I/O: mkfs flushes (fdatasync) at every ordering point, so that is still durable.
-fn open_device(path: &Path, lbs: u32, quiet: bool) -> anyhow::Result<FileDevice> {
-    let opts = FileDeviceOptions {
-        read_only: false,
-        file_logical_block_size: lbs,
-        direct: true,
-    };
-    match FileDevice::open(path, &opts) {
-        Ok(d) => Ok(d),
-        Err(e)
-            if e.kind() == ErrorKind::Unsupported
-                && std::fs::metadata(path).is_ok_and(|m| m.is_file()) =>
-        {
-            if !quiet {
-                eprintln!(
-                    "mkfs.cetra: {} does not support O_DIRECT; using buffered I/O",
-                    path.display()
-                );
-            }
-            FileDevice::open(
-                path,
-                &FileDeviceOptions {
-                    direct: false,
-                    ..opts
-                },
-            )
-            .map_err(Into::into)
-        }
-        Err(e) => Err(e.into()),
-    }
 }
 
 fn format_with_progress(
@@ -351,9 +305,10 @@ fn format_with_progress(
     r
 }
 
-fn print_summary(dev: &str, sb: &Superblock, size: u64, sharing: &Sharing) {
+fn print_summary(dev: &str, sb: &Superblock, size: u64, kind: &LunKind, sharing: &Sharing) {
     let fs_bytes = sb.total_blocks * FS_BLOCK;
     println!("Created CetraFS on {dev}");
+    println!("  device:             {kind}");
     println!(
         "  size:               {} ({} blocks of 4096 bytes{})",
         human(fs_bytes),
@@ -396,6 +351,17 @@ fn print_summary(dev: &str, sb: &Superblock, size: u64, sharing: &Sharing) {
         }
     );
     println!("  sharing:            {sharing}");
+    if let Sharing::MultiNode { probe } = sharing {
+        println!(
+            "  COMPARE AND WRITE:  {} us (probe){}",
+            probe.latency.as_micros(),
+            probe
+                .vpd_max_compare_and_write
+                .map_or(String::new(), |n| format!(
+                    ", VPD 0xB0 maximum {n} block(s)"
+                ))
+        );
+    }
 }
 
 #[cfg(test)]
@@ -434,18 +400,20 @@ mod tests {
 
     #[test]
     fn files_are_single_host() {
-        let f = tempfile_path();
-        let m = std::fs::metadata(&f).unwrap();
+        let f = std::env::temp_dir().join(format!("mkfs-cetra-test-{}", std::process::id()));
+        std::fs::write(&f, vec![0u8; 1 << 20]).unwrap();
+        let lun = open_lun(
+            &f,
+            &LunOptions {
+                buffered_file_fallback: true,
+                ..LunOptions::default()
+            },
+        )
+        .unwrap();
         assert_eq!(
-            probe_scsi_compare_and_write(&m).to_string(),
-            "single-host (no SCSI COMPARE AND WRITE)"
+            lun.check_sharing(1).unwrap().to_string(),
+            "single-host (regular file: COMPARE AND WRITE is emulated with locks of this host only)"
         );
         std::fs::remove_file(f).unwrap();
-    }
-
-    fn tempfile_path() -> PathBuf {
-        let p = std::env::temp_dir().join(format!("mkfs-cetra-test-{}", std::process::id()));
-        std::fs::write(&p, b"x").unwrap();
-        p
     }
 }

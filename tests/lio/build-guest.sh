@@ -2,8 +2,8 @@
 # Build the cached guest artefacts for the LIO harness into $CACHE (default
 # <repo>/.cache/lio, gitignored):
 #   vmlinux / vmlinuz   Debian's own 6.1 kernel, taken from the linux-image .deb (not installed)
-#   base.cpio           busybox-static + target_core/tcm_loop/sd/sg modules + a few sg3-utils
-# The per-run part of the initramfs (/init and the lio-check binary) is a second cpio that
+#   base.cpio           busybox-static + target_core/tcm_loop/sd/sg/fuse modules + a few sg3-utils
+# The per-run part of the initramfs (/init, lio-check and the static mkfs/fsck/mount binaries) is a second cpio that
 # `run` concatenates after base.cpio; the kernel unpacks concatenated newc archives in order.
 # Idempotent: does nothing when the cache stamp (kernel ABI from linux-image-amd64's
 # dependency + a hash of this script) matches.
@@ -70,8 +70,9 @@ cp /bin/busybox "$ST/bin/busybox"
 # `busybox --list` contains busybox itself: linking it would replace the binary by a self-link
 for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$ST/bin/$a"; done
 ln -sf ../bin/busybox "$ST/sbin/modprobe"
-# brd + dm_mod: a RAM disk behind dm-linear behind an iblock backstore, for the stall test
-MODS="crc32c_generic crc32c_intel configfs target_core_mod target_core_file target_core_iblock tcm_loop sd_mod sg brd dm_mod"
+# brd + dm_mod: a RAM disk behind dm-linear behind an iblock backstore, for the stall test;
+# fuse: mount.cetra on a tcm_loop disk
+MODS="crc32c_generic crc32c_intel configfs target_core_mod target_core_file target_core_iblock tcm_loop sd_mod sg brd dm_mod fuse"
 : > "$ST/etc/modules.order"
 for m in $MODS; do
     modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'

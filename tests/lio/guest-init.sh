@@ -1,6 +1,7 @@
 #!/bin/sh
 # /init of the LIO test guest (busybox sh). Sets up LIO purely through configfs, exports the
-# backstores through tcm_loop as local SCSI disks, runs /bin/lio-check and powers off.
+# backstores through tcm_loop as local SCSI disks, runs /bin/lio-check, then mkfs.cetra,
+# fsck.cetra and mount.cetra on those disks, and powers off.
 # Results go to the second serial port (/dev/ttyS1 -> host file results.log), kernel noise
 # stays on ttyS0 (console.log).
 # Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.stall=0
@@ -84,7 +85,7 @@ export_lun() {
 export_lun d512; D512=$LAST_SG; D512SD=$LAST_SD; PATHS=$LAST_SG
 p=1; while [ $p -lt "$NPATHS" ]; do export_lun d512; PATHS="$PATHS,$LAST_SG"; p=$((p + 1)); done
 export_lun d4k; D4K=$LAST_SG; D4KSD=$LAST_SD
-export_lun nocaw; NOCAW=$LAST_SG
+export_lun nocaw; NOCAW=$LAST_SG; NOCAWSD=$LAST_SD
 # stall LUN (opt-in, lio.stall=1): iblock on dm-linear over /dev/ram0 (brd). `dmsetup suspend`
 # queues its I/O, so a CAW sent meanwhile outlives its SG_IO timeout: the outcome-unknown path.
 # Opt-in because Debian's 6.1.192 LIO oopses when the aborted CAW completes after resume
@@ -106,6 +107,82 @@ echo "LIO-READY"
     --paths "$PATHS" --nocaw $NOCAW --size $BYTES --caw-total $CAWTOTAL $STALL > $R 2>&1
 rc=$?
 say "lio-check exit $rc at $(cut -d' ' -f1 /proc/uptime)s"
+
+# ---- the real binaries on the tcm_loop disks: open_lun's device selection, mkfs's and
+# mount's COMPARE AND WRITE probe, refusals (no CAW, partition), fsck through sd and sg nodes.
+# Lines: "PASS tools NAME: ..." / "FAIL tools NAME: ...", command output as "OUT NAME: ...".
+TP=0; TF=0
+up() { cut -d' ' -f1 /proc/uptime; }
+tpass() { TP=$((TP + 1)); echo "PASS tools $*" > $R; }
+tfail() { TF=$((TF + 1)); echo "FAIL tools $*" > $R; }
+# expect NAME RC TEXT CMD...: CMD must exit with RC and print TEXT (fixed string)
+expect() {
+    name=$1; want=$2; text=$3; shift 3
+    t0=$(up)
+    out=$("$@" 2>&1); rc=$?
+    dt=$(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.2f", b-a}')
+    echo "$out" | sed "s|^|OUT $name: |" > $R
+    if [ "$rc" = "$want" ] && echo "$out" | grep -q -F -- "$text"; then
+        tpass "$name: exit $rc, printed '$text' (${dt}s)"
+    else
+        tfail "$name: exit $rc (want $want), '$text' $(echo "$out" | grep -q -F -- "$text" && echo printed || echo 'NOT printed') (${dt}s)"
+    fi
+}
+MULTI="sharing:            multi-node (SCSI COMPARE AND WRITE verified)"
+NOCAWMSG="refused for multi-node use: this LUN has no working SCSI COMPARE AND WRITE"
+MKFS="mkfs.cetra -f -N 2 --journal-size 4M"
+for lun in "d512 $D512SD $D512" "d4k $D4KSD $D4K"; do
+    set -- $lun
+    expect "mkfs $1 $2" 0 "$MULTI" $MKFS -L "$1" "$2"
+    expect "fsck $1 $2" 0 "$2: clean" fsck.cetra -n "$2"
+    # the sg node of the same LUN: all I/O through SG_IO
+    expect "fsck $1 $3 (sg)" 0 "$3: clean" fsck.cetra -n "$3"
+done
+# a /dev/disk/by-id style symlink to the sd node (no udev in the guest: made by hand)
+mkdir -p /dev/disk/by-id && ln -sf "$D4KSD" /dev/disk/by-id/scsi-cetrafs-d4k
+expect "fsck by-id link" 0 "/dev/disk/by-id/scsi-cetrafs-d4k: clean" fsck.cetra -n /dev/disk/by-id/scsi-cetrafs-d4k
+# a LUN without COMPARE AND WRITE: refused before anything is written
+before=$(dd if=$NOCAWSD bs=1M count=2 2>/dev/null | md5sum)
+expect "mkfs nocaw $NOCAWSD" 1 "$NOCAWMSG" $MKFS "$NOCAWSD"
+after=$(dd if=$NOCAWSD bs=1M count=2 2>/dev/null | md5sum)
+if [ "$before" = "$after" ]; then tpass "mkfs nocaw left the first 2 MiB unchanged"; else tfail "mkfs nocaw changed the first 2 MiB"; fi
+# a partition of a LUN (busybox fdisk: new DOS label, one primary partition, write + BLKRRPART)
+printf 'o\nn\np\n1\n\n\nw\n' | fdisk "$NOCAWSD" > /tmp/fdisk.out 2>&1
+i=0; while [ ! -b "${NOCAWSD}1" ] && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
+if [ -b "${NOCAWSD}1" ]; then
+    expect "mkfs partition ${NOCAWSD}1" 1 "is partition 1 of $(basename $NOCAWSD): CetraFS needs the whole LUN" $MKFS "${NOCAWSD}1"
+    expect "fsck partition ${NOCAWSD}1" 8 "is partition 1 of" fsck.cetra -n "${NOCAWSD}1"
+else
+    sed 's|^|OUT fdisk: |' /tmp/fdisk.out > $R
+    tfail "no partition ${NOCAWSD}1 after fdisk"
+fi
+# mount.cetra on the 512 LUN: probe at mount, write a file, unmount, fsck sees it
+if [ -c /dev/fuse ]; then
+    mkdir -p /mnt/c
+    export CETRA_LOG_FILE=/tmp/mount.log
+    hostname lio-guest
+    expect "mount $D512SD" 0 "" mount.cetra "$D512SD" /mnt/c -o host=lio-guest
+    if grep -q -F "$D512SD: SCSI disk" /tmp/mount.log && grep -q -F "multi-node (SCSI COMPARE AND WRITE verified)" /tmp/mount.log; then
+        tpass "mount.cetra probed COMPARE AND WRITE: $(grep -F 'multi-node' /tmp/mount.log | tail -1 | cut -c1-200)"
+    else
+        sed 's|^|OUT mount.log: |' /tmp/mount.log > $R; tfail "mount.cetra did not log the COMPARE AND WRITE probe"
+    fi
+    echo "written through mount.cetra on $D512SD" > /mnt/c/hello && sync
+    got=$(cat /mnt/c/hello 2>&1)
+    if [ "$got" = "written through mount.cetra on $D512SD" ]; then tpass "file written and read back through FUSE"; else tfail "read back: $got"; fi
+    umount /mnt/c || tfail "umount /mnt/c"
+    i=0; while pidof mount.cetra >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    pidof mount.cetra >/dev/null && tfail "mount.cetra still running 10s after umount"
+    expect "fsck after mount $D512SD" 0 "1 files" fsck.cetra -n "$D512SD"
+else
+    tfail "no /dev/fuse in the guest (fuse.ko missing from base.cpio?)"
+fi
+say "tools checks done at $(up)s"
+if [ $TF -eq 0 ] && [ $TP -gt 0 ]; then
+    echo "CETRA-TOOLS-RESULT PASS ($TP checks)" > $R
+else
+    echo "CETRA-TOOLS-RESULT FAIL ($TF of $((TP + TF)) checks failed)" > $R
+fi
 # LIO logs every miscompare ("Detected MISCOMPARE at offset N"): count them, show the rest
 say "kernel logged $(dmesg | grep -c "Detected MISCOMPARE") CAW miscompares (printk is rate-limited: a lower bound)"
 dmesg | grep -v 'Detected MISCOMPARE' | grep -i -E 'oops|bug|warn|caw|compare|error' | tail -20 | sed 's/^/GUEST dmesg: /' > $R
