@@ -17,9 +17,12 @@ use crate::format::superblock::Superblock;
 use std::collections::{BTreeSet, HashMap};
 
 const WORDS_PER_BITMAP_BLOCK: usize = (BITS_PER_BITMAP_BLOCK / 64) as usize;
-const _: () = assert!(BITS_PER_BITMAP_BLOCK % 64 == 0);
+const _: () = assert!(BITS_PER_BITMAP_BLOCK.is_multiple_of(64));
 pub const MIN_WINDOW: u64 = 64;
 pub const MAX_WINDOW: u64 = 1 << 16;
+
+/// A group as read from disk: its header and (sequence, payload) of each bitmap block.
+pub type LoadedGroup = (GroupHeader, Vec<(u64, Vec<u8>)>);
 
 #[derive(Debug)]
 struct Group {
@@ -116,7 +119,7 @@ impl Group {
 
 impl Allocator {
     /// Build from group headers and bitmap payloads read from disk.
-    pub fn new(sb: &Superblock, groups: Vec<(GroupHeader, Vec<(u64, Vec<u8>)>)>) -> Result<Self> {
+    pub fn new(sb: &Superblock, groups: Vec<LoadedGroup>) -> Result<Self> {
         let mut out = Vec::with_capacity(groups.len());
         for (h, bitmaps) in groups {
             let mut used = Vec::with_capacity(bitmaps.len() * WORDS_PER_BITMAP_BLOCK);

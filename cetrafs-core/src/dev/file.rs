@@ -161,7 +161,7 @@ impl FileDevice {
 /// O_DIRECT needs the buffer address aligned to the logical block size; our callers pass
 /// AlignedBuf (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
 fn aligned(buf: &[u8], lbs: u32) -> bool {
-    buf.as_ptr() as usize % lbs.min(IO_ALIGN as u32) as usize == 0
+    (buf.as_ptr() as usize).is_multiple_of(lbs.min(IO_ALIGN as u32) as usize)
 }
 
 impl BlockDevice for FileDevice {

@@ -77,7 +77,7 @@ pub type SharedDevice = Arc<dyn BlockDevice>;
 pub(crate) fn check_io(geo: &Geometry, offset: u64, len: usize, what: &str) -> Result<()> {
     let lbs = geo.lbs();
     let len64 = len as u64;
-    if offset % lbs != 0 || len64 % lbs != 0 {
+    if !offset.is_multiple_of(lbs) || !len64.is_multiple_of(lbs) {
         return Err(Error::new(
             ErrorKind::InvalidInput,
             format!("{what} at {offset} len {len} is not aligned to the {lbs}-byte logical block"),

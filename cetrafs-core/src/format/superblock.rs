@@ -251,14 +251,11 @@ impl Superblock {
             (
                 self.journal_start,
                 self.journal_blocks
-                    .checked_mul(u64::from(self.max_nodes))
-                    .unwrap_or(u64::MAX),
+                    .saturating_mul(u64::from(self.max_nodes)),
             ),
             (
                 self.group_start,
-                self.group_blocks
-                    .checked_mul(self.group_count)
-                    .unwrap_or(u64::MAX),
+                self.group_blocks.saturating_mul(self.group_count),
             ),
         ];
         let mut prev_end = 1u64;

@@ -213,7 +213,7 @@ impl Volume {
     fn try_fast_write(&self, st: &InodeState, offset: u64, data: &[u8]) -> Result<bool> {
         let lbs = self.dev.geometry().lbs();
         let end = offset + data.len() as u64;
-        if offset % lbs != 0 || end % lbs != 0 {
+        if !offset.is_multiple_of(lbs) || !end.is_multiple_of(lbs) {
             return Ok(false);
         }
         let inner = st.read();
@@ -383,7 +383,7 @@ impl Volume {
             let freed = inner.extents.punch(keep, u64::MAX);
             Self::free_runs(tx, inner, freed);
             // Bytes past EOF in the last block must read as zeros if the file grows again.
-            if size % FS_BLOCK != 0 {
+            if !size.is_multiple_of(FS_BLOCK) {
                 self.zero_written(inner, size, keep * FS_BLOCK)?;
             }
         }
