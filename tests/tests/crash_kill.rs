@@ -18,12 +18,11 @@
 //!   fallocate/setxattr from several threads; only the byte invariant and the xattr invariant
 //!   (values name their inode) are checked.
 //!
-//! Rounds: `CETRA_KILL_ROUNDS` (default 24). Seed: `CETRA_SEED`. `CETRA_KILL_NO_OSYNC=1` leaves
-//! out the O_SYNC durable files (to look at everything else while O_SYNC is being fixed).
+//! Rounds: `CETRA_KILL_ROUNDS` (default 24). Seed: `CETRA_SEED`.
 
 use cetrafs_tests::{
-    cstr, errno_name, errno_of, list_xattrs, lstat, mount_fstype, read_lossy, require_fuse, secs,
-    seed, AlignedBuf, Lun, Mount,
+    cstr, errno_name, errno_of, list_xattrs, lstat, mount_fstype, require_fuse, secs, seed,
+    AlignedBuf, Lun, Mount,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -202,10 +201,6 @@ impl Round {
     }
 }
 
-fn no_osync() -> bool {
-    std::env::var("CETRA_KILL_NO_OSYNC").as_deref() == Ok("1")
-}
-
 // ---------------------------------------------------------------------------------------------
 // Small syscall helpers
 
@@ -314,7 +309,23 @@ fn open_nofollow(p: &Path, write: bool, create: bool) -> io::Result<fs::File> {
 
 fn scratch_op(rng: &mut StdRng, mp: &Path, rd: &Round) -> Option<io::Error> {
     let p = scratch_path(rng, mp);
-    let r: io::Result<()> = (|| match rng.gen_range(0..100) {
+    let k = rng.gen_range(0..100);
+    let op = match k {
+        0..=29 => "write",
+        30..=34 => "read",
+        35..=42 => "truncate",
+        43..=50 => "fallocate",
+        51..=60 => "rename",
+        61..=68 => "unlink",
+        69..=73 => "link",
+        74..=77 => "symlink",
+        78..=83 => "mkdir",
+        84..=88 => "rmdir",
+        89..=95 => "setxattr",
+        96..=97 => "removexattr",
+        _ => "fsync",
+    };
+    let r: io::Result<()> = (|| match k {
         // write (creating the file if needed); the pattern is keyed by the inode number
         0..=29 => {
             let f = open_nofollow(&p, true, true)?;
@@ -404,7 +415,7 @@ fn scratch_op(rng: &mut StdRng, mp: &Path, rd: &Round) -> Option<io::Error> {
         Ok(()) => None,
         Err(e) if expected_scratch_errno(errno_of(&e)) => None,
         Err(e) => {
-            rd.io_error(&format!("scratch op on {}", p.display()), &e);
+            rd.io_error(&format!("scratch {op} on {}", p.display()), &e);
             Some(e)
         }
     }
@@ -458,7 +469,7 @@ fn durable_create(
     dm.created += 1;
     let p = dir.join(&name);
     let len = durable_size(rng);
-    let variant = rng.gen_range(0..if no_osync() { 2 } else { 3 });
+    let variant = rng.gen_range(0..3);
     let f = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -997,8 +1008,14 @@ fn fill_marker(lun: &Lun) {
     f.sync_all().expect("sync LUN");
 }
 
-fn log_tail(p: &Path, lines: usize) -> String {
-    let s = read_lossy(p);
+fn log_len(p: &Path) -> usize {
+    fs::metadata(p).map_or(0, |m| usize::try_from(m.len()).unwrap_or(usize::MAX))
+}
+
+/// The last `lines` lines of the daemon log written between byte offsets `from` and `to`.
+fn log_slice(p: &Path, from: usize, to: usize, lines: usize) -> String {
+    let b = fs::read(p).unwrap_or_default();
+    let s = String::from_utf8_lossy(&b[from.min(b.len())..to.min(b.len())]).into_owned();
     let v: Vec<&str> = s.lines().collect();
     v[v.len().saturating_sub(lines)..].join("\n")
 }
@@ -1063,6 +1080,7 @@ fn sigkill_during_storm() {
     let mut checked = Checked::default();
     let mut replayed_rounds = 0;
     let mut storm_time = Duration::ZERO;
+    let mut log_from = 0;
 
     for round in 0..rounds {
         let m = Mount::new(&lun, HOST);
@@ -1096,6 +1114,7 @@ fn sigkill_during_storm() {
             r
         });
         storm_time += storm_start.elapsed();
+        let log_kill = log_len(&log);
         let kill_info = killed.unwrap_or_else(|e| panic!("seed {seed} round {round}: {e}"));
         let mut v = std::mem::take(&mut *rd.violations.lock().expect("violations"));
         let ops = stats.ops.load(Ordering::Relaxed) - ops_before;
@@ -1145,13 +1164,15 @@ fn sigkill_during_storm() {
             v.truncate(SHOW);
             panic!(
                 "seed {seed} (CETRA_SEED={seed}), round {round} (storm {storm_ms} ms, {ops} ops): \
-                 {n} violations:\n  {}\n--- daemon log tail {} ---\n{}\n--- recovery log {} ---",
+                 {n} violations:\n  {}\n--- log of the killed daemon ({}) ---\n{}\n\
+                 --- log of the recovery mount ---\n{}",
                 v.join("\n  "),
                 log.display(),
-                log_tail(&log, 40),
-                recovery_log.display()
+                log_slice(&log, log_from, log_kill, 60),
+                log_slice(&recovery_log, log_kill, usize::MAX, 30),
             );
         }
+        log_from = log_len(&recovery_log);
     }
 
     eprintln!(
