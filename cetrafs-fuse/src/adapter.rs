@@ -162,6 +162,8 @@ impl Adapter {
     }
 
     fn entry(&self, reply: ReplyEntry, a: &Attr) {
+        // Counted before the reply so a racing FORGET can never see the count too low.
+        self.vol.note_lookup(a.ino);
         reply.entry_with_ttls(
             &self.attr_ttl,
             &self.entry_ttl,
@@ -536,9 +538,10 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn forget(&self, _req: &Request, ino: INodeNo, _nlookup: u64) {
-        // The kernel sends FORGET once, when it evicts the inode, with all its lookups at once.
-        self.vol.forget(self.ino(ino));
+    fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
+        // The kernel sends FORGET when it evicts the inode, with all its lookups at once; an
+        // unlinked inode is freed only then (its number must not be reused before).
+        self.vol.forget(self.ino(ino), nlookup);
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
@@ -912,14 +915,26 @@ impl Filesystem for Adapter {
             // The entry names its inode; dot entries are not instantiated by the kernel.
             let attr = self.vol.getattr(e.ino);
             match attr {
-                Ok(a) => !reply.add(
-                    INodeNo(self.nodeid(a.ino)),
-                    e.next,
-                    OsStr::from_bytes(&e.name),
-                    &self.entry_ttl,
-                    &self.file_attr(&a),
-                    Generation(a.generation.into()),
-                ),
+                Ok(a) => {
+                    // The kernel takes a reference to every entry but "." and "..".
+                    let counted = e.name != b"." && e.name != b"..";
+                    if counted {
+                        self.vol.note_lookup(a.ino);
+                    }
+                    let full = reply.add(
+                        INodeNo(self.nodeid(a.ino)),
+                        e.next,
+                        OsStr::from_bytes(&e.name),
+                        &self.entry_ttl,
+                        &self.file_attr(&a),
+                        Generation(a.generation.into()),
+                    );
+                    if full && counted {
+                        // Not sent after all: give the reference back.
+                        self.vol.forget(a.ino, 1);
+                    }
+                    !full
+                }
                 // Removed (here or on another node) since the directory block was read: skip it;
                 // the next entry's cookie still resumes correctly.
                 Err(err) => {
@@ -1052,6 +1067,7 @@ impl Filesystem for Adapter {
                 let fa = self.file_attr(&a);
                 let fh = fh_from_open(of);
                 let gen = Generation(a.generation.into());
+                self.vol.note_lookup(a.ino);
                 reply.created(
                     &self.entry_ttl,
                     &fa,

@@ -208,6 +208,7 @@ impl Volume {
             }),
             opens: AtomicU32::new(0),
             writers: AtomicU32::new(0),
+            lookups: std::sync::atomic::AtomicU64::new(0),
             pending_mtime: AtomicI64::new(0),
             has_pending: AtomicBool::new(false),
         });
@@ -381,7 +382,10 @@ impl Volume {
             inner.inode.nlink = inner.inode.nlink.saturating_sub(1);
         }
         inner.inode.ctime = t;
-        if inner.inode.nlink == 0 && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
+        if inner.inode.nlink == 0
+            && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0
+            && st.lookups.load(std::sync::atomic::Ordering::Acquire) == 0
+        {
             self.free_inode(tx, inner)
         } else {
             if inner.inode.nlink == 0 {

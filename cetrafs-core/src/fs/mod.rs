@@ -27,7 +27,7 @@ use crate::format::superblock::Superblock;
 use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
 use extent_map::ExtentMap;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use txn::{Meta, Tx};
 
@@ -57,6 +57,9 @@ pub(crate) struct InodeState {
     opens: AtomicU32,
     /// Writable open handles (reservations are dropped when the last closes).
     writers: AtomicU32,
+    /// References the kernel holds (FUSE lookup count): the number must not be reused before
+    /// they are forgotten, or a request in flight would reach whatever takes the block next.
+    lookups: AtomicU64,
     /// Set by fast-path writes, which cannot update mtime under a shared lock: the time of the
     /// latest such write, folded into the inode on the next metadata touch.
     pending_mtime: AtomicI64,
@@ -456,12 +459,13 @@ impl Volume {
             }),
             opens: AtomicU32::new(0),
             writers: AtomicU32::new(0),
+            lookups: AtomicU64::new(0),
             pending_mtime: AtomicI64::new(0),
             has_pending: AtomicBool::new(false),
         });
         let mut t = self.lock_table();
         if t.len() > 100_000 {
-            t.retain(|_, s| Arc::strong_count(s) > 1);
+            t.retain(|_, s| Arc::strong_count(s) > 1 || s.lookups.load(Ordering::Acquire) > 0);
         }
         t.insert(ino, st.clone());
         Ok(st)
@@ -575,20 +579,44 @@ impl Volume {
     }
 
     /// The kernel dropped its references to `ino`.
-    pub fn forget(&self, ino: Ino) {
-        let mut t = self.lock_table();
-        if let Some(s) = t.get(&ino) {
-            if s.opens.load(Ordering::Acquire) == 0
-                && Arc::strong_count(s) == 1
-                && !s.has_pending.load(Ordering::Acquire)
-            {
-                let inner = s.read();
-                let keep = inner.inode.nlink == 0 && !inner.freed;
-                drop(inner);
-                if !keep {
-                    t.remove(&ino);
+    /// The kernel now holds one more reference (lookup count) to `ino`: an entry reply
+    /// (lookup, create, mknod, mkdir, symlink, link, readdirplus) reached it. Until the
+    /// matching `forget`, the inode number must not be reused, even once it has no links.
+    pub fn note_lookup(&self, ino: Ino) {
+        if let Some(s) = self.lock_table().get(&ino) {
+            s.lookups.fetch_add(1, Ordering::AcqRel);
+        }
+    }
+
+    /// The kernel dropped `nlookup` references to `ino`. An inode without links, opens or
+    /// kernel references is freed now; otherwise the in-memory state may be evicted.
+    pub fn forget(&self, ino: Ino, nlookup: u64) {
+        let st = self.lock_table().get(&ino).cloned();
+        let Some(st) = st else { return };
+        let left = st.lookups.fetch_sub(nlookup.min(st.lookups.load(Ordering::Acquire)), Ordering::AcqRel).saturating_sub(nlookup);
+        if left > 0 || st.opens.load(Ordering::Acquire) > 0 {
+            return;
+        }
+        let (nlink, freed) = {
+            let inner = st.read();
+            (inner.inode.nlink, inner.freed)
+        };
+        if nlink == 0 && !freed && !self.read_only && !self.unmounted.load(Ordering::Relaxed) {
+            let r = self.meta_op(|tx| {
+                let mut inner = st.write();
+                if inner.freed || inner.inode.nlink != 0 || st.opens.load(Ordering::Acquire) > 0 || st.lookups.load(Ordering::Acquire) > 0 {
+                    return Ok(());
                 }
+                self.free_inode(tx, &mut inner)
+            });
+            if let Err(e) = r {
+                tracing::warn!("freeing inode {ino} after its last reference failed (it stays on the orphan list): {e}");
             }
+            return;
+        }
+        let mut t = self.lock_table();
+        if Arc::strong_count(&st) == 2 && !st.has_pending.load(Ordering::Acquire) && nlink > 0 {
+            t.remove(&ino);
         }
     }
 

@@ -368,3 +368,25 @@ fn orphans_survive_a_crash_and_are_freed_by_the_next_mount() {
         report.findings
     );
 }
+
+#[test]
+fn inode_numbers_are_not_reused_while_the_kernel_holds_them() {
+    let (_dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    let d = v.mkdir(r, b"a", 0o755, C).unwrap();
+    v.note_lookup(d.ino); // the kernel got an entry for it
+    v.rmdir(r, b"a").unwrap();
+    v.sync().unwrap(); // commit point: quarantine released
+    for i in 0..50 {
+        let x = v.mkdir(r, format!("n{i}").as_bytes(), 0o755, C).unwrap();
+        assert_ne!(x.ino, d.ino, "inode number reused while the kernel still references it");
+    }
+    assert_eq!(v.getattr(d.ino).unwrap().nlink, 0, "still answerable, with no links");
+    v.forget(d.ino, 1);
+    assert_eq!(v.getattr(d.ino).unwrap_err().kind(), ErrorKind::NotFound);
+    let report = {
+        v.unmount().unwrap();
+        crate::check::check_volume(&*_dev).unwrap()
+    };
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
