@@ -173,6 +173,49 @@ pub mod targets {
         }
     }
 
+    pub fn journal_record(data: &[u8]) {
+        use cetrafs_core::format::journal::{Commit, Descriptor};
+        let (b, at) = resealed(data, BlockType::JournalRecord);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok(d) = Descriptor::decode(buf, at) {
+                assert_eq!(Descriptor::decode(&d.encode(at), at).expect("re-encoded descriptor decodes"), d);
+            }
+            if let Ok(c) = Commit::decode(buf, at) {
+                assert_eq!(Commit::decode(&c.encode(at), at).expect("re-encoded commit decodes"), c);
+            }
+        }
+    }
+
+    pub fn heartbeat(data: &[u8]) {
+        use cetrafs_core::format::heartbeat::Heartbeat;
+        for lbs in [512usize, 4096] {
+            // Raw, and with a valid crc so mutations reach the field checks.
+            let mut b = data.to_vec();
+            b.resize(lbs, 0);
+            let crc = crc32c::crc32c(&b[..lbs - 4]);
+            let mut sealed = b.clone();
+            sealed[lbs - 4..].copy_from_slice(&crc.to_le_bytes());
+            for buf in [&b[..], &sealed[..]] {
+                if let Ok(Some(h)) = Heartbeat::decode(buf) {
+                    assert_eq!(Heartbeat::decode(&h.encode(lbs)).expect("re-encoded heartbeat decodes"), Some(h));
+                }
+            }
+        }
+    }
+
+    pub fn slot_header(data: &[u8]) {
+        use cetrafs_core::format::slot_header::SlotHeader;
+        let (b, at) = resealed(data, BlockType::JournalHeader);
+        let slot = u32::try_from(u64_at(data, 40) & 0xffff_ffff).unwrap_or(0);
+        for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+            if let Ok(h) = SlotHeader::decode(buf, at, slot) {
+                if h.seq != 0 || !h.orphans.is_empty() {
+                    assert_eq!(SlotHeader::decode(&h.encode(at), at, slot).expect("re-encoded slot header decodes"), h);
+                }
+            }
+        }
+    }
+
     pub fn probe(data: &[u8]) {
         let tail = data.len().checked_sub(TAIL_BYTES).map(|o| &data[o..]);
         let backup = data.len().checked_sub(FS_BLOCK_SIZE).map(|o| &data[o..]);
@@ -423,6 +466,35 @@ pub mod seeds {
         m.insert(b"user.a".to_vec(), b"1".to_vec());
         m.insert(b"security.selinux".to_vec(), vec![7; 40]);
         vec![xattr::encode(&m, 321, 4, 320)]
+    }
+
+    pub fn journal_record() -> Vec<Vec<u8>> {
+        use cetrafs_core::format::journal::{Commit, Descriptor};
+        let d = Descriptor { seq: 9, index: 0, count: 1, logged: 3, homes: vec![100, 101, 5000] };
+        let c = Commit { seq: 9, descriptors: 1, logged: 3, crc: 0xdead_beef };
+        vec![d.encode(77), c.encode(81)]
+    }
+
+    pub fn heartbeat() -> Vec<Vec<u8>> {
+        use cetrafs_core::format::heartbeat::{Heartbeat, SlotState};
+        let h = Heartbeat {
+            state: SlotState::Live,
+            generation: 3,
+            counter: 17,
+            nonce: 0x1234,
+            uuid: [9; 16],
+            interval_ms: 2000,
+            io_timeout_ms: 8000,
+            slot: 2,
+            host: "pve1".into(),
+            pid: 4242,
+        };
+        vec![h.encode(512), h.encode(4096)]
+    }
+
+    pub fn slot_header() -> Vec<Vec<u8>> {
+        use cetrafs_core::format::slot_header::SlotHeader;
+        vec![SlotHeader { seq: 2, slot: 0, orphans: vec![1234, 99_999] }.encode(40)]
     }
 
     pub fn probe() -> Vec<Vec<u8>> {
