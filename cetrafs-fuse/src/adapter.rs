@@ -53,6 +53,9 @@ const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 /// Result of `Volume::unmount` from `destroy`, for the daemon's exit status.
 pub type UnmountOutcome = Arc<Mutex<Option<Result<(), String>>>>;
 
+/// FUSE worker threads unless `CETRA_FUSE_THREADS` says otherwise.
+const DEFAULT_THREADS: usize = 32;
+
 /// Session configuration (threads, clone_fd, mount options) for this device and options.
 pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     let mut mount_options = vec![
@@ -90,7 +93,14 @@ pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     // default_permissions above makes the kernel check modes and ACLs for them.
     cfg.acl = SessionACL::All;
     // 32 workers with their own /dev/fuse clone: QD32 direct I/O gets 32 requests in flight.
-    cfg.n_threads = Some(32);
+    // FUSE workers do synchronous O_DIRECT I/O, so they are also the device queue depth.
+    cfg.n_threads = Some(
+        std::env::var("CETRA_FUSE_THREADS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .filter(|n| (1..=1024).contains(n))
+            .unwrap_or(DEFAULT_THREADS),
+    );
     cfg.clone_fd = true;
     cfg
 }
@@ -1272,7 +1282,7 @@ mod tests {
     #[test]
     fn session_config_defaults() {
         let cfg = session_config(Path::new("/dev/sdb"), &Options::default());
-        assert_eq!(cfg.n_threads, Some(32));
+        assert_eq!(cfg.n_threads, Some(DEFAULT_THREADS));
         assert!(cfg.clone_fd);
         assert_eq!(cfg.acl, SessionACL::All);
         assert!(cfg
