@@ -104,7 +104,9 @@ impl Heartbeat {
             interval_ms: r.u32(48)?,
             io_timeout_ms: r.u32(52)?,
             slot: r.u32(56)?,
-            host: String::from_utf8_lossy(&raw[..end]).into_owned(),
+            host: std::str::from_utf8(&raw[..end])
+                .map_err(|_| Error::corrupted("heartbeat record: host name is not UTF-8"))?
+                .to_string(),
             pid: r.u64(128)?,
         }))
     }
@@ -114,6 +116,28 @@ impl Heartbeat {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+    #[test]
+    fn non_utf8_host_is_rejected_not_mangled() {
+        // Found by the fuzzer: a lossy decode re-encoded to different bytes.
+        let h = Heartbeat {
+            state: SlotState::Live,
+            generation: 1,
+            counter: 1,
+            nonce: 1,
+            uuid: [1; 16],
+            interval_ms: 1,
+            io_timeout_ms: 1,
+            slot: 0,
+            host: "x".into(),
+            pid: 1,
+        };
+        let mut b = h.encode(512);
+        b[64] = 0xff;
+        let crc = crc32c::crc32c(&b[..508]);
+        b[508..].copy_from_slice(&crc.to_le_bytes());
+        assert!(Heartbeat::decode(&b).is_err());
+    }
+
     proptest! {
         #[test]
         fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8) {
