@@ -822,7 +822,10 @@ impl Filesystem for Adapter {
         // (it only does for page-cache writes): the write must be durable before we answer.
         // O_SYNC includes the O_DSYNC bit.
         if flags.0 & libc::O_DSYNC != 0 {
-            if let Err(e) = self.vol.fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC) {
+            if let Err(e) = self
+                .vol
+                .fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC)
+            {
                 return reply.error(self.fail("write (O_SYNC)", &e));
             }
         }

@@ -108,7 +108,10 @@ impl Volume {
             if inner.freed {
                 return Ok(());
             }
-            if unlinked && st.opens.load(Ordering::Acquire) == 0 && st.lookups.load(Ordering::Acquire) == 0 {
+            if unlinked
+                && st.opens.load(Ordering::Acquire) == 0
+                && st.lookups.load(Ordering::Acquire) == 0
+            {
                 return self.free_inode(tx, &mut inner);
             }
             if Self::fold_pending(st, &mut inner) {

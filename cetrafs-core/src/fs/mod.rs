@@ -593,7 +593,13 @@ impl Volume {
     pub fn forget(&self, ino: Ino, nlookup: u64) {
         let st = self.lock_table().get(&ino).cloned();
         let Some(st) = st else { return };
-        let left = st.lookups.fetch_sub(nlookup.min(st.lookups.load(Ordering::Acquire)), Ordering::AcqRel).saturating_sub(nlookup);
+        let left = st
+            .lookups
+            .fetch_sub(
+                nlookup.min(st.lookups.load(Ordering::Acquire)),
+                Ordering::AcqRel,
+            )
+            .saturating_sub(nlookup);
         if left > 0 || st.opens.load(Ordering::Acquire) > 0 {
             return;
         }
@@ -604,7 +610,11 @@ impl Volume {
         if nlink == 0 && !freed && !self.read_only && !self.unmounted.load(Ordering::Relaxed) {
             let r = self.meta_op(|tx| {
                 let mut inner = st.write();
-                if inner.freed || inner.inode.nlink != 0 || st.opens.load(Ordering::Acquire) > 0 || st.lookups.load(Ordering::Acquire) > 0 {
+                if inner.freed
+                    || inner.inode.nlink != 0
+                    || st.opens.load(Ordering::Acquire) > 0
+                    || st.lookups.load(Ordering::Acquire) > 0
+                {
                     return Ok(());
                 }
                 self.free_inode(tx, &mut inner)

@@ -379,9 +379,16 @@ fn inode_numbers_are_not_reused_while_the_kernel_holds_them() {
     v.sync().unwrap(); // commit point: quarantine released
     for i in 0..50 {
         let x = v.mkdir(r, format!("n{i}").as_bytes(), 0o755, C).unwrap();
-        assert_ne!(x.ino, d.ino, "inode number reused while the kernel still references it");
+        assert_ne!(
+            x.ino, d.ino,
+            "inode number reused while the kernel still references it"
+        );
     }
-    assert_eq!(v.getattr(d.ino).unwrap().nlink, 0, "still answerable, with no links");
+    assert_eq!(
+        v.getattr(d.ino).unwrap().nlink,
+        0,
+        "still answerable, with no links"
+    );
     v.forget(d.ino, 1);
     assert_eq!(v.getattr(d.ino).unwrap_err().kind(), ErrorKind::NotFound);
     let report = {
