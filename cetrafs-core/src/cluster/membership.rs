@@ -606,3 +606,114 @@ pub fn settle_race(
         std::thread::sleep(me.timing.interval);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::mem::MemDevice;
+    use crate::mkfs::{format, MkfsOptions};
+
+    fn volume(interval_ms: u32, io_ms: u32) -> (Arc<MemDevice>, Superblock) {
+        let dev = Arc::new(MemDevice::new(128 << 20, 512));
+        let o = MkfsOptions {
+            max_nodes: 4,
+            journal_bytes: 1 << 20,
+            heartbeat_interval_ms: interval_ms,
+            io_timeout_ms: io_ms,
+            ..Default::default()
+        };
+        let sb = format(&*dev, &o, &mut |_, _| {}).unwrap();
+        (dev, sb)
+    }
+
+    #[test]
+    fn claim_renew_release_and_reclaim() {
+        let (dev, sb) = volume(10, 200);
+        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let first = read_slot(&*dev, &sb, m.slot).unwrap();
+        let deadline = Instant::now() + Duration::from_secs(1);
+        while read_slot(&*dev, &sb, m.slot).unwrap() == first && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert_ne!(
+            read_slot(&*dev, &sb, m.slot).unwrap(),
+            first,
+            "heartbeat renews"
+        );
+        assert!(m.lease_valid());
+        // A second node takes another slot.
+        let m2 = Membership::claim(dev.clone(), &sb, "n2", None).unwrap();
+        assert_ne!(m.slot, m2.slot);
+        m.release().unwrap();
+        let v = scan(&*dev, &sb).unwrap();
+        assert_eq!(
+            v[m.slot as usize].record.as_ref().unwrap().state,
+            SlotState::Free
+        );
+        m2.release().unwrap();
+    }
+
+    #[test]
+    fn a_paused_node_is_fenced_at_its_next_write() {
+        let (dev, sb) = volume(10, 20); // fail time 160 ms
+        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let guard = LeaseGuard::new(dev.clone(), m.clone());
+        guard.write_at(0, &[0u8; 512]).unwrap();
+        // Simulate SIGSTOP: the renewer stops; time passes beyond the fail time.
+        m.stop.store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(250));
+        let e = guard.write_at(0, &[0u8; 512]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Fenced);
+        assert!(m.is_fenced());
+        // Reads still work; writes never again.
+        let mut b = [0u8; 512];
+        guard.read_at(0, &mut b).unwrap();
+        assert!(guard.flush().is_err());
+    }
+
+    #[test]
+    fn a_foreign_image_in_our_slot_fences_us() {
+        let (dev, sb) = volume(10, 50);
+        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        // Another node (wrongly, or after declaring us dead) overwrites our slot.
+        let mut h = Heartbeat::decode(&read_slot(&*dev, &sb, m.slot).unwrap())
+            .unwrap()
+            .unwrap();
+        h.host = "intruder".into();
+        h.generation += 1;
+        dev.write_at(lba_of(&sb, m.slot) * 512, &h.encode(512))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !m.is_fenced() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(m.is_fenced(), "renewal must notice the foreign image");
+        assert!(m.fence_reason().unwrap().contains("taken over"));
+    }
+
+    #[test]
+    fn liveness_is_judged_by_change() {
+        let (dev, sb) = volume(10, 60); // dead time 480 + 120 + 20 ms
+        let alive = Membership::claim(dev.clone(), &sb, "alive", None).unwrap();
+        let dead = Membership::claim(dev.clone(), &sb, "dead", None).unwrap();
+        dead.stop.store(true, Ordering::Release); // stops renewing, like a crashed node
+        std::thread::sleep(Duration::from_millis(30));
+        let live: Vec<SlotView> = scan(&*dev, &sb)
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.slot == dead.slot)
+            .collect();
+        let (a, d) = observe(&*dev, &sb, &live, None).unwrap();
+        assert!(
+            a.is_empty() && d.len() == 1,
+            "a silent slot is dead after its dead time"
+        );
+        let live: Vec<SlotView> = scan(&*dev, &sb)
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.slot == alive.slot)
+            .collect();
+        let (a, d) = observe(&*dev, &sb, &live, None).unwrap();
+        assert!(a.len() == 1 && d.is_empty(), "a renewing slot is alive");
+    }
+}
