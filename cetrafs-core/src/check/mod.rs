@@ -1166,19 +1166,7 @@ impl Checker<'_> {
         let mut cursor = self.sb.group_start;
         let claims: Vec<_> = self.claims.ranges().collect();
         for (s, e, owner) in claims {
-            for (ls, le) in self.bitmap_runs(cursor, s, true) {
-                let what = if le - ls == 1 {
-                    format!("block {ls} is")
-                } else {
-                    format!("{} ({} blocks) are", blocks(ls, le), le - ls)
-                };
-                found.push(finding(
-                    FindingKind::BlockLeaked,
-                    Some(ls),
-                    None,
-                    format!("{what} marked used but nothing references them (leaked)"),
-                ));
-            }
+            found.extend(self.bitmap_runs(cursor, s, true).into_iter().map(leaked));
             cursor = e;
             for (fs, fe) in self.bitmap_runs(s, e, false) {
                 let ino = if let Owner::Inode(i) = owner {
@@ -1194,19 +1182,11 @@ impl Checker<'_> {
                 found.push(finding(FindingKind::BlockFree, Some(fs), ino, msg));
             }
         }
-        for (ls, le) in self.bitmap_runs(cursor, self.group_area_end(), true) {
-            let what = if le - ls == 1 {
-                format!("block {ls} is")
-            } else {
-                format!("{} ({} blocks) are", blocks(ls, le), le - ls)
-            };
-            found.push(finding(
-                FindingKind::BlockLeaked,
-                Some(ls),
-                None,
-                format!("{what} marked used but nothing references them (leaked)"),
-            ));
-        }
+        found.extend(
+            self.bitmap_runs(cursor, self.group_area_end(), true)
+                .into_iter()
+                .map(leaked),
+        );
         self.report.findings.extend(found);
     }
 
@@ -1240,6 +1220,21 @@ impl Checker<'_> {
 }
 
 /// "blocks 10-19" for the half-open range 10..20.
+/// A run of blocks marked used in a bitmap that nothing references.
+fn leaked((ls, le): (u64, u64)) -> Finding {
+    let what = if le - ls == 1 {
+        format!("block {ls} is")
+    } else {
+        format!("{} ({} blocks) are", blocks(ls, le), le - ls)
+    };
+    finding(
+        FindingKind::BlockLeaked,
+        Some(ls),
+        None,
+        format!("{what} marked used but nothing references them (leaked)"),
+    )
+}
+
 fn blocks(s: u64, e: u64) -> String {
     if e - s == 1 {
         format!("block {s}")
