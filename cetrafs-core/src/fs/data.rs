@@ -59,11 +59,7 @@ impl Volume {
     }
 
     pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> {
-        let st = {
-            let mut meta = self.lock_meta();
-            let mut tx = Tx::new(&*self.dev, &mut meta);
-            self.state(&mut tx, ino)?
-        };
+        let st = self.loaded_state(ino)?;
         {
             let inner = st.read();
             if inner.inode.is_dir() && writable {
@@ -498,11 +494,7 @@ impl Volume {
     }
 
     pub fn lseek(&self, ino: Ino, offset: u64, whence: Whence) -> Result<u64> {
-        let st = {
-            let mut meta = self.lock_meta();
-            let mut tx = Tx::new(&*self.dev, &mut meta);
-            self.state(&mut tx, ino)?
-        };
+        let st = self.loaded_state(ino)?;
         let inner = st.read();
         let size = inner.inode.size;
         if offset >= size {

@@ -471,6 +471,23 @@ impl Volume {
         Ok(st)
     }
 
+    /// The state of an inode for read-mostly calls (getattr, open, lseek): from the table
+    /// without touching the metadata lock when it is loaded, so such calls do not wait behind
+    /// a commit point's device flushes; loaded under the lock otherwise.
+    fn loaded_state(&self, ino: Ino) -> Result<Arc<InodeState>> {
+        // Release the table before taking the inode lock: free_inode holds the inode lock
+        // while it removes the entry from the table, and this path holds no metadata lock.
+        let cached = self.lock_table().get(&ino).cloned();
+        if let Some(s) = cached {
+            if !s.read().freed {
+                return Ok(s);
+            }
+        }
+        let mut meta = self.lock_meta();
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        self.state(&mut tx, ino)
+    }
+
     /// Write an inode (and its changed extents) into the transaction.
     fn save(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         if inner.inode.is_reg() {
@@ -557,11 +574,7 @@ impl Volume {
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
-        let st = {
-            let mut meta = self.lock_meta();
-            let mut tx = Tx::new(&*self.dev, &mut meta);
-            self.state(&mut tx, ino)?
-        };
+        let st = self.loaded_state(ino)?;
         Ok(Self::attr_with_pending(&st))
     }
 
