@@ -189,7 +189,10 @@ impl Superblock {
             ro_compat: r.u32(RO_COMPAT)?,
             incompat: r.u32(INCOMPAT)?,
             uuid,
-            label: String::from_utf8_lossy(&label_raw[..end]).into_owned(),
+            // Strict, like the heartbeat host name: a lossy decode would re-encode differently.
+            label: std::str::from_utf8(&label_raw[..end])
+                .map_err(|_| Error::corrupted("superblock: label is not UTF-8"))?
+                .to_string(),
             logical_block_size: r.u32(LBS)?,
             total_blocks: r.u64(TOTAL)?,
             created: r.u64(CREATED)?,
