@@ -355,6 +355,9 @@ struct InodeState {
     refs: u32,
     /// Entries in this directory naming directories.
     subdirs: u32,
+    /// On a node's orphan list: unlinked (or rmdir'd) while still open, so its
+    /// expected link count is 0 whatever its kind.
+    orphan: bool,
     /// Where it was first reached.
     path: String,
 }
@@ -712,6 +715,7 @@ impl Checker<'_> {
             nlink: 0,
             refs: 0,
             subdirs: 0,
+            orphan: false,
             path: path.to_string(),
         };
         let in_group_data = self
@@ -1105,6 +1109,9 @@ impl Checker<'_> {
             for ino in header.orphans {
                 let path = format!("<orphan of node slot {slot}>");
                 self.visit_inode(ino, &path)?;
+                if let Some(s) = self.inodes.get_mut(&ino) {
+                    s.orphan = true;
+                }
                 if self.inodes.get(&ino).is_some_and(|s| s.nlink != 0) {
                     self.push(FindingKind::Orphan, Some(ino), Some(ino), format!("inode {ino} is on the orphan list of node slot {slot} but still has links"));
                 } else {
@@ -1126,7 +1133,10 @@ impl Checker<'_> {
         let mut found = Vec::new();
         for (&ino, s) in &self.inodes {
             let Some(kind) = s.kind else { continue };
-            let want = if kind == FileKind::Directory {
+            let want = if s.orphan && s.refs == 0 {
+                // An rmdir'd directory still open somewhere has nlink 0, like a file.
+                0
+            } else if kind == FileKind::Directory {
                 2 + s.subdirs
             } else {
                 s.refs

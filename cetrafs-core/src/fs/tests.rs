@@ -370,6 +370,36 @@ fn orphans_survive_a_crash_and_are_freed_by_the_next_mount() {
 }
 
 #[test]
+fn rmdir_of_a_referenced_directory_at_a_crash_checks_clean() {
+    // Found by the SIGKILL storm in CI: the kernel still held a lookup on an rmdir'd
+    // directory when the daemon died, so the directory sat on the orphan list with nlink
+    // 0, and fsck wanted 2 (the count of a live directory).
+    let (dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    let d = v.mkdir(r, b"gone", 0o755, C).unwrap();
+    v.note_lookup(d.ino);
+    v.rmdir(r, b"gone").unwrap();
+    v.sync().unwrap();
+    let image = dev.snapshot();
+    v.forget(d.ino, 1);
+    v.unmount().unwrap();
+    let crashed = Arc::new(MemDevice::from_image(image, 512));
+    let report = crate::check::check_volume(&*crashed).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+    assert!(report.has(crate::check::FindingKind::Orphan));
+    Volume::mount(crashed.clone(), &MountOptions::default())
+        .unwrap()
+        .unmount()
+        .unwrap();
+    let report = crate::check::check_volume(&*crashed).unwrap();
+    assert!(
+        report.is_clean() && !report.has(crate::check::FindingKind::Orphan),
+        "{:?}",
+        report.findings
+    );
+}
+
+#[test]
 fn inode_numbers_are_not_reused_while_the_kernel_holds_them() {
     let (_dev, v) = fresh(256 << 20);
     let r = v.root_ino();
