@@ -319,6 +319,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         &MountOptions {
             read_only: ro,
             host: host.clone(),
+            file_locks: args.opts.file_locks,
             ..MountOptions::default()
         },
     ) {

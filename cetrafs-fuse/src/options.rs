@@ -51,7 +51,8 @@ pub struct Options {
     pub read_only: bool,
     pub attr_timeout: Duration,
     pub entry_timeout: Duration,
-    /// Cluster-wide POSIX locks (later). `nofilelock` keeps locks node-local.
+    /// Cross-node open locks: a file open for writing on one node cannot be opened for
+    /// writing on another (EBUSY). `nofilelock` turns them off (live migration).
     pub file_locks: bool,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems

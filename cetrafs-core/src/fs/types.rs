@@ -162,6 +162,9 @@ pub struct MountOptions {
     /// How often pending metadata is committed without an fsync (zero: only on fsync, sync,
     /// unmount and journal pressure — deterministic, for crash tests).
     pub commit_interval: std::time::Duration,
+    /// Cross-node open locks (`nofilelock` turns them off): a regular file open for writing
+    /// on one node cannot be opened for writing on another.
+    pub file_locks: bool,
 }
 
 impl Default for MountOptions {
@@ -170,6 +173,7 @@ impl Default for MountOptions {
             read_only: false,
             host: "localhost".into(),
             commit_interval: std::time::Duration::from_secs(1),
+            file_locks: true,
         }
     }
 }
