@@ -313,7 +313,22 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         Err(e) => return fail(&mut notifier, e.to_string()),
     };
     let host = args.opts.host.clone().unwrap_or_else(hostname);
-    let shared: SharedDevice = dev;
+    // Test hook: log every device write of this process, timestamped (dev/write_log.rs).
+    let shared: SharedDevice = match std::env::var_os(cetrafs_core::dev::write_log::WRITE_LOG_ENV) {
+        Some(p) if !p.is_empty() => {
+            match cetrafs_core::dev::write_log::WriteLog::open(dev, Path::new(&p)) {
+                Ok(w) => {
+                    info!(
+                        "{dev_name}: logging device writes to {}",
+                        Path::new(&p).display()
+                    );
+                    Arc::new(w)
+                }
+                Err(e) => return fail(&mut notifier, e.to_string()),
+            }
+        }
+        _ => dev,
+    };
     let vol = match Volume::mount(
         shared,
         &MountOptions {

@@ -10,6 +10,7 @@ pub mod mem;
 pub mod open;
 pub mod record;
 pub mod sg;
+pub mod write_log;
 
 use crate::error::{Error, ErrorKind, Result};
 pub use aligned::{AlignedBuf, IO_ALIGN};
