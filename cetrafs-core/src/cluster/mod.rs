@@ -2,6 +2,7 @@
 //! observer's monotonic clock, and the lease that every write of this node depends on.
 //! (Lock records and multi-node coherency build on this; see docs/locking.md when they land.)
 
+pub mod lock;
 pub mod membership;
 pub mod timing;
 

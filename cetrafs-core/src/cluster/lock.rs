@@ -1,0 +1,1377 @@
+//! Distributed locks as one-logical-block records on the LUN, changed only with COMPARE AND
+//! WRITE (layout: [`crate::format::lock_record`]). There is no lock server: every node reads a
+//! record, computes the record it wants, and CAWs it over exactly the image it read. A
+//! miscompare means someone else changed the record first: re-read and decide again.
+//!
+//! # The lock area
+//! `lock_count` records starting at fs block `lock_start`; record `i` is at byte
+//! `lock_start × 4096 + i × logical_block_size`. mkfs zeroes the area, and an all-zero record is
+//! a free lock that was never used.
+//! * record 0: the global metadata lock (shared/exclusive, waiters, handoff);
+//! * records `1 + g` for allocation group `g`: long-held exclusive ownership, with the group's
+//!   free-block count in the value block (LVB) so others see it without reading the bitmap;
+//! * the last `inode_lock_slots` records: open-file buckets. Inode `ino` registers in bucket
+//!   `(ino × 0x9E3779B97F4A7C15 >> 32) mod inode_lock_slots`; a bucket holds up to 18
+//!   (inode, slot, generation, writer) entries.
+//!
+//! # One CAW ([`LockTable::swap`])
+//! Every new image carries a fresh random nonce. After a miscompare *or* an error of unknown
+//! outcome (an I/O timeout), the record is re-read: if it holds our nonce, our write landed and
+//! we won (arrays have reported false miscompares for writes that did land — the VMware ATS
+//! lesson). A record that fails its checksum is re-read a few times before it is reported as
+//! corrupted: a target may return a torn block while another initiator's CAW is running.
+//! Contended loops back off with jitter: 1 ms doubling to 50 ms, each sleep ±50 %.
+//!
+//! # The global lock (record 0)
+//! `acquire_global(me, mode)` loops:
+//! 1. Read record 0. If it already shows `me` holding it in `mode` (or stronger), return it.
+//! 2. **Eligible** if `next` is NO_SLOT, or `next` is me, or the record's raw image has not
+//!    changed for `handoff_grace`, timed on this process's monotonic clock (clocks are never
+//!    compared across nodes). The last releaser names `next`; the grace bounds the wait for a
+//!    `next` that is dead or slow.
+//! 3. **Compatible**: for Exclusive, the record is Free, or Shared with holders = {me} (an
+//!    upgrade); for Shared, the record is Free, or Shared with no waiter other than me (so a
+//!    stream of shared holders cannot starve an exclusive waiter).
+//! 4. If eligible and compatible, CAW the grant — Exclusive: mode Exclusive, owner = me (slot
+//!    and generation), holders cleared, `version + 1`; Shared: mode Shared, holders += me, no
+//!    owner; both: waiters −= me, next = NO_SLOT. Won: return the granted record; its `version`
+//!    is the fencing token and cache validator (it changes on every exclusive grant, so a node
+//!    that sees the version it cached knows nobody else wrote metadata in between).
+//! 5. Otherwise, if I am not in waiters, CAW a copy with waiters += me (a lost race is ignored:
+//!    the next round retries). Back off, poll `abort` (a fenced node stops waiting), repeat.
+//!    A node that stops waiting because of `abort` removes itself from waiters (best effort).
+//!
+//! `release_global(me)`: if I am the owner, mode Free and no owner; otherwise I leave the
+//! holders (mode Free when none remain). I leave the waiters, and — if I held it — name as
+//! `next` the first waiter after my slot in ascending order, wrapping around (NO_SLOT if none).
+//! A node that was only waiting changes `next` only if `next` named it. Because every release
+//! hands over round-robin and the releaser itself is not eligible while `next` names someone
+//! else, a waiter gets the lock within (number of waiting slots) grants, unless the named
+//! `next` fails to take it within `handoff_grace`.
+//!
+//! # Recovery
+//! `scrub_slot(dead)` removes every trace of a dead slot: from record 0 (owner, holders,
+//! waiters, next — handed on round-robin as if it had released; if it held the lock
+//! exclusively, `version` is bumped so every node drops its caches: the dead node's replayed
+//! changes are now home), from every group record (owned groups become Free, LVB kept), and
+//! from every open bucket. It writes only records that mention the slot, so it is idempotent.
+//!
+//! # Allocation groups and open files
+//! `claim_group` takes a Free group exclusively (`version + 1`); `release_group` frees it and
+//! publishes its free count in the LVB; `publish_group_free` updates the LVB alone.
+//! `open_set`/`open_clear` maintain this node's entry for an inode in its bucket (the entry
+//! carries the slot generation; entries of an older generation of my own slot are stale and
+//! dropped when I next write the bucket); `open_others` lists other nodes' entries.
+
+use crate::dev::{AlignedBuf, CawOutcome, SharedDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::lock_record::{
+    LockKind, LockMode, LockRecord, OpenEntry, SlotSet, BUCKET_ENTRIES, MAX_SLOTS, NONCE_OFFSET,
+    NO_SLOT,
+};
+use crate::format::superblock::Superblock;
+use crate::format::FS_BLOCK;
+use rand::Rng;
+use std::time::{Duration, Instant};
+
+/// How often a record that fails validation is re-read before it counts as corrupted.
+const TORN_READ_RETRIES: u32 = 5;
+/// Contention backoff: first sleep and cap (each sleep is jittered ±50 %).
+pub const BACKOFF_FIRST: Duration = Duration::from_millis(1);
+pub const BACKOFF_MAX: Duration = Duration::from_millis(50);
+
+/// This node as lock records name it: its heartbeat slot and the slot's claim generation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Me {
+    pub slot: u32,
+    pub gen: u64,
+}
+
+/// Jittered exponential backoff.
+#[derive(Debug)]
+struct Backoff {
+    cur: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn sleep(&mut self) {
+        let f: f64 = rand::thread_rng().gen_range(0.5..1.5);
+        std::thread::sleep(self.cur.mul_f64(f));
+        self.cur = (self.cur * 2).min(self.max);
+    }
+}
+
+/// The lock area of one volume.
+#[derive(Debug)]
+pub struct LockTable {
+    dev: SharedDevice,
+    lbs: usize,
+    /// Byte offset of record 0.
+    base: u64,
+    lock_count: u64,
+    groups: u64,
+    bucket_base: u64,
+    buckets: u64,
+    backoff_first: Duration,
+    backoff_max: Duration,
+}
+
+/// The first slot of `set` after `slot` in ascending order, wrapping; NO_SLOT if none.
+fn next_after(set: &SlotSet, slot: u32) -> u32 {
+    set.iter()
+        .find(|&s| s > slot)
+        .or_else(|| set.iter().find(|&s| s != slot))
+        .unwrap_or(NO_SLOT)
+}
+
+fn check_slot(slot: u32) -> Result<()> {
+    if usize::try_from(slot).is_ok_and(|s| s < MAX_SLOTS) {
+        Ok(())
+    } else {
+        bail!(
+            InvalidInput,
+            "node slot {slot} is outside the lock table's {MAX_SLOTS} slots"
+        )
+    }
+}
+
+impl LockTable {
+    pub const GLOBAL: u64 = 0;
+
+    pub fn new(dev: SharedDevice, sb: &Superblock) -> Self {
+        let lock_count = sb.lock_count;
+        let need = 1 + sb.group_count + u64::from(sb.inode_lock_slots);
+        if lock_count < need {
+            tracing::warn!(
+                "lock area has {lock_count} records, fewer than the {need} the volume needs; \
+                 using fewer group and bucket records"
+            );
+        }
+        // Clamp so that a wrong superblock gives errors or collisions, never a panic.
+        let buckets = u64::from(sb.inode_lock_slots)
+            .min(lock_count.saturating_sub(1))
+            .max(1);
+        let bucket_base = lock_count.saturating_sub(buckets);
+        let groups = sb.group_count.min(bucket_base.saturating_sub(1));
+        Self {
+            dev,
+            lbs: sb.logical_block_size as usize,
+            base: sb.lock_start.saturating_mul(FS_BLOCK),
+            lock_count,
+            groups,
+            bucket_base,
+            buckets,
+            backoff_first: BACKOFF_FIRST,
+            backoff_max: BACKOFF_MAX,
+        }
+    }
+
+    /// Other contention backoff bounds (tests on memory devices poll faster).
+    #[must_use]
+    pub fn with_backoff(mut self, first: Duration, max: Duration) -> Self {
+        self.backoff_first = first.max(Duration::from_micros(1));
+        self.backoff_max = max.max(self.backoff_first);
+        self
+    }
+
+    fn backoff(&self) -> Backoff {
+        Backoff {
+            cur: self.backoff_first,
+            max: self.backoff_max,
+        }
+    }
+
+    pub fn group_index(&self, g: u64) -> u64 {
+        g.saturating_add(1)
+    }
+
+    /// Record index of `ino`'s open-file bucket.
+    pub fn bucket_of(&self, ino: u64) -> u64 {
+        self.bucket_base + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % self.buckets
+    }
+
+    /// Number of group records in use (the volume's group count).
+    pub fn group_count(&self) -> u64 {
+        self.groups
+    }
+
+    /// First bucket record and number of buckets.
+    pub fn bucket_range(&self) -> (u64, u64) {
+        (self.bucket_base, self.buckets)
+    }
+
+    pub fn lock_count(&self) -> u64 {
+        self.lock_count
+    }
+
+    /// The kind and protected object of record `index`, from the layout.
+    pub fn kind_of(&self, index: u64) -> (LockKind, u64) {
+        if index == Self::GLOBAL {
+            (LockKind::Global, 0)
+        } else if index < self.bucket_base {
+            (LockKind::Group, index - 1)
+        } else {
+            (LockKind::OpenBucket, index - self.bucket_base)
+        }
+    }
+
+    fn offset(&self, index: u64) -> u64 {
+        self.base
+            .saturating_add(index.saturating_mul(self.lbs as u64))
+    }
+
+    fn lba(&self, index: u64) -> u64 {
+        self.offset(index) / (self.lbs.max(1) as u64)
+    }
+
+    fn check_range(&self, first: u64, n: u64) -> Result<()> {
+        if first.checked_add(n).is_none_or(|end| end > self.lock_count) {
+            bail!(
+                Range,
+                "lock records {first}..+{n} are outside the lock area of {} records",
+                self.lock_count
+            );
+        }
+        Ok(())
+    }
+
+    fn check_group(&self, g: u64) -> Result<()> {
+        if g >= self.groups {
+            bail!(
+                InvalidInput,
+                "allocation group {g} does not exist (the volume has {})",
+                self.groups
+            );
+        }
+        Ok(())
+    }
+
+    /// Decode record `index` and check that it is the record the layout puts there.
+    fn decode_at(&self, buf: &[u8], index: u64) -> Result<LockRecord> {
+        let (kind, object) = self.kind_of(index);
+        match LockRecord::decode(buf, index)? {
+            None => Ok(LockRecord::free(kind, index, object)),
+            Some(r) if r.kind == kind && r.object == object => Ok(r),
+            Some(r) => Err(Error::corrupted(format!(
+                "lock record {index}: is a {:?} record for object {}, the layout expects {kind:?} {object}",
+                r.kind, r.object
+            ))),
+        }
+    }
+
+    /// Read one record, re-reading one that fails validation a few times (a torn read while
+    /// another initiator's CAW runs) before calling it corrupted. Returns the raw image (the
+    /// `expected` of a CAW) and the decoded record (a zero block decodes as a free record).
+    pub fn read(&self, index: u64) -> Result<(Vec<u8>, LockRecord)> {
+        self.check_range(index, 1)?;
+        let mut buf = AlignedBuf::new(self.lbs);
+        let mut attempt = 0;
+        loop {
+            self.dev.read_at(self.offset(index), &mut buf)?;
+            match self.decode_at(&buf, index) {
+                Ok(rec) => return Ok((buf.to_vec(), rec)),
+                Err(_) if attempt < TORN_READ_RETRIES => {
+                    attempt += 1;
+                    std::thread::sleep(Duration::from_micros(200 << attempt));
+                }
+                Err(e) => return Err(e.wrap("lock record unreadable after re-reads")),
+            }
+        }
+    }
+
+    /// `n` consecutive records from `first` in one device read (a record that fails validation
+    /// is re-read on its own, like [`Self::read`]).
+    pub fn read_range(&self, first: u64, n: u64) -> Result<Vec<LockRecord>> {
+        self.check_range(first, n)?;
+        let len = usize::try_from(n)
+            .ok()
+            .and_then(|n| n.checked_mul(self.lbs))
+            .ok_or_else(|| Error::new(ErrorKind::Range, "lock record range too large"))?;
+        if len == 0 {
+            return Ok(Vec::new());
+        }
+        let mut buf = AlignedBuf::new(len);
+        self.dev.read_at(self.offset(first), &mut buf)?;
+        buf.chunks(self.lbs)
+            .zip(first..)
+            .map(|(b, i)| match self.decode_at(b, i) {
+                Ok(r) => Ok(r),
+                Err(_) => self.read(i).map(|(_, r)| r),
+            })
+            .collect()
+    }
+
+    /// One COMPARE AND WRITE of `new` (stamped with its index and a fresh nonce) over
+    /// `expected`. Ok(true) if our image is on disk. After a miscompare or a CAW error the
+    /// record is re-read: our nonce there means the write landed. Otherwise a miscompare is
+    /// Ok(false) and an error is returned as it came.
+    pub fn swap(&self, index: u64, expected: &[u8], new: &mut LockRecord) -> Result<bool> {
+        self.check_range(index, 1)?;
+        let (kind, object) = self.kind_of(index);
+        if new.kind != kind || new.object != object {
+            bail!(
+                InvalidInput,
+                "lock record {index} is {kind:?} {object}, not {:?} {}",
+                new.kind,
+                new.object
+            );
+        }
+        let old_nonce = expected
+            .get(NONCE_OFFSET..NONCE_OFFSET + 8)
+            .and_then(|b| <[u8; 8]>::try_from(b).ok())
+            .map(u64::from_le_bytes);
+        new.index = index;
+        new.nonce = loop {
+            let n: u64 = rand::random();
+            if n != 0 && Some(n) != old_nonce {
+                break n;
+            }
+        };
+        let image = new.encode(self.lbs);
+        match self
+            .dev
+            .compare_and_write(self.lba(index), expected, &image)
+        {
+            Ok(CawOutcome::Written) => Ok(true),
+            Ok(CawOutcome::Miscompare) => Ok(self.read(index)?.1.nonce == new.nonce),
+            Err(e) => match self.read(index) {
+                Ok((_, cur)) if cur.nonce == new.nonce => {
+                    tracing::debug!("lock record {index}: CAW reported {e} but our image landed");
+                    Ok(true)
+                }
+                _ => Err(e),
+            },
+        }
+    }
+
+    /// Read-modify-CAW until it sticks: `f` sees the current record and returns the record to
+    /// write, or None to stop without writing. Miscompares retry with jittered backoff.
+    pub fn update(
+        &self,
+        index: u64,
+        mut f: impl FnMut(&LockRecord) -> Option<LockRecord>,
+    ) -> Result<Option<LockRecord>> {
+        let mut backoff = self.backoff();
+        loop {
+            let (raw, cur) = self.read(index)?;
+            let Some(mut new) = f(&cur) else {
+                return Ok(None);
+            };
+            if self.swap(index, &raw, &mut new)? {
+                return Ok(Some(new));
+            }
+            backoff.sleep();
+        }
+    }
+
+    /// Block until `me` holds record 0 in `mode` (Shared or Exclusive); returns the record as
+    /// granted. `abort` is polled every round; Some(err) ends the wait with that error.
+    pub fn acquire_global(
+        &self,
+        me: Me,
+        mode: LockMode,
+        handoff_grace: Duration,
+        abort: &dyn Fn() -> Option<Error>,
+    ) -> Result<LockRecord> {
+        check_slot(me.slot)?;
+        if mode == LockMode::Free {
+            bail!(InvalidInput, "acquire_global needs Shared or Exclusive");
+        }
+        let mut backoff = self.backoff();
+        let mut last: Option<Vec<u8>> = None;
+        let mut since = Instant::now();
+        loop {
+            if let Some(e) = abort() {
+                self.leave_waiters(me);
+                return Err(e);
+            }
+            let (raw, rec) = self.read(Self::GLOBAL)?;
+            if Self::holds(&rec, me, mode) {
+                return Ok(rec);
+            }
+            if last.as_deref() != Some(&raw[..]) {
+                last = Some(raw.clone());
+                since = Instant::now();
+            }
+            let eligible =
+                rec.next == NO_SLOT || rec.next == me.slot || since.elapsed() >= handoff_grace;
+            let compatible = match mode {
+                LockMode::Exclusive => {
+                    rec.mode == LockMode::Free
+                        || (rec.mode == LockMode::Shared
+                            && rec.holders.iter().all(|s| s == me.slot))
+                }
+                _ => {
+                    rec.mode == LockMode::Free
+                        || (rec.mode == LockMode::Shared && !Self::others_waiting(&rec, me))
+                }
+            };
+            if eligible && compatible {
+                let mut new = rec.clone();
+                if mode == LockMode::Exclusive {
+                    new.mode = LockMode::Exclusive;
+                    new.owner = me.slot;
+                    new.owner_gen = me.gen;
+                    new.holders = SlotSet::default();
+                    new.version = rec.version.wrapping_add(1);
+                } else {
+                    new.mode = LockMode::Shared;
+                    new.holders.insert(me.slot);
+                    new.owner = NO_SLOT;
+                    new.owner_gen = 0;
+                }
+                new.waiters.remove(me.slot);
+                new.next = NO_SLOT;
+                if self.swap(Self::GLOBAL, &raw, &mut new)? {
+                    return Ok(new);
+                }
+            } else if !rec.waiters.contains(me.slot) {
+                let mut new = rec.clone();
+                new.waiters.insert(me.slot);
+                // A lost race is fine: the next round sees the new record and tries again.
+                self.swap(Self::GLOBAL, &raw, &mut new)?;
+            }
+            backoff.sleep();
+        }
+    }
+
+    /// Best effort: take `me` out of the global waiters after giving up waiting.
+    fn leave_waiters(&self, me: Me) {
+        let r = self.update(Self::GLOBAL, |r| {
+            if !r.waiters.contains(me.slot) {
+                return None;
+            }
+            let mut n = r.clone();
+            n.waiters.remove(me.slot);
+            if n.next == me.slot {
+                n.next = next_after(&n.waiters, me.slot);
+            }
+            Some(n)
+        });
+        if let Err(e) = r {
+            tracing::debug!("could not leave the global lock's waiters: {e}");
+        }
+    }
+
+    /// Give up record 0 (either mode) and hand it round-robin to the next waiter after my slot.
+    /// Ok also when I did not hold it.
+    pub fn release_global(&self, me: Me) -> Result<()> {
+        self.update(Self::GLOBAL, |r| {
+            let owner = r.owner == me.slot;
+            let holder = r.holders.contains(me.slot);
+            let waiter = r.waiters.contains(me.slot);
+            if !owner && !holder && !waiter {
+                return None;
+            }
+            let mut n = r.clone();
+            if owner {
+                n.mode = LockMode::Free;
+                n.owner = NO_SLOT;
+                n.owner_gen = 0;
+            }
+            n.holders.remove(me.slot);
+            if n.mode == LockMode::Shared && n.holders.is_empty() {
+                n.mode = LockMode::Free;
+            }
+            n.waiters.remove(me.slot);
+            if owner || holder || n.next == me.slot {
+                n.next = next_after(&n.waiters, me.slot);
+            }
+            Some(n)
+        })?;
+        Ok(())
+    }
+
+    /// Is some slot other than me waiting (the lock keeper's cue to release)?
+    pub fn others_waiting(rec: &LockRecord, me: Me) -> bool {
+        rec.waiters.iter().any(|s| s != me.slot)
+    }
+
+    /// Does `rec` show me holding it in at least `mode`?
+    pub fn holds(rec: &LockRecord, me: Me, mode: LockMode) -> bool {
+        let excl =
+            rec.mode == LockMode::Exclusive && rec.owner == me.slot && rec.owner_gen == me.gen;
+        match mode {
+            LockMode::Free => true,
+            LockMode::Shared => {
+                excl || (rec.mode == LockMode::Shared && rec.holders.contains(me.slot))
+            }
+            LockMode::Exclusive => excl,
+        }
+    }
+
+    /// Remove every trace of dead `slot` from the lock area. Idempotent.
+    pub fn scrub_slot(&self, slot: u32) -> Result<()> {
+        check_slot(slot)?;
+        let mentions = |r: &LockRecord| {
+            r.owner == slot
+                || r.holders.contains(slot)
+                || r.waiters.contains(slot)
+                || r.next == slot
+        };
+        self.update(Self::GLOBAL, |r| {
+            if !mentions(r) {
+                return None;
+            }
+            let mut n = r.clone();
+            let owned = r.owner == slot;
+            let held = owned || r.holders.contains(slot);
+            if owned {
+                n.mode = LockMode::Free;
+                n.owner = NO_SLOT;
+                n.owner_gen = 0;
+                // Its replayed changes are home now: every cache must revalidate.
+                n.version = r.version.wrapping_add(1);
+            }
+            n.holders.remove(slot);
+            if n.mode == LockMode::Shared && n.holders.is_empty() {
+                n.mode = LockMode::Free;
+            }
+            n.waiters.remove(slot);
+            if held || n.next == slot {
+                n.next = next_after(&n.waiters, slot);
+            }
+            Some(n)
+        })?;
+        for (g, rec) in (0..).zip(self.read_range(1, self.groups)?) {
+            if !mentions(&rec) {
+                continue;
+            }
+            self.update(self.group_index(g), |r| {
+                if !mentions(r) {
+                    return None;
+                }
+                let mut n = r.clone();
+                if r.owner == slot {
+                    n.mode = LockMode::Free;
+                    n.owner = NO_SLOT;
+                    n.owner_gen = 0;
+                }
+                n.holders.remove(slot);
+                if n.mode == LockMode::Shared && n.holders.is_empty() {
+                    n.mode = LockMode::Free;
+                }
+                n.waiters.remove(slot);
+                if n.next == slot {
+                    n.next = NO_SLOT;
+                }
+                Some(n)
+            })?;
+        }
+        let has = |r: &LockRecord| r.entries.iter().any(|e| e.slot == slot);
+        for (i, rec) in (self.bucket_base..).zip(self.read_range(self.bucket_base, self.buckets)?) {
+            if !has(&rec) {
+                continue;
+            }
+            self.update(i, |r| {
+                if !has(r) {
+                    return None;
+                }
+                let mut n = r.clone();
+                n.entries.retain(|e| e.slot != slot);
+                Some(n)
+            })?;
+        }
+        Ok(())
+    }
+
+    /// Take group `g` if it is Free (version + 1). True if it is now mine (also if it already
+    /// was).
+    pub fn claim_group(&self, g: u64, me: Me) -> Result<bool> {
+        self.check_group(g)?;
+        check_slot(me.slot)?;
+        let mut mine = false;
+        let written = self.update(self.group_index(g), |r| {
+            mine = r.mode == LockMode::Exclusive && r.owner == me.slot && r.owner_gen == me.gen;
+            if mine || r.mode != LockMode::Free {
+                return None;
+            }
+            let mut n = r.clone();
+            n.mode = LockMode::Exclusive;
+            n.owner = me.slot;
+            n.owner_gen = me.gen;
+            n.holders = SlotSet::default();
+            n.next = NO_SLOT;
+            n.version = r.version.wrapping_add(1);
+            Some(n)
+        })?;
+        Ok(mine || written.is_some())
+    }
+
+    /// If group `g` is mine: Free it, publishing its free-block count in the LVB.
+    pub fn release_group(&self, g: u64, me: Me, free: u64) -> Result<()> {
+        self.check_group(g)?;
+        check_slot(me.slot)?;
+        self.update(self.group_index(g), |r| {
+            if r.owner != me.slot {
+                return None;
+            }
+            let mut n = r.clone();
+            n.mode = LockMode::Free;
+            n.owner = NO_SLOT;
+            n.owner_gen = 0;
+            n.set_group_free(free);
+            Some(n)
+        })?;
+        Ok(())
+    }
+
+    /// Publish group `g`'s free-block count in its LVB, whoever owns it.
+    pub fn publish_group_free(&self, g: u64, free: u64) -> Result<()> {
+        self.check_group(g)?;
+        self.update(self.group_index(g), |r| {
+            if r.group_free() == Some(free) {
+                return None;
+            }
+            let mut n = r.clone();
+            n.set_group_free(free);
+            Some(n)
+        })?;
+        Ok(())
+    }
+
+    /// For every group: its exclusive owner (NO_SLOT if none) and the free count in its LVB.
+    pub fn group_owners(&self) -> Result<Vec<(u32, Option<u64>)>> {
+        Ok(self
+            .read_range(1, self.groups)?
+            .iter()
+            .map(|r| {
+                let owner = if r.mode == LockMode::Exclusive {
+                    r.owner
+                } else {
+                    NO_SLOT
+                };
+                (owner, r.group_free())
+            })
+            .collect())
+    }
+
+    /// Register (or update) this node's open of `ino`; `writer` = open for writing here.
+    pub fn open_set(&self, ino: u64, me: Me, writer: bool) -> Result<()> {
+        check_slot(me.slot)?;
+        let index = self.bucket_of(ino);
+        let mut full = false;
+        self.update(index, |r| {
+            full = false;
+            let mut n = r.clone();
+            // Entries of an older generation of my own slot are leftovers of a dead mount.
+            n.entries
+                .retain(|e| e.slot != me.slot || e.slot_gen == me.gen);
+            if let Some(e) = n
+                .entries
+                .iter_mut()
+                .find(|e| e.ino == ino && e.slot == me.slot)
+            {
+                e.writer = writer;
+            } else if n.entries.len() >= BUCKET_ENTRIES {
+                full = true;
+                return None;
+            } else {
+                n.entries.push(OpenEntry {
+                    ino,
+                    slot: me.slot,
+                    writer,
+                    slot_gen: me.gen,
+                });
+            }
+            (n != *r).then_some(n)
+        })?;
+        if full {
+            bail!(
+                Busy,
+                "open-file bucket {} (lock record {index}) is full: {BUCKET_ENTRIES} opens across the cluster hash to it; this is a lock-table limit (the volume has {} buckets, fixed at mkfs)",
+                index - self.bucket_base,
+                self.buckets
+            );
+        }
+        Ok(())
+    }
+
+    /// Drop this node's registration of `ino`.
+    pub fn open_clear(&self, ino: u64, me: Me) -> Result<()> {
+        check_slot(me.slot)?;
+        self.update(self.bucket_of(ino), |r| {
+            if !r.entries.iter().any(|e| e.ino == ino && e.slot == me.slot) {
+                return None;
+            }
+            let mut n = r.clone();
+            n.entries.retain(|e| e.ino != ino || e.slot != me.slot);
+            Some(n)
+        })?;
+        Ok(())
+    }
+
+    /// Other nodes' registrations of `ino`.
+    pub fn open_others(&self, ino: u64, me: Me) -> Result<Vec<OpenEntry>> {
+        let (_, r) = self.read(self.bucket_of(ino))?;
+        Ok(r.entries
+            .into_iter()
+            .filter(|e| e.ino == ino && e.slot != me.slot)
+            .collect())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::mem::MemDevice;
+    use crate::dev::{BlockDevice, Geometry};
+    use crate::mkfs::{format, MkfsOptions};
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
+    use std::sync::{Arc, Mutex};
+
+    const FAST_FIRST: Duration = Duration::from_micros(20);
+    const FAST_MAX: Duration = Duration::from_micros(500);
+
+    fn volume(lbs: u32) -> (Arc<MemDevice>, Superblock) {
+        let dev = Arc::new(MemDevice::new(128 << 20, lbs));
+        let o = MkfsOptions {
+            max_nodes: 4,
+            journal_bytes: 1 << 20,
+            inode_lock_slots: 64,
+            ..Default::default()
+        };
+        let sb = format(&*dev, &o, &mut |_, _| {}).unwrap();
+        (dev, sb)
+    }
+
+    fn table(dev: &Arc<MemDevice>, sb: &Superblock) -> LockTable {
+        let d: SharedDevice = dev.clone();
+        LockTable::new(d, sb).with_backoff(FAST_FIRST, FAST_MAX)
+    }
+
+    fn me(slot: u32) -> Me {
+        Me {
+            slot,
+            gen: 10 + u64::from(slot),
+        }
+    }
+
+    fn never() -> Option<Error> {
+        None
+    }
+
+    #[test]
+    fn lock_fresh_volume_reads_free_records() {
+        for lbs in [512, 4096] {
+            let (dev, sb) = volume(lbs);
+            let t = table(&dev, &sb);
+            assert_eq!(t.group_count(), sb.group_count);
+            let (raw, g) = t.read(LockTable::GLOBAL).unwrap();
+            assert!(
+                raw.iter().all(|&b| b == 0),
+                "mkfs leaves the lock area zero"
+            );
+            assert_eq!(g, LockRecord::free(LockKind::Global, 0, 0));
+            let (_, r) = t.read(t.group_index(3)).unwrap();
+            assert_eq!(r, LockRecord::free(LockKind::Group, 4, 3));
+            let b = t.bucket_of(12345);
+            let (first, n) = t.bucket_range();
+            assert!(b >= first && b < first + n && first + n == sb.lock_count);
+            assert_eq!(t.read(b).unwrap().1.kind, LockKind::OpenBucket);
+            let all = t.read_range(0, sb.lock_count).unwrap();
+            assert_eq!(all.len() as u64, sb.lock_count);
+            assert_eq!(all[0].kind, LockKind::Global);
+            assert!(t.read(sb.lock_count).is_err());
+            assert!(t.read_range(1, sb.lock_count).is_err());
+            // The last record is the last logical block of the lock area.
+            assert!(t.offset(sb.lock_count) <= (sb.lock_start + sb.lock_blocks) * FS_BLOCK);
+        }
+    }
+
+    #[test]
+    fn lock_swap_miscompare_leaves_block_and_success_reads_back() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let (raw, rec) = t.read(LockTable::GLOBAL).unwrap();
+        let mut a = rec.clone();
+        a.version = 5;
+        assert!(t.swap(LockTable::GLOBAL, &raw, &mut a).unwrap());
+        let (raw_a, back) = t.read(LockTable::GLOBAL).unwrap();
+        assert_eq!(back, a);
+        assert_ne!(a.nonce, 0);
+        // A stale `expected`: miscompare, nothing written.
+        let mut b = rec.clone();
+        b.version = 6;
+        assert!(!t.swap(LockTable::GLOBAL, &raw, &mut b).unwrap());
+        assert_eq!(t.read(LockTable::GLOBAL).unwrap().0, raw_a);
+        // A record of the wrong kind for the index is refused before any I/O.
+        let mut wrong = LockRecord::free(LockKind::Group, 0, 0);
+        assert!(t.swap(LockTable::GLOBAL, &raw_a, &mut wrong).is_err());
+    }
+
+    /// Performs every CAW but then reports a failure, as a confused array or a timed-out
+    /// command whose write landed would.
+    #[derive(Debug)]
+    struct Liar {
+        inner: MemDevice,
+        /// 0 honest, 1 written but Err, 2 written but Miscompare, 3 not written and Err.
+        mode: AtomicU32,
+    }
+
+    impl BlockDevice for Liar {
+        fn geometry(&self) -> &Geometry {
+            self.inner.geometry()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+            self.inner.write_at(offset, buf)
+        }
+        fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
+            match self.mode.load(Ordering::Relaxed) {
+                0 => self.inner.compare_and_write(lba, expected, new),
+                1 => {
+                    self.inner.compare_and_write(lba, expected, new)?;
+                    Err(Error::new(ErrorKind::Io, "command timed out"))
+                }
+                2 => {
+                    self.inner.compare_and_write(lba, expected, new)?;
+                    Ok(CawOutcome::Miscompare)
+                }
+                _ => Err(Error::new(ErrorKind::Io, "command timed out")),
+            }
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> Result<()> {
+            self.inner.discard(offset, len)
+        }
+    }
+
+    #[test]
+    fn lock_swap_won_although_the_device_said_otherwise() {
+        let mem = MemDevice::new(128 << 20, 512);
+        let o = MkfsOptions {
+            max_nodes: 4,
+            journal_bytes: 1 << 20,
+            inode_lock_slots: 64,
+            ..Default::default()
+        };
+        let sb = format(&mem, &o, &mut |_, _| {}).unwrap();
+        let liar = Arc::new(Liar {
+            inner: mem,
+            mode: AtomicU32::new(0),
+        });
+        let t = LockTable::new(liar.clone(), &sb);
+        for mode in [1, 2] {
+            liar.mode.store(mode, Ordering::Relaxed);
+            let (raw, rec) = t.read(LockTable::GLOBAL).unwrap();
+            let mut n = rec.clone();
+            n.version += 1;
+            assert!(
+                t.swap(LockTable::GLOBAL, &raw, &mut n).unwrap(),
+                "mode {mode}"
+            );
+            assert_eq!(t.read(LockTable::GLOBAL).unwrap().1, n);
+        }
+        // Not written: the error propagates; a real miscompare stays false.
+        liar.mode.store(3, Ordering::Relaxed);
+        let (raw, rec) = t.read(LockTable::GLOBAL).unwrap();
+        let mut n = rec.clone();
+        n.version += 1;
+        assert_eq!(
+            t.swap(LockTable::GLOBAL, &raw, &mut n).unwrap_err().kind(),
+            ErrorKind::Io
+        );
+        liar.mode.store(2, Ordering::Relaxed);
+        let mut stale = raw.clone();
+        stale[100] ^= 1;
+        assert!(!t.swap(LockTable::GLOBAL, &stale, &mut n).unwrap());
+        assert_eq!(t.read(LockTable::GLOBAL).unwrap().1, rec);
+        // The whole acquire path works through a device that always reports failure.
+        liar.mode.store(1, Ordering::Relaxed);
+        let g = t
+            .acquire_global(me(1), LockMode::Exclusive, Duration::from_secs(1), &never)
+            .unwrap();
+        assert!(LockTable::holds(&g, me(1), LockMode::Exclusive));
+        t.release_global(me(1)).unwrap();
+        assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
+    }
+
+    /// Returns a damaged copy of the lock area for the next `torn` reads.
+    #[derive(Debug)]
+    struct Torn {
+        inner: MemDevice,
+        torn: AtomicU32,
+    }
+
+    impl BlockDevice for Torn {
+        fn geometry(&self) -> &Geometry {
+            self.inner.geometry()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.inner.read_at(offset, buf)?;
+            if self
+                .torn
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+            {
+                buf[100] ^= 0x40;
+            }
+            Ok(())
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+            self.inner.write_at(offset, buf)
+        }
+        fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
+            self.inner.compare_and_write(lba, expected, new)
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> Result<()> {
+            self.inner.discard(offset, len)
+        }
+    }
+
+    #[test]
+    fn lock_torn_reads_are_retried_then_reported() {
+        let mem = MemDevice::new(128 << 20, 512);
+        let o = MkfsOptions {
+            max_nodes: 4,
+            journal_bytes: 1 << 20,
+            inode_lock_slots: 64,
+            ..Default::default()
+        };
+        let sb = format(&mem, &o, &mut |_, _| {}).unwrap();
+        let dev = Arc::new(Torn {
+            inner: mem,
+            torn: AtomicU32::new(0),
+        });
+        let t = LockTable::new(dev.clone(), &sb);
+        t.publish_group_free(0, 42).unwrap();
+        t.open_set(9, me(1), true).unwrap();
+        dev.torn.store(3, Ordering::Relaxed);
+        assert_eq!(t.read(1).unwrap().1.group_free(), Some(42));
+        dev.torn.store(2, Ordering::Relaxed);
+        let r = t.read_range(1, 2).unwrap();
+        assert_eq!(r[0].group_free(), Some(42));
+        dev.torn.store(1000, Ordering::Relaxed);
+        let e = t.read(1).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Corrupted);
+        // A record in the wrong place (a group record where a bucket belongs) is corrupted.
+        dev.torn.store(0, Ordering::Relaxed);
+        let (first, _) = t.bucket_range();
+        let img = LockRecord::free(LockKind::Group, first, 0).encode(512);
+        dev.write_at(t.offset(first), &img).unwrap();
+        assert_eq!(t.read(first).unwrap_err().kind(), ErrorKind::Corrupted);
+    }
+
+    #[test]
+    fn lock_contention_exclusive_no_lost_update() {
+        let (dev, sb) = volume(512);
+        let counter_at = sb.probe_block * FS_BLOCK;
+        let threads: Vec<_> = (0..4u32)
+            .map(|slot| {
+                let dev = dev.clone();
+                let sb = sb.clone();
+                std::thread::spawn(move || {
+                    let t = table(&dev, &sb);
+                    let mut versions = Vec::new();
+                    for _ in 0..300 {
+                        let g = t
+                            .acquire_global(
+                                me(slot),
+                                LockMode::Exclusive,
+                                Duration::from_secs(2),
+                                &never,
+                            )
+                            .unwrap();
+                        versions.push(g.version);
+                        let mut b = vec![0u8; 512];
+                        dev.read_at(counter_at, &mut b).unwrap();
+                        let v = u64::from_le_bytes(b[..8].try_into().unwrap());
+                        std::thread::yield_now();
+                        b[..8].copy_from_slice(&(v + 1).to_le_bytes());
+                        dev.write_at(counter_at, &b).unwrap();
+                        t.release_global(me(slot)).unwrap();
+                    }
+                    versions
+                })
+            })
+            .collect();
+        let mut versions: Vec<u64> = threads
+            .into_iter()
+            .flat_map(|h| h.join().unwrap())
+            .collect();
+        let mut b = vec![0u8; 512];
+        dev.read_at(counter_at, &mut b).unwrap();
+        assert_eq!(u64::from_le_bytes(b[..8].try_into().unwrap()), 1200);
+        // Every exclusive grant had its own version (the fencing token).
+        versions.sort_unstable();
+        versions.dedup();
+        assert_eq!(versions.len(), 1200);
+        let t = table(&dev, &sb);
+        let g = t.read(0).unwrap().1;
+        assert_eq!(g.mode, LockMode::Free);
+        assert!(g.waiters.is_empty() && g.holders.is_empty());
+        assert_eq!(g.version, 1200);
+    }
+
+    #[test]
+    fn lock_shared_and_exclusive_never_coexist() {
+        let (dev, sb) = volume(512);
+        let excl = Arc::new(AtomicI32::new(0));
+        let shared = Arc::new(AtomicI32::new(0));
+        let threads: Vec<_> = (0..4u32)
+            .map(|slot| {
+                let (dev, sb, excl, shared) =
+                    (dev.clone(), sb.clone(), excl.clone(), shared.clone());
+                std::thread::spawn(move || {
+                    let t = table(&dev, &sb);
+                    let m = me(slot);
+                    let mut rng = rand::thread_rng();
+                    let mut grants = [0u32; 2];
+                    for _ in 0..150 {
+                        let mode = if rng.gen_bool(0.3) {
+                            LockMode::Exclusive
+                        } else {
+                            LockMode::Shared
+                        };
+                        let g = t
+                            .acquire_global(m, mode, Duration::from_secs(2), &never)
+                            .unwrap();
+                        assert!(LockTable::holds(&g, m, mode));
+                        let (_, now) = t.read(0).unwrap();
+                        if mode == LockMode::Exclusive {
+                            grants[1] += 1;
+                            assert_eq!(excl.fetch_add(1, Ordering::SeqCst), 0);
+                            assert_eq!(shared.load(Ordering::SeqCst), 0);
+                            assert_eq!(now.mode, LockMode::Exclusive);
+                            assert_eq!(now.owner, slot);
+                            assert!(now.holders.is_empty());
+                            std::thread::yield_now();
+                            excl.fetch_sub(1, Ordering::SeqCst);
+                        } else {
+                            grants[0] += 1;
+                            shared.fetch_add(1, Ordering::SeqCst);
+                            assert_eq!(excl.load(Ordering::SeqCst), 0);
+                            assert_eq!(now.mode, LockMode::Shared);
+                            assert_eq!(now.owner, NO_SLOT);
+                            assert!(now.holders.contains(slot));
+                            std::thread::sleep(Duration::from_micros(50));
+                            shared.fetch_sub(1, Ordering::SeqCst);
+                        }
+                        t.release_global(m).unwrap();
+                    }
+                    grants
+                })
+            })
+            .collect();
+        for h in threads {
+            h.join().unwrap();
+        }
+        let g = table(&dev, &sb).read(0).unwrap().1;
+        assert_eq!(g.mode, LockMode::Free);
+        assert!(g.holders.is_empty() && g.waiters.is_empty());
+    }
+
+    #[test]
+    fn lock_fairness_round_robin_bounds_the_wait() {
+        const SLOTS: u32 = 3;
+        let (dev, sb) = volume(512);
+        // (grants so far, grant number at which each slot was first seen waiting, worst wait,
+        // grant order)
+        type State = (u64, HashMap<u32, u64>, u64, Vec<u32>);
+        let state: Arc<Mutex<State>> = Arc::new(Mutex::new((0, HashMap::new(), 0, Vec::new())));
+        let threads: Vec<_> = (0..SLOTS)
+            .map(|slot| {
+                let (dev, sb, state) = (dev.clone(), sb.clone(), state.clone());
+                std::thread::spawn(move || {
+                    let t = table(&dev, &sb);
+                    for _ in 0..60 {
+                        let g = t
+                            .acquire_global(
+                                me(slot),
+                                LockMode::Exclusive,
+                                Duration::from_secs(10),
+                                &never,
+                            )
+                            .unwrap();
+                        {
+                            let mut st = state.lock().unwrap();
+                            st.0 += 1;
+                            let n = st.0;
+                            for w in g.waiters.iter() {
+                                st.1.entry(w).or_insert(n);
+                            }
+                            if let Some(since) = st.1.remove(&slot) {
+                                st.2 = st.2.max(n - since);
+                            }
+                            st.3.push(slot);
+                        }
+                        std::thread::sleep(Duration::from_micros(100));
+                        t.release_global(me(slot)).unwrap();
+                    }
+                })
+            })
+            .collect();
+        for h in threads {
+            h.join().unwrap();
+        }
+        let st = state.lock().unwrap();
+        assert_eq!(st.0, u64::from(SLOTS) * 60);
+        assert!(
+            st.2 <= 2 * u64::from(SLOTS),
+            "a waiting slot waited {} grants: {:?}",
+            st.2,
+            st.3
+        );
+    }
+
+    #[test]
+    fn lock_handoff_grace_skips_a_next_that_never_comes() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        t.update(0, |r| {
+            let mut n = r.clone();
+            n.next = 7;
+            Some(n)
+        })
+        .unwrap();
+        let grace = Duration::from_millis(300);
+        let start = Instant::now();
+        let g = t
+            .acquire_global(me(1), LockMode::Exclusive, grace, &never)
+            .unwrap();
+        let took = start.elapsed();
+        assert!(took >= grace, "granted after {took:?}, before the grace");
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        assert!(LockTable::holds(&g, me(1), LockMode::Exclusive));
+        assert_eq!(g.next, NO_SLOT);
+        assert!(g.waiters.is_empty());
+        // Named as next, a slot does not wait at all.
+        t.release_global(me(1)).unwrap();
+        t.update(0, |r| {
+            let mut n = r.clone();
+            n.next = 2;
+            Some(n)
+        })
+        .unwrap();
+        let start = Instant::now();
+        t.acquire_global(me(2), LockMode::Shared, Duration::from_secs(30), &never)
+            .unwrap();
+        assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    #[test]
+    fn lock_abort_ends_the_wait_and_leaves_the_waiters() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        t.acquire_global(me(1), LockMode::Exclusive, Duration::from_secs(1), &never)
+            .unwrap();
+        let calls = AtomicU32::new(0);
+        let abort = || {
+            (calls.fetch_add(1, Ordering::Relaxed) >= 5)
+                .then(|| Error::new(ErrorKind::Fenced, "fenced"))
+        };
+        let e = t
+            .acquire_global(me(2), LockMode::Shared, Duration::from_secs(1), &abort)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Fenced);
+        let g = t.read(0).unwrap().1;
+        assert!(!g.waiters.contains(2));
+        assert!(LockTable::holds(&g, me(1), LockMode::Exclusive));
+        assert!(!LockTable::others_waiting(&g, me(1)));
+        // Upgrade: the only shared holder may become exclusive.
+        t.release_global(me(1)).unwrap();
+        let s = t
+            .acquire_global(me(3), LockMode::Shared, Duration::from_secs(1), &never)
+            .unwrap();
+        let x = t
+            .acquire_global(me(3), LockMode::Exclusive, Duration::from_secs(1), &never)
+            .unwrap();
+        assert_eq!(x.version, s.version + 1);
+        assert!(x.holders.is_empty());
+        // Releasing what we do not hold is fine and writes nothing.
+        let writes = dev.writes.load(Ordering::Relaxed);
+        t.release_global(me(2)).unwrap();
+        assert_eq!(dev.writes.load(Ordering::Relaxed), writes);
+        assert!(t
+            .acquire_global(me(1), LockMode::Free, Duration::ZERO, &never)
+            .is_err());
+        assert!(t
+            .acquire_global(me(NO_SLOT), LockMode::Shared, Duration::ZERO, &never)
+            .is_err());
+    }
+
+    /// Two different inodes whose open entries share a bucket.
+    fn colliding(t: &LockTable, a: u64) -> u64 {
+        (a + 1..)
+            .find(|&b| t.bucket_of(b) == t.bucket_of(a))
+            .unwrap()
+    }
+
+    #[test]
+    fn lock_scrub_slot_removes_every_trace() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let dead = me(2);
+        let g = t
+            .acquire_global(dead, LockMode::Exclusive, Duration::from_secs(1), &never)
+            .unwrap();
+        t.update(0, |r| {
+            let mut n = r.clone();
+            n.waiters.insert(2);
+            n.waiters.insert(3);
+            n.next = 2;
+            Some(n)
+        })
+        .unwrap();
+        assert!(t.claim_group(0, dead).unwrap());
+        t.publish_group_free(0, 1234).unwrap();
+        assert!(t.claim_group(1, me(3)).unwrap());
+        let a = 1000;
+        let b = (a + 1..)
+            .find(|&b| t.bucket_of(b) != t.bucket_of(a))
+            .unwrap();
+        let c = colliding(&t, b);
+        t.open_set(a, dead, true).unwrap();
+        t.open_set(b, dead, false).unwrap();
+        t.open_set(a, me(3), false).unwrap();
+        t.open_set(c, me(3), true).unwrap();
+        t.open_set(c, me(1), false).unwrap();
+
+        t.scrub_slot(2).unwrap();
+        let after = t.read(0).unwrap().1;
+        assert_eq!(after.mode, LockMode::Free);
+        assert_eq!(after.owner, NO_SLOT);
+        assert_eq!(after.version, g.version + 1, "caches must revalidate");
+        assert_eq!(after.waiters.iter().collect::<Vec<_>>(), vec![3]);
+        assert_eq!(after.next, 3);
+        let owners = t.group_owners().unwrap();
+        assert_eq!(owners[0], (NO_SLOT, Some(1234)));
+        assert_eq!(owners[1].0, 3);
+        for rec in t.read_range(0, sb.lock_count).unwrap() {
+            assert_ne!(rec.owner, 2);
+            assert!(!rec.holders.contains(2) && !rec.waiters.contains(2) && rec.next != 2);
+            assert!(rec.entries.iter().all(|e| e.slot != 2));
+        }
+        let others = t.open_others(a, me(1)).unwrap();
+        assert_eq!(others.len(), 1);
+        assert_eq!((others[0].slot, others[0].writer), (3, false));
+        assert!(t.open_others(b, me(1)).unwrap().is_empty());
+        let cs = t.open_others(c, me(0)).unwrap();
+        assert_eq!(cs.len(), 2);
+
+        // Twice: nothing left to do, nothing written.
+        let before = dev.snapshot();
+        let writes = dev.writes.load(Ordering::Relaxed);
+        t.scrub_slot(2).unwrap();
+        assert_eq!(dev.writes.load(Ordering::Relaxed), writes);
+        assert!(dev.snapshot() == before);
+        assert!(t.scrub_slot(NO_SLOT).is_err());
+    }
+
+    #[test]
+    fn lock_scrub_of_a_shared_holder_keeps_the_others() {
+        let (dev, sb) = volume(4096);
+        let t = table(&dev, &sb);
+        for s in [1, 4] {
+            t.acquire_global(me(s), LockMode::Shared, Duration::from_secs(1), &never)
+                .unwrap();
+        }
+        let v = t.read(0).unwrap().1.version;
+        t.scrub_slot(4).unwrap();
+        let r = t.read(0).unwrap().1;
+        assert_eq!(r.mode, LockMode::Shared);
+        assert_eq!(r.holders.iter().collect::<Vec<_>>(), vec![1]);
+        assert_eq!(r.version, v, "a shared holder changed nothing");
+        t.scrub_slot(1).unwrap();
+        assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
+    }
+
+    #[test]
+    fn lock_open_registrations() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let a = 77;
+        let b = colliding(&t, a);
+        assert_eq!(t.bucket_of(a), t.bucket_of(b));
+        t.open_set(a, me(1), false).unwrap();
+        t.open_set(a, me(2), true).unwrap();
+        t.open_set(b, me(2), false).unwrap();
+        let oa = t.open_others(a, me(1)).unwrap();
+        assert_eq!(oa.len(), 1);
+        assert_eq!(
+            oa[0],
+            OpenEntry {
+                ino: a,
+                slot: 2,
+                writer: true,
+                slot_gen: me(2).gen
+            }
+        );
+        let ob = t.open_others(b, me(1)).unwrap();
+        assert_eq!((ob.len(), ob[0].writer), (1, false));
+        assert_eq!(t.open_others(a, me(2)).unwrap()[0].slot, 1);
+        assert!(t.open_others(b, me(2)).unwrap().is_empty());
+        // Upsert: same entry, new flag; an unchanged upsert writes nothing.
+        t.open_set(a, me(1), true).unwrap();
+        let writes = dev.writes.load(Ordering::Relaxed);
+        t.open_set(a, me(1), true).unwrap();
+        assert_eq!(dev.writes.load(Ordering::Relaxed), writes);
+        assert_eq!(t.read(t.bucket_of(a)).unwrap().1.entries.len(), 3);
+        assert!(t.open_others(a, me(2)).unwrap()[0].writer);
+        // A new generation of slot 1 replaces the old generation's leftovers.
+        let reborn = Me { slot: 1, gen: 99 };
+        t.open_set(b, reborn, false).unwrap();
+        let entries = t.read(t.bucket_of(a)).unwrap().1.entries;
+        assert!(entries.iter().all(|e| e.slot != 1 || e.slot_gen == 99));
+        t.open_clear(a, me(2)).unwrap();
+        t.open_clear(a, me(2)).unwrap();
+        assert!(t.open_others(a, me(1)).unwrap().is_empty());
+        assert_eq!(t.open_others(b, me(1)).unwrap().len(), 1);
+        t.open_clear(b, me(2)).unwrap();
+        t.open_clear(b, reborn).unwrap();
+        assert!(t.read(t.bucket_of(a)).unwrap().1.entries.is_empty());
+
+        // A full bucket: 18 nodes have one file open; a 19th cannot register.
+        let f = 5;
+        for s in 0..BUCKET_ENTRIES as u32 {
+            t.open_set(f, me(s), s % 2 == 0).unwrap();
+        }
+        assert_eq!(t.open_others(f, me(0)).unwrap().len(), BUCKET_ENTRIES - 1);
+        let e = t.open_set(f, me(100), false).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Busy);
+        assert!(
+            e.to_string().contains("bucket") && e.to_string().contains("lock-table limit"),
+            "{e}"
+        );
+        // Updating an existing entry of a full bucket still works.
+        t.open_set(f, me(3), true).unwrap();
+        t.open_clear(f, me(0)).unwrap();
+        t.open_set(f, me(100), false).unwrap();
+    }
+
+    #[test]
+    fn lock_groups_claim_release_publish() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        assert!(t.claim_group(0, me(1)).unwrap());
+        let v = t.read(1).unwrap().1.version;
+        assert_eq!(v, 1);
+        assert!(t.claim_group(0, me(1)).unwrap(), "already mine");
+        assert_eq!(t.read(1).unwrap().1.version, v);
+        assert!(!t.claim_group(0, me(2)).unwrap());
+        t.publish_group_free(0, 77).unwrap();
+        let owners = t.group_owners().unwrap();
+        assert_eq!(owners.len() as u64, sb.group_count);
+        assert_eq!(owners[0], (1, Some(77)));
+        assert_eq!(owners[1], (NO_SLOT, None));
+        t.release_group(0, me(2), 5).unwrap();
+        assert_eq!(t.group_owners().unwrap()[0], (1, Some(77)));
+        t.release_group(0, me(1), 99).unwrap();
+        assert_eq!(t.group_owners().unwrap()[0], (NO_SLOT, Some(99)));
+        assert!(t.claim_group(0, me(2)).unwrap());
+        let r = t.read(1).unwrap().1;
+        assert_eq!((r.owner, r.version, r.group_free()), (2, 2, Some(99)));
+        assert!(t.claim_group(sb.group_count, me(1)).is_err());
+        assert!(t.publish_group_free(sb.group_count, 1).is_err());
+    }
+}
