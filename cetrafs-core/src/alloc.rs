@@ -10,6 +10,13 @@
 //! the same time therefore fill separate runs instead of interleaving block by block, and a
 //! sequential writer gets one extent per group. Reservations are dropped when the file is closed
 //! and are never on disk.
+//!
+//! Several nodes: every change to a bitmap happens under the cluster's exclusive metadata lock,
+//! so the in-memory copy is exact while this node holds it, and is reloaded (`refresh`) when
+//! another node held it in between. *Where* a node allocates is a policy on top: each node owns
+//! some groups (long-held group locks, see cluster/lock.rs) and looks there first, then in
+//! groups nobody owns, and only then in other nodes' groups — so three nodes writing three
+//! images fill three separate regions.
 
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::group::{encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
@@ -24,9 +31,18 @@ pub const MAX_WINDOW: u64 = 1 << 16;
 /// A group as read from disk: its header and (sequence, payload) of each bitmap block.
 pub type LoadedGroup = (GroupHeader, Vec<(u64, Vec<u8>)>);
 
+/// Who owns a group, as far as this node's allocation policy is concerned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupClass {
+    Mine = 0,
+    Unowned = 1,
+    Others = 2,
+}
+
 #[derive(Debug)]
 struct Group {
     first: u64,
+    class: GroupClass,
     used: Vec<u64>,
     resv: Vec<u64>,
     free: u64,
@@ -141,6 +157,7 @@ impl Allocator {
             }
             let n = used.len();
             out.push(Group {
+                class: GroupClass::Unowned,
                 first: h.first_block,
                 used,
                 resv: vec![0; n],
@@ -173,6 +190,50 @@ impl Allocator {
 
     pub fn total_blocks(&self) -> u64 {
         self.groups.len() as u64 * self.group_blocks
+    }
+
+    /// Replace every group with what is on disk now (another node held the metadata lock in
+    /// between). Reservations are hints and are dropped; earned windows and group classes stay.
+    pub fn refresh(&mut self, sb: &Superblock, groups: Vec<LoadedGroup>) -> Result<()> {
+        debug_assert!(self.quarantine.is_empty(), "refresh with uncommitted frees");
+        let fresh = Self::new(sb, groups)?;
+        let classes: Vec<GroupClass> = self.groups.iter().map(|g| g.class).collect();
+        self.groups = fresh.groups;
+        for (g, c) in self.groups.iter_mut().zip(classes) {
+            g.class = c;
+        }
+        self.resv.clear();
+        Ok(())
+    }
+
+    pub fn set_class(&mut self, g: u64, class: GroupClass) {
+        if let Some(grp) = usize::try_from(g).ok().and_then(|i| self.groups.get_mut(i)) {
+            grp.class = class;
+        }
+    }
+
+    pub fn class(&self, g: u64) -> Option<GroupClass> {
+        usize::try_from(g)
+            .ok()
+            .and_then(|i| self.groups.get(i))
+            .map(|grp| grp.class)
+    }
+
+    /// Free blocks of one group.
+    pub fn group_free(&self, g: u64) -> Option<u64> {
+        usize::try_from(g)
+            .ok()
+            .and_then(|i| self.groups.get(i))
+            .map(|grp| grp.free)
+    }
+
+    /// Free blocks in the groups this node owns.
+    pub fn free_in_mine(&self) -> u64 {
+        self.groups
+            .iter()
+            .filter(|g| g.class == GroupClass::Mine)
+            .map(|g| g.free)
+            .sum()
     }
 
     pub fn is_used(&self, block: u64) -> bool {
@@ -299,12 +360,18 @@ impl Allocator {
     /// runs count) starting at or after `goal`, wrapping around the groups once; at most
     /// `want` long.
     fn find_run(&self, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
+        [GroupClass::Mine, GroupClass::Unowned, GroupClass::Others]
+            .into_iter()
+            .find_map(|class| self.find_run_in(class, goal, want, min))
+    }
+
+    fn find_run_in(&self, class: GroupClass, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
         let (g0, bit0) = self.locate(goal).unwrap_or((0, 0));
         let n = self.groups.len();
         for i in 0..=n {
             let g = (g0 + i) % n;
             let grp = &self.groups[g];
-            if grp.free < min {
+            if grp.free < min || grp.class != class {
                 continue;
             }
             let mut from = if i == 0 { bit0 } else { 0 };

@@ -488,6 +488,8 @@ pub mod seeds {
             slot: 2,
             host: "pve1".into(),
             pid: 4242,
+            recoverer: u32::MAX,
+            recoverer_gen: 0,
         };
         vec![h.encode(512), h.encode(4096)]
     }

@@ -78,7 +78,7 @@ use std::time::{Duration, Instant};
 const TORN_READ_RETRIES: u32 = 5;
 /// Contention backoff: first sleep and cap (each sleep is jittered ±50 %).
 pub const BACKOFF_FIRST: Duration = Duration::from_millis(1);
-pub const BACKOFF_MAX: Duration = Duration::from_millis(50);
+pub const BACKOFF_MAX: Duration = Duration::from_millis(8);
 
 /// This node as lock records name it: its heartbeat slot and the slot's claim generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -89,11 +89,11 @@ fn boottime_ms() -> u64 {
         + u64::try_from(ts.tv_nsec).unwrap_or(0) / 1_000_000
 }
 
-fn lba_of(sb: &Superblock, slot: u32) -> u64 {
+pub fn lba_of(sb: &Superblock, slot: u32) -> u64 {
     sb.hb_start * (FS_BLOCK / u64::from(sb.logical_block_size)) + u64::from(slot)
 }
 
-fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: u32) -> Result<Vec<u8>> {
+pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: u32) -> Result<Vec<u8>> {
     let lbs = dev.geometry().logical_block_size as usize;
     let mut buf = AlignedBuf::new(lbs);
     dev.read_at(lba_of(sb, slot) * lbs as u64, &mut buf)?;
@@ -209,6 +209,8 @@ impl Membership {
                 slot: v.slot,
                 host: host.to_string(),
                 pid: u64::from(std::process::id()),
+                recoverer: u32::MAX,
+                recoverer_gen: 0,
             };
             let image = mine.encode(lbs);
             let lba = lba_of(sb, v.slot);
@@ -325,6 +327,11 @@ impl Membership {
             }
             Err(e) => tracing::warn!("heartbeat write failed: {e}"),
         }
+    }
+
+    /// The generation of the slot this node holds (its identity in lock records).
+    pub fn generation(&self) -> u64 {
+        self.generation.load(Ordering::Acquire)
     }
 
     /// May this node still write? False once fenced or once the lease has run out.
@@ -455,7 +462,7 @@ impl BlockDevice for LeaseGuard {
 /// Is the process that wrote this record gone? Only answerable for records of this host: a
 /// daemon on this host that no longer exists cannot have I/O in flight, so its slot is dead
 /// without waiting out the dead time (the common case of a crashed or killed local daemon).
-fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
+pub fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
     if h.host != local_host {
         return false;
     }
@@ -564,47 +571,23 @@ pub fn describe(v: &SlotView) -> String {
     }
 }
 
-/// After claiming: two nodes that found the volume free at the same moment both hold slots
-/// now. Any other live slot (not one of the `dead` we are recovering) means a race: the node
-/// with the higher slot backs off at once; the lower one waits (up to the other's dead time)
-/// for it to go away, then proceeds — or backs off too.
-pub fn settle_race(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    me: &Membership,
-    dead: &[SlotView],
-) -> Result<()> {
-    let started = Instant::now();
-    loop {
-        let others: Vec<SlotView> = scan(dev, sb)?
-            .into_iter()
-            .filter(|v| {
-                v.slot != me.slot && !dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw)
+/// After claiming: two daemons with the same node identity that mounted at the same moment
+/// both hold slots now. The one with the higher slot backs off; the lower one stays.
+pub fn settle_same_host(dev: &dyn BlockDevice, sb: &Superblock, me: &Membership) -> Result<()> {
+    let twin = scan(dev, sb)?.into_iter().find(|v| {
+        v.slot < me.slot
+            && v.record.as_ref().is_some_and(|h| {
+                h.state == SlotState::Live && h.host == me.host && !local_writer_gone(h, &me.host)
             })
-            .filter(|v| {
-                v.record
-                    .as_ref()
-                    .is_some_and(|h| h.state == SlotState::Live)
-            })
-            .collect();
-        let Some(first) = others.first() else {
-            return Ok(());
-        };
-        if others.iter().any(|v| v.slot < me.slot) {
-            bail!(Busy, "{} is mounting this volume at the same moment; this version mounts a volume on one node at a time", describe(first));
-        }
-        let t = first.record.as_ref().map_or(me.timing, |h| {
-            Timing::from_ms(h.interval_ms, h.io_timeout_ms)
-        });
-        if started.elapsed() > t.dead_time() {
-            bail!(
-                Busy,
-                "the volume is in use by {}: this version mounts a volume on one node at a time",
-                describe(first)
-            );
-        }
-        std::thread::sleep(me.timing.interval);
+    });
+    if let Some(t) = twin {
+        bail!(
+            Busy,
+            "{} already has this volume mounted: a second daemon with the same node identity is refused",
+            describe(&t)
+        );
     }
+    Ok(())
 }
 
 #[cfg(test)]

@@ -1,9 +1,11 @@
 //! Node membership on the disk alone: heartbeat slots, liveness judged by change on the
 //! observer's monotonic clock, and the lease that every write of this node depends on.
-//! (Lock records and multi-node coherency build on this; see docs/locking.md when they land.)
+//! Lock records (`lock`) and dead-node recovery (`recovery`) build on this; the filesystem's
+//! use of them is in `fs/cluster.rs`. See docs/locking.md and docs/recovery.md.
 
 pub mod lock;
 pub mod membership;
+pub mod recovery;
 pub mod timing;
 
 pub use membership::{LeaseGuard, Membership, SlotView};

@@ -2,17 +2,19 @@
 //! heartbeat area, so a slot changes with one COMPARE AND WRITE.
 //!
 //! ```text
-//!   0  4 magic "CTHB"      4 2 version (1)      6 2 state (0 free, 1 live)
+//!   0  4 magic "CTHB"      4 2 version (1)      6 2 state (0 free, 1 live, 2 recovering)
 //!   8  8 generation        bumped on every claim: the owner's identity for locks and fencing
 //!  16  8 counter           bumped on every renewal: liveness is judged by its *change*
 //!  24  8 nonce             random per claim and renewal: proves "this image is mine"
 //!  32 16 volume uuid       a record from another volume is never trusted
 //!  48  4 heartbeat interval (ms)   52 4 io timeout (ms)   the owner's own timing, which
 //!                                   observers use to compute *its* fail and dead times
-//!  56  4 slot index        60 4 reserved
+//!  56  4 slot index        60 4 recoverer slot (state 2: the node recovering this slot)
 //!  64 64 host name (UTF-8, NUL padded)
 //! 128  8 owner pid (diagnostics only)
-//! 136 .. zero
+//! 136  8 recoverer generation (state 2): with the recoverer slot, who claimed the recovery;
+//!        the claim is void once that slot no longer holds that generation alive
+//! 144 .. zero
 //! lbs-4 4 crc32c of bytes 0..lbs-4
 //! ```
 //! An all-zero block is a free slot that was never used.
@@ -28,6 +30,9 @@ pub const HOST_LEN: usize = 64;
 pub enum SlotState {
     Free = 0,
     Live = 1,
+    /// The node died; a survivor (recoverer slot, generation) is replaying and releasing
+    /// what it held. Writing this state also fences the dead node should it resume.
+    Recovering = 2,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -42,6 +47,8 @@ pub struct Heartbeat {
     pub slot: u32,
     pub host: String,
     pub pid: u64,
+    pub recoverer: u32,
+    pub recoverer_gen: u64,
 }
 
 impl Heartbeat {
@@ -58,6 +65,8 @@ impl Heartbeat {
         w.u32(48, self.interval_ms);
         w.u32(52, self.io_timeout_ms);
         w.u32(56, self.slot);
+        w.u32(60, self.recoverer);
+        w.u64(136, self.recoverer_gen);
         let h = self.host.as_bytes();
         w.bytes(64, &h[..h.len().min(HOST_LEN)]);
         w.u64(128, self.pid);
@@ -85,6 +94,7 @@ impl Heartbeat {
         let state = match r.u16(6)? {
             0 => SlotState::Free,
             1 => SlotState::Live,
+            2 => SlotState::Recovering,
             s => {
                 return Err(Error::corrupted(format!(
                     "heartbeat record: unknown state {s}"
@@ -108,6 +118,8 @@ impl Heartbeat {
                 .map_err(|_| Error::corrupted("heartbeat record: host name is not UTF-8"))?
                 .to_string(),
             pid: r.u64(128)?,
+            recoverer: r.u32(60)?,
+            recoverer_gen: r.u64(136)?,
         }))
     }
 }
@@ -130,6 +142,8 @@ mod tests {
             slot: 0,
             host: "x".into(),
             pid: 1,
+            recoverer: 0,
+            recoverer_gen: 0,
         };
         let mut b = h.encode(512);
         b[64] = 0xff;
@@ -142,7 +156,7 @@ mod tests {
         #[test]
         fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8) {
             let lbs = if big { 4096 } else { 512 };
-            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42 };
+            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42, recoverer: 5, recoverer_gen: gen ^ 1 };
             let mut b = h.encode(lbs);
             prop_assert_eq!(Heartbeat::decode(&b).unwrap(), Some(h));
             let bit = flip % (lbs * 8);

@@ -72,13 +72,19 @@ impl Volume {
                 }
             }
         }
+        self.register_open(&st, writable)?;
         if truncate && writable {
             let set = super::SetAttr {
                 size: Some(0),
                 ..Default::default()
             };
             if st.read().inode.size != 0 {
-                self.setattr(ino, &set, super::Caller::ROOT)?;
+                if let Err(e) = self.setattr(ino, &set, super::Caller::ROOT) {
+                    if st.opens.load(Ordering::Acquire) == 0 {
+                        self.unregister_open(&st);
+                    }
+                    return Err(e);
+                }
             }
         }
         Ok(self.open_state(st, writable))
@@ -91,7 +97,18 @@ impl Volume {
         if self.read_only || self.unmounted.load(Ordering::Relaxed) {
             return Ok(());
         }
+        if last || last_writer {
+            self.unregister_open(st);
+        }
         let pending = st.has_pending.load(Ordering::Acquire);
+        // Another node may have unlinked it: its link count is known after a refresh.
+        if last && !self.is_current(st) {
+            let mut meta = self.meta_sh()?;
+            match self.refresh(&mut Tx::new(&*self.dev, &mut meta), st) {
+                Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
+                r => r?,
+            }
+        }
         let unlinked = last && st.read().inode.nlink == 0;
         if !(last_writer || pending || unlinked) {
             return Ok(());
@@ -100,13 +117,19 @@ impl Volume {
             if last_writer {
                 tx.meta.alloc.forget_owner(st.ino);
             }
+            match self.refresh(tx, st) {
+                Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
+                r => r?,
+            }
             let mut inner = st.write();
             if inner.freed {
                 return Ok(());
             }
             if unlinked
+                && inner.inode.nlink == 0
                 && st.opens.load(Ordering::Acquire) == 0
                 && st.lookups.load(Ordering::Acquire) == 0
+                && !self.open_elsewhere(st.ino)
             {
                 return self.free_inode(tx, &mut inner);
             }
@@ -125,6 +148,16 @@ impl Volume {
         size: u32,
         reply: &mut dyn FnMut(&[u8]),
     ) -> Result<()> {
+        // The block map is used only while current (see fs/cluster.rs, data path).
+        let _gate = loop {
+            let gate = self.data_gate();
+            if self.is_current(&fh.state) {
+                break gate;
+            }
+            drop(gate);
+            let mut meta = self.meta_sh()?;
+            self.refresh(&mut Tx::new(&*self.dev, &mut meta), &fh.state)?;
+        };
         let inner = fh.state.read();
         let fsize = inner.inode.size;
         if offset >= fsize || size == 0 {
@@ -182,6 +215,7 @@ impl Volume {
         self.check_writable()?;
         let st = &fh.state;
         self.meta_op(|tx| {
+            self.refresh(tx, st)?;
             let mut inner = st.write();
             if inner.freed {
                 bail!(NotFound, "inode {} was removed", st.ino);
@@ -213,6 +247,10 @@ impl Volume {
         let lbs = self.dev.geometry().lbs();
         let end = offset + data.len() as u64;
         if !offset.is_multiple_of(lbs) || !end.is_multiple_of(lbs) {
+            return Ok(false);
+        }
+        let _gate = self.data_gate();
+        if !self.is_current(st) {
             return Ok(false);
         }
         let inner = st.read();
@@ -486,7 +524,7 @@ impl Volume {
 
     /// The file's extent map (for tools and tests: extent counts, fragmentation).
     pub fn extents(&self, ino: Ino) -> Result<Vec<crate::format::extent::Extent>> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
@@ -543,6 +581,7 @@ impl Volume {
         if let Some(st) = st {
             if st.has_pending.load(Ordering::Acquire) && !self.read_only {
                 self.meta_op(|tx| {
+                    self.refresh(tx, &st)?;
                     let mut inner = st.write();
                     if !inner.freed && Self::fold_pending(&st, &mut inner) {
                         self.save(tx, &mut inner)?;

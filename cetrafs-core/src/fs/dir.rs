@@ -98,7 +98,7 @@ impl Volume {
         if name.len() > MAX_NAME {
             bail!(NameTooLong, "file name longer than {MAX_NAME} bytes");
         }
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let dst = self.dir_state(&mut tx, parent)?;
         let target = {
@@ -211,6 +211,9 @@ impl Volume {
             lookups: std::sync::atomic::AtomicU64::new(0),
             pending_mtime: AtomicI64::new(0),
             has_pending: AtomicBool::new(false),
+            epoch: std::sync::atomic::AtomicU64::new(
+                self.cl.epoch.load(std::sync::atomic::Ordering::Acquire),
+            ),
         });
         {
             let mut inner = st.write();
@@ -298,7 +301,10 @@ impl Volume {
             Ok((a, st))
         });
         match r {
-            Ok((a, st)) => Ok((a, self.open_state(st, true))),
+            Ok((a, st)) => {
+                self.register_open(&st, true)?;
+                Ok((a, self.open_state(st, true)))
+            }
             Err(e) if e.kind() == ErrorKind::Exists && !excl => {
                 let a = self.lookup(parent, name)?;
                 if a.kind == FileKind::Directory {
@@ -312,7 +318,7 @@ impl Volume {
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
@@ -385,6 +391,7 @@ impl Volume {
         if inner.inode.nlink == 0
             && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0
             && st.lookups.load(std::sync::atomic::Ordering::Acquire) == 0
+            && !self.open_elsewhere(inner.inode.ino)
         {
             self.free_inode(tx, inner)
         } else {
@@ -736,7 +743,7 @@ impl Volume {
         loop {
             let mut batch = Vec::with_capacity(BATCH + 2);
             {
-                let mut meta = self.lock_meta();
+                let mut meta = self.meta_sh()?;
                 let mut tx = Tx::new(&*self.dev, &mut meta);
                 let st = self.dir_state(&mut tx, ino)?;
                 let inode = st.read().inode.clone();

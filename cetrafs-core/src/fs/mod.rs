@@ -2,13 +2,15 @@
 //! thin translation onto these methods; tests call them directly on a memory device.
 //!
 //! Concurrency: metadata operations serialize on one per-volume mutex (`meta`, which also owns
-//! the allocator and the metadata block cache); each inode has its own RwLock. Lock order is
+//! the allocator and the metadata block cache) and, across nodes, on the cluster's global
+//! metadata lock (`cluster.rs`); each inode has its own RwLock. Lock order is global lock →
 //! meta → inode table → inode. The data path (read/write inside already-written extents) takes
 //! only the inode's lock in shared mode and does one device I/O per contiguous run.
 
 pub mod types;
 
 pub(crate) mod btree;
+mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
@@ -17,12 +19,13 @@ pub(crate) mod txn;
 pub use types::*;
 
 use crate::alloc::Allocator;
-use crate::cluster::membership;
+use crate::cluster::lock::{LockTable, Me};
+use crate::cluster::{membership, recovery};
 use crate::cluster::{LeaseGuard, Membership};
 use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::group::{decode_bitmap, GroupHeader};
 use crate::format::inode::{flags, Inode, Timespec};
+use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
 use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
 use extent_map::ExtentMap;
@@ -64,6 +67,8 @@ pub(crate) struct InodeState {
     /// latest such write, folded into the inode on the next metadata touch.
     pending_mtime: AtomicI64,
     has_pending: AtomicBool,
+    /// The cluster epoch (fs/cluster.rs) this state was loaded at: older means reload.
+    epoch: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -107,6 +112,7 @@ pub struct Volume {
     sb: Superblock,
     read_only: bool,
     member: Arc<Membership>,
+    cl: cluster::Cluster,
     meta: Mutex<Meta>,
     table: Mutex<HashMap<Ino, Arc<InodeState>>>,
     unmounted: AtomicBool,
@@ -168,43 +174,45 @@ impl Volume {
         }
         let ro_only = sb.check_features()?;
         let read_only = opts.read_only || ro_only;
-        // Who else holds the volume? Until cluster locking lands, one node at a time.
+        // Who else holds the volume? Live nodes are welcome (the disk locks coordinate);
+        // a second daemon of this node is not; slots silent for their dead time are recovered.
         let (alive, dead) =
             membership::find_holders(&*dev, &sb, &opts.host, membership::Patience::Dead)?;
-        if let Some(a) = alive.first() {
-            if a.record.as_ref().is_some_and(|h| h.host == opts.host) {
-                bail!(Busy, "{} already has this volume mounted: a second daemon with the same node identity is refused", membership::describe(a));
-            }
-            bail!(
-                Busy,
-                "the volume is in use by {}: this version mounts a volume on one node at a time",
-                membership::describe(a)
-            );
+        if let Some(a) = alive
+            .iter()
+            .find(|a| a.record.as_ref().is_some_and(|h| h.host == opts.host))
+        {
+            bail!(Busy, "{} already has this volume mounted: a second daemon with the same node identity is refused", membership::describe(a));
         }
-        // Dead nodes' journals are replayed before anything else is read.
-        for d in &dead {
-            let area = crate::journal::JournalArea::for_slot(&sb, d.slot);
-            if read_only {
+        if read_only {
+            for d in &dead {
+                let area = crate::journal::JournalArea::for_slot(&sb, d.slot);
                 if crate::journal::find_tx(&*dev, area)?.is_some() {
                     bail!(ReadOnly, "{} died with a journal that needs replay, which writes to the volume; mount read-write once", membership::describe(d));
                 }
-            } else {
-                let n = crate::journal::replay(&*dev, area).map_err(|e| {
-                    e.wrap(format!("journal replay of {}", membership::describe(d)))
-                })?;
-                tracing::warn!("recovered {}: node had stopped without unmounting; {n} blocks replayed from its journal", membership::describe(d));
             }
         }
-        let prefer = dead
-            .iter()
-            .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
-            .map(|d| d.slot);
-        let member = Membership::claim(dev.clone(), &sb, &opts.host, prefer)?;
+        let member = Membership::claim(dev.clone(), &sb, &opts.host, None)?;
         let claimed = member.clone();
         // Everything after the claim runs in here so that any failure gives the slot back.
         let result = (move || -> Result<Arc<Volume>> {
-            membership::settle_race(&*dev, &sb, &member, &dead)?;
+            membership::settle_same_host(&*dev, &sb, &member)?;
             let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
+            let me = Me {
+                slot: member.slot,
+                gen: member.generation(),
+            };
+            let locks = LockTable::new(dev.clone(), &sb);
+            // Dead nodes first: their journals hold the newest metadata if one died holding
+            // the global lock, and their locks would block ours.
+            let mut recovered = Vec::new();
+            if !read_only {
+                for d in &dead {
+                    if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, d, me)? {
+                        recovered.push(c);
+                    }
+                }
+            }
             let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
             if read_only {
                 if crate::journal::find_tx(&*dev, journal)?.is_some() {
@@ -213,80 +221,84 @@ impl Volume {
             } else {
                 crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
             }
-            let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
-            let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
-            let mut buf = AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
-            for g in 0..sb.group_count {
-                let first = sb.group_first_block(g);
-                dev.read_at(first * FS_BLOCK, &mut buf)?;
-                let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
-                    .map_err(|e| e.wrap(format!("group {g}")))?;
-                if h.index != g
-                    || h.block_count != sb.group_blocks
-                    || h.bitmap_blocks != sb.bitmap_blocks
-                {
-                    bail!(
-                        Corrupted,
-                        "group {g}: header does not match the superblock; run fsck.cetra"
-                    );
+            let timing =
+                crate::cluster::Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
+            let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks);
+            // Load the allocator under the shared global lock, at a known lock version.
+            let granted =
+                cl.locks
+                    .acquire_global(me, LockMode::Shared, timing.io_timeout * 2, &|| {
+                        (!member.lease_valid()).then(|| {
+                            Error::new(
+                                ErrorKind::Fenced,
+                                "the heartbeat lease expired while mounting",
+                            )
+                        })
+                    })?;
+            let loaded = cluster::load_groups(&*dev, &sb).and_then(|g| Allocator::new(&sb, g));
+            let alloc = match loaded {
+                Ok(a) => a,
+                Err(e) => {
+                    let _ = cl.locks.release_global(me);
+                    return Err(e);
                 }
-                let mut bms = Vec::new();
-                for i in 0..meta_blocks - 1 {
-                    let at = first + 1 + i as u64;
-                    let (seq, payload) =
-                        decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
-                    bms.push((seq, payload.to_vec()));
-                }
-                groups.push((h, bms));
-            }
-            let alloc = Allocator::new(&sb, groups)?;
+            };
             let mut meta = Meta::new(alloc, journal);
             meta.slot = member.slot;
+            meta.gml = LockMode::Shared;
+            meta.gml_version = granted.version;
             let vol = Arc::new(Volume {
                 dev,
                 sb,
                 read_only,
                 member,
+                cl,
                 meta: Mutex::new(meta),
                 table: Mutex::new(HashMap::new()),
                 unmounted: AtomicBool::new(false),
             });
-            if !read_only && !opts.commit_interval.is_zero() {
-                Self::spawn_committer(&vol, opts.commit_interval);
-            }
-            // Make sure the root is readable now rather than on the first lookup.
-            let root = vol.sb.root_ino;
-            {
-                let mut meta = vol.lock_meta();
-                let mut tx = Tx::new(&*vol.dev, &mut meta);
-                let st = vol
-                    .state(&mut tx, root)
-                    .map_err(|e| e.wrap("root directory"))?;
-                if !st.read().inode.is_dir() {
-                    bail!(
-                        Corrupted,
-                        "root inode {root} is not a directory; run fsck.cetra"
-                    );
+            let started = (|| -> Result<()> {
+                vol.note_mounted(&mut vol.lock_meta());
+                Self::spawn_keeper(&vol);
+                if !read_only && !opts.commit_interval.is_zero() {
+                    Self::spawn_committer(&vol, opts.commit_interval);
                 }
-            }
-            if !read_only {
-                for slot in dead
-                    .iter()
-                    .map(|d| d.slot)
-                    .filter(|&s| s != vol.member.slot)
-                    .chain([vol.member.slot])
+                // Make sure the root is readable now rather than on the first lookup.
+                let root = vol.sb.root_ino;
                 {
-                    vol.free_orphans(slot)
+                    let mut meta = vol.meta_sh()?;
+                    let mut tx = Tx::new(&*vol.dev, &mut meta);
+                    let st = vol
+                        .state(&mut tx, root)
+                        .map_err(|e| e.wrap("root directory"))?;
+                    if !st.read().inode.is_dir() {
+                        bail!(
+                            Corrupted,
+                            "root inode {root} is not a directory; run fsck.cetra"
+                        );
+                    }
+                }
+                if !read_only {
+                    for c in &recovered {
+                        vol.finish_recovery(c, std::time::Duration::ZERO)?;
+                    }
+                    vol.free_orphans(vol.member.slot)
                         .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
                 }
-                for d in dead.iter().filter(|d| d.slot != vol.member.slot) {
-                    membership::clear_slot(&*vol.dev, &vol.sb, d)?;
-                }
+                Self::spawn_watcher(&vol);
+                Ok(())
+            })();
+            if let Err(e) = started {
+                vol.unmounted.store(true, Ordering::SeqCst);
+                let mut meta = vol.lock_meta();
+                let _ = vol.leave_cluster(&mut meta);
+                return Err(e);
             }
             tracing::info!(
-                "mounted CetraFS {} label {:?}: {} groups of {} MiB, {} MiB free{}",
+                "mounted CetraFS {} label {:?} as node slot {}: {} groups of {} MiB, {} MiB free{}",
                 vol.sb.uuid_string(),
                 vol.sb.label,
+                vol.member.slot,
                 vol.sb.group_count,
                 (vol.sb.group_blocks * FS_BLOCK) >> 20,
                 (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
@@ -323,33 +335,49 @@ impl Volume {
     }
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).
+    /// One still open here or on another live node stays listed: its last closer frees it.
     fn free_orphans(&self, slot: u32) -> Result<()> {
         let orphans = {
-            let mut meta = self.lock_meta();
+            let mut meta = self.meta_sh()?;
             Tx::new(&*self.dev, &mut meta).slot_header_of(slot)?.orphans
         };
         if orphans.is_empty() {
             return Ok(());
         }
+        let mut freed = 0;
         self.meta_op(|tx| {
-            for ino in &orphans {
-                let st = self.state(tx, *ino)?;
+            let mut kept = Vec::new();
+            for &ino in &orphans {
+                let st = match self.state(tx, ino) {
+                    Ok(st) => st,
+                    Err(e) if e.kind() == ErrorKind::NotFound => continue,
+                    Err(e) => return Err(e),
+                };
                 let mut inner = st.write();
-                if inner.inode.nlink == 0 && !inner.freed {
-                    self.free_inode(tx, &mut inner)?;
+                if inner.freed || inner.inode.nlink != 0 {
+                    continue;
                 }
+                if st.opens.load(Ordering::Acquire) > 0
+                    || st.lookups.load(Ordering::Acquire) > 0
+                    || self.open_elsewhere(ino)
+                {
+                    kept.push(ino);
+                    continue;
+                }
+                self.free_inode(tx, &mut inner)?;
+                freed += 1;
             }
             let mut h = tx.slot_header_of(slot)?;
-            if !h.orphans.is_empty() {
-                h.orphans.clear();
+            let before = h.orphans.len();
+            h.orphans.retain(|o| kept.contains(o));
+            if h.orphans.len() != before {
                 tx.put_slot_header_of(slot, h);
             }
             Ok(())
         })?;
-        tracing::info!(
-            "freed {} inodes left open-unlinked by a crash",
-            orphans.len()
-        );
+        if freed > 0 {
+            tracing::info!("freed {freed} inodes left open-unlinked by a crash");
+        }
         self.lock_meta().commit_point(&*self.dev)
     }
 
@@ -367,21 +395,39 @@ impl Volume {
         &self.sb
     }
 
-    /// Flush everything; the volume must not be used afterwards.
+    /// Flush everything, give back the cluster locks and the node slot; the volume must not
+    /// be used afterwards.
     pub fn unmount(&self) -> Result<()> {
-        if self.unmounted.swap(true, Ordering::SeqCst) {
+        if self.unmounted.load(Ordering::SeqCst) {
             return Ok(());
         }
         let r = self.sync();
-        // Open-unlinked files still open at unmount are freed now.
+        // Open-unlinked files still open at unmount are freed now (unless open elsewhere).
         let states: Vec<Arc<InodeState>> = self.lock_table().values().cloned().collect();
-        if self.read_only {
+        if self.read_only || self.member.is_fenced() {
+            self.unmounted.store(true, Ordering::SeqCst);
+            if !self.member.is_fenced() {
+                let mut meta = self.lock_meta();
+                let _ = self.leave_cluster(&mut meta);
+            }
             self.member.release()?;
             return r;
         }
-        let mut meta = self.lock_meta();
+        let unlinked: Vec<Arc<InodeState>> = states
+            .into_iter()
+            .filter(|st| {
+                let inner = st.read();
+                !inner.freed && inner.inode.nlink == 0
+            })
+            .filter(|st| !self.open_elsewhere(st.ino))
+            .collect();
+        let mut meta = self.meta_ex()?;
+        self.unmounted.store(true, Ordering::SeqCst);
         let mut tx = Tx::new(&*self.dev, &mut meta);
-        for st in states {
+        for st in unlinked {
+            if self.refresh(&mut tx, &st).is_err() {
+                continue;
+            }
             let mut inner = st.write();
             if !inner.freed && inner.inode.nlink == 0 {
                 self.free_inode(&mut tx, &mut inner)?;
@@ -389,6 +435,7 @@ impl Volume {
         }
         tx.commit()?;
         meta.close(&*self.dev)?;
+        self.leave_cluster(&mut meta)?;
         drop(meta);
         self.member.release()?;
         r
@@ -435,9 +482,11 @@ impl Volume {
 
     /// The in-memory state of an inode, loading it if needed.
     fn state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<InodeState>> {
-        if let Some(s) = self.lock_table().get(&ino) {
+        let cached = self.lock_table().get(&ino).cloned();
+        if let Some(s) = cached {
             if !s.read().freed {
-                return Ok(s.clone());
+                self.refresh(tx, &s)?;
+                return Ok(s);
             }
         }
         if self.sb.group_of(ino).is_none() || !tx.meta.alloc.is_used(ino) {
@@ -462,6 +511,7 @@ impl Volume {
             lookups: AtomicU64::new(0),
             pending_mtime: AtomicI64::new(0),
             has_pending: AtomicBool::new(false),
+            epoch: AtomicU64::new(self.cl.epoch.load(Ordering::Acquire)),
         });
         let mut t = self.lock_table();
         if t.len() > 100_000 {
@@ -479,11 +529,11 @@ impl Volume {
         // while it removes the entry from the table, and this path holds no metadata lock.
         let cached = self.lock_table().get(&ino).cloned();
         if let Some(s) = cached {
-            if !s.read().freed {
+            if !s.read().freed && self.is_current(&s) {
                 return Ok(s);
             }
         }
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         self.state(&mut tx, ino)
     }
@@ -514,10 +564,16 @@ impl Volume {
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
         if inner.inode.nlink == 0 {
-            let mut h = tx.slot_header()?;
-            if let Some(i) = h.orphans.iter().position(|&o| o == ino) {
-                h.orphans.swap_remove(i);
-                tx.put_slot_header(h);
+            // Usually on this node's orphan list; on another's when that node unlinked it
+            // while this one had it open (the last node to close frees it).
+            let own = tx.meta.slot;
+            for slot in std::iter::once(own).chain((0..self.sb.max_nodes).filter(|&s| s != own)) {
+                let mut h = tx.slot_header_of(slot)?;
+                if let Some(i) = h.orphans.iter().position(|&o| o == ino) {
+                    h.orphans.swap_remove(i);
+                    tx.put_slot_header_of(slot, h);
+                    break;
+                }
             }
         }
         if inner.inode.is_reg() {
@@ -562,7 +618,7 @@ impl Volume {
 
     /// Run a metadata operation: lock, transaction, commit.
     fn meta_op<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_ex()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let r = f(&mut tx);
         // Commit what was done even on error: every step leaves metadata consistent, and
@@ -620,8 +676,14 @@ impl Volume {
             let inner = st.read();
             (inner.inode.nlink, inner.freed)
         };
-        if nlink == 0 && !freed && !self.read_only && !self.unmounted.load(Ordering::Relaxed) {
+        if nlink == 0
+            && !freed
+            && !self.read_only
+            && !self.unmounted.load(Ordering::Relaxed)
+            && !self.open_elsewhere(ino)
+        {
             let r = self.meta_op(|tx| {
+                self.refresh(tx, &st)?;
                 let mut inner = st.write();
                 if inner.freed
                     || inner.inode.nlink != 0
@@ -696,7 +758,7 @@ impl Volume {
     }
 
     pub fn statfs(&self) -> Result<StatFs> {
-        let meta = self.lock_meta();
+        let meta = self.meta_sh()?;
         let free = meta.alloc.free_blocks();
         Ok(StatFs {
             blocks: meta.alloc.total_blocks(),
@@ -734,7 +796,7 @@ impl Volume {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
@@ -745,7 +807,7 @@ impl Volume {
     }
 
     pub fn listxattr(&self, ino: Ino) -> Result<Vec<Vec<u8>>> {
-        let mut meta = self.lock_meta();
+        let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
@@ -868,6 +930,9 @@ impl Volume {
         if !pending.is_empty() && !self.read_only {
             self.meta_op(|tx| {
                 for st in pending {
+                    if self.refresh(tx, &st).is_err() {
+                        continue;
+                    }
                     let mut inner = st.write();
                     if !inner.freed && Self::fold_pending(&st, &mut inner) {
                         self.save(tx, &mut inner)?;
@@ -892,5 +957,7 @@ impl Volume {
     }
 }
 
+#[cfg(test)]
+mod multinode_tests;
 #[cfg(test)]
 mod tests;

@@ -39,6 +39,12 @@ pub(crate) struct Meta {
     failed: bool,
     /// This node's slot (whose journal and orphan list it uses).
     pub slot: u32,
+    /// How this node holds the cluster's global metadata lock (fs/cluster.rs).
+    pub gml: crate::format::lock_record::LockMode,
+    /// The lock's version when this node last held it: if it moved, caches are stale.
+    pub gml_version: u64,
+    /// Free counts last published into the group locks' value blocks.
+    pub published: HashMap<u64, u64>,
 }
 
 impl Meta {
@@ -51,7 +57,20 @@ impl Meta {
             next_seq: 1,
             failed: false,
             slot: 0,
+            gml: crate::format::lock_record::LockMode::Free,
+            gml_version: 0,
+            published: HashMap::new(),
         }
+    }
+
+    /// Forget every cached block (another node may have changed them). Only clean copies are
+    /// cached; the running transaction is empty whenever this node did not hold the lock.
+    pub fn drop_cache(&mut self) {
+        debug_assert!(
+            self.pending.is_empty(),
+            "dropping the cache with pending metadata"
+        );
+        self.cache.clear();
     }
 
     pub fn has_pending(&self) -> bool {

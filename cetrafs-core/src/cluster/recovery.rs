@@ -1,0 +1,140 @@
+//! Recovery of a dead node by a survivor, in idempotent steps (docs/recovery.md):
+//!
+//! 1. **claim**: compare-and-write the dead slot's record from the image observed dead to
+//!    `Recovering {recoverer: me}`. Only one survivor wins; the write also fences the dead node
+//!    should it resume (its renewal sees a foreign image). A claim whose recoverer is no longer
+//!    that live node is taken over the same way, and the steps are redone.
+//! 2. **replay** its journal (sequence-guarded, so replaying twice changes nothing). Safe while
+//!    others run: a node's journal is non-empty only while it holds the global metadata lock
+//!    exclusively — nobody else can have changed those blocks since.
+//! 3. **release its locks**: global lock (version bumped if it held it exclusively, so every
+//!    cache is revalidated), allocation groups, open registrations. Locks are never broken
+//!    before step 2.
+//! 4. free its open-unlinked inodes (needs the filesystem: `fs/cluster.rs`);
+//! 5. **clear** the slot: Free, generation + 1 — the dead owner's (slot, generation) never
+//!    matches again.
+
+use super::lock::{LockTable, Me};
+use super::membership::{self, SlotView};
+use crate::dev::{BlockDevice, CawOutcome};
+use crate::error::Result;
+use crate::format::heartbeat::{Heartbeat, SlotState};
+use crate::format::superblock::Superblock;
+use crate::journal::JournalArea;
+
+/// A recovery this node has claimed (steps 1–3 done).
+#[derive(Debug, Clone)]
+pub struct Claimed {
+    /// The slot as we wrote it (state Recovering), for the final compare-and-write.
+    pub view: SlotView,
+    /// Journal blocks written home by the replay.
+    pub replayed: usize,
+}
+
+/// Compare-and-write `new` over `expected` in `slot`; true if our image is there now.
+fn swap_slot(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: u32,
+    expected: &[u8],
+    new: &[u8],
+) -> Result<bool> {
+    match dev.compare_and_write(membership::lba_of(sb, slot), expected, new) {
+        Ok(CawOutcome::Written) => Ok(true),
+        // Miscompare or unknown outcome: the block tells whether our write landed.
+        Ok(CawOutcome::Miscompare) | Err(_) => Ok(membership::read_slot(dev, sb, slot)? == new),
+    }
+}
+
+/// A test hook for the multi-node suite: `CETRA_FAILPOINT=recovery::after_replay=exit` makes
+/// the process exit right after step 2, so that another node must finish the recovery.
+fn exit_failpoint(name: &str) {
+    if std::env::var("CETRA_FAILPOINT").is_ok_and(|v| v == format!("{name}=exit")) {
+        tracing::error!("failpoint {name}: exiting as requested by CETRA_FAILPOINT");
+        std::process::exit(99);
+    }
+}
+
+/// Steps 1–3. Ok(None): someone else holds the claim, or the slot is no longer dead.
+pub fn claim_and_release(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    locks: &LockTable,
+    dead: &SlotView,
+    me: Me,
+) -> Result<Option<Claimed>> {
+    let Some(h) = dead.record.clone() else {
+        return Ok(None);
+    };
+    if h.state == SlotState::Free {
+        return Ok(None);
+    }
+    let claimed = if h.state == SlotState::Recovering
+        && h.recoverer == me.slot
+        && h.recoverer_gen == me.gen
+    {
+        dead.clone()
+    } else {
+        let mine = Heartbeat {
+            state: SlotState::Recovering,
+            recoverer: me.slot,
+            recoverer_gen: me.gen,
+            counter: h.counter + 1,
+            nonce: rand::random(),
+            ..h.clone()
+        };
+        let lbs = dev.geometry().logical_block_size as usize;
+        let image = mine.encode(lbs);
+        if !swap_slot(dev, sb, dead.slot, &dead.raw, &image)? {
+            return Ok(None);
+        }
+        tracing::warn!(
+            "recovering {}: claimed its slot (generation {})",
+            membership::describe(dead),
+            h.generation
+        );
+        SlotView {
+            slot: dead.slot,
+            raw: image,
+            record: Some(mine),
+        }
+    };
+    let replayed = crate::journal::replay(dev, JournalArea::for_slot(sb, dead.slot))
+        .map_err(|e| e.wrap(format!("journal replay of {}", membership::describe(dead))))?;
+    exit_failpoint("recovery::after_replay");
+    locks.scrub_slot(dead.slot).map_err(|e| {
+        e.wrap(format!(
+            "releasing the locks of {}",
+            membership::describe(dead)
+        ))
+    })?;
+    Ok(Some(Claimed {
+        view: claimed,
+        replayed,
+    }))
+}
+
+/// Step 5: the slot becomes free with generation + 1.
+pub fn clear(dev: &dyn BlockDevice, sb: &Superblock, c: &Claimed) -> Result<()> {
+    let Some(h) = c.view.record.clone() else {
+        return Ok(());
+    };
+    let free = Heartbeat {
+        state: SlotState::Free,
+        generation: h.generation + 1,
+        recoverer: u32::MAX,
+        recoverer_gen: 0,
+        nonce: rand::random(),
+        ..h
+    };
+    let lbs = dev.geometry().logical_block_size as usize;
+    if swap_slot(dev, sb, c.view.slot, &c.view.raw, &free.encode(lbs))? {
+        Ok(())
+    } else {
+        crate::bail!(
+            Busy,
+            "node slot {} changed while this node was recovering it",
+            c.view.slot
+        )
+    }
+}

@@ -1,0 +1,674 @@
+//! The filesystem's side of the cluster: several nodes, one volume, no network.
+//!
+//! * **One global metadata lock** (lock record 0, see `cluster/lock.rs`), held *lazily*: a node
+//!   that took it keeps it until another node registers as a waiter, so a node working alone
+//!   pays no cluster I/O per operation. Metadata changes need it exclusive; metadata reads need
+//!   it shared. Its version (bumped on every exclusive grant) validates every cache: if it moved
+//!   since this node last held the lock, someone else changed metadata, and the block cache,
+//!   the allocator's bitmaps and every loaded inode are reloaded before use.
+//! * **Handoff**: before giving the lock up, the node commits its running transaction, writes
+//!   it home, flushes, and empties its journal (so a later recovery never replays an image
+//!   older than what the next holder writes — GFS2's journal-replay hazard).
+//! * **Data path**: reads and writes inside written extents use the inode's cached map with no
+//!   cluster I/O, but only while this node holds the global lock (shared is enough — with
+//!   three nodes each busy with its own image, all three hold it shared at once). Giving the
+//!   lock up bumps a local epoch and waits for in-flight data I/O (`data_gate`); an inode loaded
+//!   at an older epoch takes the metadata path once, re-taking the lock and reloading. So no
+//!   node ever writes through a block map another node has changed since.
+//! * **Deletes** of a file another node has open are deferred: it stays on an orphan list and
+//!   the last node to close it frees it.
+//! * **Open registrations** (bucket records): every node registers the files it has open;
+//!   writers exclude writers on other nodes unless the volume is mounted `nofilelock`.
+//! * **Recovery**: a watcher thread judges other slots by the *change* of their heartbeat on
+//!   this node's monotonic clock; a slot silent for its dead time is recovered (see
+//!   `cluster/recovery.rs` and `docs/recovery.md`).
+
+use super::txn::{Meta, Tx};
+use super::{InodeState, Volume};
+use crate::cluster::lock::{LockTable, Me};
+use crate::cluster::membership::{self, SlotView};
+use crate::cluster::recovery;
+use crate::cluster::timing::Timing;
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::heartbeat::SlotState;
+use crate::format::lock_record::{LockMode, OpenEntry, NO_SLOT};
+use crate::format::FS_BLOCK;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// How often the keeper looks at the global lock record (waiters, version).
+const KEEPER_POLL: Duration = Duration::from_millis(10);
+
+/// This node's cluster state, shared by the filesystem threads.
+#[derive(Debug)]
+pub(crate) struct Cluster {
+    pub locks: LockTable,
+    pub me: Me,
+    pub timing: Timing,
+    pub file_locks: bool,
+    /// Mirror of `Meta::gml` for threads that do not hold the metadata mutex.
+    held: AtomicU8,
+    /// Latest version of the global lock seen by this node.
+    seen_version: AtomicU64,
+    /// Bumped whenever another node may have changed metadata: inodes loaded at an older
+    /// epoch are reloaded before use.
+    pub epoch: AtomicU64,
+    /// Another node waits for the global lock: the next metadata operation hands it over.
+    handoff_wanted: AtomicBool,
+    /// Fast-path data I/O holds this shared; giving up the global lock takes it exclusively
+    /// (after bumping the epoch) so that no I/O through a soon-stale block map is in flight.
+    pub data_gate: std::sync::RwLock<()>,
+    /// Every slot's state and generation at the last heartbeat scan: an open registration
+    /// whose (slot, generation) is no longer in use is stale.
+    live: Mutex<HashMap<u32, (SlotState, u64)>>,
+}
+
+fn mode_code(m: LockMode) -> u8 {
+    match m {
+        LockMode::Free => 0,
+        LockMode::Shared => 1,
+        LockMode::Exclusive => 2,
+    }
+}
+
+fn covers(held: LockMode, want: LockMode) -> bool {
+    mode_code(held) >= mode_code(want)
+}
+
+impl Cluster {
+    pub fn new(locks: LockTable, me: Me, timing: Timing, file_locks: bool) -> Self {
+        Self {
+            locks,
+            me,
+            timing,
+            file_locks,
+            held: AtomicU8::new(0),
+            seen_version: AtomicU64::new(0),
+            epoch: AtomicU64::new(1),
+            handoff_wanted: AtomicBool::new(false),
+            data_gate: std::sync::RwLock::new(()),
+            live: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// How long a handoff target may sit on the lock record before others ignore it.
+    fn handoff_grace(&self) -> Duration {
+        self.timing.io_timeout * 2
+    }
+
+    pub fn set_live(&self, views: &[SlotView]) {
+        let live = views
+            .iter()
+            .filter_map(|v| v.record.as_ref().map(|h| (v.slot, (h.state, h.generation))))
+            .collect();
+        *self
+            .live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = live;
+    }
+
+    /// Is this registration held by a node that is still (or not yet recovered as) alive?
+    /// A slot this node has not seen yet counts as alive: refusing is the safe mistake.
+    fn entry_live(&self, e: &OpenEntry) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&e.slot)
+            .is_none_or(|&(state, g)| state != SlotState::Free && g == e.slot_gen)
+    }
+}
+
+/// Read every group header and bitmap (the allocator's view of the whole volume).
+pub(crate) fn load_groups(
+    dev: &dyn crate::dev::BlockDevice,
+    sb: &crate::format::superblock::Superblock,
+) -> Result<Vec<crate::alloc::LoadedGroup>> {
+    use crate::format::group::{decode_bitmap, GroupHeader};
+    use crate::format::FS_BLOCK_SIZE;
+    let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
+    let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
+    let mut buf = crate::dev::AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
+    for g in 0..sb.group_count {
+        let first = sb.group_first_block(g);
+        dev.read_at(first * FS_BLOCK, &mut buf)?;
+        let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
+            .map_err(|e| e.wrap(format!("group {g}")))?;
+        if h.index != g || h.block_count != sb.group_blocks || h.bitmap_blocks != sb.bitmap_blocks {
+            bail!(
+                Corrupted,
+                "group {g}: header does not match the superblock; run fsck.cetra"
+            );
+        }
+        let mut bms = Vec::new();
+        for i in 0..meta_blocks - 1 {
+            let at = first + 1 + i as u64;
+            let (seq, payload) =
+                decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
+            bms.push((seq, payload.to_vec()));
+        }
+        groups.push((h, bms));
+    }
+    Ok(groups)
+}
+
+#[allow(clippy::missing_errors_doc)]
+impl Volume {
+    /// The metadata mutex with the global lock held exclusively (metadata changes).
+    pub(super) fn meta_ex(&self) -> Result<MutexGuard<'_, Meta>> {
+        self.meta_in(LockMode::Exclusive)
+    }
+
+    /// The metadata mutex with the global lock held at least shared (metadata reads).
+    pub(super) fn meta_sh(&self) -> Result<MutexGuard<'_, Meta>> {
+        self.meta_in(LockMode::Shared)
+    }
+
+    fn abort_if_fenced(&self) -> Option<Error> {
+        if self.member.lease_valid() {
+            return None;
+        }
+        Some(Error::new(
+            ErrorKind::Fenced,
+            format!(
+                "this node is fenced ({}); unmount and mount again",
+                self.member
+                    .fence_reason()
+                    .unwrap_or_else(|| "heartbeat lease expired".into())
+            ),
+        ))
+    }
+
+    fn meta_in(&self, mode: LockMode) -> Result<MutexGuard<'_, Meta>> {
+        let mut m = self.lock_meta();
+        let cl = &self.cl;
+        if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
+            self.handoff(&mut m)?;
+        }
+        if covers(m.gml, mode) {
+            return Ok(m);
+        }
+        if let Some(e) = self.abort_if_fenced() {
+            return Err(e);
+        }
+        if m.gml == LockMode::Shared {
+            // Never wait for an upgrade while holding shared: two upgraders would wait for
+            // each other. Shared holders have nothing to write back.
+            cl.locks.release_global(cl.me)?;
+            m.gml = LockMode::Free;
+            cl.held.store(0, Ordering::Release);
+        }
+        let rec = cl
+            .locks
+            .acquire_global(cl.me, mode, cl.handoff_grace(), &|| self.abort_if_fenced())?;
+        let expected = if mode == LockMode::Exclusive {
+            m.gml_version + 1
+        } else {
+            m.gml_version
+        };
+        m.gml = mode;
+        cl.held.store(mode_code(mode), Ordering::Release);
+        if rec.version != expected {
+            if let Err(e) = self.invalidate(&mut m) {
+                let _ = self.release_gml(&mut m);
+                return Err(e.wrap("reloading metadata changed by another node"));
+            }
+        }
+        m.gml_version = rec.version;
+        cl.seen_version.store(rec.version, Ordering::Release);
+        if mode == LockMode::Exclusive && !self.read_only {
+            self.ensure_groups(&mut m);
+        }
+        Ok(m)
+    }
+
+    /// Mount: the global lock is held shared at `m.gml_version`; learn the group owners.
+    pub(super) fn note_mounted(&self, m: &mut Meta) {
+        self.cl.held.store(mode_code(m.gml), Ordering::Release);
+        self.cl.seen_version.store(m.gml_version, Ordering::Release);
+        self.refresh_group_classes(m);
+        match membership::scan(&*self.dev, &self.sb) {
+            Ok(views) => self.cl.set_live(&views),
+            Err(e) => tracing::warn!("reading the heartbeat area failed: {e}"),
+        }
+    }
+
+    /// Another node changed metadata since this node last held the lock: drop every cached
+    /// block, reload the allocator and the group owners, and make loaded inodes stale.
+    fn invalidate(&self, m: &mut Meta) -> Result<()> {
+        m.drop_cache();
+        let groups = load_groups(&*self.dev, &self.sb)?;
+        m.alloc.refresh(&self.sb, groups)?;
+        self.refresh_group_classes(m);
+        self.cl.epoch.fetch_add(1, Ordering::AcqRel);
+        Ok(())
+    }
+
+    fn refresh_group_classes(&self, m: &mut Meta) {
+        use crate::alloc::GroupClass;
+        match self.cl.locks.group_owners() {
+            Ok(owners) => {
+                for (g, (owner, _)) in owners.into_iter().enumerate() {
+                    let class = if owner == self.cl.me.slot {
+                        GroupClass::Mine
+                    } else if owner == NO_SLOT {
+                        GroupClass::Unowned
+                    } else {
+                        GroupClass::Others
+                    };
+                    m.alloc.set_class(g as u64, class);
+                }
+            }
+            Err(e) => tracing::warn!("reading allocation group owners failed: {e}"),
+        }
+    }
+
+    /// Keep a group's worth of free space in groups this node owns: claim the emptiest
+    /// unowned group when short. Failure only costs locality (allocation falls back to
+    /// unowned and then other nodes' groups, which the global lock still makes safe).
+    fn ensure_groups(&self, m: &mut Meta) {
+        use crate::alloc::GroupClass;
+        if m.alloc.free_in_mine() >= self.sb.group_blocks / 4 {
+            return;
+        }
+        for _ in 0..3 {
+            let best = (0..self.sb.group_count)
+                .filter(|&g| m.alloc.class(g) == Some(GroupClass::Unowned))
+                .max_by_key(|&g| m.alloc.group_free(g).unwrap_or(0));
+            let Some(g) = best else { return };
+            match self.cl.locks.claim_group(g, self.cl.me) {
+                Ok(true) => {
+                    m.alloc.set_class(g, GroupClass::Mine);
+                    tracing::debug!("took allocation group {g}");
+                    return;
+                }
+                Ok(false) => m.alloc.set_class(g, GroupClass::Others),
+                Err(e) => {
+                    tracing::warn!("claiming allocation group {g} failed: {e}");
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Publish changed free counts into the group locks' value blocks (statfs and the admin
+    /// tool read them without the global lock).
+    fn publish_groups(&self, m: &mut Meta) {
+        for g in 0..self.sb.group_count {
+            let Some(free) = m.alloc.group_free(g) else {
+                continue;
+            };
+            if m.published.get(&g) == Some(&free) {
+                continue;
+            }
+            match self.cl.locks.publish_group_free(g, free) {
+                Ok(()) => {
+                    m.published.insert(g, free);
+                }
+                Err(e) => tracing::warn!("publishing the free count of group {g} failed: {e}"),
+            }
+        }
+    }
+
+    /// Give the global lock to whoever waits: everything this node changed is made durable
+    /// and home, and its journal emptied, first.
+    pub(super) fn handoff(&self, m: &mut Meta) -> Result<()> {
+        if m.gml == LockMode::Exclusive {
+            if let Err(e) = m.close(&*self.dev) {
+                // What is on disk is unknown: stop heartbeating so the others recover this
+                // node (replaying its journal) instead of waiting for a lock it cannot give.
+                self.member
+                    .fence(format!("metadata commit before a lock handoff failed: {e}"));
+                return Err(e);
+            }
+            self.publish_groups(m);
+        }
+        self.release_gml(m)
+    }
+
+    fn release_gml(&self, m: &mut Meta) -> Result<()> {
+        // Everything loaded under this hold is stale from now on; wait out fast-path I/O that
+        // started before.
+        self.cl.epoch.fetch_add(1, Ordering::AcqRel);
+        drop(
+            self.cl
+                .data_gate
+                .write()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        self.cl.locks.release_global(self.cl.me)?;
+        m.gml = LockMode::Free;
+        self.cl.held.store(0, Ordering::Release);
+        self.cl.handoff_wanted.store(false, Ordering::Release);
+        Ok(())
+    }
+
+    /// At unmount: give back the global lock and the allocation groups.
+    pub(super) fn leave_cluster(&self, m: &mut Meta) -> Result<()> {
+        use crate::alloc::GroupClass;
+        if !self.read_only && m.gml == LockMode::Exclusive {
+            self.publish_groups(m);
+            for g in 0..self.sb.group_count {
+                if m.alloc.class(g) == Some(GroupClass::Mine) {
+                    let free = m.alloc.group_free(g).unwrap_or(0);
+                    if let Err(e) = self.cl.locks.release_group(g, self.cl.me, free) {
+                        tracing::warn!("releasing allocation group {g} failed: {e}");
+                    }
+                }
+            }
+        }
+        if m.gml != LockMode::Free {
+            self.release_gml(m)?;
+        }
+        Ok(())
+    }
+
+    /// Shared hold on the data gate for one fast-path I/O.
+    pub(super) fn data_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
+        self.cl
+            .data_gate
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Is this inode's in-memory state current?
+    pub(super) fn is_current(&self, st: &InodeState) -> bool {
+        st.epoch.load(Ordering::Acquire) == self.cl.epoch.load(Ordering::Acquire)
+    }
+
+    /// Reload a loaded inode that another node may have changed (caller holds the global lock
+    /// through `tx`). An inode that is gone, or whose block now holds another inode, becomes a
+    /// tombstone and NotFound.
+    pub(super) fn refresh(&self, tx: &mut Tx<'_>, st: &InodeState) -> Result<()> {
+        let epoch = self.cl.epoch.load(Ordering::Acquire);
+        if st.epoch.load(Ordering::Acquire) == epoch {
+            return Ok(());
+        }
+        let mut inner = st.write();
+        if inner.freed {
+            bail!(NotFound, "inode {} was removed", st.ino);
+        }
+        let fresh = if tx.meta.alloc.is_used(st.ino) {
+            tx.read(st.ino)
+                .and_then(|raw| crate::format::inode::Inode::decode(&raw, st.ino))
+                .ok()
+                .filter(|i| i.generation == inner.inode.generation)
+        } else {
+            None
+        };
+        let Some(inode) = fresh else {
+            inner.freed = true;
+            drop(inner);
+            self.lock_table().remove(&st.ino);
+            bail!(NotFound, "inode {} was removed by another node", st.ino);
+        };
+        inner.extents = if inode.is_reg() {
+            super::extent_map::ExtentMap::load(tx, &inode)?
+        } else {
+            super::extent_map::ExtentMap::default()
+        };
+        inner.inode = inode;
+        st.epoch.store(epoch, Ordering::Release);
+        Ok(())
+    }
+
+    /// Register this node's opening of `ino` (first open, or first writable open). A writer
+    /// is refused while another live node has the file open for writing, unless `nofilelock`.
+    pub(super) fn register_open(&self, st: &InodeState, writable: bool) -> Result<()> {
+        let first = st.opens.load(Ordering::Acquire) == 0;
+        let first_writer = writable && st.writers.load(Ordering::Acquire) == 0;
+        if self.read_only || !(first || first_writer) {
+            return Ok(());
+        }
+        let me = self.cl.me;
+        let ino = st.ino;
+        let writer = writable || st.writers.load(Ordering::Acquire) > 0;
+        let mut conflict: Option<OpenEntry> = None;
+        let check = writable && self.cl.file_locks;
+        self.cl
+            .locks
+            .update(self.cl.locks.bucket_of(ino), |rec| {
+                conflict = None;
+                if check {
+                    conflict = rec
+                        .entries
+                        .iter()
+                        .find(|e| {
+                            e.ino == ino && e.slot != me.slot && e.writer && self.cl.entry_live(e)
+                        })
+                        .copied();
+                    if conflict.is_some() {
+                        return None;
+                    }
+                }
+                let mut n = rec.clone();
+                // Stale registrations of dead or departed nodes are dropped on the way.
+                n.entries
+                    .retain(|e| !(e.ino == ino && e.slot == me.slot) && self.cl.entry_live(e));
+                if n.entries.len() >= crate::format::lock_record::BUCKET_ENTRIES {
+                    return None;
+                }
+                n.entries.push(OpenEntry {
+                    ino,
+                    slot: me.slot,
+                    writer,
+                    slot_gen: me.gen,
+                });
+                Some(n)
+            })
+            .and_then(|written| match (written, conflict) {
+                (Some(_), _) => Ok(()),
+                (None, Some(e)) => {
+                    let host = self.host_of(e.slot);
+                    tracing::warn!(
+                        "refused to open inode {ino} for writing: node {host} (slot {}) has it open for writing (mount with nofilelock to allow this, e.g. for live migration)",
+                        e.slot
+                    );
+                    Err(Error::new(
+                        ErrorKind::Busy,
+                        format!("inode {ino} is open for writing on node {host}"),
+                    ))
+                }
+                (None, None) => Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("too many open files share the open-lock bucket of inode {ino}"),
+                )),
+            })
+    }
+
+    /// This node's last open of `ino` closed (or its last writer did).
+    pub(super) fn unregister_open(&self, st: &InodeState) {
+        if self.read_only {
+            return;
+        }
+        let r = if st.opens.load(Ordering::Acquire) == 0 {
+            self.cl.locks.open_clear(st.ino, self.cl.me)
+        } else if st.writers.load(Ordering::Acquire) == 0 {
+            self.cl.locks.open_set(st.ino, self.cl.me, false)
+        } else {
+            Ok(())
+        };
+        if let Err(e) = r {
+            tracing::warn!(
+                "updating the open registration of inode {} failed: {e}",
+                st.ino
+            );
+        }
+    }
+
+    /// Does another live node have `ino` open? (On a read error: assume yes, which only
+    /// defers a free or refuses a truncate.)
+    pub(super) fn open_elsewhere(&self, ino: u64) -> bool {
+        match self.cl.locks.open_others(ino, self.cl.me) {
+            Ok(v) => v.iter().any(|e| self.cl.entry_live(e)),
+            Err(e) => {
+                tracing::warn!("reading open registrations of inode {ino} failed: {e}");
+                true
+            }
+        }
+    }
+
+    fn host_of(&self, slot: u32) -> String {
+        membership::scan(&*self.dev, &self.sb)
+            .ok()
+            .and_then(|v| {
+                v.into_iter()
+                    .find(|s| s.slot == slot)
+                    .and_then(|s| s.record.map(|h| h.host))
+            })
+            .unwrap_or_else(|| format!("in slot {slot}"))
+    }
+
+    /// The keeper: hands the global lock over when others wait, and notices when another node
+    /// was granted it (so the data path revalidates its cached maps).
+    pub(super) fn spawn_keeper(vol: &Arc<Volume>) {
+        let weak = Arc::downgrade(vol);
+        let spawned = std::thread::Builder::new()
+            .name("cetra-lockkeeper".into())
+            .spawn(move || loop {
+                std::thread::sleep(KEEPER_POLL);
+                let Some(v) = weak.upgrade() else { break };
+                if v.unmounted.load(Ordering::Acquire) || v.member.is_fenced() {
+                    break;
+                }
+                v.keeper_tick();
+            });
+        if let Err(e) = spawned {
+            tracing::error!(
+                "no lock keeper thread ({e}): other nodes wait until this one unmounts"
+            );
+        }
+    }
+
+    fn keeper_tick(&self) {
+        let cl = &self.cl;
+        let rec = match cl.locks.read(LockTable::GLOBAL) {
+            Ok((_, rec)) => rec,
+            Err(e) => {
+                tracing::warn!("reading the global lock failed: {e}");
+                return;
+            }
+        };
+        if rec.version != cl.seen_version.swap(rec.version, Ordering::AcqRel) {
+            cl.epoch.fetch_add(1, Ordering::AcqRel);
+        }
+        if cl.held.load(Ordering::Acquire) != 0 && LockTable::others_waiting(&rec, cl.me) {
+            cl.handoff_wanted.store(true, Ordering::Release);
+            if let Ok(mut m) = self.meta.try_lock() {
+                if m.gml != LockMode::Free {
+                    if let Err(e) = self.handoff(&mut m) {
+                        tracing::error!("handing the metadata lock over failed: {e}");
+                    }
+                }
+            }
+        }
+    }
+
+    /// The watcher: judges other nodes by the change of their heartbeat and recovers the dead.
+    pub(super) fn spawn_watcher(vol: &Arc<Volume>) {
+        let weak = Arc::downgrade(vol);
+        let interval = vol.cl.timing.interval;
+        let spawned = std::thread::Builder::new()
+            .name("cetra-watcher".into())
+            .spawn(move || {
+                let mut seen: HashMap<u32, (Vec<u8>, Instant)> = HashMap::new();
+                loop {
+                    std::thread::sleep(interval);
+                    let Some(v) = weak.upgrade() else { break };
+                    if v.unmounted.load(Ordering::Acquire) || v.member.is_fenced() {
+                        break;
+                    }
+                    if let Err(e) = v.watch_tick(&mut seen) {
+                        tracing::warn!("watching other nodes failed: {e}");
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!("no watcher thread ({e}): dead nodes are recovered only at mount");
+        }
+    }
+
+    fn watch_tick(&self, seen: &mut HashMap<u32, (Vec<u8>, Instant)>) -> Result<()> {
+        let views = membership::scan(&*self.dev, &self.sb)?;
+        self.cl.set_live(&views);
+        let now = Instant::now();
+        let mut due = Vec::new();
+        for v in &views {
+            let changed_at = match seen.get(&v.slot) {
+                Some((raw, at)) if *raw == v.raw => *at,
+                _ => {
+                    seen.insert(v.slot, (v.raw.clone(), now));
+                    now
+                }
+            };
+            if v.slot == self.cl.me.slot || self.read_only {
+                continue;
+            }
+            let Some(h) = &v.record else { continue };
+            let silent = now.duration_since(changed_at);
+            let dead_time = Timing::from_ms(h.interval_ms, h.io_timeout_ms).dead_time();
+            let is_due = match h.state {
+                SlotState::Free => false,
+                SlotState::Live => {
+                    silent >= dead_time || membership::local_writer_gone(h, &self.member.host)
+                }
+                // A recovery whose recoverer is no longer that live node is taken over.
+                SlotState::Recovering => {
+                    let recoverer_alive = views.iter().any(|r| {
+                        r.slot == h.recoverer
+                            && r.record.as_ref().is_some_and(|rh| {
+                                rh.state == SlotState::Live && rh.generation == h.recoverer_gen
+                            })
+                            && seen.get(&r.slot).is_some_and(|(_, at)| {
+                                now.duration_since(*at)
+                                    < Timing::from_ms(h.interval_ms, h.io_timeout_ms).dead_time()
+                            })
+                    });
+                    !recoverer_alive || h.recoverer == self.cl.me.slot
+                }
+            };
+            if is_due {
+                due.push((v.clone(), silent));
+            }
+        }
+        for (v, silent) in due {
+            if let Err(e) = self.recover_slot(&v, silent) {
+                tracing::warn!(
+                    "recovery of {} failed (will retry): {e}",
+                    membership::describe(&v)
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Recover a dead node: claim, replay its journal, release its locks, free its orphans,
+    /// clear its slot. Every step is idempotent; see docs/recovery.md.
+    pub(super) fn recover_slot(&self, v: &SlotView, silent: Duration) -> Result<()> {
+        let Some(claimed) =
+            recovery::claim_and_release(&*self.dev, &self.sb, &self.cl.locks, v, self.cl.me)?
+        else {
+            return Ok(());
+        };
+        self.finish_recovery(&claimed, silent)
+    }
+
+    /// The part of a recovery that needs the filesystem: free the dead node's open-unlinked
+    /// inodes (under the global lock), then mark its slot free with a new generation.
+    pub(super) fn finish_recovery(
+        &self,
+        claimed: &recovery::Claimed,
+        silent: Duration,
+    ) -> Result<()> {
+        self.free_orphans(claimed.view.slot)?;
+        recovery::clear(&*self.dev, &self.sb, claimed)?;
+        tracing::warn!(
+            "recovered {} after {} ms without a heartbeat change: {} journal blocks replayed, its locks released, its slot free again",
+            membership::describe(&claimed.view),
+            silent.as_millis(),
+            claimed.replayed
+        );
+        Ok(())
+    }
+}

@@ -1,0 +1,195 @@
+//! Several nodes (several `Volume`s) on one memory device: coherence through the global
+//! metadata lock, open registrations, deferred frees and recovery of a dead node. The same
+//! scenarios run through FUSE with separate daemon processes in tests/tests/multinode.rs.
+
+use super::*;
+use crate::dev::mem::MemDevice;
+use crate::mkfs::{format, MkfsOptions};
+use std::time::Duration;
+
+const C: Caller = Caller::ROOT;
+
+fn volume(nodes: u32) -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::new(512 << 20, 512));
+    let opts = MkfsOptions {
+        max_nodes: nodes,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    format(&*dev, &opts, &mut |_, _| {}).unwrap();
+    dev
+}
+
+fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+    Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: host.into(),
+            ..MountOptions::default()
+        },
+    )
+    .unwrap()
+}
+
+fn read_all(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
+        .unwrap();
+    out
+}
+
+#[test]
+fn changes_on_one_node_are_seen_by_the_other() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
+    a.write(&fh, 0, b"hello from a").unwrap();
+    a.fsync(f.ino, false).unwrap();
+    let seen = b.lookup(r, b"f").unwrap();
+    assert_eq!(seen.ino, f.ino);
+    assert_eq!(seen.size, 12);
+    let bfh = b.open(f.ino, false, false).unwrap();
+    assert_eq!(read_all(&b, &bfh, 100), b"hello from a");
+    // a extends the file; b (holding it open) reads the new bytes.
+    a.write(&fh, 12, b", and more").unwrap();
+    a.fsync(f.ino, false).unwrap();
+    assert_eq!(read_all(&b, &bfh, 100), b"hello from a, and more");
+    b.rename(r, b"f", r, b"g", RenameFlags::default()).unwrap();
+    assert_eq!(a.lookup(r, b"f").unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(a.lookup(r, b"g").unwrap().ino, f.ino);
+    a.setxattr(f.ino, b"user.k", b"v", false, false).unwrap();
+    assert_eq!(b.getxattr(f.ino, b"user.k").unwrap(), b"v");
+    let d = b.mkdir(r, b"dir", 0o755, C).unwrap();
+    assert_eq!(a.lookup(r, b"dir").unwrap().ino, d.ino);
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+#[test]
+fn writers_on_two_nodes_are_refused_unless_nofilelock() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"img", 0o644, C, true).unwrap();
+    let e = b.open(f.ino, true, false).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+    assert!(
+        e.to_string().contains("\"a\"") || e.to_string().contains(" a"),
+        "{e}"
+    );
+    let ro = b.open(f.ino, false, false).unwrap();
+    // b's cached block map is revalidated after a shrinks the file under it.
+    a.write(&fh, 0, &[1u8; 8192]).unwrap();
+    assert_eq!(read_all(&b, &ro, 10_000), vec![1u8; 8192]);
+    let shrink = SetAttr {
+        size: Some(4096),
+        ..Default::default()
+    };
+    a.setattr(f.ino, &shrink, C).unwrap();
+    assert_eq!(read_all(&b, &ro, 10_000), vec![1u8; 4096]);
+    b.release(&ro).unwrap();
+    a.release(&fh).unwrap();
+    let w = b.open(f.ino, true, false).unwrap();
+    b.release(&w).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let opts = |h: &str| MountOptions {
+        host: h.into(),
+        file_locks: false,
+        ..MountOptions::default()
+    };
+    let a = Volume::mount(dev.clone(), &opts("a")).unwrap();
+    let b = Volume::mount(dev.clone(), &opts("b")).unwrap();
+    let w1 = a.open(f.ino, true, false).unwrap();
+    let w2 = b.open(f.ino, true, false).unwrap();
+    a.release(&w1).unwrap();
+    b.release(&w2).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+}
+
+#[test]
+fn a_file_unlinked_on_one_node_lives_while_open_on_another() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"tmp", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &[7u8; 20000]).unwrap();
+    a.release(&fh).unwrap();
+    let bfh = b.open(f.ino, false, false).unwrap();
+    a.unlink(r, b"tmp").unwrap();
+    // Reuse pressure on a: new files must not take the open file's blocks.
+    for i in 0..20 {
+        let (_, h) = a
+            .create(r, format!("n{i}").as_bytes(), 0o644, C, true)
+            .unwrap();
+        a.write(&h, 0, &[9u8; 20000]).unwrap();
+        a.release(&h).unwrap();
+    }
+    assert_eq!(read_all(&b, &bfh, 20000), vec![7u8; 20000]);
+    b.release(&bfh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(
+        report.is_clean() && !report.has(crate::check::FindingKind::Orphan),
+        "{:?}",
+        report.findings
+    );
+}
+
+#[test]
+fn a_dead_node_is_recovered_by_a_survivor() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"durable", 0o644, C, true).unwrap();
+    a.write(&fh, 0, b"fsynced").unwrap();
+    a.fsync(f.ino, false).unwrap();
+    // a dies holding the global lock with a committed journal: its heartbeat stops.
+    let (t, _) = a.create(r, b"t", 0o644, C, true).unwrap();
+    a.fsync(t.ino, false).unwrap();
+    a.member.fence("test: simulated crash".into());
+    let started = std::time::Instant::now();
+    // b's next metadata operation waits for the recovery of a.
+    let seen = b.lookup(r, b"durable").unwrap();
+    assert_eq!(seen.size, 7);
+    assert!(b.lookup(r, b"t").is_ok());
+    let waited = started.elapsed();
+    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+    assert!(
+        waited >= dead / 2 && waited < dead * 4,
+        "recovered after {waited:?} (dead time {dead:?})"
+    );
+    // The watcher finishes the recovery (orphans, slot) after the locks are released.
+    let state_of_a = || {
+        let views = crate::cluster::membership::scan(&*dev, &a.sb).unwrap();
+        views[a.slot() as usize].record.as_ref().unwrap().state
+    };
+    let t0 = std::time::Instant::now();
+    while state_of_a() != crate::format::heartbeat::SlotState::Free {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "slot of a not freed: {:?}",
+            state_of_a()
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    b.mkdir(r, b"after", 0o755, C).unwrap();
+    drop(fh);
+    b.unmount().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
