@@ -436,6 +436,24 @@ impl Mount {
         }
     }
 
+    /// [`Mount::with_opts`] with extra environment variables for the daemon (e.g.
+    /// `CETRA_WRITE_LOG`, `CETRA_FAILPOINT`).
+    pub fn with_opts_env(lun: &Lun, host: &str, opts: &[&str], env: &[(&str, &str)]) -> Self {
+        match Self::try_new_env(
+            lun.path(),
+            &lun.dir().join(format!("mnt-{host}")),
+            host,
+            opts,
+            env,
+        ) {
+            Ok(m) => m,
+            Err(r) => panic!(
+                "mounting {} as {host} (env {env:?}) failed: {r}",
+                lun.path().display()
+            ),
+        }
+    }
+
     /// Start the daemon on `device` at `mountpoint` (created if needed). On failure returns the
     /// daemon's exit status and output (with its log file appended to stderr).
     pub fn try_new(
@@ -443,6 +461,17 @@ impl Mount {
         mountpoint: &Path,
         host: &str,
         opts: &[&str],
+    ) -> Result<Self, CmdResult> {
+        Self::try_new_env(device, mountpoint, host, opts, &[])
+    }
+
+    /// [`Mount::try_new`] with extra environment variables for the daemon.
+    pub fn try_new_env(
+        device: &Path,
+        mountpoint: &Path,
+        host: &str,
+        opts: &[&str],
+        env: &[(&str, &str)],
     ) -> Result<Self, CmdResult> {
         become_subreaper();
         fs::create_dir_all(mountpoint).expect("create mountpoint");
@@ -461,7 +490,8 @@ impl Mount {
             .arg(&mountpoint)
             .arg("-o")
             .arg(o.join(","))
-            .env("CETRA_LOG_FILE", &log);
+            .env("CETRA_LOG_FILE", &log)
+            .envs(env.iter().copied());
         let started = Instant::now();
         let mut r = run(&mut cmd);
         if r.code != 0 {
@@ -567,6 +597,96 @@ impl Mount {
         if let Err(e) = self.try_unmount() {
             panic!("{e}");
         }
+    }
+
+    /// Send `sig` to the daemon (SIGSTOP, SIGCONT, SIGKILL...).
+    pub fn signal(&self, sig: libc::c_int) -> io::Result<()> {
+        // SAFETY: signalling the daemon we started (found by its private mountpoint).
+        cvt(unsafe { libc::kill(self.pid, sig) }).map(|_| ())
+    }
+
+    /// Wait (without unmounting) for the daemon to exit on its own; None if it is still running
+    /// after `timeout`.
+    pub fn wait_exit(&self, timeout: Duration) -> Option<Exit> {
+        wait_pid(self.pid, timeout)
+    }
+
+    /// Give up on this mount: send `sig` (if any) to the daemon, wait for it to exit, then
+    /// detach the mount point lazily (`umount -l`, else `fusermount3 -uz`) — how a dead FUSE
+    /// mount is cleaned up. Returns the daemon's exit (Unknown if it was already reaped).
+    pub fn abandon(mut self, sig: Option<libc::c_int>) -> Result<Exit, String> {
+        self.mounted = false;
+        if let Some(sig) = sig {
+            if let Err(e) = self.signal(sig) {
+                // ESRCH: already gone, which is fine.
+                if errno_of(&e) != libc::ESRCH {
+                    return Err(format!("kill({}, {sig}): {e}", self.pid));
+                }
+            }
+        }
+        let st = wait_pid(self.pid, Duration::from_secs(30))
+            .ok_or_else(|| format!("daemon {} still alive 30 s after signal {sig:?}", self.pid))?;
+        lazy_unmount(&self.mountpoint)?;
+        Ok(st)
+    }
+
+    /// Unmount without insisting on exit 0 (a fenced node may report that it could not flush):
+    /// the daemon must exit and the mount point must be gone. Returns the daemon's exit.
+    pub fn unmount_any_status(mut self) -> Result<Exit, String> {
+        self.mounted = false;
+        if let Err(e) = umount_path(&self.mountpoint) {
+            eprintln!(
+                "umount {} failed ({e}); detaching lazily",
+                self.mountpoint.display()
+            );
+            lazy_unmount(&self.mountpoint)?;
+        }
+        let st = wait_pid(self.pid, DAEMON_TIMEOUT).ok_or_else(|| {
+            // SAFETY: killing the daemon we started, found by its private mountpoint.
+            unsafe { libc::kill(self.pid, libc::SIGKILL) };
+            let _ = wait_pid(self.pid, Duration::from_secs(5));
+            format!(
+                "daemon {} did not exit within {DAEMON_TIMEOUT:?} of umount {}\nlog:\n{}",
+                self.pid,
+                self.mountpoint.display(),
+                self.log()
+            )
+        })?;
+        if let Some(t) = mount_fstype(&self.mountpoint) {
+            return Err(format!(
+                "{} still mounted ({t}) after unmount",
+                self.mountpoint.display()
+            ));
+        }
+        Ok(st)
+    }
+}
+
+/// Detach a (possibly dead) FUSE mount lazily: umount2(MNT_DETACH), else `fusermount3 -uz`.
+/// Ok if nothing is mounted there afterwards.
+pub fn lazy_unmount(p: &Path) -> Result<(), String> {
+    if mount_fstype(p).is_none() {
+        return Ok(());
+    }
+    if let Err(e) = nix::mount::umount2(p, nix::mount::MntFlags::MNT_DETACH) {
+        let o = Command::new("fusermount3")
+            .arg("-uz")
+            .arg(p)
+            .stdin(Stdio::null())
+            .output();
+        if !o.as_ref().is_ok_and(|o| o.status.success()) {
+            return Err(format!(
+                "lazy unmount of {}: {e}; fusermount3 -uz: {o:?}",
+                p.display()
+            ));
+        }
+    }
+    match mount_fstype(p) {
+        Some(t) => Err(format!(
+            "{} still mounted ({t}) after lazy unmount",
+            p.display()
+        )),
+        None => Ok(()),
     }
 }
 
@@ -859,6 +979,31 @@ pub fn physical_runs(ext: &[cetrafs_core::format::extent::Extent]) -> usize {
     }
     runs
 }
+
+/// Poll `cond` every 20 ms until it is true; returns the time it took, or None once `timeout`
+/// has passed (the condition is evaluated one last time at the deadline).
+pub fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> Option<Duration> {
+    let start = Instant::now();
+    loop {
+        let before = start.elapsed();
+        if cond() {
+            return Some(before);
+        }
+        if before >= timeout {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// [`poll_until`] that panics with `what` on timeout; returns the elapsed time.
+pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) -> Duration {
+    poll_until(timeout, cond)
+        .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting until {what}"))
+}
+
+/// CLOCK_REALTIME in nanoseconds (the clock of device write logs, `CETRA_WRITE_LOG`).
+pub use cetrafs_core::dev::write_log::realtime_ns;
 
 /// Format a duration compactly for test reports.
 pub fn secs(d: Duration) -> String {

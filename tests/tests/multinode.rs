@@ -1,0 +1,2038 @@
+//! Several nodes on one volume (issue 4, "Done when"): three `mount-cetra` daemons with host
+//! names node1..node3 mount ONE file-backed LUN, each at its own mount point, and the tests check
+//! cross-node visibility, concurrent namespace and data work, dead-node recovery (SIGKILL, a
+//! recoverer that dies half-way), self-fencing of a SIGSTOPped node, identity/slot refusal and
+//! per-file open locks.
+//!
+//! Every failure message is followed by the daemon logs of all nodes (printed by
+//! [`Cluster`]'s `Drop` while unwinding).
+//!
+//! Contracts with the daemon that these tests assume:
+//! * `CETRA_WRITE_LOG=<file>`: the daemon appends one line per device write that reached the
+//!   device, `<CLOCK_REALTIME ns at issue> <pid> <write|caw> <byte offset> <len>`
+//!   (cetrafs-core/src/dev/write_log.rs).
+//! * `CETRA_FAILPOINT=recovery::after_replay=exit`: the daemon exits with code 99 right after it
+//!   replayed a dead node's journal, before it finished that node's recovery.
+//! * A survivor that finished recovering a node logs a line containing "recovered" and the dead
+//!   node's host name; a node that fences itself logs a line containing "fenced"; an EBUSY
+//!   refusal of a cross-node open logs a line naming the holder's host name.
+//!
+//! Knobs: `CETRA_STORM_SECS` (default 60: the issue asks for ≥ 60 s), `CETRA_SEED`.
+
+// A node is its index: it selects the host name, the mount, the model and the log at once.
+#![allow(clippy::needless_range_loop)]
+
+use cetrafs_core::dev::write_log::{WriteKind, WriteLogLine};
+use cetrafs_tests::{
+    errno_name, errno_of, get_xattr, poll_until, read_lossy, realtime_ns, require_fuse, secs, seed,
+    set_xattr, AlignedBuf, Exit, Lun, Mount,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Write as _};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------------
+// Timing and sizes (the one place)
+
+/// mkfs --heartbeat-interval (ms).
+const HEARTBEAT_MS: u64 = 100;
+/// mkfs --io-timeout (ms).
+const IO_TIMEOUT_MS: u64 = 500;
+/// A node that could not renew for this long fences itself (cluster/timing.rs: 8 × io_timeout).
+const FAIL_TIME: Duration = Duration::from_millis(8 * IO_TIMEOUT_MS);
+/// Others call a node dead after its slot did not change for this long
+/// (fail + 2 × io_timeout + 2 × interval = 5.2 s).
+const DEAD_TIME: Duration =
+    Duration::from_millis(8 * IO_TIMEOUT_MS + 2 * IO_TIMEOUT_MS + 2 * HEARTBEAT_MS);
+/// Recovery may take this long beyond the dead time (journal replay, lock release).
+const RECOVERY_SLACK: Duration = Duration::from_secs(10);
+/// Cross-node visibility bound from the issue (kernel entry/attr cache ≤ 1 s).
+const VISIBLE_WITHIN: Duration = Duration::from_secs(1);
+/// How long a visibility check keeps looking (to report how late a change was).
+const VISIBILITY_GIVE_UP: Duration = Duration::from_secs(10);
+/// A close on one node reaches the daemon asynchronously (FUSE RELEASE): allow this long.
+const RELEASE_WITHIN: Duration = Duration::from_secs(5);
+/// Default storm duration; the issue asks for at least 60 s.
+const DEFAULT_STORM_SECS: u64 = 60;
+/// Failpoint env contract for the recoverer test.
+const FAILPOINT_ENV: (&str, &str) = ("CETRA_FAILPOINT", "recovery::after_replay=exit");
+const FAILPOINT_EXIT_CODE: i32 = 99;
+
+/// Sparse LUN: 8 journals of the default 64 MiB plus three 64 MiB images fit easily.
+const LUN_SIZE: u64 = 4 << 30;
+const NODES: [&str; 3] = ["node1", "node2", "node3"];
+const BLK: usize = 4096;
+const IMAGE_SIZE: u64 = 64 << 20;
+const IMAGE_BLOCKS: usize = (IMAGE_SIZE / BLK as u64) as usize;
+const IMAGE_CHUNK: usize = 1 << 20;
+const IMAGE_OVERWRITES: u32 = 2000;
+/// Names per directory and node in the storm (bounds directory size).
+const STORM_NAMES: usize = 40;
+
+fn mkfs_args(max_nodes: &str) -> Vec<String> {
+    vec![
+        "--heartbeat-interval".into(),
+        HEARTBEAT_MS.to_string(),
+        "--io-timeout".into(),
+        IO_TIMEOUT_MS.to_string(),
+        "-N".into(),
+        max_nodes.into(),
+    ]
+}
+
+fn storm_duration() -> Duration {
+    Duration::from_secs(
+        std::env::var("CETRA_STORM_SECS")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(DEFAULT_STORM_SECS),
+    )
+}
+
+// ---------------------------------------------------------------------------------------------
+// Patterns
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Fill `buf` with the pattern of `key`.
+fn fill(key: u64, buf: &mut [u8]) {
+    let k = mix(key);
+    for (i, ch) in buf.chunks_mut(8).enumerate() {
+        let w = mix(k ^ (i as u64)).to_le_bytes();
+        ch.copy_from_slice(&w[..ch.len()]);
+    }
+}
+
+fn pattern(key: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill(key, &mut v);
+    v
+}
+
+/// Key of image block `b` of node `node` after write `iteration` (0 = the sequential pass).
+fn image_key(node: usize, b: usize, iteration: u32) -> u64 {
+    ((node as u64 + 1) << 56) | ((b as u64) << 24) | u64::from(iteration)
+}
+
+// ---------------------------------------------------------------------------------------------
+// The cluster: three nodes on one LUN, logs of all nodes on failure
+
+struct Cluster {
+    test: &'static str,
+    /// Index i is NODES[i]. Declared before `lun` so mounts go before the LUN's directory.
+    nodes: Vec<Option<Mount>>,
+    lun: Lun,
+}
+
+impl Cluster {
+    /// A fresh LUN formatted with the fast test timings and `max_nodes` slots; nothing mounted.
+    fn formatted(test: &'static str, max_nodes: &str) -> Self {
+        let lun = Lun::new(LUN_SIZE);
+        let args = mkfs_args(max_nodes);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
+        lun.mkfs(&args);
+        Self {
+            test,
+            nodes: NODES.iter().map(|_| None).collect(),
+            lun,
+        }
+    }
+
+    /// Formatted (8 slots) with node1..node3 mounted, in order.
+    fn start(test: &'static str) -> Self {
+        let mut c = Self::formatted(test, "8");
+        for i in 0..NODES.len() {
+            c.mount(i, &[], &[]);
+        }
+        c
+    }
+
+    fn mountpoint(&self, i: usize) -> PathBuf {
+        self.lun.dir().join(format!("mnt-{}", NODES[i]))
+    }
+
+    fn log_path(&self, i: usize) -> PathBuf {
+        self.lun.dir().join(format!("mnt-{}.log", NODES[i]))
+    }
+
+    fn log_of(&self, i: usize) -> String {
+        read_lossy(&self.log_path(i))
+    }
+
+    fn try_mount(&mut self, i: usize, opts: &[&str], env: &[(&str, &str)]) -> Result<(), String> {
+        assert!(
+            self.nodes[i].is_none(),
+            "{}: {} is already mounted",
+            self.test,
+            NODES[i]
+        );
+        let mp = self.mountpoint(i);
+        let t = Instant::now();
+        match Mount::try_new_env(self.lun.path(), &mp, NODES[i], opts, env) {
+            Ok(m) => {
+                eprintln!(
+                    "{}: {} mounted (pid {}, {})",
+                    self.test,
+                    NODES[i],
+                    m.pid(),
+                    secs(t.elapsed())
+                );
+                self.nodes[i] = Some(m);
+                Ok(())
+            }
+            Err(r) => Err(format!(
+                "mounting {} as {} (opts {opts:?}, env {env:?}) failed after {}: {r}",
+                self.lun.path().display(),
+                NODES[i],
+                secs(t.elapsed())
+            )),
+        }
+    }
+
+    fn mount(&mut self, i: usize, opts: &[&str], env: &[(&str, &str)]) {
+        if let Err(e) = self.try_mount(i, opts, env) {
+            panic!("{}: {e}", self.test);
+        }
+    }
+
+    fn n(&self, i: usize) -> &Mount {
+        self.nodes[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: {} is not mounted", self.test, NODES[i]))
+    }
+
+    fn take(&mut self, i: usize) -> Mount {
+        self.nodes[i]
+            .take()
+            .unwrap_or_else(|| panic!("{}: {} is not mounted", self.test, NODES[i]))
+    }
+
+    /// Last lines of every log file in the LUN's directory (daemon logs of all nodes and of
+    /// refused daemons).
+    fn logs(&self) -> String {
+        const LINES: usize = 150;
+        let mut names: Vec<PathBuf> = fs::read_dir(self.lun.dir())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        let mut out = String::new();
+        for p in names {
+            let text = read_lossy(&p);
+            let lines: Vec<&str> = text.lines().collect();
+            let _ = writeln!(
+                out,
+                "----- {} ({} lines, last {}) -----\n{}",
+                p.display(),
+                lines.len(),
+                LINES.min(lines.len()),
+                lines[lines.len().saturating_sub(LINES)..].join("\n")
+            );
+        }
+        out
+    }
+
+    /// The first line of one of `observers`' logs saying it recovered `dead`.
+    fn recovered_line(&self, observers: &[usize], dead: &str) -> Option<(usize, String)> {
+        observers.iter().find_map(|&i| {
+            self.log_of(i)
+                .lines()
+                .find(|l| l.contains("recovered") && l.contains(dead))
+                .map(|l| (i, l.to_string()))
+        })
+    }
+
+    /// Unmount every mounted node (each daemon must exit 0); panics listing every failure.
+    fn unmount_all(&mut self) {
+        let mut errs = Vec::new();
+        for i in 0..NODES.len() {
+            if let Some(mut m) = self.nodes[i].take() {
+                if let Err(e) = m.try_unmount() {
+                    errs.push(format!("{}: {e}", NODES[i]));
+                }
+            }
+        }
+        assert!(
+            errs.is_empty(),
+            "{}: unmounting all nodes failed:\n{}",
+            self.test,
+            errs.join("\n")
+        );
+    }
+
+    fn unmount_all_and_fsck(&mut self) {
+        self.unmount_all();
+        let r = self.lun.fsck();
+        assert_eq!(
+            r.code, 0,
+            "{}: fsck -n is not clean after unmounting all nodes: {r}",
+            self.test
+        );
+        eprintln!("{}: all nodes unmounted, fsck -n clean", self.test);
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // A stopped daemon would hang its unmount: let every daemon run again.
+        for m in self.nodes.iter().flatten() {
+            let _ = m.signal(libc::SIGCONT);
+        }
+        if std::thread::panicking() {
+            eprintln!(
+                "\n===== {}: daemon logs of all nodes =====\n{}===== end of logs =====",
+                self.test,
+                self.logs()
+            );
+        }
+        for m in &mut self.nodes {
+            drop(m.take());
+        }
+    }
+}
+
+/// Set on drop (also while unwinding): stops worker threads and SIGCONTs a stopped daemon, so
+/// a failing test never waits forever on a thread blocked in a stopped FUSE daemon.
+struct StopGuard<'a> {
+    stop: &'a AtomicBool,
+    cont_pid: Option<i32>,
+}
+
+impl Drop for StopGuard<'_> {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        if let Some(pid) = self.cont_pid {
+            // SAFETY: signalling a daemon this test started.
+            unsafe { libc::kill(pid, libc::SIGCONT) };
+        }
+    }
+}
+
+fn io_err(what: &str, e: &io::Error) -> String {
+    format!("{what}: {e} ({})", errno_name(errno_of(e)))
+}
+
+fn fsync_dir(p: &Path) -> io::Result<()> {
+    fs::File::open(p)?.sync_all()
+}
+
+fn open_direct(p: &Path, write: bool, create: bool) -> io::Result<fs::File> {
+    fs::OpenOptions::new()
+        .read(true)
+        .write(write)
+        .create_new(create)
+        .custom_flags(libc::O_DIRECT)
+        .open(p)
+}
+
+/// Wait until every node sees `rel` under its mount point.
+fn wait_visible_everywhere(c: &Cluster, rel: &str) {
+    for i in 0..NODES.len() {
+        if c.nodes[i].is_none() {
+            continue;
+        }
+        let p = c.n(i).p(rel);
+        if poll_until(VISIBILITY_GIVE_UP, || fs::symlink_metadata(&p).is_ok()).is_none() {
+            panic!(
+                "{}: {rel} is not visible on {} after {VISIBILITY_GIVE_UP:?}",
+                c.test, NODES[i]
+            );
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Cross-node visibility
+
+/// Poll `observers` until `check` passes on each; returns the slowest node's delay. Panics if a
+/// node never sees the change within VISIBILITY_GIVE_UP.
+fn observe(
+    c: &Cluster,
+    step: &str,
+    observers: &[usize],
+    check: impl Fn(&Mount) -> Result<(), String>,
+) -> Vec<(usize, Duration)> {
+    let start = Instant::now();
+    let mut pending: Vec<usize> = observers.to_vec();
+    let mut last_err: BTreeMap<usize, String> = BTreeMap::new();
+    let mut seen = Vec::new();
+    loop {
+        let now = start.elapsed();
+        pending.retain(|&i| match check(c.n(i)) {
+            Ok(()) => {
+                seen.push((i, now));
+                false
+            }
+            Err(e) => {
+                last_err.insert(i, e);
+                true
+            }
+        });
+        if pending.is_empty() {
+            return seen;
+        }
+        if now > VISIBILITY_GIVE_UP {
+            let why: Vec<String> = pending
+                .iter()
+                .map(|i| format!("{}: {}", NODES[*i], last_err[i]))
+                .collect();
+            panic!(
+                "{}: step {step:?}: not visible after {VISIBILITY_GIVE_UP:?}:\n  {}",
+                c.test,
+                why.join("\n  ")
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn expect_content(p: &Path, want: &[u8]) -> Result<(), String> {
+    // A fresh open and a plain (page-cache) read: what an application on that node sees.
+    match fs::read(p) {
+        Ok(got) if got == want => Ok(()),
+        Ok(got) => Err(format!(
+            "{} has {} bytes, expected {} (first difference at {:?})",
+            p.display(),
+            got.len(),
+            want.len(),
+            got.iter().zip(want).position(|(a, b)| a != b)
+        )),
+        Err(e) => Err(io_err(&format!("read {}", p.display()), &e)),
+    }
+}
+
+fn expect_absent(p: &Path) -> Result<(), String> {
+    match fs::symlink_metadata(p) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(io_err(&format!("stat {}", p.display()), &e)),
+        Ok(m) => Err(format!("{} still exists (inode {})", p.display(), m.ino())),
+    }
+}
+
+#[test]
+fn cross_node_visibility() {
+    require_fuse!();
+    let c = Cluster::start("cross_node_visibility");
+    let a = c.n(0);
+    let others = [1, 2];
+    let mut steps: Vec<(String, Vec<(usize, Duration)>)> = Vec::new();
+
+    // create + write + fsync
+    let x1 = pattern(1, 10_000);
+    {
+        let mut f = fs::File::create_new(a.p("vis-a")).expect("create vis-a on node1");
+        f.write_all(&x1).expect("write vis-a");
+        f.sync_all().expect("fsync vis-a");
+    }
+    steps.push((
+        "create+write+fsync".into(),
+        observe(&c, "create+write+fsync", &others, |m| {
+            expect_content(&m.p("vis-a"), &x1)
+        }),
+    ));
+
+    // rename
+    fs::rename(a.p("vis-a"), a.p("vis-b")).expect("rename vis-a -> vis-b on node1");
+    steps.push((
+        "rename".into(),
+        observe(&c, "rename", &others, |m| {
+            expect_absent(&m.p("vis-a"))?;
+            expect_content(&m.p("vis-b"), &x1)
+        }),
+    ));
+
+    // write more + fsync (extends the file; the others have its old pages cached)
+    let x2 = pattern(2, 5_000);
+    {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(a.p("vis-b"))
+            .expect("open vis-b on node1");
+        f.write_all_at(&x2, x1.len() as u64).expect("append");
+        f.sync_all().expect("fsync vis-b");
+    }
+    let mut x12 = x1.clone();
+    x12.extend_from_slice(&x2);
+    steps.push((
+        "write+fsync (extend)".into(),
+        observe(&c, "write+fsync (extend)", &others, |m| {
+            expect_content(&m.p("vis-b"), &x12)
+        }),
+    ));
+
+    // overwrite in place + fsync (same size: only the bytes change)
+    let x3 = pattern(3, 4096);
+    {
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(a.p("vis-b"))
+            .expect("open vis-b on node1");
+        f.write_all_at(&x3, 4096).expect("overwrite");
+        f.sync_all().expect("fsync vis-b");
+    }
+    x12[4096..8192].copy_from_slice(&x3);
+    steps.push((
+        "overwrite+fsync".into(),
+        observe(&c, "overwrite+fsync", &others, |m| {
+            expect_content(&m.p("vis-b"), &x12)
+        }),
+    ));
+
+    // truncate
+    fs::OpenOptions::new()
+        .write(true)
+        .open(a.p("vis-b"))
+        .and_then(|f| f.set_len(3000))
+        .expect("truncate vis-b to 3000 on node1");
+    let x_tr = x12[..3000].to_vec();
+    steps.push((
+        "truncate".into(),
+        observe(&c, "truncate", &others, |m| {
+            let len = fs::symlink_metadata(m.p("vis-b"))
+                .map_err(|e| io_err("stat vis-b", &e))?
+                .len();
+            if len != 3000 {
+                return Err(format!("vis-b is {len} bytes, expected 3000"));
+            }
+            expect_content(&m.p("vis-b"), &x_tr)
+        }),
+    ));
+
+    // setxattr
+    set_xattr(&a.p("vis-b"), b"user.x", b"value-from-node1", 0).expect("setxattr on node1");
+    steps.push((
+        "setxattr".into(),
+        observe(&c, "setxattr", &others, |m| {
+            match get_xattr(&m.p("vis-b"), b"user.x") {
+                Ok(v) if v == b"value-from-node1" => Ok(()),
+                Ok(v) => Err(format!("user.x = {:?}", String::from_utf8_lossy(&v))),
+                Err(e) => Err(io_err("getxattr user.x", &e)),
+            }
+        }),
+    ));
+
+    // unlink
+    fs::remove_file(a.p("vis-b")).expect("unlink vis-b on node1");
+    steps.push((
+        "unlink".into(),
+        observe(&c, "unlink", &others, |m| expect_absent(&m.p("vis-b"))),
+    ));
+
+    // mkdir
+    fs::create_dir(a.p("vis-dir")).expect("mkdir vis-dir on node1");
+    steps.push((
+        "mkdir".into(),
+        observe(&c, "mkdir", &others, |m| {
+            match fs::symlink_metadata(m.p("vis-dir")) {
+                Ok(md) if md.is_dir() => Ok(()),
+                Ok(_) => Err("vis-dir is not a directory".into()),
+                Err(e) => Err(io_err("stat vis-dir", &e)),
+            }
+        }),
+    ));
+
+    // The reverse direction: node3 -> node1.
+    let x4 = pattern(4, 7_777);
+    {
+        let mut f = fs::File::create_new(c.n(2).p("vis-dir/from-node3")).expect("create on node3");
+        f.write_all(&x4).expect("write on node3");
+        f.sync_all().expect("fsync on node3");
+    }
+    steps.push((
+        "node3 -> node1 create+write+fsync".into(),
+        observe(&c, "node3 -> node1", &[0], |m| {
+            expect_content(&m.p("vis-dir/from-node3"), &x4)
+        }),
+    ));
+
+    let mut late = Vec::new();
+    let mut max = Duration::ZERO;
+    for (step, seen) in &steps {
+        let desc: Vec<String> = seen
+            .iter()
+            .map(|(i, d)| format!("{} {} ms", NODES[*i], d.as_millis()))
+            .collect();
+        eprintln!("cross_node_visibility: {step:<36} {}", desc.join(", "));
+        for (i, d) in seen {
+            max = max.max(*d);
+            if *d > VISIBLE_WITHIN {
+                late.push(format!("{step} on {}: {} ms", NODES[*i], d.as_millis()));
+            }
+        }
+    }
+    eprintln!(
+        "cross_node_visibility: slowest change became visible after {} ms (bound {} ms)",
+        max.as_millis(),
+        VISIBLE_WITHIN.as_millis()
+    );
+    assert!(
+        late.is_empty(),
+        "changes visible later than {VISIBLE_WITHIN:?}:\n  {}",
+        late.join("\n  ")
+    );
+    let mut c = c;
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Concurrent namespace storm (also used by 4.)
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Obj {
+    /// A regular file; the id is shared by its hard links.
+    File(u64),
+    Dir,
+}
+
+/// (directory relative to the mount point, name) → object, for one node's own names.
+type Model = BTreeMap<(String, String), Obj>;
+
+#[derive(Debug, Default)]
+struct StormOut {
+    model: Model,
+    ops: u64,
+    /// Errors while it mattered (fatal for the test).
+    errors: Vec<String>,
+    /// Errors after the node was killed on purpose (expected).
+    errors_after_kill: u64,
+}
+
+fn private_dir(node: usize) -> String {
+    format!("p-{}", NODES[node])
+}
+const SHARED_DIR: &str = "shared";
+
+/// One node's storm: random create/rename/unlink/link/mkdir/rmdir among its own names in its
+/// private directory and in the shared directory. Every op's outcome is predictable from the
+/// model, so any error is a failure (unless `killed` is set: the node was killed on purpose).
+/// Stops at `deadline`, when `stop` is set, or at the first error.
+fn storm(
+    node: usize,
+    mp: &Path,
+    seed: u64,
+    deadline: Instant,
+    stop: &AtomicBool,
+    killed: &AtomicBool,
+) -> StormOut {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dirs = [private_dir(node), SHARED_DIR.to_string()];
+    let mut out = StormOut::default();
+    let mut next_id = 1u64;
+    let slot = |rng: &mut StdRng| {
+        (
+            dirs[rng.gen_range(0..2)].clone(),
+            format!("{}-{}", NODES[node], rng.gen_range(0..STORM_NAMES)),
+        )
+    };
+    let path = |k: &(String, String)| mp.join(&k.0).join(&k.1);
+    while Instant::now() < deadline && !stop.load(Ordering::SeqCst) {
+        let k = slot(&mut rng);
+        let cur = out.model.get(&k).copied();
+        let r: (String, io::Result<()>) = match cur {
+            None => match rng.gen_range(0..100) {
+                0..=49 => {
+                    let r = fs::File::create_new(path(&k)).map(|_| ());
+                    if r.is_ok() {
+                        out.model.insert(k.clone(), Obj::File(next_id));
+                        next_id += 1;
+                    }
+                    (format!("create {}", path(&k).display()), r)
+                }
+                50..=64 => {
+                    let r = fs::create_dir(path(&k));
+                    if r.is_ok() {
+                        out.model.insert(k.clone(), Obj::Dir);
+                    }
+                    (format!("mkdir {}", path(&k).display()), r)
+                }
+                65..=82 => {
+                    // link an existing own file here
+                    let files: Vec<_> = out
+                        .model
+                        .iter()
+                        .filter(|(_, o)| matches!(o, Obj::File(_)))
+                        .map(|(k, o)| (k.clone(), *o))
+                        .collect();
+                    if files.is_empty() {
+                        continue;
+                    }
+                    let (src, o) = files[rng.gen_range(0..files.len())].clone();
+                    let r = fs::hard_link(path(&src), path(&k));
+                    if r.is_ok() {
+                        out.model.insert(k.clone(), o);
+                    }
+                    (
+                        format!("link {} {}", path(&src).display(), path(&k).display()),
+                        r,
+                    )
+                }
+                _ => {
+                    // rename an existing own entry here
+                    let keys: Vec<_> = out.model.keys().cloned().collect();
+                    if keys.is_empty() {
+                        continue;
+                    }
+                    let src = keys[rng.gen_range(0..keys.len())].clone();
+                    let r = fs::rename(path(&src), path(&k));
+                    if r.is_ok() {
+                        let o = out.model.remove(&src).expect("source in model");
+                        out.model.insert(k.clone(), o);
+                    }
+                    (
+                        format!("rename {} {}", path(&src).display(), path(&k).display()),
+                        r,
+                    )
+                }
+            },
+            Some(Obj::File(id)) => match rng.gen_range(0..100) {
+                0..=39 => {
+                    let r = fs::remove_file(path(&k));
+                    if r.is_ok() {
+                        out.model.remove(&k);
+                    }
+                    (format!("unlink {}", path(&k).display()), r)
+                }
+                40..=79 => {
+                    // rename onto a free own slot or over another own file
+                    let dst = slot(&mut rng);
+                    let r = match out.model.get(&dst).copied() {
+                        Some(Obj::Dir) => continue,
+                        _ if dst == k => continue,
+                        // Both names are links of one file: rename(2) does nothing.
+                        Some(Obj::File(d)) if d == id => fs::rename(path(&k), path(&dst)),
+                        _ => {
+                            let r = fs::rename(path(&k), path(&dst));
+                            if r.is_ok() {
+                                out.model.remove(&k);
+                                out.model.insert(dst.clone(), Obj::File(id));
+                            }
+                            r
+                        }
+                    };
+                    (
+                        format!("rename {} {}", path(&k).display(), path(&dst).display()),
+                        r,
+                    )
+                }
+                _ => {
+                    let dst = slot(&mut rng);
+                    if out.model.contains_key(&dst) {
+                        continue;
+                    }
+                    let r = fs::hard_link(path(&k), path(&dst));
+                    if r.is_ok() {
+                        out.model.insert(dst.clone(), Obj::File(id));
+                    }
+                    (
+                        format!("link {} {}", path(&k).display(), path(&dst).display()),
+                        r,
+                    )
+                }
+            },
+            Some(Obj::Dir) => {
+                if rng.gen_bool(0.6) {
+                    let r = fs::remove_dir(path(&k));
+                    if r.is_ok() {
+                        out.model.remove(&k);
+                    }
+                    (format!("rmdir {}", path(&k).display()), r)
+                } else {
+                    let dst = slot(&mut rng);
+                    if out.model.contains_key(&dst) {
+                        continue;
+                    }
+                    let r = fs::rename(path(&k), path(&dst));
+                    if r.is_ok() {
+                        out.model.remove(&k);
+                        out.model.insert(dst.clone(), Obj::Dir);
+                    }
+                    (
+                        format!("rename dir {} {}", path(&k).display(), path(&dst).display()),
+                        r,
+                    )
+                }
+            }
+        };
+        out.ops += 1;
+        if let (what, Err(e)) = r {
+            if killed.load(Ordering::SeqCst) {
+                out.errors_after_kill += 1;
+            } else {
+                out.errors.push(format!(
+                    "{} op {}: {}",
+                    NODES[node],
+                    out.ops,
+                    io_err(&what, &e)
+                ));
+            }
+            break;
+        }
+    }
+    out
+}
+
+/// What one node lists: (dir, name) → (is_dir, inode, nlink).
+type Listing = BTreeMap<(String, String), (bool, u64, u64)>;
+
+fn list_storm_dirs(mp: &Path) -> Result<Listing, String> {
+    let mut out = Listing::new();
+    let mut dirs: Vec<String> = (0..NODES.len()).map(private_dir).collect();
+    dirs.push(SHARED_DIR.into());
+    for d in dirs {
+        let rd = fs::read_dir(mp.join(&d)).map_err(|e| io_err(&format!("readdir {d}"), &e))?;
+        for e in rd {
+            let e = e.map_err(|e| io_err(&format!("readdir {d}"), &e))?;
+            let name = e.file_name().to_string_lossy().into_owned();
+            let md = fs::symlink_metadata(e.path())
+                .map_err(|err| io_err(&format!("stat {d}/{name}"), &err))?;
+            out.insert((d.clone(), name), (md.is_dir(), md.ino(), md.nlink()));
+        }
+    }
+    Ok(out)
+}
+
+/// Compare a node's listing with the models: same names, same types, links of one model file
+/// share one inode (and its link count), different files have different inodes. `ignore` is a
+/// name prefix whose entries are not checked (a killed node's unsynced work).
+fn compare_listing(
+    who: &str,
+    got: &Listing,
+    models: &[&Model],
+    ignore: Option<&str>,
+) -> Vec<String> {
+    let mut v = Vec::new();
+    let mut want: BTreeMap<(String, String), (usize, Obj)> = BTreeMap::new();
+    for (n, m) in models.iter().enumerate() {
+        for (k, o) in m.iter() {
+            want.insert(k.clone(), (n, *o));
+        }
+    }
+    let ignored = |k: &(String, String)| ignore.is_some_and(|p| k.1.starts_with(p));
+    for k in want.keys() {
+        if !got.contains_key(k) {
+            v.push(format!("{who}: missing {}/{}", k.0, k.1));
+        }
+    }
+    let mut ino_of: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    let mut links: BTreeMap<(usize, u64), u64> = BTreeMap::new();
+    let mut owner_of_ino: BTreeMap<u64, (usize, u64)> = BTreeMap::new();
+    for (k, &(is_dir, ino, _)) in got {
+        if ignored(k) && !want.contains_key(k) {
+            continue;
+        }
+        let Some(&(n, o)) = want.get(k) else {
+            v.push(format!("{who}: unexpected {}/{} (inode {ino})", k.0, k.1));
+            continue;
+        };
+        match o {
+            Obj::Dir if !is_dir => v.push(format!("{who}: {}/{} is not a directory", k.0, k.1)),
+            Obj::File(_) if is_dir => v.push(format!("{who}: {}/{} is a directory", k.0, k.1)),
+            Obj::File(id) => {
+                *links.entry((n, id)).or_default() += 1;
+                if let Some(prev) = ino_of.insert((n, id), ino) {
+                    if prev != ino {
+                        v.push(format!(
+                            "{who}: links of one file have inodes {prev} and {ino} ({}/{})",
+                            k.0, k.1
+                        ));
+                    }
+                }
+                if let Some(prev) = owner_of_ino.insert(ino, (n, id)) {
+                    if prev != (n, id) {
+                        v.push(format!(
+                            "{who}: inode {ino} is two different files ({}/{})",
+                            k.0, k.1
+                        ));
+                    }
+                }
+            }
+            Obj::Dir => {}
+        }
+    }
+    for (k, &(is_dir, _, nlink)) in got {
+        if let Some(&(n, Obj::File(id))) = want.get(k) {
+            let want_links = links.get(&(n, id)).copied().unwrap_or(0);
+            if !is_dir && nlink != want_links {
+                v.push(format!(
+                    "{who}: {}/{} has link count {nlink}, {want_links} names expected",
+                    k.0, k.1
+                ));
+            }
+        }
+    }
+    v
+}
+
+fn setup_storm_dirs(c: &Cluster) {
+    fs::create_dir(c.n(0).p(SHARED_DIR)).expect("mkdir shared on node1");
+    for i in 0..NODES.len() {
+        fs::create_dir(c.n(i).p(private_dir(i)))
+            .unwrap_or_else(|e| panic!("mkdir {} on {}: {e}", private_dir(i), NODES[i]));
+    }
+    wait_visible_everywhere(c, SHARED_DIR);
+    for i in 0..NODES.len() {
+        wait_visible_everywhere(c, &private_dir(i));
+    }
+}
+
+/// Every listed node must list exactly the models (polled for the visibility bound first).
+fn check_listings(c: &Cluster, observers: &[usize], models: &[&Model], ignore: Option<&str>) {
+    let mut listings = Vec::new();
+    for &i in observers {
+        let mp = c.n(i).path().to_path_buf();
+        let mut last = Vec::new();
+        let mut got = Listing::new();
+        let ok = poll_until(VISIBLE_WITHIN * 2, || {
+            match list_storm_dirs(&mp) {
+                Ok(l) => {
+                    last = compare_listing(NODES[i], &l, models, ignore);
+                    got = l;
+                }
+                Err(e) => last = vec![format!("{}: {e}", NODES[i])],
+            }
+            last.is_empty()
+        });
+        if ok.is_none() {
+            let n = last.len();
+            last.truncate(40);
+            panic!(
+                "{}: {} does not list the expected names ({n} differences):\n  {}",
+                c.test,
+                NODES[i],
+                last.join("\n  ")
+            );
+        }
+        listings.push((i, got));
+    }
+    // And all observers agree with each other, entry for entry (also ignored ones, inodes).
+    for w in listings.windows(2) {
+        let ((a, la), (b, lb)) = (&w[0], &w[1]);
+        if la != lb {
+            let diff: Vec<String> = la
+                .iter()
+                .filter(|(k, v)| lb.get(*k) != Some(*v))
+                .map(|(k, v)| {
+                    format!(
+                        "{}/{}: {} {v:?}, {} {:?}",
+                        k.0,
+                        k.1,
+                        NODES[*a],
+                        NODES[*b],
+                        lb.get(k)
+                    )
+                })
+                .chain(
+                    lb.keys()
+                        .filter(|k| !la.contains_key(*k))
+                        .map(|k| format!("{}/{}: only on {}", k.0, k.1, NODES[*b])),
+                )
+                .take(40)
+                .collect();
+            panic!(
+                "{}: {} and {} list different entries:\n  {}",
+                c.test,
+                NODES[*a],
+                NODES[*b],
+                diff.join("\n  ")
+            );
+        }
+    }
+}
+
+#[test]
+fn concurrent_namespace_storm() {
+    require_fuse!();
+    let seed = seed("concurrent_namespace_storm");
+    let mut c = Cluster::start("concurrent_namespace_storm");
+    setup_storm_dirs(&c);
+    let dur = storm_duration();
+    let stop = AtomicBool::new(false);
+    let killed = AtomicBool::new(false);
+    let deadline = Instant::now() + dur;
+    let t0 = Instant::now();
+    let outs: Vec<StormOut> = std::thread::scope(|s| {
+        let _guard = StopGuard {
+            stop: &stop,
+            cont_pid: None,
+        };
+        let hs: Vec<_> = (0..NODES.len())
+            .map(|i| {
+                let mp = c.n(i).path().to_path_buf();
+                let (stop, killed) = (&stop, &killed);
+                s.spawn(move || storm(i, &mp, seed ^ mix(i as u64), deadline, stop, killed))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("storm thread panicked"))
+            .collect()
+    });
+    let took = t0.elapsed();
+    for (i, o) in outs.iter().enumerate() {
+        eprintln!(
+            "concurrent_namespace_storm: {}: {} ops in {} ({:.0}/s), {} names at the end",
+            NODES[i],
+            o.ops,
+            secs(took),
+            o.ops as f64 / took.as_secs_f64(),
+            o.model.len()
+        );
+    }
+    let errors: Vec<&String> = outs.iter().flat_map(|o| &o.errors).collect();
+    assert!(
+        errors.is_empty(),
+        "seed {seed}: storm operations failed:\n  {}",
+        errors
+            .iter()
+            .map(|s| s.as_str())
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+    for (i, o) in outs.iter().enumerate() {
+        assert!(o.ops > 0, "{} did no operation at all", NODES[i]);
+    }
+    let models: Vec<&Model> = outs.iter().map(|o| &o.model).collect();
+    check_listings(&c, &[0, 1, 2], &models, None);
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. Concurrent images
+
+#[derive(Debug, Default)]
+struct ImageOut {
+    /// Iteration of the last write of every block (0 = the sequential pass).
+    last: Vec<u32>,
+    /// CLOCK_REALTIME window of the overwrite phase.
+    overwrite_ns: (u128, u128),
+    alloc_time: Duration,
+    overwrite_time: Duration,
+}
+
+fn image_name(node: usize) -> String {
+    format!("img-{}", NODES[node])
+}
+
+fn write_image(node: usize, mp: &Path, seed: u64) -> Result<ImageOut, String> {
+    let p = mp.join(image_name(node));
+    let f = open_direct(&p, true, true).map_err(|e| io_err("create image O_DIRECT", &e))?;
+    let t = Instant::now();
+    let mut buf = AlignedBuf::new(IMAGE_CHUNK);
+    let per_chunk = IMAGE_CHUNK / BLK;
+    for chunk in 0..IMAGE_BLOCKS / per_chunk {
+        for i in 0..per_chunk {
+            fill(
+                image_key(node, chunk * per_chunk + i, 0),
+                &mut buf[i * BLK..(i + 1) * BLK],
+            );
+        }
+        f.write_all_at(&buf, (chunk * IMAGE_CHUNK) as u64)
+            .map_err(|e| io_err(&format!("allocating write of MiB {chunk}"), &e))?;
+    }
+    f.sync_all()
+        .map_err(|e| io_err("fsync after allocation", &e))?;
+    let alloc_time = t.elapsed();
+
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut last = vec![0u32; IMAGE_BLOCKS];
+    let mut one = AlignedBuf::new(BLK);
+    let t = Instant::now();
+    let start_ns = realtime_ns();
+    for it in 1..=IMAGE_OVERWRITES {
+        let b = rng.gen_range(0..IMAGE_BLOCKS);
+        fill(image_key(node, b, it), &mut one);
+        f.write_all_at(&one, (b * BLK) as u64)
+            .map_err(|e| io_err(&format!("overwrite {it} of block {b}"), &e))?;
+        last[b] = it;
+    }
+    f.sync_all()
+        .map_err(|e| io_err("fsync after overwrites", &e))?;
+    let end_ns = realtime_ns();
+    Ok(ImageOut {
+        last,
+        overwrite_ns: (start_ns, end_ns),
+        alloc_time,
+        overwrite_time: t.elapsed(),
+    })
+}
+
+/// Read image `owner` through `mp` and check every block against its last write.
+fn verify_image(mp: &Path, owner: usize, last: &[u32]) -> Vec<String> {
+    let mut v = Vec::new();
+    let p = mp.join(image_name(owner));
+    let f = match open_direct(&p, false, false) {
+        Ok(f) => f,
+        Err(e) => return vec![io_err(&format!("open {}", p.display()), &e)],
+    };
+    match f.metadata() {
+        Ok(m) if m.len() == IMAGE_SIZE => {}
+        Ok(m) => v.push(format!(
+            "{} is {} bytes, expected {IMAGE_SIZE}",
+            p.display(),
+            m.len()
+        )),
+        Err(e) => return vec![io_err("stat image", &e)],
+    }
+    let mut buf = AlignedBuf::new(IMAGE_CHUNK);
+    let mut exp = vec![0u8; BLK];
+    let per_chunk = IMAGE_CHUNK / BLK;
+    let mut bad = 0usize;
+    for chunk in 0..IMAGE_BLOCKS / per_chunk {
+        if let Err(e) = f.read_exact_at(&mut buf, (chunk * IMAGE_CHUNK) as u64) {
+            v.push(io_err(&format!("read MiB {chunk} of {}", p.display()), &e));
+            return v;
+        }
+        for i in 0..per_chunk {
+            let b = chunk * per_chunk + i;
+            fill(image_key(owner, b, last[b]), &mut exp);
+            let got = &buf[i * BLK..(i + 1) * BLK];
+            if got != &exp[..] {
+                bad += 1;
+                if bad <= 8 {
+                    // Which write does it hold, if any of this block's?
+                    let held = (0..=IMAGE_OVERWRITES).find(|&it| {
+                        fill(image_key(owner, b, it), &mut exp);
+                        got == &exp[..]
+                    });
+                    v.push(format!(
+                        "{} block {b}: expected write #{}, holds {}",
+                        p.display(),
+                        last[b],
+                        match held {
+                            Some(it) => format!("write #{it} (stale)"),
+                            None if got.iter().all(|x| *x == 0) => "zeros".into(),
+                            None => format!("unknown bytes {:02x?}", &got[..16]),
+                        }
+                    ));
+                }
+            }
+        }
+    }
+    if bad > 8 {
+        v.push(format!("{}: {bad} bad blocks in all", p.display()));
+    }
+    v
+}
+
+fn write_log_path(c: &Cluster, i: usize) -> PathBuf {
+    // Not *.log: Cluster::logs must not dump it.
+    c.lun.dir().join(format!("writes-{}.txt", NODES[i]))
+}
+
+fn read_write_log(p: &Path) -> Vec<WriteLogLine> {
+    read_lossy(p)
+        .lines()
+        .map(|l| {
+            WriteLogLine::parse(l)
+                .unwrap_or_else(|| panic!("malformed line in write log {}: {l:?}", p.display()))
+        })
+        .collect()
+}
+
+#[test]
+fn concurrent_images() {
+    require_fuse!();
+    let seed = seed("concurrent_images");
+    let mut c = Cluster::formatted("concurrent_images", "8");
+    // Each node logs its device writes: the overwrite phase must need no per-write cluster I/O.
+    for i in 0..NODES.len() {
+        let wl = write_log_path(&c, i).to_string_lossy().into_owned();
+        c.mount(i, &[], &[("CETRA_WRITE_LOG", wl.as_str())]);
+    }
+    let outs: Vec<Result<ImageOut, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..NODES.len())
+            .map(|i| {
+                let mp = c.n(i).path().to_path_buf();
+                s.spawn(move || write_image(i, &mp, seed ^ mix(i as u64)))
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("image thread panicked"))
+            .collect()
+    });
+    let mut errs = Vec::new();
+    let mut images = Vec::new();
+    for (i, o) in outs.into_iter().enumerate() {
+        match o {
+            Ok(o) => images.push(o),
+            Err(e) => errs.push(format!("{}: {e}", NODES[i])),
+        }
+    }
+    assert!(
+        errs.is_empty(),
+        "seed {seed}: image writers failed:\n  {}",
+        errs.join("\n  ")
+    );
+
+    let mut caw_report = Vec::new();
+    for (i, o) in images.iter().enumerate() {
+        let lines = read_write_log(&write_log_path(&c, i));
+        let (a, b) = o.overwrite_ns;
+        let in_phase: Vec<&WriteLogLine> = lines
+            .iter()
+            .filter(|l| l.time_ns >= a && l.time_ns <= b)
+            .collect();
+        let caws = in_phase.iter().filter(|l| l.kind == WriteKind::Caw).count();
+        eprintln!(
+            "concurrent_images: {}: allocating 64 MiB {} ({:.0} MiB/s), {IMAGE_OVERWRITES} \
+             overwrites {} ({:.0}/s); device writes in the overwrite phase: {} ({caws} CAW)",
+            NODES[i],
+            secs(o.alloc_time),
+            64.0 / o.alloc_time.as_secs_f64(),
+            secs(o.overwrite_time),
+            f64::from(IMAGE_OVERWRITES) / o.overwrite_time.as_secs_f64(),
+            in_phase.len()
+        );
+        assert!(
+            !lines.is_empty(),
+            "{}: its device write log {} is empty: CETRA_WRITE_LOG is not honoured",
+            NODES[i],
+            write_log_path(&c, i).display()
+        );
+        if caws >= IMAGE_OVERWRITES as usize {
+            caw_report.push(format!(
+                "{}: {caws} COMPARE AND WRITEs during {IMAGE_OVERWRITES} overwrites of an \
+                 allocated image (per-write cluster I/O)",
+                NODES[i]
+            ));
+        }
+    }
+
+    let mut v = Vec::new();
+    for reader in 0..NODES.len() {
+        for (owner, o) in images.iter().enumerate() {
+            for e in verify_image(c.n(reader).path(), owner, &o.last) {
+                v.push(format!("read on {}: {e}", NODES[reader]));
+            }
+        }
+    }
+    assert!(
+        v.is_empty(),
+        "seed {seed}: image data does not verify:\n  {}",
+        v.join("\n  ")
+    );
+    assert!(caw_report.is_empty(), "{}", caw_report.join("\n"));
+    eprintln!("concurrent_images: all three images verify from all three nodes");
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. SIGKILL mid-storm, survivors recover
+
+#[derive(Debug, Clone)]
+struct Durable {
+    name: String,
+    key: u64,
+    len: usize,
+}
+
+const DURABLE_DIR: &str = "durable-node2";
+
+/// Create files with fsync (file and directory) until stopped or the first error; a file is
+/// recorded only once both fsyncs returned.
+fn durable_writer(
+    mp: &Path,
+    seed: u64,
+    stop: &AtomicBool,
+    killed: &AtomicBool,
+    done: &Mutex<Vec<Durable>>,
+    errors: &Mutex<Vec<String>>,
+) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let dir = mp.join(DURABLE_DIR);
+    for n in 0u64.. {
+        if stop.load(Ordering::SeqCst) {
+            return;
+        }
+        let d = Durable {
+            name: format!("d{n}"),
+            key: mix(seed ^ n),
+            len: rng.gen_range(1..=40_000),
+        };
+        let r = (|| -> io::Result<()> {
+            let mut f = fs::File::create_new(dir.join(&d.name))?;
+            f.write_all(&pattern(d.key, d.len))?;
+            f.sync_all()?;
+            fsync_dir(&dir)
+        })();
+        match r {
+            Ok(()) => done.lock().expect("durable list").push(d),
+            Err(e) => {
+                if !killed.load(Ordering::SeqCst) {
+                    errors
+                        .lock()
+                        .expect("errors")
+                        .push(io_err(&format!("node2 durable {}", d.name), &e));
+                }
+                return;
+            }
+        }
+    }
+}
+
+fn check_durables(c: &Cluster, reader: usize, files: &[Durable]) -> Vec<String> {
+    let dir = c.n(reader).p(DURABLE_DIR);
+    files
+        .iter()
+        .filter_map(|d| {
+            expect_content(&dir.join(&d.name), &pattern(d.key, d.len))
+                .err()
+                .map(|e| format!("fsync'd {} read on {}: {e}", d.name, NODES[reader]))
+        })
+        .collect()
+}
+
+#[test]
+fn sigkill_recovery() {
+    require_fuse!();
+    let seed = seed("sigkill_recovery");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut c = Cluster::start("sigkill_recovery");
+    setup_storm_dirs(&c);
+    fs::create_dir(c.n(1).p(DURABLE_DIR)).expect("mkdir durable dir on node2");
+    fsync_dir(c.n(1).path()).expect("fsync root on node2");
+    wait_visible_everywhere(&c, DURABLE_DIR);
+
+    let kill_after = Duration::from_millis(rng.gen_range(3000..=6000));
+    let stop = AtomicBool::new(false);
+    let killed = AtomicBool::new(false);
+    let durables = Mutex::new(Vec::new());
+    let dur_errors = Mutex::new(Vec::new());
+    let node2_pid = c.n(1).pid();
+    let far = Instant::now() + Duration::from_secs(3600);
+    let mut recovery: Option<(Duration, usize, String)> = None;
+    let mut node2 = Some(c.take(1));
+    let node2_mp = node2.as_ref().expect("node2").path().to_path_buf();
+
+    let outs: Vec<StormOut> = std::thread::scope(|s| {
+        let _guard = StopGuard {
+            stop: &stop,
+            cont_pid: None,
+        };
+        let hs: Vec<_> = (0..NODES.len())
+            .map(|i| {
+                let mp = if i == 1 {
+                    node2_mp.clone()
+                } else {
+                    c.n(i).path().to_path_buf()
+                };
+                let (stop, killed) = (&stop, &killed);
+                s.spawn(move || storm(i, &mp, seed ^ mix(i as u64), far, stop, killed))
+            })
+            .collect();
+        {
+            let (mp, stop, killed, d, e) = (&node2_mp, &stop, &killed, &durables, &dur_errors);
+            s.spawn(move || durable_writer(mp, seed ^ 0xD0, stop, killed, d, e));
+        }
+        std::thread::sleep(kill_after);
+        killed.store(true, Ordering::SeqCst);
+        let t_kill = Instant::now();
+        let st = node2
+            .take()
+            .expect("node2")
+            .abandon(Some(libc::SIGKILL))
+            .unwrap_or_else(|e| panic!("killing node2: {e}"));
+        eprintln!(
+            "sigkill_recovery: node2 (pid {node2_pid}) SIGKILLed after {} of storm: {st:?}; \
+             {} fsync'd files so far",
+            secs(kill_after),
+            durables.lock().expect("durables").len()
+        );
+        // The survivors keep storming while one of them recovers node2.
+        let limit = DEAD_TIME + RECOVERY_SLACK;
+        let mut found = None;
+        let waited = poll_until(limit + Duration::from_secs(20), || {
+            found = c.recovered_line(&[0, 2], "node2");
+            found.is_some()
+        });
+        if let (Some(_), Some((i, line))) = (waited, found) {
+            recovery = Some((t_kill.elapsed(), i, line));
+        }
+        // A little more survivor work after the recovery.
+        std::thread::sleep(Duration::from_secs(2));
+        stop.store(true, Ordering::SeqCst);
+        hs.into_iter()
+            .map(|h| h.join().expect("storm thread panicked"))
+            .collect()
+    });
+
+    let limit = DEAD_TIME + RECOVERY_SLACK;
+    let (took, by, line) = recovery.unwrap_or_else(|| {
+        panic!(
+            "seed {seed}: neither node1 nor node3 logged that it recovered node2 within {} of \
+             the kill (bound: dead time {} + {})",
+            secs(limit + Duration::from_secs(20)),
+            secs(DEAD_TIME),
+            secs(RECOVERY_SLACK)
+        )
+    });
+    eprintln!(
+        "sigkill_recovery: {} recovered node2 {} after the kill (dead time {}, so replay etc. \
+         took ~{}): {line}",
+        NODES[by],
+        secs(took),
+        secs(DEAD_TIME),
+        secs(took.saturating_sub(DEAD_TIME))
+    );
+    assert!(
+        took <= limit,
+        "recovery of node2 took {} > dead time {} + {}",
+        secs(took),
+        secs(DEAD_TIME),
+        secs(RECOVERY_SLACK)
+    );
+
+    let mut errors: Vec<String> = outs.iter().flat_map(|o| o.errors.clone()).collect();
+    errors.extend(dur_errors.lock().expect("errors").iter().cloned());
+    assert!(
+        errors.is_empty(),
+        "seed {seed}: operations failed (survivors at any time, node2 before its kill):\n  {}",
+        errors.join("\n  ")
+    );
+    for (i, o) in outs.iter().enumerate() {
+        eprintln!(
+            "sigkill_recovery: {}: {} ops{}",
+            NODES[i],
+            o.ops,
+            if i == 1 {
+                format!(
+                    " ({} failed after the kill, as expected)",
+                    o.errors_after_kill
+                )
+            } else {
+                String::new()
+            }
+        );
+    }
+    let files = durables.lock().expect("durables").clone();
+    assert!(
+        !files.is_empty(),
+        "node2 completed no fsync'd file in {} before the kill: nothing to check",
+        secs(kill_after)
+    );
+
+    // Survivors: their own names exactly, node2's names (unsynced) only consistently.
+    let survivors: Vec<&Model> = vec![&outs[0].model, &outs[2].model];
+    check_listings(&c, &[0, 2], &survivors, Some("node2-"));
+    let v = check_durables(&c, 0, &files);
+    assert!(
+        v.is_empty(),
+        "fsync'd files of node2 lost:\n  {}",
+        v.join("\n  ")
+    );
+    eprintln!(
+        "sigkill_recovery: all {} fsync'd files of node2 intact on node1",
+        files.len()
+    );
+
+    // The killed node mounts again under its own name and sees the same.
+    c.mount(1, &[], &[]);
+    let v = check_durables(&c, 1, &files);
+    assert!(
+        v.is_empty(),
+        "after remounting node2:\n  {}",
+        v.join("\n  ")
+    );
+    check_listings(&c, &[0, 1, 2], &survivors, Some("node2-"));
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. SIGSTOP past the dead time: the resumed node fences before writing
+
+#[derive(Debug, Clone)]
+struct WriteAttempt {
+    start_ns: u128,
+    end_ns: u128,
+    block: usize,
+    result: Result<(), i32>,
+}
+
+const FENCE_IMAGE_BLOCKS: usize = 2048;
+
+#[test]
+fn sigstop_fencing() {
+    require_fuse!();
+    let seed = seed("sigstop_fencing");
+    let mut c = Cluster::formatted("sigstop_fencing", "8");
+    c.mount(0, &[], &[]);
+    let wl = write_log_path(&c, 1);
+    let wl_s = wl.to_string_lossy().into_owned();
+    c.mount(1, &[], &[("CETRA_WRITE_LOG", wl_s.as_str())]);
+    c.mount(2, &[], &[]);
+    let node2_pid = c.n(1).pid();
+    for i in [0, 2] {
+        fs::create_dir(c.n(i).p(format!("work-{}", NODES[i]))).expect("mkdir work dir");
+    }
+
+    // node2's image, fully written (allocated) before the test starts.
+    let img = c.n(1).p("img-node2");
+    {
+        let f = open_direct(&img, true, true).expect("create node2 image");
+        let mut buf = AlignedBuf::new(FENCE_IMAGE_BLOCKS * BLK);
+        fill(7, &mut buf);
+        f.write_all_at(&buf, 0).expect("write node2 image");
+        f.sync_all().expect("fsync node2 image");
+    }
+    let f_img = open_direct(&img, true, false).expect("open node2 image");
+
+    let stop = AtomicBool::new(false);
+    let attempts: Mutex<Vec<WriteAttempt>> = Mutex::new(Vec::new());
+    let survivor_files: Mutex<Vec<(usize, Durable)>> = Mutex::new(Vec::new());
+    let survivor_errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let survivor_ops = AtomicU64::new(0);
+    let mut t_stop = 0u128;
+    let mut t_resume = 0u128;
+    let mut recovered: Option<(Duration, usize, String)> = None;
+
+    std::thread::scope(|s| {
+        let _guard = StopGuard {
+            stop: &stop,
+            cont_pid: Some(node2_pid),
+        };
+        // node2's writer: O_DIRECT 4 KiB writes in a loop; errors are expected once fenced.
+        {
+            let (f, stop, attempts) = (&f_img, &stop, &attempts);
+            s.spawn(move || {
+                let mut rng = StdRng::seed_from_u64(seed);
+                let mut one = AlignedBuf::new(BLK);
+                let mut it = 0u64;
+                while !stop.load(Ordering::SeqCst) {
+                    it += 1;
+                    let b = rng.gen_range(0..FENCE_IMAGE_BLOCKS);
+                    fill(mix(it), &mut one);
+                    let start_ns = realtime_ns();
+                    let r = f.write_all_at(&one, (b * BLK) as u64);
+                    let end_ns = realtime_ns();
+                    let failed = r.is_err();
+                    attempts.lock().expect("attempts").push(WriteAttempt {
+                        start_ns,
+                        end_ns,
+                        block: b,
+                        result: r.map_err(|e| errno_of(&e)),
+                    });
+                    if failed {
+                        std::thread::sleep(Duration::from_millis(50));
+                    } else if it.is_multiple_of(64) {
+                        let _ = f.sync_data();
+                    }
+                }
+            });
+        }
+        // Survivors keep working: fsync'd files in their own directories.
+        for i in [0, 2] {
+            let mp = c.n(i).path().to_path_buf();
+            let (stop, files, errors, ops) =
+                (&stop, &survivor_files, &survivor_errors, &survivor_ops);
+            s.spawn(move || {
+                let dir = mp.join(format!("work-{}", NODES[i]));
+                let mut rng = StdRng::seed_from_u64(seed ^ mix(i as u64));
+                for n in 0u64.. {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let d = Durable {
+                        name: format!("f{n}"),
+                        key: mix((i as u64) << 32 | n),
+                        len: rng.gen_range(1..=20_000),
+                    };
+                    let r = (|| -> io::Result<()> {
+                        let mut f = fs::File::create_new(dir.join(&d.name))?;
+                        f.write_all(&pattern(d.key, d.len))?;
+                        f.sync_all()
+                    })();
+                    ops.fetch_add(1, Ordering::Relaxed);
+                    match r {
+                        Ok(()) => files.lock().expect("files").push((i, d)),
+                        Err(e) => {
+                            errors
+                                .lock()
+                                .expect("errors")
+                                .push(io_err(&format!("{} creating {}", NODES[i], d.name), &e));
+                            return;
+                        }
+                    }
+                    std::thread::sleep(Duration::from_millis(20));
+                }
+            });
+        }
+        std::thread::sleep(Duration::from_secs(2));
+        t_stop = realtime_ns();
+        c.n(1).signal(libc::SIGSTOP).expect("SIGSTOP node2");
+        let stopped = Instant::now();
+        let ops_at_stop = survivor_ops.load(Ordering::Relaxed);
+        std::thread::sleep(DEAD_TIME + Duration::from_secs(3));
+        let mut found = None;
+        let waited = poll_until(RECOVERY_SLACK, || {
+            found = c.recovered_line(&[0, 2], "node2");
+            found.is_some()
+        });
+        if let (Some(_), Some((i, line))) = (waited, found) {
+            recovered = Some((stopped.elapsed(), i, line));
+        }
+        eprintln!(
+            "sigstop_fencing: survivors did {} ops while node2 was stopped",
+            survivor_ops.load(Ordering::Relaxed) - ops_at_stop
+        );
+        t_resume = realtime_ns();
+        c.n(1).signal(libc::SIGCONT).expect("SIGCONT node2");
+        // Let the writer run into the fence.
+        let fenced_seen = poll_until(Duration::from_secs(10), || {
+            c.log_of(1).to_lowercase().contains("fenced")
+                && attempts
+                    .lock()
+                    .expect("attempts")
+                    .iter()
+                    .any(|a| a.start_ns > t_resume && a.result.is_err())
+        });
+        if fenced_seen.is_none() {
+            eprintln!(
+                "sigstop_fencing: node2 did not log a fence / fail a write within 10 s of SIGCONT"
+            );
+        }
+        std::thread::sleep(Duration::from_millis(500));
+        stop.store(true, Ordering::SeqCst);
+    });
+
+    let (took, by, line) = recovered.unwrap_or_else(|| {
+        panic!(
+            "seed {seed}: no survivor logged that it recovered node2 within {} of SIGSTOP",
+            secs(DEAD_TIME + Duration::from_secs(3) + RECOVERY_SLACK)
+        )
+    });
+    eprintln!(
+        "sigstop_fencing: {} recovered node2 (≤ {} after SIGSTOP): {line}",
+        NODES[by],
+        secs(took)
+    );
+
+    // 1. The device write log: node2 wrote before the stop, and nothing it issued after SIGCONT.
+    let lines = read_write_log(&wl);
+    let own: Vec<&WriteLogLine> = lines
+        .iter()
+        .filter(|l| l.pid == u32::try_from(node2_pid).expect("pid"))
+        .collect();
+    let before = own.iter().filter(|l| l.time_ns < t_stop).count();
+    assert!(
+        before > 0,
+        "the write log {} holds no write of node2 (pid {node2_pid}) before SIGSTOP ({} lines in \
+         all): CETRA_WRITE_LOG is not honoured, the check below would prove nothing",
+        wl.display(),
+        lines.len()
+    );
+    let after: Vec<String> = own
+        .iter()
+        .filter(|l| l.time_ns > t_resume)
+        .map(|l| {
+            format!(
+                "{:?} at byte {} len {}, {} ms after SIGCONT",
+                l.kind,
+                l.offset,
+                l.len,
+                (l.time_ns - t_resume) / 1_000_000
+            )
+        })
+        .collect();
+    eprintln!(
+        "sigstop_fencing: node2's write log: {} writes before SIGSTOP, {} issued after SIGCONT",
+        before,
+        after.len()
+    );
+    assert!(
+        after.is_empty(),
+        "node2 issued {} device writes after it was resumed (its slot had been recovered; it \
+         must fence before writing):\n  {}",
+        after.len(),
+        after
+            .iter()
+            .take(20)
+            .cloned()
+            .collect::<Vec<_>>()
+            .join("\n  ")
+    );
+
+    // 2. It says it fenced.
+    let log2 = c.log_of(1);
+    let fence_line = log2
+        .lines()
+        .find(|l| l.to_lowercase().contains("fenced"))
+        .unwrap_or_else(|| panic!("node2's log does not say that it fenced itself"));
+    eprintln!("sigstop_fencing: node2: {fence_line}");
+
+    // 3. Its writes fail: none issued after the resume succeeded, and a new one fails with EIO.
+    let attempts = attempts.into_inner().expect("attempts");
+    let ok_after: Vec<&WriteAttempt> = attempts
+        .iter()
+        .filter(|a| a.start_ns > t_resume && a.result.is_ok())
+        .collect();
+    let failed_after = attempts
+        .iter()
+        .filter(|a| a.start_ns > t_resume && a.result.is_err())
+        .count();
+    let in_flight = attempts
+        .iter()
+        .filter(|a| a.start_ns <= t_stop && a.end_ns > t_resume)
+        .map(|a| format!("block {} -> {:?}", a.block, a.result.map_err(errno_name)))
+        .collect::<Vec<_>>();
+    eprintln!(
+        "sigstop_fencing: node2 writer: {} writes, {failed_after} failed after SIGCONT, in flight \
+         across the stop: {in_flight:?}",
+        attempts.len()
+    );
+    assert!(
+        ok_after.is_empty(),
+        "{} O_DIRECT writes on node2 issued after SIGCONT succeeded (first: block {})",
+        ok_after.len(),
+        ok_after[0].block
+    );
+    let mut one = AlignedBuf::new(BLK);
+    fill(99, &mut one);
+    match f_img.write_all_at(&one, 0) {
+        Ok(()) => panic!("a write on fenced node2 succeeded"),
+        Err(e) => assert_eq!(
+            errno_of(&e),
+            libc::EIO,
+            "a write on fenced node2 failed with {e}, expected EIO"
+        ),
+    }
+    let create = fs::File::create_new(c.n(1).p("after-fence"))
+        .and_then(|mut f| f.write_all(b"x").and_then(|()| f.sync_all()));
+    match create {
+        Ok(()) => panic!("creating and fsyncing a file on fenced node2 succeeded"),
+        Err(e) => eprintln!("sigstop_fencing: create on fenced node2: {e} (as expected)"),
+    }
+    drop(f_img);
+
+    // 4. Survivors' work is intact, read from both survivors.
+    let errs = survivor_errors.into_inner().expect("errors");
+    assert!(
+        errs.is_empty(),
+        "survivors failed:\n  {}",
+        errs.join("\n  ")
+    );
+    let files = survivor_files.into_inner().expect("files");
+    let mut v = Vec::new();
+    for reader in [0, 2] {
+        for (owner, d) in &files {
+            let p = c.n(reader).p(format!("work-{}/{}", NODES[*owner], d.name));
+            if let Err(e) = expect_content(&p, &pattern(d.key, d.len)) {
+                v.push(format!("on {}: {e}", NODES[reader]));
+            }
+        }
+    }
+    assert!(
+        v.is_empty(),
+        "survivors' data does not verify:\n  {}",
+        v.join("\n  ")
+    );
+    eprintln!(
+        "sigstop_fencing: {} survivor files verify on node1 and node3",
+        files.len()
+    );
+
+    // 5. Unmount the fenced node (its exit status is its business), then the rest; fsck.
+    let st = c
+        .take(1)
+        .unmount_any_status()
+        .unwrap_or_else(|e| panic!("unmounting fenced node2: {e}"));
+    eprintln!("sigstop_fencing: fenced node2 unmounted, daemon {st:?}");
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. The recoverer dies between recovery steps; another node finishes
+
+#[test]
+fn recoverer_killed_mid_recovery() {
+    require_fuse!();
+    let seed = seed("recoverer_killed_mid_recovery");
+    let mut c = Cluster::formatted("recoverer_killed_mid_recovery", "8");
+    c.mount(0, &[], &[FAILPOINT_ENV]);
+    c.mount(1, &[], &[]);
+    c.mount(2, &[], &[]);
+    // Everyone works a little; node3's work is fsync'd.
+    for i in 0..NODES.len() {
+        fs::create_dir(c.n(i).p(format!("w-{}", NODES[i]))).expect("mkdir");
+    }
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut files = Vec::new();
+    for n in 0..40u64 {
+        let d = Durable {
+            name: format!("f{n}"),
+            key: mix(seed ^ n),
+            len: rng.gen_range(1..=30_000),
+        };
+        for i in 0..NODES.len() {
+            let p = c.n(i).p(format!("w-{}/{}", NODES[i], d.name));
+            let mut f = fs::File::create_new(&p).expect("create");
+            f.write_all(&pattern(d.key ^ i as u64, d.len))
+                .expect("write");
+            if i == 2 {
+                f.sync_all().expect("fsync on node3");
+            }
+        }
+        if n % 7 == 3 {
+            let from = c.n(2).p(format!("w-node3/{}", d.name));
+            let to = c.n(2).p(format!("w-node3/r{n}"));
+            fs::rename(&from, &to).expect("rename on node3");
+            files.push(Durable {
+                name: format!("r{n}"),
+                key: d.key ^ 2,
+                len: d.len,
+            });
+        } else {
+            files.push(Durable {
+                name: d.name.clone(),
+                key: d.key ^ 2,
+                len: d.len,
+            });
+        }
+    }
+    fsync_dir(&c.n(2).p("w-node3")).expect("fsync w-node3 on node3");
+    // Unsynced metadata work in node3's journal too.
+    for n in 0..20 {
+        let _ = fs::File::create_new(c.n(2).p(format!("w-node3/unsynced{n}")));
+    }
+    // node2 steps aside (clean unmount) so that node1, the node with the failpoint, is the only
+    // survivor and certainly the one that starts node3's recovery; it comes back to finish it.
+    c.take(1).unmount();
+
+    let t_kill = Instant::now();
+    let st = c
+        .take(2)
+        .abandon(Some(libc::SIGKILL))
+        .unwrap_or_else(|e| panic!("killing node3: {e}"));
+    eprintln!("recoverer_killed_mid_recovery: node3 SIGKILLed ({st:?})");
+
+    // node1 starts recovering node3 and dies at the failpoint.
+    let limit1 = DEAD_TIME + RECOVERY_SLACK;
+    let ex = c.n(0).wait_exit(limit1);
+    let t_node1_exit = Instant::now();
+    match ex {
+        Some(Exit::Code(FAILPOINT_EXIT_CODE)) => eprintln!(
+            "recoverer_killed_mid_recovery: node1 exited at the failpoint {} after the kill",
+            secs(t_kill.elapsed())
+        ),
+        other => panic!(
+            "node1 (env {}={}) did not exit with code {FAILPOINT_EXIT_CODE} at the recovery \
+             failpoint within {} of node3's kill: {other:?} (None = still running){}",
+            FAILPOINT_ENV.0,
+            FAILPOINT_ENV.1,
+            secs(limit1),
+            if c.recovered_line(&[0], "node3").is_some() {
+                "; node1 logged a completed recovery of node3: the failpoint is not implemented"
+            } else {
+                ""
+            }
+        ),
+    }
+    c.take(0)
+        .abandon(None)
+        .unwrap_or_else(|e| panic!("detaching node1's dead mount: {e}"));
+
+    // node2 comes back and must finish node3's recovery (and recover node1).
+    c.mount(1, &[], &[]);
+    let limit2 = DEAD_TIME * 2 + RECOVERY_SLACK;
+    let mut found = None;
+    let waited = poll_until(limit2, || {
+        found = c.recovered_line(&[1], "node3");
+        found.is_some()
+    });
+    let (_, line) = found.unwrap_or_else(|| {
+        panic!(
+            "node2 did not log that it recovered node3 within {} of node1's death",
+            secs(limit2)
+        )
+    });
+    let waited = waited.expect("found");
+    eprintln!(
+        "recoverer_killed_mid_recovery: node2 finished node3's recovery {} after node1 died \
+         ({} after its mount): {line}",
+        secs(t_node1_exit.elapsed()),
+        secs(waited)
+    );
+    let t = poll_until(limit2, || c.recovered_line(&[1], "node1").is_some());
+    assert!(
+        t.is_some(),
+        "node2 did not log that it recovered node1 (the recoverer that died) within {}",
+        secs(limit2)
+    );
+
+    let check = |c: &Cluster, reader: usize| -> Vec<String> {
+        files
+            .iter()
+            .filter_map(|d| {
+                let p = c.n(reader).p(format!("w-node3/{}", d.name));
+                expect_content(&p, &pattern(d.key, d.len))
+                    .err()
+                    .map(|e| format!("on {}: {e}", NODES[reader]))
+            })
+            .collect()
+    };
+    let v = check(&c, 1);
+    assert!(
+        v.is_empty(),
+        "node3's fsync'd work lost:\n  {}",
+        v.join("\n  ")
+    );
+    c.unmount_all_and_fsck();
+
+    // The dead nodes can mount again.
+    c.mount(2, &[], &[]);
+    c.mount(0, &[], &[]);
+    c.mount(1, &[], &[]);
+    for reader in 0..NODES.len() {
+        let v = check(&c, reader);
+        assert!(v.is_empty(), "after remounting:\n  {}", v.join("\n  "));
+    }
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 7. Duplicate identity and full slots
+
+#[test]
+fn duplicate_identity_refused() {
+    require_fuse!();
+    let c = Cluster::start("duplicate_identity_refused");
+    for (i, host) in NODES.iter().enumerate().take(2) {
+        let mp = c.lun.dir().join(format!("mnt-{host}-dup"));
+        match Mount::try_new(c.lun.path(), &mp, host, &[]) {
+            Ok(m) => {
+                drop(m);
+                panic!("a second daemon with host={host} mounted while {host} is mounted");
+            }
+            Err(r) => {
+                let out = r.output();
+                eprintln!(
+                    "duplicate_identity_refused: second {host}: exit {}: {}",
+                    r.code,
+                    out.lines().next().unwrap_or("")
+                );
+                assert!(
+                    out.contains("already"),
+                    "refusal of a second {host} does not say \"already\": {r}"
+                );
+            }
+        }
+        // The original is unharmed.
+        fs::write(c.n(i).p(format!("still-{host}")), b"ok").expect("original node still works");
+    }
+    let mut c = c;
+    c.unmount_all_and_fsck();
+
+    // All slots taken: mkfs -N 2, two nodes mounted, the third refused.
+    let mut c = Cluster::formatted("duplicate_identity_refused (slots)", "2");
+    c.mount(0, &[], &[]);
+    c.mount(1, &[], &[]);
+    match c.try_mount(2, &[], &[]) {
+        Ok(()) => panic!("a third node mounted a volume made with -N 2 while two are mounted"),
+        Err(e) => {
+            eprintln!("duplicate_identity_refused: third node on -N 2: {e}");
+            let first = e.to_lowercase();
+            assert!(
+                first.contains("slot"),
+                "the refusal of a third node on a 2-slot volume does not mention slots: {e}"
+            );
+        }
+    }
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 8. Per-file open locks
+
+fn open_w(p: &Path) -> io::Result<fs::File> {
+    fs::OpenOptions::new().write(true).open(p)
+}
+
+#[test]
+fn open_locks() {
+    require_fuse!();
+    let mut c = Cluster::start("open_locks");
+    let f1 = fs::File::create_new(c.n(0).p("f")).expect("create f on node1");
+    f1.sync_all().expect("fsync f");
+    wait_visible_everywhere(&c, "f");
+
+    let log_before = c.log_of(1).len();
+    match open_w(&c.n(1).p("f")) {
+        Ok(_) => panic!("node2 opened f for writing while node1 has it open for writing"),
+        Err(e) => assert_eq!(
+            errno_of(&e),
+            libc::EBUSY,
+            "node2's write open of f failed with {e}, expected EBUSY (16)"
+        ),
+    }
+    // The refusal is logged with the holder's host name.
+    let mut line = None;
+    poll_until(Duration::from_secs(2), || {
+        let log = c.log_of(1);
+        line = log
+            .get(log_before..)
+            .and_then(|s| s.lines().find(|l| l.contains("node1")).map(str::to_string));
+        line.is_some()
+    });
+    let line = line.unwrap_or_else(|| {
+        panic!("node2's log has no line naming the holder node1 after the EBUSY open")
+    });
+    eprintln!("open_locks: node2 logged: {line}");
+    let r = fs::File::open(c.n(1).p("f")).expect("node2 read-only open while node1 writes");
+    drop(r);
+    fs::File::open(c.n(2).p("f")).expect("node3 read-only open while node1 writes");
+
+    drop(f1);
+    let mut last = None;
+    let t = poll_until(RELEASE_WITHIN, || match open_w(&c.n(1).p("f")) {
+        Ok(f) => {
+            drop(f);
+            true
+        }
+        Err(e) => {
+            last = Some(e);
+            false
+        }
+    });
+    assert!(
+        t.is_some(),
+        "node2 still cannot open f for writing {RELEASE_WITHIN:?} after node1 closed it: {last:?}"
+    );
+    eprintln!(
+        "open_locks: node2 could write-open f {} ms after node1 closed it",
+        t.expect("t").as_millis()
+    );
+    c.unmount_all();
+
+    // nofilelock on all nodes: a second writer on another node is allowed.
+    for i in 0..NODES.len() {
+        c.mount(i, &["nofilelock"], &[]);
+    }
+    let w1 = open_w(&c.n(0).p("f")).expect("node1 write open with nofilelock");
+    let w2 = open_w(&c.n(1).p("f")).unwrap_or_else(|e| {
+        panic!("node2 write open of f while node1 has it open, with nofilelock: {e}")
+    });
+    w1.write_all_at(b"one", 0).expect("write on node1");
+    w1.sync_all().expect("fsync on node1");
+    drop(w1);
+    drop(w2);
+    c.unmount_all_and_fsck();
+}
+
+// Keep the fail time in the one place of timing constants even though only DEAD_TIME is used
+// in assertions: it documents the margin the sigstop test relies on.
+const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
