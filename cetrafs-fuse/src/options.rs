@@ -13,9 +13,10 @@ use std::time::Duration;
 
 /// Kernel attribute/entry cache lifetime when not given. Every node caches what it looked up for
 /// this long without asking the volume again, so it bounds how stale a node's view of another
-/// node's change (new file, chmod, size after an append elsewhere) can be. One second is the
-/// usual network-filesystem compromise; 0 makes every stat a round trip.
-pub const DEFAULT_TTL: Duration = Duration::from_secs(1);
+/// node's change (new file, chmod, size after an append elsewhere) can be. Half a second keeps
+/// a change on one node visible on every other within 1 s (the TTL plus a lock handoff);
+/// 0 makes every stat a round trip into the daemon.
+pub const DEFAULT_TTL: Duration = Duration::from_millis(500);
 /// Longer than this makes multi-node coherency meaningless; shorter than this is just a typo guard.
 const MAX_TTL_SECS: f64 = 3600.0;
 const MAX_HOST_LEN: usize = 64;
@@ -277,7 +278,7 @@ mod tests {
         assert_eq!(a.mountpoint, PathBuf::from("/mnt/x"));
         assert!(!a.foreground && !a.verbose);
         assert_eq!(a.opts, Options::default());
-        assert_eq!(a.opts.attr_timeout, Duration::from_secs(1));
+        assert_eq!(a.opts.attr_timeout, Duration::from_millis(500));
         assert!(a.opts.file_locks && !a.opts.read_only && !a.opts.nosuid && !a.opts.nodev);
     }
 

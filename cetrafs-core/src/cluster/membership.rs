@@ -186,6 +186,13 @@ impl Membership {
             let pick = prefer
                 .filter(|p| *p < sb.max_nodes && !tried.contains(p))
                 .and_then(|p| views.iter().find(|v| v.slot == p))
+                // Not once a survivor has claimed its recovery (state Recovering).
+                .filter(|v| {
+                    usable(v)
+                        || v.record
+                            .as_ref()
+                            .is_some_and(|h| h.state == SlotState::Live)
+                })
                 .or_else(|| {
                     views
                         .iter()

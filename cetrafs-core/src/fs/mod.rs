@@ -192,7 +192,25 @@ impl Volume {
                 }
             }
         }
-        let member = Membership::claim(dev.clone(), &sb, &opts.host, None)?;
+        // A dead slot of this node's own identity is taken back, and so is any dead slot when
+        // no slot is free; recovering it (journal, locks, orphans) is then this mount's job.
+        let free_slot = membership::scan(&*dev, &sb)?.iter().any(|v| {
+            v.slot < sb.max_nodes
+                && v.record
+                    .as_ref()
+                    .is_none_or(|h| h.state == crate::format::heartbeat::SlotState::Free)
+        });
+        let prefer = dead
+            .iter()
+            .filter(|d| {
+                d.record
+                    .as_ref()
+                    .is_some_and(|h| h.state == crate::format::heartbeat::SlotState::Live)
+            })
+            .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
+            .or_else(|| dead.first().filter(|_| !free_slot))
+            .map(|d| d.slot);
+        let member = Membership::claim(dev.clone(), &sb, &opts.host, prefer)?;
         let claimed = member.clone();
         // Everything after the claim runs in here so that any failure gives the slot back.
         let result = (move || -> Result<Arc<Volume>> {
@@ -207,7 +225,12 @@ impl Volume {
             // the global lock, and their locks would block ours.
             let mut recovered = Vec::new();
             if !read_only {
-                for d in &dead {
+                if prefer == Some(member.slot) {
+                    // Our own previous incarnation: nothing of ours is held yet, so every lock
+                    // naming this slot is stale. Its journal is replayed below as ours.
+                    locks.scrub_slot(member.slot)?;
+                }
+                for d in dead.iter().filter(|d| d.slot != member.slot) {
                     if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, d, me)? {
                         recovered.push(c);
                     }
