@@ -20,7 +20,7 @@
 //! we won (arrays have reported false miscompares for writes that did land — the VMware ATS
 //! lesson). A record that fails its checksum is re-read a few times before it is reported as
 //! corrupted: a target may return a torn block while another initiator's CAW is running.
-//! Contended loops back off with jitter: 1 ms doubling to 50 ms, each sleep ±50 %.
+//! Contended loops back off with jitter: 1 ms doubling to 8 ms, each sleep ±50 %.
 //!
 //! # The global lock (record 0)
 //! `acquire_global(me, mode)` loops:

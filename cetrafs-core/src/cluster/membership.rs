@@ -116,8 +116,8 @@ pub fn scan(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<SlotView>> {
 
 /// Watch live slots for their dead time (each by its own published timing); returns the
 /// slots whose heartbeat changed (alive) and those that did not (dead). Stops at the first
-/// live node (callers refuse then); a slot that turns Free was unmounted cleanly and is in
-/// neither list.
+/// live node (the others' fate is then left to the running nodes' watchers); a slot that
+/// turns Free was unmounted cleanly and is in neither list.
 pub fn observe(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -446,6 +446,9 @@ impl BlockDevice for LeaseGuard {
         self.inner.geometry()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        // A fenced node reads nothing either: its block maps may point at blocks that the
+        // survivors have reused since they recovered it.
+        self.check()?;
         self.inner.read_at(offset, buf)
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
@@ -549,27 +552,6 @@ pub fn find_holders(
     Ok((alive, dead))
 }
 
-/// Mark a dead node's slot free after its recovery (CAW from the image observed dead).
-pub fn clear_slot(dev: &dyn BlockDevice, sb: &Superblock, v: &SlotView) -> Result<()> {
-    let Some(mut h) = v.record.clone() else {
-        return Ok(());
-    };
-    h.state = SlotState::Free;
-    h.nonce = rand::random();
-    let lbs = dev.geometry().logical_block_size as usize;
-    let img = h.encode(lbs);
-    match dev.compare_and_write(lba_of(sb, v.slot), &v.raw, &img) {
-        Ok(CawOutcome::Written) => Ok(()),
-        // Miscompare or unknown outcome: the block tells whether our write landed.
-        _ if read_slot(dev, sb, v.slot)? == img => Ok(()),
-        _ => bail!(
-            Busy,
-            "node slot {} changed while it was being recovered; retry",
-            v.slot
-        ),
-    }
-}
-
 /// One line describing who holds a slot, for error messages.
 pub fn describe(v: &SlotView) -> String {
     match &v.record {
@@ -655,9 +637,9 @@ mod tests {
         let e = guard.write_at(0, &[0u8; 512]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Fenced);
         assert!(m.is_fenced());
-        // Reads still work; writes never again.
+        // Nothing more, reads included: its cached block maps may point at reused blocks.
         let mut b = [0u8; 512];
-        guard.read_at(0, &mut b).unwrap();
+        assert_eq!(guard.read_at(0, &mut b).unwrap_err().kind(), ErrorKind::Fenced);
         assert!(guard.flush().is_err());
     }
 

@@ -55,6 +55,28 @@ fn exit_failpoint(name: &str) {
     }
 }
 
+/// A slot in recovery whose recoverer no longer holds its slot at the claimed generation (it
+/// died and was recovered itself, or unmounted): the claim is void and may be taken over.
+/// Whether a recoverer that still looks live is really alive is the watcher's call, by time.
+pub fn claim_is_stale(v: &SlotView, views: &[SlotView], me: Me) -> bool {
+    let Some(h) = v
+        .record
+        .as_ref()
+        .filter(|h| h.state == SlotState::Recovering)
+    else {
+        return false;
+    };
+    if h.recoverer == me.slot {
+        return h.recoverer_gen != me.gen;
+    }
+    !views.iter().any(|r| {
+        r.slot == h.recoverer
+            && r.record
+                .as_ref()
+                .is_some_and(|rh| rh.state == SlotState::Live && rh.generation == h.recoverer_gen)
+    })
+}
+
 /// Steps 1–3. Ok(None): someone else holds the claim, or the slot is no longer dead.
 pub fn claim_and_release(
     dev: &dyn BlockDevice,

@@ -292,8 +292,8 @@ impl Volume {
         }
     }
 
-    /// Publish changed free counts into the group locks' value blocks (statfs and the admin
-    /// tool read them without the global lock).
+    /// Publish changed free counts into the group locks' value blocks: other nodes choose the
+    /// group to claim by them, and an admin tool can read them without the global lock.
     fn publish_groups(&self, m: &mut Meta) {
         for g in 0..self.sb.group_count {
             let Some(free) = m.alloc.group_free(g) else {
@@ -418,7 +418,7 @@ impl Volume {
     pub(super) fn register_open(&self, st: &InodeState, writable: bool) -> Result<()> {
         let first = st.opens.load(Ordering::Acquire) == 0;
         let first_writer = writable && st.writers.load(Ordering::Acquire) == 0;
-        if self.read_only || !(first || first_writer) {
+        if !(first || first_writer) {
             return Ok(());
         }
         let me = self.cl.me;
@@ -479,9 +479,6 @@ impl Volume {
 
     /// This node's last open of `ino` closed (or its last writer did).
     pub(super) fn unregister_open(&self, st: &InodeState) {
-        if self.read_only {
-            return;
-        }
         let r = if st.opens.load(Ordering::Acquire) == 0 {
             self.cl.locks.open_clear(st.ino, self.cl.me)
         } else if st.writers.load(Ordering::Acquire) == 0 {
@@ -613,19 +610,18 @@ impl Volume {
                 SlotState::Live => {
                     silent >= dead_time || membership::local_writer_gone(h, &self.member.host)
                 }
-                // A recovery whose recoverer is no longer that live node is taken over.
+                // A recovery whose recoverer is no longer that live node is taken over: the
+                // recoverer is judged by its own record's change and its own timing.
                 SlotState::Recovering => {
-                    let recoverer_alive = views.iter().any(|r| {
-                        r.slot == h.recoverer
-                            && r.record.as_ref().is_some_and(|rh| {
-                                rh.state == SlotState::Live && rh.generation == h.recoverer_gen
-                            })
-                            && seen.get(&r.slot).is_some_and(|(_, at)| {
-                                now.duration_since(*at)
-                                    < Timing::from_ms(h.interval_ms, h.io_timeout_ms).dead_time()
-                            })
-                    });
-                    !recoverer_alive || h.recoverer == self.cl.me.slot
+                    let recoverer_silent_too_long = views
+                        .iter()
+                        .find(|r| r.slot == h.recoverer)
+                        .and_then(|r| r.record.as_ref().zip(seen.get(&r.slot)))
+                        .is_some_and(|(rh, (_, at))| {
+                            now.duration_since(*at)
+                                >= Timing::from_ms(rh.interval_ms, rh.io_timeout_ms).dead_time()
+                        });
+                    recovery::claim_is_stale(v, &views, self.cl.me) || recoverer_silent_too_long
                 }
             };
             if is_due {
@@ -663,10 +659,14 @@ impl Volume {
     ) -> Result<()> {
         self.free_orphans(claimed.view.slot)?;
         recovery::clear(&*self.dev, &self.sb, claimed)?;
+        let when = if silent.is_zero() {
+            "found dead at mount".to_string()
+        } else {
+            format!("after {} ms without a heartbeat change", silent.as_millis())
+        };
         tracing::warn!(
-            "recovered {} after {} ms without a heartbeat change: {} journal blocks replayed, its locks released, its slot free again",
+            "recovered {} ({when}): {} journal blocks replayed, its locks released, its slot free again",
             membership::describe(&claimed.view),
-            silent.as_millis(),
             claimed.replayed
         );
         Ok(())

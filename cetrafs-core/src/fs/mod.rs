@@ -223,11 +223,21 @@ impl Volume {
             let locks = LockTable::new(dev.clone(), &sb);
             // Dead nodes first: their journals hold the newest metadata if one died holding
             // the global lock, and their locks would block ours.
+            let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
+            if read_only {
+                if crate::journal::find_tx(&*dev, journal)?.is_some() {
+                    bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
+                }
+            } else {
+                // Also the journal of a dead incarnation of this slot taken back above: it is
+                // replayed before any lock naming the slot is released.
+                crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
+            }
             let mut recovered = Vec::new();
             if !read_only {
                 if prefer == Some(member.slot) {
                     // Our own previous incarnation: nothing of ours is held yet, so every lock
-                    // naming this slot is stale. Its journal is replayed below as ours.
+                    // naming this slot is stale.
                     locks.scrub_slot(member.slot)?;
                 }
                 for d in dead.iter().filter(|d| d.slot != member.slot) {
@@ -235,29 +245,48 @@ impl Volume {
                         recovered.push(c);
                     }
                 }
-            }
-            let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
-            if read_only {
-                if crate::journal::find_tx(&*dev, journal)?.is_some() {
-                    bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
+                // Recoveries left half-done by a recoverer that is gone (perhaps one of the
+                // dead just recovered) are taken over.
+                let views = membership::scan(&*dev, &sb)?;
+                for v in views
+                    .iter()
+                    .filter(|v| recovery::claim_is_stale(v, &views, me))
+                {
+                    if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, v, me)? {
+                        recovered.push(c);
+                    }
                 }
-            } else {
-                crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
             }
             let timing =
                 crate::cluster::Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
             let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks);
             // Load the allocator under the shared global lock, at a known lock version.
-            let granted =
-                cl.locks
-                    .acquire_global(me, LockMode::Shared, timing.io_timeout * 2, &|| {
-                        (!member.lease_valid()).then(|| {
-                            Error::new(
-                                ErrorKind::Fenced,
-                                "the heartbeat lease expired while mounting",
-                            )
-                        })
-                    })?;
+            // Bounded: a holder that neither releases nor dies (or a dead one that only a
+            // read-write node can recover) must not hang the mount.
+            let waited = std::time::Instant::now();
+            let patience = timing.dead_time() * 3;
+            let granted = cl.locks.acquire_global(
+                me,
+                LockMode::Shared,
+                timing.io_timeout * 2,
+                &|| {
+                    if !member.lease_valid() {
+                        return Some(Error::new(
+                            ErrorKind::Fenced,
+                            "the heartbeat lease expired while mounting",
+                        ));
+                    }
+                    (waited.elapsed() > patience).then(|| {
+                        Error::new(
+                            ErrorKind::Busy,
+                            format!(
+                                "waited {} s for the cluster's metadata lock; the node holding it does not give it up (a dead holder is released once a read-write node recovers it); retry",
+                                patience.as_secs()
+                            ),
+                        )
+                    })
+                },
+            )?;
             let loaded = cluster::load_groups(&*dev, &sb).and_then(|g| Allocator::new(&sb, g));
             let alloc = match loaded {
                 Ok(a) => a,
