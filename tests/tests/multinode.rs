@@ -63,6 +63,15 @@ const RELEASE_WITHIN: Duration = Duration::from_secs(5);
 /// Default storm duration; the issue asks for at least 60 s.
 const DEFAULT_STORM_SECS: u64 = 60;
 /// Failpoint env contract for the recoverer test.
+/// The scenarios run one at a time (each starts three daemons): in parallel on a 2-core CI
+/// machine, 24 daemons and their storms would turn the 1 s visibility bound into a test of
+/// the scheduler.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 const FAILPOINT_ENV: (&str, &str) = ("CETRA_FAILPOINT", "recovery::after_replay=exit");
 const FAILPOINT_EXIT_CODE: i32 = 99;
 
@@ -429,6 +438,7 @@ fn expect_absent(p: &Path) -> Result<(), String> {
 #[test]
 fn cross_node_visibility() {
     require_fuse!();
+    let _serial = serial();
     let c = Cluster::start("cross_node_visibility");
     let a = c.n(0);
     let others = [1, 2];
@@ -959,6 +969,7 @@ fn check_listings(c: &Cluster, observers: &[usize], models: &[&Model], ignore: O
 #[test]
 fn concurrent_namespace_storm() {
     require_fuse!();
+    let _serial = serial();
     let seed = seed("concurrent_namespace_storm");
     let mut c = Cluster::start("concurrent_namespace_storm");
     setup_storm_dirs(&c);
@@ -1148,6 +1159,7 @@ fn read_write_log(p: &Path) -> Vec<WriteLogLine> {
 #[test]
 fn concurrent_images() {
     require_fuse!();
+    let _serial = serial();
     let seed = seed("concurrent_images");
     let mut c = Cluster::formatted("concurrent_images", "8");
     // Each node logs its device writes: the overwrite phase must need no per-write cluster I/O.
@@ -1301,6 +1313,7 @@ fn check_durables(c: &Cluster, reader: usize, files: &[Durable]) -> Vec<String> 
 #[test]
 fn sigkill_recovery() {
     require_fuse!();
+    let _serial = serial();
     let seed = seed("sigkill_recovery");
     let mut rng = StdRng::seed_from_u64(seed);
     let mut c = Cluster::start("sigkill_recovery");
@@ -1469,6 +1482,7 @@ const FENCE_IMAGE_BLOCKS: usize = 2048;
 #[test]
 fn sigstop_fencing() {
     require_fuse!();
+    let _serial = serial();
     let seed = seed("sigstop_fencing");
     let mut c = Cluster::formatted("sigstop_fencing", "8");
     c.mount(0, &[], &[]);
@@ -1761,6 +1775,7 @@ fn sigstop_fencing() {
 #[test]
 fn recoverer_killed_mid_recovery() {
     require_fuse!();
+    let _serial = serial();
     let seed = seed("recoverer_killed_mid_recovery");
     let mut c = Cluster::formatted("recoverer_killed_mid_recovery", "8");
     c.mount(0, &[], &[FAILPOINT_ENV]);
@@ -1910,6 +1925,7 @@ fn recoverer_killed_mid_recovery() {
 #[test]
 fn duplicate_identity_refused() {
     require_fuse!();
+    let _serial = serial();
     let c = Cluster::start("duplicate_identity_refused");
     for (i, host) in NODES.iter().enumerate().take(2) {
         let mp = c.lun.dir().join(format!("mnt-{host}-dup"));
@@ -1965,6 +1981,7 @@ fn open_w(p: &Path) -> io::Result<fs::File> {
 #[test]
 fn open_locks() {
     require_fuse!();
+    let _serial = serial();
     let mut c = Cluster::start("open_locks");
     let f1 = fs::File::create_new(c.n(0).p("f")).expect("create f on node1");
     f1.sync_all().expect("fsync f");
