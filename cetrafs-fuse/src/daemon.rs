@@ -335,6 +335,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             read_only: ro,
             host: host.clone(),
             file_locks: args.opts.file_locks,
+            caw_renewal: args.opts.caw_renewal,
             ..MountOptions::default()
         },
     ) {

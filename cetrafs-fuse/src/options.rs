@@ -23,7 +23,7 @@ const MAX_HOST_LEN: usize = 64;
 
 pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
-    "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock,\n",
+    "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
     "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
@@ -55,6 +55,8 @@ pub struct Options {
     /// Cross-node open locks: a file open for writing on one node cannot be opened for
     /// writing on another (EBUSY). `nofilelock` turns them off (live migration).
     pub file_locks: bool,
+    /// `renew=caw`: heartbeat renewal by COMPARE AND WRITE instead of write + re-read.
+    pub caw_renewal: bool,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -72,6 +74,7 @@ impl Default for Options {
             attr_timeout: DEFAULT_TTL,
             entry_timeout: DEFAULT_TTL,
             file_locks: true,
+            caw_renewal: false,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -103,6 +106,14 @@ impl Options {
                 ("ro", None) => self.read_only = true,
                 ("rw", None) => self.read_only = false,
                 ("nofilelock", None) => self.file_locks = false,
+                ("renew", Some("caw")) => self.caw_renewal = true,
+                ("renew", Some("write")) => self.caw_renewal = false,
+                ("renew", _) => {
+                    return Err(usage(
+                        "renew= takes caw (heartbeat by COMPARE AND WRITE) or write (the default)"
+                            .to_string(),
+                    ))
+                }
                 ("suid", None) => self.nosuid = false,
                 ("nosuid", None) => self.nosuid = true,
                 ("dev", None) => self.nodev = false,

@@ -61,6 +61,9 @@ pub struct Membership {
     reason: Mutex<Option<String>>,
     stop: AtomicBool,
     generation: AtomicU64,
+    /// Renew with COMPARE AND WRITE instead of read + compare + write (mount option
+    /// `renew=caw`): one command, and a takeover is detected by the array itself.
+    caw_renewal: AtomicBool,
 }
 
 impl Drop for Membership {
@@ -253,6 +256,7 @@ impl Membership {
                 reason: Mutex::new(None),
                 stop: AtomicBool::new(false),
                 generation: AtomicU64::new(0),
+                caw_renewal: AtomicBool::new(false),
             });
             set_held(sb.uuid, v.slot, generation, true);
             m.generation.store(generation, Ordering::Release);
@@ -302,19 +306,22 @@ impl Membership {
             .image
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        match read_slot(&*self.dev, &self.sb, self.slot) {
-            Ok(cur) if cur != *image => {
-                drop(image);
-                self.fence(format!(
-                    "node slot {} was taken over by another node",
-                    self.slot
-                ));
-                return;
-            }
-            Ok(_) => {}
-            Err(e) => {
-                tracing::warn!("heartbeat read failed: {e}");
-                return;
+        let caw = self.caw_renewal.load(Ordering::Acquire);
+        if !caw {
+            match read_slot(&*self.dev, &self.sb, self.slot) {
+                Ok(cur) if cur != *image => {
+                    drop(image);
+                    self.fence(format!(
+                        "node slot {} was taken over by another node",
+                        self.slot
+                    ));
+                    return;
+                }
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!("heartbeat read failed: {e}");
+                    return;
+                }
             }
         }
         let Ok(Some(mut h)) = Heartbeat::decode(&image) else {
@@ -324,16 +331,43 @@ impl Membership {
         h.nonce = rand::random();
         let next = h.encode(lbs);
         let lba = lba_of(&self.sb, self.slot);
-        match self
-            .dev
-            .write_at(lba * lbs as u64, &AlignedBuf::from_slice(&next))
-        {
+        let written = if caw {
+            match self.dev.compare_and_write(lba, &image, &next) {
+                Ok(CawOutcome::Written) => Ok(()),
+                // Miscompare or unknown outcome: the block tells whether ours landed, and
+                // whether somebody else's did.
+                other => match read_slot(&*self.dev, &self.sb, self.slot) {
+                    Ok(cur) if cur == next => Ok(()),
+                    Ok(cur) if cur != *image => {
+                        drop(image);
+                        self.fence(format!(
+                            "node slot {} was taken over by another node",
+                            self.slot
+                        ));
+                        return;
+                    }
+                    Ok(_) => Err(other.err().unwrap_or_else(|| {
+                        Error::new(ErrorKind::Io, "heartbeat COMPARE AND WRITE did not land")
+                    })),
+                    Err(e) => Err(e),
+                },
+            }
+        } else {
+            self.dev
+                .write_at(lba * lbs as u64, &AlignedBuf::from_slice(&next))
+        };
+        match written {
             Ok(()) => {
                 *image = next;
                 self.last_ok_ms.store(started, Ordering::Release);
             }
             Err(e) => tracing::warn!("heartbeat write failed: {e}"),
         }
+    }
+
+    /// Renew the heartbeat with COMPARE AND WRITE from now on (mount option `renew=caw`).
+    pub fn set_caw_renewal(&self, on: bool) {
+        self.caw_renewal.store(on, Ordering::Release);
     }
 
     /// The generation of the slot this node holds (its identity in lock records).
@@ -639,7 +673,10 @@ mod tests {
         assert!(m.is_fenced());
         // Nothing more, reads included: its cached block maps may point at reused blocks.
         let mut b = [0u8; 512];
-        assert_eq!(guard.read_at(0, &mut b).unwrap_err().kind(), ErrorKind::Fenced);
+        assert_eq!(
+            guard.read_at(0, &mut b).unwrap_err().kind(),
+            ErrorKind::Fenced
+        );
         assert!(guard.flush().is_err());
     }
 
@@ -661,6 +698,38 @@ mod tests {
         }
         assert!(m.is_fenced(), "renewal must notice the foreign image");
         assert!(m.fence_reason().unwrap().contains("taken over"));
+    }
+
+    #[test]
+    fn caw_renewal_advances_and_detects_a_takeover() {
+        let (dev, sb) = volume(10, 50);
+        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        m.set_caw_renewal(true);
+        let counter = || {
+            Heartbeat::decode(&read_slot(&*dev, &sb, m.slot).unwrap())
+                .unwrap()
+                .unwrap()
+                .counter
+        };
+        let c0 = counter();
+        std::thread::sleep(Duration::from_millis(100));
+        assert!(counter() > c0 + 3, "renewal by CAW advances the counter");
+        assert!(m.lease_valid());
+        let mut h = Heartbeat::decode(&read_slot(&*dev, &sb, m.slot).unwrap())
+            .unwrap()
+            .unwrap();
+        h.host = "intruder".into();
+        h.generation += 1;
+        dev.write_at(lba_of(&sb, m.slot) * 512, &h.encode(512))
+            .unwrap();
+        let deadline = Instant::now() + Duration::from_secs(2);
+        while !m.is_fenced() && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        assert!(
+            m.is_fenced(),
+            "a miscompare on renewal with a foreign image fences"
+        );
     }
 
     #[test]

@@ -211,6 +211,7 @@ impl Volume {
             .or_else(|| dead.first().filter(|_| !free_slot))
             .map(|d| d.slot);
         let member = Membership::claim(dev.clone(), &sb, &opts.host, prefer)?;
+        member.set_caw_renewal(opts.caw_renewal);
         let claimed = member.clone();
         // Everything after the claim runs in here so that any failure gives the slot back.
         let result = (move || -> Result<Arc<Volume>> {

@@ -165,6 +165,8 @@ pub struct MountOptions {
     /// Cross-node open locks (`nofilelock` turns them off): a regular file open for writing
     /// on one node cannot be opened for writing on another.
     pub file_locks: bool,
+    /// Renew the heartbeat with COMPARE AND WRITE (`renew=caw`) instead of write + re-read.
+    pub caw_renewal: bool,
 }
 
 impl Default for MountOptions {
@@ -174,6 +176,7 @@ impl Default for MountOptions {
             host: "localhost".into(),
             commit_interval: std::time::Duration::from_secs(1),
             file_locks: true,
+            caw_renewal: false,
         }
     }
 }
