@@ -46,6 +46,25 @@ pub struct SlotView {
     pub record: Option<Heartbeat>,
 }
 
+/// Called once when this node fences itself, with the reason: where a hardware watchdog
+/// (Proxmox's watchdog-mux) or SCSI-3 persistent-reservation fencing plugs in later. A hook
+/// must not block for long: it runs on the thread that noticed.
+pub type FenceHook = Box<dyn Fn(&str) + Send + Sync>;
+
+#[derive(Default)]
+struct FenceHooks(Mutex<Vec<FenceHook>>);
+
+impl std::fmt::Debug for FenceHooks {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let n = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .len();
+        write!(f, "{n} fence hook(s)")
+    }
+}
+
 #[derive(Debug)]
 pub struct Membership {
     dev: SharedDevice,
@@ -64,6 +83,7 @@ pub struct Membership {
     /// Renew with COMPARE AND WRITE instead of read + compare + write (mount option
     /// `renew=caw`): one command, and a takeover is detected by the array itself.
     caw_renewal: AtomicBool,
+    fence_hooks: FenceHooks,
 }
 
 impl Drop for Membership {
@@ -257,6 +277,7 @@ impl Membership {
                 stop: AtomicBool::new(false),
                 generation: AtomicU64::new(0),
                 caw_renewal: AtomicBool::new(false),
+                fence_hooks: FenceHooks::default(),
             });
             set_held(sb.uuid, v.slot, generation, true);
             m.generation.store(generation, Ordering::Release);
@@ -389,11 +410,29 @@ impl Membership {
     pub fn fence(&self, why: String) {
         if !self.fenced.swap(true, Ordering::AcqRel) {
             tracing::error!("FENCED: {why}; this node writes nothing more to the volume until it is unmounted and mounted again");
+            for hook in self
+                .fence_hooks
+                .0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .iter()
+            {
+                hook(&why);
+            }
             *self
                 .reason
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
         }
+    }
+
+    /// Run `hook` when this node fences itself (see [`FenceHook`]).
+    pub fn on_fence(&self, hook: FenceHook) {
+        self.fence_hooks
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(hook);
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -664,6 +703,11 @@ mod tests {
         let (dev, sb) = volume(10, 20); // fail time 160 ms
         let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
         let guard = LeaseGuard::new(dev.clone(), m.clone());
+        let hooked = Arc::new(Mutex::new(None::<String>));
+        let h2 = hooked.clone();
+        m.on_fence(Box::new(move |why| {
+            *h2.lock().unwrap() = Some(why.to_string());
+        }));
         guard.write_at(0, &[0u8; 512]).unwrap();
         // Simulate SIGSTOP: the renewer stops; time passes beyond the fail time.
         m.stop.store(true, Ordering::Release);
@@ -671,6 +715,15 @@ mod tests {
         let e = guard.write_at(0, &[0u8; 512]).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Fenced);
         assert!(m.is_fenced());
+        assert!(
+            hooked
+                .lock()
+                .unwrap()
+                .as_deref()
+                .is_some_and(|w| w.contains("lease")),
+            "the fence hook ran with the reason: {:?}",
+            hooked.lock().unwrap()
+        );
         // Nothing more, reads included: its cached block maps may point at reused blocks.
         let mut b = [0u8; 512];
         assert_eq!(
