@@ -592,11 +592,33 @@ impl LockTable {
             n.owner = me.slot;
             n.owner_gen = me.gen;
             n.holders = SlotSet::default();
+            n.waiters.remove(me.slot);
             n.next = NO_SLOT;
             n.version = r.version.wrapping_add(1);
             Some(n)
         })?;
         Ok(mine || written.is_some())
+    }
+
+    /// Ask for group `g`, owned by another node: its owner gives it back (at its next metadata
+    /// lock grant) when it sees a waiter. A no-op if it is free, mine, or already asked for.
+    pub fn want_group(&self, g: u64, me: Me) -> Result<()> {
+        self.check_group(g)?;
+        check_slot(me.slot)?;
+        self.update(self.group_index(g), |r| {
+            if r.mode == LockMode::Free || r.owner == me.slot || r.waiters.contains(me.slot) {
+                return None;
+            }
+            let mut n = r.clone();
+            n.waiters.insert(me.slot);
+            Some(n)
+        })?;
+        Ok(())
+    }
+
+    /// Every group record, in one read.
+    pub fn group_records(&self) -> Result<Vec<LockRecord>> {
+        self.read_range(self.group_index(0), self.group_count())
     }
 
     /// If group `g` is mine: Free it, publishing its free-block count in the LVB.

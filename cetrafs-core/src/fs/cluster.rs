@@ -109,6 +109,15 @@ impl Cluster {
             .unwrap_or_else(std::sync::PoisonError::into_inner) = live;
     }
 
+    /// Is `slot` held by a live node, as of the last heartbeat scan?
+    fn slot_live(&self, slot: u32) -> bool {
+        self.live
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&slot)
+            .is_some_and(|&(state, _)| state == SlotState::Live)
+    }
+
     /// Is this registration held by a node that is still (or not yet recovered as) alive?
     /// A slot this node has not seen yet counts as alive: refusing is the safe mistake.
     fn entry_live(&self, e: &OpenEntry) -> bool {
@@ -245,22 +254,46 @@ impl Volume {
         Ok(())
     }
 
+    /// Learn who owns which group; give back groups of ours that a node short of space asked
+    /// for (their free count goes into the value block on the way).
     fn refresh_group_classes(&self, m: &mut Meta) {
         use crate::alloc::GroupClass;
-        match self.cl.locks.group_owners() {
-            Ok(owners) => {
-                for (g, (owner, _)) in owners.into_iter().enumerate() {
-                    let class = if owner == self.cl.me.slot {
-                        GroupClass::Mine
-                    } else if owner == NO_SLOT {
-                        GroupClass::Unowned
-                    } else {
-                        GroupClass::Others
-                    };
-                    m.alloc.set_class(g as u64, class);
+        let me = self.cl.me;
+        let records = match self.cl.locks.group_records() {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!("reading allocation group owners failed: {e}");
+                return;
+            }
+        };
+        for (g, rec) in records.into_iter().enumerate() {
+            let g = g as u64;
+            let mut class = if rec.mode == LockMode::Free || rec.owner == NO_SLOT {
+                GroupClass::Unowned
+            } else if rec.owner == me.slot {
+                GroupClass::Mine
+            } else {
+                GroupClass::Others
+            };
+            // Only a node that is still mounted counts (a waiter bit outlives a clean unmount).
+            let asked = rec
+                .waiters
+                .iter()
+                .any(|s| s != me.slot && self.cl.slot_live(s));
+            if class == GroupClass::Mine && asked && !self.read_only && m.gml == LockMode::Exclusive
+            {
+                let free = m.alloc.group_free(g).unwrap_or(0);
+                match self.cl.locks.release_group(g, me, free) {
+                    Ok(()) => {
+                        tracing::info!(
+                            "gave allocation group {g} back: another node is short of space"
+                        );
+                        class = GroupClass::Unowned;
+                    }
+                    Err(e) => tracing::warn!("giving allocation group {g} back failed: {e}"),
                 }
             }
-            Err(e) => tracing::warn!("reading allocation group owners failed: {e}"),
+            m.alloc.set_class(g, class);
         }
     }
 
@@ -276,7 +309,19 @@ impl Volume {
             let best = (0..self.sb.group_count)
                 .filter(|&g| m.alloc.class(g) == Some(GroupClass::Unowned))
                 .max_by_key(|&g| m.alloc.group_free(g).unwrap_or(0));
-            let Some(g) = best else { return };
+            let Some(g) = best else {
+                // None left: ask the owner of the emptiest other group to give it back; until
+                // then allocation borrows from other nodes' groups (safe under this lock).
+                let wanted = (0..self.sb.group_count)
+                    .filter(|&g| m.alloc.class(g) == Some(GroupClass::Others))
+                    .max_by_key(|&g| m.alloc.group_free(g).unwrap_or(0));
+                if let Some(g) = wanted {
+                    if let Err(e) = self.cl.locks.want_group(g, self.cl.me) {
+                        tracing::warn!("asking for allocation group {g} failed: {e}");
+                    }
+                }
+                return;
+            };
             match self.cl.locks.claim_group(g, self.cl.me) {
                 Ok(true) => {
                     m.alloc.set_class(g, GroupClass::Mine);

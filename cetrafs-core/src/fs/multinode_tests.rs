@@ -193,3 +193,35 @@ fn a_dead_node_is_recovered_by_a_survivor() {
     let report = crate::check::check_volume(&*dev).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
+
+#[test]
+fn a_node_short_of_groups_gets_one_back_from_their_owner() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    a.mkdir(r, b"a0", 0o755, C).unwrap();
+    // a takes every group nobody owns.
+    for g in 0..a.sb.group_count {
+        let _ = a.cl.locks.claim_group(g, a.cl.me).unwrap();
+    }
+    let owner_of = |g: u64| a.cl.locks.group_records().unwrap()[g as usize].owner;
+    assert!((0..a.sb.group_count).all(|g| owner_of(g) == a.slot()));
+    a.mkdir(r, b"a1", 0o755, C).unwrap();
+    // b works: it finds no free group and asks for one; a gives it back at its next grant;
+    // b takes it at its next.
+    let mut got = None;
+    for i in 0..6 {
+        b.mkdir(r, format!("b{i}").as_bytes(), 0o755, C).unwrap();
+        a.mkdir(r, format!("a{}", i + 2).as_bytes(), 0o755, C).unwrap();
+        got = (0..a.sb.group_count).find(|&g| owner_of(g) == b.slot());
+        if got.is_some() {
+            break;
+        }
+    }
+    assert!(got.is_some(), "b never got a group back from a");
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
