@@ -337,8 +337,8 @@ impl Volume {
         }
     }
 
-    /// Publish changed free counts into the group locks' value blocks: other nodes choose the
-    /// group to claim by them, and an admin tool can read them without the global lock.
+    /// Publish changed free counts into the group locks' value blocks, where an admin tool can
+    /// read every group's state without the global lock.
     fn publish_groups(&self, m: &mut Meta) {
         for g in 0..self.sb.group_count {
             let Some(free) = m.alloc.group_free(g) else {
