@@ -1,10 +1,12 @@
 #!/bin/sh
 # /init of the LIO test guest (busybox sh). Sets up LIO purely through configfs, exports the
 # backstores through tcm_loop as local SCSI disks, runs /bin/lio-check, then mkfs.cetra,
-# fsck.cetra and mount.cetra on those disks, and powers off.
+# fsck.cetra and mount.cetra on those disks, then the multi-node file system scenarios
+# (lio-check fs-multi: three mount.cetra daemons on three nexuses of one LUN), and powers off.
 # Results go to the second serial port (/dev/ttyS1 -> host file results.log), kernel noise
 # stays on ttyS0 (console.log).
 # Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.stall=0
+#   lio.multinode=1 lio.mninterval=200 lio.mniotimeout=1000 lio.mnfiles=50 (fs-multi scenarios)
 export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -16,12 +18,17 @@ say() { echo "lio-guest: $*"; echo "GUEST $*" > $R; }
 die() { say "FATAL: $*"; dmesg | tail -30 > $R; echo "LIO-CHECK-RESULT FAIL (guest setup: $*)" > $R; sync; poweroff -f; sleep 5; }
 
 SIZE=64M; CAWTOTAL=10200; NPATHS=3; STALLTEST=0
+MULTINODE=1; MNINTERVAL=200; MNIOTIMEOUT=1000; MNFILES=50
 for a in $(cat /proc/cmdline); do
     case $a in
         lio.size=*) SIZE=${a#*=} ;;
         lio.cawtotal=*) CAWTOTAL=${a#*=} ;;
         lio.paths=*) NPATHS=${a#*=} ;;
         lio.stall=*) STALLTEST=${a#*=} ;;
+        lio.multinode=*) MULTINODE=${a#*=} ;;
+        lio.mninterval=*) MNINTERVAL=${a#*=} ;;
+        lio.mniotimeout=*) MNIOTIMEOUT=${a#*=} ;;
+        lio.mnfiles=*) MNFILES=${a#*=} ;;
     esac
 done
 case $SIZE in
@@ -82,9 +89,11 @@ export_lun() {
     say "nexus $N: $bs -> /dev/$SG /dev/$SD ($(cat /sys/class/scsi_generic/$SG/device/vendor) $(cat /sys/class/scsi_generic/$SG/device/model))"
     LAST_SG=/dev/$SG; LAST_SD=/dev/$SD
 }
-export_lun d512; D512=$LAST_SG; D512SD=$LAST_SD; PATHS=$LAST_SG
-p=1; while [ $p -lt "$NPATHS" ]; do export_lun d512; PATHS="$PATHS,$LAST_SG"; p=$((p + 1)); done
-export_lun d4k; D4K=$LAST_SG; D4KSD=$LAST_SD
+export_lun d512; D512=$LAST_SG; D512SD=$LAST_SD; PATHS=$LAST_SG; D512SDS=$LAST_SD
+p=1; while [ $p -lt "$NPATHS" ]; do export_lun d512; PATHS="$PATHS,$LAST_SG"; D512SDS="$D512SDS,$LAST_SD"; p=$((p + 1)); done
+# d4k through as many nexuses too: the multi-node file system scenarios run on both LUNs
+export_lun d4k; D4K=$LAST_SG; D4KSD=$LAST_SD; D4KSDS=$LAST_SD
+p=1; while [ $p -lt "$NPATHS" ]; do export_lun d4k; D4KSDS="$D4KSDS,$LAST_SD"; p=$((p + 1)); done
 export_lun nocaw; NOCAW=$LAST_SG; NOCAWSD=$LAST_SD
 # stall LUN (opt-in, lio.stall=1): iblock on dm-linear over /dev/ram0 (brd). `dmsetup suspend`
 # queues its I/O, so a CAW sent meanwhile outlives its SG_IO timeout: the outcome-unknown path.
@@ -178,6 +187,26 @@ else
     tfail "no /dev/fuse in the guest (fuse.ko missing from base.cpio?)"
 fi
 say "tools checks done at $(up)s"
+
+# ---- multi-node file system scenarios (lio-check fs-multi, tools/lio-check/src/fsmulti.rs):
+# one LUN through three nexuses = three initiators = three nodes, each with its own
+# mount.cetra daemon (host=node1..3): visibility, concurrent O_DIRECT writers, SIGKILL of
+# node2 and its recovery by a survivor, remount, fsck. Its PASS/FAIL lines count here.
+if [ "$MULTINODE" = 1 ] && [ -c /dev/fuse ]; then
+    for lun in "d512 $D512SDS" "d4k $D4KSDS"; do
+        set -- $lun
+        t0=$(up)
+        { lio-check fs-multi --tag "$1" --devs "$2" --interval "$MNINTERVAL" \
+              --io-timeout "$MNIOTIMEOUT" --files "$MNFILES" 2>&1; echo $? > /tmp/fsm.rc; } |
+            tee /tmp/fsm-$1.out > $R
+        rc=$(cat /tmp/fsm.rc)
+        np=$(grep -c '^PASS ' /tmp/fsm-$1.out); nf=$(grep -c '^FAIL ' /tmp/fsm-$1.out)
+        TP=$((TP + np)); TF=$((TF + nf))
+        [ "$rc" = 0 ] || [ "$nf" -gt 0 ] || tfail "fs-multi $1: lio-check exit $rc without a FAIL line"
+        say "fs-multi $1: $np passed, $nf failed, $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s"
+    done
+fi
+say "multi-node checks done at $(up)s"
 if [ $TF -eq 0 ] && [ $TP -gt 0 ]; then
     echo "CETRA-TOOLS-RESULT PASS ($TP checks)" > $R
 else

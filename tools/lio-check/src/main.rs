@@ -7,8 +7,13 @@
 //! Subcommands:
 //! - `all --d512 SG --d512-sd SD --d4k SG --d4k-sd SD --paths SG,SG,SG --nocaw SG --size BYTES
 //!   [--caw-total N] [--stall SG --stall-dm NAME]`: everything below.
+//! - `fs-multi --tag TAG --devs SD,SD,SD --interval MS --io-timeout MS [--files N]`: the
+//!   multi-node filesystem scenarios with the real mkfs.cetra / mount.cetra / fsck.cetra on
+//!   three nexuses of one LUN (see `fsmulti.rs`).
 //! - `worker --dev SG --lba N --count N --id N --out FILE`: one contention process (spawned by
 //!   `all`): read + COMPARE AND WRITE(counter+1) until `count` CAWs succeeded.
+
+mod fsmulti;
 
 use cetrafs_core::dev::sg::{is_whole_lun, DataBuf, SgDevice, SgDeviceOptions, WholeLun};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice, CawKind, CawOutcome};
@@ -75,6 +80,7 @@ fn main() -> ExitCode {
     let r = args_map(rest).and_then(|m| match cmd.as_str() {
         "all" => run_all(&m),
         "worker" => worker(&m).map(|()| true),
+        "fs-multi" => fsmulti::fs_multi(&m),
         other => Err(format!("unknown subcommand {other:?}")),
     });
     match r {
