@@ -561,6 +561,43 @@ impl SgDevice {
                 format!("scratch LBA {scratch_lba} out of range"),
             )
         })?;
+        // Several nodes mounting at once probe the same block: an image that is neither ours
+        // nor our garbage image is another prober's, and the whole probe is retried after a
+        // random pause. A target that is really broken fails every attempt the same way.
+        const ATTEMPTS: u32 = 6;
+        let mut last = String::new();
+        for attempt in 0..ATTEMPTS {
+            if attempt > 0 {
+                std::thread::sleep(Duration::from_millis(20 + rand::random::<u64>() % 180));
+            }
+            match self.probe_caw_once(scratch_lba, off, &who, &unsupported, &broken)? {
+                Ok(latency) => {
+                    return Ok(CawProbe {
+                        vpd_max_compare_and_write: vpd_max,
+                        latency,
+                    })
+                }
+                Err(what) => {
+                    tracing::info!("{who}: COMPARE AND WRITE probe disturbed ({what}); retrying");
+                    last = what;
+                }
+            }
+        }
+        Err(broken(&format!(
+            "{last}, on each of {ATTEMPTS} attempts (if other nodes were mounting at the same moment, retry)"
+        )))
+    }
+
+    /// One probe round. Ok(Err(what)): the block changed in a way another prober explains.
+    fn probe_caw_once(
+        &self,
+        scratch_lba: u64,
+        off: u64,
+        who: &str,
+        unsupported: &dyn Fn(ScsiFailure) -> Error,
+        broken: &dyn Fn(&str) -> Error,
+    ) -> Result<std::result::Result<Duration, String>> {
+        let lbs = self.geo.logical_block_size as usize;
         let mut orig = AlignedBuf::new(lbs);
         let mut marked = AlignedBuf::new(lbs);
         let mut check = AlignedBuf::new(lbs);
@@ -583,20 +620,23 @@ impl SgDevice {
                 // Another node touched the scratch block between our read and CAW: read again.
                 Ok(CawOutcome::Miscompare) if attempts < 3 => attempts += 1,
                 Ok(CawOutcome::Miscompare) => {
-                    return Err(Error::new(
-                        ErrorKind::Busy,
-                        format!("{who}: COMPARE AND WRITE probe kept miscompareing on scratch LBA {scratch_lba}; is another node probing it?"),
-                    ))
+                    return Ok(Err(format!(
+                        "kept miscomparing on scratch LBA {scratch_lba}"
+                    )))
                 }
                 Err(Ok(f)) if f.kind == FailureKind::NotSupported => return Err(unsupported(f)),
-                Err(Ok(f)) => return Err(f.into_error(format!("{who}: COMPARE AND WRITE probe at LBA {scratch_lba}"))),
+                Err(Ok(f)) => {
+                    return Err(f.into_error(format!(
+                        "{who}: COMPARE AND WRITE probe at LBA {scratch_lba}"
+                    )))
+                }
                 Err(Err(e)) => return Err(e),
             }
         };
         self.read_at(off, &mut check)?;
         if check[..] != marked[..] {
-            return Err(broken(
-                "reported GOOD but the block does not hold the written image",
+            return Ok(Err(
+                "reported GOOD but the block does not hold the written image".to_string(),
             ));
         }
         // The verify image `orig` is stale now: this must miscompare and write nothing.
@@ -617,8 +657,11 @@ impl SgDevice {
             Err(Err(e)) => return Err(e),
         }
         self.read_at(off, &mut check)?;
+        if check[..] == garbage[..] {
+            return Err(broken("a miscompare wrote the new image"));
+        }
         if check[..] != marked[..] {
-            return Err(broken("a miscompare changed the block"));
+            return Ok(Err("a miscompare changed the block".to_string()));
         }
         match self.caw_once(scratch_lba, &marked, &orig) {
             Ok(CawOutcome::Written) => {}
@@ -632,10 +675,7 @@ impl SgDevice {
             }
             Err(Err(e)) => return Err(e),
         }
-        Ok(CawProbe {
-            vpd_max_compare_and_write: vpd_max,
-            latency,
-        })
+        Ok(Ok(latency))
     }
 
     /// COMPARE AND WRITE keeping the SCSI failure unwrapped for the probe's messages.

@@ -213,7 +213,8 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
     let mut got = None;
     for i in 0..6 {
         b.mkdir(r, format!("b{i}").as_bytes(), 0o755, C).unwrap();
-        a.mkdir(r, format!("a{}", i + 2).as_bytes(), 0o755, C).unwrap();
+        a.mkdir(r, format!("a{}", i + 2).as_bytes(), 0o755, C)
+            .unwrap();
         got = (0..a.sb.group_count).find(|&g| owner_of(g) == b.slot());
         if got.is_some() {
             break;
