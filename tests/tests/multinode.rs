@@ -69,7 +69,9 @@ const DEFAULT_STORM_SECS: u64 = 60;
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 const FAILPOINT_ENV: (&str, &str) = ("CETRA_FAILPOINT", "recovery::after_replay=exit");
