@@ -733,22 +733,27 @@ mod tests {
         assert!(guard.flush().is_err());
     }
 
-    #[test]
-    fn a_foreign_image_in_our_slot_fences_us() {
-        let (dev, sb) = volume(10, 50);
-        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
-        // Another node (wrongly, or after declaring us dead) overwrites our slot.
-        let mut h = Heartbeat::decode(&read_slot(&*dev, &sb, m.slot).unwrap())
+    /// Another node (wrongly, or after declaring us dead) overwrites our slot; wait (up to
+    /// 2 s) for the renewal to notice.
+    fn overwrite_and_wait_for_fence(dev: &MemDevice, sb: &Superblock, m: &Membership) {
+        let mut h = Heartbeat::decode(&read_slot(dev, sb, m.slot).unwrap())
             .unwrap()
             .unwrap();
         h.host = "intruder".into();
         h.generation += 1;
-        dev.write_at(lba_of(&sb, m.slot) * 512, &h.encode(512))
+        dev.write_at(lba_of(sb, m.slot) * 512, &h.encode(512))
             .unwrap();
         let deadline = Instant::now() + Duration::from_secs(2);
         while !m.is_fenced() && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(5));
         }
+    }
+
+    #[test]
+    fn a_foreign_image_in_our_slot_fences_us() {
+        let (dev, sb) = volume(10, 50);
+        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        overwrite_and_wait_for_fence(&dev, &sb, &m);
         assert!(m.is_fenced(), "renewal must notice the foreign image");
         assert!(m.fence_reason().unwrap().contains("taken over"));
     }
@@ -768,17 +773,7 @@ mod tests {
         std::thread::sleep(Duration::from_millis(100));
         assert!(counter() > c0 + 3, "renewal by CAW advances the counter");
         assert!(m.lease_valid());
-        let mut h = Heartbeat::decode(&read_slot(&*dev, &sb, m.slot).unwrap())
-            .unwrap()
-            .unwrap();
-        h.host = "intruder".into();
-        h.generation += 1;
-        dev.write_at(lba_of(&sb, m.slot) * 512, &h.encode(512))
-            .unwrap();
-        let deadline = Instant::now() + Duration::from_secs(2);
-        while !m.is_fenced() && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(5));
-        }
+        overwrite_and_wait_for_fence(&dev, &sb, &m);
         assert!(
             m.is_fenced(),
             "a miscompare on renewal with a foreign image fences"
