@@ -36,6 +36,23 @@ while (($#)); do
 done
 [[ $NODES =~ ^[1-9][0-9]*$ ]] || { echo "bench: --nodes needs a positive number, not '$NODES'" >&2; exit 1; }
 set -- "${ARGS[@]}"
+# The raw LUN and the one CetraFS is made on: the same block device (destroyed), or two sparse
+# files side by side.
+pick_luns() {
+    if [[ -n $DEVICE ]]; then
+        [[ -b $DEVICE ]] || die "$DEVICE is not a block device"
+        [[ ${BENCH_DESTROY:-0} == 1 ]] || die "benchmarking $DEVICE destroys its data; set BENCH_DESTROY=1"
+        RAW=$DEVICE
+        CETRA_LUN=$DEVICE
+        RAW_KIND="block device $DEVICE"
+    else
+        RAW=$WORK/raw-lun.img
+        CETRA_LUN=$WORK/cetra-lun.img
+        truncate -s "$LUN_B" "$RAW" "$CETRA_LUN"
+        RAW_KIND="sparse file on $(df --output=fstype "$WORK" | tail -1) ($WORK)"
+    fi
+}
+
 if ((NODES > 1)); then
     RUNTIME=${BENCH_RUNTIME:-10}
     SIZE=${BENCH_SIZE:-2G}
@@ -129,18 +146,7 @@ run_fio_nodes() { # job outdir
 if ((NODES > 1)); then
     # ---- multi-node: raw LUN, N disjoint regions at once -----------------------------------
     declare -a TARGETS=() OFFSETS=() DAEMONS=()
-    if [[ -n $DEVICE ]]; then
-        [[ -b $DEVICE ]] || die "$DEVICE is not a block device"
-        [[ ${BENCH_DESTROY:-0} == 1 ]] || die "benchmarking $DEVICE destroys its data; set BENCH_DESTROY=1"
-        RAW=$DEVICE
-        CETRA_LUN=$DEVICE
-        RAW_KIND="block device $DEVICE"
-    else
-        RAW=$WORK/raw-lun.img
-        CETRA_LUN=$WORK/cetra-lun.img
-        truncate -s "$LUN_B" "$RAW" "$CETRA_LUN"
-        RAW_KIND="sparse file on $(df --output=fstype "$WORK" | tail -1) ($WORK)"
-    fi
+    pick_luns
     echo "bench: $NODES nodes; raw LUN: $RAW_KIND, $NODES regions of $SIZE, ${RUNTIME}s per workload"
     prefill "$RAW" $((NODES * SIZE_B))
     for ((i = 1; i <= NODES; i++)); do
@@ -263,18 +269,7 @@ PY
 fi
 
 # ---- raw LUN --------------------------------------------------------------------------------
-if [[ -n $DEVICE ]]; then
-    [[ -b $DEVICE ]] || die "$DEVICE is not a block device"
-    [[ ${BENCH_DESTROY:-0} == 1 ]] || die "benchmarking $DEVICE destroys its data; set BENCH_DESTROY=1"
-    RAW=$DEVICE
-    CETRA_LUN=$DEVICE
-    RAW_KIND="block device $DEVICE"
-else
-    RAW=$WORK/raw-lun.img
-    CETRA_LUN=$WORK/cetra-lun.img
-    truncate -s "$LUN_B" "$RAW" "$CETRA_LUN"
-    RAW_KIND="sparse file on $(df --output=fstype "$WORK" | tail -1) ($WORK)"
-fi
+pick_luns
 
 echo "bench: raw LUN: $RAW_KIND, image size $SIZE, ${RUNTIME}s per workload"
 prefill "$RAW"
