@@ -538,8 +538,13 @@ impl Volume {
         let cached = self.lock_table().get(&ino).cloned();
         if let Some(s) = cached {
             if !s.read().freed {
-                self.refresh(tx, &s)?;
-                return Ok(s);
+                match self.refresh(tx, &s) {
+                    Ok(()) => return Ok(s),
+                    // Removed by another node, and the number perhaps reused: load whatever
+                    // the block holds now (below).
+                    Err(e) if e.kind() == ErrorKind::NotFound => {}
+                    Err(e) => return Err(e),
+                }
             }
         }
         if self.sb.group_of(ino).is_none() || !tx.meta.alloc.is_used(ino) {

@@ -226,3 +226,34 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
     let report = crate::check::check_volume(&*dev).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
+
+#[test]
+fn an_inode_number_reused_by_another_node_is_found_under_its_new_name() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (old, fh) = a.create(r, b"old", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    // b loads it, then a deletes it; a's next inode will likely take the same block.
+    assert_eq!(b.lookup(r, b"old").unwrap().ino, old.ino);
+    a.unlink(r, b"old").unwrap();
+    a.sync().unwrap();
+    let mut reused = None;
+    for i in 0..50 {
+        let (n, fh) = a
+            .create(r, format!("new{i}").as_bytes(), 0o644, C, true)
+            .unwrap();
+        a.release(&fh).unwrap();
+        if n.ino == old.ino {
+            reused = Some(format!("new{i}"));
+            break;
+        }
+    }
+    let name = reused.expect("the freed inode block is reused by the next creates");
+    let seen = b.lookup(r, name.as_bytes()).unwrap();
+    assert_eq!(seen.ino, old.ino);
+    assert_eq!(b.lookup(r, b"old").unwrap_err().kind(), ErrorKind::NotFound);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+}
