@@ -747,16 +747,22 @@ mod tests {
     const FAST_FIRST: Duration = Duration::from_micros(20);
     const FAST_MAX: Duration = Duration::from_micros(500);
 
-    fn volume(lbs: u32) -> (Arc<MemDevice>, Superblock) {
-        let dev = Arc::new(MemDevice::new(128 << 20, lbs));
+    /// A small formatted volume, unshared (for test doubles that wrap the device).
+    fn formatted(lbs: u32) -> (MemDevice, Superblock) {
+        let dev = MemDevice::new(128 << 20, lbs);
         let o = MkfsOptions {
             max_nodes: 4,
             journal_bytes: 1 << 20,
             inode_lock_slots: 64,
             ..Default::default()
         };
-        let sb = format(&*dev, &o, &mut |_, _| {}).unwrap();
+        let sb = format(&dev, &o, &mut |_, _| {}).unwrap();
         (dev, sb)
+    }
+
+    fn volume(lbs: u32) -> (Arc<MemDevice>, Superblock) {
+        let (dev, sb) = formatted(lbs);
+        (Arc::new(dev), sb)
     }
 
     fn table(dev: &Arc<MemDevice>, sb: &Superblock) -> LockTable {
@@ -867,14 +873,7 @@ mod tests {
 
     #[test]
     fn lock_swap_won_although_the_device_said_otherwise() {
-        let mem = MemDevice::new(128 << 20, 512);
-        let o = MkfsOptions {
-            max_nodes: 4,
-            journal_bytes: 1 << 20,
-            inode_lock_slots: 64,
-            ..Default::default()
-        };
-        let sb = format(&mem, &o, &mut |_, _| {}).unwrap();
+        let (mem, sb) = formatted(512);
         let liar = Arc::new(Liar {
             inner: mem,
             mode: AtomicU32::new(0),
@@ -953,14 +952,7 @@ mod tests {
 
     #[test]
     fn lock_torn_reads_are_retried_then_reported() {
-        let mem = MemDevice::new(128 << 20, 512);
-        let o = MkfsOptions {
-            max_nodes: 4,
-            journal_bytes: 1 << 20,
-            inode_lock_slots: 64,
-            ..Default::default()
-        };
-        let sb = format(&mem, &o, &mut |_, _| {}).unwrap();
+        let (mem, sb) = formatted(512);
         let dev = Arc::new(Torn {
             inner: mem,
             torn: AtomicU32::new(0),
