@@ -123,6 +123,21 @@ pub fn read_slot(dev: &dyn BlockDevice, sb: &Superblock, slot: u32) -> Result<Ve
     Ok(buf.to_vec())
 }
 
+/// Compare-and-write `new` over `expected` in `slot`; true if our image is there now. After
+/// a miscompare or an error of unknown outcome the block tells whether our write landed.
+pub fn swap_slot(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    slot: u32,
+    expected: &[u8],
+    new: &[u8],
+) -> Result<bool> {
+    match dev.compare_and_write(lba_of(sb, slot), expected, new) {
+        Ok(CawOutcome::Written) => Ok(true),
+        Ok(CawOutcome::Miscompare) | Err(_) => Ok(read_slot(dev, sb, slot)? == new),
+    }
+}
+
 /// Read every slot of the heartbeat area. Records from another volume count as garbage.
 pub fn scan(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<SlotView>> {
     (0..sb.hb_slots)
@@ -243,16 +258,10 @@ impl Membership {
                 recoverer_gen: 0,
             };
             let image = mine.encode(lbs);
-            let lba = lba_of(sb, v.slot);
             // The lease runs from the moment the claim was issued, not from when we learn it
             // succeeded: others time us from the last change they saw.
             let issued = boottime_ms();
-            let won = match dev.compare_and_write(lba, &v.raw, &image) {
-                Ok(CawOutcome::Written) => true,
-                // A miscompare, or an error of unknown outcome: the block tells the truth.
-                Ok(CawOutcome::Miscompare) | Err(_) => read_slot(&*dev, sb, v.slot)? == image,
-            };
-            if !won {
+            if !swap_slot(&*dev, sb, v.slot, &v.raw, &image)? {
                 continue;
             }
             // A concurrent claimer that read the same old image would have miscompared; one
@@ -332,10 +341,7 @@ impl Membership {
             match read_slot(&*self.dev, &self.sb, self.slot) {
                 Ok(cur) if cur != *image => {
                     drop(image);
-                    self.fence(format!(
-                        "node slot {} was taken over by another node",
-                        self.slot
-                    ));
+                    self.fence_taken_over();
                     return;
                 }
                 Ok(_) => {}
@@ -361,10 +367,7 @@ impl Membership {
                     Ok(cur) if cur == next => Ok(()),
                     Ok(cur) if cur != *image => {
                         drop(image);
-                        self.fence(format!(
-                            "node slot {} was taken over by another node",
-                            self.slot
-                        ));
+                        self.fence_taken_over();
                         return;
                     }
                     Ok(_) => Err(other.err().unwrap_or_else(|| {
@@ -426,6 +429,13 @@ impl Membership {
         }
     }
 
+    fn fence_taken_over(&self) {
+        self.fence(format!(
+            "node slot {} was taken over by another node",
+            self.slot
+        ));
+    }
+
     /// Run `hook` when this node fences itself (see [`FenceHook`]).
     pub fn on_fence(&self, hook: FenceHook) {
         self.fence_hooks
@@ -470,16 +480,13 @@ impl Membership {
         h.nonce = rand::random();
         let lbs = self.dev.geometry().logical_block_size as usize;
         let free = h.encode(lbs);
-        match self
-            .dev
-            .compare_and_write(lba_of(&self.sb, self.slot), &image, &free)
-        {
-            Ok(CawOutcome::Written) => Ok(()),
-            _ if read_slot(&*self.dev, &self.sb, self.slot)? == free => Ok(()),
-            _ => Err(Error::new(
+        if swap_slot(&*self.dev, &self.sb, self.slot, &image, &free)? {
+            Ok(())
+        } else {
+            Err(Error::new(
                 ErrorKind::Fenced,
                 format!("node slot {} changed under us before release", self.slot),
-            )),
+            ))
         }
     }
 }

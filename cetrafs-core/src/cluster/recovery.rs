@@ -16,7 +16,7 @@
 
 use super::lock::{LockTable, Me};
 use super::membership::{self, SlotView};
-use crate::dev::{BlockDevice, CawOutcome};
+use crate::dev::BlockDevice;
 use crate::error::Result;
 use crate::format::heartbeat::{Heartbeat, SlotState};
 use crate::format::superblock::Superblock;
@@ -29,21 +29,6 @@ pub struct Claimed {
     pub view: SlotView,
     /// Journal blocks written home by the replay.
     pub replayed: usize,
-}
-
-/// Compare-and-write `new` over `expected` in `slot`; true if our image is there now.
-fn swap_slot(
-    dev: &dyn BlockDevice,
-    sb: &Superblock,
-    slot: u32,
-    expected: &[u8],
-    new: &[u8],
-) -> Result<bool> {
-    match dev.compare_and_write(membership::lba_of(sb, slot), expected, new) {
-        Ok(CawOutcome::Written) => Ok(true),
-        // Miscompare or unknown outcome: the block tells whether our write landed.
-        Ok(CawOutcome::Miscompare) | Err(_) => Ok(membership::read_slot(dev, sb, slot)? == new),
-    }
 }
 
 /// A test hook for the multi-node suite: `CETRA_FAILPOINT=recovery::after_replay=exit` makes
@@ -107,7 +92,7 @@ pub fn claim_and_release(
         };
         let lbs = dev.geometry().logical_block_size as usize;
         let image = mine.encode(lbs);
-        if !swap_slot(dev, sb, dead.slot, &dead.raw, &image)? {
+        if !membership::swap_slot(dev, sb, dead.slot, &dead.raw, &image)? {
             return Ok(None);
         }
         tracing::warn!(
@@ -150,7 +135,7 @@ pub fn clear(dev: &dyn BlockDevice, sb: &Superblock, c: &Claimed) -> Result<()> 
         ..h
     };
     let lbs = dev.geometry().logical_block_size as usize;
-    if swap_slot(dev, sb, c.view.slot, &c.view.raw, &free.encode(lbs))? {
+    if membership::swap_slot(dev, sb, c.view.slot, &c.view.raw, &free.encode(lbs))? {
         Ok(())
     } else {
         crate::bail!(
