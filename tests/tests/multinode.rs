@@ -414,6 +414,18 @@ fn observe(
     }
 }
 
+/// Write `data` at `off` into an existing file and fsync it.
+fn write_fsync(p: &Path, off: u64, data: &[u8]) {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .unwrap_or_else(|e| panic!("open {} for writing: {e}", p.display()));
+    f.write_all_at(data, off)
+        .unwrap_or_else(|e| panic!("write {} at {off}: {e}", p.display()));
+    f.sync_all()
+        .unwrap_or_else(|e| panic!("fsync {}: {e}", p.display()));
+}
+
 fn expect_content(p: &Path, want: &[u8]) -> Result<(), String> {
     // A fresh open and a plain (page-cache) read: what an application on that node sees.
     match fs::read(p) {
@@ -472,14 +484,7 @@ fn cross_node_visibility() {
 
     // write more + fsync (extends the file; the others have its old pages cached)
     let x2 = pattern(2, 5_000);
-    {
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .open(a.p("vis-b"))
-            .expect("open vis-b on node1");
-        f.write_all_at(&x2, x1.len() as u64).expect("append");
-        f.sync_all().expect("fsync vis-b");
-    }
+    write_fsync(&a.p("vis-b"), x1.len() as u64, &x2);
     let mut x12 = x1.clone();
     x12.extend_from_slice(&x2);
     steps.push((
@@ -491,14 +496,7 @@ fn cross_node_visibility() {
 
     // overwrite in place + fsync (same size: only the bytes change)
     let x3 = pattern(3, 4096);
-    {
-        let f = fs::OpenOptions::new()
-            .write(true)
-            .open(a.p("vis-b"))
-            .expect("open vis-b on node1");
-        f.write_all_at(&x3, 4096).expect("overwrite");
-        f.sync_all().expect("fsync vis-b");
-    }
+    write_fsync(&a.p("vis-b"), 4096, &x3);
     x12[4096..8192].copy_from_slice(&x3);
     steps.push((
         "overwrite+fsync".into(),
