@@ -517,7 +517,10 @@ impl Volume {
                 }
                 (None, None) => Err(Error::new(
                     ErrorKind::Busy,
-                    format!("too many open files share the open-lock bucket of inode {ino}"),
+                    format!(
+                        "cannot open inode {ino}: its open-lock bucket already records {} open files across the nodes (a limit fixed at mkfs); close some files and retry",
+                        crate::format::lock_record::BUCKET_ENTRIES
+                    ),
                 )),
             })
     }
