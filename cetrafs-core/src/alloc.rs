@@ -21,6 +21,7 @@
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::group::{encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::superblock::Superblock;
+use crate::format::FS_BLOCK;
 use std::collections::{BTreeSet, HashMap};
 
 const WORDS_PER_BITMAP_BLOCK: usize = (BITS_PER_BITMAP_BLOCK / 64) as usize;
@@ -37,6 +38,36 @@ pub enum GroupClass {
     Mine = 0,
     Unowned = 1,
     Others = 2,
+}
+
+/// Read every group header and bitmap (the allocator's view of the whole volume).
+pub fn read_groups(dev: &dyn crate::dev::BlockDevice, sb: &Superblock) -> Result<Vec<LoadedGroup>> {
+    use crate::format::group::decode_bitmap;
+    use crate::format::FS_BLOCK_SIZE;
+    let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
+    let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
+    let mut buf = crate::dev::AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
+    for g in 0..sb.group_count {
+        let first = sb.group_first_block(g);
+        dev.read_at(first * FS_BLOCK, &mut buf)?;
+        let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
+            .map_err(|e| e.wrap(format!("group {g}")))?;
+        if h.index != g || h.block_count != sb.group_blocks || h.bitmap_blocks != sb.bitmap_blocks {
+            bail!(
+                Corrupted,
+                "group {g}: header does not match the superblock; run fsck.cetra"
+            );
+        }
+        let mut bms = Vec::new();
+        for i in 0..meta_blocks - 1 {
+            let at = first + 1 + i as u64;
+            let (seq, payload) =
+                decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
+            bms.push((seq, payload.to_vec()));
+        }
+        groups.push((h, bms));
+    }
+    Ok(groups)
 }
 
 #[derive(Debug)]
@@ -476,7 +507,7 @@ impl Allocator {
 pub(crate) mod tests {
     use super::*;
     use crate::dev::{mem::MemDevice, BlockDevice};
-    use crate::format::group::decode_bitmap;
+
     use proptest::prelude::*;
 
     fn setup() -> (Superblock, Allocator) {
@@ -492,21 +523,7 @@ pub(crate) mod tests {
     }
 
     pub(crate) fn load(dev: &dyn BlockDevice, sb: &Superblock) -> Allocator {
-        let mut groups = Vec::new();
-        for g in 0..sb.group_count {
-            let first = sb.group_first_block(g);
-            let mut b = vec![0u8; 4096];
-            dev.read_at(first * 4096, &mut b).unwrap();
-            let h = GroupHeader::decode(&b, first).unwrap();
-            let mut bms = Vec::new();
-            for i in 0..u64::from(sb.bitmap_blocks) {
-                dev.read_at((first + 1 + i) * 4096, &mut b).unwrap();
-                let (seq, p) = decode_bitmap(&b, first + 1 + i).unwrap();
-                bms.push((seq, p.to_vec()));
-            }
-            groups.push((h, bms));
-        }
-        Allocator::new(sb, groups).unwrap()
+        Allocator::new(sb, read_groups(dev, sb).unwrap()).unwrap()
     }
 
     #[test]

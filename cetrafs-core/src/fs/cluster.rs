@@ -32,7 +32,6 @@ use crate::cluster::timing::Timing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::heartbeat::SlotState;
 use crate::format::lock_record::{LockMode, OpenEntry, NO_SLOT};
-use crate::format::FS_BLOCK;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -129,39 +128,6 @@ impl Cluster {
     }
 }
 
-/// Read every group header and bitmap (the allocator's view of the whole volume).
-pub(crate) fn load_groups(
-    dev: &dyn crate::dev::BlockDevice,
-    sb: &crate::format::superblock::Superblock,
-) -> Result<Vec<crate::alloc::LoadedGroup>> {
-    use crate::format::group::{decode_bitmap, GroupHeader};
-    use crate::format::FS_BLOCK_SIZE;
-    let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
-    let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
-    let mut buf = crate::dev::AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
-    for g in 0..sb.group_count {
-        let first = sb.group_first_block(g);
-        dev.read_at(first * FS_BLOCK, &mut buf)?;
-        let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
-            .map_err(|e| e.wrap(format!("group {g}")))?;
-        if h.index != g || h.block_count != sb.group_blocks || h.bitmap_blocks != sb.bitmap_blocks {
-            bail!(
-                Corrupted,
-                "group {g}: header does not match the superblock; run fsck.cetra"
-            );
-        }
-        let mut bms = Vec::new();
-        for i in 0..meta_blocks - 1 {
-            let at = first + 1 + i as u64;
-            let (seq, payload) =
-                decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
-            bms.push((seq, payload.to_vec()));
-        }
-        groups.push((h, bms));
-    }
-    Ok(groups)
-}
-
 #[allow(clippy::missing_errors_doc)]
 impl Volume {
     /// The metadata mutex with the global lock held exclusively (metadata changes).
@@ -247,7 +213,7 @@ impl Volume {
     /// block, reload the allocator and the group owners, and make loaded inodes stale.
     fn invalidate(&self, m: &mut Meta) -> Result<()> {
         m.drop_cache();
-        let groups = load_groups(&*self.dev, &self.sb)?;
+        let groups = crate::alloc::read_groups(&*self.dev, &self.sb)?;
         m.alloc.refresh(&self.sb, groups)?;
         self.refresh_group_classes(m);
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);

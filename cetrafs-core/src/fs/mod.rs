@@ -288,7 +288,7 @@ impl Volume {
                     })
                 },
             )?;
-            let loaded = cluster::load_groups(&*dev, &sb).and_then(|g| Allocator::new(&sb, g));
+            let loaded = crate::alloc::read_groups(&*dev, &sb).and_then(|g| Allocator::new(&sb, g));
             let alloc = match loaded {
                 Ok(a) => a,
                 Err(e) => {
