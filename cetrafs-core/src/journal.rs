@@ -168,6 +168,13 @@ pub fn find_tx(dev: &dyn BlockDevice, area: JournalArea) -> Result<Option<FoundT
     }))
 }
 
+/// Every home a transaction logs must be a metadata block; fsck reports what this refuses.
+pub fn check_homes(sb: &Superblock, tx: &FoundTx) -> Result<()> {
+    tx.blocks
+        .iter()
+        .try_for_each(|(b, _)| sb.check_journal_home(*b, tx.seq))
+}
+
 /// Should the logged image replace the home image? Only if it is newer (or home is garbage).
 pub fn replay_wins(home: &[u8], logged: &[u8]) -> bool {
     let Ok(l) = BlockHeader::decode(logged) else {
@@ -180,20 +187,16 @@ pub fn replay_wins(home: &[u8], logged: &[u8]) -> bool {
 }
 
 /// Replay a slot's journal onto the device (idempotent), then invalidate it.
-/// Returns the number of blocks written home.
-pub fn replay(dev: &dyn BlockDevice, area: JournalArea) -> Result<usize> {
+/// Returns the number of blocks written home. A transaction naming any home that is not a
+/// metadata block (`Superblock::check_journal_home`) is refused whole, before any write.
+pub fn replay(dev: &dyn BlockDevice, sb: &Superblock, area: JournalArea) -> Result<usize> {
     let Some(tx) = find_tx(dev, area)? else {
         return Ok(0);
     };
+    check_homes(sb, &tx)?;
     let mut applied = 0;
     let mut home = AlignedBuf::new(FS_BLOCK_SIZE);
     for (b, img) in &tx.blocks {
-        if *b > area.start && *b < area.start + area.blocks {
-            return Err(Error::corrupted(format!(
-                "journal transaction {} logs a block inside the journal",
-                tx.seq
-            )));
-        }
         dev.read_at(b * FS_BLOCK, &mut home)?;
         if replay_wins(&home, img) {
             home.copy_from_slice(img);

@@ -131,7 +131,7 @@ fn run(cli: &Cli) -> u8 {
                 }
             };
             for (slot, tx) in &p {
-                match journal::replay(&*rw, journal::JournalArea::for_slot(&sb, *slot)) {
+                match journal::replay(&*rw, &sb, journal::JournalArea::for_slot(&sb, *slot)) {
                     Ok(n) => println!("{shown}: replayed the journal of node slot {slot} (transaction {}, {n} blocks written)", tx.seq),
                     Err(e) => {
                         eprintln!("fsck.cetra: {shown}: journal replay of node slot {slot} failed: {e}");

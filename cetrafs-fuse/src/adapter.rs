@@ -6,8 +6,8 @@
 use crate::acl;
 use crate::options::Options;
 use cetrafs_core::fs::{
-    Attr, Caller, DirListEntry, FallocMode, FileKind, Ino, OpenFile, RenameFlags, SetAttr, SetTime,
-    Volume, Whence,
+    Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
+    SetAttr, SetTime, Volume, Whence,
 };
 use cetrafs_core::{Error, ErrorKind};
 use fuser::{
@@ -926,9 +926,8 @@ impl Filesystem for Adapter {
         // Volume::readdir calls emit with its metadata lock released, so calling back is safe.
         let r = self.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
             // The entry names its inode; dot entries are not instantiated by the kernel.
-            let attr = self.vol.getattr(e.ino);
-            match attr {
-                Ok(a) => {
+            match self.vol.entry_attr(dir, e) {
+                EntryAttr::Loaded(a) => {
                     // The kernel takes a reference to every entry but "." and "..".
                     let counted = e.name != b"." && e.name != b"..";
                     if counted {
@@ -950,13 +949,20 @@ impl Filesystem for Adapter {
                 }
                 // Removed (here or on another node) since the directory block was read: skip it;
                 // the next entry's cookie still resumes correctly.
-                Err(err) => {
-                    debug!(
-                        "readdirplus: skipping {:?} in {dir}: {err}",
-                        String::from_utf8_lossy(&e.name)
-                    );
-                    true
-                }
+                EntryAttr::Gone => true,
+                // In the directory but its inode cannot be read (the core logged it): listed
+                // so that nothing looks missing, with zero timeouts so the kernel caches
+                // nothing and a stat of it asks again (and gets EIO). fuser sends the
+                // attributes' inode number as the node id, so the kernel takes a reference;
+                // its forget finds no state and is a no-op.
+                EntryAttr::Unreadable(a) => !reply.add(
+                    INodeNo(self.nodeid(a.ino)),
+                    e.next,
+                    OsStr::from_bytes(&e.name),
+                    &Duration::ZERO,
+                    &self.file_attr(&a),
+                    Generation(0),
+                ),
             }
         });
         match r {

@@ -72,7 +72,9 @@ pub enum FindingKind {
     /// The inode's block count differs from the blocks it holds.
     BlockCount,
     Symlink,
-    /// A block reference outside the allocation groups.
+    /// A block pointer (extent, tree node, xattr block, inode number, orphan) that does not
+    /// name the data area of an allocation group (the rule of `format/layout.rs`, which the
+    /// runtime refuses with EIO).
     BlockOutsideGroups,
     /// A block in use that the bitmap says is free.
     BlockFree,
@@ -84,6 +86,9 @@ pub enum FindingKind {
     SlotHeader,
     /// An inode unlinked while open when its node stopped; the next mount of that slot frees it.
     Orphan,
+    /// A committed journal transaction that logs a block which is not a metadata home (mount
+    /// refuses to replay it).
+    BadJournal,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -421,8 +426,26 @@ impl Checker<'_> {
     }
 
     /// Record that `owner` holds `[start, start+len)`; report blocks outside the groups and
-    /// blocks somebody else already holds.
+    /// blocks somebody else already holds. An inode's pointer must name the data area of one
+    /// group (`Superblock::bad_data_range`, the rule the runtime applies); one that does not
+    /// is reported and not claimed.
     fn claim(&mut self, start: u64, len: u64, owner: Owner, what: &str) {
+        if let Owner::Inode(ino) = owner {
+            if let Some((at, region)) = self.sb.bad_data_range(start, len) {
+                let run = if len == 1 {
+                    format!("block {start}")
+                } else {
+                    format!("blocks {start}+{len}")
+                };
+                self.push(
+                    FindingKind::BlockOutsideGroups,
+                    Some(start),
+                    Some(ino),
+                    format!("{what} at {run}: block {at} is {region}, not file-system data"),
+                );
+                return;
+            }
+        }
         let Some(end) = start.checked_add(len) else {
             let ino = if let Owner::Inode(i) = owner {
                 Some(i)
@@ -718,17 +741,14 @@ impl Checker<'_> {
             orphan: false,
             path: path.to_string(),
         };
-        let in_group_data = self
-            .sb
-            .group_of(ino)
-            .is_some_and(|g| ino - self.sb.group_first_block(g) > u64::from(self.sb.bitmap_blocks));
-        if !in_group_data {
+        if !self.sb.is_data_block(ino) {
             self.push(
                 FindingKind::BadInode,
                 Some(ino),
                 Some(ino),
                 format!(
-                    "{path}: inode number is not a block in the data part of an allocation group"
+                    "{path}: inode number {ino} is {}, not a block in the data part of an allocation group",
+                    self.sb.region_of(ino)
                 ),
             );
             self.inodes.insert(ino, state);
@@ -1106,7 +1126,30 @@ impl Checker<'_> {
                     continue;
                 }
             };
+            let area = crate::journal::JournalArea::for_slot(&self.sb, slot);
+            if let Some(tx) = crate::journal::find_tx(self.dev, area)? {
+                if let Err(e) = crate::journal::check_homes(&self.sb, &tx) {
+                    self.push(
+                        FindingKind::BadJournal,
+                        Some(area.start + 1),
+                        None,
+                        format!("node slot {slot}: {e}"),
+                    );
+                }
+            }
             for ino in header.orphans {
+                if !self.sb.is_data_block(ino) {
+                    self.push(
+                        FindingKind::BlockOutsideGroups,
+                        Some(at),
+                        Some(ino),
+                        format!(
+                            "node slot {slot}: orphan list entry {ino} is {}, not an inode block",
+                            self.sb.region_of(ino)
+                        ),
+                    );
+                    continue;
+                }
                 let path = format!("<orphan of node slot {slot}>");
                 self.visit_inode(ino, &path)?;
                 if let Some(s) = self.inodes.get_mut(&ino) {

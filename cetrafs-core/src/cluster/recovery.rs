@@ -106,7 +106,7 @@ pub fn claim_and_release(
             record: Some(mine),
         }
     };
-    let replayed = crate::journal::replay(dev, JournalArea::for_slot(sb, dead.slot))
+    let replayed = crate::journal::replay(dev, sb, JournalArea::for_slot(sb, dead.slot))
         .map_err(|e| e.wrap(format!("journal replay of {}", membership::describe(dead))))?;
     exit_failpoint("recovery::after_replay");
     locks.scrub_slot(dead.slot).map_err(|e| {

@@ -10,6 +10,7 @@ pub mod group;
 pub mod heartbeat;
 pub mod inode;
 pub mod journal;
+pub mod layout;
 pub mod lock_record;
 pub mod slot_header;
 pub mod superblock;

@@ -8,6 +8,7 @@
 
 use super::txn::Tx;
 use crate::error::{Error, Result};
+use crate::format::layout::PointerKind;
 use crate::format::tree_node::{NodeEntries, TreeNode, MAX_VALUE, NODE_CAP};
 
 #[derive(Debug)]
@@ -50,7 +51,13 @@ impl<'t, 'a> Tree<'t, 'a> {
         Ok(b)
     }
 
+    /// Every node is reached through a pointer from disk (the inode's root, a parent's child
+    /// entry): it must name a data block (format/layout.rs) and the node must be this tree's.
     fn read(&mut self, b: u64) -> Result<TreeNode> {
+        self.tx
+            .meta
+            .sb
+            .check_data_block(b, PointerKind::TreeNode, self.owner)?;
         let raw = self.tx.read(b)?;
         let n = TreeNode::decode(&raw, b)?;
         if n.owner != self.owner {
@@ -400,6 +407,7 @@ mod tests {
         let mut meta = Meta::new(
             crate::alloc::tests::load(&dev, &sb),
             crate::journal::JournalArea::for_slot(&sb, 0),
+            sb.clone(),
         );
         let mut tx = Tx::new(&dev, &mut meta);
         f(&mut tx);

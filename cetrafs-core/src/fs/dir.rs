@@ -3,7 +3,8 @@
 use super::btree::Tree;
 use super::txn::Tx;
 use super::{
-    now, Attr, Caller, DirListEntry, FileKind, Ino, InodeInner, OpenFile, RenameFlags, Volume,
+    now, Attr, Caller, DirListEntry, EntryAttr, FileKind, Ino, InodeInner, OpenFile, RenameFlags,
+    Volume,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::dirent::{decode_entries, encode_entries, name_hash, DirEntry, MAX_NAME};
@@ -114,8 +115,43 @@ impl Volume {
                 }
             }
         };
-        let st = self.state(&mut tx, target)?;
+        // The name exists (read in this same transaction): an inode that does not is damage,
+        // not absence — EIO, so the entry is never mistaken for one that was removed.
+        let st = self.state(&mut tx, target).map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                Error::corrupted(format!(
+                    "directory {parent}: entry {:?} names inode {target}, which does not exist; run fsck.cetra",
+                    String::from_utf8_lossy(name)
+                ))
+            } else {
+                e
+            }
+        })?;
         Ok(Self::attr_with_pending(&st))
+    }
+
+    /// The attributes to list with entry `e` of directory `dir` (readdirplus), and whether to
+    /// list it at all. Every name that is in the directory is listed: one whose inode cannot
+    /// be loaded comes back [`EntryAttr::Unreadable`] with a warning in the log naming the
+    /// directory, the name and the error. Only a name that is no longer in the directory
+    /// (looked up again after the failure) is [`EntryAttr::Gone`].
+    pub fn entry_attr(&self, dir: Ino, e: &DirListEntry) -> EntryAttr {
+        if let Ok(a) = self.getattr(e.ino) {
+            return EntryAttr::Loaded(a);
+        }
+        match self.lookup(dir, &e.name) {
+            // Loaded on the second try, or the name now names another inode (renamed over).
+            Ok(a) => EntryAttr::Loaded(a),
+            Err(err) if err.kind() == ErrorKind::NotFound => EntryAttr::Gone,
+            Err(err) => {
+                tracing::warn!(
+                    "directory {dir}: entry {:?} (inode {}) cannot be read, listing it without attributes: {err}",
+                    String::from_utf8_lossy(&e.name),
+                    e.ino
+                );
+                EntryAttr::Unreadable(Attr::placeholder(e.ino, e.kind))
+            }
+        }
     }
 
     /// Allocate and link a new inode; returns its state (write-locked by the caller after).

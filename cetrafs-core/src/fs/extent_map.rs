@@ -8,6 +8,7 @@ use super::txn::Tx;
 use crate::error::Result;
 use crate::format::extent::{Extent, EXTENT_UNWRITTEN, MAX_EXTENT_BLOCKS};
 use crate::format::inode::{flags, Inode, INLINE_EXTENTS_MAX};
+use crate::format::layout::PointerKind;
 use std::collections::{BTreeMap, BTreeSet};
 
 #[derive(Debug, Default, Clone)]
@@ -17,6 +18,9 @@ pub(crate) struct ExtentMap {
 }
 
 impl ExtentMap {
+    /// Load the map of `inode`. Every extent's physical run is checked against the volume's
+    /// layout here (format/layout.rs), once: the data path, truncate and free then use only
+    /// runs inside the data area, without checking again.
     pub fn load(tx: &mut Tx<'_>, inode: &Inode) -> Result<Self> {
         let mut map = BTreeMap::new();
         if inode.flags & flags::INLINE_EXTENTS != 0 {
@@ -29,6 +33,14 @@ impl ExtentMap {
                 map.insert(k, Extent::decode_value(k, v)?);
                 Ok(true)
             })?;
+        }
+        for e in map.values() {
+            tx.meta.sb.check_data_range(
+                e.physical,
+                u64::from(e.len),
+                PointerKind::Extent,
+                inode.ino,
+            )?;
         }
         Ok(Self {
             map,

@@ -232,7 +232,8 @@ impl Volume {
             } else {
                 // Also the journal of a dead incarnation of this slot taken back above: it is
                 // replayed before any lock naming the slot is released.
-                crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
+                crate::journal::replay(&*dev, &sb, journal)
+                    .map_err(|e| e.wrap("journal replay"))?;
             }
             let mut recovered = Vec::new();
             if !read_only {
@@ -296,7 +297,7 @@ impl Volume {
                     return Err(e);
                 }
             };
-            let mut meta = Meta::new(alloc, journal);
+            let mut meta = Meta::new(alloc, journal, sb.clone());
             meta.slot = member.slot;
             meta.gml = LockMode::Shared;
             meta.gml_version = granted.version;
@@ -389,6 +390,8 @@ impl Volume {
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).
     /// One still open here or on another live node stays listed: its last closer frees it.
+    /// An entry that is not an inode's block (format/layout.rs) or whose inode cannot be read
+    /// is left listed, untouched, with a warning: fsck reports it, and the mount goes on.
     fn free_orphans(&self, slot: u32) -> Result<()> {
         let orphans = {
             let mut meta = self.meta_sh()?;
@@ -401,10 +404,22 @@ impl Volume {
         self.meta_op(|tx| {
             let mut kept = Vec::new();
             for &ino in &orphans {
+                if self
+                    .sb
+                    .check_data_block(ino, crate::format::layout::PointerKind::Orphan, ino)
+                    .is_err()
+                {
+                    kept.push(ino);
+                    continue;
+                }
                 let st = match self.state(tx, ino) {
                     Ok(st) => st,
                     Err(e) if e.kind() == ErrorKind::NotFound => continue,
-                    Err(e) => return Err(e),
+                    Err(e) => {
+                        tracing::warn!("node slot {slot}: orphan inode {ino} is not freed: {e}");
+                        kept.push(ino);
+                        continue;
+                    }
                 };
                 let mut inner = st.write();
                 if inner.freed || inner.inode.nlink != 0 {
@@ -547,7 +562,7 @@ impl Volume {
                 }
             }
         }
-        if self.sb.group_of(ino).is_none() || !tx.meta.alloc.is_used(ino) {
+        if !self.sb.is_data_block(ino) || !tx.meta.alloc.is_used(ino) {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
@@ -1017,5 +1032,7 @@ impl Volume {
 
 #[cfg(test)]
 mod multinode_tests;
+#[cfg(test)]
+mod pointer_tests;
 #[cfg(test)]
 mod tests;

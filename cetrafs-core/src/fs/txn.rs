@@ -20,6 +20,7 @@ use crate::alloc::Allocator;
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::block::BlockHeader;
+use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
 use std::collections::{BTreeMap, HashMap};
@@ -30,6 +31,9 @@ const CACHE_LIMIT: usize = 1 << 16;
 #[derive(Debug)]
 pub(crate) struct Meta {
     pub alloc: Allocator,
+    /// The volume's layout: every block pointer decoded from disk is checked against it
+    /// (format/layout.rs) before it is followed.
+    pub sb: Superblock,
     cache: HashMap<u64, Vec<u8>>,
     /// Latest image of every block changed since the last commit point.
     pending: BTreeMap<u64, Vec<u8>>,
@@ -48,9 +52,10 @@ pub(crate) struct Meta {
 }
 
 impl Meta {
-    pub fn new(alloc: Allocator, journal: JournalArea) -> Self {
+    pub fn new(alloc: Allocator, journal: JournalArea, sb: Superblock) -> Self {
         Self {
             alloc,
+            sb,
             cache: HashMap::new(),
             pending: BTreeMap::new(),
             journal,

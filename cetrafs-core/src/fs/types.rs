@@ -142,6 +142,44 @@ pub struct DirListEntry {
     pub next: u64,
 }
 
+/// What a listing with attributes (readdirplus) reports for one entry; see
+/// `Volume::entry_attr`, which owns the policy.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryAttr {
+    /// The entry's inode, loaded.
+    Loaded(Attr),
+    /// The name was removed (here or on another node) after the directory was read: leave it
+    /// out of the listing.
+    Gone,
+    /// The name is in the directory but its inode cannot be loaded (damaged, I/O error): list
+    /// it anyway with these placeholder attributes (inode number and type from the entry,
+    /// nothing else), which must not be cached; a lookup or stat of the name fails with EIO.
+    Unreadable(Attr),
+}
+
+impl Attr {
+    /// Placeholder attributes of an entry whose inode cannot be read.
+    pub fn placeholder(ino: Ino, kind: FileKind) -> Self {
+        Self {
+            ino,
+            kind,
+            perm: 0,
+            nlink: 1,
+            uid: 0,
+            gid: 0,
+            rdev: 0,
+            size: 0,
+            blocks: 0,
+            atime: Timespec::default(),
+            mtime: Timespec::default(),
+            ctime: Timespec::default(),
+            crtime: Timespec::default(),
+            flags: 0,
+            generation: 0,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct StatFs {
     pub blocks: u64,
