@@ -213,3 +213,88 @@ fn fsck_detects_corruption() {
     let out = run(Command::new(bin("fsck-cetra")).arg("-n").arg(lun.path()));
     assert_eq!(out.code, 4, "fsck -n is repeatable: {out}");
 }
+
+/// A damaged inode never hides its directory entry: `readdir` (readdirplus through the
+/// kernel), `ls` and `find` list it, `stat` of it is EIO, and the daemon log names it. A file
+/// whose extent was re-checksummed to point at the superblock is EIO, and the superblock is
+/// neither served nor overwritten.
+#[test]
+fn damaged_inodes_stay_listed_and_bad_extents_are_eio() {
+    use cetrafs_core::format::inode::Inode;
+    require_fuse!();
+    let lun = Lun::new(LUN_SIZE);
+    lun.mkfs(&["-q"]);
+    let m = Mount::new(&lun, "n1");
+    std::fs::create_dir_all(m.p("dir/sub")).expect("mkdir");
+    for i in 0..20 {
+        std::fs::write(m.p(format!("dir/f{i}")), vec![i as u8; 10_000]).expect("write");
+    }
+    std::fs::write(m.p("dir/sub/inner"), b"x").expect("write");
+    let broken = lstat(&m.p("dir/f7")).expect("stat").st_ino;
+    let subdir = lstat(&m.p("dir/sub")).expect("stat").st_ino;
+    let redirected = lstat(&m.p("dir/f3")).expect("stat").st_ino;
+    m.unmount();
+    // f7 and sub: checksum broken. f3: a valid inode whose extent names block 0.
+    for ino in [broken, subdir] {
+        let off = ino * FS_BLOCK + 64;
+        let mut b = lun.peek(off, 8);
+        b[0] ^= 0x5a;
+        lun.poke(off, &b);
+    }
+    let mut i = Inode::decode(&lun.peek(redirected * FS_BLOCK, 4096), redirected).expect("inode");
+    i.inline_extents[0].physical = 0;
+    lun.poke(redirected * FS_BLOCK, &i.encode());
+    let sb_before = lun.peek(0, 4096);
+
+    let m = Mount::new(&lun, "n1");
+    let mut names: Vec<String> = std::fs::read_dir(m.p("dir"))
+        .expect("readdir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let mut want: Vec<String> = (0..20).map(|i| format!("f{i}")).collect();
+    want.push("sub".into());
+    want.sort();
+    assert_eq!(names, want, "readdir must list every entry");
+    let ls = run(Command::new("ls").arg("-1").arg(m.p("dir")));
+    for n in ["f7", "sub", "f3"] {
+        assert!(
+            ls.stdout.lines().any(|l| l == n),
+            "ls does not list {n}: {ls}"
+        );
+    }
+    let find = run(Command::new("find").arg(m.p("dir")));
+    assert!(find.stdout.contains("/dir/f7"), "find: {find}");
+    for n in ["dir/f7", "dir/sub", "dir/f3"] {
+        let e = lstat(&m.p(n)).expect_err(n);
+        assert_eq!(e.raw_os_error(), Some(libc::EIO), "stat {n}: {e}");
+    }
+    let e = std::fs::read(m.p("dir/f3")).expect_err("read of a redirected extent");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "read f3: {e}");
+    let e = std::fs::OpenOptions::new()
+        .write(true)
+        .open(m.p("dir/f3"))
+        .expect_err("write open of a redirected extent");
+    assert_eq!(e.raw_os_error(), Some(libc::EIO), "open f3: {e}");
+    // The healthy neighbours still work.
+    assert_eq!(
+        std::fs::read(m.p("dir/f8")).expect("read f8"),
+        vec![8u8; 10_000]
+    );
+    let log = m.log();
+    assert!(
+        log.lines()
+            .any(|l| l.contains("WARN") && l.contains("\"f7\"") && l.contains("cannot be read")),
+        "no warning names f7:\n{log}"
+    );
+    assert!(
+        log.lines()
+            .any(|l| l.contains(&format!("inode {redirected}")) && l.contains("block 0")),
+        "no message names the bad extent:\n{log}"
+    );
+    m.unmount();
+    assert_eq!(lun.peek(0, 4096), sb_before, "the superblock was written");
+    let f = lun.fsck();
+    assert_eq!(f.code, 4, "fsck must report the damage: {f}");
+    assert!(f.output().contains("superblock"), "{f}");
+}
