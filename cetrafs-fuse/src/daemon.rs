@@ -352,7 +352,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
     let cfg = adapter::session_config(&args.device, &args.opts);
     // Session::new performs the mount(2) and the FUSE INIT handshake. If it fails, dropping
     // the adapter runs destroy, which unmounts the volume.
-    let session = match fuser::Session::new(fs, &args.mountpoint, &cfg) {
+    let session = match adapter::start_session(fs, &args.mountpoint, &cfg) {
         Ok(s) => s,
         Err(e) => {
             return fail(
