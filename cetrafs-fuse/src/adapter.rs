@@ -216,9 +216,11 @@ impl Adapter {
     }
 
     /// The errno for a failed operation; unexpected failures are logged where the sysadmin looks.
+    /// A fenced node's requests all fail with EIO; the fencing itself was logged once (ERROR
+    /// "FENCED: ..."), so each request's failure is not repeated there.
     fn fail(&self, op: &str, e: &Error) -> Errno {
         match e.kind() {
-            ErrorKind::Io | ErrorKind::Corrupted | ErrorKind::Fenced => error!("{op}: {e}"),
+            ErrorKind::Io | ErrorKind::Corrupted => error!("{op}: {e}"),
             _ => debug!("{op}: {e}"),
         }
         errno(e)

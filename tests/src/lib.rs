@@ -1069,3 +1069,19 @@ pub use cetrafs_core::dev::write_log::realtime_ns;
 pub fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::error_lines;
+
+    #[test]
+    fn error_lines_are_found_in_daemon_logs() {
+        let log = " INFO mount_cetra::daemon: mounted\n\
+                   ERROR fuser::reply: Failed to send FUSE reply: Invalid argument\n\
+                   \u{20}WARN cetrafs_core: an ERROR in a message is not an ERROR line\n\
+                   thread 'x' panicked at src/lib.rs:1:1:\n";
+        let v: Vec<&str> = error_lines(log).collect();
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(v[0].starts_with("ERROR fuser::reply"));
+    }
+}
