@@ -4,6 +4,7 @@
 //! `FUSE_POSIX_ACL`, the kernel's root nodeid).
 
 use crate::acl;
+use crate::creds::RequestCreds;
 use crate::options::Options;
 use cetrafs_core::fs::{
     Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
@@ -12,16 +13,16 @@ use cetrafs_core::fs::{
 use cetrafs_core::{Error, ErrorKind};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
-    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, OpenAccMode, OpenFlags,
-    ReplyAttr, ReplyCreate, ReplyData, ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry,
-    ReplyIoctl, ReplyLseek, ReplyOpen, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL,
-    TimeOrNow, WriteFlags,
+    INodeNo, InitFlags, IoctlFlags, KernelConfig, LockOwner, MountOption, Notifier, OpenAccMode,
+    OpenFlags, PollEvents, PollFlags, PollNotifier, ReplyAttr, ReplyCreate, ReplyData,
+    ReplyDirectory, ReplyDirectoryPlus, ReplyEmpty, ReplyEntry, ReplyIoctl, ReplyLseek, ReplyOpen,
+    ReplyPoll, ReplyStatfs, ReplyWrite, ReplyXattr, Request, SessionACL, TimeOrNow, WriteFlags,
 };
 use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, error, info, warn};
 
@@ -114,6 +115,21 @@ pub struct Adapter {
     /// Negotiated in init: the kernel enforces ACLs and leaves the umask to us.
     posix_acl: bool,
     outcome: UnmountOutcome,
+    /// The session's channel for notifications, set once the session exists.
+    notifier: Arc<OnceLock<Notifier>>,
+}
+
+/// Start the FUSE session for `fs` on `mountpoint` (mount(2) and the INIT handshake), and
+/// give the adapter the session's notification channel.
+pub fn start_session(
+    fs: Adapter,
+    mountpoint: &Path,
+    cfg: &fuser::Config,
+) -> io::Result<fuser::Session<Adapter>> {
+    let slot = Arc::clone(&fs.notifier);
+    let session = fuser::Session::new(fs, mountpoint, cfg)?;
+    let _ = slot.set(session.notifier());
+    Ok(session)
 }
 
 impl Adapter {
@@ -126,6 +142,7 @@ impl Adapter {
             entry_ttl: opts.entry_timeout,
             posix_acl: false,
             outcome,
+            notifier: Arc::new(OnceLock::new()),
         }
     }
 
@@ -182,10 +199,28 @@ impl Adapter {
         );
     }
 
+    /// The kernel caches attributes for `attr_timeout` and learns of a change only from a
+    /// reply that carries attributes. After a change made inside a request whose reply does
+    /// not (setuid/setgid bits removed by a write or an O_TRUNC open), drop its cached copy,
+    /// or it would still exec the file setuid until the cache expires.
+    fn invalidate_attrs(&self, ino: Ino) {
+        let Some(n) = self.notifier.get() else {
+            return;
+        };
+        // ENOENT: the kernel has no inode for it any more, so nothing is cached.
+        if let Err(e) = n.inval_inode(INodeNo(self.nodeid(ino)), -1, 0) {
+            if e.raw_os_error() != Some(libc::ENOENT) {
+                warn!("inode {ino}: cannot invalidate the kernel's cached attributes: {e}");
+            }
+        }
+    }
+
     /// The errno for a failed operation; unexpected failures are logged where the sysadmin looks.
+    /// A fenced node's requests all fail with EIO; the fencing itself was logged once (ERROR
+    /// "FENCED: ..."), so each request's failure is not repeated there.
     fn fail(&self, op: &str, e: &Error) -> Errno {
         match e.kind() {
-            ErrorKind::Io | ErrorKind::Corrupted | ErrorKind::Fenced => error!("{op}: {e}"),
+            ErrorKind::Io | ErrorKind::Corrupted => error!("{op}: {e}"),
             _ => debug!("{op}: {e}"),
         }
         errno(e)
@@ -342,7 +377,10 @@ impl Adapter {
                         return Err(Errno::EACCES);
                     }
                     let truncate = flags & libc::O_TRUNC != 0;
-                    let of = self.vol.open(a.ino, writable, truncate).map_err(fail)?;
+                    let of = self
+                        .vol
+                        .open_by(a.ino, writable, truncate, &creds(req))
+                        .map_err(fail)?;
                     let a = if truncate {
                         self.vol.getattr(a.ino).map_err(fail)?
                     } else {
@@ -399,6 +437,11 @@ fn caller(req: &Request) -> Caller {
         uid: req.uid(),
         gid: req.gid(),
     }
+}
+
+/// The caller's credentials for the setuid/setgid rules (read lazily; see creds.rs).
+fn creds(req: &Request) -> RequestCreds {
+    RequestCreds::new(req.pid(), req.uid(), req.gid())
 }
 
 fn file_type(k: FileKind) -> FileType {
@@ -519,6 +562,13 @@ impl Filesystem for Adapter {
             k.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
         // Deliberately NOT FUSE_WRITEBACK_CACHE: a node-local dirty page cache has no
         // cross-node coherence.
+        // Setuid/setgid removal: neither FUSE_HANDLE_KILLPRIV nor _V2 is requested, because
+        // fuser does not pass their request flags (FATTR_KILL_SUIDGID, FUSE_OPEN_KILL_SUIDGID)
+        // on. The kernel then sends the new mode itself with a truncate or chown (the classic
+        // rule), and flags direct writes with FUSE_WRITE_KILL_SUIDGID when the writer lacks
+        // CAP_FSETID. What it leaves to us (the write flag; setgid without group-exec when the
+        // caller is not in the group; open with O_TRUNC, which it never flags) the core's
+        // rules (fs/suid.rs) complete with the caller's credentials (creds.rs).
         info!(
             "FUSE session ready (kernel ABI {:?}, POSIX ACLs {})",
             k.kernel_abi(),
@@ -593,7 +643,7 @@ impl Filesystem for Adapter {
         };
         let r = self
             .vol
-            .setattr(ino, &set, caller(req))
+            .setattr_by(ino, &set, &creds(req))
             .and_then(|a| match set.mode {
                 Some(m) if self.posix_acl && a.kind != FileKind::Symlink => {
                     self.chmod_acl(ino, m)?;
@@ -703,7 +753,7 @@ impl Filesystem for Adapter {
 
     fn rename(
         &self,
-        _req: &Request,
+        req: &Request,
         parent: INodeNo,
         name: &OsStr,
         newparent: INodeNo,
@@ -711,15 +761,17 @@ impl Filesystem for Adapter {
         flags: fuser::RenameFlags,
         reply: ReplyEmpty,
     ) {
-        let known = fuser::RenameFlags::RENAME_NOREPLACE | fuser::RenameFlags::RENAME_EXCHANGE;
+        use fuser::RenameFlags as F;
+        let known = F::RENAME_NOREPLACE | F::RENAME_EXCHANGE | F::RENAME_WHITEOUT;
         if !known.contains(flags) {
-            // RENAME_WHITEOUT (overlayfs upper layers) is not supported.
             reply.error(Errno::EINVAL);
             return;
         }
         let f = RenameFlags {
-            noreplace: flags.contains(fuser::RenameFlags::RENAME_NOREPLACE),
-            exchange: flags.contains(fuser::RenameFlags::RENAME_EXCHANGE),
+            noreplace: flags.contains(F::RENAME_NOREPLACE),
+            exchange: flags.contains(F::RENAME_EXCHANGE),
+            // overlayfs upper layers: the whiteout is owned by the caller, as the kernel's is.
+            whiteout: flags.contains(F::RENAME_WHITEOUT).then(|| caller(req)),
         };
         match self.vol.rename(
             self.ino(parent),
@@ -750,15 +802,22 @@ impl Filesystem for Adapter {
         }
     }
 
-    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+    fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let writable = flags.acc_mode() != OpenAccMode::O_RDONLY;
-        // With FUSE_ATOMIC_O_TRUNC the kernel passes O_TRUNC here instead of a separate setattr.
+        // With FUSE_ATOMIC_O_TRUNC the kernel passes O_TRUNC here instead of a separate setattr
+        // (and so never computes the setuid/setgid removal for it: the core does).
         let truncate = flags.0 & libc::O_TRUNC != 0;
-        match self.vol.open(self.ino(ino), writable, truncate) {
-            Ok(of) => reply.opened(
-                fh_from_open(of),
-                Self::create_reply_flags(FileKind::Regular),
-            ),
+        let ino = self.ino(ino);
+        match self.vol.open_by(ino, writable, truncate, &creds(req)) {
+            Ok(of) => {
+                if truncate && writable {
+                    self.invalidate_attrs(ino);
+                }
+                reply.opened(
+                    fh_from_open(of),
+                    Self::create_reply_flags(FileKind::Regular),
+                );
+            }
             Err(e) => reply.error(self.fail("open", &e)),
         }
     }
@@ -800,12 +859,12 @@ impl Filesystem for Adapter {
 
     fn write(
         &self,
-        _req: &Request,
+        req: &Request,
         _ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
-        _write_flags: WriteFlags,
+        write_flags: WriteFlags,
         flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
@@ -814,8 +873,17 @@ impl Filesystem for Adapter {
         let of = unsafe { fh_borrow(fh) };
         // The payload is not aligned for O_DIRECT (§1.3 #5); the core copies it into its
         // aligned buffer, so it is passed straight through.
-        let n = match self.vol.write(of, offset, data) {
-            Ok(n) => n,
+        // The kernel flags a write whose caller lacks CAP_FSETID (it does so for direct I/O
+        // whatever the INIT flags); the core removes what that caller's write must.
+        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
+        let who = creds(req).with_fsetid(!kill);
+        let n = match self.vol.write_by(of, offset, data, &who) {
+            Ok(w) => {
+                if w.dropped != 0 {
+                    self.invalidate_attrs(of.ino);
+                }
+                w.bytes
+            }
             Err(e) => return reply.error(self.fail("write", &e)),
         };
         // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
@@ -843,6 +911,22 @@ impl Filesystem for Adapter {
         // Writes go to the device before they are acknowledged; close(2) has nothing to flush.
         // (Durability is fsync's job.)
         reply.ok();
+    }
+
+    fn poll(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _ph: PollNotifier,
+        _events: PollEvents,
+        _flags: PollFlags,
+        reply: ReplyPoll,
+    ) {
+        // Files and directories here are always ready. ENOSYS tells the kernel exactly that:
+        // it stops sending POLL for this mount and answers every poll with the default mask
+        // (readable and writable), as for a local filesystem.
+        reply.error(Errno::ENOSYS);
     }
 
     fn release(

@@ -196,6 +196,8 @@ fn stderr_is_journal() -> bool {
 }
 
 fn init_logging(args: &Args, daemon: bool) {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     use tracing_subscriber::EnvFilter;
     // fuser's session logs a spurious "Failed to umount filesystem: Invalid argument" after
     // every normal unmount (it retries the umount the kernel already did); keep that noise
@@ -209,17 +211,86 @@ fn init_logging(args: &Args, daemon: bool) {
     let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr);
-    // init() also routes the `log` records of fuser into tracing.
+    let quiet = AbandonedReplies {
+        shown: args.verbose,
+    };
+    // try_init() also routes the `log` records of fuser into tracing.
     let r = if daemon {
         // journald (or the test's log file reader) adds its own timestamps; no colour codes.
-        builder.with_ansi(false).without_time().try_init()
+        builder
+            .with_ansi(false)
+            .without_time()
+            .finish()
+            .with(quiet)
+            .try_init()
     } else {
         builder
             .with_ansi(std::io::stderr().is_terminal())
+            .finish()
+            .with(quiet)
             .try_init()
     };
     if let Err(e) = r {
         eprintln!("mount.cetra: logging not set up: {e}");
+    }
+}
+
+/// fuser logs `Failed to send FUSE reply: No such file or directory` at ERROR whenever the
+/// kernel no longer waits for an answer: the caller was interrupted (FUSE_INTERRUPT; QEMU and
+/// other AIO users cancel requests routinely) or the connection was aborted. That is normal
+/// operation, not a storage fault, so those lines are dropped (shown with `-v`). Every other
+/// reply failure is still logged as fuser logs it.
+#[derive(Debug)]
+struct AbandonedReplies {
+    shown: bool,
+}
+
+/// The target and message of one event, as far as [`AbandonedReplies`] looks at them.
+#[derive(Default)]
+struct TargetAndMessage {
+    log_target: Option<String>,
+    message: String,
+}
+
+impl tracing::field::Visit for TargetAndMessage {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        match field.name() {
+            "log.target" => self.log_target = Some(value.to_owned()),
+            "message" => self.message = value.to_owned(),
+            _ => {}
+        }
+    }
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "message" {
+            self.message = format!("{value:?}");
+        }
+    }
+}
+
+/// fuser's reply module (its `log` target) and the message of an abandoned reply.
+const FUSER_REPLY: &str = "fuser::reply";
+const ABANDONED_REPLY: &str = "Failed to send FUSE reply: No such file or directory";
+
+impl AbandonedReplies {
+    fn is_abandoned_reply(event: &tracing::Event<'_>) -> bool {
+        if *event.metadata().level() != tracing::Level::ERROR {
+            return false;
+        }
+        let mut v = TargetAndMessage::default();
+        event.record(&mut v);
+        // `log` records arrive with target "log" and the real one in a field.
+        let target = v.log_target.as_deref().unwrap_or(event.metadata().target());
+        target == FUSER_REPLY && v.message.starts_with(ABANDONED_REPLY)
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for AbandonedReplies {
+    fn event_enabled(
+        &self,
+        event: &tracing::Event<'_>,
+        _cx: tracing_subscriber::layer::Context<'_, S>,
+    ) -> bool {
+        self.shown || !Self::is_abandoned_reply(event)
     }
 }
 
@@ -346,13 +417,20 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         "{dev_name}: volume mounted as node {host}{}",
         if ro { " (read-only)" } else { "" }
     );
+    if !args.opts.file_locks && !ro {
+        warn!(
+            "{dev_name}: mounted with nofilelock: nothing stops a second writer on another node \
+             (a VM started on two nodes on one image corrupts it); live migration does not need \
+             nofilelock"
+        );
+    }
 
     let outcome: UnmountOutcome = Arc::new(Mutex::new(None));
     let fs = Adapter::new(Arc::clone(&vol), &args.opts, Arc::clone(&outcome));
     let cfg = adapter::session_config(&args.device, &args.opts);
     // Session::new performs the mount(2) and the FUSE INIT handshake. If it fails, dropping
     // the adapter runs destroy, which unmounts the volume.
-    let session = match fuser::Session::new(fs, &args.mountpoint, &cfg) {
+    let session = match adapter::start_session(fs, &args.mountpoint, &cfg) {
         Ok(s) => s,
         Err(e) => {
             return fail(
@@ -448,5 +526,48 @@ fn spawn_ready_thread(mountpoint: PathBuf, old_dev: u64, mut notifier: Notifier)
         });
     if let Err(e) = r {
         error!("cannot start the readiness check: {e}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::{Arc, Mutex};
+    use tracing_subscriber::layer::SubscriberExt;
+
+    #[derive(Clone, Default)]
+    struct Capture(Arc<Mutex<Vec<u8>>>);
+    impl Write for Capture {
+        fn write(&mut self, b: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(b);
+            Ok(b.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[test]
+    fn abandoned_replies_are_dropped_and_other_reply_errors_kept() {
+        let out = Capture::default();
+        let w = out.clone();
+        let sub = tracing_subscriber::fmt()
+            .with_writer(move || w.clone())
+            .with_ansi(false)
+            .finish()
+            .with(AbandonedReplies { shown: false });
+        tracing::subscriber::with_default(sub, || {
+            tracing::error!(target: "fuser::reply", "Failed to send FUSE reply: No such file or directory (os error 2)");
+            tracing::error!(target: "fuser::reply", "Failed to send FUSE reply: Invalid argument (os error 22)");
+            tracing::error!(target: "cetrafs", "Failed to send FUSE reply: No such file or directory");
+            tracing::warn!(target: "fuser::reply", "Failed to send FUSE reply: No such file or directory");
+            // As fuser's `log` records arrive through tracing-log.
+            tracing::error!(target: "log", { log.target = "fuser::reply" }, "Failed to send FUSE reply: No such file or directory (os error 2)");
+        });
+        let text = String::from_utf8(out.0.lock().unwrap().clone()).unwrap();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines.len(), 3, "{text}");
+        assert!(lines[0].contains("Invalid argument"), "{text}");
+        assert!(!text.contains("(os error 2)"), "{text}");
     }
 }

@@ -6,6 +6,7 @@
 
 mod acl;
 mod adapter;
+mod creds;
 mod daemon;
 mod options;
 

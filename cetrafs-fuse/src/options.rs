@@ -53,7 +53,8 @@ pub struct Options {
     pub attr_timeout: Duration,
     pub entry_timeout: Duration,
     /// Cross-node open locks: a file open for writing on one node cannot be opened for
-    /// writing on another (EBUSY). `nofilelock` turns them off (live migration).
+    /// writing on another (EBUSY). `nofilelock` turns them off: nothing then stops a second
+    /// writer on another node (live migration does not need it).
     pub file_locks: bool,
     /// `renew=caw`: heartbeat renewal by COMPARE AND WRITE instead of write + re-read.
     pub caw_renewal: bool,

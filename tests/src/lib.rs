@@ -3,7 +3,9 @@
 //!
 //! * [`Lun`]: a sparse file in a temporary directory on a filesystem that supports O_DIRECT.
 //! * [`Mount`]: the daemon started in daemon mode; `Drop` unmounts, waits for the daemon and
-//!   insists that it exits 0 (the test process is a child subreaper so it can reap the daemon).
+//!   insists that it exits 0 (the test process is a child subreaper so it can reap the daemon),
+//!   and that its log has no ERROR line other than those the test allowed
+//!   ([`Mount::allow_error`]): an admin reading the journal takes every ERROR for a fault.
 //! * [`require_fuse!`]: skip loudly when /dev/fuse is missing, unless `CETRA_REQUIRE_E2E=1`
 //!   (set by `scripts/test`), in which case a missing FUSE is a failure.
 //!
@@ -413,8 +415,20 @@ pub struct Mount {
     mountpoint: PathBuf,
     device: PathBuf,
     log: PathBuf,
+    /// Where this daemon's part of the (appended) log file begins.
+    log_start: u64,
+    /// Substrings of ERROR lines this test provokes on purpose.
+    allowed_errors: Vec<String>,
     pid: i32,
     mounted: bool,
+}
+
+/// ERROR lines of a daemon log (the daemon writes `ERROR target: message`), and panics.
+fn error_lines(log: &str) -> impl Iterator<Item = &str> {
+    log.lines().filter(|l| {
+        let t = l.trim_start();
+        t.starts_with("ERROR ") || t.contains("panicked at")
+    })
 }
 
 impl Mount {
@@ -485,6 +499,7 @@ impl Mount {
         ));
         let mut o = vec![format!("host={host}")];
         o.extend(opts.iter().map(|s| (*s).to_string()));
+        let log_start = fs::metadata(&log).map_or(0, |m| m.len());
         let mut cmd = Command::new(bin("mount-cetra"));
         cmd.arg(device)
             .arg(&mountpoint)
@@ -528,9 +543,52 @@ impl Mount {
             mountpoint,
             device: device.to_path_buf(),
             log,
+            log_start,
+            allowed_errors: Vec::new(),
             pid: pids[0],
             mounted: true,
         })
+    }
+
+    /// Accept ERROR lines containing `pattern` in this daemon's log: for a test that provokes
+    /// that error on purpose. Keep patterns specific to the one message expected.
+    pub fn allow_error(&mut self, pattern: &str) -> &mut Self {
+        self.allowed_errors.push(pattern.to_string());
+        self
+    }
+
+    /// This daemon's part of its log file.
+    pub fn own_log(&self) -> String {
+        let all = fs::read(&self.log).unwrap_or_default();
+        let start = usize::try_from(self.log_start)
+            .unwrap_or(usize::MAX)
+            .min(all.len());
+        String::from_utf8_lossy(&all[start..]).into_owned()
+    }
+
+    /// ERROR lines (and panics) in this daemon's log that no [`Mount::allow_error`] pattern
+    /// matches.
+    pub fn unexpected_errors(&self) -> Vec<String> {
+        error_lines(&self.own_log())
+            .filter(|l| !self.allowed_errors.iter().any(|a| l.contains(a.as_str())))
+            .map(str::to_string)
+            .collect()
+    }
+
+    /// Err listing the unexpected ERROR lines of the log, if any.
+    pub fn check_log(&self) -> Result<(), String> {
+        let bad = self.unexpected_errors();
+        if bad.is_empty() {
+            return Ok(());
+        }
+        Err(format!(
+            "daemon log {} has {} unexpected ERROR line(s) (allowed: {:?}):\n{}\n--- log ---\n{}",
+            self.log.display(),
+            bad.len(),
+            self.allowed_errors,
+            bad.join("\n"),
+            self.own_log()
+        ))
     }
 
     pub fn path(&self) -> &Path {
@@ -571,7 +629,7 @@ impl Mount {
             ));
         }
         match wait_pid(self.pid, DAEMON_TIMEOUT) {
-            Some(Exit::Code(0) | Exit::Unknown) => Ok(()),
+            Some(Exit::Code(0) | Exit::Unknown) => self.check_log(),
             Some(st) => Err(format!(
                 "daemon {} for {} exited with {st:?} after umount\nlog:\n{}",
                 self.pid,
@@ -627,6 +685,7 @@ impl Mount {
         let st = wait_pid(self.pid, Duration::from_secs(30))
             .ok_or_else(|| format!("daemon {} still alive 30 s after signal {sig:?}", self.pid))?;
         lazy_unmount(&self.mountpoint)?;
+        self.check_log()?;
         Ok(st)
     }
 
@@ -658,6 +717,7 @@ impl Mount {
                 self.mountpoint.display()
             ));
         }
+        self.check_log()?;
         Ok(st)
     }
 }
@@ -1008,4 +1068,20 @@ pub use cetrafs_core::dev::write_log::realtime_ns;
 /// Format a duration compactly for test reports.
 pub fn secs(d: Duration) -> String {
     format!("{:.1}s", d.as_secs_f64())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::error_lines;
+
+    #[test]
+    fn error_lines_are_found_in_daemon_logs() {
+        let log = " INFO mount_cetra::daemon: mounted\n\
+                   ERROR fuser::reply: Failed to send FUSE reply: Invalid argument\n\
+                   \u{20}WARN cetrafs_core: an ERROR in a message is not an ERROR line\n\
+                   thread 'x' panicked at src/lib.rs:1:1:\n";
+        let v: Vec<&str> = error_lines(log).collect();
+        assert_eq!(v.len(), 2, "{v:?}");
+        assert!(v[0].starts_with("ERROR fuser::reply"));
+    }
 }

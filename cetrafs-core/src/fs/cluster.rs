@@ -473,7 +473,7 @@ impl Volume {
                 (None, Some(e)) => {
                     let host = self.host_of(e.slot);
                     tracing::warn!(
-                        "refused to open inode {ino} for writing: node {host} (slot {}) has it open for writing (mount with nofilelock to allow this, e.g. for live migration)",
+                        "refused to open inode {ino} for writing: node {host} (slot {}) has it open for writing (a second writer on another node would corrupt it; live migration does not need one)",
                         e.slot
                     );
                     Err(Error::new(

@@ -8,8 +8,9 @@
 //! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
 //! so no stale device bytes can ever be read through a file.
 
+use super::suid::{self, Credentials};
 use super::txn::Tx;
-use super::{FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence};
+use super::{Caller, FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence, Written};
 use crate::dev::AlignedBuf;
 use crate::error::Result;
 use crate::format::inode::flags;
@@ -58,7 +59,21 @@ impl Volume {
         })
     }
 
+    /// Open as a privileged caller (O_TRUNC keeps setuid/setgid bits); see [`Volume::open_by`].
     pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> {
+        self.open_by(ino, writable, truncate, &Caller::ROOT)
+    }
+
+    /// Open `ino`; with `truncate` (O_TRUNC on a writable open) the file is emptied and, as
+    /// any truncate by `who`, loses the setuid/setgid bits [`suid`] says (even when already
+    /// empty, as on a local filesystem).
+    pub fn open_by(
+        &self,
+        ino: Ino,
+        writable: bool,
+        truncate: bool,
+        who: &dyn Credentials,
+    ) -> Result<Arc<OpenFile>> {
         let st = self.loaded_state(ino)?;
         {
             let inner = st.read();
@@ -78,8 +93,12 @@ impl Volume {
                 size: Some(0),
                 ..Default::default()
             };
-            if st.read().inode.size != 0 {
-                if let Err(e) = self.setattr(ino, &set, super::Caller::ROOT) {
+            let needed = {
+                let i = &st.read().inode;
+                i.size != 0 || suid::may_drop(i.mode)
+            };
+            if needed {
+                if let Err(e) = self.setattr_by(ino, &set, who) {
                     if st.opens.load(Ordering::Acquire) == 0 {
                         self.unregister_open(&st);
                     }
@@ -200,21 +219,42 @@ impl Volume {
         })
     }
 
+    /// Write as a privileged caller (setuid/setgid bits are kept); see [`Volume::write_by`].
     pub fn write(&self, fh: &OpenFile, offset: u64, data: &[u8]) -> Result<u32> {
+        self.write_by(fh, offset, data, &Caller::ROOT)
+            .map(|w| w.bytes)
+    }
+
+    /// Write `data` at `offset` on behalf of `who`. A write that must remove setuid/setgid
+    /// bits ([`suid::on_write`]) takes the metadata path, and the bits go in the same
+    /// transaction as the write's size and mtime update.
+    pub fn write_by(
+        &self,
+        fh: &OpenFile,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<Written> {
         if !fh.writable {
             bail!(InvalidInput, "file handle is not open for writing");
         }
         let len = u32::try_from(data.len())
             .map_err(|_| crate::Error::new(crate::ErrorKind::InvalidInput, "write too large"))?;
         if data.is_empty() {
-            return Ok(0);
+            return Ok(Written {
+                bytes: 0,
+                dropped: 0,
+            });
         }
-        if self.try_fast_write(&fh.state, offset, data)? {
-            return Ok(len);
+        if self.try_fast_write(&fh.state, offset, data, who)? {
+            return Ok(Written {
+                bytes: len,
+                dropped: 0,
+            });
         }
         self.check_writable()?;
         let st = &fh.state;
-        self.meta_op(|tx| {
+        let dropped = self.meta_op(|tx| {
             self.refresh(tx, st)?;
             let mut inner = st.write();
             if inner.freed {
@@ -233,17 +273,28 @@ impl Volume {
             if r.is_ok() && end > inner.inode.size {
                 inner.inode.size = end;
             }
+            let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
+            inner.inode.mode &= !dropped;
             let t = super::now();
             inner.inode.mtime = t;
             inner.inode.ctime = t;
             self.save(tx, &mut inner)?;
-            r
+            r.map(|()| dropped)
         })?;
-        Ok(len)
+        Ok(Written {
+            bytes: len,
+            dropped,
+        })
     }
 
     /// The fast path; Ok(false) means "take the metadata path".
-    fn try_fast_write(&self, st: &InodeState, offset: u64, data: &[u8]) -> Result<bool> {
+    fn try_fast_write(
+        &self,
+        st: &InodeState,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<bool> {
         let lbs = self.dev.geometry().lbs();
         let end = offset + data.len() as u64;
         if !offset.is_multiple_of(lbs) || !end.is_multiple_of(lbs) {
@@ -258,6 +309,8 @@ impl Volume {
             || end > inner.inode.size
             || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
             || self.read_only
+            // Rare: bits to remove need a metadata update (who is asked only then).
+            || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
         {
             return Ok(false);
         }

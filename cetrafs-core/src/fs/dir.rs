@@ -81,6 +81,10 @@ fn dir_is_empty(tx: &mut Tx<'_>, dir: &Inode) -> Result<bool> {
     Tree::new(tx, dir.tree_root, dir.ino).is_empty()
 }
 
+/// A whiteout (overlayfs, RENAME_WHITEOUT): a character device with device number 0/0 and
+/// no permission bits, as the kernel's vfs_whiteout makes it.
+const WHITEOUT_MODE: u32 = libc::S_IFCHR;
+
 fn kind_of(inode: &Inode) -> FileKind {
     FileKind::from_mode(inode.mode).unwrap_or(FileKind::Regular)
 }
@@ -183,10 +187,43 @@ impl Volume {
             bail!(Exists, "{:?} exists", String::from_utf8_lossy(name));
         }
         let ino = tx.meta.alloc.alloc(parent, 1, 0)?[0].0;
+        let st = self
+            .init_inode(tx, ino, &p.inode, kind, mode, rdev, caller, target)
+            .inspect_err(|_| self.discard_new_inode(tx, ino))?;
+        let entry = DirEntry {
+            name: name.to_vec(),
+            ino,
+            dtype: kind.dtype(),
+        };
+        dir_insert(tx, &mut p.inode, entry).inspect_err(|_| self.discard_new_inode(tx, ino))?;
+        if kind == FileKind::Directory {
+            p.inode.nlink += 1;
+        }
+        let t = now();
+        p.inode.mtime = t;
+        p.inode.ctime = t;
+        self.save(tx, &mut p)?;
+        Ok(st)
+    }
+
+    /// Write a fresh inode into block `ino` (already allocated) for a new entry of directory
+    /// `parent`, and cache its state. Linking it into the directory is the caller's.
+    #[allow(clippy::too_many_arguments)] // new_inode's and the whiteout's one definition
+    fn init_inode(
+        &self,
+        tx: &mut Tx<'_>,
+        ino: Ino,
+        parent: &Inode,
+        kind: FileKind,
+        mode: u32,
+        rdev: u64,
+        caller: Caller,
+        target: &[u8],
+    ) -> Result<Arc<super::InodeState>> {
         let t = now();
         // setgid directories pass their group (and, for directories, the bit) on.
-        let sgid_dir = p.inode.mode & libc::S_ISGID != 0;
-        let gid = if sgid_dir { p.inode.gid } else { caller.gid };
+        let sgid_dir = parent.mode & libc::S_ISGID != 0;
+        let gid = if sgid_dir { parent.gid } else { caller.gid };
         let mut mode = mode;
         if sgid_dir && kind == FileKind::Directory {
             mode |= libc::S_ISGID;
@@ -213,28 +250,13 @@ impl Volume {
             crtime: t,
             blocks: 1,
             parent: if kind == FileKind::Directory {
-                parent
+                parent.ino
             } else {
                 0
             },
             inline_data: target.to_vec(),
             ..Default::default()
         };
-        dir_insert(
-            tx,
-            &mut p.inode,
-            DirEntry {
-                name: name.to_vec(),
-                ino,
-                dtype: kind.dtype(),
-            },
-        )?;
-        if kind == FileKind::Directory {
-            p.inode.nlink += 1;
-        }
-        p.inode.mtime = t;
-        p.inode.ctime = t;
-        self.save(tx, &mut p)?;
         let st = Arc::new(super::InodeState {
             ino,
             inner: std::sync::RwLock::new(InodeInner {
@@ -257,6 +279,13 @@ impl Volume {
         }
         self.lock_table().insert(ino, st.clone());
         Ok(st)
+    }
+
+    /// Undo [`Volume::init_inode`] (and the allocation of `ino`) when linking it failed.
+    fn discard_new_inode(&self, tx: &mut Tx<'_>, ino: Ino) {
+        self.lock_table().remove(&ino);
+        tx.forget(ino);
+        tx.meta.alloc.free(ino, 1);
     }
 
     /// Create a non-opened inode and return its attributes.
@@ -536,10 +565,10 @@ impl Volume {
         self.check_writable()?;
         check_name(name)?;
         check_name(new_name)?;
-        if rflags.exchange && rflags.noreplace {
+        if rflags.exchange && (rflags.noreplace || rflags.whiteout.is_some()) {
             bail!(
                 InvalidInput,
-                "RENAME_EXCHANGE and RENAME_NOREPLACE together"
+                "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT"
             );
         }
         self.meta_op(|tx| {
@@ -675,7 +704,28 @@ impl Volume {
                 victim = Some(vst);
             }
             let victim_dir = victim.as_ref().is_some_and(|v| v.read().inode.is_dir());
-            self.with_parents(
+            // The whiteout inode is written before any entry changes, so that a failure
+            // leaves the rename undone rather than done without its whiteout.
+            let whiteout = match rflags.whiteout {
+                None => None,
+                Some(who) => {
+                    let ino = tx.meta.alloc.alloc(parent, 1, 0)?[0].0;
+                    let p = sp.read().inode.clone();
+                    self.init_inode(
+                        tx,
+                        ino,
+                        &p,
+                        FileKind::CharDevice,
+                        WHITEOUT_MODE,
+                        0,
+                        who,
+                        b"",
+                    )
+                    .inspect_err(|_| self.discard_new_inode(tx, ino))?;
+                    Some(ino)
+                }
+            };
+            let moved = self.with_parents(
                 tx,
                 &sp,
                 &dp,
@@ -689,7 +739,19 @@ impl Volume {
                             dtype: src.dtype,
                         },
                     )?;
-                    dir_remove(tx, s, name)?;
+                    match whiteout {
+                        // Replaces the source's entry under the same name.
+                        Some(w) => dir_insert(
+                            tx,
+                            s,
+                            DirEntry {
+                                name: name.to_vec(),
+                                ino: w,
+                                dtype: FileKind::CharDevice.dtype(),
+                            },
+                        )?,
+                        None => dir_remove(tx, s, name)?,
+                    }
                     if src_dir && parent != new_parent {
                         s.nlink -= 1;
                         dd.nlink += 1;
@@ -700,7 +762,11 @@ impl Volume {
                     Ok(())
                 },
                 t,
-            )?;
+            );
+            if let (Err(_), Some(w)) = (&moved, whiteout) {
+                self.discard_new_inode(tx, w);
+            }
+            moved?;
             {
                 let mut i = sst.write();
                 if src_dir {

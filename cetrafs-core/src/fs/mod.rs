@@ -14,8 +14,10 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
+mod suid;
 pub(crate) mod txn;
 
+pub use suid::Credentials;
 pub use types::*;
 
 use crate::alloc::Allocator;
@@ -778,7 +780,14 @@ impl Volume {
         }
     }
 
-    pub fn setattr(&self, ino: Ino, set: &SetAttr, _caller: Caller) -> Result<Attr> {
+    /// [`Volume::setattr_by`] with a plain caller (root keeps setuid/setgid on truncate).
+    pub fn setattr(&self, ino: Ino, set: &SetAttr, caller: Caller) -> Result<Attr> {
+        self.setattr_by(ino, set, &caller)
+    }
+
+    /// Change attributes on behalf of `who`. A size change or a change of owner or group also
+    /// removes the setuid/setgid bits the rules in [`suid`] name, in the same transaction.
+    pub fn setattr_by(&self, ino: Ino, set: &SetAttr, who: &dyn Credentials) -> Result<Attr> {
         self.check_writable()?;
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
@@ -798,6 +807,15 @@ impl Volume {
                 bail!(PermissionDenied, "inode {ino} is append-only");
             }
             let t = now();
+            // Decided on the mode and group before this change, as the kernel does.
+            let (old_mode, old_gid) = (inner.inode.mode, inner.inode.gid);
+            let mut drop = 0;
+            if set.size.is_some() {
+                drop |= suid::on_write(old_mode, old_gid, who);
+            }
+            if set.uid.is_some() || set.gid.is_some() {
+                drop |= suid::on_chown(old_mode, old_gid, who);
+            }
             if let Some(size) = set.size {
                 if !inner.inode.is_reg() {
                     bail!(InvalidInput, "cannot change the size of a non-regular file");
@@ -814,6 +832,7 @@ impl Volume {
             if let Some(g) = set.gid {
                 inner.inode.gid = g;
             }
+            inner.inode.mode &= !drop;
             let pick = |s: SetTime| match s {
                 SetTime::Now => t,
                 SetTime::At(x) => x,

@@ -165,7 +165,7 @@ fn namespace_operations() {
             b"hard",
             RenameFlags {
                 noreplace: true,
-                exchange: false
+                ..RenameFlags::default()
             }
         )
         .unwrap_err()
@@ -181,7 +181,7 @@ fn namespace_operations() {
         b"e",
         RenameFlags {
             exchange: true,
-            noreplace: false,
+            ..RenameFlags::default()
         },
     )
     .unwrap();
@@ -421,4 +421,138 @@ fn inode_numbers_are_not_reused_while_the_kernel_holds_them() {
         crate::check::check_volume(&*_dev).unwrap()
     };
     assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+#[test]
+fn rename_whiteout_leaves_a_char_device_0_0_at_the_source() {
+    let (dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    let d = v.mkdir(r, b"d", 0o2775, C).unwrap();
+    v.setattr(
+        d.ino,
+        &SetAttr {
+            gid: Some(42),
+            ..SetAttr::default()
+        },
+        C,
+    )
+    .unwrap();
+    let f = v.mknod(d.ino, b"f", libc::S_IFREG | 0o644, 0, C).unwrap();
+    let who = Caller { uid: 7, gid: 8 };
+    let wflags = RenameFlags {
+        whiteout: Some(who),
+        ..RenameFlags::default()
+    };
+    v.rename(d.ino, b"f", r, b"g", wflags).unwrap();
+    assert_eq!(v.lookup(r, b"g").unwrap().ino, f.ino);
+    let w = v.lookup(d.ino, b"f").unwrap();
+    assert_eq!(w.kind, FileKind::CharDevice);
+    assert_eq!((w.rdev, w.perm, w.nlink), (0, 0, 1));
+    // Owned by the caller; the setgid directory passes its group on, as for any new inode.
+    assert_eq!((w.uid, w.gid), (7, 42));
+    assert_ne!(w.ino, f.ino);
+    // Over an existing target, with NOREPLACE refused, with EXCHANGE invalid.
+    v.mknod(r, b"h", libc::S_IFREG | 0o644, 0, C).unwrap();
+    let nr = RenameFlags {
+        noreplace: true,
+        ..wflags
+    };
+    assert_eq!(
+        v.rename(r, b"g", r, b"h", nr).unwrap_err().kind(),
+        ErrorKind::Exists
+    );
+    let ex = RenameFlags {
+        exchange: true,
+        ..wflags
+    };
+    assert_eq!(
+        v.rename(r, b"g", r, b"h", ex).unwrap_err().kind(),
+        ErrorKind::InvalidInput
+    );
+    v.rename(r, b"g", r, b"h", wflags).unwrap();
+    assert_eq!(v.lookup(r, b"h").unwrap().ino, f.ino);
+    assert_eq!(v.lookup(r, b"g").unwrap().kind, FileKind::CharDevice);
+    assert_eq!(names(&v, r), [".", "..", "d", "g", "h"]);
+    let (_d2, v2) = remount(&dev, &v);
+    assert_eq!(v2.lookup(d.ino, b"f").unwrap().kind, FileKind::CharDevice);
+    v2.unmount().unwrap();
+    let report = crate::check::check_volume(&*_d2).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+/// A caller without CAP_FSETID, in group 100 only.
+struct Unprivileged;
+impl Credentials for Unprivileged {
+    fn has_fsetid(&self) -> bool {
+        false
+    }
+    fn in_group(&self, gid: u32) -> bool {
+        gid == 100
+    }
+}
+
+#[test]
+fn unprivileged_write_truncate_and_chown_drop_setuid_in_the_same_update() {
+    let (dev, v) = fresh(256 << 20);
+    let r = v.root_ino();
+    let mode_of = |v: &Volume, ino| u32::from(v.getattr(ino).unwrap().perm);
+    let setup = |name: &[u8], mode: u32, gid: u32| {
+        let (a, fh) = v.create(r, name, 0o644, C, true).unwrap();
+        v.write(&fh, 0, &[1u8; 8192]).unwrap();
+        let set = SetAttr {
+            mode: Some(mode),
+            gid: Some(gid),
+            ..SetAttr::default()
+        };
+        v.setattr(a.ino, &set, C).unwrap();
+        (a.ino, fh)
+    };
+    // Aligned overwrite inside written blocks: the fast path unless bits must go.
+    let (a, fh) = setup(b"suid", 0o6777, 0);
+    let w = v.write_by(&fh, 0, &[2u8; 4096], &Unprivileged).unwrap();
+    assert_eq!((w.bytes, w.dropped), (4096, 0o6000));
+    assert_eq!(mode_of(&v, a), 0o777);
+    let w = v.write_by(&fh, 0, &[3u8; 4096], &Unprivileged).unwrap();
+    assert_eq!(w.dropped, 0);
+    // Setgid without group-exec, writer in the file's group: kept (mandatory-lock marker).
+    let (b, fhb) = setup(b"mand", 0o2767, 100);
+    assert_eq!(
+        v.write_by(&fhb, 0, &[2u8; 4096], &Unprivileged)
+            .unwrap()
+            .dropped,
+        0
+    );
+    assert_eq!(mode_of(&v, b), 0o2767);
+    // ... and by root: kept.
+    let (c, fhc) = setup(b"root", 0o6777, 0);
+    v.write(&fhc, 0, &[2u8; 4096]).unwrap();
+    assert_eq!(mode_of(&v, c), 0o6777);
+    // Truncate and open(O_TRUNC) as a truncate by the caller.
+    let trunc = SetAttr {
+        size: Some(1),
+        ..SetAttr::default()
+    };
+    v.setattr_by(c, &trunc, &Unprivileged).unwrap();
+    assert_eq!(mode_of(&v, c), 0o777);
+    let (d, fhd) = setup(b"otrunc", 0o2777, 100);
+    let o = v.open_by(d, true, true, &Unprivileged).unwrap();
+    assert_eq!((mode_of(&v, d), v.getattr(d).unwrap().size), (0o777, 0));
+    // Chown: setuid goes even for root; setgid without group-exec stays for root.
+    let (e, fhe) = setup(b"chown", 0o6767, 0);
+    let chown = SetAttr {
+        uid: Some(5),
+        ..SetAttr::default()
+    };
+    v.setattr(e, &chown, C).unwrap();
+    assert_eq!(mode_of(&v, e), 0o2767);
+    v.setattr_by(e, &chown, &Unprivileged).unwrap();
+    assert_eq!(mode_of(&v, e), 0o767, "not in group 0");
+    for h in [fh, fhb, fhc, fhd, fhe, o] {
+        v.release(&h).unwrap();
+    }
+    // The dropped bits are on the device (same transaction as the write's update).
+    let (_d2, v2) = remount(&dev, &v);
+    assert_eq!(mode_of(&v2, a), 0o777);
+    assert_eq!(mode_of(&v2, b), 0o2767);
+    v2.unmount().unwrap();
 }

@@ -110,10 +110,20 @@ impl Caller {
     pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
 }
 
+/// What a write did: bytes written, and the setuid/setgid bits it removed (0 nearly always).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub bytes: u32,
+    pub dropped: u32,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
+    /// RENAME_WHITEOUT: leave a whiteout (a character device 0/0, mode 0, owned by this
+    /// caller) at the source name, in the same transaction as the rename.
+    pub whiteout: Option<Caller>,
 }
 
 /// fallocate(2) modes we support.
