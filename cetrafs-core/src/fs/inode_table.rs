@@ -20,8 +20,8 @@
 //! **Budget.** Each state is charged an estimate of the memory it holds: the struct, the
 //! table's bookkeeping for it, the symlink target, the inline extents and the extent map's
 //! B-tree (a file with a big extent map costs accordingly; an empty file or directory is about
-//! 0.5 KiB). The charges of idle states are kept within the budget (mount option
-//! `inode_cache=MiB`, default [`DEFAULT_BUDGET`]) by CLOCK (second chance): every state sits
+//! 400 bytes). The total charge is kept within the budget (mount option `inode_cache=MiB`,
+//! default [`DEFAULT_BUDGET`]) by evicting idle states with CLOCK (second chance): every state sits
 //! once in a ring in load order, and a hit marks it; on each insert, while the charges exceed
 //! the budget, the hand takes the state at the front: a marked one loses its mark and goes to
 //! the back, an in-use one goes to the back (its charge is re-estimated, an open file's extent
@@ -50,7 +50,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, TryLockError};
 
 /// Memory budget for idle inode states when the mount does not say (`inode_cache=`): 64 MiB,
-/// about 130,000 small files or directories.
+/// about 160,000 small files or directories (about 400 bytes each).
 pub const DEFAULT_BUDGET: usize = 64 << 20;
 
 /// States the CLOCK hand examines per insert at most.
@@ -402,6 +402,22 @@ mod tests {
 
     fn one_cost() -> usize {
         footprint(&state(1, 1)).unwrap()
+    }
+
+    #[test]
+    fn a_small_inode_is_charged_about_400_bytes_and_extents_add_to_it() {
+        let small = one_cost();
+        // The default budget's documented "about 160,000 small files".
+        assert!((350..=480).contains(&small), "{small} bytes");
+        let st = state(1, 1);
+        st.write().extents.insert(0, 1000, 1, false);
+        let mut big = st.write();
+        for i in 1..1000 {
+            big.extents.insert(2 * i, 1000 + 2 * i, 1, false);
+        }
+        drop(big);
+        let cost = footprint(&st).unwrap();
+        assert!(cost > small + 1000 * size_of::<(u64, Extent)>(), "{cost}");
     }
 
     #[test]
