@@ -122,7 +122,8 @@ for d in sorted(os.listdir(mnt)):
 json.dump({"files": n, "rates": rates}, open(out, "w"))
 PY
     RSS_AFTER[pass]=$(rss_kib)
-    echo "  pass $pass done: daemon RSS $((RSS_AFTER[pass] >> 10)) MiB (the kernel still references every inode)"
+    sleep 6 # one report of the inode table
+    echo "  pass $pass done: daemon RSS $((RSS_AFTER[pass] >> 10)) MiB (the kernel still references every inode); table: $(table_line)"
 done
 drop_caches
 RSS_FORGOTTEN=$(rss_kib)
