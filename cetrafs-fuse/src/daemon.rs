@@ -407,6 +407,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             host: host.clone(),
             file_locks: args.opts.file_locks,
             caw_renewal: args.opts.caw_renewal,
+            inode_cache_bytes: args.opts.inode_cache_bytes,
             ..MountOptions::default()
         },
     ) {

@@ -20,11 +20,13 @@ pub const DEFAULT_TTL: Duration = Duration::from_millis(500);
 /// Longer than this makes multi-node coherency meaningless; shorter than this is just a typo guard.
 const MAX_TTL_SECS: f64 = 3600.0;
 const MAX_HOST_LEN: usize = 64;
+/// `inode_cache=` above this many MiB (1 TiB) is a typo.
+const MAX_INODE_CACHE_MIB: usize = 1 << 20;
 
 pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
-    "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
+    "           inode_cache=MIB, nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
 
@@ -58,6 +60,8 @@ pub struct Options {
     pub file_locks: bool,
     /// `renew=caw`: heartbeat renewal by COMPARE AND WRITE instead of write + re-read.
     pub caw_renewal: bool,
+    /// `inode_cache=MIB`: memory budget of the inode table's idle states, in bytes.
+    pub inode_cache_bytes: usize,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -76,6 +80,7 @@ impl Default for Options {
             entry_timeout: DEFAULT_TTL,
             file_locks: true,
             caw_renewal: false,
+            inode_cache_bytes: cetrafs_core::fs::DEFAULT_INODE_CACHE,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -107,6 +112,7 @@ impl Options {
                 ("ro", None) => self.read_only = true,
                 ("rw", None) => self.read_only = false,
                 ("nofilelock", None) => self.file_locks = false,
+                ("inode_cache", Some(v)) => self.inode_cache_bytes = parse_mib(key, v)?,
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -126,7 +132,9 @@ impl Options {
                 (k, None) if IGNORED.contains(&k) => {}
                 // x-* are userspace comments (mount(8) normally strips them); comment= likewise.
                 (k, _) if k.starts_with("x-") || k == "comment" => {}
-                (k, None) if matches!(k, "host" | "attr_timeout" | "entry_timeout") => {
+                (k, None)
+                    if matches!(k, "host" | "attr_timeout" | "entry_timeout" | "inode_cache") =>
+                {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))
                 }
                 (k, Some(_)) if is_flag(k) => {
@@ -184,6 +192,18 @@ fn parse_secs(key: &str, v: &str) -> Result<Duration, UsageError> {
         return Err(bad());
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_mib(key: &str, v: &str) -> Result<usize, UsageError> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|&m| m <= MAX_INODE_CACHE_MIB)
+        .map(|m| m << 20)
+        .ok_or_else(|| {
+            usage(format!(
+                "{key}={v:?}: expected whole MiB between 0 and {MAX_INODE_CACHE_MIB}, e.g. 64"
+            ))
+        })
 }
 
 /// A parsed command line.
@@ -354,6 +374,39 @@ mod tests {
             assert!(e.0.contains("expected seconds"), "{bad}: {e}");
         }
         assert!(p(&["d", "m", "-o", "attr_timeout"])
+            .unwrap_err()
+            .0
+            .contains("needs a value"));
+    }
+
+    #[test]
+    fn inode_cache() {
+        assert_eq!(
+            mount(&["d", "m"]).opts.inode_cache_bytes,
+            cetrafs_core::fs::DEFAULT_INODE_CACHE
+        );
+        assert_eq!(
+            mount(&["d", "m", "-o", "inode_cache=16"])
+                .opts
+                .inode_cache_bytes,
+            16 << 20
+        );
+        assert_eq!(
+            mount(&["d", "m", "-o", "inode_cache=0"])
+                .opts
+                .inode_cache_bytes,
+            0
+        );
+        for bad in [
+            "inode_cache=-1",
+            "inode_cache=1.5",
+            "inode_cache=9999999",
+            "inode_cache=x",
+        ] {
+            let e = p(&["d", "m", "-o", bad]).unwrap_err();
+            assert!(e.0.contains("expected whole MiB"), "{bad}: {e}");
+        }
+        assert!(p(&["d", "m", "-o", "inode_cache"])
             .unwrap_err()
             .0
             .contains("needs a value"));

@@ -411,7 +411,7 @@ impl Volume {
         let Some(inode) = fresh else {
             inner.freed = true;
             drop(inner);
-            self.lock_table().remove(&st.ino);
+            self.inodes.remove(st.ino);
             bail!(NotFound, "inode {} was removed by another node", st.ino);
         };
         inner.extents = if inode.is_reg() {

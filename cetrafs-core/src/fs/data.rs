@@ -147,7 +147,7 @@ impl Volume {
             if unlinked
                 && inner.inode.nlink == 0
                 && st.opens.load(Ordering::Acquire) == 0
-                && st.lookups.load(Ordering::Acquire) == 0
+                && !self.inodes.referenced(st.ino)
                 && !self.open_elsewhere(st.ino)
             {
                 return self.free_inode(tx, &mut inner);
@@ -630,7 +630,7 @@ impl Volume {
         // Data written on the fast path is already on the device (O_DIRECT); metadata is
         // written at the end of every operation. What remains is the pending mtime and the
         // device's volatile cache.
-        let st = self.lock_table().get(&ino).cloned();
+        let st = self.inodes.get(ino);
         if let Some(st) = st {
             if st.has_pending.load(Ordering::Acquire) && !self.read_only {
                 self.meta_op(|tx| {

@@ -9,7 +9,6 @@ use super::{
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::dirent::{decode_entries, encode_entries, name_hash, DirEntry, MAX_NAME};
 use crate::format::inode::{flags, Inode, INLINE_CAP};
-use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32};
 use std::sync::Arc;
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -257,33 +256,22 @@ impl Volume {
             inline_data: target.to_vec(),
             ..Default::default()
         };
-        let st = Arc::new(super::InodeState {
-            ino,
-            inner: std::sync::RwLock::new(InodeInner {
-                inode,
-                extents: super::ExtentMap::default(),
-                freed: false,
-            }),
-            opens: AtomicU32::new(0),
-            writers: AtomicU32::new(0),
-            lookups: std::sync::atomic::AtomicU64::new(0),
-            pending_mtime: AtomicI64::new(0),
-            has_pending: AtomicBool::new(false),
-            epoch: std::sync::atomic::AtomicU64::new(
-                self.cl.epoch.load(std::sync::atomic::Ordering::Acquire),
-            ),
-        });
+        let st = Arc::new(super::InodeState::new(
+            inode,
+            super::ExtentMap::default(),
+            self.cl.epoch.load(std::sync::atomic::Ordering::Acquire),
+        ));
         {
             let mut inner = st.write();
             self.save(tx, &mut inner)?;
         }
-        self.lock_table().insert(ino, st.clone());
+        self.inodes.insert(st.clone());
         Ok(st)
     }
 
     /// Undo [`Volume::init_inode`] (and the allocation of `ino`) when linking it failed.
     fn discard_new_inode(&self, tx: &mut Tx<'_>, ino: Ino) {
-        self.lock_table().remove(&ino);
+        self.inodes.remove(ino);
         tx.forget(ino);
         tx.meta.alloc.free(ino, 1);
     }
@@ -455,7 +443,7 @@ impl Volume {
         inner.inode.ctime = t;
         if inner.inode.nlink == 0
             && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0
-            && st.lookups.load(std::sync::atomic::Ordering::Acquire) == 0
+            && !self.inodes.referenced(inner.inode.ino)
             && !self.open_elsewhere(inner.inode.ino)
         {
             self.free_inode(tx, inner)

@@ -67,6 +67,15 @@ impl ExtentMap {
         self.map.values()
     }
 
+    /// Estimated heap memory of the map (for the inode table's budget): B-tree nodes are
+    /// about two-thirds full.
+    pub fn heap_bytes(&self) -> usize {
+        (self.map.len() * std::mem::size_of::<(u64, Extent)>()
+            + self.changed.len() * std::mem::size_of::<u64>())
+            * 3
+            / 2
+    }
+
     /// The physical block right after the mapping that precedes file block `b` (allocation goal).
     pub fn goal_for(&self, b: u64) -> Option<u64> {
         self.map

@@ -14,9 +14,11 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
+mod inode_table;
 mod suid;
 pub(crate) mod txn;
 
+pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
 pub use types::*;
 
@@ -31,7 +33,7 @@ use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
 use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
 use extent_map::ExtentMap;
-use std::collections::HashMap;
+use inode_table::InodeTable;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use txn::{Meta, Tx};
@@ -62,9 +64,6 @@ pub(crate) struct InodeState {
     opens: AtomicU32,
     /// Writable open handles (reservations are dropped when the last closes).
     writers: AtomicU32,
-    /// References the kernel holds (FUSE lookup count): the number must not be reused before
-    /// they are forgotten, or a request in flight would reach whatever takes the block next.
-    lookups: AtomicU64,
     /// Set by fast-path writes, which cannot update mtime under a shared lock: the time of the
     /// latest such write, folded into the inode on the next metadata touch.
     pending_mtime: AtomicI64,
@@ -82,6 +81,22 @@ pub(crate) struct InodeInner {
 }
 
 impl InodeState {
+    /// The state of an inode just loaded (or created) at cluster epoch `epoch`.
+    fn new(inode: Inode, extents: ExtentMap, epoch: u64) -> Self {
+        Self {
+            ino: inode.ino,
+            inner: RwLock::new(InodeInner {
+                inode,
+                extents,
+                freed: false,
+            }),
+            opens: AtomicU32::new(0),
+            writers: AtomicU32::new(0),
+            pending_mtime: AtomicI64::new(0),
+            has_pending: AtomicBool::new(false),
+            epoch: AtomicU64::new(epoch),
+        }
+    }
     fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
         self.inner
             .read()
@@ -116,7 +131,8 @@ pub struct Volume {
     member: Arc<Membership>,
     cl: cluster::Cluster,
     meta: Mutex<Meta>,
-    table: Mutex<HashMap<Ino, Arc<InodeState>>>,
+    /// Loaded inode states and the kernel's references to inode numbers (fs/inode_table.rs).
+    inodes: InodeTable,
     unmounted: AtomicBool,
 }
 
@@ -310,7 +326,7 @@ impl Volume {
                 member,
                 cl,
                 meta: Mutex::new(meta),
-                table: Mutex::new(HashMap::new()),
+                inodes: InodeTable::new(opts.inode_cache_bytes),
                 unmounted: AtomicBool::new(false),
             });
             let started = (|| -> Result<()> {
@@ -342,6 +358,7 @@ impl Volume {
                         .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
                 }
                 Self::spawn_watcher(&vol);
+                Self::spawn_reporter(&vol);
                 Ok(())
             })();
             if let Err(e) = started {
@@ -390,6 +407,34 @@ impl Volume {
         }
     }
 
+    /// Log the inode table's stats at debug level when they change, and hand memory its
+    /// evictions freed back to the OS (`InodeTable::report`).
+    fn spawn_reporter(vol: &Arc<Volume>) {
+        const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+        let weak = Arc::downgrade(vol);
+        let spawned = std::thread::Builder::new()
+            .name("cetra-inodes".into())
+            .spawn(move || {
+                let mut last = InodeTableStats::default();
+                loop {
+                    std::thread::sleep(EVERY);
+                    let Some(v) = weak.upgrade() else { break };
+                    if v.unmounted.load(Ordering::Relaxed) {
+                        break;
+                    }
+                    v.inodes.report(&mut last);
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("no inode table reporter ({e}): its stats are not logged");
+        }
+    }
+
+    /// What the inode table holds and has done (fs/inode_table.rs).
+    pub fn inode_table_stats(&self) -> InodeTableStats {
+        self.inodes.stats()
+    }
+
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).
     /// One still open here or on another live node stays listed: its last closer frees it.
     /// An entry that is not an inode's block (format/layout.rs) or whose inode cannot be read
@@ -428,7 +473,7 @@ impl Volume {
                     continue;
                 }
                 if st.opens.load(Ordering::Acquire) > 0
-                    || st.lookups.load(Ordering::Acquire) > 0
+                    || self.inodes.referenced(ino)
                     || self.open_elsewhere(ino)
                 {
                     kept.push(ino);
@@ -473,7 +518,7 @@ impl Volume {
         }
         let r = self.sync();
         // Open-unlinked files still open at unmount are freed now (unless open elsewhere).
-        let states: Vec<Arc<InodeState>> = self.lock_table().values().cloned().collect();
+        let states = self.inodes.matching(|_| true);
         if self.read_only || self.member.is_fenced() {
             self.unmounted.store(true, Ordering::SeqCst);
             if !self.member.is_fenced() {
@@ -525,12 +570,6 @@ impl Volume {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
-    fn lock_table(&self) -> MutexGuard<'_, HashMap<Ino, Arc<InodeState>>> {
-        self.table
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
     fn check_writable(&self) -> Result<()> {
         if self.read_only {
             bail!(ReadOnly, "volume is mounted read-only");
@@ -552,7 +591,7 @@ impl Volume {
 
     /// The in-memory state of an inode, loading it if needed.
     fn state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<InodeState>> {
-        let cached = self.lock_table().get(&ino).cloned();
+        let cached = self.inodes.get(ino);
         if let Some(s) = cached {
             if !s.read().freed {
                 match self.refresh(tx, &s) {
@@ -574,25 +613,12 @@ impl Volume {
         } else {
             ExtentMap::default()
         };
-        let st = Arc::new(InodeState {
-            ino,
-            inner: RwLock::new(InodeInner {
-                inode,
-                extents,
-                freed: false,
-            }),
-            opens: AtomicU32::new(0),
-            writers: AtomicU32::new(0),
-            lookups: AtomicU64::new(0),
-            pending_mtime: AtomicI64::new(0),
-            has_pending: AtomicBool::new(false),
-            epoch: AtomicU64::new(self.cl.epoch.load(Ordering::Acquire)),
-        });
-        let mut t = self.lock_table();
-        if t.len() > 100_000 {
-            t.retain(|_, s| Arc::strong_count(s) > 1 || s.lookups.load(Ordering::Acquire) > 0);
-        }
-        t.insert(ino, st.clone());
+        let st = Arc::new(InodeState::new(
+            inode,
+            extents,
+            self.cl.epoch.load(Ordering::Acquire),
+        ));
+        self.inodes.insert(st.clone());
         Ok(st)
     }
 
@@ -602,7 +628,7 @@ impl Volume {
     fn loaded_state(&self, ino: Ino) -> Result<Arc<InodeState>> {
         // Release the table before taking the inode lock: free_inode holds the inode lock
         // while it removes the entry from the table, and this path holds no metadata lock.
-        let cached = self.lock_table().get(&ino).cloned();
+        let cached = self.inodes.get(ino);
         if let Some(s) = cached {
             if !s.read().freed && self.is_current(&s) {
                 return Ok(s);
@@ -667,7 +693,7 @@ impl Volume {
         tx.forget(ino);
         tx.meta.alloc.free(ino, 1);
         inner.freed = true;
-        self.lock_table().remove(&ino);
+        self.inodes.remove(ino);
         Ok(())
     }
 
@@ -722,29 +748,21 @@ impl Volume {
         a
     }
 
-    /// The kernel dropped its references to `ino`.
     /// The kernel now holds one more reference (lookup count) to `ino`: an entry reply
     /// (lookup, create, mknod, mkdir, symlink, link, readdirplus) reached it. Until the
     /// matching `forget`, the inode number must not be reused, even once it has no links.
     pub fn note_lookup(&self, ino: Ino) {
-        if let Some(s) = self.lock_table().get(&ino) {
-            s.lookups.fetch_add(1, Ordering::AcqRel);
-        }
+        self.inodes.note_lookup(ino);
     }
 
     /// The kernel dropped `nlookup` references to `ino`. An inode without links, opens or
-    /// kernel references is freed now; otherwise the in-memory state may be evicted.
+    /// kernel references is freed now; otherwise the in-memory state is dropped if idle.
     pub fn forget(&self, ino: Ino, nlookup: u64) {
-        let st = self.lock_table().get(&ino).cloned();
-        let Some(st) = st else { return };
-        let left = st
-            .lookups
-            .fetch_sub(
-                nlookup.min(st.lookups.load(Ordering::Acquire)),
-                Ordering::AcqRel,
-            )
-            .saturating_sub(nlookup);
-        if left > 0 || st.opens.load(Ordering::Acquire) > 0 {
+        // Some only when no references are left and the state is loaded.
+        let Some(st) = self.inodes.forget(ino, nlookup) else {
+            return;
+        };
+        if st.opens.load(Ordering::Acquire) > 0 {
             return;
         }
         let (nlink, freed) = {
@@ -763,7 +781,7 @@ impl Volume {
                 if inner.freed
                     || inner.inode.nlink != 0
                     || st.opens.load(Ordering::Acquire) > 0
-                    || st.lookups.load(Ordering::Acquire) > 0
+                    || self.inodes.referenced(ino)
                 {
                     return Ok(());
                 }
@@ -774,10 +792,8 @@ impl Volume {
             }
             return;
         }
-        let mut t = self.lock_table();
-        if Arc::strong_count(&st) == 2 && !st.has_pending.load(Ordering::Acquire) && nlink > 0 {
-            t.remove(&ino);
-        }
+        drop(st);
+        self.inodes.evict_idle(ino);
     }
 
     /// [`Volume::setattr_by`] with a plain caller (root keeps setuid/setgid on truncate).
@@ -1013,12 +1029,9 @@ impl Volume {
 
     /// Flush all dirty state (syncfs).
     pub fn sync(&self) -> Result<()> {
-        let pending: Vec<Arc<InodeState>> = self
-            .lock_table()
-            .values()
-            .filter(|s| s.has_pending.load(Ordering::Acquire))
-            .cloned()
-            .collect();
+        let pending = self
+            .inodes
+            .matching(|s| s.has_pending.load(Ordering::Acquire));
         if !pending.is_empty() && !self.read_only {
             self.meta_op(|tx| {
                 for st in pending {

@@ -215,6 +215,9 @@ pub struct MountOptions {
     pub file_locks: bool,
     /// Renew the heartbeat with COMPARE AND WRITE (`renew=caw`) instead of write + re-read.
     pub caw_renewal: bool,
+    /// Memory budget of the inode table's idle states, bytes (`inode_cache=MiB`;
+    /// fs/inode_table.rs).
+    pub inode_cache_bytes: usize,
 }
 
 impl Default for MountOptions {
@@ -225,6 +228,7 @@ impl Default for MountOptions {
             commit_interval: std::time::Duration::from_secs(1),
             file_locks: true,
             caw_renewal: false,
+            inode_cache_bytes: super::inode_table::DEFAULT_BUDGET,
         }
     }
 }

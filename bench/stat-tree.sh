@@ -1,0 +1,171 @@
+#!/bin/bash
+# CetraFS metadata benchmark: stat every file of a big tree, twice, with the kernel's caches
+# dropped before each pass, on one node mounted with a small inode table budget. Shows whether
+# the per-file cost stays flat as the daemon's inode table fills (issue 8: it used to fall 20x
+# past 100,000 inodes) and what the daemon's memory does.
+#
+# Steps: make a volume on a sparse file LUN under $BENCH_DIR, mount it (one node,
+# -o inode_cache=$STAT_BUDGET_MIB), create DIRS x FILES empty files with mknod from 4 parallel
+# python3 processes (timed), then twice: sync, `echo 3 > /proc/sys/vm/drop_caches`, and walk
+# the tree in order (listdir + lstat of every file, as find or ls -l do), printing the rate of
+# each SLICE-file slice and its ratio to the pass's first slice (the bar: every slice within 2x,
+# i.e. ratio >= 0.5) and the daemon's RSS after the pass. After the second pass the kernel's
+# caches are dropped once more (the kernel FORGETs every inode) and the RSS and the inode
+# table's own account (its debug log line) are shown against the budget. JSON to
+# bench/results/<timestamp>-stat-tree.json.
+#
+# Usage: bench/stat-tree.sh
+# Environment: STAT_DIRS (default 300), STAT_FILES (per directory, default 1000), STAT_SLICE
+#   (default 20000), STAT_BUDGET_MIB (inode_cache=, default 16), BENCH_DIR (default
+#   <repo>/.cache/bench), CETRA_BIN_DIR (default target/release; built if missing).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+case ${1:-} in
+    -h | --help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
+    "") ;;
+    *) echo "stat-tree: no arguments expected (see --help)" >&2; exit 1 ;;
+esac
+DIRS=${STAT_DIRS:-300}
+FILES=${STAT_FILES:-1000}
+SLICE=${STAT_SLICE:-20000}
+BUDGET_MIB=${STAT_BUDGET_MIB:-16}
+BENCH_DIR=${BENCH_DIR:-$REPO/.cache/bench}
+BIN_DIR=${CETRA_BIN_DIR:-$REPO/target/release}
+
+die() { echo "stat-tree: $*" >&2; exit 1; }
+[[ $(id -u) -eq 0 ]] || die "run as root (FUSE mount, drop_caches)"
+command -v python3 >/dev/null || die "python3 is needed"
+[[ -e /dev/fuse ]] || die "/dev/fuse is missing"
+if [[ ! -x $BIN_DIR/mount-cetra || ! -x $BIN_DIR/mkfs-cetra ]]; then
+    echo "stat-tree: building release binaries"
+    (cd "$REPO" && cargo build --release --bins -q)
+fi
+
+mkdir -p "$BENCH_DIR" "$REPO/bench/results"
+STAMP=$(date -u +%Y%m%dT%H%M%SZ)
+WORK=$(mktemp -d "$BENCH_DIR/stat-tree-$STAMP-XXXX")
+LUN=$WORK/lun.img
+MNT=$WORK/mnt
+LOG=$WORK/mount.log
+mkdir -p "$MNT"
+MOUNTED=0
+cleanup() {
+    if ((MOUNTED)); then
+        umount "$MNT" 2>/dev/null || fusermount3 -u "$MNT" 2>/dev/null || true
+    fi
+    rm -f "$LUN"
+}
+trap cleanup EXIT
+
+# Inode blocks (4 KiB a file), directory trees and 16 journals of 64 MiB.
+truncate -s $(((DIRS * FILES * 4096 * 3 / 2) + (3 << 30))) "$LUN"
+"$BIN_DIR/mkfs-cetra" -q --force -L stat-tree "$LUN"
+RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug CETRA_LOG_FILE=$LOG \
+    "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB"
+MOUNTED=1
+PID=$(pgrep -f "^$BIN_DIR/mount-cetra $LUN $MNT " | head -1)
+[[ -n $PID ]] || die "no mount-cetra daemon found for $MNT"
+echo "stat-tree: $DIRS x $FILES files on $(df --output=fstype "$WORK" | tail -1) ($LUN), inode_cache=$BUDGET_MIB MiB, daemon pid $PID"
+
+rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$PID/status"; }
+RSS_MOUNTED=$(rss_kib)
+# The inode table's latest account (logged at debug level every 5 s when it changed).
+table_line() { grep -h "inode table:" "$LOG" | tail -1 | sed 's/^.*inode table: //'; }
+drop_caches() {
+    sync
+    echo 3 >/proc/sys/vm/drop_caches
+    # FORGETs are sent asynchronously; let them arrive and the reporter (5 s) log and trim.
+    sleep 7
+}
+
+python3 - "$MNT" "$DIRS" "$FILES" <<'PY'
+import os, sys, time
+from multiprocessing import Pool
+
+mnt, dirs, files = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+
+def make(d):
+    p = os.path.join(mnt, f"d{d:04}")
+    os.mkdir(p)
+    for f in range(files):
+        os.mknod(os.path.join(p, f"f{f:05}"), 0o644)
+    return files
+
+t0 = time.monotonic()
+with Pool(4) as pool:
+    n = sum(pool.map(make, range(dirs), chunksize=1))
+dt = time.monotonic() - t0
+print(f"  created {n} files in {dirs} directories in {dt:.1f}s ({n / dt:.0f} files/s, 4 processes, mknod)")
+PY
+
+RESULTS=$WORK/passes
+mkdir -p "$RESULTS"
+declare -a RSS_AFTER=()
+for pass in 1 2; do
+    drop_caches
+    echo "  pass $pass: caches dropped, daemon RSS $(($(rss_kib) >> 10)) MiB; table: $(table_line)"
+    python3 - "$MNT" "$SLICE" "$RESULTS/pass$pass.json" <<'PY'
+import json, os, sys, time
+
+mnt, slice_n, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+rates, n, t = [], 0, time.monotonic()
+for d in sorted(os.listdir(mnt)):
+    p = os.path.join(mnt, d)
+    for name in sorted(os.listdir(p)):
+        os.lstat(os.path.join(p, name))
+        n += 1
+        if n % slice_n == 0:
+            now = time.monotonic()
+            rates.append(slice_n / (now - t))
+            t = now
+json.dump({"files": n, "rates": rates}, open(out, "w"))
+PY
+    RSS_AFTER[pass]=$(rss_kib)
+    sleep 6 # one report of the inode table
+    echo "  pass $pass done: daemon RSS $((RSS_AFTER[pass] >> 10)) MiB (the kernel still references every inode); table: $(table_line)"
+done
+drop_caches
+RSS_FORGOTTEN=$(rss_kib)
+echo "  daemon RSS right after mount was $((RSS_MOUNTED >> 10)) MiB"
+TABLE=$(table_line)
+echo "  after dropping the caches again: daemon RSS $((RSS_FORGOTTEN >> 10)) MiB; table: $TABLE"
+umount "$MNT"
+MOUNTED=0
+
+OUT=$REPO/bench/results/$STAMP-stat-tree.json
+python3 - "$RESULTS" "$OUT" "$SLICE" "$BUDGET_MIB" "$RSS_MOUNTED" "${RSS_AFTER[1]}" "${RSS_AFTER[2]}" "$RSS_FORGOTTEN" "$TABLE" <<'PY'
+import json, os, platform, sys
+
+res, out, slice_n, budget, rss0, rss1, rss2, rss_f, table = sys.argv[1:]
+passes = [json.load(open(os.path.join(res, f"pass{i}.json"))) for i in (1, 2)]
+print(f"\nstat rate per {slice_n}-file slice (files/s) and ratio to the pass's first slice")
+print(f"{'slice':>6}{'files':>10}{'pass 1':>10}{'ratio':>7}{'pass 2':>10}{'ratio':>7}")
+worst = 1.0
+for i in range(max(len(p["rates"]) for p in passes)):
+    row = f"{i + 1:>6}{(i + 1) * int(slice_n):>10}"
+    for p in passes:
+        r = p["rates"][i] if i < len(p["rates"]) else None
+        q = r / p["rates"][0] if r else None
+        if q:
+            worst = min(worst, q)
+        row += f"{r:>10.0f}{q:>7.2f}" if r else f"{'-':>10}{'-':>7}"
+    print(row)
+verdict = "every slice within 2x of its pass's first" if worst >= 0.5 else "SOME SLICE IS MORE THAN 2x SLOWER than its pass's first"
+print(f"slowest slice: {worst:.2f} of the first: {verdict}")
+print(f"daemon RSS: {int(rss0) >> 10} MiB after mount, {int(rss1) >> 10} MiB after pass 1, {int(rss2) >> 10} MiB after pass 2, "
+      f"{int(rss_f) >> 10} MiB after the kernel forgot the inodes; inode_cache budget {budget} MiB")
+print(f"inode table: {table}")
+json.dump({
+    "timestamp": os.path.basename(out).split("-")[0],
+    "files": passes[0]["files"],
+    "slice": int(slice_n),
+    "inode_cache_mib": int(budget),
+    "passes": [p["rates"] for p in passes],
+    "slowest_ratio": worst,
+    "rss_kib": {"after_mount": int(rss0), "after_pass1": int(rss1), "after_pass2": int(rss2), "after_forget": int(rss_f)},
+    "inode_table": table,
+    "host": {"kernel": platform.release(), "cpus": os.cpu_count()},
+}, open(out, "w"), indent=2)
+print(f"JSON: {out}")
+PY
