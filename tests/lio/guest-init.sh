@@ -120,6 +120,7 @@ say "lio-check exit $rc at $(cut -d' ' -f1 /proc/uptime)s"
 # ---- the real binaries on the tcm_loop disks: open_lun's device selection, mkfs's and
 # mount's COMPARE AND WRITE probe, refusals (no CAW, partition), fsck through sd and sg nodes.
 # Lines: "PASS tools NAME: ..." / "FAIL tools NAME: ...", command output as "OUT NAME: ...".
+# The daemon's log must hold no ERROR line and no panic (lio-check daemon-log).
 TP=0; TF=0
 up() { cut -d' ' -f1 /proc/uptime; }
 tpass() { TP=$((TP + 1)); echo "PASS tools $*" > $R; }
@@ -183,6 +184,16 @@ if [ -c /dev/fuse ]; then
     i=0; while pidof mount.cetra >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
     pidof mount.cetra >/dev/null && tfail "mount.cetra still running 10s after umount"
     expect "fsck after mount $D512SD" 0 "1 files" fsck.cetra -n "$D512SD"
+    # the daemon's whole log: no ERROR line, no panic (lio-check daemon-log prints the line)
+    lio-check daemon-log --tag tools --name "mount.cetra log has no ERROR line" --log /tmp/mount.log > /tmp/dlog.out 2>&1
+    rc=$?
+    cat /tmp/dlog.out > $R
+    if [ "$rc" = 0 ]; then
+        TP=$((TP + 1))
+    else
+        TF=$((TF + 1)); grep -q '^FAIL ' /tmp/dlog.out || echo "FAIL tools daemon-log: lio-check exit $rc" > $R
+        sed 's|^|OUT mount.log: |' /tmp/mount.log > $R
+    fi
 else
     tfail "no /dev/fuse in the guest (fuse.ko missing from base.cpio?)"
 fi

@@ -10,9 +10,12 @@
 //! - `fs-multi --tag TAG --devs SD,SD,SD --interval MS --io-timeout MS [--files N]`: the
 //!   multi-node filesystem scenarios with the real mkfs.cetra / mount.cetra / fsck.cetra on
 //!   three nexuses of one LUN (see `fsmulti.rs`).
+//! - `daemon-log --tag TAG --name NAME --log FILE`: one check that a `mount.cetra` log has no
+//!   ERROR line and no panic (see `daemonlog.rs`; guest-init.sh's single-node mount).
 //! - `worker --dev SG --lba N --count N --id N --out FILE`: one contention process (spawned by
 //!   `all`): read + COMPARE AND WRITE(counter+1) until `count` CAWs succeeded.
 
+mod daemonlog;
 mod fsmulti;
 
 use cetrafs_core::dev::sg::{is_whole_lun, DataBuf, SgDevice, SgDeviceOptions, WholeLun};
@@ -74,13 +77,14 @@ fn num(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: lio-check all|worker --key value ...");
+        eprintln!("usage: lio-check all|worker|fs-multi|daemon-log --key value ...");
         return ExitCode::from(2);
     };
     let r = args_map(rest).and_then(|m| match cmd.as_str() {
         "all" => run_all(&m),
         "worker" => worker(&m).map(|()| true),
         "fs-multi" => fsmulti::fs_multi(&m),
+        "daemon-log" => daemonlog::daemon_log(&m),
         other => Err(format!("unknown subcommand {other:?}")),
     });
     match r {
