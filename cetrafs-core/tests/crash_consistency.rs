@@ -174,7 +174,7 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
             }
             8 => {
                 // Every other one longer than the inode's inline area (an overflow block).
-                let target = if n % 2 == 0 {
+                let target = if n.is_multiple_of(2) {
                     b"some/target".to_vec()
                 } else {
                     pattern(d, u64::from(n), 3841 + (n as usize % 255))
@@ -246,7 +246,7 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                     &pattern(
                         d,
                         0,
-                        if n % 3 == 0 {
+                        if n.is_multiple_of(3) {
                             rng.gen_range(4000..20_000)
                         } else {
                             rng.gen_range(0..300)
