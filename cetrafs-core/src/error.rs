@@ -28,6 +28,8 @@ pub enum ErrorKind {
     Io,
     NoData,
     Range,
+    /// An argument larger than the interface allows (an xattr value past 64 KiB): E2BIG.
+    TooBig,
     CrossDevice,
     TooManyLinks,
     /// SEEK_DATA/SEEK_HOLE past the end, or no more data.
@@ -112,6 +114,7 @@ impl Error {
             ErrorKind::Unsupported => libc::EOPNOTSUPP,
             ErrorKind::NoData => libc::ENODATA,
             ErrorKind::Range => libc::ERANGE,
+            ErrorKind::TooBig => libc::E2BIG,
             ErrorKind::CrossDevice => libc::EXDEV,
             ErrorKind::TooManyLinks => libc::EMLINK,
             ErrorKind::NoSuchOffset => libc::ENXIO,

@@ -117,7 +117,7 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     Ok(Superblock {
         compat: 0,
         ro_compat: 0,
-        incompat: 0,
+        incompat: crate::format::superblock::INCOMPAT_OVERFLOW,
         uuid,
         label: opts.label.clone(),
         logical_block_size: lbs,

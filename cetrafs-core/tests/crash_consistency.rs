@@ -173,7 +173,16 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                 }
             }
             8 => {
-                let _ = vol.symlink(d, format!("s{n}").as_bytes(), b"some/target", C);
+                // Every other one longer than the inode's inline area (an overflow block).
+                let target = if n.is_multiple_of(2) {
+                    b"some/target".to_vec()
+                } else {
+                    pattern(d, u64::from(n), 3841 + (n as usize % 255))
+                        .iter()
+                        .map(|b| b'a' + b % 26)
+                        .collect()
+                };
+                let _ = vol.symlink(d, format!("s{n}").as_bytes(), &target, C);
             }
             9 | 10 if !files.is_empty() => {
                 let (pd, name) = files[rng.gen_range(0..files.len())].clone();
@@ -233,7 +242,16 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                 let _ = vol.setxattr(
                     d,
                     format!("user.k{}", n % 7).as_bytes(),
-                    &pattern(d, 0, rng.gen_range(0..300)),
+                    // Mostly small; sometimes a value that makes the set span blocks.
+                    &pattern(
+                        d,
+                        0,
+                        if n.is_multiple_of(3) {
+                            rng.gen_range(4000..20_000)
+                        } else {
+                            rng.gen_range(0..300)
+                        },
+                    ),
                     false,
                     false,
                 );
@@ -284,6 +302,21 @@ fn verify_state(img: Vec<u8>, w: &Workload, at: usize) -> Result<(), String> {
     // Every file: only zeros or its own pattern.
     let mut stack = vec![vol.root_ino()];
     while let Some(d) = stack.pop() {
+        // Its xattrs (the workload sets them on directories): readable, each its own pattern.
+        for name in vol
+            .listxattr(d)
+            .map_err(|e| format!("listxattr {d}: {e}"))?
+        {
+            let v = vol
+                .getxattr(d, &name)
+                .map_err(|e| format!("getxattr {d}: {e}"))?;
+            if v != pattern(d, 0, v.len()) {
+                return Err(format!(
+                    "xattr {:?} of {d} is not its own",
+                    String::from_utf8_lossy(&name)
+                ));
+            }
+        }
         let mut entries = Vec::new();
         vol.readdir(d, 0, &mut |e| {
             entries.push(e.clone());
@@ -308,6 +341,18 @@ fn verify_state(img: Vec<u8>, w: &Workload, at: usize) -> Result<(), String> {
                         }
                     }
                     vol.release(&fh).map_err(|x| x.to_string())?;
+                }
+                FileKind::Symlink => {
+                    let t = vol.readlink(e.ino).map_err(|x| format!("readlink: {x}"))?;
+                    let a = vol.getattr(e.ino).map_err(|x| format!("getattr: {x}"))?;
+                    if t.is_empty() || a.size != t.len() as u64 {
+                        return Err(format!(
+                            "symlink {}: {} bytes, size {}",
+                            e.ino,
+                            t.len(),
+                            a.size
+                        ));
+                    }
                 }
                 _ => {}
             }

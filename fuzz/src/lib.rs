@@ -40,6 +40,7 @@ pub mod targets {
     use cetrafs_core::dev::mem::MemDevice;
     use cetrafs_core::format::superblock::Superblock;
     use cetrafs_core::format::tree_node::TreeNode;
+    use cetrafs_core::format::overflow::Overflow;
     use cetrafs_core::format::{dirent, extent::Extent, group, inode::Inode, xattr};
     use cetrafs_core::probe::{probe_sample, Sample, TAIL_BYTES};
 
@@ -160,15 +161,45 @@ pub mod targets {
         }
     }
 
+    /// Input: the head block, then (v2) one 4 KiB chunk per overflow block it lists; each
+    /// chunk is resealed as an Overflow block at the address the head gives it, so mutations
+    /// reach the set's assembly. Whatever assembles re-encodes to the same set.
     pub fn xattr(data: &[u8]) {
-        let (b, at) = resealed(data, BlockType::Xattr);
+        use xattr::{Head, Layout};
+        let (b, at) = resealed(&data[..data.len().min(FS_BLOCK_SIZE)], BlockType::Xattr);
+        for layout in [Layout::V1, Layout::V2] {
+            for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
+                let Ok(h) = Head::decode(buf, at, layout) else { continue };
+                let mut parts = Vec::new();
+                for (i, &m) in h.more.iter().enumerate() {
+                    let chunk = data.get((i + 1) * FS_BLOCK_SIZE..).unwrap_or(&[]);
+                    let mut c = chunk[..chunk.len().min(FS_BLOCK_SIZE)].to_vec();
+                    c.resize(FS_BLOCK_SIZE, 0);
+                    BlockHeader { btype: BlockType::Overflow, blockno: m, seq: u64_at(&c, 16), owner: h.owner }
+                        .seal(&mut c);
+                    if let Ok(o) = Overflow::decode(&c, m) {
+                        parts.push(o);
+                    }
+                }
+                let Ok(map) = h.assemble(&parts, layout) else { continue };
+                let more: Vec<(u64, u64)> = parts.iter().map(|p| (p.blockno, p.seq)).collect();
+                let blocks = xattr::encode_set(&map, layout, (at, h.seq), &more, h.owner);
+                let h2 = Head::decode(&blocks[0].1, at, layout).expect("re-encoded head decodes");
+                let parts2: Vec<Overflow> = blocks[1..]
+                    .iter()
+                    .map(|(m, raw)| Overflow::decode(raw, *m).expect("re-encoded overflow block decodes"))
+                    .collect();
+                assert_eq!(h2.assemble(&parts2, layout).expect("re-encoded set assembles"), map);
+            }
+        }
+    }
+
+    pub fn overflow(data: &[u8]) {
+        let (b, at) = resealed(data, BlockType::Overflow);
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
-            if let Ok((seq, map)) = xattr::decode(buf, at) {
-                let again = xattr::encode(&map, at, seq, 0);
-                assert_eq!(
-                    xattr::decode(&again, at).expect("re-encoded xattr block decodes"),
-                    (seq, map)
-                );
+            if let Ok(o) = Overflow::decode(buf, at) {
+                o.expect(o.role, o.index, o.payload.len()).expect("a block meets its own description");
+                assert_eq!(Overflow::decode(&o.encode(), at).expect("re-encoded overflow block decodes"), o);
             }
         }
     }
@@ -403,10 +434,16 @@ pub mod seeds {
             ..Default::default()
         };
         let a = link.encode();
+        let mut long = link.clone();
+        long.size = 4095;
+        long.blocks = 2;
+        long.inline_data = vec![b'x'; 3840];
+        long.overflow_block = 100;
+        let l = long.encode();
         link.mode = 0o040755;
         link.inline_data.clear();
         link.tree_root = 100;
-        vec![sample_inode().encode(), a, link.encode()]
+        vec![sample_inode().encode(), a, link.encode(), l]
     }
 
     pub fn extent_value() -> Vec<Vec<u8>> {
@@ -461,11 +498,27 @@ pub mod seeds {
         vec![encode_entries(&es)]
     }
 
+    /// A one-block set in each layout, and a v2 set of a head and two overflow blocks
+    /// (concatenated, as the `xattr` target reads its input).
     pub fn xattr() -> Vec<Vec<u8>> {
+        use xattr::Layout;
         let mut m = xattr::XattrMap::new();
         m.insert(b"user.a".to_vec(), b"1".to_vec());
         m.insert(b"security.selinux".to_vec(), vec![7; 40]);
-        vec![xattr::encode(&m, 321, 4, 320)]
+        let one = |l| xattr::encode_set(&m, l, (321, 4), &[], 320).remove(0).1;
+        let mut out = vec![one(Layout::V1), one(Layout::V2)];
+        m.insert(b"user.big".to_vec(), vec![9; 9000]);
+        let blocks = xattr::encode_set(&m, Layout::V2, (321, 4), &[(400, 2), (401, 2)], 320);
+        out.push(blocks.into_iter().flat_map(|(_, b)| b).collect());
+        out
+    }
+
+    pub fn overflow() -> Vec<Vec<u8>> {
+        use cetrafs_core::format::overflow::{Overflow, Role};
+        let o = |role, index, payload: Vec<u8>| {
+            Overflow { blockno: 555, seq: 3, owner: 554, role, index, payload }.encode()
+        };
+        vec![o(Role::SymlinkTarget, 1, vec![b'a'; 255]), o(Role::XattrSet, 2, vec![1; 4048])]
     }
 
     pub fn journal_record() -> Vec<Vec<u8>> {

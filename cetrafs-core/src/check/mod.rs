@@ -21,14 +21,16 @@ pub mod synth;
 
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::block::BlockHeader;
+use crate::format::block::{check_owner, BlockHeader};
 use crate::format::dirent::{decode_entries, name_hash};
 use crate::format::extent::Extent;
 use crate::format::group::{decode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
-use crate::format::inode::{flags, Inode};
+use crate::format::inode::{flags, Inode, INLINE_CAP, SYMLINK_MAX};
+use crate::format::overflow::{Overflow, Role};
 use crate::format::superblock::{Superblock, COMPAT_KNOWN};
 use crate::format::tree_node::{NodeEntries, TreeNode, MAX_LEVEL};
-use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
+use crate::format::xattr::{Head, Layout};
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use crate::fs::FileKind;
 use space::{BlockBits, Claims, Owner};
 use std::collections::{HashMap, HashSet, VecDeque};
@@ -799,8 +801,13 @@ impl Checker<'_> {
         };
         let mut held = 1u64;
         if inode.xattr_block != 0 {
-            held += 1;
-            self.check_xattr(ino, path, inode.xattr_block)?;
+            held += self.check_xattr(ino, path, inode.xattr_block)?;
+        }
+        if inode.overflow_block != 0 && kind != FileKind::Symlink {
+            self.report.findings.push(bad(format!(
+                "overflow block {} on something that is not a symlink",
+                inode.overflow_block
+            )));
         }
         let inline_ext = inode.flags & flags::INLINE_EXTENTS != 0;
         if inline_ext && kind != FileKind::Regular {
@@ -860,14 +867,7 @@ impl Checker<'_> {
                 if inode.tree_root != 0 {
                     self.report.findings.push(bad("symlink has a tree".into()));
                 }
-                if inode.inline_data.is_empty() || inode.size != inode.inline_data.len() as u64 {
-                    let msg = format!(
-                        "{path}: symlink size is {} but its target is {} bytes",
-                        inode.size,
-                        inode.inline_data.len()
-                    );
-                    self.push(FindingKind::Symlink, Some(ino), Some(ino), msg);
-                }
+                held += self.check_symlink(ino, path, &inode)?;
             }
             _ => {
                 if inode.tree_root != 0 {
@@ -899,34 +899,135 @@ impl Checker<'_> {
         Ok(pending)
     }
 
-    fn check_xattr(&mut self, ino: u64, path: &str, xb: u64) -> Result<()> {
-        let before = self.report.findings.len();
-        self.claim(xb, 1, Owner::Inode(ino), "xattr block");
-        if self.report.findings.len() != before || !self.in_groups(xb) {
-            return Ok(());
-        }
-        let buf = read_block(self.dev, xb)?;
-        match xattr::decode(&buf, xb) {
-            Ok(_) => {
-                if let Ok(h) = BlockHeader::decode(&buf) {
-                    if h.owner != ino {
-                        self.push(
-                            FindingKind::BadXattr,
-                            Some(xb),
-                            Some(ino),
-                            format!("{path}: xattr block {xb} belongs to inode {}", h.owner),
-                        );
-                    }
-                }
-            }
-            Err(e) => self.push(
+    /// The xattr set headed by `xb`: head and overflow blocks claimed, decoded, owned by `ino`,
+    /// and assembled into a valid set. Returns the blocks it holds.
+    fn check_xattr(&mut self, ino: u64, path: &str, xb: u64) -> Result<u64> {
+        let bad = |m: String| {
+            finding(
                 FindingKind::BadXattr,
                 Some(xb),
                 Some(ino),
-                format!("{path}: xattr block {xb} is unusable: {e}"),
-            ),
+                format!("{path}: {m}"),
+            )
+        };
+        let before = self.report.findings.len();
+        self.claim(xb, 1, Owner::Inode(ino), "xattr block");
+        if self.report.findings.len() != before || !self.in_groups(xb) {
+            return Ok(1);
         }
-        Ok(())
+        let layout = Layout::of(&self.sb);
+        let buf = read_block(self.dev, xb)?;
+        let head = match Head::decode(&buf, xb, layout)
+            .and_then(|h| check_owner("xattr block", xb, h.owner, ino).map(|()| h))
+        {
+            Ok(h) => h,
+            Err(e) => {
+                self.report
+                    .findings
+                    .push(bad(format!("xattr block {xb} is unusable: {e}")));
+                return Ok(1);
+            }
+        };
+        let mut parts = Vec::new();
+        for &b in &head.more {
+            if let Some(p) =
+                self.overflow_block(ino, path, b, "xattr overflow block", FindingKind::BadXattr)?
+            {
+                parts.push(p);
+            }
+        }
+        if parts.len() == head.more.len() {
+            if let Err(e) = head.assemble(&parts, layout) {
+                self.report
+                    .findings
+                    .push(bad(format!("xattr set of block {xb} is unusable: {e}")));
+            }
+        }
+        Ok(1 + head.more.len() as u64)
+    }
+
+    /// Claim, read, decode and owner-check the overflow block `b` of `ino`; `None` (with a
+    /// finding of `kind`) if it is unusable.
+    fn overflow_block(
+        &mut self,
+        ino: u64,
+        path: &str,
+        b: u64,
+        what: &str,
+        kind: FindingKind,
+    ) -> Result<Option<Overflow>> {
+        let before = self.report.findings.len();
+        self.claim(b, 1, Owner::Inode(ino), what);
+        if self.report.findings.len() != before || !self.in_groups(b) {
+            return Ok(None);
+        }
+        let buf = read_block(self.dev, b)?;
+        match Overflow::decode(&buf, b).and_then(|o| check_owner(what, b, o.owner, ino).map(|()| o))
+        {
+            Ok(o) => Ok(Some(o)),
+            Err(e) => {
+                self.push(
+                    kind,
+                    Some(b),
+                    Some(ino),
+                    format!("{path}: {what} {b} is unusable: {e}"),
+                );
+                Ok(None)
+            }
+        }
+    }
+
+    /// A symlink's target: inline, or the inline area full and the rest in its overflow block
+    /// (v2 volumes only). Returns the blocks it holds beyond the inode.
+    fn check_symlink(&mut self, ino: u64, path: &str, inode: &Inode) -> Result<u64> {
+        let b = inode.overflow_block;
+        let mut msg = None;
+        let mut held = 0;
+        if b == 0 {
+            if inode.inline_data.is_empty() || inode.size != inode.inline_data.len() as u64 {
+                msg = Some(format!(
+                    "{path}: symlink size is {} but its target is {} bytes",
+                    inode.size,
+                    inode.inline_data.len()
+                ));
+            }
+        } else {
+            held = 1;
+            if Layout::of(&self.sb) == Layout::V1 {
+                msg = Some(format!(
+                    "{path}: symlink has an overflow block {b} on a volume of format version 1"
+                ));
+            } else if inode.inline_data.len() != INLINE_CAP {
+                msg = Some(format!(
+                    "{path}: symlink has an overflow block but only {} inline bytes",
+                    inode.inline_data.len()
+                ));
+            }
+            let what = "symlink overflow block";
+            if let Some(o) = self.overflow_block(ino, path, b, what, FindingKind::Symlink)? {
+                let rest = inode
+                    .size
+                    .checked_sub(INLINE_CAP as u64)
+                    .and_then(|r| usize::try_from(r).ok());
+                let ok = rest
+                    .filter(|&r| inode.size <= SYMLINK_MAX as u64 && r > 0)
+                    .map(|r| o.expect(Role::SymlinkTarget, 1, r));
+                match ok {
+                    Some(Ok(())) => {}
+                    Some(Err(e)) => msg = msg.or(Some(format!("{path}: {e}"))),
+                    None => {
+                        msg = msg.or(Some(format!(
+                            "{path}: symlink size {} does not match an overflow block",
+                            inode.size
+                        )));
+                    }
+                }
+            }
+        }
+        if let Some(m) = msg {
+            self.push(FindingKind::Symlink, Some(ino), Some(ino), m);
+        }
+        Ok(held)
     }
 
     /// Extents in file order must not overlap; written ones must lie below EOF. Returns the

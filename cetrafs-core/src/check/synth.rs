@@ -11,10 +11,11 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::dirent::{encode_entries, name_hash, DirEntry};
 use crate::format::extent::Extent;
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
-use crate::format::inode::{flags, Inode, INLINE_EXTENTS_MAX};
+use crate::format::inode::{flags, Inode, INLINE_CAP, INLINE_EXTENTS_MAX};
+use crate::format::overflow::{Overflow, Role};
 use crate::format::superblock::Superblock;
 use crate::format::tree_node::{NodeEntries, TreeNode, NODE_CAP};
-use crate::format::xattr::{self, XattrMap};
+use crate::format::xattr::{self, Layout, XattrMap};
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use crate::fs::FileKind;
 use crate::mkfs::{format, MkfsOptions};
@@ -176,11 +177,31 @@ impl SynthVolume {
         Ok(ino)
     }
 
+    /// A symlink; a target longer than the inline area continues in an overflow block (as the
+    /// filesystem stores it on v2 volumes).
     pub fn symlink(&mut self, parent: u64, name: &str, target: &str) -> Result<u64> {
         let ino = self.new_inode(parent, name, libc::S_IFLNK | 0o777)?;
+        let (inline, rest) = target.as_bytes().split_at(target.len().min(INLINE_CAP));
+        let overflow = if rest.is_empty() {
+            0
+        } else {
+            let b = self.alloc(1)?;
+            let o = Overflow {
+                blockno: b,
+                seq: 1,
+                owner: ino,
+                role: Role::SymlinkTarget,
+                index: 1,
+                payload: rest.to_vec(),
+            };
+            self.dev
+                .write_at(b * FS_BLOCK, &AlignedBuf::from_slice(&o.encode()))?;
+            b
+        };
         if let Some(i) = self.inodes.get_mut(&ino) {
-            i.inline_data = target.as_bytes().to_vec();
+            i.inline_data = inline.to_vec();
             i.size = target.len() as u64;
+            i.overflow_block = overflow;
         }
         Ok(ino)
     }
@@ -316,20 +337,26 @@ impl SynthVolume {
                 }
             }
         }
+        let layout = Layout::of(&self.sb);
         for (ino, map) in std::mem::take(&mut self.xattrs) {
-            let b = self.alloc(1)?;
-            self.dev.write_at(
-                b * FS_BLOCK,
-                &AlignedBuf::from_slice(&xattr::encode(&map, b, 1, ino)),
-            )?;
-            *held.entry(ino).or_default() += 1;
+            let n = xattr::overflow_count(xattr::encoded_len(&map, layout));
+            let b = self.alloc(1 + n as u64)?;
+            let more: Vec<(u64, u64)> = (b + 1..=b + n as u64).map(|m| (m, 1)).collect();
+            for (at, data) in xattr::encode_set(&map, layout, (b, 1), &more, ino) {
+                self.dev
+                    .write_at(at * FS_BLOCK, &AlignedBuf::from_slice(&data))?;
+            }
+            *held.entry(ino).or_default() += 1 + n as u64;
             if let Some(i) = self.inodes.get_mut(&ino) {
                 i.xattr_block = b;
             }
         }
         for (&ino, inode) in &mut self.inodes {
             let data: u64 = inode.inline_extents.iter().map(|e| u64::from(e.len)).sum();
-            inode.blocks = 1 + data + held.get(&ino).copied().unwrap_or(0);
+            inode.blocks = 1
+                + data
+                + u64::from(inode.overflow_block != 0)
+                + held.get(&ino).copied().unwrap_or(0);
             inode.nlink = if inode.is_dir() {
                 2 + subdirs.get(&ino).copied().unwrap_or(0)
             } else {
@@ -369,7 +396,8 @@ impl SynthVolume {
 
     /// A small populated volume touching every structure the checker knows: nested
     /// directories with a two-level entry tree, inline and tree extents (with a hole and an
-    /// unwritten preallocation past EOF), a symlink, a fifo, a hard link and xattrs.
+    /// unwritten preallocation past EOF), symlinks (one of 4095 bytes), a fifo, a hard link
+    /// and xattrs (one set of three blocks).
     pub fn sample() -> Result<MemDevice> {
         let mut v = Self::new(MIN_SYNTH_BYTES)?;
         v.fanout = 4;
@@ -396,8 +424,13 @@ impl SynthVolume {
         v.file(deep, "sparse", 20 * FS_BLOCK, &many, true)?;
         v.link(deep, "big-link", big)?;
         v.symlink(root, "latest", "docs/note0.txt")?;
+        // A target of PATH_MAX - 1 bytes: inline area plus an overflow block.
+        let long = format!("{}/note1.txt", "./docs/deep/..".repeat(292));
+        v.symlink(deep, "long", &long[..4095])?;
         v.mknod(deep, "pipe", libc::S_IFIFO | 0o600, 0)?;
         v.set_xattr(big, "user.origin", b"synth");
+        // Two overflow blocks after the head.
+        v.set_xattr(big, "user.blob", &[0xb1; 10_000]);
         v.set_xattr(
             docs,
             "security.selinux",

@@ -1,9 +1,9 @@
 //! The 40-byte header every 4 KiB metadata block starts with (inodes, tree nodes, group
-//! headers, bitmaps, xattr blocks). It names the block's type and its own address, so a block
+//! headers, bitmaps, xattr and overflow blocks). It names the block's type and its own address, so a block
 //! written to the wrong place or read from a stale mapping is detected; `seq` grows on every
 //! rewrite of the block, which the journal's replay guard compares (a journal copy is applied
-//! only if it is newer than the home block); `owner` ties tree and xattr blocks to their inode
-//! for fsck.
+//! only if it is newer than the home block); `owner` ties tree, xattr and overflow blocks to
+//! their inode: [`check_owner`] is the one rule the filesystem and fsck apply to it.
 //!
 //! ```text
 //!  0      4      6      8              16             24     28     32             40
@@ -39,6 +39,8 @@ pub enum BlockType {
     Xattr = 5,
     JournalHeader = 6,
     JournalRecord = 7,
+    /// Format v2 (`INCOMPAT_OVERFLOW`): a payload block owned by an inode (`format/overflow.rs`).
+    Overflow = 8,
 }
 
 impl BlockType {
@@ -51,6 +53,7 @@ impl BlockType {
             5 => Self::Xattr,
             6 => Self::JournalHeader,
             7 => Self::JournalRecord,
+            8 => Self::Overflow,
             _ => return None,
         })
     }
@@ -133,6 +136,19 @@ impl BlockHeader {
             owner: r.u64(OWNER_OFF)?,
         })
     }
+}
+
+/// The owner rule for blocks that belong to one inode (tree nodes, xattr blocks, overflow
+/// blocks): the header's `owner` must be the inode whose pointer led here. A valid block that
+/// names another inode is reached through a stale or damaged pointer and must not be used
+/// (it would serve or change someone else's metadata). `what` and `at` name the block.
+pub fn check_owner(what: &str, at: u64, found: u64, ino: u64) -> Result<()> {
+    if found == ino {
+        return Ok(());
+    }
+    Err(Error::corrupted(format!(
+        "{what} {at} belongs to inode {found}, not {ino}"
+    )))
 }
 
 #[cfg(test)]

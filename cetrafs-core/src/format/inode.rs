@@ -14,8 +14,9 @@
 //! 156   4 inline extent count
 //! 160   8 parent (directories: the parent directory, for "..")
 //! 168   8 orphan link (reserved for the open-unlinked list)
-//! 176  80 reserved (zero)
-//! 256 3840 inline area: symlink target, or up to 160 extents of 24 bytes
+//! 176   8 overflow block (v2, symlinks: the target past the inline area; 0 = none)
+//! 184  72 reserved (zero)
+//! 256 3840 inline area: symlink target (its first 3840 bytes), or up to 160 extents of 24 bytes
 //!          (u64 logical block, u64 physical block, u32 length, u32 flags)
 //! ```
 
@@ -29,6 +30,8 @@ pub const INLINE_OFF: usize = 256;
 pub const INLINE_CAP: usize = FS_BLOCK_SIZE - INLINE_OFF;
 pub const INLINE_EXTENT_SIZE: usize = 24;
 pub const INLINE_EXTENTS_MAX: usize = INLINE_CAP / INLINE_EXTENT_SIZE;
+/// Longest symlink target on a v2 volume: Linux's PATH_MAX - 1 (inline part + overflow block).
+pub const SYMLINK_MAX: usize = 4095;
 
 /// Inode flags. The low bits mirror Linux FS_*_FL where a counterpart exists, so
 /// FS_IOC_GETFLAGS/SETFLAGS can pass them through.
@@ -69,7 +72,10 @@ pub struct Inode {
     pub tree_root: u64,
     pub parent: u64,
     pub orphan_next: u64,
-    /// Symlink target (symlinks only).
+    /// Symlinks with a target longer than the inline area: the overflow block holding the
+    /// rest (`format/overflow.rs`); 0 = none.
+    pub overflow_block: u64,
+    /// Symlink target, or its first `INLINE_CAP` bytes when `overflow_block` holds the rest.
     pub inline_data: Vec<u8>,
     /// Extents stored inline (files with INLINE_EXTENTS).
     pub inline_extents: Vec<Extent>,
@@ -118,6 +124,7 @@ impl Inode {
         w.u64(144, self.tree_root);
         w.u64(160, self.parent);
         w.u64(168, self.orphan_next);
+        w.u64(176, self.overflow_block);
         if self.flags & flags::INLINE_EXTENTS != 0 {
             #[allow(clippy::cast_possible_truncation)] // <= 160, asserted above
             w.u32(156, self.inline_extents.len() as u32);
@@ -172,6 +179,7 @@ impl Inode {
             tree_root: r.u64(144)?,
             parent: r.u64(160)?,
             orphan_next: r.u64(168)?,
+            overflow_block: r.u64(176)?,
             inline_data: Vec::new(),
             inline_extents: Vec::new(),
         };
@@ -224,8 +232,8 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrip(ino in 1u64..1<<40, mode: u32, size: u64, sec: i64, nsec in 0u32..1_000_000_000,
-                     nex in 0usize..INLINE_EXTENTS_MAX, flip in 0usize..FS_BLOCK_SIZE*8) {
-            let mut i = Inode { ino, mode, size, nlink: 1, flags: flags::INLINE_EXTENTS, ..Default::default() };
+                     nex in 0usize..INLINE_EXTENTS_MAX, flip in 0usize..FS_BLOCK_SIZE*8, overflow_block: u64) {
+            let mut i = Inode { ino, mode, size, nlink: 1, flags: flags::INLINE_EXTENTS, overflow_block, ..Default::default() };
             i.mtime = Timespec { sec, nsec };
             i.inline_extents = (0..nex as u64).map(|k| Extent { logical: k * 10, physical: 1000 + k * 10, len: 5, flags: 0 }).collect();
             let mut b = i.encode();

@@ -83,6 +83,8 @@ pub enum PointerKind {
     TreeNode,
     /// An inode's xattr block.
     Xattr,
+    /// An overflow block (format v2): of an xattr set, or a long symlink target.
+    Overflow,
     /// An entry of a slot header's orphan list.
     Orphan,
     /// A directory entry's (or a parent field's) inode number.
@@ -95,6 +97,7 @@ impl fmt::Display for PointerKind {
             Self::Extent => "extent",
             Self::TreeNode => "tree node pointer",
             Self::Xattr => "xattr block pointer",
+            Self::Overflow => "overflow block pointer",
             Self::Orphan => "orphan list entry",
             Self::Inode => "inode number",
         })

@@ -1,4 +1,4 @@
-//! On-disk format v1. One file per structure; each owns its layout constants, encoder and a
+//! On-disk format v2 (and v1, which differs only where `docs/format.md` says so). One file per structure; each owns its layout constants, encoder and a
 //! validating decoder that never panics. No I/O happens here. `docs/format.md` draws them all.
 //! All integers are little-endian.
 
@@ -12,6 +12,7 @@ pub mod inode;
 pub mod journal;
 pub mod layout;
 pub mod lock_record;
+pub mod overflow;
 pub mod slot_header;
 pub mod superblock;
 pub mod tree_node;

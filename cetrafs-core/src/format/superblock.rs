@@ -4,7 +4,7 @@
 //! ```text
 //! off  size field                     why
 //!   0     8 magic "CETRAFS\0"         identifies the volume (also what mkfs/blkid look for)
-//!   8     4 format_version (1)
+//!   8     4 format_version            1, or 2 when an incompat feature of v2 is set
 //!  12     4 compat features           unknown bits: ignore
 //!  16     4 ro_compat features        unknown bits: mount read-only only
 //!  20     4 incompat features         unknown bits: refuse to mount
@@ -35,14 +35,22 @@ use super::FS_BLOCK_SIZE;
 use crate::error::{Error, ErrorKind, Result};
 
 pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
-pub const FORMAT_VERSION: u32 = 1;
+/// The newest format version this release reads and writes. A volume's version follows from
+/// its incompat features ([`Superblock::format_version`]): 1 without any, 2 with
+/// [`INCOMPAT_OVERFLOW`]. Version-1 volumes keep working with version-1 limits and stay
+/// mountable by version-1 binaries; those refuse a version-2 volume (by the version, and by
+/// the incompat bit they do not know).
+pub const FORMAT_VERSION: u32 = 2;
 pub const LABEL_LEN: usize = 64;
 
-/// Feature bits known to this release. None are defined yet in v1; the fields exist so that
-/// the first feature can be added without a format break.
+/// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
+/// xattr sets of up to 32 blocks with 64 KiB values. mkfs sets it on every new volume.
+pub const INCOMPAT_OVERFLOW: u32 = 0x1;
+
+/// Feature bits known to this release.
 pub const COMPAT_KNOWN: u32 = 0;
 pub const RO_COMPAT_KNOWN: u32 = 0;
-pub const INCOMPAT_KNOWN: u32 = 0;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW;
 
 const MAGIC: usize = 0;
 const VERSION: usize = MAGIC + 8;
@@ -115,7 +123,7 @@ impl Superblock {
         let mut b = vec![0u8; FS_BLOCK_SIZE];
         let mut w = Writer::new(&mut b);
         w.bytes(MAGIC, &SB_MAGIC);
-        w.u32(VERSION, FORMAT_VERSION);
+        w.u32(VERSION, self.format_version());
         w.u32(COMPAT, self.compat);
         w.u32(RO_COMPAT, self.ro_compat);
         w.u32(INCOMPAT, self.incompat);
@@ -174,10 +182,10 @@ impl Superblock {
             ));
         }
         let version = r.u32(VERSION)?;
-        if version != FORMAT_VERSION {
+        if version == 0 || version > FORMAT_VERSION {
             return Err(Error::new(
                 ErrorKind::Unsupported,
-                format!("format version {version} is not supported by this CetraFS (knows {FORMAT_VERSION})"),
+                format!("format version {version} is not supported by this CetraFS (knows 1 to {FORMAT_VERSION}); upgrade it"),
             ));
         }
         let label_raw = r.bytes(LABEL, LABEL_LEN)?;
@@ -221,6 +229,12 @@ impl Superblock {
             return Err(Error::corrupted(format!(
                 "superblock: fs block size {} is not 4096",
                 r.u32(FSBS)?
+            )));
+        }
+        if version != sb.format_version() {
+            return Err(Error::corrupted(format!(
+                "superblock: format version {version} does not match its incompat features {:#x}",
+                sb.incompat
             )));
         }
         sb.validate()?;
@@ -305,6 +319,15 @@ impl Superblock {
             ));
         }
         Ok(self.ro_compat & !RO_COMPAT_KNOWN != 0)
+    }
+
+    /// The format version this volume is: the oldest that knows its features.
+    pub fn format_version(&self) -> u32 {
+        if self.incompat & INCOMPAT_OVERFLOW != 0 {
+            2
+        } else {
+            1
+        }
     }
 
     pub fn group_first_block(&self, group: u64) -> u64 {

@@ -8,6 +8,7 @@
 
 use super::txn::Tx;
 use crate::error::{Error, Result};
+use crate::format::block::check_owner;
 use crate::format::layout::PointerKind;
 use crate::format::tree_node::{NodeEntries, TreeNode, MAX_VALUE, NODE_CAP};
 
@@ -60,12 +61,7 @@ impl<'t, 'a> Tree<'t, 'a> {
             .check_data_block(b, PointerKind::TreeNode, self.owner)?;
         let raw = self.tx.read(b)?;
         let n = TreeNode::decode(&raw, b)?;
-        if n.owner != self.owner {
-            return Err(Error::corrupted(format!(
-                "tree node {b} belongs to inode {}, not {}",
-                n.owner, self.owner
-            )));
-        }
+        check_owner("tree node", b, n.owner, self.owner)?;
         Ok(n)
     }
 

@@ -8,7 +8,7 @@ use super::{
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::dirent::{decode_entries, encode_entries, name_hash, DirEntry, MAX_NAME};
-use crate::format::inode::{flags, Inode, INLINE_CAP};
+use crate::format::inode::{flags, Inode};
 use std::sync::Arc;
 
 fn check_name(name: &[u8]) -> Result<()> {
@@ -228,7 +228,7 @@ impl Volume {
             mode |= libc::S_ISGID;
         }
         let prior = tx.prior_seq(ino)?;
-        let inode = Inode {
+        let mut inode = Inode {
             ino,
             seq: prior,
             mode,
@@ -253,9 +253,11 @@ impl Volume {
             } else {
                 0
             },
-            inline_data: target.to_vec(),
             ..Default::default()
         };
+        if kind == FileKind::Symlink {
+            super::attrs::store_symlink_target(tx, &self.sb, &mut inode, target)?;
+        }
         let st = Arc::new(super::InodeState::new(
             inode,
             super::ExtentMap::default(),
@@ -271,6 +273,10 @@ impl Volume {
 
     /// Undo [`Volume::init_inode`] (and the allocation of `ino`) when linking it failed.
     fn discard_new_inode(&self, tx: &mut Tx<'_>, ino: Ino) {
+        if let Some(st) = self.inodes.get(ino) {
+            // A long symlink's overflow block goes with it.
+            super::attrs::free_owned(tx, &self.sb, &st.read().inode);
+        }
         self.inodes.remove(ino);
         tx.forget(ino);
         tx.meta.alloc.free(ino, 1);
@@ -325,9 +331,7 @@ impl Volume {
     }
 
     pub fn symlink(&self, parent: Ino, name: &[u8], target: &[u8], caller: Caller) -> Result<Attr> {
-        if target.is_empty() || target.len() > INLINE_CAP {
-            bail!(NameTooLong, "symlink target must be 1..={INLINE_CAP} bytes");
-        }
+        // The target's length is checked where it is stored (attrs::store_symlink_target).
         self.make(parent, name, libc::S_IFLNK | 0o777, 0, caller, target)
     }
 
@@ -378,7 +382,7 @@ impl Volume {
         if !inner.inode.is_symlink() {
             bail!(InvalidInput, "inode {ino} is not a symlink");
         }
-        Ok(inner.inode.inline_data.clone())
+        super::attrs::symlink_target(&mut tx, &self.sb, &inner.inode)
     }
 
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {

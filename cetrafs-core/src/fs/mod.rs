@@ -9,6 +9,7 @@
 
 pub mod types;
 
+mod attrs;
 pub(crate) mod btree;
 mod cluster;
 mod data;
@@ -685,10 +686,7 @@ impl Volume {
         if inner.inode.tree_root != 0 {
             btree::Tree::new(tx, inner.inode.tree_root, ino).destroy()?;
         }
-        if inner.inode.xattr_block != 0 {
-            tx.forget(inner.inode.xattr_block);
-            tx.meta.alloc.free(inner.inode.xattr_block, 1);
-        }
+        attrs::free_owned(tx, &self.sb, &inner.inode);
         tx.meta.alloc.forget_owner(ino);
         tx.forget(ino);
         tx.meta.alloc.free(ino, 1);
@@ -879,15 +877,6 @@ impl Volume {
         })
     }
 
-    fn load_xattrs(tx: &mut Tx<'_>, inode: &Inode) -> Result<xattr::XattrMap> {
-        if inode.xattr_block == 0 {
-            return Ok(xattr::XattrMap::new());
-        }
-        let raw = tx.read(inode.xattr_block)?;
-        let (_, map) = xattr::decode(&raw, inode.xattr_block)?;
-        Ok(map)
-    }
-
     fn check_xattr_name(name: &[u8]) -> Result<()> {
         const PREFIXES: [&[u8]; 4] = [b"user.", b"trusted.", b"security.", b"system.posix_acl_"];
         if name.is_empty() || name.len() > 255 {
@@ -908,9 +897,9 @@ impl Volume {
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
-        let map = Self::load_xattrs(&mut tx, &inner.inode)?;
-        map.get(name)
-            .cloned()
+        let mut set = attrs::load_xattrs(&mut tx, &self.sb, &inner.inode)?;
+        set.map
+            .remove(name)
             .ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
     }
 
@@ -919,7 +908,8 @@ impl Volume {
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;
         let inner = st.read();
-        Ok(Self::load_xattrs(&mut tx, &inner.inode)?
+        Ok(attrs::load_xattrs(&mut tx, &self.sb, &inner.inode)?
+            .map
             .into_keys()
             .collect())
     }
@@ -935,6 +925,7 @@ impl Volume {
     ) -> Result<()> {
         self.check_writable()?;
         Self::check_xattr_name(name)?;
+        attrs::check_value(&self.sb, value)?;
         self.update_xattrs(ino, |map| {
             let exists = map.contains_key(name);
             if create && exists {
@@ -968,36 +959,9 @@ impl Volume {
             if inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
                 bail!(PermissionDenied, "inode {ino} is immutable or append-only");
             }
-            let mut map = Self::load_xattrs(tx, &inner.inode)?;
-            f(&mut map)?;
-            if xattr::encoded_len(&map) > xattr::XATTR_CAP {
-                bail!(
-                    NoSpace,
-                    "extended attributes of inode {ino} exceed one 4 KiB block"
-                );
-            }
-            if map.is_empty() {
-                if inner.inode.xattr_block != 0 {
-                    tx.forget(inner.inode.xattr_block);
-                    tx.meta.alloc.free(inner.inode.xattr_block, 1);
-                    inner.inode.xattr_block = 0;
-                    inner.inode.blocks -= 1;
-                }
-            } else {
-                let (b, seq) = if inner.inode.xattr_block == 0 {
-                    let b = tx.meta.alloc.alloc(ino, 1, 0)?[0].0;
-                    inner.inode.blocks += 1;
-                    inner.inode.xattr_block = b;
-                    (b, tx.prior_seq(b)? + 1)
-                } else {
-                    let raw = tx.read(inner.inode.xattr_block)?;
-                    (
-                        inner.inode.xattr_block,
-                        xattr::decode(&raw, inner.inode.xattr_block)?.0 + 1,
-                    )
-                };
-                tx.write(b, xattr::encode(&map, b, seq, ino));
-            }
+            let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
+            f(&mut set.map)?;
+            attrs::store_xattrs(tx, &self.sb, &mut inner.inode, set)?;
             inner.inode.ctime = now();
             self.save(tx, &mut inner)
         })

@@ -8,7 +8,7 @@ use std::collections::BTreeMap;
 
 const C: Caller = Caller::ROOT;
 
-fn fresh(size: u64) -> (Arc<MemDevice>, Arc<Volume>) {
+pub(super) fn fresh(size: u64) -> (Arc<MemDevice>, Arc<Volume>) {
     let dev = Arc::new(MemDevice::new(size, 512));
     let opts = MkfsOptions {
         max_nodes: 2,
@@ -20,7 +20,7 @@ fn fresh(size: u64) -> (Arc<MemDevice>, Arc<Volume>) {
     (dev, v)
 }
 
-fn remount(dev: &MemDevice, v: &Volume) -> (Arc<MemDevice>, Arc<Volume>) {
+pub(super) fn remount(dev: &MemDevice, v: &Volume) -> (Arc<MemDevice>, Arc<Volume>) {
     v.unmount().unwrap();
     let d2 = Arc::new(MemDevice::from_image(dev.snapshot(), 512));
     let v2 = Volume::mount(d2.clone(), &MountOptions::default()).unwrap();
