@@ -162,6 +162,22 @@ pub fn find_tx(dev: &dyn BlockDevice, area: JournalArea) -> Result<Option<FoundT
     {
         return Ok(None);
     }
+    // Every logged image is a byte-for-byte copy of a metadata block, and every metadata block
+    // names its own address: an image that names another block than its home was never written
+    // by a commit point (a forged or damaged transaction). Replaying it would write over
+    // whatever is at that home, superblock included, so the transaction is not used.
+    for (i, (home, img)) in homes.iter().zip(&images).enumerate() {
+        let named = BlockHeader::decode(img).map(|h| h.blockno).ok();
+        if named != Some(*home) {
+            tracing::warn!(
+                "journal at block {}: transaction {} logs image {i} for home block {home}, but the image {}; ignoring the transaction (run fsck.cetra)",
+                area.start,
+                d0.seq,
+                named.map_or("is not a metadata block".to_string(), |b| format!("is block {b}'s"))
+            );
+            return Ok(None);
+        }
+    }
     Ok(Some(FoundTx {
         seq: d0.seq,
         blocks: homes.into_iter().zip(images).collect(),
@@ -298,5 +314,43 @@ impl BlockDevice for ReplayedView<'_> {
     }
     fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::mem::MemDevice;
+    use crate::format::block::BlockType;
+
+    fn meta_block(at: u64) -> Vec<u8> {
+        let mut b = vec![0u8; FS_BLOCK_SIZE];
+        BlockHeader {
+            btype: BlockType::Xattr,
+            blockno: at,
+            seq: 3,
+            owner: 9,
+        }
+        .seal(&mut b);
+        b
+    }
+
+    #[test]
+    fn a_transaction_logging_an_image_for_another_home_is_not_used() {
+        let dev = MemDevice::new(1 << 20, 512);
+        let area = JournalArea {
+            start: 10,
+            blocks: 32,
+        };
+        let good = meta_block(100);
+        write_tx(&dev, area, 5, &[(100, &good)]).unwrap();
+        assert!(find_tx(&dev, area).unwrap().is_some());
+        // The same image logged for block 0: a replay would overwrite the superblock.
+        write_tx(&dev, area, 6, &[(100, &good), (0, &good)]).unwrap();
+        assert!(find_tx(&dev, area).unwrap().is_none());
+        assert_eq!(replay(&dev, area).unwrap(), 0);
+        let mut b0 = AlignedBuf::new(FS_BLOCK_SIZE);
+        dev.read_at(0, &mut b0).unwrap();
+        assert!(b0.iter().all(|&x| x == 0), "block 0 untouched");
     }
 }

@@ -213,6 +213,47 @@ pub fn run(cmd: &mut Command) -> CmdResult {
     CmdResult::from_output(&o)
 }
 
+/// Run a command for at most `timeout`; on timeout it is killed (SIGKILL) and None returned.
+/// Output is collected by reader threads, so a chatty child cannot block on a full pipe.
+pub fn run_timeout(cmd: &mut Command, timeout: Duration) -> Option<CmdResult> {
+    use std::io::Read;
+    let mut child = cmd
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap_or_else(|e| panic!("cannot run {cmd:?}: {e}"));
+    let drain = |mut r: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut v = Vec::new();
+            let _ = r.read_to_end(&mut v);
+            v
+        })
+    };
+    let out = drain(Box::new(child.stdout.take().expect("piped stdout")));
+    let err = drain(Box::new(child.stderr.take().expect("piped stderr")));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            break Some(st);
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            break None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    };
+    // A timed-out child may have left a grandchild holding the pipes: do not wait for EOF then.
+    let status = status?;
+    let o = Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    };
+    Some(CmdResult::from_output(&o))
+}
+
 /// Run a command that must succeed; returns stdout.
 pub fn run_ok(cmd: &mut Command) -> String {
     let r = run(cmd);
@@ -487,6 +528,20 @@ impl Mount {
         opts: &[&str],
         env: &[(&str, &str)],
     ) -> Result<Self, CmdResult> {
+        Self::try_new_within(device, mountpoint, host, opts, env, None)
+    }
+
+    /// [`Mount::try_new_env`] that gives up after `timeout` (None: wait as long as it takes).
+    /// A mount that does not come up in time is killed, daemon included, and reported as
+    /// exit code -1 with "timed out" in stderr (the daemon log appended as for any failure).
+    pub fn try_new_within(
+        device: &Path,
+        mountpoint: &Path,
+        host: &str,
+        opts: &[&str],
+        env: &[(&str, &str)],
+        timeout: Option<Duration>,
+    ) -> Result<Self, CmdResult> {
         become_subreaper();
         fs::create_dir_all(mountpoint).expect("create mountpoint");
         let mountpoint = fs::canonicalize(mountpoint).expect("canonical mountpoint");
@@ -508,7 +563,14 @@ impl Mount {
             .env("CETRA_LOG_FILE", &log)
             .envs(env.iter().copied());
         let started = Instant::now();
-        let mut r = run(&mut cmd);
+        let mut r = match timeout {
+            None => run(&mut cmd),
+            Some(t) => run_timeout(&mut cmd, t).unwrap_or_else(|| CmdResult {
+                code: -1,
+                stdout: String::new(),
+                stderr: format!("mount-cetra timed out: not mounted after {t:?}\n"),
+            }),
+        };
         if r.code != 0 {
             r.stderr.push_str(&format!(
                 "--- daemon log {} ---\n{}",
@@ -520,6 +582,10 @@ impl Mount {
                 // SAFETY: signalling a pid we found serving our private mountpoint.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
                 let _ = wait_pid(pid, Duration::from_secs(5));
+            }
+            // A daemon killed after it mounted (a timed-out mount) leaves a dead mount point.
+            if let Err(e) = lazy_unmount(&mountpoint) {
+                r.stderr.push_str(&format!("--- cleanup: {e}\n"));
             }
             return Err(r);
         }
