@@ -162,33 +162,30 @@ pub fn find_tx(dev: &dyn BlockDevice, area: JournalArea) -> Result<Option<FoundT
     {
         return Ok(None);
     }
-    // Every logged image is a byte-for-byte copy of a metadata block, and every metadata block
-    // names its own address: an image that names another block than its home was never written
-    // by a commit point (a forged or damaged transaction). Replaying it would write over
-    // whatever is at that home, superblock included, so the transaction is not used.
-    for (i, (home, img)) in homes.iter().zip(&images).enumerate() {
-        let named = BlockHeader::decode(img).map(|h| h.blockno).ok();
-        if named != Some(*home) {
-            tracing::warn!(
-                "journal at block {}: transaction {} logs image {i} for home block {home}, but the image {}; ignoring the transaction (run fsck.cetra)",
-                area.start,
-                d0.seq,
-                named.map_or("is not a metadata block".to_string(), |b| format!("is block {b}'s"))
-            );
-            return Ok(None);
-        }
-    }
     Ok(Some(FoundTx {
         seq: d0.seq,
         blocks: homes.into_iter().zip(images).collect(),
     }))
 }
 
-/// Every home a transaction logs must be a metadata block; fsck reports what this refuses.
+/// The rule for what a transaction may write home, checked before replay writes anything
+/// (fsck reports what it refuses): every home must be a metadata block
+/// (`Superblock::check_journal_home`), and every logged image must name that home as its own
+/// address. Commit points log only encoded metadata blocks, each self-addressed, so an image
+/// naming another block was never written by one (a forged or damaged transaction): replaying
+/// it would overwrite its home with another block's contents.
 pub fn check_homes(sb: &Superblock, tx: &FoundTx) -> Result<()> {
-    tx.blocks
-        .iter()
-        .try_for_each(|(b, _)| sb.check_journal_home(*b, tx.seq))
+    tx.blocks.iter().try_for_each(|(home, img)| {
+        sb.check_journal_home(*home, tx.seq)?;
+        match BlockHeader::decode(img).map(|h| h.blockno) {
+            Ok(named) if named == *home => Ok(()),
+            named => Err(crate::Error::corrupted(format!(
+                "journal transaction {} logs an image for block {home} that {}; refusing to replay it (run fsck.cetra)",
+                tx.seq,
+                named.map_or("is not a metadata block".to_string(), |b| format!("is block {b}'s"))
+            ))),
+        }
+    })
 }
 
 /// Should the logged image replace the home image? Only if it is newer (or home is garbage).
@@ -336,19 +333,28 @@ mod tests {
     }
 
     #[test]
-    fn a_transaction_logging_an_image_for_another_home_is_not_used() {
-        let dev = MemDevice::new(1 << 20, 512);
-        let area = JournalArea {
-            start: 10,
-            blocks: 32,
+    fn a_transaction_logging_an_image_for_another_home_is_refused_before_any_write() {
+        let dev = MemDevice::new(256 << 20, 512);
+        let opts = crate::mkfs::MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            ..Default::default()
         };
-        let good = meta_block(100);
-        write_tx(&dev, area, 5, &[(100, &good)]).unwrap();
+        let sb = crate::mkfs::plan(256 << 20, 512, &opts).unwrap();
+        let area = JournalArea::for_slot(&sb, 0);
+        let home = sb.root_ino;
+        let good = meta_block(home);
+        write_tx(&dev, area, 5, &[(home, &good)]).unwrap();
         assert!(find_tx(&dev, area).unwrap().is_some());
         // The same image logged for block 0: a replay would overwrite the superblock.
-        write_tx(&dev, area, 6, &[(100, &good), (0, &good)]).unwrap();
-        assert!(find_tx(&dev, area).unwrap().is_none());
-        assert_eq!(replay(&dev, area).unwrap(), 0);
+        write_tx(&dev, area, 6, &[(home, &good), (0, &good)]).unwrap();
+        let e = replay(&dev, &sb, area).unwrap_err();
+        assert!(e.to_string().contains("logs block 0"), "{e}");
+        // Logged for another metadata home: the image names the wrong block.
+        let other = home + 1;
+        write_tx(&dev, area, 7, &[(other, &good)]).unwrap();
+        let e = replay(&dev, &sb, area).unwrap_err();
+        assert!(e.to_string().contains(&format!("is block {home}'s")), "{e}");
         let mut b0 = AlignedBuf::new(FS_BLOCK_SIZE);
         dev.read_at(0, &mut b0).unwrap();
         assert!(b0.iter().all(|&x| x == 0), "block 0 untouched");
