@@ -20,7 +20,7 @@ mod space;
 pub mod synth;
 
 use crate::dev::{AlignedBuf, BlockDevice};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::format::block::BlockHeader;
 use crate::format::dirent::{decode_entries, name_hash};
 use crate::format::extent::Extent;
@@ -230,52 +230,19 @@ fn read_block(dev: &dyn BlockDevice, b: u64) -> Result<AlignedBuf> {
 /// Pass 1. Returns the superblock to check against.
 fn check_superblocks(dev: &dyn BlockDevice, report: &mut Report) -> Result<Superblock> {
     let geo = dev.geometry();
-    let dev_blocks = geo.size_bytes / FS_BLOCK;
-    if dev_blocks < 2 {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
+    let located = crate::fs::locate_superblock(dev)?;
+    let sb = located.sb;
+    if let Some(pe) = located.primary_error {
+        report.findings.push(finding(
+            FindingKind::PrimarySuperblock,
+            Some(0),
+            None,
             format!(
-                "device of {} bytes is too small to hold a CetraFS volume",
-                geo.size_bytes
+                "primary superblock is unusable ({pe}); checking with the backup at block {}",
+                sb.backup_block
             ),
         ));
     }
-    // mkfs puts the backup in the last fs block of the device.
-    let dev_backup = dev_blocks - 1;
-    let primary = Superblock::decode(&read_block(dev, 0)?);
-    let sb = match primary {
-        Ok(sb) => sb,
-        Err(pe) => {
-            let backup_raw = read_block(dev, dev_backup)?;
-            let backup = Superblock::decode(&backup_raw);
-            match backup {
-                Ok(sb) if sb.backup_block == dev_backup => {
-                    report.findings.push(finding(
-                        FindingKind::PrimarySuperblock,
-                        Some(0),
-                        None,
-                        format!("primary superblock is unusable ({pe}); checking with the backup at block {dev_backup}"),
-                    ));
-                    sb
-                }
-                Ok(_) => {
-                    return Err(Error::corrupted(format!(
-                        "primary superblock is unusable ({pe}) and the backup at block {dev_backup} does not describe this device"
-                    )))
-                }
-                Err(_) if !Superblock::has_magic(&backup_raw) && pe.to_string().contains("magic") => {
-                    return Err(Error::corrupted(format!(
-                        "not a CetraFS volume: no superblock at block 0 or at block {dev_backup}"
-                    )))
-                }
-                Err(be) => {
-                    return Err(Error::corrupted(format!(
-                        "no usable superblock: primary: {pe}; backup at block {dev_backup}: {be}"
-                    )))
-                }
-            }
-        }
-    };
     // Refuses unknown incompat features: the checker would misread the volume.
     let ro_unknown = sb.check_features()?;
     if ro_unknown {
@@ -298,12 +265,6 @@ fn check_superblocks(dev: &dyn BlockDevice, report: &mut Report) -> Result<Super
                 sb.compat & !COMPAT_KNOWN
             ),
         });
-    }
-    if sb.total_blocks > dev_blocks {
-        return Err(Error::corrupted(format!(
-            "the superblock says the volume has {} blocks but the device has only {dev_blocks}; wrong device, or it was shrunk",
-            sb.total_blocks
-        )));
     }
     if sb.logical_block_size != geo.logical_block_size {
         report.findings.push(finding(

@@ -1,6 +1,7 @@
 use super::synth::{SynthVolume, MIN_SYNTH_BYTES};
 use super::*;
 use crate::dev::mem::MemDevice;
+use crate::error::ErrorKind;
 use crate::format::block::BlockType;
 use crate::format::dirent::DirEntry;
 use crate::mkfs::{format, MkfsOptions};

@@ -118,40 +118,29 @@ pub struct Volume {
     unmounted: AtomicBool,
 }
 
-/// Read and validate the superblock: the primary, else the backup in the last fs block.
+/// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
+/// device's last fs block, each validated and checked against the device size.
+pub fn locate_superblock(
+    dev: &dyn crate::dev::BlockDevice,
+) -> Result<crate::format::superblock::Located> {
+    let dev_blocks = dev.geometry().size_bytes / FS_BLOCK;
+    Superblock::locate(dev_blocks, &mut |b| {
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        dev.read_at(b * FS_BLOCK, &mut buf)?;
+        Ok(buf.to_vec())
+    })
+}
+
+/// The superblock to use ([`locate_superblock`]), with a warning when it is the backup.
 pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
-    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-    dev.read_at(0, &mut buf)?;
-    let primary = Superblock::decode(&buf);
-    let primary_err = match primary {
-        Ok(sb) => return Ok(sb),
-        Err(e) => e,
-    };
-    let size = dev.geometry().size_bytes;
-    let backup_at = (size / FS_BLOCK).saturating_sub(1);
-    let mut b = AlignedBuf::new(FS_BLOCK_SIZE);
-    if backup_at > 0 && dev.read_at(backup_at * FS_BLOCK, &mut b).is_ok() {
-        if let Ok(sb) = Superblock::decode(&b) {
-            if sb.backup_block == backup_at {
-                tracing::warn!("primary superblock unusable ({primary_err}); using the backup at block {backup_at}");
-                return Ok(sb);
-            }
-        }
+    let l = locate_superblock(dev)?;
+    if let Some(e) = &l.primary_error {
+        tracing::warn!(
+            "primary superblock unusable ({e}); using the backup at block {}",
+            l.sb.backup_block
+        );
     }
-    let had_magic = Superblock::has_magic(&buf) || Superblock::has_magic(&b);
-    if had_magic {
-        Err(Error::new(
-            ErrorKind::Corrupted,
-            format!(
-                "damaged CetraFS superblock ({primary_err}) and no usable backup; run fsck.cetra"
-            ),
-        ))
-    } else {
-        Err(Error::new(
-            ErrorKind::Corrupted,
-            "not a CetraFS volume (no superblock found, nor a backup at the end of the device)",
-        ))
-    }
+    Ok(l.sb)
 }
 
 #[allow(clippy::missing_errors_doc)]
@@ -161,9 +150,6 @@ impl Volume {
     pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
         let sb = read_superblock(&*dev)?;
         let geo = dev.geometry().clone();
-        if sb.total_blocks * FS_BLOCK > geo.size_bytes + FS_BLOCK {
-            bail!(Corrupted, "the device ({} bytes) is smaller than the volume ({} blocks): wrong device or truncated LUN", geo.size_bytes, sb.total_blocks);
-        }
         if sb.logical_block_size != geo.logical_block_size {
             bail!(
                 Unsupported,
