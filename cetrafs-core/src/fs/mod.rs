@@ -180,12 +180,9 @@ impl Volume {
         }
         // A dead slot of this node's own identity is taken back, and so is any dead slot when
         // no slot is free; recovering it (journal, locks, orphans) is then this mount's job.
-        let free_slot = membership::scan(&*dev, &sb)?.iter().any(|v| {
-            v.slot < sb.max_nodes
-                && v.record
-                    .as_ref()
-                    .is_none_or(|h| h.state == crate::format::heartbeat::SlotState::Free)
-        });
+        let free_slot = membership::scan(&*dev, &sb)?
+            .iter()
+            .any(|v| v.slot < sb.max_nodes && v.is_free());
         let prefer = dead
             .iter()
             .filter(|d| {
@@ -220,13 +217,31 @@ impl Volume {
                 // replayed before any lock naming the slot is released.
                 crate::journal::replay(&*dev, journal).map_err(|e| e.wrap("journal replay"))?;
             }
+            // Nothing of ours is held yet, so every lock naming this slot is stale (our own
+            // previous incarnation taken back, or a leftover of an earlier owner).
+            locks.scrub_slot(member.slot)?;
+            // Corrupted lock records are reset only if no other node can hold a lock: every
+            // other slot is free, beyond max_nodes, or one of the dead found above, unchanged.
+            let alone = || -> Result<bool> {
+                Ok(membership::scan(&*dev, &sb)?.iter().all(|v| {
+                    v.slot == member.slot
+                        || v.slot >= sb.max_nodes
+                        || v.is_free()
+                        || dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw)
+                }))
+            };
+            let (reset, left) = locks.repair_corrupt(me, &alone)?;
+            if let Some((_, why)) = left.iter().find(|(i, _)| *i == LockTable::GLOBAL) {
+                bail!(
+                    Corrupted,
+                    "lock record 0 (the cluster's metadata lock) is corrupted ({why}) while other nodes may be mounted; it is reset by the first mount that finds no other node alive (unmount the others); run fsck.cetra"
+                );
+            }
+            for (i, why) in &left {
+                tracing::warn!("lock record {i} is corrupted ({why}) and other nodes are mounted: it stays unusable until a mount finds no other node alive; run fsck.cetra");
+            }
             let mut recovered = Vec::new();
             if !read_only {
-                if prefer == Some(member.slot) {
-                    // Our own previous incarnation: nothing of ours is held yet, so every lock
-                    // naming this slot is stale.
-                    locks.scrub_slot(member.slot)?;
-                }
                 for d in dead.iter().filter(|d| d.slot != member.slot) {
                     if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, d, me)? {
                         recovered.push(c);
@@ -243,6 +258,16 @@ impl Volume {
                         recovered.push(c);
                     }
                 }
+            }
+            if reset.contains(&LockTable::GLOBAL) {
+                // Held exclusively since the reset, so that nobody used it before the dead
+                // were recovered.
+                locks.release_global(me)?;
+            }
+            // Locks still naming a slot that holds nothing (free, never used, another
+            // generation) would make every mount wait for a node that does not exist.
+            for line in locks.scrub_stale(&|| membership::lives(&*dev, &sb))? {
+                tracing::warn!("{line} (not held by any mounted node)");
             }
             let timing =
                 crate::cluster::Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
