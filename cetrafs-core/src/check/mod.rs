@@ -3,19 +3,22 @@
 //! problem with the block or inode it concerns. Nothing is repaired here.
 //!
 //! Passes:
-//! 1. superblocks: primary valid (else fall back to the backup), features understood,
-//!    geometry matches the device, backup equal to the primary except `seq`;
+//! 1. superblocks: the one chosen by `Superblock::locate` (the primary if it decodes and fits
+//!    the device, else the backup; using the backup is a finding), features understood,
+//!    logical block size matches the device, backup equal to the primary except `seq`;
 //! 2. groups: every header and bitmap block decodes, free counts agree with the bitmaps, the
 //!    group's own metadata is marked used, bits past the end of the group are set;
 //! 3. namespace: from the root, every inode, xattr block, tree node, extent and directory entry
 //!    (see the conventions in `docs/format.md` and [`crate::format`]);
 //! 4. link counts and directory structure;
 //! 5. space: every block claimed by something is marked used, every block marked used is
-//!    claimed, no block is claimed twice.
+//!    claimed, no block is claimed twice;
+//! 6. control areas: heartbeat slots and lock records (`check/control.rs`).
 //!
 //! Every decode error is a finding; the checker never panics on what it reads, and never
 //! follows a block twice, so hostile images terminate.
 
+mod control;
 mod space;
 pub mod synth;
 
@@ -84,6 +87,10 @@ pub enum FindingKind {
     SlotHeader,
     /// An inode unlinked while open when its node stopped; the next mount of that slot frees it.
     Orphan,
+    /// A heartbeat slot that is damaged, or left Live/Recovering by a node that stopped.
+    Heartbeat,
+    /// A lock record that is corrupted, contradicts itself, or names slots that hold nothing.
+    LockRecord,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -163,6 +170,7 @@ pub enum Pass {
     Namespace,
     LinkCounts,
     Space,
+    ControlAreas,
 }
 
 impl fmt::Display for Pass {
@@ -173,6 +181,7 @@ impl fmt::Display for Pass {
             Self::Namespace => "Pass 3: checking inodes, trees and directories",
             Self::LinkCounts => "Pass 4: checking link counts",
             Self::Space => "Pass 5: checking block allocation",
+            Self::ControlAreas => "Pass 6: checking heartbeat slots and lock records",
         })
     }
 }
@@ -207,6 +216,8 @@ pub fn check_volume_with(dev: &dyn BlockDevice, progress: &mut dyn FnMut(Pass)) 
     c.check_link_counts();
     progress(Pass::Space);
     c.check_space();
+    progress(Pass::ControlAreas);
+    control::check_control_areas(c.dev, &c.sb, &mut c.report)?;
     c.report.superblock = Some(c.sb);
     Ok(c.report)
 }

@@ -102,6 +102,66 @@ impl Backoff {
     }
 }
 
+/// Which lock record protects what, from the superblock: record 0 global, `1 + g` group `g`,
+/// the last `buckets` records open-file buckets. Clamped so that a wrong superblock gives
+/// errors or collisions, never a panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockLayout {
+    pub lock_count: u64,
+    /// Records the volume needs (`1 + group_count + inode_lock_slots`); 0 when unknown.
+    pub needed: u64,
+    pub groups: u64,
+    pub bucket_base: u64,
+    pub buckets: u64,
+}
+
+impl LockLayout {
+    pub fn new(sb: &Superblock) -> Self {
+        let lock_count = sb.lock_count;
+        let buckets = u64::from(sb.inode_lock_slots)
+            .min(lock_count.saturating_sub(1))
+            .max(1);
+        let bucket_base = lock_count.saturating_sub(buckets);
+        Self {
+            lock_count,
+            needed: 1 + sb.group_count + u64::from(sb.inode_lock_slots),
+            groups: sb.group_count.min(bucket_base.saturating_sub(1)),
+            bucket_base,
+            buckets,
+        }
+    }
+
+    /// Record index of `ino`'s open-file bucket.
+    pub fn bucket_of(&self, ino: u64) -> u64 {
+        self.bucket_base + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % self.buckets
+    }
+
+    /// The kind and protected object of record `index`.
+    pub fn kind_of(&self, index: u64) -> (LockKind, u64) {
+        if index == LockTable::GLOBAL {
+            (LockKind::Global, 0)
+        } else if index < self.bucket_base {
+            (LockKind::Group, index - 1)
+        } else {
+            (LockKind::OpenBucket, index - self.bucket_base)
+        }
+    }
+
+    /// Decode record `index` and check that it is the record the layout puts there (a zero
+    /// block decodes as a free record).
+    pub fn decode_at(&self, buf: &[u8], index: u64) -> Result<LockRecord> {
+        let (kind, object) = self.kind_of(index);
+        match LockRecord::decode(buf, index)? {
+            None => Ok(LockRecord::free(kind, index, object)),
+            Some(r) if r.kind == kind && r.object == object => Ok(r),
+            Some(r) => Err(Error::corrupted(format!(
+                "lock record {index}: is a {:?} record for object {}, the layout expects {kind:?} {object}",
+                r.kind, r.object
+            ))),
+        }
+    }
+}
+
 /// The lock area of one volume.
 #[derive(Debug)]
 pub struct LockTable {
@@ -276,30 +336,36 @@ impl LockTable {
     pub const GLOBAL: u64 = 0;
 
     pub fn new(dev: SharedDevice, sb: &Superblock) -> Self {
-        let lock_count = sb.lock_count;
-        let need = 1 + sb.group_count + u64::from(sb.inode_lock_slots);
-        if lock_count < need {
+        let l = LockLayout::new(sb);
+        if l.lock_count < l.needed {
             tracing::warn!(
-                "lock area has {lock_count} records, fewer than the {need} the volume needs; \
-                 using fewer group and bucket records"
+                "lock area has {} records, fewer than the {} the volume needs; \
+                 using fewer group and bucket records",
+                l.lock_count,
+                l.needed
             );
         }
-        // Clamp so that a wrong superblock gives errors or collisions, never a panic.
-        let buckets = u64::from(sb.inode_lock_slots)
-            .min(lock_count.saturating_sub(1))
-            .max(1);
-        let bucket_base = lock_count.saturating_sub(buckets);
-        let groups = sb.group_count.min(bucket_base.saturating_sub(1));
         Self {
             dev,
             lbs: sb.logical_block_size as usize,
             base: sb.lock_start.saturating_mul(FS_BLOCK),
-            lock_count,
-            groups,
-            bucket_base,
-            buckets,
+            lock_count: l.lock_count,
+            groups: l.groups,
+            bucket_base: l.bucket_base,
+            buckets: l.buckets,
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
+        }
+    }
+
+    /// Which record is which (shared with fsck).
+    pub fn layout(&self) -> LockLayout {
+        LockLayout {
+            lock_count: self.lock_count,
+            needed: 0,
+            groups: self.groups,
+            bucket_base: self.bucket_base,
+            buckets: self.buckets,
         }
     }
 
@@ -324,7 +390,7 @@ impl LockTable {
 
     /// Record index of `ino`'s open-file bucket.
     pub fn bucket_of(&self, ino: u64) -> u64 {
-        self.bucket_base + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % self.buckets
+        self.layout().bucket_of(ino)
     }
 
     /// Number of group records in use (the volume's group count).
@@ -343,13 +409,7 @@ impl LockTable {
 
     /// The kind and protected object of record `index`, from the layout.
     pub fn kind_of(&self, index: u64) -> (LockKind, u64) {
-        if index == Self::GLOBAL {
-            (LockKind::Global, 0)
-        } else if index < self.bucket_base {
-            (LockKind::Group, index - 1)
-        } else {
-            (LockKind::OpenBucket, index - self.bucket_base)
-        }
+        self.layout().kind_of(index)
     }
 
     fn offset(&self, index: u64) -> u64 {
@@ -383,17 +443,8 @@ impl LockTable {
         Ok(())
     }
 
-    /// Decode record `index` and check that it is the record the layout puts there.
     fn decode_at(&self, buf: &[u8], index: u64) -> Result<LockRecord> {
-        let (kind, object) = self.kind_of(index);
-        match LockRecord::decode(buf, index)? {
-            None => Ok(LockRecord::free(kind, index, object)),
-            Some(r) if r.kind == kind && r.object == object => Ok(r),
-            Some(r) => Err(Error::corrupted(format!(
-                "lock record {index}: is a {:?} record for object {}, the layout expects {kind:?} {object}",
-                r.kind, r.object
-            ))),
-        }
+        self.layout().decode_at(buf, index)
     }
 
     /// Read one record, re-reading one that fails validation a few times (a torn read while
