@@ -211,6 +211,10 @@ pub enum SlotLife {
     Unknown,
 }
 
+/// What [`LockTable::repair_corrupt`] did: the records reset, and those left corrupted (with
+/// why) because another node may be alive.
+pub type Repaired = (Vec<u64>, Vec<(u64, Error)>);
+
 /// One mention of a slot in a lock record that no live node stands behind.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Stale {
@@ -711,8 +715,8 @@ impl LockTable {
             Err(e) if e.kind() == ErrorKind::Corrupted => false,
             Err(e) => return Err(e),
         };
-        self.update(Self::GLOBAL, |r| {
-            if !global_readable || !mentions(r) {
+        let global = |r: &LockRecord| {
+            if !mentions(r) {
                 return None;
             }
             let mut n = r.clone();
@@ -734,7 +738,10 @@ impl LockTable {
                 n.next = next_after(&n.waiters, slot);
             }
             Some(n)
-        })?;
+        };
+        if global_readable {
+            self.update(Self::GLOBAL, global)?;
+        }
         // A corrupted group or bucket record names nobody readably: it is skipped here (and
         // reset by `repair_corrupt` once no other node is alive), not a reason to fail.
         for (g, rec) in (0..).zip(self.read_range_each(1, self.groups)?) {
@@ -840,11 +847,7 @@ impl LockTable {
     /// nobody can take the metadata lock before this node has recovered the dead and released
     /// it; group records become free (no published free count), buckets empty. Returns the
     /// records reset, and those left corrupted because another node may be alive.
-    pub fn repair_corrupt(
-        &self,
-        me: Me,
-        alone: &dyn Fn() -> Result<bool>,
-    ) -> Result<(Vec<u64>, Vec<(u64, Error)>)> {
+    pub fn repair_corrupt(&self, me: Me, alone: &dyn Fn() -> Result<bool>) -> Result<Repaired> {
         check_slot(me.slot)?;
         let mut reset = Vec::new();
         let mut left = Vec::new();
@@ -1584,6 +1587,87 @@ mod tests {
         assert_eq!(dev.writes.load(Ordering::Relaxed), writes);
         assert!(dev.snapshot() == before);
         assert!(t.scrub_slot(NO_SLOT).is_err());
+    }
+
+    #[test]
+    fn lock_scrub_stale_keeps_live_generations_and_unknown_slots() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let (raw, mut g) = t.read(LockTable::GLOBAL).unwrap();
+        g.mode = LockMode::Shared;
+        g.holders.insert(0); // live
+        g.holders.insert(1); // gone
+        g.holders.insert(2); // unknown (recovering or damaged)
+        g.waiters.insert(3); // live at another generation: waiters carry none, kept
+        g.next = 1;
+        assert!(t.swap(LockTable::GLOBAL, &raw, &mut g).unwrap());
+        let grp = t.group_index(0);
+        let (raw, mut r) = t.read(grp).unwrap();
+        r.mode = LockMode::Exclusive;
+        r.owner = 3;
+        r.owner_gen = 7; // slot 3 is live at generation 8: taken over
+        assert!(t.swap(grp, &raw, &mut r).unwrap());
+        let b = t.bucket_of(99);
+        let (raw, mut br) = t.read(b).unwrap();
+        for (slot, gen) in [(0, 5), (0, 4), (2, 1), (1, 1)] {
+            br.entries.push(OpenEntry {
+                ino: 99,
+                slot,
+                writer: false,
+                slot_gen: gen,
+            });
+        }
+        assert!(t.swap(b, &raw, &mut br).unwrap());
+        let lives = || {
+            Ok(vec![
+                SlotLife::Live(5),
+                SlotLife::Gone,
+                SlotLife::Unknown,
+                SlotLife::Live(8),
+            ])
+        };
+        let changed = t.scrub_stale(&lives).unwrap();
+        assert_eq!(changed.len(), 3, "{changed:?}");
+        let g = t.read(LockTable::GLOBAL).unwrap().1;
+        assert_eq!(g.holders.iter().collect::<Vec<_>>(), vec![0, 2]);
+        assert!(g.waiters.contains(3) && g.next == 3 && g.mode == LockMode::Shared);
+        let r = t.read(grp).unwrap().1;
+        assert_eq!((r.mode, r.owner), (LockMode::Free, NO_SLOT));
+        let kept: Vec<_> = t
+            .read(b)
+            .unwrap()
+            .1
+            .entries
+            .iter()
+            .map(|e| (e.slot, e.slot_gen))
+            .collect();
+        assert_eq!(kept, vec![(0, 5), (2, 1)]);
+        assert!(t.scrub_stale(&lives).unwrap().is_empty(), "idempotent");
+    }
+
+    #[test]
+    fn lock_repair_corrupt_only_when_alone() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let b = t.bucket_of(5);
+        for index in [LockTable::GLOBAL, b] {
+            dev.write_at(t.offset(index), &[0x33; 512]).unwrap();
+        }
+        let (reset, left) = t.repair_corrupt(me(1), &|| Ok(false)).unwrap();
+        assert!(reset.is_empty());
+        assert_eq!(left.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, b]);
+        assert!(
+            t.read(LockTable::GLOBAL).is_err(),
+            "left alone while others may live"
+        );
+        let (reset, left) = t.repair_corrupt(me(1), &|| Ok(true)).unwrap();
+        assert_eq!((reset, left.len()), (vec![0, b], 0));
+        let g = t.read(LockTable::GLOBAL).unwrap().1;
+        assert!(
+            LockTable::holds(&g, me(1), LockMode::Exclusive),
+            "held until released"
+        );
+        assert!(t.read(b).unwrap().1.entries.is_empty());
     }
 
     #[test]

@@ -78,7 +78,7 @@ pub fn claim_and_release(
         // is unknown; the claim writes 0 (the clear then 1), and every lock naming the slot is
         // scrubbed whatever its generation, so nothing of the old owner can match later.
         None if dead.is_damaged() && dead.slot < sb.max_nodes => Heartbeat {
-            state: SlotState::Recovering,
+            state: SlotState::Live, // a stand-in: the claim below writes Recovering
             generation: 0,
             counter: 0,
             nonce: 0,
@@ -88,8 +88,8 @@ pub fn claim_and_release(
             slot: dead.slot,
             host: String::new(),
             pid: 0,
-            recoverer: me.slot,
-            recoverer_gen: me.gen,
+            recoverer: u32::MAX,
+            recoverer_gen: 0,
         },
         None => return Ok(None),
     };
