@@ -64,8 +64,10 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
             opts.max_nodes
         ));
     }
-    if opts.heartbeat_interval_ms == 0 || opts.io_timeout_ms < opts.heartbeat_interval_ms {
-        return inval("io timeout must be at least the heartbeat interval".into());
+    if let Err(e) =
+        crate::format::heartbeat::check_timing(opts.heartbeat_interval_ms, opts.io_timeout_ms)
+    {
+        return inval(e);
     }
     let total = size_bytes / FS_BLOCK;
     let per_fs = FS_BLOCK / u64::from(lbs);

@@ -44,7 +44,7 @@ use cetrafs_core::format::lock_record::{LockKind, LockMode, LockRecord, OpenEntr
 use cetrafs_core::format::slot_header::SlotHeader;
 use cetrafs_core::format::superblock::Superblock;
 use cetrafs_core::format::tree_node::{NodeEntries, TreeNode};
-use cetrafs_core::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
+use cetrafs_core::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use cetrafs_tests::rand::rngs::StdRng;
 use cetrafs_tests::rand::{Rng, SeedableRng};
 use cetrafs_tests::{
@@ -1486,15 +1486,16 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
         let xb = m.node("d2/xfile").inode.xattr_block;
         b.flip_block("xattr.flip", "xattr block", xb).damaged = Some(x);
         b.zero_block("xattr.zero", "xattr block", xb).damaged = Some(x);
-        let (_, map) = xattr::decode(&b.block(xb), xb).expect("pristine xattr block");
-        let h = BlockHeader::decode(&b.block(xb)).expect("header");
+        let mut img = b.block(xb);
+        let h = BlockHeader::decode(&img).expect("pristine xattr block header");
         let other = m.ino("d2/xfile2");
+        BlockHeader { owner: other, ..h }.seal(&mut img);
         b.put_block(
             "xattr.owner",
             "xattr block",
             xb,
-            format!("owner -> {other} (d2/xfile2), re-encoded"),
-            xattr::encode(&map, xb, h.seq, other),
+            format!("owner -> {other} (d2/xfile2), re-sealed"),
+            img,
         )
         .damaged = Some(x);
     }

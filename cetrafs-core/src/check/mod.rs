@@ -3,24 +3,27 @@
 //! problem with the block or inode it concerns. Nothing is repaired here.
 //!
 //! Passes:
-//! 1. superblocks: primary valid (else fall back to the backup), features understood,
-//!    geometry matches the device, backup equal to the primary except `seq`;
+//! 1. superblocks: the one chosen by `Superblock::locate` (the primary if it decodes and fits
+//!    the device, else the backup; using the backup is a finding), features understood,
+//!    logical block size matches the device, backup equal to the primary except `seq`;
 //! 2. groups: every header and bitmap block decodes, free counts agree with the bitmaps, the
 //!    group's own metadata is marked used, bits past the end of the group are set;
 //! 3. namespace: from the root, every inode, xattr block, tree node, extent and directory entry
 //!    (see the conventions in `docs/format.md` and [`crate::format`]);
 //! 4. link counts and directory structure;
 //! 5. space: every block claimed by something is marked used, every block marked used is
-//!    claimed, no block is claimed twice.
+//!    claimed, no block is claimed twice;
+//! 6. control areas: heartbeat slots and lock records (`check/control.rs`).
 //!
 //! Every decode error is a finding; the checker never panics on what it reads, and never
 //! follows a block twice, so hostile images terminate.
 
+mod control;
 mod space;
 pub mod synth;
 
 use crate::dev::{AlignedBuf, BlockDevice};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::Result;
 use crate::format::block::{check_owner, BlockHeader};
 use crate::format::dirent::{decode_entries, name_hash};
 use crate::format::extent::Extent;
@@ -91,6 +94,10 @@ pub enum FindingKind {
     /// A committed journal transaction that logs a block which is not a metadata home (mount
     /// refuses to replay it).
     BadJournal,
+    /// A heartbeat slot that is damaged, or left Live/Recovering by a node that stopped.
+    Heartbeat,
+    /// A lock record that is corrupted, contradicts itself, or names slots that hold nothing.
+    LockRecord,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -170,6 +177,7 @@ pub enum Pass {
     Namespace,
     LinkCounts,
     Space,
+    ControlAreas,
 }
 
 impl fmt::Display for Pass {
@@ -180,6 +188,7 @@ impl fmt::Display for Pass {
             Self::Namespace => "Pass 3: checking inodes, trees and directories",
             Self::LinkCounts => "Pass 4: checking link counts",
             Self::Space => "Pass 5: checking block allocation",
+            Self::ControlAreas => "Pass 6: checking heartbeat slots and lock records",
         })
     }
 }
@@ -214,6 +223,8 @@ pub fn check_volume_with(dev: &dyn BlockDevice, progress: &mut dyn FnMut(Pass)) 
     c.check_link_counts();
     progress(Pass::Space);
     c.check_space();
+    progress(Pass::ControlAreas);
+    control::check_control_areas(c.dev, &c.sb, &mut c.report)?;
     c.report.superblock = Some(c.sb);
     Ok(c.report)
 }
@@ -237,52 +248,19 @@ fn read_block(dev: &dyn BlockDevice, b: u64) -> Result<AlignedBuf> {
 /// Pass 1. Returns the superblock to check against.
 fn check_superblocks(dev: &dyn BlockDevice, report: &mut Report) -> Result<Superblock> {
     let geo = dev.geometry();
-    let dev_blocks = geo.size_bytes / FS_BLOCK;
-    if dev_blocks < 2 {
-        return Err(Error::new(
-            ErrorKind::InvalidInput,
+    let located = crate::fs::locate_superblock(dev)?;
+    let sb = located.sb;
+    if let Some(pe) = located.primary_error {
+        report.findings.push(finding(
+            FindingKind::PrimarySuperblock,
+            Some(0),
+            None,
             format!(
-                "device of {} bytes is too small to hold a CetraFS volume",
-                geo.size_bytes
+                "primary superblock is unusable ({pe}); checking with the backup at block {}",
+                sb.backup_block
             ),
         ));
     }
-    // mkfs puts the backup in the last fs block of the device.
-    let dev_backup = dev_blocks - 1;
-    let primary = Superblock::decode(&read_block(dev, 0)?);
-    let sb = match primary {
-        Ok(sb) => sb,
-        Err(pe) => {
-            let backup_raw = read_block(dev, dev_backup)?;
-            let backup = Superblock::decode(&backup_raw);
-            match backup {
-                Ok(sb) if sb.backup_block == dev_backup => {
-                    report.findings.push(finding(
-                        FindingKind::PrimarySuperblock,
-                        Some(0),
-                        None,
-                        format!("primary superblock is unusable ({pe}); checking with the backup at block {dev_backup}"),
-                    ));
-                    sb
-                }
-                Ok(_) => {
-                    return Err(Error::corrupted(format!(
-                        "primary superblock is unusable ({pe}) and the backup at block {dev_backup} does not describe this device"
-                    )))
-                }
-                Err(_) if !Superblock::has_magic(&backup_raw) && pe.to_string().contains("magic") => {
-                    return Err(Error::corrupted(format!(
-                        "not a CetraFS volume: no superblock at block 0 or at block {dev_backup}"
-                    )))
-                }
-                Err(be) => {
-                    return Err(Error::corrupted(format!(
-                        "no usable superblock: primary: {pe}; backup at block {dev_backup}: {be}"
-                    )))
-                }
-            }
-        }
-    };
     // Refuses unknown incompat features: the checker would misread the volume.
     let ro_unknown = sb.check_features()?;
     if ro_unknown {
@@ -305,12 +283,6 @@ fn check_superblocks(dev: &dyn BlockDevice, report: &mut Report) -> Result<Super
                 sb.compat & !COMPAT_KNOWN
             ),
         });
-    }
-    if sb.total_blocks > dev_blocks {
-        return Err(Error::corrupted(format!(
-            "the superblock says the volume has {} blocks but the device has only {dev_blocks}; wrong device, or it was shrunk",
-            sb.total_blocks
-        )));
     }
     if sb.logical_block_size != geo.logical_block_size {
         report.findings.push(finding(

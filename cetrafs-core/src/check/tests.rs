@@ -1,6 +1,7 @@
 use super::synth::{SynthVolume, MIN_SYNTH_BYTES};
 use super::*;
 use crate::dev::mem::MemDevice;
+use crate::error::ErrorKind;
 use crate::format::block::BlockType;
 use crate::format::dirent::DirEntry;
 use crate::format::xattr::{Head, Layout};
@@ -73,7 +74,7 @@ fn fresh_volumes_are_clean() {
         let mut passes = Vec::new();
         let r = check_volume_with(&dev, &mut |p| passes.push(p)).unwrap();
         assert_clean(&r);
-        assert_eq!(passes.len(), 5);
+        assert_eq!(passes.len(), 6);
         assert_eq!(r.stats.inodes, 1);
         assert_eq!(r.stats.directories, 1);
         assert_eq!(r.superblock.as_ref(), Some(&sb));
@@ -579,4 +580,265 @@ fn cyclic_tree_terminates() {
     wr(&dev, i.tree_root, &top.encode());
     let r = check_volume(&dev).unwrap();
     assert!(r.has(FindingKind::BlockShared), "{:?}", r.findings);
+}
+
+mod control_areas {
+    use super::*;
+    use crate::cluster::lock::LockLayout;
+    use crate::cluster::membership::lba_of;
+    use crate::format::heartbeat::{Heartbeat, SlotState};
+    use crate::format::lock_record::{LockKind, LockMode, LockRecord, OpenEntry};
+
+    fn hb(sb: &Superblock, slot: u32, state: SlotState, generation: u64) -> Heartbeat {
+        Heartbeat {
+            state,
+            generation,
+            counter: 1,
+            nonce: 1,
+            uuid: sb.uuid,
+            interval_ms: sb.heartbeat_interval_ms,
+            io_timeout_ms: sb.io_timeout_ms,
+            slot,
+            host: "n".into(),
+            pid: 1,
+            recoverer: u32::MAX,
+            recoverer_gen: 0,
+        }
+    }
+
+    fn put_hb(dev: &MemDevice, sb: &Superblock, h: &Heartbeat) {
+        let lbs = sb.logical_block_size as usize;
+        dev.write_at(lba_of(sb, h.slot) * lbs as u64, &h.encode(lbs))
+            .unwrap();
+    }
+
+    fn put_lock(dev: &MemDevice, sb: &Superblock, index: u64, raw: &[u8]) {
+        let lbs = u64::from(sb.logical_block_size);
+        dev.write_at(sb.lock_start * FS_BLOCK + index * lbs, raw)
+            .unwrap();
+    }
+
+    fn lock(sb: &Superblock, index: u64) -> LockRecord {
+        let (kind, object) = LockLayout::new(sb).kind_of(index);
+        LockRecord::free(kind, index, object)
+    }
+
+    fn lock_findings(r: &Report) -> Vec<(Severity, String)> {
+        r.findings
+            .iter()
+            .filter(|f| matches!(f.kind, FindingKind::LockRecord | FindingKind::Heartbeat))
+            .map(|f| (f.severity, f.message.clone()))
+            .collect()
+    }
+
+    fn has(r: &Report, sev: Severity, words: &[&str]) -> bool {
+        lock_findings(r)
+            .iter()
+            .any(|(s, m)| *s == sev && words.iter().all(|w| m.contains(w)))
+    }
+
+    #[test]
+    fn a_stopped_node_and_its_own_locks_are_only_warnings() {
+        let (dev, sb) = fresh(64 << 20, 512);
+        put_hb(&dev, &sb, &hb(&sb, 0, SlotState::Live, 4));
+        let mut g = lock(&sb, 0);
+        g.mode = LockMode::Exclusive;
+        g.owner = 0;
+        g.owner_gen = 4;
+        put_lock(&dev, &sb, 0, &g.encode(512));
+        let r = check_volume(&dev).unwrap();
+        assert!(r.is_clean(), "{:?}", r.findings);
+        assert!(has(
+            &r,
+            Severity::Warning,
+            &["slot 0 is Live", "stopped without unmounting"]
+        ));
+        assert_eq!(lock_findings(&r).len(), 1, "{:?}", lock_findings(&r));
+    }
+
+    #[test]
+    fn damaged_heartbeats_are_errors() {
+        let (dev, sb) = fresh(64 << 20, 512);
+        // Absurd timing with a valid checksum (issue 8: every mount waited forever).
+        let mut h = hb(&sb, 1, SlotState::Live, 2);
+        h.io_timeout_ms = u32::MAX;
+        put_hb(&dev, &sb, &h);
+        // A valid Live record beyond max_nodes (2), and another volume's record.
+        put_hb(&dev, &sb, &hb(&sb, 5, SlotState::Live, 1));
+        let mut other = hb(&sb, 6, SlotState::Free, 1);
+        other.uuid[0] ^= 1;
+        put_hb(&dev, &sb, &other);
+        let r = check_volume(&dev).unwrap();
+        assert!(!r.is_clean());
+        assert!(
+            has(&r, Severity::Error, &["slot 1 is damaged", "io timeout"]),
+            "{:?}",
+            lock_findings(&r)
+        );
+        assert!(has(&r, Severity::Error, &["slot 5 is Live", "max nodes"]));
+        assert!(has(
+            &r,
+            Severity::Error,
+            &["slot 6 is damaged", "another volume"]
+        ));
+    }
+
+    #[test]
+    fn stale_inconsistent_and_corrupted_lock_records_are_reported() {
+        let (dev, sb) = fresh(64 << 20, 512);
+        let layout = LockLayout::new(&sb);
+        put_hb(&dev, &sb, &hb(&sb, 0, SlotState::Free, 3));
+        // Record 0 held exclusively by slot 1, which was never used.
+        let mut g = lock(&sb, 0);
+        g.mode = LockMode::Exclusive;
+        g.owner = 1;
+        g.owner_gen = 1;
+        put_lock(&dev, &sb, 0, &g.encode(512));
+        // Group 0 owned by the free slot 0's generation, a waiter that left; group 1 shared
+        // without holders; group 2 waited on by slot 40 (beyond max nodes).
+        let mut grp = lock(&sb, 1);
+        grp.mode = LockMode::Exclusive;
+        grp.owner = 0;
+        grp.owner_gen = 3;
+        grp.waiters.insert(1);
+        put_lock(&dev, &sb, 1, &grp.encode(512));
+        let mut sh = lock(&sb, 2);
+        sh.mode = LockMode::Shared;
+        put_lock(&dev, &sb, 2, &sh.encode(512));
+        let mut far = lock(&sb, 3);
+        far.mode = LockMode::Exclusive;
+        far.owner = 40;
+        far.owner_gen = 1;
+        put_lock(&dev, &sb, 3, &far.encode(512));
+        // A bucket with a stale entry and one in the wrong bucket; another bucket corrupted.
+        let ino = sb.root_ino;
+        let bi = layout.bucket_of(ino);
+        let mut b = lock(&sb, bi);
+        b.entries.push(OpenEntry {
+            ino,
+            slot: 1,
+            writer: true,
+            slot_gen: 9,
+        });
+        let wrong = (1..).find(|i| layout.bucket_of(ino + i) != bi).unwrap() + ino;
+        b.entries.push(OpenEntry {
+            ino: wrong,
+            slot: 0,
+            writer: false,
+            slot_gen: 3,
+        });
+        put_lock(&dev, &sb, bi, &b.encode(512));
+        let corrupt = if bi == layout.bucket_base {
+            bi + 1
+        } else {
+            layout.bucket_base
+        };
+        let mut c = lock(&sb, corrupt).encode(512);
+        c[80] ^= 0x40;
+        put_lock(&dev, &sb, corrupt, &c);
+        let r = check_volume(&dev).unwrap();
+        let f = lock_findings(&r);
+        assert!(!r.is_clean());
+        assert!(
+            has(
+                &r,
+                Severity::Error,
+                &["lock record 0", "stale owner slot 1 (generation 1)"]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                &r,
+                Severity::Error,
+                &["lock record 1", "stale owner slot 0 (generation 3)"]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                &r,
+                Severity::Warning,
+                &["lock record 1", "stale waiter slot 1"]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                &r,
+                Severity::Error,
+                &["lock record 2", "shared without holders"]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(&r, Severity::Error, &["lock record 3", "beyond max nodes"]),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                &r,
+                Severity::Warning,
+                &[&format!(
+                    "stale open entry slot 1 (generation 9) for inode {ino}"
+                )]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                &r,
+                Severity::Error,
+                &[&format!("open entry for inode {wrong} belongs in")]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                &r,
+                Severity::Error,
+                &[&format!("lock record {corrupt}: checksum")]
+            ),
+            "{f:?}"
+        );
+        // Record 0 itself corrupted.
+        put_lock(&dev, &sb, 0, &[0x5a; 512]);
+        let r = check_volume(&dev).unwrap();
+        assert!(
+            has(&r, Severity::Error, &["lock record 0: bad magic"]),
+            "{:?}",
+            lock_findings(&r)
+        );
+        // A group record where a bucket should be.
+        put_lock(
+            &dev,
+            &sb,
+            bi,
+            &LockRecord::free(LockKind::Group, bi, 7).encode(512),
+        );
+        let r = check_volume(&dev).unwrap();
+        assert!(has(
+            &r,
+            Severity::Error,
+            &[&format!("lock record {bi}: is a Group record")]
+        ));
+    }
+
+    #[test]
+    fn a_primary_superblock_with_impossible_geometry_gives_way_to_the_backup() {
+        let (dev, sb) = fresh(64 << 20, 512);
+        let mut bad = sb.clone();
+        bad.total_blocks *= 100;
+        bad.backup_block = bad.total_blocks - 1;
+        dev.write_at(0, &bad.encode()).unwrap();
+        let r = check_volume(&dev).unwrap();
+        assert_eq!(r.superblock.as_ref(), Some(&sb));
+        let p = r
+            .findings
+            .iter()
+            .find(|f| f.kind == FindingKind::PrimarySuperblock)
+            .unwrap();
+        assert!(p.message.contains("device has only"), "{}", p.message);
+        assert!(!r.is_clean());
+    }
 }

@@ -102,6 +102,66 @@ impl Backoff {
     }
 }
 
+/// Which lock record protects what, from the superblock: record 0 global, `1 + g` group `g`,
+/// the last `buckets` records open-file buckets. Clamped so that a wrong superblock gives
+/// errors or collisions, never a panic.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LockLayout {
+    pub lock_count: u64,
+    /// Records the volume needs (`1 + group_count + inode_lock_slots`); 0 when unknown.
+    pub needed: u64,
+    pub groups: u64,
+    pub bucket_base: u64,
+    pub buckets: u64,
+}
+
+impl LockLayout {
+    pub fn new(sb: &Superblock) -> Self {
+        let lock_count = sb.lock_count;
+        let buckets = u64::from(sb.inode_lock_slots)
+            .min(lock_count.saturating_sub(1))
+            .max(1);
+        let bucket_base = lock_count.saturating_sub(buckets);
+        Self {
+            lock_count,
+            needed: 1 + sb.group_count + u64::from(sb.inode_lock_slots),
+            groups: sb.group_count.min(bucket_base.saturating_sub(1)),
+            bucket_base,
+            buckets,
+        }
+    }
+
+    /// Record index of `ino`'s open-file bucket.
+    pub fn bucket_of(&self, ino: u64) -> u64 {
+        self.bucket_base + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % self.buckets
+    }
+
+    /// The kind and protected object of record `index`.
+    pub fn kind_of(&self, index: u64) -> (LockKind, u64) {
+        if index == LockTable::GLOBAL {
+            (LockKind::Global, 0)
+        } else if index < self.bucket_base {
+            (LockKind::Group, index - 1)
+        } else {
+            (LockKind::OpenBucket, index - self.bucket_base)
+        }
+    }
+
+    /// Decode record `index` and check that it is the record the layout puts there (a zero
+    /// block decodes as a free record).
+    pub fn decode_at(&self, buf: &[u8], index: u64) -> Result<LockRecord> {
+        let (kind, object) = self.kind_of(index);
+        match LockRecord::decode(buf, index)? {
+            None => Ok(LockRecord::free(kind, index, object)),
+            Some(r) if r.kind == kind && r.object == object => Ok(r),
+            Some(r) => Err(Error::corrupted(format!(
+                "lock record {index}: is a {:?} record for object {}, the layout expects {kind:?} {object}",
+                r.kind, r.object
+            ))),
+        }
+    }
+}
+
 /// The lock area of one volume.
 #[derive(Debug)]
 pub struct LockTable {
@@ -136,34 +196,180 @@ fn check_slot(slot: u32) -> Result<()> {
     }
 }
 
+/// What the heartbeat area says about a slot named in a lock record, read *after* the lock
+/// record (a node claims its slot before it writes any lock and releases or is recovered
+/// before its slot turns Free, so a mention judged stale against a later heartbeat read, and
+/// removed by a CAW against the lock image read before it, cannot belong to a live node).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SlotLife {
+    /// Held by a mounted node of this generation (or one not yet found dead): what it holds
+    /// at this generation stands.
+    Live(u64),
+    /// Free, never used, or beyond the slots a node can claim (`max_nodes`): holds nothing.
+    Gone,
+    /// Recovering (its recoverer scrubs it), damaged or unreadable: left alone.
+    Unknown,
+}
+
+/// What [`LockTable::repair_corrupt`] did: the records reset, and those left corrupted (with
+/// why) because another node may be alive.
+pub type Repaired = (Vec<u64>, Vec<(u64, Error)>);
+
+/// One mention of a slot in a lock record that no live node stands behind.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Stale {
+    /// "owner", "holder", "waiter", "next" or "open entry".
+    pub role: &'static str,
+    pub slot: u32,
+    /// The generation the record names (owner and open entries only).
+    pub gen: Option<u64>,
+    /// The inode of an open entry.
+    pub ino: Option<u64>,
+}
+
+impl std::fmt::Display for Stale {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{} slot {}", self.role, self.slot)?;
+        if let Some(g) = self.gen {
+            write!(f, " (generation {g})")?;
+        }
+        if let Some(i) = self.ino {
+            write!(f, " for inode {i}")?;
+        }
+        Ok(())
+    }
+}
+
+/// The staleness rule: a mention of `slot` (at generation `gen`, when the record names one)
+/// is stale when the slot holds nothing, or holds another generation.
+fn is_stale(life: SlotLife, gen: Option<u64>) -> bool {
+    match life {
+        SlotLife::Gone => true,
+        SlotLife::Live(g) => gen.is_some_and(|want| want != g),
+        SlotLife::Unknown => false,
+    }
+}
+
+/// Every stale mention in `rec` ([`SlotLife`]); `life(s)` describes slot `s`.
+pub fn stale_mentions(rec: &LockRecord, life: &dyn Fn(u32) -> SlotLife) -> Vec<Stale> {
+    let mut out = Vec::new();
+    let mention = |role, slot, gen, ino| Stale {
+        role,
+        slot,
+        gen,
+        ino,
+    };
+    if rec.owner != NO_SLOT && is_stale(life(rec.owner), Some(rec.owner_gen)) {
+        out.push(mention("owner", rec.owner, Some(rec.owner_gen), None));
+    }
+    for s in rec.holders.iter().filter(|&s| is_stale(life(s), None)) {
+        out.push(mention("holder", s, None, None));
+    }
+    for s in rec.waiters.iter().filter(|&s| is_stale(life(s), None)) {
+        out.push(mention("waiter", s, None, None));
+    }
+    if rec.next != NO_SLOT && is_stale(life(rec.next), None) {
+        out.push(mention("next", rec.next, None, None));
+    }
+    for e in rec
+        .entries
+        .iter()
+        .filter(|e| is_stale(life(e.slot), Some(e.slot_gen)))
+    {
+        out.push(mention("open entry", e.slot, Some(e.slot_gen), Some(e.ino)));
+    }
+    out
+}
+
+/// Modes that contradict the owner and holders: exclusive without an owner, shared without
+/// holders, an owner or holders on a record that is not held that way. Nothing can ever
+/// grant or release such a record, so it blocks its lock forever.
+pub fn inconsistency(rec: &LockRecord) -> Option<&'static str> {
+    match rec.mode {
+        LockMode::Exclusive if rec.owner == NO_SLOT => Some("exclusive without an owner"),
+        LockMode::Exclusive if !rec.holders.is_empty() => Some("exclusive with shared holders"),
+        LockMode::Shared if rec.holders.is_empty() => Some("shared without holders"),
+        LockMode::Shared | LockMode::Free if rec.owner != NO_SLOT => {
+            Some("an owner on a record not held exclusively")
+        }
+        LockMode::Free if !rec.holders.is_empty() => Some("holders on a free record"),
+        _ => None,
+    }
+}
+
+/// `rec` without its stale mentions, and with a mode that matches what is left. A global
+/// record whose exclusive owner goes has its version bumped (every cache revalidates).
+fn scrubbed(rec: &LockRecord, life: &dyn Fn(u32) -> SlotLife) -> LockRecord {
+    let mut n = rec.clone();
+    let owner_gone = rec.owner != NO_SLOT && is_stale(life(rec.owner), Some(rec.owner_gen));
+    if owner_gone || (rec.mode == LockMode::Exclusive && rec.owner == NO_SLOT) {
+        if rec.mode == LockMode::Exclusive {
+            n.mode = LockMode::Free;
+            if rec.kind == LockKind::Global {
+                n.version = rec.version.wrapping_add(1);
+            }
+        }
+        n.owner = NO_SLOT;
+        n.owner_gen = 0;
+    }
+    if n.mode != LockMode::Exclusive && n.owner != NO_SLOT {
+        n.owner = NO_SLOT;
+        n.owner_gen = 0;
+    }
+    n.holders = SlotSet::default();
+    if n.mode == LockMode::Shared {
+        for s in rec.holders.iter().filter(|&s| !is_stale(life(s), None)) {
+            n.holders.insert(s);
+        }
+        if n.holders.is_empty() {
+            n.mode = LockMode::Free;
+        }
+    }
+    for s in rec.waiters.iter().filter(|&s| is_stale(life(s), None)) {
+        n.waiters.remove(s);
+    }
+    if n.next != NO_SLOT && is_stale(life(n.next), None) {
+        n.next = next_after(&n.waiters, n.next);
+    }
+    n.entries
+        .retain(|e| !is_stale(life(e.slot), Some(e.slot_gen)));
+    n
+}
+
 impl LockTable {
     pub const GLOBAL: u64 = 0;
 
     pub fn new(dev: SharedDevice, sb: &Superblock) -> Self {
-        let lock_count = sb.lock_count;
-        let need = 1 + sb.group_count + u64::from(sb.inode_lock_slots);
-        if lock_count < need {
+        let l = LockLayout::new(sb);
+        if l.lock_count < l.needed {
             tracing::warn!(
-                "lock area has {lock_count} records, fewer than the {need} the volume needs; \
-                 using fewer group and bucket records"
+                "lock area has {} records, fewer than the {} the volume needs; \
+                 using fewer group and bucket records",
+                l.lock_count,
+                l.needed
             );
         }
-        // Clamp so that a wrong superblock gives errors or collisions, never a panic.
-        let buckets = u64::from(sb.inode_lock_slots)
-            .min(lock_count.saturating_sub(1))
-            .max(1);
-        let bucket_base = lock_count.saturating_sub(buckets);
-        let groups = sb.group_count.min(bucket_base.saturating_sub(1));
         Self {
             dev,
             lbs: sb.logical_block_size as usize,
             base: sb.lock_start.saturating_mul(FS_BLOCK),
-            lock_count,
-            groups,
-            bucket_base,
-            buckets,
+            lock_count: l.lock_count,
+            groups: l.groups,
+            bucket_base: l.bucket_base,
+            buckets: l.buckets,
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
+        }
+    }
+
+    /// Which record is which (shared with fsck).
+    pub fn layout(&self) -> LockLayout {
+        LockLayout {
+            lock_count: self.lock_count,
+            needed: 0,
+            groups: self.groups,
+            bucket_base: self.bucket_base,
+            buckets: self.buckets,
         }
     }
 
@@ -188,7 +394,7 @@ impl LockTable {
 
     /// Record index of `ino`'s open-file bucket.
     pub fn bucket_of(&self, ino: u64) -> u64 {
-        self.bucket_base + (ino.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 32) % self.buckets
+        self.layout().bucket_of(ino)
     }
 
     /// Number of group records in use (the volume's group count).
@@ -207,13 +413,7 @@ impl LockTable {
 
     /// The kind and protected object of record `index`, from the layout.
     pub fn kind_of(&self, index: u64) -> (LockKind, u64) {
-        if index == Self::GLOBAL {
-            (LockKind::Global, 0)
-        } else if index < self.bucket_base {
-            (LockKind::Group, index - 1)
-        } else {
-            (LockKind::OpenBucket, index - self.bucket_base)
-        }
+        self.layout().kind_of(index)
     }
 
     fn offset(&self, index: u64) -> u64 {
@@ -247,17 +447,8 @@ impl LockTable {
         Ok(())
     }
 
-    /// Decode record `index` and check that it is the record the layout puts there.
     fn decode_at(&self, buf: &[u8], index: u64) -> Result<LockRecord> {
-        let (kind, object) = self.kind_of(index);
-        match LockRecord::decode(buf, index)? {
-            None => Ok(LockRecord::free(kind, index, object)),
-            Some(r) if r.kind == kind && r.object == object => Ok(r),
-            Some(r) => Err(Error::corrupted(format!(
-                "lock record {index}: is a {:?} record for object {}, the layout expects {kind:?} {object}",
-                r.kind, r.object
-            ))),
-        }
+        self.layout().decode_at(buf, index)
     }
 
     /// Read one record, re-reading one that fails validation a few times (a torn read while
@@ -283,6 +474,12 @@ impl LockTable {
     /// `n` consecutive records from `first` in one device read (a record that fails validation
     /// is re-read on its own, like [`Self::read`]).
     pub fn read_range(&self, first: u64, n: u64) -> Result<Vec<LockRecord>> {
+        self.read_range_each(first, n)?.into_iter().collect()
+    }
+
+    /// Like [`Self::read_range`], but a record that stays corrupted is an `Err` in its own
+    /// place instead of failing the whole range (the outer `Err` is a device error).
+    pub fn read_range_each(&self, first: u64, n: u64) -> Result<Vec<Result<LockRecord>>> {
         self.check_range(first, n)?;
         let len = usize::try_from(n)
             .ok()
@@ -293,13 +490,14 @@ impl LockTable {
         }
         let mut buf = AlignedBuf::new(len);
         self.dev.read_at(self.offset(first), &mut buf)?;
-        buf.chunks(self.lbs)
+        Ok(buf
+            .chunks(self.lbs)
             .zip(first..)
             .map(|(b, i)| match self.decode_at(b, i) {
                 Ok(r) => Ok(r),
                 Err(_) => self.read(i).map(|(_, r)| r),
             })
-            .collect()
+            .collect())
     }
 
     /// One COMPARE AND WRITE of `new` (stamped with its index and a fresh nonce) over
@@ -510,7 +708,14 @@ impl LockTable {
                 || r.waiters.contains(slot)
                 || r.next == slot
         };
-        self.update(Self::GLOBAL, |r| {
+        // A corrupted record 0 names nobody readably, and nobody can take it until it is reset
+        // (`repair_corrupt`): nothing to release there.
+        let global_readable = match self.read(Self::GLOBAL) {
+            Ok(_) => true,
+            Err(e) if e.kind() == ErrorKind::Corrupted => false,
+            Err(e) => return Err(e),
+        };
+        let global = |r: &LockRecord| {
             if !mentions(r) {
                 return None;
             }
@@ -533,8 +738,14 @@ impl LockTable {
                 n.next = next_after(&n.waiters, slot);
             }
             Some(n)
-        })?;
-        for (g, rec) in (0..).zip(self.read_range(1, self.groups)?) {
+        };
+        if global_readable {
+            self.update(Self::GLOBAL, global)?;
+        }
+        // A corrupted group or bucket record names nobody readably: it is skipped here (and
+        // reset by `repair_corrupt` once no other node is alive), not a reason to fail.
+        for (g, rec) in (0..).zip(self.read_range_each(1, self.groups)?) {
+            let Ok(rec) = rec else { continue };
             if !mentions(&rec) {
                 continue;
             }
@@ -560,7 +771,10 @@ impl LockTable {
             })?;
         }
         let has = |r: &LockRecord| r.entries.iter().any(|e| e.slot == slot);
-        for (i, rec) in (self.bucket_base..).zip(self.read_range(self.bucket_base, self.buckets)?) {
+        for (i, rec) in
+            (self.bucket_base..).zip(self.read_range_each(self.bucket_base, self.buckets)?)
+        {
+            let Ok(rec) = rec else { continue };
             if !has(&rec) {
                 continue;
             }
@@ -574,6 +788,99 @@ impl LockTable {
             })?;
         }
         Ok(())
+    }
+
+    /// Remove every stale mention ([`stale_mentions`]) from every lock record, and give
+    /// records whose mode contradicts their owner or holders the mode that matches what is
+    /// left. `life()` reads the heartbeat area; it is called after each lock record is read,
+    /// and the new image is CAW'd against that read (see [`SlotLife`] for why this cannot
+    /// remove a live node's lock). Returns one line per record changed, for the log.
+    /// Corrupted records are skipped (see [`Self::repair_corrupt`]).
+    pub fn scrub_stale(&self, life: &dyn Fn() -> Result<Vec<SlotLife>>) -> Result<Vec<String>> {
+        let at = |lives: &[SlotLife], s: u32| {
+            usize::try_from(s)
+                .ok()
+                .and_then(|s| lives.get(s).copied())
+                .unwrap_or(SlotLife::Gone)
+        };
+        let all = self.read_range_each(0, self.lock_count)?;
+        let first = life()?;
+        let mut changed = Vec::new();
+        for (index, rec) in (0..).zip(all) {
+            let Ok(rec) = rec else { continue };
+            if scrubbed(&rec, &|s| at(&first, s)) == rec {
+                continue;
+            }
+            let mut backoff = self.backoff();
+            loop {
+                let (raw, cur) = self.read(index)?;
+                let lives = life()?;
+                let f = |s| at(&lives, s);
+                let mut new = scrubbed(&cur, &f);
+                if new == cur {
+                    break;
+                }
+                let what: Vec<String> = stale_mentions(&cur, &f)
+                    .iter()
+                    .map(ToString::to_string)
+                    .chain(inconsistency(&cur).map(String::from))
+                    .collect();
+                if self.swap(index, &raw, &mut new)? {
+                    changed.push(format!(
+                        "lock record {index} ({:?} {}): removed {}",
+                        cur.kind,
+                        cur.object,
+                        what.join(", ")
+                    ));
+                    break;
+                }
+                backoff.sleep();
+            }
+        }
+        Ok(changed)
+    }
+
+    /// Reset every lock record that stays corrupted after re-reads, if `alone()` (a heartbeat
+    /// scan made after the corrupted image was read) says no other node can hold any lock:
+    /// the corrupted bytes are the CAW's verify image, so a record some node rewrote meanwhile
+    /// is left to the next round. Record 0 becomes exclusively `me`'s (version 1) so that
+    /// nobody can take the metadata lock before this node has recovered the dead and released
+    /// it; group records become free (no published free count), buckets empty. Returns the
+    /// records reset, and those left corrupted because another node may be alive.
+    pub fn repair_corrupt(&self, me: Me, alone: &dyn Fn() -> Result<bool>) -> Result<Repaired> {
+        check_slot(me.slot)?;
+        let mut reset = Vec::new();
+        let mut left = Vec::new();
+        for (index, rec) in (0..).zip(self.read_range_each(0, self.lock_count)?) {
+            let Err(why) = rec else { continue };
+            let mut buf = AlignedBuf::new(self.lbs);
+            self.dev.read_at(self.offset(index), &mut buf)?;
+            if self.decode_at(&buf, index).is_ok() {
+                continue; // rewritten meanwhile
+            }
+            if !alone()? {
+                left.push((index, why));
+                continue;
+            }
+            let (kind, object) = self.kind_of(index);
+            let mut new = LockRecord::free(kind, index, object);
+            if kind == LockKind::Global {
+                new.mode = LockMode::Exclusive;
+                new.owner = me.slot;
+                new.owner_gen = me.gen;
+                new.version = 1;
+            }
+            // A miscompare re-reads the record, which may still be corrupted: not ours then.
+            if self.swap(index, &buf, &mut new).unwrap_or(false) {
+                tracing::error!(
+                    "lock record {index} ({kind:?} {object}) was corrupted ({why}); no other node is alive, so it was reset"
+                );
+                reset.push(index);
+            } else {
+                left.push((index, why));
+            }
+        }
+        Ok((reset, left))
     }
 
     /// Take group `g` if it is Free (version + 1). True if it is now mine (also if it already
@@ -1280,6 +1587,87 @@ mod tests {
         assert_eq!(dev.writes.load(Ordering::Relaxed), writes);
         assert!(dev.snapshot() == before);
         assert!(t.scrub_slot(NO_SLOT).is_err());
+    }
+
+    #[test]
+    fn lock_scrub_stale_keeps_live_generations_and_unknown_slots() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let (raw, mut g) = t.read(LockTable::GLOBAL).unwrap();
+        g.mode = LockMode::Shared;
+        g.holders.insert(0); // live
+        g.holders.insert(1); // gone
+        g.holders.insert(2); // unknown (recovering or damaged)
+        g.waiters.insert(3); // live at another generation: waiters carry none, kept
+        g.next = 1;
+        assert!(t.swap(LockTable::GLOBAL, &raw, &mut g).unwrap());
+        let grp = t.group_index(0);
+        let (raw, mut r) = t.read(grp).unwrap();
+        r.mode = LockMode::Exclusive;
+        r.owner = 3;
+        r.owner_gen = 7; // slot 3 is live at generation 8: taken over
+        assert!(t.swap(grp, &raw, &mut r).unwrap());
+        let b = t.bucket_of(99);
+        let (raw, mut br) = t.read(b).unwrap();
+        for (slot, gen) in [(0, 5), (0, 4), (2, 1), (1, 1)] {
+            br.entries.push(OpenEntry {
+                ino: 99,
+                slot,
+                writer: false,
+                slot_gen: gen,
+            });
+        }
+        assert!(t.swap(b, &raw, &mut br).unwrap());
+        let lives = || {
+            Ok(vec![
+                SlotLife::Live(5),
+                SlotLife::Gone,
+                SlotLife::Unknown,
+                SlotLife::Live(8),
+            ])
+        };
+        let changed = t.scrub_stale(&lives).unwrap();
+        assert_eq!(changed.len(), 3, "{changed:?}");
+        let g = t.read(LockTable::GLOBAL).unwrap().1;
+        assert_eq!(g.holders.iter().collect::<Vec<_>>(), vec![0, 2]);
+        assert!(g.waiters.contains(3) && g.next == 3 && g.mode == LockMode::Shared);
+        let r = t.read(grp).unwrap().1;
+        assert_eq!((r.mode, r.owner), (LockMode::Free, NO_SLOT));
+        let kept: Vec<_> = t
+            .read(b)
+            .unwrap()
+            .1
+            .entries
+            .iter()
+            .map(|e| (e.slot, e.slot_gen))
+            .collect();
+        assert_eq!(kept, vec![(0, 5), (2, 1)]);
+        assert!(t.scrub_stale(&lives).unwrap().is_empty(), "idempotent");
+    }
+
+    #[test]
+    fn lock_repair_corrupt_only_when_alone() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let b = t.bucket_of(5);
+        for index in [LockTable::GLOBAL, b] {
+            dev.write_at(t.offset(index), &[0x33; 512]).unwrap();
+        }
+        let (reset, left) = t.repair_corrupt(me(1), &|| Ok(false)).unwrap();
+        assert!(reset.is_empty());
+        assert_eq!(left.iter().map(|(i, _)| *i).collect::<Vec<_>>(), vec![0, b]);
+        assert!(
+            t.read(LockTable::GLOBAL).is_err(),
+            "left alone while others may live"
+        );
+        let (reset, left) = t.repair_corrupt(me(1), &|| Ok(true)).unwrap();
+        assert_eq!((reset, left.len()), (vec![0, b], 0));
+        let g = t.read(LockTable::GLOBAL).unwrap().1;
+        assert!(
+            LockTable::holds(&g, me(1), LockMode::Exclusive),
+            "held until released"
+        );
+        assert!(t.read(b).unwrap().1.entries.is_empty());
     }
 
     #[test]

@@ -8,6 +8,7 @@
 //! which refuses it once the last successful renewal is older than the fail time — checked at
 //! the write itself, so a node resuming from SIGSTOP fences before any worker thread can write.
 
+use super::lock::SlotLife;
 use super::Timing;
 use crate::dev::{AlignedBuf, BlockDevice, CawOutcome, Geometry, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -44,6 +45,69 @@ pub struct SlotView {
     pub slot: u32,
     pub raw: Vec<u8>,
     pub record: Option<Heartbeat>,
+}
+
+impl SlotView {
+    /// Neither a valid record of this volume and slot nor the all-zero never-used block: a
+    /// damaged slot. Nobody claims it (it may be a live node's record whose owner fences at
+    /// its next renewal, or a dead node's whose journal and locks still need recovering); it is
+    /// watched like a live-looking record, with the superblock's timing, and recovered once it
+    /// has not changed for that dead time.
+    pub fn is_damaged(&self) -> bool {
+        self.record.is_none() && self.raw.iter().any(|&b| b != 0)
+    }
+
+    /// Never used, or released: a claim may take it.
+    pub fn is_free(&self) -> bool {
+        match &self.record {
+            Some(h) => h.state == SlotState::Free,
+            None => !self.is_damaged(),
+        }
+    }
+}
+
+/// What a slot's block says, as the heartbeat area is read: Ok(None) for a never-used
+/// (all-zero) block; Err (with the reason) for a block that does not decode or holds another
+/// volume's or another slot's record.
+pub fn decode_slot(raw: &[u8], sb: &Superblock, slot: u32) -> Result<Option<Heartbeat>> {
+    let Some(h) = Heartbeat::decode(raw)? else {
+        return Ok(None);
+    };
+    if h.uuid != sb.uuid {
+        bail!(
+            Corrupted,
+            "heartbeat record of another volume ({:02x?}..)",
+            &h.uuid[..4]
+        );
+    }
+    if h.slot != slot {
+        bail!(
+            Corrupted,
+            "heartbeat record of slot {} in slot {slot}",
+            h.slot
+        );
+    }
+    Ok(Some(h))
+}
+
+/// What the heartbeat area says about who may hold locks as slot `v.slot` (see
+/// [`crate::cluster::lock::SlotLife`]). Only slots below `max_nodes` are ever claimed.
+pub fn life_of(v: &SlotView, sb: &Superblock) -> SlotLife {
+    if v.slot >= sb.max_nodes {
+        return SlotLife::Gone;
+    }
+    match &v.record {
+        Some(h) if h.state == SlotState::Live => SlotLife::Live(h.generation),
+        Some(h) if h.state == SlotState::Recovering => SlotLife::Unknown,
+        Some(_) => SlotLife::Gone,
+        None if v.is_damaged() => SlotLife::Unknown,
+        None => SlotLife::Gone,
+    }
+}
+
+/// [`life_of`] every slot, from a fresh scan.
+pub fn lives(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<SlotLife>> {
+    Ok(scan(dev, sb)?.iter().map(|v| life_of(v, sb)).collect())
 }
 
 /// Called once when this node fences itself, with the reason: where a hardware watchdog
@@ -138,16 +202,33 @@ pub fn swap_slot(
     }
 }
 
-/// Read every slot of the heartbeat area. Records from another volume count as garbage.
+/// How often a slot that does not decode is re-read before the scan calls it damaged: a
+/// target may return a torn block while its owner's write is in flight.
+const TORN_READ_RETRIES: u32 = 3;
+
+/// Read every slot of the heartbeat area ([`decode_slot`]); a slot that does not decode is
+/// re-read a few times, then reported with `record: None` ([`SlotView::is_damaged`]).
 pub fn scan(dev: &dyn BlockDevice, sb: &Superblock) -> Result<Vec<SlotView>> {
     (0..sb.hb_slots)
         .map(|slot| {
-            let raw = read_slot(dev, sb, slot)?;
-            let record = Heartbeat::decode(&raw)
-                .ok()
-                .flatten()
-                .filter(|h| h.uuid == sb.uuid && h.slot == slot);
-            Ok(SlotView { slot, raw, record })
+            let mut attempt = 0;
+            loop {
+                let raw = read_slot(dev, sb, slot)?;
+                match decode_slot(&raw, sb, slot) {
+                    Ok(record) => return Ok(SlotView { slot, raw, record }),
+                    Err(_) if attempt < TORN_READ_RETRIES => {
+                        attempt += 1;
+                        std::thread::sleep(Duration::from_micros(500 << attempt));
+                    }
+                    Err(_) => {
+                        return Ok(SlotView {
+                            slot,
+                            raw,
+                            record: None,
+                        })
+                    }
+                }
+            }
         })
         .collect()
 }
@@ -217,16 +298,15 @@ impl Membership {
         let mut tried = std::collections::HashSet::new();
         loop {
             let views = scan(&*dev, sb)?;
-            let usable = |v: &SlotView| {
-                v.record.as_ref().is_none_or(|h| h.state == SlotState::Free)
-                    && v.slot < sb.max_nodes
-            };
+            let usable = |v: &SlotView| v.is_free() && v.slot < sb.max_nodes;
             let pick = prefer
                 .filter(|p| *p < sb.max_nodes && !tried.contains(p))
                 .and_then(|p| views.iter().find(|v| v.slot == p))
-                // Not once a survivor has claimed its recovery (state Recovering).
+                // Not once a survivor has claimed its recovery (state Recovering). A damaged
+                // slot only when the caller found it dead (it recovers it as its own).
                 .filter(|v| {
                     usable(v)
+                        || v.is_damaged()
                         || v.record
                             .as_ref()
                             .is_some_and(|h| h.state == SlotState::Live)
@@ -601,12 +681,26 @@ pub fn find_holders(
     patience: Patience,
 ) -> Result<(Vec<SlotView>, Vec<SlotView>)> {
     let views = scan(dev, sb)?;
+    for v in views.iter().filter(|v| v.is_damaged()) {
+        tracing::warn!(
+            "heartbeat slot {} is damaged (its record does not decode){}; run fsck.cetra",
+            v.slot,
+            if v.slot < sb.max_nodes {
+                ": watching it for the dead time before recovering it"
+            } else {
+                "; no node can hold it (beyond max nodes), ignored"
+            }
+        );
+    }
+    // Only slots below max_nodes are ever claimed; a damaged one is watched like a live one.
     let live: Vec<SlotView> = views
         .into_iter()
         .filter(|v| {
-            v.record
-                .as_ref()
-                .is_some_and(|h| h.state == SlotState::Live)
+            v.slot < sb.max_nodes
+                && (v.is_damaged()
+                    || v.record
+                        .as_ref()
+                        .is_some_and(|h| h.state == SlotState::Live))
         })
         .collect();
     let (gone, watch): (Vec<SlotView>, Vec<SlotView>) = live.into_iter().partition(|v| {

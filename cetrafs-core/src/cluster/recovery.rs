@@ -70,12 +70,29 @@ pub fn claim_and_release(
     dead: &SlotView,
     me: Me,
 ) -> Result<Option<Claimed>> {
-    let Some(h) = dead.record.clone() else {
-        return Ok(None);
+    let h = match dead.record.clone() {
+        Some(h) if h.state == SlotState::Free => return Ok(None),
+        Some(h) => h,
+        // A damaged record, silent for the superblock's dead time: whoever held the slot has
+        // fenced (its renewal found a foreign image) and its I/O has settled. Its generation
+        // is unknown; the claim writes 0 (the clear then 1), and every lock naming the slot is
+        // scrubbed whatever its generation, so nothing of the old owner can match later.
+        None if dead.is_damaged() && dead.slot < sb.max_nodes => Heartbeat {
+            state: SlotState::Live, // a stand-in: the claim below writes Recovering
+            generation: 0,
+            counter: 0,
+            nonce: 0,
+            uuid: sb.uuid,
+            interval_ms: sb.heartbeat_interval_ms,
+            io_timeout_ms: sb.io_timeout_ms,
+            slot: dead.slot,
+            host: String::new(),
+            pid: 0,
+            recoverer: u32::MAX,
+            recoverer_gen: 0,
+        },
+        None => return Ok(None),
     };
-    if h.state == SlotState::Free {
-        return Ok(None);
-    }
     let claimed = if h.state == SlotState::Recovering
         && h.recoverer == me.slot
         && h.recoverer_gen == me.gen
@@ -96,9 +113,14 @@ pub fn claim_and_release(
             return Ok(None);
         }
         tracing::warn!(
-            "recovering {}: claimed its slot (generation {})",
+            "recovering {}: claimed its slot (generation {}{})",
             membership::describe(dead),
-            h.generation
+            h.generation,
+            if dead.is_damaged() {
+                ", its damaged record replaced"
+            } else {
+                ""
+            }
         );
         SlotView {
             slot: dead.slot,

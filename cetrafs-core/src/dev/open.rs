@@ -284,17 +284,14 @@ fn open_file(path: &Path, opts: &LunOptions) -> Result<FileDevice> {
 
 /// The logical block size the superblock (or its backup in the last fs block) records.
 fn superblock_lbs(dev: &dyn BlockDevice) -> Option<u32> {
-    let size = dev.geometry().size_bytes;
-    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-    let last = (size / FS_BLOCK).checked_sub(1).map(|b| b * FS_BLOCK);
-    std::iter::once(0)
-        .chain(last.filter(|&o| o > 0))
-        .find_map(|off| {
-            dev.read_at(off, &mut buf).ok()?;
-            Superblock::decode(&buf)
-                .ok()
-                .map(|sb| sb.logical_block_size)
-        })
+    let dev_blocks = dev.geometry().size_bytes / FS_BLOCK;
+    Superblock::locate(dev_blocks, &mut |b| {
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        dev.read_at(b * FS_BLOCK, &mut buf)?;
+        Ok(buf.to_vec())
+    })
+    .ok()
+    .map(|l| l.sb.logical_block_size)
 }
 
 /// A SCSI block node: data through O_DIRECT, COMPARE AND WRITE through SG_IO (module docs).

@@ -18,6 +18,11 @@
 //! lbs-4 4 crc32c of bytes 0..lbs-4
 //! ```
 //! An all-zero block is a free slot that was never used.
+//!
+//! The timing fields must satisfy [`check_timing`] (1 ≤ interval ≤ 60 000 ms, interval ≤
+//! io timeout ≤ 300 000 ms): the same rule mkfs and the superblock decoder apply, so every
+//! legal volume fits and a record with absurd timing (which would make observers wait for
+//! years before calling its node dead) does not decode.
 
 use super::codec::{Reader, Writer};
 use crate::error::{Error, Result};
@@ -25,6 +30,28 @@ use crate::error::{Error, Result};
 pub const HB_MAGIC: u32 = u32::from_le_bytes(*b"CTHB");
 pub const HB_VERSION: u16 = 1;
 pub const HOST_LEN: usize = 64;
+
+/// Longest legal heartbeat renewal interval (ms).
+pub const MAX_INTERVAL_MS: u32 = 60_000;
+/// Longest legal I/O timeout (ms): fail time 40 min, dead time at most 52 min.
+pub const MAX_IO_TIMEOUT_MS: u32 = 300_000;
+
+/// The one rule for heartbeat timing, wherever it is stored (superblock, heartbeat record) or
+/// chosen (mkfs): 1 ≤ interval ≤ [`MAX_INTERVAL_MS`], interval ≤ io timeout ≤
+/// [`MAX_IO_TIMEOUT_MS`]. Err says what is wrong, in words for a sysadmin.
+pub fn check_timing(interval_ms: u32, io_timeout_ms: u32) -> std::result::Result<(), String> {
+    if interval_ms == 0 || interval_ms > MAX_INTERVAL_MS {
+        return Err(format!(
+            "heartbeat interval {interval_ms} ms is outside 1..={MAX_INTERVAL_MS} ms"
+        ));
+    }
+    if io_timeout_ms < interval_ms || io_timeout_ms > MAX_IO_TIMEOUT_MS {
+        return Err(format!(
+            "io timeout {io_timeout_ms} ms is outside {interval_ms} (the interval)..={MAX_IO_TIMEOUT_MS} ms"
+        ));
+    }
+    Ok(())
+}
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SlotState {
@@ -101,6 +128,9 @@ impl Heartbeat {
                 )))
             }
         };
+        let (interval_ms, io_timeout_ms) = (r.u32(48)?, r.u32(52)?);
+        check_timing(interval_ms, io_timeout_ms)
+            .map_err(|e| Error::corrupted(format!("heartbeat record: {e}")))?;
         let raw = r.bytes(64, HOST_LEN)?;
         let end = raw.iter().position(|&c| c == 0).unwrap_or(HOST_LEN);
         let mut uuid = [0u8; 16];
@@ -111,8 +141,8 @@ impl Heartbeat {
             counter: r.u64(16)?,
             nonce: r.u64(24)?,
             uuid,
-            interval_ms: r.u32(48)?,
-            io_timeout_ms: r.u32(52)?,
+            interval_ms,
+            io_timeout_ms,
             slot: r.u32(56)?,
             host: std::str::from_utf8(&raw[..end])
                 .map_err(|_| Error::corrupted("heartbeat record: host name is not UTF-8"))?
@@ -152,7 +182,57 @@ mod tests {
         assert!(Heartbeat::decode(&b).is_err());
     }
 
+    fn live(interval_ms: u32, io_timeout_ms: u32) -> Heartbeat {
+        Heartbeat {
+            state: SlotState::Live,
+            generation: 3,
+            counter: 9,
+            nonce: 5,
+            uuid: [2; 16],
+            interval_ms,
+            io_timeout_ms,
+            slot: 1,
+            host: "n".into(),
+            pid: 7,
+            recoverer: NO_RECOVERER,
+            recoverer_gen: 0,
+        }
+    }
+    const NO_RECOVERER: u32 = u32::MAX;
+
+    #[test]
+    fn timing_bounds_are_enforced_by_the_decoder() {
+        for (i, t) in [
+            (1, 1),
+            (10, 20),
+            (100, 500),
+            (2000, 8000),
+            (MAX_INTERVAL_MS, MAX_IO_TIMEOUT_MS),
+        ] {
+            let b = live(i, t).encode(512);
+            assert_eq!(Heartbeat::decode(&b).unwrap(), Some(live(i, t)), "{i}/{t}");
+        }
+        for (i, t) in [
+            (0, 500),
+            (100, 99),
+            (100, u32::MAX),
+            (100, MAX_IO_TIMEOUT_MS + 1),
+            (MAX_INTERVAL_MS + 1, MAX_IO_TIMEOUT_MS),
+            (u32::MAX, u32::MAX),
+        ] {
+            // A valid checksum: the encoder writes what it is given.
+            let e = Heartbeat::decode(&live(i, t).encode(4096)).unwrap_err();
+            assert!(e.to_string().contains("ms"), "{i}/{t}: {e}");
+        }
+    }
+
     proptest! {
+        #[test]
+        fn timing_rule_matches_its_definition(i: u32, t: u32) {
+            let legal = (1..=MAX_INTERVAL_MS).contains(&i) && (i..=MAX_IO_TIMEOUT_MS).contains(&t);
+            prop_assert_eq!(check_timing(i, t).is_ok(), legal);
+            prop_assert_eq!(Heartbeat::decode(&live(i, t).encode(512)).is_ok(), legal);
+        }
         #[test]
         fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8) {
             let lbs = if big { 4096 } else { 512 };

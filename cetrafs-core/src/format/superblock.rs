@@ -118,6 +118,16 @@ pub struct Superblock {
     pub inode_lock_slots: u32,
 }
 
+/// The superblock [`Superblock::locate`] chose, and why.
+#[derive(Debug)]
+pub struct Located {
+    pub sb: Superblock,
+    /// The primary was unusable; `sb` is the backup from the device's last fs block.
+    pub from_backup: bool,
+    /// Why the primary was unusable (Some exactly when `from_backup`).
+    pub primary_error: Option<Error>,
+}
+
 impl Superblock {
     pub fn encode(&self) -> Vec<u8> {
         let mut b = vec![0u8; FS_BLOCK_SIZE];
@@ -305,6 +315,11 @@ impl Superblock {
         if self.inode_lock_slots == 0 {
             return bad("no inode lock records");
         }
+        if let Err(e) =
+            super::heartbeat::check_timing(self.heartbeat_interval_ms, self.io_timeout_ms)
+        {
+            return bad(&e);
+        }
         Ok(())
     }
 
@@ -340,11 +355,198 @@ impl Superblock {
         (g < self.group_count).then_some(g)
     }
 
+    /// Does the volume fit a device of `dev_blocks` fs blocks? A checksummed superblock whose
+    /// regions run past the device is as unusable as a damaged one (wrong device, truncated
+    /// LUN, or a hand-edited block count).
+    pub fn check_device(&self, dev_blocks: u64) -> Result<()> {
+        if self.total_blocks > dev_blocks {
+            return Err(Error::corrupted(format!(
+                "superblock says the volume has {} blocks but the device has only {dev_blocks}: wrong device, truncated LUN, or a damaged superblock",
+                self.total_blocks
+            )));
+        }
+        Ok(())
+    }
+
+    /// Find the superblock to use: the primary (fs block 0) if it decodes, validates and fits
+    /// the device, else the backup in the device's last fs block (which must name itself as the
+    /// backup and fit the device too). This is the one place that decides between them:
+    /// mount, fsck, the device opener and the CLI tools call it. `read(b)` returns fs block `b`.
+    /// No I/O happens here beyond what `read` does.
+    pub fn locate(
+        dev_blocks: u64,
+        read: &mut dyn FnMut(u64) -> Result<Vec<u8>>,
+    ) -> Result<Located> {
+        if dev_blocks < 2 {
+            return Err(Error::new(
+                ErrorKind::InvalidInput,
+                format!("device of {dev_blocks} fs blocks is too small to hold a CetraFS volume"),
+            ));
+        }
+        let usable =
+            |buf: &[u8]| Self::decode(buf).and_then(|sb| sb.check_device(dev_blocks).map(|()| sb));
+        let primary_raw = read(0)?;
+        let primary_error = match usable(&primary_raw) {
+            Ok(sb) => {
+                return Ok(Located {
+                    sb,
+                    from_backup: false,
+                    primary_error: None,
+                })
+            }
+            Err(e) => e,
+        };
+        let at = dev_blocks - 1;
+        let backup_raw = read(at);
+        let backup = match &backup_raw {
+            Ok(raw) => usable(raw).and_then(|sb| {
+                if sb.backup_block == at {
+                    Ok(sb)
+                } else {
+                    Err(Error::corrupted(format!(
+                        "it names block {} as the backup, not itself",
+                        sb.backup_block
+                    )))
+                }
+            }),
+            Err(e) => Err(Error::new(e.kind(), e.to_string())),
+        };
+        match backup {
+            Ok(sb) => Ok(Located {
+                sb,
+                from_backup: true,
+                primary_error: Some(primary_error),
+            }),
+            Err(be) => {
+                let magic = Self::has_magic(&primary_raw)
+                    || backup_raw.as_deref().is_ok_and(Self::has_magic);
+                if magic {
+                    Err(Error::corrupted(format!(
+                        "damaged CetraFS superblock ({primary_error}) and no usable backup at block {at} ({be}); run fsck.cetra"
+                    )))
+                } else {
+                    Err(Error::corrupted(format!(
+                        "not a CetraFS volume: no superblock at block 0 or at block {at} (the last of the device)"
+                    )))
+                }
+            }
+        }
+    }
+
     pub fn uuid_string(&self) -> String {
         let u = &self.uuid;
         format!(
             "{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
             u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12], u[13], u[14], u[15]
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mkfs::{plan, MkfsOptions};
+
+    const DEV_BLOCKS: u64 = 32_768; // 128 MiB
+
+    fn planned() -> Superblock {
+        let o = MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            inode_lock_slots: 64,
+            ..Default::default()
+        };
+        plan(DEV_BLOCKS * FS_BLOCK_SIZE as u64, 512, &o).unwrap()
+    }
+
+    /// A device of `DEV_BLOCKS` blocks with `primary` at 0 and `backup` in the last block.
+    fn locate_on(primary: &[u8], backup: &[u8]) -> Result<Located> {
+        Superblock::locate(DEV_BLOCKS, &mut |b| {
+            Ok(match b {
+                0 => primary.to_vec(),
+                b if b == DEV_BLOCKS - 1 => backup.to_vec(),
+                _ => vec![0; FS_BLOCK_SIZE],
+            })
+        })
+    }
+
+    #[test]
+    fn timing_is_range_checked() {
+        for (i, t) in [
+            (0, 8000),
+            (2000, 1999),
+            (2000, u32::MAX),
+            (u32::MAX, u32::MAX),
+        ] {
+            let mut sb = planned();
+            sb.heartbeat_interval_ms = i;
+            sb.io_timeout_ms = t;
+            let e = Superblock::decode(&sb.encode()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupted, "{i}/{t}");
+        }
+        let sb = planned();
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+    }
+
+    #[test]
+    fn locate_prefers_a_usable_primary() {
+        let sb = planned();
+        let l = locate_on(&sb.encode(), &[0; FS_BLOCK_SIZE]).unwrap();
+        assert!(!l.from_backup && l.primary_error.is_none());
+        assert_eq!(l.sb, sb);
+    }
+
+    #[test]
+    fn locate_uses_the_backup_when_the_primary_geometry_is_impossible() {
+        let sb = planned();
+        let backup = sb.encode();
+        // Checksummed but impossible: past the device, and regions out of order.
+        let mut past = sb.clone();
+        past.total_blocks = DEV_BLOCKS * 1000;
+        past.backup_block = past.total_blocks - 1;
+        let mut overlap = sb.clone();
+        overlap.lock_start = overlap.hb_start;
+        let mut timing = sb.clone();
+        timing.io_timeout_ms = u32::MAX;
+        for bad in [past, overlap, timing] {
+            let l = locate_on(&bad.encode(), &backup).unwrap();
+            assert!(l.from_backup);
+            assert_eq!(l.sb, sb);
+            let why = l.primary_error.unwrap().to_string();
+            assert!(why.contains("superblock"), "{why}");
+        }
+        // A damaged checksum too.
+        let mut flipped = sb.encode();
+        flipped[120] ^= 1;
+        assert!(locate_on(&flipped, &backup).unwrap().from_backup);
+    }
+
+    #[test]
+    fn locate_with_both_bad_is_a_clear_error() {
+        let sb = planned();
+        let mut past = sb.clone();
+        past.total_blocks = DEV_BLOCKS + 1;
+        // Backup that names another block as the backup (not the device's last block).
+        let mut elsewhere = sb.clone();
+        elsewhere.backup_block -= 1;
+        for backup in [past.encode(), elsewhere.encode(), vec![0xa5; FS_BLOCK_SIZE]] {
+            let e = locate_on(&past.encode(), &backup).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupted);
+            let m = e.to_string();
+            assert!(
+                m.contains("damaged CetraFS superblock")
+                    && m.contains("no usable backup")
+                    && m.contains("device has only"),
+                "{m}"
+            );
+        }
+        let e = locate_on(&[0; FS_BLOCK_SIZE], &[0; FS_BLOCK_SIZE]).unwrap_err();
+        assert!(e.to_string().contains("not a CetraFS volume"), "{e}");
+        let e = Superblock::locate(1, &mut |_| Ok(sb.encode())).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::InvalidInput);
+        // A read error of the primary is an error, not a fallback to something unverified.
+        let e = Superblock::locate(DEV_BLOCKS, &mut |_| Err(Error::new(ErrorKind::Io, "boom")))
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
     }
 }

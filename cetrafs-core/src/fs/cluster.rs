@@ -609,11 +609,26 @@ impl Volume {
             let changed_at = match seen.get(&v.slot) {
                 Some((raw, at)) if *raw == v.raw => *at,
                 _ => {
+                    if v.is_damaged() {
+                        tracing::warn!(
+                            "heartbeat slot {} is damaged (its record does not decode); run fsck.cetra",
+                            v.slot
+                        );
+                    }
                     seen.insert(v.slot, (v.raw.clone(), now));
                     now
                 }
             };
             if v.slot == self.cl.me.slot || self.read_only {
+                continue;
+            }
+            // A damaged slot is judged by the change of its bytes, with the superblock's
+            // timing (its own cannot be read); recovered once silent for that dead time.
+            if v.is_damaged() && v.slot < self.sb.max_nodes {
+                let silent = now.duration_since(changed_at);
+                if silent >= self.cl.timing.dead_time() {
+                    due.push((v.clone(), silent));
+                }
                 continue;
             }
             let Some(h) = &v.record else { continue };

@@ -137,40 +137,29 @@ pub struct Volume {
     unmounted: AtomicBool,
 }
 
-/// Read and validate the superblock: the primary, else the backup in the last fs block.
+/// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
+/// device's last fs block, each validated and checked against the device size.
+pub fn locate_superblock(
+    dev: &dyn crate::dev::BlockDevice,
+) -> Result<crate::format::superblock::Located> {
+    let dev_blocks = dev.geometry().size_bytes / FS_BLOCK;
+    Superblock::locate(dev_blocks, &mut |b| {
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        dev.read_at(b * FS_BLOCK, &mut buf)?;
+        Ok(buf.to_vec())
+    })
+}
+
+/// The superblock to use ([`locate_superblock`]), with a warning when it is the backup.
 pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> {
-    let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-    dev.read_at(0, &mut buf)?;
-    let primary = Superblock::decode(&buf);
-    let primary_err = match primary {
-        Ok(sb) => return Ok(sb),
-        Err(e) => e,
-    };
-    let size = dev.geometry().size_bytes;
-    let backup_at = (size / FS_BLOCK).saturating_sub(1);
-    let mut b = AlignedBuf::new(FS_BLOCK_SIZE);
-    if backup_at > 0 && dev.read_at(backup_at * FS_BLOCK, &mut b).is_ok() {
-        if let Ok(sb) = Superblock::decode(&b) {
-            if sb.backup_block == backup_at {
-                tracing::warn!("primary superblock unusable ({primary_err}); using the backup at block {backup_at}");
-                return Ok(sb);
-            }
-        }
+    let l = locate_superblock(dev)?;
+    if let Some(e) = &l.primary_error {
+        tracing::warn!(
+            "primary superblock unusable ({e}); using the backup at block {}",
+            l.sb.backup_block
+        );
     }
-    let had_magic = Superblock::has_magic(&buf) || Superblock::has_magic(&b);
-    if had_magic {
-        Err(Error::new(
-            ErrorKind::Corrupted,
-            format!(
-                "damaged CetraFS superblock ({primary_err}) and no usable backup; run fsck.cetra"
-            ),
-        ))
-    } else {
-        Err(Error::new(
-            ErrorKind::Corrupted,
-            "not a CetraFS volume (no superblock found, nor a backup at the end of the device)",
-        ))
-    }
+    Ok(l.sb)
 }
 
 #[allow(clippy::missing_errors_doc)]
@@ -180,9 +169,6 @@ impl Volume {
     pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
         let sb = read_superblock(&*dev)?;
         let geo = dev.geometry().clone();
-        if sb.total_blocks * FS_BLOCK > geo.size_bytes + FS_BLOCK {
-            bail!(Corrupted, "the device ({} bytes) is smaller than the volume ({} blocks): wrong device or truncated LUN", geo.size_bytes, sb.total_blocks);
-        }
         if sb.logical_block_size != geo.logical_block_size {
             bail!(
                 Unsupported,
@@ -213,12 +199,9 @@ impl Volume {
         }
         // A dead slot of this node's own identity is taken back, and so is any dead slot when
         // no slot is free; recovering it (journal, locks, orphans) is then this mount's job.
-        let free_slot = membership::scan(&*dev, &sb)?.iter().any(|v| {
-            v.slot < sb.max_nodes
-                && v.record
-                    .as_ref()
-                    .is_none_or(|h| h.state == crate::format::heartbeat::SlotState::Free)
-        });
+        let free_slot = membership::scan(&*dev, &sb)?
+            .iter()
+            .any(|v| v.slot < sb.max_nodes && v.is_free());
         let prefer = dead
             .iter()
             .filter(|d| {
@@ -254,13 +237,31 @@ impl Volume {
                 crate::journal::replay(&*dev, &sb, journal)
                     .map_err(|e| e.wrap("journal replay"))?;
             }
+            // Nothing of ours is held yet, so every lock naming this slot is stale (our own
+            // previous incarnation taken back, or a leftover of an earlier owner).
+            locks.scrub_slot(member.slot)?;
+            // Corrupted lock records are reset only if no other node can hold a lock: every
+            // other slot is free, beyond max_nodes, or one of the dead found above, unchanged.
+            let alone = || -> Result<bool> {
+                Ok(membership::scan(&*dev, &sb)?.iter().all(|v| {
+                    v.slot == member.slot
+                        || v.slot >= sb.max_nodes
+                        || v.is_free()
+                        || dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw)
+                }))
+            };
+            let (reset, left) = locks.repair_corrupt(me, &alone)?;
+            if let Some((_, why)) = left.iter().find(|(i, _)| *i == LockTable::GLOBAL) {
+                bail!(
+                    Corrupted,
+                    "lock record 0 (the cluster's metadata lock) is corrupted ({why}) while other nodes may be mounted; it is reset by the first mount that finds no other node alive (unmount the others); run fsck.cetra"
+                );
+            }
+            for (i, why) in &left {
+                tracing::warn!("lock record {i} is corrupted ({why}) and other nodes are mounted: it stays unusable until a mount finds no other node alive; run fsck.cetra");
+            }
             let mut recovered = Vec::new();
             if !read_only {
-                if prefer == Some(member.slot) {
-                    // Our own previous incarnation: nothing of ours is held yet, so every lock
-                    // naming this slot is stale.
-                    locks.scrub_slot(member.slot)?;
-                }
                 for d in dead.iter().filter(|d| d.slot != member.slot) {
                     if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, d, me)? {
                         recovered.push(c);
@@ -277,6 +278,16 @@ impl Volume {
                         recovered.push(c);
                     }
                 }
+            }
+            if reset.contains(&LockTable::GLOBAL) {
+                // Held exclusively since the reset, so that nobody used it before the dead
+                // were recovered.
+                locks.release_global(me)?;
+            }
+            // Locks still naming a slot that holds nothing (free, never used, another
+            // generation) would make every mount wait for a node that does not exist.
+            for line in locks.scrub_stale(&|| membership::lives(&*dev, &sb))? {
+                tracing::warn!("{line} (not held by any mounted node)");
             }
             let timing =
                 crate::cluster::Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);

@@ -1,0 +1,211 @@
+//! Pass 6: the control areas — heartbeat slots and lock records — against the superblock and
+//! each other, with the rules the runtime applies (`cluster::membership`, `cluster::lock`):
+//!
+//! * a heartbeat slot is zero (never used) or a record of this volume and slot that decodes
+//!   (timing within bounds included); anything else is damaged (error: a mount waits its dead
+//!   time before recovering it). Live or Recovering records mean a node stopped without
+//!   unmounting (warning: the next mount recovers it); only slots below `max_nodes` may be
+//!   anything but zero or Free (error);
+//! * the lock area has the records the layout needs; every record decodes as the record the
+//!   layout puts there (error: mount resets it only when no other node is alive); its mode
+//!   agrees with its owner and holders (error); every slot it names is below `max_nodes`
+//!   (error); an owner, shared holder or open entry naming a slot that holds nothing at that
+//!   generation is stale (error for owners and holders, which block others until a mount
+//!   scrubs them; warning for open entries, waiters and handoff targets, which the runtime
+//!   ignores); an open entry sits in the bucket its inode hashes to (error).
+
+use super::{finding, FindingKind, Report, Severity};
+use crate::cluster::lock::{inconsistency, stale_mentions, LockLayout, SlotLife};
+use crate::cluster::membership::{self, SlotView};
+use crate::dev::{AlignedBuf, BlockDevice};
+use crate::error::Result;
+use crate::format::heartbeat::SlotState;
+use crate::format::lock_record::NO_SLOT;
+use crate::format::superblock::Superblock;
+use crate::format::FS_BLOCK;
+
+pub(super) fn check_control_areas(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &mut Report,
+) -> Result<()> {
+    if dev.geometry().logical_block_size != sb.logical_block_size {
+        return Ok(()); // reported in pass 1: the records would be misread
+    }
+    let lbs = sb.logical_block_size as usize;
+    let views = check_heartbeats(dev, sb, lbs, report)?;
+    check_locks(dev, sb, lbs, &views, report)
+}
+
+fn push(report: &mut Report, kind: FindingKind, severity: Severity, message: String) {
+    let mut f = finding(kind, None, None, message);
+    f.severity = severity;
+    report.findings.push(f);
+}
+
+fn read(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::new(len);
+    dev.read_at(offset, &mut buf)?;
+    Ok(buf)
+}
+
+fn check_heartbeats(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    lbs: usize,
+    report: &mut Report,
+) -> Result<Vec<SlotView>> {
+    let len = usize::try_from(sb.hb_slots).unwrap_or(0) * lbs;
+    let area = read(dev, sb.hb_start * FS_BLOCK, len)?;
+    let mut views = Vec::new();
+    for (slot, raw) in (0u32..).zip(area.chunks(lbs)) {
+        let record = match membership::decode_slot(raw, sb, slot) {
+            Ok(r) => r,
+            Err(e) => {
+                push(
+                    report,
+                    FindingKind::Heartbeat,
+                    Severity::Error,
+                    format!("heartbeat slot {slot} is damaged: {e}; a mount waits its dead time before recovering it"),
+                );
+                None
+            }
+        };
+        if let Some(h) = &record {
+            let state = match h.state {
+                SlotState::Free => None,
+                SlotState::Live => Some("Live"),
+                SlotState::Recovering => Some("Recovering"),
+            };
+            match state {
+                Some(state) if slot >= sb.max_nodes => push(
+                    report,
+                    FindingKind::Heartbeat,
+                    Severity::Error,
+                    format!(
+                        "heartbeat slot {slot} is {state} but only slots below max nodes ({}) are ever claimed",
+                        sb.max_nodes
+                    ),
+                ),
+                Some(state) => push(
+                    report,
+                    FindingKind::Heartbeat,
+                    Severity::Warning,
+                    format!(
+                        "heartbeat slot {slot} is {state}: node {:?} (pid {}, generation {}) stopped without unmounting; the next mount recovers it",
+                        h.host, h.pid, h.generation
+                    ),
+                ),
+                None => {}
+            }
+            if (h.interval_ms, h.io_timeout_ms) != (sb.heartbeat_interval_ms, sb.io_timeout_ms) {
+                push(
+                    report,
+                    FindingKind::Heartbeat,
+                    Severity::Warning,
+                    format!(
+                        "heartbeat slot {slot} publishes timing {} ms / {} ms, the volume's is {} ms / {} ms",
+                        h.interval_ms, h.io_timeout_ms, sb.heartbeat_interval_ms, sb.io_timeout_ms
+                    ),
+                );
+            }
+        }
+        views.push(SlotView {
+            slot,
+            raw: raw.to_vec(),
+            record,
+        });
+    }
+    Ok(views)
+}
+
+fn check_locks(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    lbs: usize,
+    views: &[SlotView],
+    report: &mut Report,
+) -> Result<()> {
+    let layout = LockLayout::new(sb);
+    if layout.lock_count < layout.needed {
+        push(
+            report,
+            FindingKind::LockRecord,
+            Severity::Error,
+            format!(
+                "the lock area has {} records, the volume needs {} (1 global, {} groups, {} buckets)",
+                layout.lock_count, layout.needed, sb.group_count, sb.inode_lock_slots
+            ),
+        );
+    }
+    let lives: Vec<SlotLife> = views.iter().map(|v| membership::life_of(v, sb)).collect();
+    let life = |s: u32| {
+        usize::try_from(s)
+            .ok()
+            .and_then(|s| lives.get(s).copied())
+            .unwrap_or(SlotLife::Gone)
+    };
+    let len = usize::try_from(layout.lock_count).unwrap_or(0) * lbs;
+    let area = read(dev, sb.lock_start * FS_BLOCK, len)?;
+    for (index, raw) in (0u64..).zip(area.chunks(lbs)) {
+        let rec = match layout.decode_at(raw, index) {
+            Ok(r) => r,
+            Err(e) => {
+                push(
+                    report,
+                    FindingKind::LockRecord,
+                    Severity::Error,
+                    format!("{e}; a mount resets it only when no other node is alive"),
+                );
+                continue;
+            }
+        };
+        let what = format!("lock record {index} ({:?} {})", rec.kind, rec.object);
+        let mut error = |m: String| push(report, FindingKind::LockRecord, Severity::Error, m);
+        if let Some(why) = inconsistency(&rec) {
+            error(format!("{what}: {why}"));
+        }
+        let named = [rec.owner, rec.next]
+            .into_iter()
+            .filter(|&s| s != NO_SLOT)
+            .chain(rec.holders.iter())
+            .chain(rec.waiters.iter())
+            .chain(rec.entries.iter().map(|e| e.slot));
+        let mut beyond: Vec<u32> = named.filter(|&s| s >= sb.max_nodes).collect();
+        beyond.sort_unstable();
+        beyond.dedup();
+        if !beyond.is_empty() {
+            error(format!(
+                "{what}: names slots {beyond:?}, beyond max nodes ({})",
+                sb.max_nodes
+            ));
+        }
+        for e in rec
+            .entries
+            .iter()
+            .filter(|e| layout.bucket_of(e.ino) != index)
+        {
+            error(format!(
+                "{what}: open entry for inode {} belongs in lock record {}",
+                e.ino,
+                layout.bucket_of(e.ino)
+            ));
+        }
+        for m in stale_mentions(&rec, &life) {
+            if m.slot >= sb.max_nodes {
+                continue; // reported above
+            }
+            let severity = match m.role {
+                "owner" | "holder" => Severity::Error,
+                _ => Severity::Warning,
+            };
+            push(
+                report,
+                FindingKind::LockRecord,
+                severity,
+                format!("{what}: stale {m}: that slot holds nothing at that generation; the next mount removes it"),
+            );
+        }
+    }
+    Ok(())
+}
