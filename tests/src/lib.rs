@@ -188,6 +188,17 @@ impl CmdResult {
             stderr: String::from_utf8_lossy(&o.stderr).into_owned(),
         }
     }
+    /// A failed mount's own stderr, without the daemon log that `Mount::try_new*` appends
+    /// after a `--- daemon log` marker.
+    pub fn own_stderr(&self) -> String {
+        self.stderr
+            .split("--- daemon log")
+            .next()
+            .unwrap_or("")
+            .trim()
+            .to_string()
+    }
+
     /// stdout and stderr together.
     pub fn output(&self) -> String {
         format!("{}{}", self.stdout, self.stderr)

@@ -36,13 +36,7 @@ fn assert_mount_fails(lun: &Lun, expect_words: &[&str]) -> String {
         mp.display()
     );
     // The daemon's own stderr: exactly one line (the log file is appended after a marker).
-    let own = r
-        .stderr
-        .split("--- daemon log")
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let own = r.own_stderr();
     let lines: Vec<&str> = own.lines().filter(|l| !l.trim().is_empty()).collect();
     assert_eq!(lines.len(), 1, "expected a one-line error, got:\n{own}");
     let lower = own.to_lowercase();
@@ -100,13 +94,7 @@ fn mount_of_zeroed_file_fails_cleanly() {
     let missing = lun.dir().join("does-not-exist.img");
     let r = Mount::try_new(&missing, &lun.dir().join("mnt-missing"), "bad", &[])
         .expect_err("mount of a missing file");
-    let own = r
-        .stderr
-        .split("--- daemon log")
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_string();
+    let own = r.own_stderr();
     assert_eq!(
         own.lines().count(),
         1,

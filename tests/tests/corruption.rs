@@ -2176,13 +2176,7 @@ fn run_case(ctx: &Ctx<'_>, case: &Case) -> (Outcome, Duration) {
     let mount_time = t0.elapsed();
     match mounted {
         Err(r) => {
-            let own = r
-                .stderr
-                .split("--- daemon log")
-                .next()
-                .unwrap_or("")
-                .trim()
-                .to_string();
+            let own = r.own_stderr();
             if r.code == -1 {
                 out.refusals.push(format!("mount hung (> {MOUNT_BOUND:?})"));
                 out.failures.push(format!(

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 const C: Caller = Caller::ROOT;
 
-fn volume(nodes: u32) -> Arc<MemDevice> {
+pub(super) fn volume(nodes: u32) -> Arc<MemDevice> {
     let dev = Arc::new(MemDevice::new(512 << 20, 512));
     let opts = MkfsOptions {
         max_nodes: nodes,
@@ -22,7 +22,7 @@ fn volume(nodes: u32) -> Arc<MemDevice> {
     dev
 }
 
-fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+pub(super) fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     Volume::mount(
         dev.clone(),
         &MountOptions {

@@ -11,31 +11,11 @@ use crate::format::dirent::{decode_entries, encode_entries, name_hash};
 use crate::format::inode::Inode;
 use crate::format::layout::Region;
 use crate::format::tree_node::{NodeEntries, TreeNode};
-use crate::mkfs::{format, MkfsOptions};
 use std::time::Duration;
 
 const C: Caller = Caller::ROOT;
 
-fn formatted(nodes: u32) -> Arc<MemDevice> {
-    let dev = Arc::new(MemDevice::new(256 << 20, 512));
-    let opts = MkfsOptions {
-        max_nodes: nodes,
-        journal_bytes: 1 << 20,
-        heartbeat_interval_ms: 50,
-        io_timeout_ms: 100,
-        ..Default::default()
-    };
-    format(&*dev, &opts, &mut |_, _| {}).unwrap();
-    dev
-}
-
-fn mount(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
-    let opts = MountOptions {
-        host: host.into(),
-        ..MountOptions::default()
-    };
-    Volume::mount(dev.clone(), &opts).unwrap()
-}
+use super::multinode_tests::{node as mount, volume as formatted};
 
 fn rd(dev: &dyn BlockDevice, b: u64) -> Vec<u8> {
     let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
