@@ -3,10 +3,12 @@
 //!
 //! A small volume is populated through a real mount (directories, one big enough for a
 //! multi-node B+tree, small inline-extent files, a file with an extent tree, a sparse file,
-//! symlinks, xattrs and an ACL, a hard link, a fifo) and cleanly unmounted. That image is the
+//! symlinks, xattrs and an ACL, a hard link, a fifo; and the format-v2 structures: two symlinks
+//! whose targets continue in an overflow block and two files whose xattr sets span a head and
+//! several overflow blocks) and cleanly unmounted. That image is the
 //! *pristine* copy. Decoding it with cetrafs-core gives the *model*: every path with its type and
 //! expected content, and every block the volume uses with the inode that owns it (inode block,
-//! xattr block, tree nodes, data blocks) or the area it belongs to.
+//! xattr head and overflow blocks, tree nodes, data blocks) or the area it belongs to.
 //!
 //! Every case copies the pristine image, applies its own injection (a bit flip, a zeroed block or
 //! logical-block record, or a field change re-encoded with a valid checksum through
@@ -17,11 +19,12 @@
 //!    runtime can route around, such as a primary superblock with an intact backup, must mount);
 //! 3. a walk of the mount must never serve a byte that is not the file's own (every 4 KiB chunk
 //!    of file data carries its path and index, so a chunk from another file, the superblock or a
-//!    metadata block is recognised), must never hide a directory entry (a readable directory
+//!    metadata block is recognised; a symlink target or xattr value is the model's or an error,
+//!    never another inode's or garbage), must never hide a directory entry (a readable directory
 //!    lists every name of the model; an entry whose inode is damaged may stat EIO), and a
 //!    refusal must be EIO;
 //! 4. a few writes (overwrite, append, fill a hole, and a write at the damaged place of the
-//!    damaged file) with fsync, then unmount; the LUN is compared with the injected copy block by
+//!    damaged file, or a setxattr on a file whose xattr set is damaged) with fsync, then unmount; the LUN is compared with the injected copy block by
 //!    block and every change must be one a mount legitimately makes (see [`check_writes`]);
 //! 5. the daemon never panics and exits after unmount;
 //! 6. whenever the runtime refused something (mount refused or hung, an error during the walk
@@ -44,11 +47,12 @@ use cetrafs_core::format::lock_record::{LockKind, LockMode, LockRecord, OpenEntr
 use cetrafs_core::format::slot_header::SlotHeader;
 use cetrafs_core::format::superblock::Superblock;
 use cetrafs_core::format::tree_node::{NodeEntries, TreeNode};
+use cetrafs_core::format::xattr::{Head, Layout};
 use cetrafs_core::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use cetrafs_tests::rand::rngs::StdRng;
 use cetrafs_tests::rand::{Rng, SeedableRng};
 use cetrafs_tests::{
-    bin, errno_name, errno_of, list_xattrs, run_timeout, set_xattr, Exit, Lun, Mount,
+    bin, errno_name, errno_of, get_xattr, list_xattrs, run_timeout, set_xattr, Exit, Lun, Mount,
 };
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fmt::Write as _;
@@ -101,6 +105,22 @@ const EXTENDED: &[&str] = &[
     "dirent.ino.grouphdr",
     "dirent.ino.treenode",
     "xattr.zero",
+    "overflow.symlink.zero",
+    "overflow.xattr.flip",
+    "overflow.symlink.owner",
+    "overflow.symlink.index",
+    "overflow.symlink.len",
+    "overflow.symlink.role",
+    "symlink.overflow.xattr_overflow",
+    "symlink.overflow.short_target",
+    "xattr.more.grouphdr",
+    "xattr.more.symlink_overflow",
+    "xattr.more.inode",
+    "xattr.more.pastdev",
+    "xattr.more.swapped",
+    "xattr.head.more_minus",
+    "xattr.head.used",
+    "xattr.head.owner",
 ];
 const BS: usize = FS_BLOCK_SIZE;
 
@@ -221,8 +241,16 @@ enum Kind {
 enum Role {
     Inode,
     Xattr,
-    Tree { level: u16 },
-    Data { logical: u64 },
+    Tree {
+        level: u16,
+    },
+    /// Format v2: part `index` (1-based) of a symlink target or of an xattr set.
+    Overflow {
+        index: u16,
+    },
+    Data {
+        logical: u64,
+    },
 }
 
 #[derive(Debug, Clone)]
@@ -344,7 +372,17 @@ fn decode_model(img: &Path, mounted: &Seen) -> Model {
         };
         let mut own = vec![(ino, Role::Inode)];
         if inode.xattr_block != 0 {
-            own.push((inode.xattr_block, Role::Xattr));
+            let xb = inode.xattr_block;
+            own.push((xb, Role::Xattr));
+            let head = Head::decode(&read_block(&f, xb), xb, Layout::of(&sb))
+                .expect("pristine xattr head");
+            for (i, b) in head.more.iter().enumerate() {
+                let index = u16::try_from(i + 1).expect("index");
+                own.push((*b, Role::Overflow { index }));
+            }
+        }
+        if inode.overflow_block != 0 {
+            own.push((inode.overflow_block, Role::Overflow { index: 1 }));
         }
         let mut leaves: Vec<(u64, Vec<u8>)> = Vec::new();
         if inode.tree_root != 0 {
@@ -543,6 +581,27 @@ fn populate(m: &Mount) {
     std::os::unix::fs::symlink("d1/small", p("link")).expect("symlink");
     let long: String = "abcdefghi/".repeat(200);
     std::os::unix::fs::symlink(&long, p("d2/longlink")).expect("symlink");
+    // Format v2. Two 4,050-byte targets (inline area + an overflow block) of the same length
+    // and different tails: pointed at the other's overflow block, only the owner rule stands
+    // between a readlink and the other link's bytes.
+    std::os::unix::fs::symlink("abcdefghi/".repeat(405), p("d2/vlonglink")).expect("symlink");
+    std::os::unix::fs::symlink("ABCDEFGHI/".repeat(405), p("d1/vlonglink2")).expect("symlink");
+    // Two xattr sets of the same shape spanning a head and several overflow blocks (a 20 KiB
+    // value and two small ones): likewise for a head pointing at the other set's blocks.
+    for path in ["d2/bigx", "d1/bigx"] {
+        wr(&p(path), &small_content(path, 100));
+        for (name, len) in [
+            (&b"user.big"[..], 20_000),
+            (b"user.a", 30),
+            (b"user.b", 300),
+        ] {
+            let value = small_content(
+                &format!("xattr {path} {}", String::from_utf8_lossy(name)),
+                len,
+            );
+            set_xattr(&p(path), name, &value, 0).expect("setxattr");
+        }
+    }
 }
 
 /// What the mount shows after populating: the model's expected values.
@@ -629,6 +688,9 @@ struct Case {
     data_override: Vec<(u64, u64, Vec<u8>)>,
     /// Extra write at the damaged place: (path, offset).
     extra_write: Option<(String, u64)>,
+    /// A file whose xattr set is damaged: a setxattr on it (which rewrites the set) joins the
+    /// writes.
+    extra_xattr: Option<String>,
     /// A valid-looking pointer into another file's blocks, inside the data area (a
     /// cross-link): without a reverse map the runtime cannot tell it from the file's own block
     /// (nor can ext4 or XFS at run time), so reading and writing it is not a failure; fsck
@@ -663,6 +725,7 @@ impl Builder<'_> {
             damaged: None,
             data_override: Vec::new(),
             extra_write: None,
+            extra_xattr: None,
             cross_link: None,
         });
         self.cases.last_mut().expect("just pushed")
@@ -1515,6 +1578,8 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
         .damaged = Some(x);
     }
 
+    overflow_cases(&mut b);
+
     // --- data blocks (no checksums: the bytes the disk returns are the file's bytes)
     {
         let ino = m.ino("d1/small2");
@@ -1568,6 +1633,205 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
         }
     }
     b.cases
+}
+
+/// Format v2 structures (docs/format.md §9.1): a symlink target's overflow block (inode field
+/// `overflow_block`) and an xattr set's overflow blocks (listed by its head).
+fn overflow_cases(b: &mut Builder<'_>) {
+    let m = b.m;
+    let sb = m.sb.clone();
+    let overflows = |path: &str| m.own_of(path, |r| matches!(r, Role::Overflow { .. }));
+    let (link, link2) = (m.ino("d2/vlonglink"), m.ino("d1/vlonglink2"));
+    let lo = m.node("d2/vlonglink").inode.overflow_block;
+    let lo2 = m.node("d1/vlonglink2").inode.overflow_block;
+    assert!(
+        lo != 0 && lo2 != 0,
+        "the 4,050-byte symlinks must have overflow blocks"
+    );
+    let (x, x2) = (m.ino("d2/bigx"), m.ino("d1/bigx"));
+    let xhead = m.node("d2/bigx").inode.xattr_block;
+    let more = overflows("d2/bigx");
+    let more2 = overflows("d1/bigx");
+    assert!(
+        more.len() >= 3 && more.len() == more2.len(),
+        "both 20 KiB xattr sets must span the same number (>= 3) of overflow blocks"
+    );
+    let xcase = |c: &mut Case| {
+        c.damaged = Some(x);
+        c.extra_xattr = Some("d2/bigx".into());
+    };
+
+    // The overflow blocks themselves: bit rot, zeroes, re-sealed field changes.
+    b.flip_block("overflow.symlink.flip", "overflow block", lo)
+        .damaged = Some(link);
+    b.zero_block("overflow.symlink.zero", "overflow block", lo)
+        .damaged = Some(link);
+    xcase(b.flip_block("overflow.xattr.flip", "overflow block", more[1]));
+    xcase(b.zero_block("overflow.xattr.zero", "overflow block", more[1]));
+    for (tag, blk, ino, other, other_path) in [
+        ("xattr", more[0], x, x2, "d1/bigx"),
+        ("symlink", lo, link, link2, "d1/vlonglink2"),
+    ] {
+        let mut img = b.block(blk);
+        let h = BlockHeader::decode(&img).expect("pristine overflow header");
+        BlockHeader { owner: other, ..h }.seal(&mut img);
+        let c = b.put_block(
+            &format!("overflow.{tag}.owner"),
+            "overflow block",
+            blk,
+            format!("owner -> {other} ({other_path}), re-sealed"),
+            img,
+        );
+        c.damaged = Some(ino);
+        if tag == "xattr" {
+            xcase(c);
+        }
+    }
+    let raw0 = b.block(more[0]);
+    let len0 = u32::from_le_bytes(raw0[44..48].try_into().expect("len"));
+    for (name, blk, ino, change, edit) in [
+        (
+            "overflow.xattr.index",
+            more[0],
+            x,
+            "index 1 -> 2, re-sealed".to_string(),
+            Box::new(|v: &mut [u8]| v[42..44].copy_from_slice(&2u16.to_le_bytes()))
+                as Box<dyn Fn(&mut [u8])>,
+        ),
+        (
+            "overflow.xattr.len",
+            more[0],
+            x,
+            format!("len {len0} -> {}, re-sealed", len0 - 1),
+            Box::new(move |v: &mut [u8]| put_u32(v, 44, len0 - 1)),
+        ),
+        (
+            "overflow.symlink.index",
+            lo,
+            link,
+            "index 1 -> 2, re-sealed".to_string(),
+            Box::new(|v: &mut [u8]| v[42..44].copy_from_slice(&2u16.to_le_bytes())),
+        ),
+        (
+            "overflow.symlink.len",
+            lo,
+            link,
+            "len 210 -> 209, re-sealed".to_string(),
+            Box::new(|v: &mut [u8]| put_u32(v, 44, 209)),
+        ),
+        (
+            "overflow.symlink.role",
+            lo,
+            link,
+            "role symlink target -> xattr set, re-sealed".to_string(),
+            Box::new(|v: &mut [u8]| v[40] = 2),
+        ),
+    ] {
+        let raw = b.block(blk);
+        let c = b.put_block(name, "overflow block", blk, change, reseal(&raw, edit));
+        c.damaged = Some(ino);
+        if ino == x {
+            xcase(c);
+        }
+    }
+
+    // The symlink's pointer (inode field overflow_block), re-encoded.
+    for (tag, target) in [
+        ("superblock", 0),
+        ("grouphdr", sb.group_first_block(1)),
+        ("other_symlink", lo2),
+        ("xattr_overflow", more[0]),
+        ("pastdev", sb.total_blocks + 100),
+    ] {
+        b.put_inode(
+            &format!("symlink.overflow.{tag}"),
+            "d2/vlonglink",
+            &format!("overflow_block -> {target} ({})", m.describe_block(target)),
+            |i| i.overflow_block = target,
+        );
+    }
+    b.put_inode(
+        "symlink.overflow.short_target",
+        "link",
+        &format!("a 8-byte target given overflow_block -> {lo2} (d1/vlonglink2's)"),
+        |i| i.overflow_block = lo2,
+    );
+
+    // The xattr head's overflow list, re-sealed.
+    let head_raw = b.block(xhead);
+    let ptr = |i: usize| 48 + 8 * i;
+    for (tag, target) in [
+        ("superblock", 0),
+        ("grouphdr", sb.group_first_block(1)),
+        ("other_set", more2[1]),
+        ("symlink_overflow", lo2),
+        ("datablock", m.data_block("d1/small2", 0)),
+        ("inode", m.ino("d1/small")),
+        ("pastdev", sb.total_blocks + 100),
+    ] {
+        let img = reseal(&head_raw, |v| {
+            v[ptr(1)..ptr(1) + 8].copy_from_slice(&target.to_le_bytes());
+        });
+        xcase(b.put_block(
+            &format!("xattr.more.{tag}"),
+            "xattr head",
+            xhead,
+            format!(
+                "overflow pointer 1 -> {target} ({}), re-sealed",
+                m.describe_block(target)
+            ),
+            img,
+        ));
+    }
+    let img = reseal(&head_raw, |v| {
+        v[ptr(0)..ptr(0) + 8].copy_from_slice(&more[1].to_le_bytes());
+        v[ptr(1)..ptr(1) + 8].copy_from_slice(&more[0].to_le_bytes());
+    });
+    xcase(b.put_block(
+        "xattr.more.swapped",
+        "xattr head",
+        xhead,
+        "overflow pointers 0 and 1 swapped, re-sealed",
+        img,
+    ));
+    let n = u16::try_from(more.len()).expect("count");
+    for (tag, to) in [("more_plus", n + 1), ("more_minus", n - 1)] {
+        let img = reseal(&head_raw, |v| v[42..44].copy_from_slice(&to.to_le_bytes()));
+        xcase(b.put_block(
+            &format!("xattr.head.{tag}"),
+            "xattr head",
+            xhead,
+            format!("more {n} -> {to}, re-sealed"),
+            img,
+        ));
+    }
+    let used = u32::from_le_bytes(head_raw[44..48].try_into().expect("used"));
+    let img = reseal(&head_raw, |v| put_u32(v, 44, used - 8));
+    xcase(b.put_block(
+        "xattr.head.used",
+        "xattr head",
+        xhead,
+        format!("used {used} -> {}, re-sealed", used - 8),
+        img,
+    ));
+    let mut img = head_raw.clone();
+    let h = BlockHeader::decode(&img).expect("pristine xattr head");
+    BlockHeader { owner: x2, ..h }.seal(&mut img);
+    xcase(b.put_block(
+        "xattr.head.owner",
+        "xattr head",
+        xhead,
+        format!("owner -> {x2} (d1/bigx), re-sealed"),
+        img,
+    ));
+    let other_head = m.node("d1/bigx").inode.xattr_block;
+    let c = b.put_inode(
+        "inode.xattr.other_set",
+        "d2/bigx",
+        &format!("xattr_block -> {other_head} (d1/bigx's head)"),
+        |i| i.xattr_block = other_head,
+    );
+    c.extra_xattr = Some("d2/bigx".into());
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1805,11 +2069,19 @@ fn walk(root: &Path, exp: &Expected<'_>, out: &mut Outcome) {
                     Ok(t) => {
                         use std::os::unix::ffi::OsStrExt;
                         let t = t.as_os_str().as_bytes();
-                        if t != node.content.as_slice() && exp.damaged != Some(*ino) {
+                        let want = node.content.as_slice();
+                        // The target or an error, even for a damaged inode: a target cut
+                        // short, padded, or continued with another link's overflow block
+                        // names another path.
+                        if t != want {
+                            let n = t.len().min(want.len());
+                            let at = t.iter().zip(want).position(|(a, b)| a != b).unwrap_or(n);
+                            out.refusals.push(format!("readlink {rel}: wrong target"));
                             out.failures.push(format!(
-                                "readlink {rel}: {} bytes {:?}.., expected the model's target",
+                                "readlink {rel}: {} bytes, expected the model's {}; they differ from byte {at} ({:?}..): not the link's own target",
                                 t.len(),
-                                String::from_utf8_lossy(&t[..t.len().min(20)])
+                                want.len(),
+                                String::from_utf8_lossy(&t[at..t.len().min(at + 20)])
                             ));
                         }
                     }
@@ -1818,25 +2090,64 @@ fn walk(root: &Path, exp: &Expected<'_>, out: &mut Outcome) {
                 Kind::Fifo => {}
             }
             out.checked += 1;
-            match list_xattrs(&p) {
-                Ok(x) => {
-                    if x != node.xattrs {
-                        let names: Vec<String> = x
-                            .iter()
-                            .map(|(n, v)| {
-                                format!(
-                                    "{}={}",
-                                    String::from_utf8_lossy(n),
-                                    String::from_utf8_lossy(&v[..v.len().min(20)])
-                                )
-                            })
-                            .collect();
-                        out.refusals
-                            .push(format!("getxattr {rel}: wrong attributes"));
-                        out.failures.push(format!("getxattr {rel}: {names:?}, expected the model's {} attributes (another inode's xattrs?)", node.xattrs.len()));
-                    }
+            check_xattrs(m, &p, &rel, node, out);
+        }
+    }
+}
+
+/// An inode's xattrs through the mount: the model's set, or an error (EIO); never another
+/// inode's attributes, never garbage. When listing fails, each of the model's names is asked
+/// for on its own too: getxattr must not serve what listxattr refused.
+fn check_xattrs(m: &Model, p: &Path, rel: &str, node: &Node, out: &mut Outcome) {
+    let whose = |name: &[u8], v: &[u8]| -> String {
+        for o in m.nodes.values() {
+            if o.ino != node.ino && o.xattrs.iter().any(|(_, ov)| ov.as_slice() == v) {
+                return format!("the value of an attribute of '{}'", o.paths[0]);
+            }
+        }
+        let want = node.xattrs.iter().find(|(n, _)| n.as_slice() == name);
+        match want {
+            Some((_, w)) if w.starts_with(v) || v.starts_with(w) => {
+                format!("{} bytes of its own value, {} expected", v.len(), w.len())
+            }
+            Some(_) => format!("{} bytes of garbage", v.len()),
+            None => "a name the model does not have".into(),
+        }
+    };
+    match list_xattrs(p) {
+        Ok(x) if x == node.xattrs => {}
+        Ok(x) => {
+            let mut diffs = Vec::new();
+            for (n, v) in &x {
+                if !node.xattrs.iter().any(|(wn, wv)| wn == n && wv == v) {
+                    diffs.push(format!("{}: {}", String::from_utf8_lossy(n), whose(n, v)));
                 }
-                Err(e) => classify_err(&format!("getxattr {rel}"), &e, out),
+            }
+            for (n, _) in &node.xattrs {
+                if !x.iter().any(|(gn, _)| gn == n) {
+                    diffs.push(format!("{}: missing", String::from_utf8_lossy(n)));
+                }
+            }
+            out.refusals
+                .push(format!("getxattr {rel}: wrong attributes"));
+            out.failures.push(format!(
+                "getxattr {rel}: not the model's {} attributes: {}",
+                node.xattrs.len(),
+                diffs.join("; ")
+            ));
+        }
+        Err(e) => {
+            classify_err(&format!("listxattr/getxattr {rel}"), &e, out);
+            for (n, w) in &node.xattrs {
+                let name = String::from_utf8_lossy(n);
+                match get_xattr(p, n) {
+                    Ok(v) if v == *w => {}
+                    Ok(v) => out.failures.push(format!(
+                        "getxattr {rel} {name}: {} after listxattr failed",
+                        whose(n, &v)
+                    )),
+                    Err(e) => classify_err(&format!("getxattr {rel} {name}"), &e, out),
+                }
             }
         }
     }
@@ -1846,6 +2157,8 @@ struct Write {
     path: String,
     offset: u64,
     data: Vec<u8>,
+    /// Some: a setxattr of `data` under this name instead of a data write.
+    xattr: Option<&'static [u8]>,
 }
 
 fn writes_for(case: &Case) -> Vec<Write> {
@@ -1855,18 +2168,21 @@ fn writes_for(case: &Case) -> Vec<Write> {
             path: "big".into(),
             offset: 2 * FS_BLOCK,
             data: chunk_pattern("W:big", 2),
+            xattr: None,
         },
         // append (allocating)
         Write {
             path: "d1/small".into(),
             offset: 1500,
             data: small_content("W:d1/small", 5000),
+            xattr: None,
         },
         // fill a hole (allocating)
         Write {
             path: "sparse".into(),
             offset: 64 * FS_BLOCK,
             data: chunk_pattern("W:sparse", 64),
+            xattr: None,
         },
     ];
     if let Some((p, o)) = &case.extra_write {
@@ -1874,6 +2190,15 @@ fn writes_for(case: &Case) -> Vec<Write> {
             path: p.clone(),
             offset: *o,
             data: chunk_pattern(&format!("W:{p}"), o / FS_BLOCK),
+            xattr: None,
+        });
+    }
+    if let Some(p) = &case.extra_xattr {
+        w.push(Write {
+            path: p.clone(),
+            offset: 0,
+            data: small_content(&format!("W:xattr {p}"), 100),
+            xattr: Some(b"user.new"),
         });
     }
     w
@@ -1882,6 +2207,26 @@ fn writes_for(case: &Case) -> Vec<Write> {
 fn do_writes(root: &Path, writes: &[Write], out: &mut Outcome) {
     for w in writes {
         let p = root.join(&w.path);
+        if let Some(name) = w.xattr {
+            let what = format!(
+                "setxattr {} ({} bytes) on {}",
+                String::from_utf8_lossy(name),
+                w.data.len(),
+                w.path
+            );
+            match set_xattr(&p, name, &w.data, 0) {
+                Err(e) => classify_write_err(&what, &e, out),
+                Ok(()) => match get_xattr(&p, name) {
+                    Ok(v) if v == w.data => {}
+                    Ok(v) => out.failures.push(format!(
+                        "{what}: reads back as {} bytes that are not the value set",
+                        v.len()
+                    )),
+                    Err(e) => classify_err(&format!("getxattr after {what}"), &e, out),
+                },
+            }
+            continue;
+        }
         let what = format!("write {} bytes at {} of {}", w.data.len(), w.offset, w.path);
         let f = match fs::OpenOptions::new().read(true).write(true).open(&p) {
             Ok(f) => f,

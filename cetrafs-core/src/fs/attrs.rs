@@ -239,11 +239,21 @@ pub(super) fn store_symlink_target(
     Ok(())
 }
 
-/// The whole target of a symlink inode, the overflow pointer checked.
+/// The whole target of a symlink inode, the overflow pointer checked. Without an overflow
+/// block the inline bytes are the whole target and must be `size` of them: an inode whose
+/// pointer was lost (zeroed) or whose size disagrees would otherwise serve a shorter or longer
+/// target, which names another path.
 pub(super) fn symlink_target(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) -> Result<Vec<u8>> {
     let ino = inode.ino;
     let b = inode.overflow_block;
     if b == 0 {
+        if inode.inline_data.is_empty() || inode.size != inode.inline_data.len() as u64 {
+            return Err(Error::corrupted(format!(
+                "inode {ino}: symlink of {} bytes has {} inline bytes and no overflow block",
+                inode.size,
+                inode.inline_data.len()
+            )));
+        }
         return Ok(inode.inline_data.clone());
     }
     let rest = u64::try_from(INLINE_CAP)
@@ -607,6 +617,32 @@ mod tests {
         let e = v2.readlink(s).unwrap_err();
         assert_eq!(e.errno(), libc::EIO);
         assert!(e.to_string().contains(&format!("inode {s}")), "{e}");
+        v2.unmount().unwrap();
+    }
+
+    /// A symlink whose size disagrees with its inline bytes when there is no overflow block
+    /// (the pointer of a long target lost, or a damaged size) is EIO, not a shorter or longer
+    /// target.
+    #[test]
+    fn symlink_size_mismatch_is_eio() {
+        let (dev, v) = fresh(64 << 20);
+        let r = v.root_ino();
+        let long = v.symlink(r, b"long", &long_target(4000), C).unwrap().ino;
+        let short = v.symlink(r, b"short", b"abc", C).unwrap().ino;
+        v.sync().unwrap();
+        let v2 = damaged(&v, &dev, |d| {
+            let mut i = inode_of(d, long);
+            i.overflow_block = 0;
+            wr(d, long, &i.encode());
+            let mut i = inode_of(d, short);
+            i.size = 2;
+            wr(d, short, &i.encode());
+        });
+        for ino in [long, short] {
+            let e = v2.readlink(ino).unwrap_err();
+            assert_eq!(e.errno(), libc::EIO);
+            assert!(e.to_string().contains(&format!("inode {ino}")), "{e}");
+        }
         v2.unmount().unwrap();
     }
 
