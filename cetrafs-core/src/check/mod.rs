@@ -28,7 +28,7 @@ use crate::format::block::{check_owner, BlockHeader};
 use crate::format::dirent::{decode_entries, name_hash};
 use crate::format::extent::Extent;
 use crate::format::group::{decode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
-use crate::format::inode::{flags, Inode, INLINE_CAP, SYMLINK_MAX};
+use crate::format::inode::{flags, Inode, SymlinkLayout};
 use crate::format::overflow::{Overflow, Role};
 use crate::format::superblock::{Superblock, COMPAT_KNOWN};
 use crate::format::tree_node::{NodeEntries, TreeNode, MAX_LEVEL};
@@ -953,45 +953,18 @@ impl Checker<'_> {
     /// (v2 volumes only). Returns the blocks it holds beyond the inode.
     fn check_symlink(&mut self, ino: u64, path: &str, inode: &Inode) -> Result<u64> {
         let b = inode.overflow_block;
+        let held = u64::from(b != 0);
         let mut msg = None;
-        let mut held = 0;
-        if b == 0 {
-            if inode.inline_data.is_empty() || inode.size != inode.inline_data.len() as u64 {
-                msg = Some(format!(
-                    "{path}: symlink size is {} but its target is {} bytes",
-                    inode.size,
-                    inode.inline_data.len()
-                ));
-            }
-        } else {
-            held = 1;
-            if Layout::of(&self.sb) == Layout::V1 {
-                msg = Some(format!(
-                    "{path}: symlink has an overflow block {b} on a volume of format version 1"
-                ));
-            } else if inode.inline_data.len() != INLINE_CAP {
-                msg = Some(format!(
-                    "{path}: symlink has an overflow block but only {} inline bytes",
-                    inode.inline_data.len()
-                ));
-            }
+        let layout = inode.symlink_layout(Layout::of(&self.sb) == Layout::V2);
+        if let Err(why) = &layout {
+            msg = Some(format!("{path}: {why}"));
+        }
+        if b != 0 {
             let what = "symlink overflow block";
             if let Some(o) = self.overflow_block(ino, path, b, what, FindingKind::Symlink)? {
-                let rest = inode
-                    .size
-                    .checked_sub(INLINE_CAP as u64)
-                    .and_then(|r| usize::try_from(r).ok());
-                let ok = rest
-                    .filter(|&r| inode.size <= SYMLINK_MAX as u64 && r > 0)
-                    .map(|r| o.expect(Role::SymlinkTarget, 1, r));
-                match ok {
-                    Some(Ok(())) => {}
-                    Some(Err(e)) => msg = msg.or(Some(format!("{path}: {e}"))),
-                    None => {
-                        msg = msg.or(Some(format!(
-                            "{path}: symlink size {} does not match an overflow block",
-                            inode.size
-                        )));
+                if let Ok(SymlinkLayout::Overflow { rest, .. }) = layout {
+                    if let Err(e) = o.expect(Role::SymlinkTarget, 1, rest) {
+                        msg = msg.or(Some(format!("{path}: {e}")));
                     }
                 }
             }

@@ -224,6 +224,48 @@ impl Inode {
     }
 }
 
+/// Where a symlink's target lives, as its inode says (`Inode::symlink_layout`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SymlinkLayout {
+    /// All `size` bytes inline.
+    Inline,
+    /// `INLINE_CAP` bytes inline, the last `rest` bytes (1 ..= 255) in overflow block `block`.
+    Overflow { block: u64, rest: usize },
+}
+
+impl Inode {
+    /// The one rule for a symlink's shape: size, inline bytes and overflow pointer must agree
+    /// (`v2`: the volume has format version 2's overflow blocks). An `Err` is the
+    /// inconsistency, in words, for the runtime's EIO and fsck's finding alike; the overflow
+    /// block's own contents are checked by whoever reads it.
+    pub fn symlink_layout(&self, v2: bool) -> std::result::Result<SymlinkLayout, String> {
+        let (size, inline, block) = (self.size, self.inline_data.len(), self.overflow_block);
+        if block == 0 {
+            if inline == 0 || size != inline as u64 {
+                return Err(format!(
+                    "symlink of {size} bytes has {inline} inline bytes and no overflow block"
+                ));
+            }
+            return Ok(SymlinkLayout::Inline);
+        }
+        if !v2 {
+            return Err(format!(
+                "symlink has an overflow block {block} on a volume of format version 1"
+            ));
+        }
+        let rest = size
+            .checked_sub(INLINE_CAP as u64)
+            .and_then(|r| usize::try_from(r).ok())
+            .filter(|&r| r > 0 && size <= SYMLINK_MAX as u64);
+        match rest {
+            Some(rest) if inline == INLINE_CAP => Ok(SymlinkLayout::Overflow { block, rest }),
+            _ => Err(format!(
+                "symlink of {size} bytes ({inline} inline) cannot have an overflow block {block}"
+            )),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

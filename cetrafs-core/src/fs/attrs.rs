@@ -21,7 +21,7 @@
 use super::txn::Tx;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::block::check_owner;
-use crate::format::inode::{Inode, INLINE_CAP, SYMLINK_MAX};
+use crate::format::inode::{Inode, SymlinkLayout, INLINE_CAP, SYMLINK_MAX};
 use crate::format::layout::PointerKind;
 use crate::format::overflow::{Overflow, Role};
 use crate::format::superblock::Superblock;
@@ -245,36 +245,10 @@ pub(super) fn store_symlink_target(
 /// target, which names another path.
 pub(super) fn symlink_target(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) -> Result<Vec<u8>> {
     let ino = inode.ino;
-    let b = inode.overflow_block;
-    if b == 0 {
-        if inode.inline_data.is_empty() || inode.size != inode.inline_data.len() as u64 {
-            return Err(Error::corrupted(format!(
-                "inode {ino}: symlink of {} bytes has {} inline bytes and no overflow block",
-                inode.size,
-                inode.inline_data.len()
-            )));
-        }
-        return Ok(inode.inline_data.clone());
-    }
-    let rest = u64::try_from(INLINE_CAP)
-        .ok()
-        .and_then(|c| inode.size.checked_sub(c))
-        .and_then(|r| usize::try_from(r).ok());
-    let Some(rest) = rest.filter(|_| {
-        Layout::of(sb) == Layout::V2
-            && inode.inline_data.len() == INLINE_CAP
-            && inode.size <= SYMLINK_MAX as u64
-    }) else {
-        return Err(Error::corrupted(format!(
-            "inode {ino}: symlink of {} bytes ({} inline) cannot have an overflow block {b}{}",
-            inode.size,
-            inode.inline_data.len(),
-            if Layout::of(sb) == Layout::V1 {
-                " on a volume of format version 1"
-            } else {
-                ""
-            }
-        )));
+    let (b, rest) = match inode.symlink_layout(Layout::of(sb) == Layout::V2) {
+        Ok(SymlinkLayout::Inline) => return Ok(inode.inline_data.clone()),
+        Ok(SymlinkLayout::Overflow { block, rest }) => (block, rest),
+        Err(why) => return Err(Error::corrupted(format!("inode {ino}: {why}"))),
     };
     let o = read_overflow(tx, sb, ino, "symlink overflow block", b)?;
     o.expect(Role::SymlinkTarget, 1, rest)
