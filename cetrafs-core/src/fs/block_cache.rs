@@ -66,6 +66,22 @@ pub struct BlockCacheStats {
     pub evictions: u64,
 }
 
+impl BlockCacheStats {
+    /// One debug line (target `cetrafs_core::fs::block_cache`).
+    pub(crate) fn log(&self) {
+        tracing::debug!(
+            "metadata block cache: {} blocks of {} ({} KiB allocated of {} KiB budget); {} hits, {} misses, {} evicted",
+            self.blocks,
+            self.capacity,
+            self.bytes >> 10,
+            self.budget >> 10,
+            self.hits,
+            self.misses,
+            self.evictions
+        );
+    }
+}
+
 #[derive(Debug, Clone, Copy)]
 struct Slot {
     /// The block whose image the slot holds, or [`EMPTY`].

@@ -350,9 +350,17 @@ impl InodeTable {
         }
     }
 
+    /// Memory freed elsewhere (a committed transaction's block images) that should be handed
+    /// back to the OS like the states' (see [`report`](Self::report)).
+    pub fn note_released(&self, bytes: usize) {
+        let mut t = self.lock();
+        t.released = t.released.saturating_add(bytes);
+    }
+
     /// Log the stats at debug level if they differ from `last` (updated), and once states
-    /// worth [`TRIM_AFTER`] have been dropped, return free heap memory to the OS (glibc keeps
-    /// freed small allocations otherwise, and the daemon's RSS would stay at its peak).
+    /// (or what [`note_released`](Self::note_released) adds) worth [`TRIM_AFTER`] have been
+    /// dropped, return free heap memory to the OS (glibc keeps freed small allocations
+    /// otherwise, and the daemon's RSS would stay at its peak).
     pub fn report(&self, last: &mut InodeTableStats) {
         let s = self.stats();
         if s != *last {

@@ -427,20 +427,17 @@ impl Volume {
                     if v.unmounted.load(Ordering::Relaxed) {
                         break;
                     }
+                    let cache = v
+                        .meta
+                        .try_lock()
+                        .map(|mut m| (m.cache_stats(), m.take_released()));
+                    if let Ok((_, freed)) = cache {
+                        v.inodes.note_released(freed);
+                    }
                     v.inodes.report(&mut last);
-                    let cache = v.meta.try_lock().map(|m| m.cache_stats());
-                    if let Ok(s) = cache {
+                    if let Ok((s, _)) = cache {
                         if s != last_cache {
-                            tracing::debug!(
-                                "metadata block cache: {} blocks of {} ({} KiB allocated of {} KiB budget); {} hits, {} misses, {} evicted",
-                                s.blocks,
-                                s.capacity,
-                                s.bytes >> 10,
-                                s.budget >> 10,
-                                s.hits,
-                                s.misses,
-                                s.evictions
-                            );
+                            s.log();
                             last_cache = s;
                         }
                     }

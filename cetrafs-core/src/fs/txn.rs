@@ -48,6 +48,8 @@ pub(crate) struct Meta {
     pub gml_version: u64,
     /// Free counts last published into the group locks' value blocks.
     pub published: HashMap<u64, u64>,
+    /// Bytes of block images freed by commit points since [`take_released`](Self::take_released).
+    released: usize,
 }
 
 impl Meta {
@@ -70,6 +72,7 @@ impl Meta {
             gml: crate::format::lock_record::LockMode::Free,
             gml_version: 0,
             published: HashMap::new(),
+            released: 0,
         }
     }
 
@@ -86,6 +89,12 @@ impl Meta {
     /// What the metadata block cache holds and has done.
     pub fn cache_stats(&self) -> BlockCacheStats {
         self.cache.stats()
+    }
+
+    /// Bytes of transaction images freed by commit points since the last call (the reporter
+    /// hands such memory back to the OS).
+    pub fn take_released(&mut self) -> usize {
+        std::mem::take(&mut self.released)
     }
 
     pub fn has_pending(&self) -> bool {
@@ -138,6 +147,9 @@ impl Meta {
         for (b, data) in &pending {
             self.cache.insert(*b, data);
         }
+        self.released = self
+            .released
+            .saturating_add(pending.len() * crate::format::FS_BLOCK_SIZE);
         self.alloc.release_quarantine();
         Ok(())
     }
