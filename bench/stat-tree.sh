@@ -1,22 +1,25 @@
 #!/bin/bash
 # CetraFS metadata benchmark: stat every file of a big tree, twice, with the kernel's caches
-# dropped before each pass, on one node mounted with a small inode table budget. Shows whether
-# the per-file cost stays flat as the daemon's inode table fills (issue 8: it used to fall 20x
-# past 100,000 inodes) and what the daemon's memory does.
+# dropped before each pass, on one node mounted with small cache budgets. Shows whether the
+# per-file cost stays flat as the daemon's caches fill (issue 8: it used to fall 20x past
+# 100,000 inodes) and whether the daemon's memory stays within its budget.
 #
 # Steps: make a volume on a sparse file LUN under $BENCH_DIR, mount it (one node,
-# -o inode_cache=$STAT_BUDGET_MIB), create DIRS x FILES empty files with mknod from 4 parallel
+# -o inode_cache=$STAT_BUDGET_MIB,meta_cache=$STAT_META_MIB), create DIRS x FILES empty files with mknod from 4 parallel
 # python3 processes (timed), then twice: sync, `echo 3 > /proc/sys/vm/drop_caches`, and walk
 # the tree in order (listdir + lstat of every file, as find or ls -l do), printing the rate of
 # each SLICE-file slice and its ratio to the pass's first slice (the bar: every slice within 2x,
 # i.e. ratio >= 0.5) and the daemon's RSS after the pass. After the second pass the kernel's
-# caches are dropped once more (the kernel FORGETs every inode) and the RSS and the inode
-# table's own account (its debug log line) are shown against the budget. JSON to
+# caches are dropped once more (the kernel FORGETs every inode). The memory bar: the RSS
+# after each pass within the daemon's budget, which is its RSS right after mount (code,
+# libraries, thread stacks: the fixed baseline) plus inode_cache plus meta_cache. The caches'
+# own accounts (their debug log lines) are shown too. JSON to
 # bench/results/<timestamp>-stat-tree.json.
 #
 # Usage: bench/stat-tree.sh
 # Environment: STAT_DIRS (default 300), STAT_FILES (per directory, default 1000), STAT_SLICE
-#   (default 20000), STAT_BUDGET_MIB (inode_cache=, default 16), BENCH_DIR (default
+#   (default 20000), STAT_BUDGET_MIB (inode_cache=, default 16), STAT_META_MIB (meta_cache=,
+#   default 16), BENCH_DIR (default
 #   <repo>/.cache/bench), CETRA_BIN_DIR (default target/release; built if missing).
 set -euo pipefail
 
@@ -30,6 +33,7 @@ DIRS=${STAT_DIRS:-300}
 FILES=${STAT_FILES:-1000}
 SLICE=${STAT_SLICE:-20000}
 BUDGET_MIB=${STAT_BUDGET_MIB:-16}
+META_MIB=${STAT_META_MIB:-16}
 BENCH_DIR=${BENCH_DIR:-$REPO/.cache/bench}
 BIN_DIR=${CETRA_BIN_DIR:-$REPO/target/release}
 
@@ -61,17 +65,22 @@ trap cleanup EXIT
 # Inode blocks (4 KiB a file), directory trees and 16 journals of 64 MiB.
 truncate -s $(((DIRS * FILES * 4096 * 3 / 2) + (3 << 30))) "$LUN"
 "$BIN_DIR/mkfs-cetra" -q --force -L stat-tree "$LUN"
-RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug CETRA_LOG_FILE=$LOG \
-    "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB"
+RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug,cetrafs_core::fs::block_cache=debug \
+    CETRA_LOG_FILE=$LOG "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB,meta_cache=$META_MIB"
 MOUNTED=1
 PID=$(pgrep -f "^$BIN_DIR/mount-cetra $LUN $MNT " | head -1)
 [[ -n $PID ]] || die "no mount-cetra daemon found for $MNT"
-echo "stat-tree: $DIRS x $FILES files on $(df --output=fstype "$WORK" | tail -1) ($LUN), inode_cache=$BUDGET_MIB MiB, daemon pid $PID"
+echo "stat-tree: $DIRS x $FILES files on $(df --output=fstype "$WORK" | tail -1) ($LUN), inode_cache=$BUDGET_MIB MiB, meta_cache=$META_MIB MiB, daemon pid $PID"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$PID/status"; }
 RSS_MOUNTED=$(rss_kib)
-# The inode table's latest account (logged at debug level every 5 s when it changed).
+# The budget the RSS is held to: the baseline right after mount plus both caches' budgets.
+BUDGET_KIB=$((RSS_MOUNTED + (BUDGET_MIB + META_MIB) * 1024))
+echo "  daemon RSS right after mount (the fixed baseline) $((RSS_MOUNTED >> 10)) MiB; budget $((BUDGET_KIB >> 10)) MiB = baseline + inode_cache + meta_cache"
+# The caches' latest accounts (logged at debug level every 5 s when they changed).
 table_line() { grep -h "inode table:" "$LOG" | tail -1 | sed 's/^.*inode table: //'; }
+cache_line() { grep -h "metadata block cache:" "$LOG" | tail -1 | sed 's/^.*metadata block cache: //'; }
+within() { if (($1 <= BUDGET_KIB)); then echo "within the $((BUDGET_KIB >> 10)) MiB budget"; else echo "OVER the $((BUDGET_KIB >> 10)) MiB budget"; fi; }
 drop_caches() {
     sync
     echo 3 >/proc/sys/vm/drop_caches
@@ -123,21 +132,24 @@ json.dump({"files": n, "rates": rates}, open(out, "w"))
 PY
     RSS_AFTER[pass]=$(rss_kib)
     sleep 6 # one report of the inode table
-    echo "  pass $pass done: daemon RSS $((RSS_AFTER[pass] >> 10)) MiB (the kernel still references every inode); table: $(table_line)"
+    echo "  pass $pass done: daemon RSS $((RSS_AFTER[pass] >> 10)) MiB, $(within "${RSS_AFTER[pass]}") (the kernel still references every inode)"
+    echo "    table: $(table_line)"
+    echo "    block cache: $(cache_line)"
 done
 drop_caches
 RSS_FORGOTTEN=$(rss_kib)
-echo "  daemon RSS right after mount was $((RSS_MOUNTED >> 10)) MiB"
 TABLE=$(table_line)
-echo "  after dropping the caches again: daemon RSS $((RSS_FORGOTTEN >> 10)) MiB; table: $TABLE"
+CACHE=$(cache_line)
+echo "  after dropping the caches again: daemon RSS $((RSS_FORGOTTEN >> 10)) MiB, $(within "$RSS_FORGOTTEN"); table: $TABLE"
 umount "$MNT"
 MOUNTED=0
 
 OUT=$REPO/bench/results/$STAMP-stat-tree.json
-python3 - "$RESULTS" "$OUT" "$SLICE" "$BUDGET_MIB" "$RSS_MOUNTED" "${RSS_AFTER[1]}" "${RSS_AFTER[2]}" "$RSS_FORGOTTEN" "$TABLE" <<'PY'
+python3 - "$RESULTS" "$OUT" "$SLICE" "$BUDGET_MIB" "$META_MIB" "$RSS_MOUNTED" "${RSS_AFTER[1]}" "${RSS_AFTER[2]}" "$RSS_FORGOTTEN" "$TABLE" "$CACHE" <<'PY'
 import json, os, platform, sys
 
-res, out, slice_n, budget, rss0, rss1, rss2, rss_f, table = sys.argv[1:]
+res, out, slice_n, budget, meta, rss0, rss1, rss2, rss_f, table, cache = sys.argv[1:]
+limit = int(rss0) + (int(budget) + int(meta)) * 1024
 passes = [json.load(open(os.path.join(res, f"pass{i}.json"))) for i in (1, 2)]
 print(f"\nstat rate per {slice_n}-file slice (files/s) and ratio to the pass's first slice")
 print(f"{'slice':>6}{'files':>10}{'pass 1':>10}{'ratio':>7}{'pass 2':>10}{'ratio':>7}")
@@ -154,17 +166,26 @@ for i in range(max(len(p["rates"]) for p in passes)):
 verdict = "every slice within 2x of its pass's first" if worst >= 0.5 else "SOME SLICE IS MORE THAN 2x SLOWER than its pass's first"
 print(f"slowest slice: {worst:.2f} of the first: {verdict}")
 print(f"daemon RSS: {int(rss0) >> 10} MiB after mount, {int(rss1) >> 10} MiB after pass 1, {int(rss2) >> 10} MiB after pass 2, "
-      f"{int(rss_f) >> 10} MiB after the kernel forgot the inodes; inode_cache budget {budget} MiB")
+      f"{int(rss_f) >> 10} MiB after the kernel forgot the inodes")
+peak = max(int(rss1), int(rss2), int(rss_f))
+mem = "within" if peak <= limit else "OVER"
+print(f"memory: largest RSS after a pass {peak >> 10} MiB, {mem} the budget of {limit >> 10} MiB "
+      f"= {int(rss0) >> 10} MiB baseline (after mount) + inode_cache {budget} MiB + meta_cache {meta} MiB")
 print(f"inode table: {table}")
+print(f"metadata block cache: {cache}")
 json.dump({
     "timestamp": os.path.basename(out).split("-")[0],
     "files": passes[0]["files"],
     "slice": int(slice_n),
     "inode_cache_mib": int(budget),
+    "meta_cache_mib": int(meta),
+    "rss_budget_kib": limit,
+    "rss_within_budget": peak <= limit,
     "passes": [p["rates"] for p in passes],
     "slowest_ratio": worst,
     "rss_kib": {"after_mount": int(rss0), "after_pass1": int(rss1), "after_pass2": int(rss2), "after_forget": int(rss_f)},
     "inode_table": table,
+    "block_cache": cache,
     "host": {"kernel": platform.release(), "cpus": os.cpu_count()},
 }, open(out, "w"), indent=2)
 print(f"JSON: {out}")

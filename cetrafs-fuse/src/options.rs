@@ -20,13 +20,14 @@ pub const DEFAULT_TTL: Duration = Duration::from_millis(500);
 /// Longer than this makes multi-node coherency meaningless; shorter than this is just a typo guard.
 const MAX_TTL_SECS: f64 = 3600.0;
 const MAX_HOST_LEN: usize = 64;
-/// `inode_cache=` above this many MiB (1 TiB) is a typo.
-const MAX_INODE_CACHE_MIB: usize = 1 << 20;
+/// `inode_cache=` or `meta_cache=` above this many MiB (1 TiB) is a typo.
+const MAX_CACHE_MIB: usize = 1 << 20;
 
 pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
-    "           inode_cache=MIB, nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
+    "           inode_cache=MIB, meta_cache=MIB, nosuid, nodev, noexec, noatime (and the generic\n",
+    "           fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
 
@@ -60,8 +61,10 @@ pub struct Options {
     pub file_locks: bool,
     /// `renew=caw`: heartbeat renewal by COMPARE AND WRITE instead of write + re-read.
     pub caw_renewal: bool,
-    /// `inode_cache=MIB`: memory budget of the inode table's idle states, in bytes.
+    /// `inode_cache=MIB`: memory budget of the inode table, in bytes.
     pub inode_cache_bytes: usize,
+    /// `meta_cache=MIB`: memory budget of the metadata block cache, in bytes.
+    pub meta_cache_bytes: usize,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -81,6 +84,7 @@ impl Default for Options {
             file_locks: true,
             caw_renewal: false,
             inode_cache_bytes: cetrafs_core::fs::DEFAULT_INODE_CACHE,
+            meta_cache_bytes: cetrafs_core::fs::DEFAULT_META_CACHE,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -113,6 +117,7 @@ impl Options {
                 ("rw", None) => self.read_only = false,
                 ("nofilelock", None) => self.file_locks = false,
                 ("inode_cache", Some(v)) => self.inode_cache_bytes = parse_mib(key, v)?,
+                ("meta_cache", Some(v)) => self.meta_cache_bytes = parse_mib(key, v)?,
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -133,7 +138,10 @@ impl Options {
                 // x-* are userspace comments (mount(8) normally strips them); comment= likewise.
                 (k, _) if k.starts_with("x-") || k == "comment" => {}
                 (k, None)
-                    if matches!(k, "host" | "attr_timeout" | "entry_timeout" | "inode_cache") =>
+                    if matches!(
+                        k,
+                        "host" | "attr_timeout" | "entry_timeout" | "inode_cache" | "meta_cache"
+                    ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))
                 }
@@ -197,11 +205,11 @@ fn parse_secs(key: &str, v: &str) -> Result<Duration, UsageError> {
 fn parse_mib(key: &str, v: &str) -> Result<usize, UsageError> {
     v.parse::<usize>()
         .ok()
-        .filter(|&m| m <= MAX_INODE_CACHE_MIB)
+        .filter(|&m| m <= MAX_CACHE_MIB)
         .map(|m| m << 20)
         .ok_or_else(|| {
             usage(format!(
-                "{key}={v:?}: expected whole MiB between 0 and {MAX_INODE_CACHE_MIB}, e.g. 64"
+                "{key}={v:?}: expected whole MiB between 0 and {MAX_CACHE_MIB}, e.g. 32"
             ))
         })
 }
@@ -374,6 +382,31 @@ mod tests {
             assert!(e.0.contains("expected seconds"), "{bad}: {e}");
         }
         assert!(p(&["d", "m", "-o", "attr_timeout"])
+            .unwrap_err()
+            .0
+            .contains("needs a value"));
+    }
+
+    #[test]
+    fn meta_cache() {
+        let o = mount(&["d", "m"]).opts;
+        assert_eq!(o.meta_cache_bytes, cetrafs_core::fs::DEFAULT_META_CACHE);
+        let o = mount(&["d", "m", "-o", "meta_cache=8,inode_cache=4"]).opts;
+        assert_eq!(
+            (o.meta_cache_bytes, o.inode_cache_bytes),
+            (8 << 20, 4 << 20)
+        );
+        assert_eq!(
+            mount(&["d", "m", "-o", "meta_cache=0"])
+                .opts
+                .meta_cache_bytes,
+            0
+        );
+        for bad in ["meta_cache=-1", "meta_cache=2M", "meta_cache=9999999"] {
+            let e = p(&["d", "m", "-o", bad]).unwrap_err();
+            assert!(e.0.contains("expected whole MiB"), "{bad}: {e}");
+        }
+        assert!(p(&["d", "m", "-o", "meta_cache"])
             .unwrap_err()
             .0
             .contains("needs a value"));

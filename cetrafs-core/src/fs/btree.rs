@@ -404,6 +404,7 @@ mod tests {
             crate::alloc::tests::load(&dev, &sb),
             crate::journal::JournalArea::for_slot(&sb, 0),
             sb.clone(),
+            crate::fs::DEFAULT_META_CACHE,
         );
         let mut tx = Tx::new(&dev, &mut meta);
         f(&mut tx);

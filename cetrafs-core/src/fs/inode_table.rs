@@ -8,7 +8,8 @@
 //!   FORGETs the number must not be reused (an unlinked inode is freed only then), so the count
 //!   is kept for every number the kernel holds, whether or not the inode's state is loaded. It
 //!   costs one small map entry per number (about 32 bytes); the kernel bounds how many there
-//!   are (it forgets under memory pressure and on `drop_caches`), nothing here evicts them.
+//!   are (it forgets under memory pressure and on `drop_caches`), nothing here evicts them,
+//!   but their map's memory counts against the budget (below), so states make room for it.
 //! * **States** ([`get`](InodeTable::get), [`insert`](InodeTable::insert),
 //!   [`remove`](InodeTable::remove)): the decoded inode with its whole extent map. A state is a
 //!   cache entry that can be dropped and loaded again from the volume whenever it is *idle*.
@@ -20,8 +21,8 @@
 //! **Budget.** Each state is charged an estimate of the memory it holds: the struct, the
 //! table's bookkeeping for it, the symlink target, the inline extents and the extent map's
 //! B-tree (a file with a big extent map costs accordingly; an empty file or directory is about
-//! 400 bytes). The total charge is kept within the budget (mount option `inode_cache=MiB`,
-//! default [`DEFAULT_BUDGET`]) by evicting idle states with CLOCK (second chance): every state sits
+//! 400 bytes). The total charge, plus the memory of the references' map, is kept within the
+//! budget (mount option `inode_cache=MiB`, default [`DEFAULT_BUDGET`]) by evicting idle states with CLOCK (second chance): every state sits
 //! once in a ring in load order, and a hit marks it; on each insert, while the charges exceed
 //! the budget, the hand takes the state at the front: a marked one loses its mark and goes to
 //! the back, an in-use one goes to the back (its charge is re-estimated, an open file's extent
@@ -49,9 +50,9 @@ use std::mem::size_of;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, TryLockError};
 
-/// Memory budget for idle inode states when the mount does not say (`inode_cache=`): 64 MiB,
-/// about 160,000 small files or directories (about 400 bytes each).
-pub const DEFAULT_BUDGET: usize = 64 << 20;
+/// Memory budget of the table when the mount does not say (`inode_cache=`): 32 MiB, about
+/// 80,000 small files or directories (about 400 bytes each).
+pub const DEFAULT_BUDGET: usize = 32 << 20;
 
 /// States the CLOCK hand examines per insert at most.
 pub const HAND_LIMIT: usize = 64;
@@ -71,6 +72,8 @@ pub struct InodeTableStats {
     pub entries: usize,
     /// Their estimated memory, bytes.
     pub bytes: usize,
+    /// Memory of the map of the kernel's references, bytes (charged to the budget too).
+    pub ref_bytes: usize,
     /// The budget for it, bytes.
     pub budget: usize,
     /// Inode numbers the kernel holds references to.
@@ -172,7 +175,7 @@ impl Inner {
     /// `HAND_LIMIT` states.
     fn sweep(&mut self) {
         let mut examined = 0;
-        while self.bytes > self.budget && examined < HAND_LIMIT {
+        while self.bytes + self.ref_bytes() > self.budget && examined < HAND_LIMIT {
             let Some((ino, stamp)) = self.ring.pop_front() else {
                 break;
             };
@@ -195,6 +198,11 @@ impl Inner {
             }
         }
         self.tidy();
+    }
+
+    /// The references' map: its buckets of (number, count, control byte).
+    fn ref_bytes(&self) -> usize {
+        self.refs.capacity() * 8 / 7 * (size_of::<(Ino, u64)>() + 1)
     }
 
     /// Compact the ring when stale slots outnumber live ones; shrink mostly empty maps.
@@ -332,6 +340,7 @@ impl InodeTable {
         InodeTableStats {
             entries: t.states.len(),
             bytes: t.bytes,
+            ref_bytes: t.ref_bytes(),
             budget: t.budget,
             referenced: t.refs.len(),
             hits: t.hits,
@@ -341,16 +350,25 @@ impl InodeTable {
         }
     }
 
+    /// Memory freed elsewhere (a committed transaction's block images) that should be handed
+    /// back to the OS like the states' (see [`report`](Self::report)).
+    pub fn note_released(&self, bytes: usize) {
+        let mut t = self.lock();
+        t.released = t.released.saturating_add(bytes);
+    }
+
     /// Log the stats at debug level if they differ from `last` (updated), and once states
-    /// worth [`TRIM_AFTER`] have been dropped, return free heap memory to the OS (glibc keeps
-    /// freed small allocations otherwise, and the daemon's RSS would stay at its peak).
+    /// (or what [`note_released`](Self::note_released) adds) worth [`TRIM_AFTER`] have been
+    /// dropped, return free heap memory to the OS (glibc keeps freed small allocations
+    /// otherwise, and the daemon's RSS would stay at its peak).
     pub fn report(&self, last: &mut InodeTableStats) {
         let s = self.stats();
         if s != *last {
             tracing::debug!(
-                "inode table: {} states, {} KiB of {} KiB budget, {} numbers referenced by the kernel; {} hits, {} misses, {} evicted, {} dropped after forget",
+                "inode table: {} states, {} KiB + {} KiB of references of {} KiB budget, {} numbers referenced by the kernel; {} hits, {} misses, {} evicted, {} dropped after forget",
                 s.entries,
                 s.bytes >> 10,
+                s.ref_bytes >> 10,
                 s.budget >> 10,
                 s.referenced,
                 s.hits,
@@ -405,9 +423,31 @@ mod tests {
     }
 
     #[test]
+    fn the_kernels_references_count_against_the_budget() {
+        let budget = 1000 * one_cost();
+        let t = InodeTable::new(budget);
+        for ino in 1..=1000 {
+            t.insert(state(ino, 1));
+        }
+        let before = t.stats();
+        assert!(before.entries > 900, "{before:?}");
+        // The kernel now references many numbers: loading more states makes room for them.
+        for ino in 1..=5000 {
+            t.note_lookup(ino);
+        }
+        for ino in 2000..2100 {
+            t.insert(state(ino, 1));
+        }
+        let s = t.stats();
+        assert!(s.ref_bytes > 5000 * 17 && s.ref_bytes < budget / 2, "{s:?}");
+        assert!(s.bytes + s.ref_bytes <= budget, "{s:?}");
+        assert!(s.entries + s.ref_bytes / one_cost() <= 1000, "{s:?}");
+    }
+
+    #[test]
     fn a_small_inode_is_charged_about_400_bytes_and_extents_add_to_it() {
         let small = one_cost();
-        // The default budget's documented "about 160,000 small files".
+        // The default budget's documented "about 80,000 small files".
         assert!((350..=480).contains(&small), "{small} bytes");
         let st = state(1, 1);
         st.write().extents.insert(0, 1000, 1, false);

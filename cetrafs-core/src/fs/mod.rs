@@ -10,6 +10,7 @@
 pub mod types;
 
 mod attrs;
+mod block_cache;
 pub(crate) mod btree;
 mod cluster;
 mod data;
@@ -19,6 +20,7 @@ mod inode_table;
 mod suid;
 pub(crate) mod txn;
 
+pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
 pub use types::*;
@@ -327,7 +329,7 @@ impl Volume {
                     return Err(e);
                 }
             };
-            let mut meta = Meta::new(alloc, journal, sb.clone());
+            let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
             meta.slot = member.slot;
             meta.gml = LockMode::Shared;
             meta.gml_version = granted.version;
@@ -419,8 +421,10 @@ impl Volume {
         }
     }
 
-    /// Log the inode table's stats at debug level when they change, and hand memory its
-    /// evictions freed back to the OS (`InodeTable::report`).
+    /// Log the inode table's and the metadata block cache's stats at debug level when they
+    /// change, and hand memory the table's evictions freed back to the OS
+    /// (`InodeTable::report`). The block cache is reported only when its mutex is free (the
+    /// reporter never waits behind a commit).
     fn spawn_reporter(vol: &Arc<Volume>) {
         const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
         let weak = Arc::downgrade(vol);
@@ -428,13 +432,27 @@ impl Volume {
             .name("cetra-inodes".into())
             .spawn(move || {
                 let mut last = InodeTableStats::default();
+                let mut last_cache = BlockCacheStats::default();
                 loop {
                     std::thread::sleep(EVERY);
                     let Some(v) = weak.upgrade() else { break };
                     if v.unmounted.load(Ordering::Relaxed) {
                         break;
                     }
+                    let cache = v
+                        .meta
+                        .try_lock()
+                        .map(|mut m| (m.cache_stats(), m.take_released()));
+                    if let Ok((_, freed)) = cache {
+                        v.inodes.note_released(freed);
+                    }
                     v.inodes.report(&mut last);
+                    if let Ok((s, _)) = cache {
+                        if s != last_cache {
+                            s.log();
+                            last_cache = s;
+                        }
+                    }
                 }
             });
         if let Err(e) = spawned {
@@ -445,6 +463,11 @@ impl Volume {
     /// What the inode table holds and has done (fs/inode_table.rs).
     pub fn inode_table_stats(&self) -> InodeTableStats {
         self.inodes.stats()
+    }
+
+    /// What the metadata block cache holds and has done (fs/block_cache.rs).
+    pub fn block_cache_stats(&self) -> BlockCacheStats {
+        self.lock_meta().cache_stats()
     }
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).

@@ -16,6 +16,7 @@
 //! A crash before step 2 completes loses the whole compound transaction (the volume stays at
 //! the previous commit point); after it, replay at mount redoes step 3.
 
+use super::block_cache::{BlockCache, BlockCacheStats};
 use crate::alloc::Allocator;
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -25,16 +26,14 @@ use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
 use std::collections::{BTreeMap, HashMap};
 
-/// Cached metadata blocks (clean copies only; pending blocks are kept separately).
-const CACHE_LIMIT: usize = 1 << 16;
-
 #[derive(Debug)]
 pub(crate) struct Meta {
     pub alloc: Allocator,
     /// The volume's layout: every block pointer decoded from disk is checked against it
     /// (format/layout.rs) before it is followed.
     pub sb: Superblock,
-    cache: HashMap<u64, Vec<u8>>,
+    /// Clean copies of metadata blocks as they are at home (fs/block_cache.rs).
+    cache: BlockCache,
     /// Latest image of every block changed since the last commit point.
     pending: BTreeMap<u64, Vec<u8>>,
     journal: JournalArea,
@@ -49,14 +48,22 @@ pub(crate) struct Meta {
     pub gml_version: u64,
     /// Free counts last published into the group locks' value blocks.
     pub published: HashMap<u64, u64>,
+    /// Bytes of block images freed by commit points since [`take_released`](Self::take_released).
+    released: usize,
 }
 
 impl Meta {
-    pub fn new(alloc: Allocator, journal: JournalArea, sb: Superblock) -> Self {
+    /// `cache_budget`: bytes for the metadata block cache (`meta_cache=MiB`).
+    pub fn new(
+        alloc: Allocator,
+        journal: JournalArea,
+        sb: Superblock,
+        cache_budget: usize,
+    ) -> Self {
         Self {
             alloc,
             sb,
-            cache: HashMap::new(),
+            cache: BlockCache::new(cache_budget),
             pending: BTreeMap::new(),
             journal,
             next_seq: 1,
@@ -65,6 +72,7 @@ impl Meta {
             gml: crate::format::lock_record::LockMode::Free,
             gml_version: 0,
             published: HashMap::new(),
+            released: 0,
         }
     }
 
@@ -76,6 +84,17 @@ impl Meta {
             "dropping the cache with pending metadata"
         );
         self.cache.clear();
+    }
+
+    /// What the metadata block cache holds and has done.
+    pub fn cache_stats(&self) -> BlockCacheStats {
+        self.cache.stats()
+    }
+
+    /// Bytes of transaction images freed by commit points since the last call (the reporter
+    /// hands such memory back to the OS).
+    pub fn take_released(&mut self) -> usize {
+        std::mem::take(&mut self.released)
     }
 
     pub fn has_pending(&self) -> bool {
@@ -124,10 +143,13 @@ impl Meta {
             run.push((*b, data));
         }
         write_run(dev, &run)?;
-        if self.cache.len() + pending.len() >= CACHE_LIMIT {
-            self.cache.clear();
+        // Home now: these images are the clean copies.
+        for (b, data) in &pending {
+            self.cache.insert(*b, data);
         }
-        self.cache.extend(pending);
+        self.released = self
+            .released
+            .saturating_add(pending.len() * crate::format::FS_BLOCK_SIZE);
         self.alloc.release_quarantine();
         Ok(())
     }
@@ -174,17 +196,13 @@ impl<'a> Tx<'a> {
         {
             return Ok(b.clone());
         }
-        if let Some(b) = self.meta.cache.get(&block) {
-            return Ok(b.clone());
+        if let Some(b) = self.meta.cache.get(block) {
+            return Ok(b.to_vec());
         }
         let mut buf = AlignedBuf::new(crate::format::FS_BLOCK_SIZE);
         self.dev.read_at(block * FS_BLOCK, &mut buf)?;
-        let v = buf.to_vec();
-        if self.meta.cache.len() >= CACHE_LIMIT {
-            self.meta.cache.clear();
-        }
-        self.meta.cache.insert(block, v.clone());
-        Ok(v)
+        self.meta.cache.insert(block, &buf);
+        Ok(buf.to_vec())
     }
 
     /// The sequence number a new metadata object placed in `block` must start above: the one
@@ -231,7 +249,7 @@ impl<'a> Tx<'a> {
     pub fn forget(&mut self, block: u64) {
         self.dirty.remove(&block);
         self.meta.pending.remove(&block);
-        self.meta.cache.remove(&block);
+        self.meta.cache.invalidate(block);
     }
 
     /// Fold this operation's changes into the running compound transaction.
@@ -265,4 +283,134 @@ fn write_run(dev: &dyn BlockDevice, run: &[(u64, &Vec<u8>)]) -> Result<()> {
             .copy_from_slice(d);
     }
     dev.write_at(first * FS_BLOCK, &buf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::mem::MemDevice;
+    use crate::format::FS_BLOCK_SIZE;
+
+    /// A formatted memory volume and its slot-0 metadata with a cache of `cache_blocks` blocks.
+    fn meta(cache_blocks: usize) -> (MemDevice, Meta) {
+        let dev = MemDevice::new(256 << 20, 512);
+        let opts = crate::mkfs::MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            ..Default::default()
+        };
+        let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
+        let m = Meta::new(
+            crate::alloc::tests::load(&dev, &sb),
+            JournalArea::for_slot(&sb, 0),
+            sb.clone(),
+            cache_blocks * (FS_BLOCK_SIZE + super::super::block_cache::SLOT_OVERHEAD),
+        );
+        (dev, m)
+    }
+
+    fn img(tag: u64) -> Vec<u8> {
+        let mut v = vec![0xa5u8; FS_BLOCK_SIZE];
+        v[..8].copy_from_slice(&tag.to_le_bytes());
+        v
+    }
+
+    fn tag(tx: &mut Tx<'_>, b: u64) -> u64 {
+        u64::from_le_bytes(tx.read(b).unwrap()[..8].try_into().unwrap())
+    }
+
+    /// Write `block` at home behind the cache's back (as another node would).
+    fn put(dev: &MemDevice, block: u64, t: u64) {
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        buf.copy_from_slice(&img(t));
+        dev.write_at(block * FS_BLOCK, &buf).unwrap();
+    }
+
+    /// Free metadata blocks to play with.
+    fn blocks(m: &mut Meta, n: u64) -> Vec<u64> {
+        let runs = m.alloc.alloc(0, n, 0).unwrap();
+        let _ = m.alloc.take_dirty();
+        runs.iter().flat_map(|&(p, l)| p..p + l).collect()
+    }
+
+    #[test]
+    fn transaction_blocks_are_never_served_stale() {
+        // A cache of 4 blocks against 40 blocks changed in one transaction.
+        let (dev, mut m) = meta(4);
+        let bs = blocks(&mut m, 40);
+        let mut tx = Tx::new(&dev, &mut m);
+        // Old images cached (and evicted in turn) first.
+        for &b in &bs {
+            tx.write(b, img(b));
+        }
+        tx.commit().unwrap();
+        m.commit_point(&dev).unwrap();
+        let mut tx = Tx::new(&dev, &mut m);
+        for &b in &bs {
+            assert_eq!(tag(&mut tx, b), b);
+        }
+        for &b in &bs {
+            tx.write(b, img(b + 1000));
+        }
+        // This transaction's copies win over the cache...
+        for &b in &bs {
+            assert_eq!(tag(&mut tx, b), b + 1000);
+        }
+        tx.commit().unwrap();
+        // ...then the running compound transaction's, in the next operation...
+        let mut tx = Tx::new(&dev, &mut m);
+        for &b in bs.iter().rev() {
+            assert_eq!(tag(&mut tx, b), b + 1000);
+        }
+        tx.commit().unwrap();
+        let s = m.cache_stats();
+        assert!(s.blocks <= 4 && s.capacity == 4, "{s:?}");
+        // ...and after the commit point, the cache's and the device's copies are the new ones.
+        m.commit_point(&dev).unwrap();
+        let mut tx = Tx::new(&dev, &mut m);
+        for &b in bs.iter().chain(bs.iter()) {
+            assert_eq!(tag(&mut tx, b), b + 1000);
+        }
+        let mut raw = AlignedBuf::new(FS_BLOCK_SIZE);
+        for &b in &bs {
+            dev.read_at(b * FS_BLOCK, &mut raw).unwrap();
+            assert_eq!(raw[..], img(b + 1000)[..]);
+        }
+    }
+
+    #[test]
+    fn cache_hits_and_invalidation() {
+        let (dev, mut m) = meta(64);
+        let bs = blocks(&mut m, 8);
+        let mut tx = Tx::new(&dev, &mut m);
+        for &b in &bs {
+            tx.write(b, img(b));
+        }
+        tx.commit().unwrap();
+        m.commit_point(&dev).unwrap();
+        // Committed blocks are cached: reading them again does not touch the device.
+        let before = m.cache_stats();
+        let mut tx = Tx::new(&dev, &mut m);
+        for &b in &bs {
+            assert_eq!(tag(&mut tx, b), b);
+        }
+        let after = m.cache_stats();
+        assert_eq!(after.hits - before.hits, 8);
+        assert_eq!(after.misses, before.misses);
+        // Another node changes a block at home: the cache still serves the old copy until it
+        // is dropped (the global lock moved), then the new one.
+        put(&dev, bs[0], 77);
+        let mut tx = Tx::new(&dev, &mut m);
+        assert_eq!(tag(&mut tx, bs[0]), bs[0]);
+        m.drop_cache();
+        assert_eq!(m.cache_stats().blocks, 0);
+        let mut tx = Tx::new(&dev, &mut m);
+        assert_eq!(tag(&mut tx, bs[0]), 77);
+        // A forgotten (freed) block is dropped from the cache too.
+        assert_eq!(tag(&mut tx, bs[1]), bs[1]);
+        put(&dev, bs[1], 88);
+        assert_eq!(tag(&mut tx, bs[1]), bs[1]);
+        tx.forget(bs[1]);
+        assert_eq!(tag(&mut tx, bs[1]), 88);
+    }
 }

@@ -218,6 +218,9 @@ pub struct MountOptions {
     /// Memory budget of the inode table's idle states, bytes (`inode_cache=MiB`;
     /// fs/inode_table.rs).
     pub inode_cache_bytes: usize,
+    /// Memory budget of the metadata block cache, bytes (`meta_cache=MiB`;
+    /// fs/block_cache.rs).
+    pub meta_cache_bytes: usize,
 }
 
 impl Default for MountOptions {
@@ -229,6 +232,7 @@ impl Default for MountOptions {
             file_locks: true,
             caw_renewal: false,
             inode_cache_bytes: super::inode_table::DEFAULT_BUDGET,
+            meta_cache_bytes: super::block_cache::DEFAULT_BUDGET,
         }
     }
 }
