@@ -76,7 +76,16 @@ const ARENA_MAX: libc::c_int = 1;
 /// `bench/stat-tree.sh`-like runs (60,000 files, both caches at 16 MiB): RSS after the
 /// kernel forgot every inode 72 MiB with glibc's defaults, 48 MiB with 4 arenas, 45 MiB with
 /// one. Called before any thread starts.
+///
+/// glibc's per-thread caches (tcache: up to 7 freed chunks of each small size per thread, and
+/// the daemon has about 40 threads) are turned off too, by [`without_tcache`]: the chunks they
+/// hold stay allocated as far as the arena is concerned, scattered over the heap, so they keep
+/// their neighbours from coalescing and their pages from being trimmed. Measured (60,000
+/// files, both caches at 16 MiB): heap RSS after the kernel forgot every inode 24 MiB with
+/// tcache, under 1 MiB without.
 fn tune_allocator() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    without_tcache();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     for (param, value) in [
         (libc::M_MMAP_THRESHOLD, MMAP_THRESHOLD),
@@ -89,6 +98,37 @@ fn tune_allocator() {
             warn!("mallopt({param}, {value}) refused: memory may stay above the cache budgets");
         }
     }
+}
+
+/// The tunable that turns glibc's per-thread malloc caches off.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+const NO_TCACHE: &str = "glibc.malloc.tcache_count=0";
+
+/// glibc reads its tunables only from `GLIBC_TUNABLES` at process start (mallopt has no
+/// tcache parameter), so when it is not set the daemon re-executes itself, once, with it
+/// added to whatever tunables the caller set. After the exec the variable names it, so there
+/// is no second exec; if the exec fails the daemon goes on with the caches (more memory, same
+/// behaviour). Runs before any thread, file or lock exists.
+#[cfg(all(target_os = "linux", target_env = "gnu"))]
+fn without_tcache() {
+    use std::os::unix::process::CommandExt;
+    let current = std::env::var("GLIBC_TUNABLES").unwrap_or_default();
+    if current.split(':').any(|t| t == NO_TCACHE) {
+        return;
+    }
+    let tunables = if current.is_empty() {
+        NO_TCACHE.to_string()
+    } else {
+        format!("{current}:{NO_TCACHE}")
+    };
+    let mut argv = std::env::args_os();
+    let arg0 = argv.next().unwrap_or_default();
+    let err = std::process::Command::new("/proc/self/exe")
+        .arg0(arg0)
+        .args(argv)
+        .env("GLIBC_TUNABLES", tunables)
+        .exec();
+    warn!("cannot re-execute without glibc's malloc thread caches ({err}): memory may stay above the cache budgets");
 }
 
 /// Where "mounted" / "failed" goes: the waiting parent's pipe, or our own stderr with -f.
