@@ -38,8 +38,9 @@ pub(crate) struct Meta {
     pending: BTreeMap<u64, Vec<u8>>,
     journal: JournalArea,
     next_seq: u64,
-    /// A commit point failed: what is on disk is unknown, so no more metadata is written.
-    failed: bool,
+    /// A commit point failed (with this kind): what is on disk is unknown, so no more metadata
+    /// is written.
+    failed: Option<ErrorKind>,
     /// This node's slot (whose journal and orphan list it uses).
     pub slot: u32,
     /// How this node holds the cluster's global metadata lock (fs/cluster.rs).
@@ -67,7 +68,7 @@ impl Meta {
             pending: BTreeMap::new(),
             journal,
             next_seq: 1,
-            failed: false,
+            failed: None,
             slot: 0,
             gml: crate::format::lock_record::LockMode::Free,
             gml_version: 0,
@@ -103,15 +104,10 @@ impl Meta {
 
     /// Make the running compound transaction durable (see the module docs).
     pub fn commit_point(&mut self, dev: &dyn BlockDevice) -> Result<()> {
-        if self.failed {
-            return Err(Error::new(
-                ErrorKind::Io,
-                "an earlier metadata commit failed; remount the volume",
-            ));
-        }
+        self.check_not_failed()?;
         let r = self.commit_point_inner(dev);
-        if r.is_err() {
-            self.failed = true;
+        if let Err(e) = &r {
+            self.failed = Some(e.kind());
         }
         r
     }
@@ -161,8 +157,20 @@ impl Meta {
         journal::invalidate(dev, self.journal)
     }
 
+    /// The sticky error of an earlier failed commit point. It keeps that failure's kind, so a
+    /// fenced node's later calls are `Fenced` (logged once, as FENCED), not new I/O errors.
+    fn check_not_failed(&self) -> Result<()> {
+        match self.failed {
+            None => Ok(()),
+            Some(kind) => Err(Error::new(
+                kind,
+                "an earlier metadata commit failed; remount the volume",
+            )),
+        }
+    }
+
     pub fn is_failed(&self) -> bool {
-        self.failed
+        self.failed.is_some()
     }
 
     pub fn journal(&self) -> JournalArea {
@@ -254,12 +262,7 @@ impl<'a> Tx<'a> {
 
     /// Fold this operation's changes into the running compound transaction.
     pub fn commit(mut self) -> Result<()> {
-        if self.meta.failed {
-            return Err(Error::new(
-                ErrorKind::Io,
-                "an earlier metadata commit failed; remount the volume",
-            ));
-        }
+        self.meta.check_not_failed()?;
         for (b, data) in self.meta.alloc.take_dirty() {
             self.dirty.insert(b, data);
         }
