@@ -11,6 +11,14 @@
 //! sequential writer gets one extent per group. Reservations are dropped when the file is closed
 //! and are never on disk.
 //!
+//! *Blocks held for writes in flight* ([`Allocator::reserve`]): an allocating data write picks
+//! its blocks under the metadata mutex but writes them outside it (fs/data.rs). Its runs are
+//! taken as [`Allocator::alloc`] takes them and then kept only in the in-memory reservation
+//! bitmap, so nothing else allocates them while the bitmap on disk (and every bitmap block a
+//! transaction writes meanwhile) still shows them free. [`Allocator::commit_reserved`] marks
+//! them used in the transaction that maps them, [`Allocator::unreserve`] gives them back when
+//! the write failed. A crash in between leaves nothing on disk to undo.
+//!
 //! Several nodes: every change to a bitmap happens under the cluster's exclusive metadata lock,
 //! so the in-memory copy is exact while this node holds it, and is reloaded (`refresh`) when
 //! another node held it in between. *Where* a node allocates is a policy on top: each node owns
@@ -101,6 +109,8 @@ pub struct Allocator {
     quarantine: Vec<(u64, u64)>,
     /// Reservation window each writing file has earned (doubles as it keeps growing).
     windows: HashMap<u64, u64>,
+    /// Blocks held for writes in flight (in `resv`, not in `used`): not free, not yet used.
+    held: u64,
 }
 
 fn get(words: &[u64], bit: u64) -> bool {
@@ -206,6 +216,7 @@ impl Allocator {
             resv: HashMap::new(),
             quarantine: Vec::new(),
             windows: HashMap::new(),
+            held: 0,
         })
     }
 
@@ -215,8 +226,9 @@ impl Allocator {
         (g < self.groups.len()).then_some((g, rel % self.group_blocks))
     }
 
+    /// Free blocks, not counting those held for writes in flight.
     pub fn free_blocks(&self) -> u64 {
-        self.groups.iter().map(|g| g.free).sum()
+        self.groups.iter().map(|g| g.free).sum::<u64>() - self.held
     }
 
     pub fn total_blocks(&self) -> u64 {
@@ -227,6 +239,10 @@ impl Allocator {
     /// between). Reservations are hints and are dropped; earned windows and group classes stay.
     pub fn refresh(&mut self, sb: &Superblock, groups: Vec<LoadedGroup>) -> Result<()> {
         debug_assert!(self.quarantine.is_empty(), "refresh with uncommitted frees");
+        debug_assert_eq!(
+            self.held, 0,
+            "refresh with blocks held for writes in flight"
+        );
         let fresh = Self::new(sb, groups)?;
         let classes: Vec<GroupClass> = self.groups.iter().map(|g| g.class).collect();
         self.groups = fresh.groups;
@@ -385,6 +401,54 @@ impl Allocator {
             }
         }
         Ok(runs)
+    }
+
+    /// Allocate as [`Allocator::alloc`] does, but hold the runs in memory only, for a write in
+    /// flight: they stay free in every bitmap image a transaction writes (and on disk) until
+    /// [`Allocator::commit_reserved`], and nothing else allocates them meanwhile.
+    pub fn reserve(&mut self, goal: u64, want: u64, owner: u64) -> Result<Vec<(u64, u64)>> {
+        let runs = self.alloc(goal, want, owner)?;
+        for &(start, len) in &runs {
+            if let Some((g, bit)) = self.locate(start) {
+                let grp = &mut self.groups[g];
+                // Back from used to reserved: the bitmap blocks `alloc` marked dirty are then
+                // written unchanged, which is harmless.
+                set_range(&mut grp.used, bit, len, false);
+                grp.free += len;
+                set_range(&mut grp.resv, bit, len, true);
+            }
+        }
+        self.held += want;
+        Ok(runs)
+    }
+
+    /// A run held by [`Allocator::reserve`] is mapped now: mark it used (its bitmap block and
+    /// group header go into the transaction that maps it).
+    pub fn commit_reserved(&mut self, start: u64, len: u64) {
+        self.release_held(start, len);
+        self.mark_used(start, len);
+    }
+
+    /// A run held by [`Allocator::reserve`] is not needed after all (the write failed).
+    pub fn unreserve(&mut self, start: u64, len: u64) {
+        self.release_held(start, len);
+    }
+
+    fn release_held(&mut self, start: u64, len: u64) {
+        if let Some((g, bit)) = self.locate(start) {
+            debug_assert!(
+                (bit..bit + len)
+                    .all(|b| get(&self.groups[g].resv, b) && !get(&self.groups[g].used, b)),
+                "run {start}+{len} is not held"
+            );
+            set_range(&mut self.groups[g].resv, bit, len, false);
+            self.held -= len;
+        }
+    }
+
+    /// Blocks held for writes in flight.
+    pub fn held(&self) -> u64 {
+        self.held
     }
 
     /// The first free run of at least `min` blocks (or the rest of its group... only whole

@@ -159,7 +159,12 @@ impl Volume {
         let mut m = self.lock_meta();
         let cl = &self.cl;
         if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
-            self.handoff(&mut m)?;
+            // Allocating writes in flight hold blocks only this node knows of: they are mapped
+            // first (fs/inflight.rs). Meanwhile another thread may have handed over already.
+            m = self.drained(m);
+            if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
+                self.handoff(&mut m)?;
+            }
         }
         if covers(m.gml, mode) {
             return Ok(m);
@@ -339,6 +344,10 @@ impl Volume {
     }
 
     fn release_gml(&self, m: &mut Meta) -> Result<()> {
+        debug_assert!(
+            m.inflight.is_empty(),
+            "giving up the global lock with allocating writes in flight"
+        );
         // Everything loaded under this hold is stale from now on; wait out fast-path I/O that
         // started before.
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
@@ -567,7 +576,9 @@ impl Volume {
         if cl.held.load(Ordering::Acquire) != 0 && LockTable::others_waiting(&rec, cl.me) {
             cl.handoff_wanted.store(true, Ordering::Release);
             if let Ok(mut m) = self.meta.try_lock() {
-                if m.gml != LockMode::Free {
+                // With allocating writes in flight, the next tick (or metadata operation)
+                // hands over once they are mapped.
+                if m.gml != LockMode::Free && m.inflight.is_empty() {
                     if let Err(e) = self.handoff(&mut m) {
                         tracing::error!("handing the metadata lock over failed: {e}");
                     }

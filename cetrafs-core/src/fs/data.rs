@@ -9,15 +9,16 @@
 //! so no stale device bytes can ever be read through a file.
 
 use super::suid::{self, Credentials};
-use super::txn::Tx;
+use super::txn::{Meta, Tx};
 use super::{Caller, FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence, Written};
 use crate::dev::AlignedBuf;
 use crate::error::Result;
 use crate::format::inode::flags;
+use crate::format::lock_record::LockMode;
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 thread_local! {
     /// One reusable aligned I/O buffer per FUSE worker thread.
@@ -34,6 +35,39 @@ fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
 
 fn us(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+/// What backs one segment of an allocating write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegKind {
+    /// A hole: new blocks, held in the allocator until mapped.
+    New,
+    /// An unwritten extent: converted to written when mapped.
+    Unwritten,
+    /// A written extent, whole blocks only (partial ones take the locked path).
+    Written,
+}
+
+/// File blocks [b0, b1) of an allocating write, backed from device block `phys` on.
+#[derive(Debug, Clone, Copy)]
+struct Seg {
+    b0: u64,
+    b1: u64,
+    phys: u64,
+    kind: SegKind,
+}
+
+/// An operation that drains a file ([`Volume::quiesce`]); dropping it lets writes in again.
+pub(super) struct Quiesced<'a> {
+    vol: &'a Volume,
+    ino: Ino,
+}
+
+impl Drop for Quiesced<'_> {
+    fn drop(&mut self) {
+        self.vol.lock_meta().inflight.drain_end(self.ino);
+        self.vol.inflight_done.notify_all();
+    }
 }
 
 /// How the parts of a block range that the write does not cover are filled.
@@ -253,38 +287,270 @@ impl Volume {
             });
         }
         self.check_writable()?;
-        let st = &fh.state;
-        let dropped = self.meta_op(|tx| {
-            self.refresh(tx, st)?;
-            let mut inner = st.write();
-            if inner.freed {
-                bail!(NotFound, "inode {} was removed", st.ino);
-            }
-            if inner.inode.flags & flags::IMMUTABLE != 0 {
-                bail!(PermissionDenied, "inode {} is immutable", st.ino);
-            }
-            if inner.inode.flags & flags::APPEND != 0 && offset != inner.inode.size {
-                bail!(PermissionDenied, "inode {} is append-only", st.ino);
-            }
-            Self::fold_pending(st, &mut inner);
-            let r = self.write_locked(tx, &mut inner, offset, data);
-            // Whatever was written and mapped before an error is kept consistent.
-            let end = offset + data.len() as u64;
-            if r.is_ok() && end > inner.inode.size {
-                inner.inode.size = end;
-            }
-            let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
-            inner.inode.mode &= !dropped;
-            let t = super::now();
-            inner.inode.mtime = t;
-            inner.inode.ctime = t;
-            self.save(tx, &mut inner)?;
-            r.map(|()| dropped)
-        })?;
+        let dropped = self.write_slow(&fh.state, offset, data, who)?;
         Ok(Written {
             bytes: len,
             dropped,
         })
+    }
+
+    /// The metadata path of a write. Under the metadata mutex (global lock exclusive) and the
+    /// inode's write lock: wait while the blocks overlap a write in flight ([`inflight`]),
+    /// then either (a) plan the write and hold its new blocks, write the data *without* the
+    /// mutex and map it under the mutex again (an allocating write, at full queue depth), or
+    /// (b) when a partial block of a written extent must be read, modified and written (which
+    /// must not race a fast-path write into the rest of that block), do it all under the locks.
+    ///
+    /// [`inflight`]: super::inflight
+    fn write_slow(
+        &self,
+        st: &InodeState,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<u32> {
+        let end = offset + data.len() as u64;
+        let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+        let (plan, id) = loop {
+            let mut meta = self.meta_ex()?;
+            if meta.inflight.must_wait(st.ino, b0, b1) {
+                drop(self.wait_inflight(meta));
+                continue;
+            }
+            let mut tx = Tx::new(&*self.dev, &mut meta);
+            self.refresh(&mut tx, st)?;
+            let inner = st.write();
+            Self::check_write(st.ino, &inner, offset)?;
+            if Self::needs_rmw(&inner, offset, end) {
+                drop(inner);
+                return self.write_under_lock(tx, st, offset, data, who);
+            }
+            let plan = self.plan_write(&mut tx, &inner, b0, b1)?;
+            drop(inner);
+            // Nothing to commit: the held blocks are in memory only.
+            drop(tx);
+            let id = meta.inflight.begin(st.ino, b0, b1);
+            break (plan, id);
+        };
+        let written = plan.iter().try_for_each(|s| {
+            let fill = if s.kind == SegKind::Written {
+                Fill::Existing
+            } else {
+                Fill::Zero
+            };
+            self.write_segment(s.phys, s.b0, s.b1, offset, data, fill)
+        });
+        self.map_written(st, &plan, id, written, end, who)
+    }
+
+    /// Write preconditions checked under the inode's write lock.
+    fn check_write(ino: Ino, inner: &InodeInner, offset: u64) -> Result<()> {
+        if inner.freed {
+            bail!(NotFound, "inode {ino} was removed");
+        }
+        if inner.inode.flags & flags::IMMUTABLE != 0 {
+            bail!(PermissionDenied, "inode {ino} is immutable");
+        }
+        if inner.inode.flags & flags::APPEND != 0 && offset != inner.inode.size {
+            bail!(PermissionDenied, "inode {ino} is append-only");
+        }
+        Ok(())
+    }
+
+    /// Does writing bytes [offset, end) read-modify-write a partial block of a written extent?
+    fn needs_rmw(inner: &InodeInner, offset: u64, end: u64) -> bool {
+        let written = |b: u64| inner.extents.find(b).is_some_and(|e| !e.unwritten());
+        (!offset.is_multiple_of(FS_BLOCK) && written(offset / FS_BLOCK))
+            || (!end.is_multiple_of(FS_BLOCK) && written(end / FS_BLOCK))
+    }
+
+    /// Split file blocks [b0, b1) into segments by what backs them; holes get new blocks, held
+    /// in the allocator until [`Volume::map_written`]. All or nothing.
+    fn plan_write(
+        &self,
+        tx: &mut Tx<'_>,
+        inner: &InodeInner,
+        b0: u64,
+        b1: u64,
+    ) -> Result<Vec<Seg>> {
+        let mut plan = Vec::new();
+        let mut b = b0;
+        while b < b1 {
+            if let Some(e) = inner.extents.find(b) {
+                let seg_end = b1.min(e.end());
+                let kind = if e.unwritten() {
+                    SegKind::Unwritten
+                } else {
+                    SegKind::Written
+                };
+                plan.push(Seg {
+                    b0: b,
+                    b1: seg_end,
+                    phys: e.physical + (b - e.logical),
+                    kind,
+                });
+                b = seg_end;
+                continue;
+            }
+            let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
+            let seg_end = b1.min(next);
+            let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
+            let runs = match tx.meta.alloc.reserve(goal, seg_end - b, inner.inode.ino) {
+                Ok(r) => r,
+                Err(e) => {
+                    Self::unreserve(tx, &plan);
+                    return Err(e);
+                }
+            };
+            for (p, l) in runs {
+                plan.push(Seg {
+                    b0: b,
+                    b1: b + l,
+                    phys: p,
+                    kind: SegKind::New,
+                });
+                b += l;
+            }
+        }
+        Ok(plan)
+    }
+
+    fn unreserve(tx: &mut Tx<'_>, plan: &[Seg]) {
+        for s in plan.iter().filter(|s| s.kind == SegKind::New) {
+            tx.meta.alloc.unreserve(s.phys, s.b1 - s.b0);
+        }
+    }
+
+    /// The last step of an allocating write: under the metadata mutex, map the new blocks and
+    /// convert the unwritten ones, together with the bitmap change, size and times, in one
+    /// transaction; or, if the data write failed (or the file went away), give the held blocks
+    /// back. Either way the write leaves the in-flight table.
+    fn map_written(
+        &self,
+        st: &InodeState,
+        plan: &[Seg],
+        id: u64,
+        written: Result<()>,
+        end: u64,
+        who: &dyn Credentials,
+    ) -> Result<u32> {
+        // Not meta_ex: a handoff waits for this very write, and the lock is held exclusively
+        // for as long as anything is in flight (fs/inflight.rs).
+        let mut meta = self.lock_meta();
+        debug_assert_eq!(meta.gml, LockMode::Exclusive);
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let r = written.and_then(|()| {
+            self.refresh(&mut tx, st)?;
+            let inner = st.write();
+            if inner.freed {
+                bail!(NotFound, "inode {} was removed", st.ino);
+            }
+            Ok(inner)
+        });
+        let r = match r {
+            Err(e) => {
+                Self::unreserve(&mut tx, plan);
+                Err(e)
+            }
+            Ok(mut inner) => {
+                for s in plan {
+                    match s.kind {
+                        SegKind::New => {
+                            tx.meta.alloc.commit_reserved(s.phys, s.b1 - s.b0);
+                            inner.extents.insert(s.b0, s.phys, s.b1 - s.b0, false);
+                            inner.inode.blocks += s.b1 - s.b0;
+                        }
+                        SegKind::Unwritten => inner.extents.set_unwritten(s.b0, s.b1, false),
+                        SegKind::Written => {}
+                    }
+                }
+                let dropped = self.note_written(st, &mut inner, end, who);
+                self.save(&mut tx, &mut inner).map(|()| dropped)
+            }
+        };
+        // As in meta_op: what was done is consistent, so it is committed even on error.
+        let c = tx.commit();
+        meta.inflight.end(id);
+        self.inflight_done.notify_all();
+        let dropped = r?;
+        c?;
+        Ok(dropped)
+    }
+
+    /// Size, times and setuid/setgid bits after a write ending at `end` (write lock held).
+    fn note_written(
+        &self,
+        st: &InodeState,
+        inner: &mut InodeInner,
+        end: u64,
+        who: &dyn Credentials,
+    ) -> u32 {
+        Self::fold_pending(st, inner);
+        if end > inner.inode.size {
+            inner.inode.size = end;
+        }
+        let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
+        inner.inode.mode &= !dropped;
+        let t = super::now();
+        inner.inode.mtime = t;
+        inner.inode.ctime = t;
+        dropped
+    }
+
+    /// A write that must read-modify-write a written block: all of it under the metadata mutex
+    /// and the inode's write lock, as one metadata operation.
+    fn write_under_lock(
+        &self,
+        mut tx: Tx<'_>,
+        st: &InodeState,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<u32> {
+        let r = (|| {
+            let mut inner = st.write();
+            let r = self.write_locked(&mut tx, &mut inner, offset, data);
+            // Whatever was written and mapped before an error is kept consistent.
+            let end = if r.is_ok() {
+                offset + data.len() as u64
+            } else {
+                0
+            };
+            let dropped = self.note_written(st, &mut inner, end, who);
+            self.save(&mut tx, &mut inner)?;
+            r.map(|()| dropped)
+        })();
+        let c = tx.commit();
+        let v = r?;
+        c?;
+        Ok(v)
+    }
+
+    /// Wait (releasing the metadata mutex) until an allocating write in flight or a drain ends.
+    pub(super) fn wait_inflight<'a>(&self, m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
+        self.inflight_done
+            .wait(m)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait (releasing the metadata mutex meanwhile) until no allocating write is in flight.
+    pub(super) fn drained<'a>(&self, mut m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
+        while !m.inflight.is_empty() {
+            m = self.wait_inflight(m);
+        }
+        m
+    }
+
+    /// Drain `ino` for an operation that changes its block map other than by writing
+    /// (truncate, punch, zero-range, fallocate): new writes into it wait until the guard is
+    /// dropped, and the writes already in flight are mapped before this returns.
+    pub(super) fn quiesce(&self, ino: Ino) -> Quiesced<'_> {
+        let mut m = self.lock_meta();
+        m.inflight.drain_start(ino);
+        while m.inflight.busy(ino) {
+            m = self.wait_inflight(m);
+        }
+        Quiesced { vol: self, ino }
     }
 
     /// The fast path; Ok(false) means "take the metadata path".
@@ -512,6 +778,8 @@ impl Volume {
         let end = offset
             .checked_add(len)
             .ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
+        // Every mode changes the block map: the file's allocating writes in flight go first.
+        let _drained = self.quiesce(ino);
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();

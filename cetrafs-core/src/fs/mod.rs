@@ -16,6 +16,7 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
+mod inflight;
 mod inode_table;
 mod suid;
 pub(crate) mod txn;
@@ -38,7 +39,7 @@ use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
 use extent_map::ExtentMap;
 use inode_table::InodeTable;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use txn::{Meta, Tx};
 
 pub(crate) fn now() -> Timespec {
@@ -134,6 +135,9 @@ pub struct Volume {
     member: Arc<Membership>,
     cl: cluster::Cluster,
     meta: Mutex<Meta>,
+    /// Notified (with `meta`) when an allocating write in flight or a drain ends
+    /// (fs/inflight.rs).
+    inflight_done: Condvar,
     /// Loaded inode states and the kernel's references to inode numbers (fs/inode_table.rs).
     inodes: InodeTable,
     unmounted: AtomicBool,
@@ -340,6 +344,7 @@ impl Volume {
                 member,
                 cl,
                 meta: Mutex::new(meta),
+                inflight_done: Condvar::new(),
                 inodes: InodeTable::new(opts.inode_cache_bytes),
                 unmounted: AtomicBool::new(false),
             });
@@ -571,7 +576,9 @@ impl Volume {
             })
             .filter(|st| !self.open_elsewhere(st.ino))
             .collect();
-        let mut meta = self.meta_ex()?;
+        let meta = self.meta_ex()?;
+        // Allocating writes still in flight are mapped before the lock is given up.
+        let mut meta = self.drained(meta);
         self.unmounted.store(true, Ordering::SeqCst);
         let mut tx = Tx::new(&*self.dev, &mut meta);
         for st in unlinked {
@@ -712,6 +719,11 @@ impl Volume {
                 }
             }
         }
+        // A write in flight holds an open handle, so the file cannot be freed under it.
+        debug_assert!(
+            !tx.meta.inflight.busy(ino),
+            "freeing inode {ino} with a write in flight"
+        );
         if inner.inode.is_reg() {
             for (p, l) in inner.extents.punch(0, u64::MAX) {
                 tx.meta.alloc.free(p, l);
@@ -837,6 +849,8 @@ impl Volume {
     /// removes the setuid/setgid bits the rules in [`suid`] name, in the same transaction.
     pub fn setattr_by(&self, ino: Ino, set: &SetAttr, who: &dyn Credentials) -> Result<Attr> {
         self.check_writable()?;
+        // A size change waits for the file's allocating writes in flight (fs/inflight.rs).
+        let _drained = set.size.map(|_| self.quiesce(ino));
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
@@ -1060,6 +1074,8 @@ impl Volume {
     }
 }
 
+#[cfg(test)]
+mod inflight_tests;
 #[cfg(test)]
 mod multinode_tests;
 #[cfg(test)]

@@ -51,6 +51,8 @@ pub(crate) struct Meta {
     pub published: HashMap<u64, u64>,
     /// Bytes of block images freed by commit points since [`take_released`](Self::take_released).
     released: usize,
+    /// Allocating writes between their planning and their mapping (fs/inflight.rs).
+    pub inflight: super::inflight::InFlight,
 }
 
 impl Meta {
@@ -74,6 +76,7 @@ impl Meta {
             gml_version: 0,
             published: HashMap::new(),
             released: 0,
+            inflight: super::inflight::InFlight::default(),
         }
     }
 
