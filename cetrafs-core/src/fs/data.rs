@@ -57,6 +57,31 @@ struct Seg {
     kind: SegKind,
 }
 
+/// An allocating write whose data is on the device (or failed), queued to be mapped.
+#[derive(Debug)]
+pub(super) struct ToMap {
+    st: Arc<InodeState>,
+    plan: Vec<Seg>,
+    id: u64,
+    written: Result<()>,
+    end: u64,
+    slot: MapSlot,
+}
+
+/// Where the mapper leaves a queued write's result.
+type MapSlot = Arc<std::sync::Mutex<Option<Result<()>>>>;
+
+fn take_slot(slot: &MapSlot) -> Option<Result<()>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
+/// One error reported to each write of a group.
+fn again(e: &crate::Error) -> crate::Error {
+    crate::Error::new(e.kind(), e.to_string())
+}
+
 /// An operation that drains a file ([`Volume::quiesce`]); dropping it lets writes in again.
 pub(super) struct Quiesced<'a> {
     vol: &'a Volume,
@@ -304,7 +329,7 @@ impl Volume {
     /// [`inflight`]: super::inflight
     fn write_slow(
         &self,
-        st: &InodeState,
+        st: &Arc<InodeState>,
         offset: u64,
         data: &[u8],
         who: &dyn Credentials,
@@ -321,7 +346,10 @@ impl Volume {
             self.refresh(&mut tx, st)?;
             let inner = st.write();
             Self::check_write(st.ino, &inner, offset)?;
-            if Self::needs_rmw(&inner, offset, end) {
+            // The rare write that removes setuid/setgid bits is one locked operation too.
+            if Self::needs_rmw(&inner, offset, end)
+                || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
+            {
                 drop(inner);
                 return self.write_under_lock(tx, st, offset, data, who);
             }
@@ -340,7 +368,7 @@ impl Volume {
             };
             self.write_segment(s.phys, s.b0, s.b1, offset, data, fill)
         });
-        self.map_written(st, &plan, id, written, end, who)
+        self.map_written(st, plan, id, written, end)
     }
 
     /// Write preconditions checked under the inode's write lock.
@@ -421,39 +449,94 @@ impl Volume {
         }
     }
 
-    /// The last step of an allocating write: under the metadata mutex, map the new blocks and
-    /// convert the unwritten ones, together with the bitmap change, size and times, in one
-    /// transaction; or, if the data write failed (or the file went away), give the held blocks
-    /// back. Either way the write leaves the in-flight table.
+    /// The last step of an allocating write: map it, or, if the data write failed (or the file
+    /// went away), give its held blocks back; either way it leaves the in-flight table.
+    ///
+    /// Mapping is done in groups: the write queues itself and takes the metadata mutex; the
+    /// first writer to get it maps every write queued by then in one transaction (one inode
+    /// update per file, one bitmap image per changed bitmap block), and the others find
+    /// their result when they get the mutex in turn. Under a deep queue that is what keeps
+    /// the mutex from being the bottleneck.
     fn map_written(
         &self,
-        st: &InodeState,
-        plan: &[Seg],
+        st: &Arc<InodeState>,
+        plan: Vec<Seg>,
         id: u64,
         written: Result<()>,
         end: u64,
-        who: &dyn Credentials,
     ) -> Result<u32> {
-        // Not meta_ex: a handoff waits for this very write, and the lock is held exclusively
+        let slot: MapSlot = Arc::new(std::sync::Mutex::new(None));
+        self.to_map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(ToMap {
+                st: st.clone(),
+                plan,
+                id,
+                written,
+                end,
+                slot: slot.clone(),
+            });
+        // Not meta_ex: a handoff waits for these very writes, and the lock is held exclusively
         // for as long as anything is in flight (fs/inflight.rs).
-        let mut meta = self.lock_meta();
+        let meta = self.lock_meta();
+        let mine = take_slot(&slot);
+        let r = match mine {
+            Some(r) => r,
+            None => {
+                let batch = std::mem::take(
+                    &mut *self
+                        .to_map
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                );
+                self.map_batch(meta, batch);
+                take_slot(&slot).unwrap_or_else(|| {
+                    Err(crate::Error::new(
+                        crate::ErrorKind::Io,
+                        "an allocating write was not mapped",
+                    ))
+                })
+            }
+        };
+        r.map(|()| 0)
+    }
+
+    /// Map a group of allocating writes in one transaction (metadata mutex held).
+    fn map_batch(&self, mut meta: MutexGuard<'_, Meta>, mut batch: Vec<ToMap>) {
         debug_assert_eq!(meta.gml, LockMode::Exclusive);
+        batch.sort_by_key(|w| w.st.ino);
+        let mut results: Vec<Result<()>> = Vec::with_capacity(batch.len());
         let mut tx = Tx::new(&*self.dev, &mut meta);
-        let r = written.and_then(|()| {
-            self.refresh(&mut tx, st)?;
-            let inner = st.write();
-            if inner.freed {
-                bail!(NotFound, "inode {} was removed", st.ino);
-            }
-            Ok(inner)
-        });
-        let r = match r {
-            Err(e) => {
-                Self::unreserve(&mut tx, plan);
-                Err(e)
-            }
-            Ok(mut inner) => {
-                for s in plan {
+        for group in batch.chunk_by_mut(|a, b| a.st.ino == b.st.ino) {
+            let st = group[0].st.clone();
+            let loaded = self.refresh(&mut tx, &st).and_then(|()| {
+                let inner = st.write();
+                if inner.freed {
+                    bail!(NotFound, "inode {} was removed", st.ino);
+                }
+                Ok(inner)
+            });
+            let mut inner = match loaded {
+                Ok(inner) => inner,
+                Err(e) => {
+                    for w in group.iter_mut() {
+                        Self::unreserve(&mut tx, &w.plan);
+                        let own = std::mem::replace(&mut w.written, Ok(()));
+                        results.push(own.and(Err(again(&e))));
+                    }
+                    continue;
+                }
+            };
+            let first = results.len();
+            let mut end = None;
+            for w in group.iter_mut() {
+                if let Err(e) = std::mem::replace(&mut w.written, Ok(())) {
+                    Self::unreserve(&mut tx, &w.plan);
+                    results.push(Err(e));
+                    continue;
+                }
+                for s in &w.plan {
                     match s.kind {
                         SegKind::New => {
                             tx.meta.alloc.commit_reserved(s.phys, s.b1 - s.b0);
@@ -464,37 +547,48 @@ impl Volume {
                         SegKind::Written => {}
                     }
                 }
-                let dropped = self.note_written(st, &mut inner, end, who);
-                self.save(&mut tx, &mut inner).map(|()| dropped)
+                end = end.max(Some(w.end));
+                results.push(Ok(()));
             }
-        };
+            if let Some(end) = end {
+                Self::note_written(&st, &mut inner, end);
+                if let Err(e) = self.save(&mut tx, &mut inner) {
+                    for r in &mut results[first..] {
+                        if r.is_ok() {
+                            *r = Err(again(&e));
+                        }
+                    }
+                }
+            }
+        }
         // As in meta_op: what was done is consistent, so it is committed even on error.
-        let c = tx.commit();
-        meta.inflight.end(id);
+        if let Err(e) = tx.commit() {
+            for r in &mut results {
+                if r.is_ok() {
+                    *r = Err(again(&e));
+                }
+            }
+        }
+        for w in &batch {
+            meta.inflight.end(w.id);
+        }
         self.inflight_done.notify_all();
-        let dropped = r?;
-        c?;
-        Ok(dropped)
+        for (w, r) in batch.into_iter().zip(results) {
+            *w.slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+        }
     }
 
-    /// Size, times and setuid/setgid bits after a write ending at `end` (write lock held).
-    fn note_written(
-        &self,
-        st: &InodeState,
-        inner: &mut InodeInner,
-        end: u64,
-        who: &dyn Credentials,
-    ) -> u32 {
+    /// Size and times after a write ending at `end` (write lock held).
+    fn note_written(st: &InodeState, inner: &mut InodeInner, end: u64) {
         Self::fold_pending(st, inner);
         if end > inner.inode.size {
             inner.inode.size = end;
         }
-        let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
-        inner.inode.mode &= !dropped;
         let t = super::now();
         inner.inode.mtime = t;
         inner.inode.ctime = t;
-        dropped
     }
 
     /// A write that must read-modify-write a written block: all of it under the metadata mutex
@@ -516,7 +610,9 @@ impl Volume {
             } else {
                 0
             };
-            let dropped = self.note_written(st, &mut inner, end, who);
+            Self::note_written(st, &mut inner, end);
+            let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
+            inner.inode.mode &= !dropped;
             self.save(&mut tx, &mut inner)?;
             r.map(|()| dropped)
         })();

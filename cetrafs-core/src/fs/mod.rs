@@ -138,6 +138,8 @@ pub struct Volume {
     /// Notified (with `meta`) when an allocating write in flight or a drain ends
     /// (fs/inflight.rs).
     inflight_done: Condvar,
+    /// Allocating writes whose data is written, waiting to be mapped (fs/data.rs).
+    to_map: Mutex<Vec<data::ToMap>>,
     /// Loaded inode states and the kernel's references to inode numbers (fs/inode_table.rs).
     inodes: InodeTable,
     unmounted: AtomicBool,
@@ -345,6 +347,7 @@ impl Volume {
                 cl,
                 meta: Mutex::new(meta),
                 inflight_done: Condvar::new(),
+                to_map: Mutex::new(Vec::new()),
                 inodes: InodeTable::new(opts.inode_cache_bytes),
                 unmounted: AtomicBool::new(false),
             });
