@@ -4,7 +4,12 @@
 //! inode lock shared, copies through a per-thread aligned buffer and issues one device I/O per
 //! physically contiguous run: no volume lock, no allocation, no metadata I/O.
 //! Everything else (holes, unwritten extents, growth, unaligned writes) takes the metadata
-//! path under the inode's exclusive lock. Newly allocated or converted blocks are always
+//! path under the inode's exclusive lock. There, an *allocating* write (holes, unwritten
+//! extents, growth) plans and holds its blocks under the metadata mutex, writes its data
+//! without any lock, and is mapped under the mutex again, in groups (`write_slow`; the waiting
+//! rules are in fs/inflight.rs); only a write that must read-modify-write a partial block of a
+//! written extent, or remove setuid/setgid bits, does its I/O under the locks. Newly
+//! allocated or converted blocks are always
 //! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
 //! so no stale device bytes can ever be read through a file.
 
