@@ -7,6 +7,7 @@
 //! meta → inode table → inode. The data path (read/write inside already-written extents) takes
 //! only the inode's lock in shared mode and does one device I/O per contiguous run.
 
+pub mod acl;
 pub mod types;
 
 mod attrs;
@@ -873,6 +874,7 @@ impl Volume {
             }
             if let Some(m) = set.mode {
                 inner.inode.mode = (inner.inode.mode & libc::S_IFMT) | (m & 0o7777);
+                self.chmod_acl(tx, &mut inner.inode, m)?;
             }
             if let Some(u) = set.uid {
                 inner.inode.uid = u;
@@ -960,7 +962,10 @@ impl Volume {
         self.check_writable()?;
         Self::check_xattr_name(name)?;
         attrs::check_value(&self.sb, value)?;
-        self.update_xattrs(ino, |map| {
+        if name == acl::ACCESS {
+            return self.set_access_acl(ino, value, create, replace);
+        }
+        self.update_xattrs(ino, |map, _| {
             let exists = map.contains_key(name);
             if create && exists {
                 bail!(Exists, "attribute exists");
@@ -975,17 +980,67 @@ impl Volume {
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.check_writable()?;
-        self.update_xattrs(ino, |map| {
+        self.update_xattrs(ino, |map, _| {
             map.remove(name)
                 .map(|_| ())
                 .ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
         })
     }
 
+    /// setfacl on the access ACL (the kernel validated it and checked ownership): the mode's
+    /// permission bits follow the ACL, in the same transaction; an ACL that says no more than
+    /// the mode is not stored at all, as ext4 does.
+    fn set_access_acl(&self, ino: Ino, value: &[u8], create: bool, replace: bool) -> Result<()> {
+        let Some(a) = acl::Acl::decode(value) else {
+            bail!(InvalidInput, "invalid POSIX ACL");
+        };
+        self.update_xattrs(ino, |map, inode| {
+            let exists = map.contains_key(acl::ACCESS);
+            if create && exists {
+                bail!(Exists, "attribute exists");
+            }
+            if replace && !exists {
+                bail!(NoData, "no such attribute");
+            }
+            if a.is_equivalent_to_mode() {
+                map.remove(acl::ACCESS);
+            } else {
+                map.insert(acl::ACCESS.to_vec(), value.to_vec());
+            }
+            inode.mode = (inode.mode & !0o777) | a.mode_bits();
+            Ok(())
+        })
+    }
+
+    /// After chmod (in its transaction): the owner, mask and other entries of the inode's
+    /// access ACL follow the new mode. Symlinks have no ACLs; an unparsable ACL is left alone.
+    fn chmod_acl(&self, tx: &mut Tx<'_>, inode: &mut Inode, mode: u32) -> Result<()> {
+        if inode.xattr_block == 0 || inode.mode & libc::S_IFMT == libc::S_IFLNK {
+            return Ok(());
+        }
+        let mut set = attrs::load_xattrs(tx, &self.sb, inode)?;
+        let Some(v) = set.map.get(acl::ACCESS) else {
+            return Ok(());
+        };
+        let Some(mut a) = acl::Acl::decode(v) else {
+            tracing::warn!(
+                "inode {}: ignoring an unparsable {} on chmod",
+                inode.ino,
+                String::from_utf8_lossy(acl::ACCESS)
+            );
+            return Ok(());
+        };
+        a.chmod(mode);
+        set.map.insert(acl::ACCESS.to_vec(), a.encode());
+        attrs::store_xattrs(tx, &self.sb, inode, set)
+    }
+
+    /// Change an inode's xattr set (and, through `f`'s second argument, its mode) in one
+    /// transaction.
     fn update_xattrs(
         &self,
         ino: Ino,
-        f: impl FnOnce(&mut xattr::XattrMap) -> Result<()>,
+        f: impl FnOnce(&mut xattr::XattrMap, &mut Inode) -> Result<()>,
     ) -> Result<()> {
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
@@ -994,7 +1049,7 @@ impl Volume {
                 bail!(PermissionDenied, "inode {ino} is immutable or append-only");
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
-            f(&mut set.map)?;
+            f(&mut set.map, &mut inner.inode)?;
             attrs::store_xattrs(tx, &self.sb, &mut inner.inode, set)?;
             inner.inode.ctime = now();
             self.save(tx, &mut inner)
