@@ -144,12 +144,7 @@ impl Volume {
             if inner.freed {
                 return Ok(());
             }
-            if unlinked
-                && inner.inode.nlink == 0
-                && st.opens.load(Ordering::Acquire) == 0
-                && !self.inodes.referenced(st.ino)
-                && !self.open_elsewhere(st.ino)
-            {
+            if unlinked && self.can_free(st, &inner, super::FreeScope::Now) {
                 return self.free_inode(tx, &mut inner);
             }
             if Self::fold_pending(st, &mut inner) {

@@ -475,11 +475,7 @@ impl Volume {
             inner.inode.nlink = inner.inode.nlink.saturating_sub(1);
         }
         inner.inode.ctime = t;
-        if inner.inode.nlink == 0
-            && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0
-            && !self.inodes.referenced(inner.inode.ino)
-            && !self.open_elsewhere(inner.inode.ino)
-        {
+        if self.can_free(st, inner, super::FreeScope::Now) {
             self.free_inode(tx, inner)
         } else {
             if inner.inode.nlink == 0 {

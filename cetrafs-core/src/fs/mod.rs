@@ -60,6 +60,15 @@ fn nanos_to_ts(n: i64) -> Timespec {
 }
 
 /// In-memory state of one inode.
+/// Which holders [`Volume::can_free`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FreeScope {
+    /// Every holder: this node's opens and kernel references, and other nodes' opens.
+    Now,
+    /// At unmount: only other nodes' opens (this node's end with the mount).
+    Unmount,
+}
+
 #[derive(Debug)]
 pub(crate) struct InodeState {
     pub ino: Ino,
@@ -506,12 +515,9 @@ impl Volume {
                 };
                 let mut inner = st.write();
                 if inner.freed || inner.inode.nlink != 0 {
-                    continue;
+                    continue; // not an orphan any more
                 }
-                if st.opens.load(Ordering::Acquire) > 0
-                    || self.inodes.referenced(ino)
-                    || self.open_elsewhere(ino)
-                {
+                if !self.can_free(&st, &inner, FreeScope::Now) {
                     kept.push(ino);
                     continue;
                 }
@@ -566,11 +572,7 @@ impl Volume {
         }
         let unlinked: Vec<Arc<InodeState>> = states
             .into_iter()
-            .filter(|st| {
-                let inner = st.read();
-                !inner.freed && inner.inode.nlink == 0
-            })
-            .filter(|st| !self.open_elsewhere(st.ino))
+            .filter(|st| self.can_free(st, &st.read(), FreeScope::Unmount))
             .collect();
         let mut meta = self.meta_ex()?;
         self.unmounted.store(true, Ordering::SeqCst);
@@ -580,7 +582,7 @@ impl Volume {
                 continue;
             }
             let mut inner = st.write();
-            if !inner.freed && inner.inode.nlink == 0 {
+            if self.can_free(&st, &inner, FreeScope::Unmount) {
                 self.free_inode(&mut tx, &mut inner)?;
             }
         }
@@ -697,6 +699,21 @@ impl Volume {
         false
     }
 
+    /// **The one rule for "may this inode be freed now"**: it has no link left and is not freed
+    /// yet, nothing on this node holds it (no open handle, no kernel reference — unless
+    /// `scope` is [`FreeScope::Unmount`], where those end with the mount), and no other live
+    /// node has it registered open (a bucket that cannot be read counts as open: a free is
+    /// deferred, never done early). Cheap tests first; the last one may read a lock record.
+    /// An inode this refuses stays on an orphan list and the last holder frees it.
+    fn can_free(&self, st: &InodeState, inner: &InodeInner, scope: FreeScope) -> bool {
+        if inner.freed || inner.inode.nlink != 0 {
+            return false;
+        }
+        let local = scope == FreeScope::Unmount
+            || (st.opens.load(Ordering::Acquire) == 0 && !self.inodes.referenced(st.ino));
+        local && !self.open_elsewhere(st.ino)
+    }
+
     /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
@@ -795,27 +812,14 @@ impl Volume {
         let Some(st) = self.inodes.forget(ino, nlookup) else {
             return;
         };
-        if st.opens.load(Ordering::Acquire) > 0 {
-            return;
-        }
-        let (nlink, freed) = {
-            let inner = st.read();
-            (inner.inode.nlink, inner.freed)
-        };
-        if nlink == 0
-            && !freed
-            && !self.read_only
+        if !self.read_only
             && !self.unmounted.load(Ordering::Relaxed)
-            && !self.open_elsewhere(ino)
+            && self.can_free(&st, &st.read(), FreeScope::Now)
         {
             let r = self.meta_op(|tx| {
                 self.refresh(tx, &st)?;
                 let mut inner = st.write();
-                if inner.freed
-                    || inner.inode.nlink != 0
-                    || st.opens.load(Ordering::Acquire) > 0
-                    || self.inodes.referenced(ino)
-                {
+                if !self.can_free(&st, &inner, FreeScope::Now) {
                     return Ok(());
                 }
                 self.free_inode(tx, &mut inner)
