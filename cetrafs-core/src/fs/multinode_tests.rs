@@ -3,6 +3,7 @@
 //! scenarios run through FUSE with separate daemon processes in tests/tests/multinode.rs.
 
 use super::*;
+use crate::cluster::lock::LockTable;
 use crate::dev::mem::MemDevice;
 use crate::mkfs::{format, MkfsOptions};
 use std::time::Duration;
