@@ -30,7 +30,7 @@
 #
 # The volume is made with SHORT TEST TIMINGS (mkfs --heartbeat-interval 100 --io-timeout 500:
 # dead time 5.2 s instead of 84 s) so that section 5 finishes in seconds; the output says so.
-# A full run takes about 5 minutes with the defaults.
+# A full run takes about 5 minutes with the defaults, plus deleting the LUN files at the end.
 #
 # Usage: sudo bench/cluster.sh
 # Environment: BENCH_RUNTIME (seconds per fio job, default 8, plus fio's 2 s ramp), BENCH_SIZE
@@ -120,7 +120,10 @@ cleanup() {
             kill -KILL "$p"
         fi
     done
-    rm -f "$WORK"/*.img
+    if compgen -G "$WORK/*.img" >/dev/null; then
+        echo "cluster: removing this run's LUN and image files (slow if the host filesystem discards)"
+        rm -f "$WORK"/*.img
+    fi
     exit "$rc"
 }
 trap cleanup EXIT
@@ -241,7 +244,8 @@ if want 1 || want 2; then
         for i in 2 3; do fio_bg raw-read2 "$i" "$RAW_PRE" $(((i - 1) * SIZE_B)) rand-read-4k-qd32.fio; p+=("$LAST"); done
         wait_ok "${p[@]}"
     fi
-    rm -f "$RAW_PRE" "$RAW_F1" "$RAW_F3"
+    # Kept until the exit: deleting written files can take minutes on a host filesystem mounted
+    # with online discard, and would stall the measurements that follow.
 fi
 
 # ---- CetraFS: one volume, three nodes ------------------------------------------------------------
