@@ -4,6 +4,7 @@
 
 #[cfg(feature = "failpoints")]
 mod imp {
+    use crate::sync::LockPolicy;
     use std::collections::HashSet;
     use std::sync::Mutex;
 
@@ -12,21 +13,19 @@ mod imp {
     pub fn arm(name: &str) {
         ARMED
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .or_panic()
             .get_or_insert_with(HashSet::new)
             .insert(name.to_string());
     }
 
     pub fn disarm_all() {
-        *ARMED
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = None;
+        *ARMED.lock().or_panic() = None;
     }
 
     pub fn hit(name: &str) -> bool {
         ARMED
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .or_panic()
             .as_ref()
             .is_some_and(|s| s.contains(name))
     }

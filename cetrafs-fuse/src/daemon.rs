@@ -11,6 +11,7 @@ use crate::options::Args;
 use cetrafs_core::dev::open::{open_lun, LunOptions, Sharing};
 use cetrafs_core::dev::SharedDevice;
 use cetrafs_core::fs::{MountOptions, Volume};
+use cetrafs_core::sync::LockPolicy;
 use nix::sys::signal::{SigSet, Signal};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read, Write};
@@ -531,10 +532,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
     if let Err(e) = &run {
         error!("FUSE session ended with an error: {e}");
     }
-    let unmounted = outcome
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+    let unmounted = outcome.lock().or_panic().take();
     match unmounted {
         Some(Ok(())) if run.is_ok() => {
             info!("{dev_name}: unmounted from {}", args.mountpoint.display());

@@ -10,6 +10,7 @@ use super::{
     check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry, IO_ALIGN,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockPolicy;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -217,7 +218,7 @@ impl BlockDevice for FileDevice {
         #[allow(clippy::cast_possible_truncation)] // modulo a small constant
         let _g = self.caw_stripes[(lba % CAW_STRIPES as u64) as usize]
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .or_panic();
         self.ofd_lock(off, lbs, true)?;
         let result = (|| {
             let mut cur = AlignedBuf::new(expected.len());
