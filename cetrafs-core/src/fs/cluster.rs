@@ -126,7 +126,6 @@ impl Cluster {
     }
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     /// The metadata mutex with the global lock held exclusively (metadata changes).
     pub(super) fn meta_ex(&self) -> Result<MutexGuard<'_, Meta>> {

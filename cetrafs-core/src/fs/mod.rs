@@ -161,7 +161,6 @@ pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> 
     Ok(l.sb)
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     /// Mount: read and validate the superblock (falling back to the backup), load allocation
     /// state. Errors are one line a sysadmin can act on.
