@@ -9,6 +9,7 @@ use cetrafs_core::fs::{
     Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
     SetAttr, SetTime, Volume, Whence,
 };
+use cetrafs_core::sync::LockPolicy;
 use cetrafs_core::{Error, ErrorKind};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -489,11 +490,7 @@ impl Filesystem for Adapter {
             Err(e) if e.kind() == ErrorKind::Fenced => warn!("unmount (nothing flushed): {e}"),
             Err(e) => error!("unmount: {e}"),
         }
-        *self
-            .outcome
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(r.map_err(|e| e.to_string()));
+        *self.outcome.lock().or_panic() = Some(r.map_err(|e| e.to_string()));
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {

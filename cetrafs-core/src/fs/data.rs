@@ -45,7 +45,6 @@ enum Fill {
     Zero,
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     pub(super) fn open_state(&self, st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
         st.opens.fetch_add(1, Ordering::AcqRel);

@@ -89,7 +89,6 @@ fn kind_of(inode: &Inode) -> FileKind {
     FileKind::from_mode(inode.mode).unwrap_or(FileKind::Regular)
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     fn dir_state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<super::InodeState>> {
         let st = self.state(tx, ino)?;

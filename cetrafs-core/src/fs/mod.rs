@@ -33,6 +33,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::inode::{flags, Inode, Timespec};
 use crate::format::superblock::Superblock;
 use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
+use crate::sync::LockPolicy;
 use extent_map::ExtentMap;
 use inode_table::InodeTable;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
@@ -108,14 +109,10 @@ impl InodeState {
         }
     }
     fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
-        self.inner
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.read().or_panic()
     }
     fn write(&self) -> RwLockWriteGuard<'_, InodeInner> {
-        self.inner
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.write().or_panic()
     }
     fn note_write(&self) {
         self.pending_mtime
@@ -171,7 +168,6 @@ pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> 
     Ok(l.sb)
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     /// Bound the window of un-fsync'd metadata a crash can lose (ext4's commit=N).
     fn spawn_committer(vol: &Arc<Volume>, every: std::time::Duration) {
@@ -216,12 +212,13 @@ impl Volume {
                     let cache = v
                         .meta
                         .try_lock()
+                        .or_panic()
                         .map(|mut m| (m.cache_stats(), m.take_released()));
-                    if let Ok((_, freed)) = cache {
+                    if let Some((_, freed)) = cache {
                         v.inodes.note_released(freed);
                     }
                     v.inodes.report(&mut last);
-                    if let Ok((s, _)) = cache {
+                    if let Some((s, _)) = cache {
                         if s != last_cache {
                             s.log();
                             last_cache = s;
@@ -367,9 +364,7 @@ impl Volume {
     }
 
     fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.meta
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.meta.lock().or_panic()
     }
 
     fn check_writable(&self) -> Result<()> {

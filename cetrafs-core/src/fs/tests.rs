@@ -261,7 +261,7 @@ fn big_directory_and_many_extents() {
     // Fragmented file: every other block written -> > 160 extents -> extent tree.
     let (f, fh) = v.create(r, b"frag", 0o644, C, true).unwrap();
     for i in 0..600u64 {
-        v.write(&fh, i * 8192, &[i as u8; 4096]).unwrap();
+        v.write(&fh, i * 8192, &[i.to_le_bytes()[0]; 4096]).unwrap();
         // Interleave another allocation so blocks are not contiguous.
         v.mknod(r, format!("x{i}").as_bytes(), libc::S_IFREG, 0, C)
             .unwrap();
@@ -273,7 +273,7 @@ fn big_directory_and_many_extents() {
     for i in (0..600u64).step_by(37) {
         assert_eq!(
             read_all(&v2, &fh2, i * 8192, 8192),
-            [vec![i as u8; 4096], vec![0; 4096]].concat()
+            [vec![i.to_le_bytes()[0]; 4096], vec![0; 4096]].concat()
         );
     }
     v2.setattr(
