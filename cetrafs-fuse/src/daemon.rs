@@ -11,6 +11,7 @@ use crate::options::Args;
 use cetrafs_core::dev::open::{open_lun, LunOptions, Sharing};
 use cetrafs_core::dev::SharedDevice;
 use cetrafs_core::fs::{MountOptions, Volume};
+use cetrafs_core::sync::LockPolicy;
 use nix::sys::signal::{SigSet, Signal};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read, Write};
@@ -314,6 +315,35 @@ fn init_logging(args: &Args, daemon: bool) {
     if let Err(e) = r {
         eprintln!("mount.cetra: logging not set up: {e}");
     }
+    install_panic_hook();
+}
+
+/// The daemon's end of the panic policy (ARCHITECTURE.md, "Panic policy"): a panic in any
+/// thread ends the process. The binary is built with `panic = "abort"`, so nothing unwinds and
+/// the panicking thread's lock guards are never released: no other thread can reach, let alone
+/// commit, the state it was changing. To the cluster the node is one that crashed (its journal
+/// is replayed by a survivor or its next mount). This hook first logs the panic at ERROR with
+/// the thread, the location and a backtrace (the default hook's text would not reach the log's
+/// reader as an error), then aborts itself, so the policy holds even in a build that unwinds.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let location = info
+            .location()
+            .map_or_else(|| "<unknown location>".to_string(), ToString::to_string);
+        let message = info
+            .payload_as_str()
+            .unwrap_or("<non-string panic payload>");
+        let backtrace = std::backtrace::Backtrace::force_capture();
+        error!(
+            "panic in thread '{name}' ({:?}) at {location}: {message}; aborting the process \
+             (panic policy: its journal is replayed by a survivor or by the next mount)\n\
+             {backtrace}",
+            thread.id()
+        );
+        std::process::abort();
+    }));
 }
 
 /// fuser logs `Failed to send FUSE reply: No such file or directory` at ERROR whenever the
@@ -531,10 +561,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
     if let Err(e) = &run {
         error!("FUSE session ended with an error: {e}");
     }
-    let unmounted = outcome
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+    let unmounted = outcome.lock().or_panic().take();
     match unmounted {
         Some(Ok(())) if run.is_ok() => {
             info!("{dev_name}: unmounted from {}", args.mountpoint.display());

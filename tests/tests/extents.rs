@@ -24,7 +24,7 @@ fn write_sequential(path: &Path, mib: u64) {
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .unwrap_or_else(|e| panic!("open {}: {e}", path.display()));
-    let mut buf = AlignedBuf::new(MIB as usize);
+    let mut buf = AlignedBuf::new(usize::try_from(MIB).unwrap());
     for i in 0..mib {
         for (k, chunk) in buf.chunks_mut(4096).enumerate() {
             chunk[..8].copy_from_slice(&i.to_le_bytes());
@@ -44,7 +44,7 @@ fn spot_check(path: &Path, mib: u64) {
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .expect("open");
-    let mut buf = AlignedBuf::new(MIB as usize);
+    let mut buf = AlignedBuf::new(usize::try_from(MIB).unwrap());
     for i in [0, 1, mib / 3, mib / 2, mib - 2, mib - 1] {
         f.read_exact_at(&mut buf, i * MIB).expect("read");
         for (k, chunk) in buf.chunks(4096).enumerate() {
@@ -106,7 +106,7 @@ fn big_sequential_file_has_few_extents() {
     let elapsed = t.elapsed();
     spot_check(&path, gib << 10);
     let st = lstat(&path).expect("stat");
-    assert_eq!(st.st_size as u64, gib << 30);
+    assert_eq!(u64::try_from(st.st_size).unwrap(), gib << 30);
     let ino = st.st_ino;
     m.unmount();
     let (n, runs) = check_extents(lun.path(), ino, gib << 30, "big file");

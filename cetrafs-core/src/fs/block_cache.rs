@@ -179,7 +179,7 @@ impl BlockCache {
                 block: EMPTY,
                 hot: false,
             };
-            self.free.push(i as u32);
+            self.free.push(slot_no(i));
         }
     }
 
@@ -216,7 +216,7 @@ impl BlockCache {
                 block: EMPTY,
                 hot: false,
             });
-            return Some(s as u32);
+            return Some(slot_no(s));
         }
         if self.slots.is_empty() {
             return None;
@@ -232,7 +232,7 @@ impl BlockCache {
             }
             self.index.remove(&slot.block);
             self.evictions += 1;
-            return Some(s as u32);
+            return Some(slot_no(s));
         }
     }
 
@@ -250,6 +250,12 @@ impl BlockCache {
         let s = s as usize;
         (s / CHUNK_BLOCKS, (s % CHUNK_BLOCKS) * FS_BLOCK_SIZE)
     }
+}
+
+/// A slot index as stored in the free list and the map (the cache's slots are far fewer than
+/// `u32::MAX`: its budget is bytes of 4 KiB images).
+fn slot_no(i: usize) -> u32 {
+    u32::try_from(i).expect("block cache slot index fits u32")
 }
 
 #[cfg(test)]

@@ -109,7 +109,6 @@ enum Fill {
     Zero,
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     pub(super) fn open_state(&self, st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
         st.opens.fetch_add(1, Ordering::AcqRel);
@@ -208,12 +207,7 @@ impl Volume {
             if inner.freed {
                 return Ok(());
             }
-            if unlinked
-                && inner.inode.nlink == 0
-                && st.opens.load(Ordering::Acquire) == 0
-                && !self.inodes.referenced(st.ino)
-                && !self.open_elsewhere(st.ino)
-            {
+            if unlinked && self.can_free(st, &inner, super::FreeScope::Now) {
                 return self.free_inode(tx, &mut inner);
             }
             if Self::fold_pending(st, &mut inner) {

@@ -45,10 +45,11 @@
 
 use super::{Ino, InodeInner, InodeState};
 use crate::format::extent::Extent;
+use crate::sync::LockPolicy;
 use std::collections::{HashMap, VecDeque};
 use std::mem::size_of;
 use std::sync::atomic::Ordering;
-use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard, TryLockError};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 
 /// Memory budget of the table when the mount does not say (`inode_cache=`): 32 MiB, about
 /// 80,000 small files or directories (about 400 bytes each).
@@ -120,14 +121,9 @@ struct Inner {
     released: usize,
 }
 
-/// The inode's data, if nobody holds its lock for writing (a poisoned lock still yields it,
-/// as `InodeState::read` does).
+/// The inode's data, if nobody holds its lock for writing.
 fn try_inner(st: &InodeState) -> Option<RwLockReadGuard<'_, InodeInner>> {
-    match st.inner.try_read() {
-        Ok(g) => Some(g),
-        Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
-        Err(TryLockError::WouldBlock) => None,
-    }
+    st.inner.try_read().or_panic()
 }
 
 /// The estimated memory of one state; `None` while its lock is held for writing.
@@ -229,9 +225,7 @@ impl InodeTable {
     }
 
     fn lock(&self) -> MutexGuard<'_, Inner> {
-        self.inner
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.lock().or_panic()
     }
 
     /// The loaded state of `ino`, if any (a hit marks it recently used).
