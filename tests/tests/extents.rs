@@ -158,7 +158,7 @@ fn concurrent_growth_does_not_interleave() {
 
 /// The byte at `offset` of the file `thin_image_takes_concurrent_direct_writers` writes.
 fn thin_byte(offset: u64) -> u8 {
-    (offset.wrapping_mul(0x9e37_79b9) >> 13) as u8 ^ 0xa5
+    (offset.wrapping_mul(0x9e37_79b9) >> 13).to_le_bytes()[0] ^ 0xa5
 }
 
 /// Read the whole file with O_DIRECT and compare every byte with `thin_byte`.
@@ -168,7 +168,7 @@ fn verify_thin(path: &Path, bytes: u64, what: &str) {
         .custom_flags(libc::O_DIRECT)
         .open(path)
         .expect("open");
-    let mut buf = AlignedBuf::new(MIB as usize);
+    let mut buf = AlignedBuf::new(usize::try_from(MIB).expect("1 MiB fits"));
     for m in 0..bytes / MIB {
         f.read_exact_at(&mut buf, m * MIB).expect("read");
         for (i, &b) in buf.iter().enumerate() {
@@ -187,7 +187,7 @@ fn verify_thin(path: &Path, bytes: u64, what: &str) {
 fn thin_image_takes_concurrent_direct_writers() {
     require_fuse!();
     const BYTES: u64 = 64 * MIB;
-    const THREADS: u64 = 16;
+    const THREADS: usize = 16;
     let lun = Lun::new(2 << 30);
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "thin");
@@ -202,12 +202,12 @@ fn thin_image_takes_concurrent_direct_writers() {
     drop(f);
     // (offset, length) of every write, dealt to the threads and shuffled per thread.
     let blocks = BYTES / 4096;
-    let mut work: Vec<Vec<(u64, usize)>> = vec![Vec::new(); THREADS as usize];
+    let mut work: Vec<Vec<(u64, usize)>> = vec![Vec::new(); THREADS];
     for k in 0..blocks {
-        let t = (k % THREADS) as usize;
+        let t = usize::try_from(k).expect("block index fits") % THREADS;
         if k % 8 == 0 {
             work[t].push((k * 4096, 2048));
-            work[(t + 1) % THREADS as usize].push((k * 4096 + 2048, 2048));
+            work[(t + 1) % THREADS].push((k * 4096 + 2048, 2048));
         } else {
             work[t].push((k * 4096, 4096));
         }
@@ -218,7 +218,8 @@ fn thin_image_takes_concurrent_direct_writers() {
             seed ^= seed << 13;
             seed ^= seed >> 7;
             seed ^= seed << 17;
-            w.swap(i, (seed % (i as u64 + 1)) as usize);
+            let n = u64::try_from(i + 1).expect("fits");
+            w.swap(i, usize::try_from(seed % n).expect("below i + 1"));
         }
     }
     let t = Instant::now();
@@ -251,9 +252,9 @@ fn thin_image_takes_concurrent_direct_writers() {
     );
     verify_thin(&path, BYTES, "before remount");
     let st = lstat(&path).expect("stat");
-    assert_eq!(st.st_size as u64, BYTES);
+    assert_eq!(u64::try_from(st.st_size).ok(), Some(BYTES));
     // Data blocks plus the extent tree's nodes: no block was allocated twice.
-    let used = st.st_blocks as u64 * 512;
+    let used = u64::try_from(st.st_blocks).expect("non-negative") * 512;
     assert!(
         (BYTES..BYTES + 2 * MIB).contains(&used),
         "{used} bytes allocated for a {BYTES}-byte file"
