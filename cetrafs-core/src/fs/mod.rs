@@ -16,6 +16,7 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
+mod heap;
 mod inode_table;
 mod suid;
 pub(crate) mod txn;
