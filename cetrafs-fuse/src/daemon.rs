@@ -83,7 +83,13 @@ const ARENA_MAX: libc::c_int = 1;
 /// their neighbours from coalescing and their pages from being trimmed. Measured (60,000
 /// files, both caches at 16 MiB): heap RSS after the kernel forgot every inode 24 MiB with
 /// tcache, under 1 MiB without.
+///
+/// `CETRA_MALLOC_DEFAULTS=1` in the environment leaves glibc's defaults alone (no re-exec, no
+/// mallopt), to measure what this tuning costs or saves (docs/performance.md §6a).
 fn tune_allocator() {
+    if std::env::var_os(MALLOC_DEFAULTS_ENV).is_some_and(|v| v == "1") {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     without_tcache();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -99,6 +105,9 @@ fn tune_allocator() {
         }
     }
 }
+
+/// Set to 1: keep glibc's allocator defaults ([`tune_allocator`]).
+const MALLOC_DEFAULTS_ENV: &str = "CETRA_MALLOC_DEFAULTS";
 
 /// The tunable that turns glibc's per-thread malloc caches off.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
