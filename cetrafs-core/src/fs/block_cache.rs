@@ -330,7 +330,7 @@ mod tests {
         let real = heap::tests::allocated_here() - base;
         let s = c.stats();
         assert!(
-            real <= s.bytes as isize && s.bytes <= s.budget,
+            real <= s.bytes.cast_signed() && s.bytes <= s.budget,
             "{real} bytes allocated, {} charged, {} budget",
             s.bytes,
             s.budget

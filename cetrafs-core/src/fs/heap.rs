@@ -99,7 +99,7 @@ pub(crate) mod tests {
     fn count(p: *mut u8, sign: isize) {
         if !p.is_null() {
             // SAFETY: `p` is a live allocation of the system allocator (glibc's malloc).
-            let n = unsafe { libc::malloc_usable_size(p.cast()) } as isize + 8;
+            let n = unsafe { libc::malloc_usable_size(p.cast()) }.cast_signed() + 8;
             let _ = HERE.try_with(|c| c.set(c.get() + sign * n));
         }
     }
@@ -159,7 +159,7 @@ pub(crate) mod tests {
             + btree::<u64, [u64; 3]>(tree.len())
             + btree::<u64, [u64; 3]>(one.len());
         assert!(
-            real <= charged as isize && real >= charged as isize * 9 / 10,
+            real <= charged.cast_signed() && real >= charged.cast_signed() * 9 / 10,
             "{real} bytes allocated, {charged} charged"
         );
     }

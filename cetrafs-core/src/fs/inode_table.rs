@@ -604,12 +604,12 @@ mod tests {
         let s = t.stats();
         assert!(s.evictions > 20_000, "{s:?}");
         assert!(
-            s.total() <= budget && real <= s.total() as isize,
+            s.total() <= budget && real <= s.total().cast_signed(),
             "{real} bytes allocated, {} charged of {budget}: {s:?}",
             s.total()
         );
         // Not wildly pessimistic either: the budget is meant to be used.
-        assert!(real >= s.total() as isize * 8 / 10, "{real}: {s:?}");
+        assert!(real >= s.total().cast_signed() * 8 / 10, "{real}: {s:?}");
     }
 
     #[test]
