@@ -56,8 +56,8 @@ pub fn run(args: &Args) -> i32 {
 /// OS when freed.
 const MMAP_THRESHOLD: libc::c_int = 256 << 10;
 /// Free memory at the top of a malloc arena beyond this is returned to the OS when freed
-/// (`M_TRIM_THRESHOLD`).
-const TRIM_THRESHOLD: libc::c_int = 1 << 20;
+/// (`M_TRIM_THRESHOLD`): no more than one mmap-sized allocation's worth stays resident there.
+const TRIM_THRESHOLD: libc::c_int = MMAP_THRESHOLD;
 /// malloc arenas at most (`M_ARENA_MAX`): one, shared by every thread.
 const ARENA_MAX: libc::c_int = 1;
 
@@ -70,7 +70,7 @@ const ARENA_MAX: libc::c_int = 1;
 /// (setting them turns the adjustment off) and one arena bound that: buffers of 256 KiB and
 /// more (journal writes, the metadata block cache's slab chunks, the inode table's maps, the
 /// data path's per-thread I/O buffers) are mapped on their own and unmapped when freed, the
-/// arena keeps at most 1 MiB free at its top, and `malloc_trim` (fs/inode_table.rs) reaches
+/// arena keeps at most 256 KiB free at its top, and `malloc_trim` (fs/inode_table.rs) reaches
 /// all of it. One arena costs little: metadata work is serialized by the volume's mutex
 /// anyway, the data path does its I/O in per-thread buffers, and glibc's
 /// per-thread caches serve small allocations without the arena's lock. Measured with
@@ -84,7 +84,13 @@ const ARENA_MAX: libc::c_int = 1;
 /// their neighbours from coalescing and their pages from being trimmed. Measured (60,000
 /// files, both caches at 16 MiB): heap RSS after the kernel forgot every inode 24 MiB with
 /// tcache, under 1 MiB without.
+///
+/// `CETRA_MALLOC_DEFAULTS=1` in the environment leaves glibc's defaults alone (no re-exec, no
+/// mallopt), to measure what this tuning costs or saves (docs/performance.md §6a).
 fn tune_allocator() {
+    if std::env::var_os(MALLOC_DEFAULTS_ENV).is_some_and(|v| v == "1") {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     without_tcache();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -100,6 +106,9 @@ fn tune_allocator() {
         }
     }
 }
+
+/// Set to 1: keep glibc's allocator defaults ([`tune_allocator`]).
+const MALLOC_DEFAULTS_ENV: &str = "CETRA_MALLOC_DEFAULTS";
 
 /// The tunable that turns glibc's per-thread malloc caches off.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]

@@ -17,6 +17,7 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
+mod heap;
 mod inflight;
 mod inode_table;
 mod mount;
