@@ -253,7 +253,7 @@ fn next_after(set: &SlotSet, slot: u32) -> u32 {
         .unwrap_or(NO_SLOT)
 }
 
-fn check_slot(slot: u32) -> Result<()> {
+pub(crate) fn check_slot(slot: u32) -> Result<()> {
     if usize::try_from(slot).is_ok_and(|s| s < MAX_SLOTS) {
         Ok(())
     } else {
