@@ -614,14 +614,14 @@ impl ObjectLocks {
         me: Me,
         b: &Bucket,
         obj: u64,
-        last: &mut Option<Instant>,
+        last: &mut (Option<Instant>, usize),
         asked: &mut HashMap<(u32, u64, u64), Instant>,
     ) {
-        if last.is_some_and(|t| t.elapsed() < self.refresh) {
+        if last.0.is_some_and(|t| t.elapsed() < self.refresh) {
             return;
         }
-        *last = Some(Instant::now());
-        let round = asked.len();
+        *last = (Some(Instant::now()), last.1.wrapping_add(1));
+        let round = last.1;
         let idle: Vec<&Entry> = b
             .entries
             .iter()
@@ -670,7 +670,7 @@ impl ObjectLocks {
         let mut last: Option<Entry> = None;
         let mut since = Instant::now();
         let mut asked = HashMap::new();
-        let mut room_asked = None;
+        let mut room_asked = (None, 0);
         loop {
             if let Some(e) = abort() {
                 self.leave(me, obj);
