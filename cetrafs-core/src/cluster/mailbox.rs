@@ -146,7 +146,7 @@ impl Mailboxes {
         let mut out = Posted::Present;
         self.update(to, |m| {
             let same = |r: &Request| r.object == req.object && r.slot == req.slot;
-            if m.requests.iter().any(|r| *r == req) {
+            if m.requests.contains(&req) {
                 out = Posted::Present;
                 return None;
             }

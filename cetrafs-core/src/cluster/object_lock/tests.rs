@@ -60,7 +60,7 @@ impl BlockDevice for Faulty {
         let r = self.inner.compare_and_write(lba, expected, new)?;
         let every = self.lie_every.load(Ordering::Relaxed);
         let n = self.cawn.fetch_add(1, Ordering::Relaxed) + 1;
-        if r == CawOutcome::Written && every > 0 && n % every == 0 {
+        if r == CawOutcome::Written && every > 0 && n.is_multiple_of(every) {
             self.lies.fetch_add(1, Ordering::Relaxed);
             if n % 2 == 1 {
                 return Ok(CawOutcome::Miscompare);
@@ -256,7 +256,7 @@ struct NodeState {
 impl Node {
     /// Take `obj` in `mode` for one use (acquiring if the cached hold is not enough).
     fn use_lock(&self, obj: ObjectId, mode: LockMode) -> Grant {
-        loop {
+        {
             let mut st = self.st.lock().unwrap();
             while st.busy.contains(&obj) {
                 st = self.cv.wait(st).unwrap();
@@ -290,7 +290,7 @@ impl Node {
             };
             st.held.insert(obj, (g.mode, 1, g.version, value, false));
             st.validators.insert(obj, (g.version, value));
-            return g;
+            g
         }
     }
 
