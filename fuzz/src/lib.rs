@@ -279,6 +279,55 @@ pub mod targets {
         }
     }
 
+    /// Fed as a 512- and a 4096-byte block, raw and resealed with magic, version and a
+    /// valid crc (so mutations reach the entry checks); the bucket index is taken from the
+    /// block. Whatever decodes re-encodes to the same bytes.
+    pub fn object_lock(data: &[u8]) {
+        use cetrafs_core::format::object_lock::{Bucket, BUCKET_MAGIC};
+        for (raw, sealed) in one_block_variants(data, &BUCKET_MAGIC) {
+            for buf in [&raw[..], &sealed[..]] {
+                if let Ok(b) = Bucket::decode(buf, u64_at(buf, 16)) {
+                    if buf.iter().any(|&x| x != 0) {
+                        assert_eq!(b.encode(buf.len()).expect("a decoded bucket encodes"), buf);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Like `object_lock`, for the lock-request mailbox.
+    pub fn mailbox(data: &[u8]) {
+        use cetrafs_core::format::mailbox::{Mailbox, MAILBOX_MAGIC};
+        for (raw, sealed) in one_block_variants(data, &MAILBOX_MAGIC) {
+            for buf in [&raw[..], &sealed[..]] {
+                let slot = (u64_at(buf, 16) & 0xffff_ffff) as u32;
+                if let Ok(m) = Mailbox::decode(buf, slot) {
+                    if buf.iter().any(|&x| x != 0) {
+                        assert_eq!(m.encode(buf.len()).expect("a decoded mailbox encodes"), buf);
+                    }
+                }
+            }
+        }
+    }
+
+    /// `data` padded or cut to 512 and 4096 bytes: (as is, with `magic`, version 1 and the
+    /// crc of a one-logical-block cluster record in its last 4 bytes).
+    fn one_block_variants(data: &[u8], magic: &[u8; 8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+        [512usize, 4096]
+            .iter()
+            .map(|&lbs| {
+                let mut b = data.to_vec();
+                b.resize(lbs, 0);
+                let mut s = b.clone();
+                s[..8].copy_from_slice(magic);
+                s[8..10].copy_from_slice(&1u16.to_le_bytes());
+                let crc = crc32c::crc32c(&s[..lbs - 4]);
+                s[lbs - 4..].copy_from_slice(&crc.to_le_bytes());
+                (b, s)
+            })
+            .collect()
+    }
+
     pub fn probe(data: &[u8]) {
         let tail = data.len().checked_sub(TAIL_BYTES).map(|o| &data[o..]);
         let backup = data.len().checked_sub(FS_BLOCK_SIZE).map(|o| &data[o..]);
@@ -609,6 +658,33 @@ pub mod seeds {
             orphans: vec![1234, 99_999],
         }
         .encode(40)]
+    }
+
+    pub fn object_lock() -> Vec<Vec<u8>> {
+        use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role, NO_NEXT};
+        let m = |slot, role, gen| Mention { slot, role, gen };
+        let b = Bucket {
+            index: 3,
+            nonce: 0x55,
+            floor: 17,
+            entries: vec![
+                Entry { object: 42, version: 20, next: 2, mentions: vec![m(1, Role::Owner, 4), m(2, Role::WaitShared, 7)] },
+                Entry { object: 1 << 62, version: 5, next: NO_NEXT, mentions: vec![m(0, Role::Holder, 1)] },
+                Entry::new(99, 18),
+            ],
+        };
+        vec![b.encode(512).expect("seed fits"), b.encode(4096).expect("seed fits")]
+    }
+
+    pub fn mailbox() -> Vec<Vec<u8>> {
+        use cetrafs_core::format::mailbox::{Mailbox, Request, Want};
+        let r = |object, slot, gen, want| Request { object, slot, gen, want };
+        let m = Mailbox {
+            slot: 2,
+            nonce: 9,
+            requests: vec![r(42, 1, 4, Want::Exclusive), r(42, 3, 8, Want::Shared), r(77, 0, 1, Want::Room)],
+        };
+        vec![m.encode(512).expect("seed fits"), m.encode(4096).expect("seed fits")]
     }
 
     pub fn probe() -> Vec<Vec<u8>> {

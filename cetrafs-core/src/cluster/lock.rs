@@ -63,7 +63,7 @@
 //! carries the slot generation; entries of an older generation of my own slot are stale and
 //! dropped when I next write the bucket); `open_others` lists other nodes' entries.
 
-use crate::dev::{AlignedBuf, CawOutcome, SharedDevice};
+use crate::dev::{AlignedBuf, BlockDevice, CawOutcome, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::lock_record::{
     LockKind, LockMode, LockRecord, OpenEntry, SlotSet, BUCKET_ENTRIES, MAX_SLOTS, NONCE_OFFSET,
@@ -89,16 +89,84 @@ pub struct Me {
 
 /// Jittered exponential backoff.
 #[derive(Debug)]
-struct Backoff {
+pub(crate) struct Backoff {
     cur: Duration,
     max: Duration,
 }
 
 impl Backoff {
-    fn sleep(&mut self) {
+    pub(crate) fn new(first: Duration, max: Duration) -> Self {
+        Self { cur: first, max }
+    }
+
+    pub(crate) fn sleep(&mut self) {
         let f: f64 = rand::thread_rng().gen_range(0.5..1.5);
         std::thread::sleep(self.cur.mul_f64(f));
         self.cur = (self.cur * 2).min(self.max);
+    }
+}
+
+/// Read the one-logical-block record at byte `offset` and decode it, re-reading a block that
+/// fails `decode` up to [`TORN_READ_RETRIES`] times (200 µs × 2^attempt apart: a torn read
+/// while another initiator's CAW runs) before reporting the last error, wrapped in `what`.
+/// Returns the raw image (the `expected` of a CAW) and the decoded value. Every record that is
+/// changed by COMPARE AND WRITE is read through here.
+pub(crate) fn read_validated<T>(
+    dev: &dyn BlockDevice,
+    offset: u64,
+    lbs: usize,
+    what: &str,
+    decode: impl Fn(&[u8]) -> Result<T>,
+) -> Result<(Vec<u8>, T)> {
+    let mut buf = AlignedBuf::new(lbs);
+    let mut attempt = 0;
+    loop {
+        dev.read_at(offset, &mut buf)?;
+        match decode(&buf) {
+            Ok(v) => return Ok((buf.to_vec(), v)),
+            Err(_) if attempt < TORN_READ_RETRIES => {
+                attempt += 1;
+                std::thread::sleep(Duration::from_micros(200 << attempt));
+            }
+            Err(e) => return Err(e.wrap(what)),
+        }
+    }
+}
+
+/// A random nonce that is non-zero and differs from `old` (the nonce of the image being
+/// replaced), so that a read-back can tell the new image from every earlier one.
+pub(crate) fn fresh_nonce(old: Option<u64>) -> u64 {
+    loop {
+        let n: u64 = rand::random();
+        if n != 0 && Some(n) != old {
+            break n;
+        }
+    }
+}
+
+/// One COMPARE AND WRITE of `image` over `expected` at logical block `lba`, with the
+/// read-back rule: after a miscompare or an error of unknown outcome, `landed()` re-reads the
+/// record and says whether it carries our nonce (the write landed although the device said
+/// otherwise: the ATS lesson). Ok(true) = our image is on disk; Ok(false) = a real
+/// miscompare; an error that did not land is returned as it came.
+pub(crate) fn caw_read_back(
+    dev: &dyn BlockDevice,
+    lba: u64,
+    expected: &[u8],
+    image: &[u8],
+    what: &dyn std::fmt::Display,
+    landed: impl Fn() -> Result<bool>,
+) -> Result<bool> {
+    match dev.compare_and_write(lba, expected, image) {
+        Ok(CawOutcome::Written) => Ok(true),
+        Ok(CawOutcome::Miscompare) => landed(),
+        Err(e) => match landed() {
+            Ok(true) => {
+                tracing::debug!("{what}: CAW reported {e} but our image landed");
+                Ok(true)
+            }
+            _ => Err(e),
+        },
     }
 }
 
@@ -185,7 +253,7 @@ fn next_after(set: &SlotSet, slot: u32) -> u32 {
         .unwrap_or(NO_SLOT)
 }
 
-fn check_slot(slot: u32) -> Result<()> {
+pub(crate) fn check_slot(slot: u32) -> Result<()> {
     if usize::try_from(slot).is_ok_and(|s| s < MAX_SLOTS) {
         Ok(())
     } else {
@@ -242,7 +310,7 @@ impl std::fmt::Display for Stale {
 
 /// The staleness rule: a mention of `slot` (at generation `gen`, when the record names one)
 /// is stale when the slot holds nothing, or holds another generation.
-fn is_stale(life: SlotLife, gen: Option<u64>) -> bool {
+pub(crate) fn is_stale(life: SlotLife, gen: Option<u64>) -> bool {
     match life {
         SlotLife::Gone => true,
         SlotLife::Live(g) => gen.is_some_and(|want| want != g),
@@ -382,10 +450,7 @@ impl LockTable {
     }
 
     fn backoff(&self) -> Backoff {
-        Backoff {
-            cur: self.backoff_first,
-            max: self.backoff_max,
-        }
+        Backoff::new(self.backoff_first, self.backoff_max)
     }
 
     pub fn group_index(&self, g: u64) -> u64 {
@@ -456,19 +521,13 @@ impl LockTable {
     /// `expected` of a CAW) and the decoded record (a zero block decodes as a free record).
     pub fn read(&self, index: u64) -> Result<(Vec<u8>, LockRecord)> {
         self.check_range(index, 1)?;
-        let mut buf = AlignedBuf::new(self.lbs);
-        let mut attempt = 0;
-        loop {
-            self.dev.read_at(self.offset(index), &mut buf)?;
-            match self.decode_at(&buf, index) {
-                Ok(rec) => return Ok((buf.to_vec(), rec)),
-                Err(_) if attempt < TORN_READ_RETRIES => {
-                    attempt += 1;
-                    std::thread::sleep(Duration::from_micros(200 << attempt));
-                }
-                Err(e) => return Err(e.wrap("lock record unreadable after re-reads")),
-            }
-        }
+        read_validated(
+            &*self.dev,
+            self.offset(index),
+            self.lbs,
+            "lock record unreadable after re-reads",
+            |b| self.decode_at(b, index),
+        )
     }
 
     /// `n` consecutive records from `first` in one device read (a record that fails validation
@@ -520,27 +579,17 @@ impl LockTable {
             .and_then(|b| <[u8; 8]>::try_from(b).ok())
             .map(u64::from_le_bytes);
         new.index = index;
-        new.nonce = loop {
-            let n: u64 = rand::random();
-            if n != 0 && Some(n) != old_nonce {
-                break n;
-            }
-        };
+        new.nonce = fresh_nonce(old_nonce);
         let image = new.encode(self.lbs);
-        match self
-            .dev
-            .compare_and_write(self.lba(index), expected, &image)
-        {
-            Ok(CawOutcome::Written) => Ok(true),
-            Ok(CawOutcome::Miscompare) => Ok(self.read(index)?.1.nonce == new.nonce),
-            Err(e) => match self.read(index) {
-                Ok((_, cur)) if cur.nonce == new.nonce => {
-                    tracing::debug!("lock record {index}: CAW reported {e} but our image landed");
-                    Ok(true)
-                }
-                _ => Err(e),
-            },
-        }
+        let nonce = new.nonce;
+        caw_read_back(
+            &*self.dev,
+            self.lba(index),
+            expected,
+            &image,
+            &format_args!("lock record {index}"),
+            || Ok(self.read(index)?.1.nonce == nonce),
+        )
     }
 
     /// Read-modify-CAW until it sticks: `f` sees the current record and returns the record to

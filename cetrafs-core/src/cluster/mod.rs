@@ -4,7 +4,9 @@
 //! use of them is in `fs/cluster.rs`. See docs/locking.md and docs/recovery.md.
 
 pub mod lock;
+pub mod mailbox;
 pub mod membership;
+pub mod object_lock;
 pub mod recovery;
 pub mod timing;
 

@@ -12,6 +12,8 @@ pub mod inode;
 pub mod journal;
 pub mod layout;
 pub mod lock_record;
+pub mod mailbox;
+pub mod object_lock;
 pub mod overflow;
 pub mod slot_header;
 pub mod superblock;
