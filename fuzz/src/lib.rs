@@ -668,23 +668,48 @@ pub mod seeds {
             nonce: 0x55,
             floor: 17,
             entries: vec![
-                Entry { object: 42, version: 20, next: 2, mentions: vec![m(1, Role::Owner, 4), m(2, Role::WaitShared, 7)] },
-                Entry { object: 1 << 62, version: 5, next: NO_NEXT, mentions: vec![m(0, Role::Holder, 1)] },
+                Entry {
+                    object: 42,
+                    version: 20,
+                    next: 2,
+                    mentions: vec![m(1, Role::Owner, 4), m(2, Role::WaitShared, 7)],
+                },
+                Entry {
+                    object: 1 << 62,
+                    version: 5,
+                    next: NO_NEXT,
+                    mentions: vec![m(0, Role::Holder, 1)],
+                },
                 Entry::new(99, 18),
             ],
         };
-        vec![b.encode(512).expect("seed fits"), b.encode(4096).expect("seed fits")]
+        vec![
+            b.encode(512).expect("seed fits"),
+            b.encode(4096).expect("seed fits"),
+        ]
     }
 
     pub fn mailbox() -> Vec<Vec<u8>> {
         use cetrafs_core::format::mailbox::{Mailbox, Request, Want};
-        let r = |object, slot, gen, want| Request { object, slot, gen, want };
+        let r = |object, slot, gen, want| Request {
+            object,
+            slot,
+            gen,
+            want,
+        };
         let m = Mailbox {
             slot: 2,
             nonce: 9,
-            requests: vec![r(42, 1, 4, Want::Exclusive), r(42, 3, 8, Want::Shared), r(77, 0, 1, Want::Room)],
+            requests: vec![
+                r(42, 1, 4, Want::Exclusive),
+                r(42, 3, 8, Want::Shared),
+                r(77, 0, 1, Want::Room),
+            ],
         };
-        vec![m.encode(512).expect("seed fits"), m.encode(4096).expect("seed fits")]
+        vec![
+            m.encode(512).expect("seed fits"),
+            m.encode(4096).expect("seed fits"),
+        ]
     }
 
     pub fn probe() -> Vec<Vec<u8>> {

@@ -449,7 +449,8 @@ impl ObjectLocks {
         }
         Ok(Self {
             mail: Mailboxes::new(dev.clone(), area.mailbox_offset, area.mailboxes),
-            lbs: lbs as usize,
+            lbs: usize::try_from(lbs)
+                .map_err(|_| Error::new(crate::ErrorKind::Range, "logical block size"))?,
             dev,
             area,
             grace: handoff_grace,

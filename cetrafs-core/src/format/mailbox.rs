@@ -134,7 +134,14 @@ impl Mailbox {
         let mut w = Writer::new(&mut b);
         w.bytes(0, &MAILBOX_MAGIC);
         w.u16(8, MAILBOX_VERSION);
-        w.u16(COUNT, rs.len() as u16);
+        let Ok(count) = u16::try_from(rs.len()) else {
+            bail!(
+                InvalidInput,
+                "mailbox of slot {}: too many requests",
+                self.slot
+            );
+        };
+        w.u16(COUNT, count);
         w.u32(SLOT, self.slot);
         w.u64(NONCE, self.nonce);
         for (i, r) in rs.iter().enumerate() {

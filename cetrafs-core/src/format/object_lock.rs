@@ -230,7 +230,15 @@ impl Bucket {
         let mut w = Writer::new(&mut b);
         w.bytes(0, &BUCKET_MAGIC);
         w.u16(8, BUCKET_VERSION);
-        w.u16(COUNT, entries.len() as u16);
+        // fits() bounds the count far below u16::MAX.
+        let Ok(count) = u16::try_from(entries.len()) else {
+            bail!(
+                InvalidInput,
+                "object-lock bucket {}: too many entries",
+                self.index
+            );
+        };
+        w.u16(COUNT, count);
         w.u32(FLAGS, 0);
         w.u64(INDEX, self.index);
         w.u64(NONCE, self.nonce);
@@ -242,7 +250,14 @@ impl Bucket {
             w.u64(o, e.object);
             w.u64(o + 8, e.version);
             w.u16(o + 16, e.next);
-            w.u8(o + 18, ms.len() as u8);
+            let Ok(mentions) = u8::try_from(ms.len()) else {
+                bail!(
+                    InvalidInput,
+                    "object-lock bucket {}: too many mentions",
+                    self.index
+                );
+            };
+            w.u8(o + 18, mentions);
             o += ENTRY_BYTES;
             for m in ms {
                 let Ok(slot) = u16::try_from(m.slot).map_err(drop).and_then(|s| {

@@ -832,8 +832,8 @@ fn object_lock_caw_false_miscompares_and_torn_reads() {
     let objs: Vec<ObjectId> = (1..=6).map(ino).collect();
     let mut v = HashMap::new();
     for round in 0..5 {
-        for (i, &o) in objs.iter().enumerate() {
-            let s = (round + i as u32) % 3;
+        for (i, &o) in (0u32..).zip(objs.iter()) {
+            let s = (round + i) % 3;
             let g = t.acquire(me(s), o, LockMode::Exclusive, &never).unwrap();
             let last = v.insert(o, g.version).unwrap_or(1);
             assert_eq!(g.version, last + 1, "one grant, one version step");
