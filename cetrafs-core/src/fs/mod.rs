@@ -321,7 +321,7 @@ impl Volume {
                     })
                 },
             )?;
-            let loaded = crate::alloc::read_groups(&*dev, &sb).and_then(|g| Allocator::new(&sb, g));
+            let loaded = Allocator::new(dev.clone(), &sb, crate::alloc::DEFAULT_BITMAP_CACHE);
             let alloc = match loaded {
                 Ok(a) => a,
                 Err(e) => {
@@ -638,7 +638,7 @@ impl Volume {
                 }
             }
         }
-        if !self.sb.is_data_block(ino) || !tx.meta.alloc.is_used(ino) {
+        if !self.sb.is_data_block(ino) || !tx.meta.alloc.is_used(ino)? {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
@@ -714,7 +714,7 @@ impl Volume {
         }
         if inner.inode.is_reg() {
             for (p, l) in inner.extents.punch(0, u64::MAX) {
-                tx.meta.alloc.free(p, l);
+                tx.meta.alloc.free(p, l)?;
             }
         }
         if inner.inode.tree_root != 0 {
@@ -723,7 +723,7 @@ impl Volume {
         attrs::free_owned(tx, &self.sb, &inner.inode);
         tx.meta.alloc.forget_owner(ino);
         tx.forget(ino);
-        tx.meta.alloc.free(ino, 1);
+        tx.meta.alloc.free(ino, 1)?;
         inner.freed = true;
         self.inodes.remove(ino);
         Ok(())
