@@ -41,3 +41,19 @@ if ! command -v cargo >/dev/null 2>&1; then
 else
     echo "deps.sh: $(cargo --version)"
 fi
+
+# scripts/test gates on `cargo fmt --check` and `cargo clippy -D warnings`: a minimal rustup
+# profile ships neither, so add whichever component the active toolchain lacks.
+export PATH="$HOME/.cargo/bin:$PATH"
+if command -v rustup >/dev/null 2>&1; then
+    installed=$(rustup component list --installed 2>/dev/null)
+    for c in clippy rustfmt; do
+        if ! grep -q "^$c" <<<"$installed"; then
+            echo "deps.sh: adding rustup component $c"
+            rustup component add "$c"
+        fi
+    done
+fi
+for tool in "cargo clippy" "cargo fmt"; do
+    $tool --version >/dev/null 2>&1 || echo "deps.sh: WARNING: '$tool' is missing; the lint steps will fail" >&2
+done

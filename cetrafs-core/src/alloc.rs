@@ -33,6 +33,15 @@
 //! sequential writer gets one extent per group. Reservations are dropped when the file is closed
 //! and when another node held the lock, and are never on disk.
 //!
+//! *Blocks held for writes in flight* ([`Allocator::reserve`]): an allocating data write picks
+//! its blocks under the metadata mutex but writes them outside it (fs/data.rs). Its runs are
+//! taken as [`Allocator::alloc`] takes them and then kept only in the in-memory reservation
+//! bitmap, so nothing else allocates them while the bitmap on disk (and every bitmap block a
+//! transaction writes meanwhile) still shows them free. [`Allocator::commit_reserved`] marks
+//! them used in the transaction that maps them, [`Allocator::unreserve`] gives them back when
+//! the write failed. A crash in between leaves nothing on disk to undo. Held runs pin their
+//! group's bitmap (reserved bits are never evicted).
+//!
 //! Several nodes: every change to a bitmap happens under the cluster's exclusive metadata lock.
 //! *Where* a node allocates is a policy on top: each node owns some groups (long-held group
 //! locks, see cluster/lock.rs) and looks there first, then in groups nobody owns, and only then
@@ -122,6 +131,8 @@ pub struct Allocator {
     quarantine: Vec<(u64, u64)>,
     /// Reservation window each writing file has earned (doubles as it keeps growing).
     windows: HashMap<u64, u64>,
+    /// Blocks held for writes in flight (in `resv`, not in `used`): not free, not yet used.
+    held: u64,
 }
 
 fn get(words: &[u64], bit: u64) -> bool {
@@ -218,6 +229,7 @@ impl Allocator {
             resv: HashMap::new(),
             quarantine: Vec::new(),
             windows: HashMap::new(),
+            held: 0,
         };
         for free in a.read_all_free(sb.group_count)? {
             a.total_free += free;
@@ -410,9 +422,10 @@ impl Allocator {
         (g < self.groups.len()).then_some((g, rel % self.group_blocks))
     }
 
-    /// Free blocks of the volume, as exact as the module docs say.
+    /// Free blocks of the volume, as exact as the module docs say, not counting those held
+    /// for writes in flight.
     pub fn free_blocks(&self) -> u64 {
-        self.total_free
+        self.total_free.saturating_sub(self.held)
     }
 
     pub fn total_blocks(&self) -> u64 {
@@ -432,6 +445,10 @@ impl Allocator {
         debug_assert!(
             self.quarantine.is_empty(),
             "invalidate with uncommitted frees"
+        );
+        debug_assert_eq!(
+            self.held, 0,
+            "invalidate with blocks held for writes in flight"
         );
         let owners: Vec<u64> = self.resv.keys().copied().collect();
         for o in owners {
@@ -611,6 +628,63 @@ impl Allocator {
             let _ = self.reserve_next(owner, goal, want, next);
         }
         Ok(runs)
+    }
+
+    /// Allocate as [`Allocator::alloc`] does, but hold the runs in memory only, for a write in
+    /// flight: they stay free in every bitmap image a transaction writes (and on disk) until
+    /// [`Allocator::commit_reserved`], and nothing else allocates them meanwhile.
+    pub fn reserve(&mut self, goal: u64, want: u64, owner: u64) -> Result<Vec<(u64, u64)>> {
+        let runs = self.alloc(goal, want, owner)?;
+        for &(start, len) in &runs {
+            if let Some((g, bit)) = self.locate(start) {
+                // Back from used to reserved: the bitmap blocks `alloc` marked dirty are then
+                // written unchanged, which is harmless. The group was just loaded and is dirty.
+                if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                    set_range(&mut bm.used, 0, bit, len, false);
+                    bm.set_resv(bit, len, true);
+                }
+                let free = self.groups[g].free;
+                self.set_free(g, free + len);
+            }
+        }
+        self.held += want;
+        Ok(runs)
+    }
+
+    /// A run held by [`Allocator::reserve`] is mapped now: mark it used (its bitmap block and
+    /// group header go into the transaction that maps it). The held run pins its group's
+    /// bitmap, so this reads nothing.
+    pub fn commit_reserved(&mut self, start: u64, len: u64) {
+        self.release_held(start, len);
+        if let Some((g, bit)) = self.locate(start) {
+            debug_assert!(self.groups[g].bits.is_some() && self.groups[g].checked == self.gen);
+            if let Err(e) = self.mark(g, bit, len, true) {
+                tracing::error!("marking held run {start}+{len} used failed: {e}");
+            }
+        }
+    }
+
+    /// A run held by [`Allocator::reserve`] is not needed after all (the write failed).
+    pub fn unreserve(&mut self, start: u64, len: u64) {
+        self.release_held(start, len);
+    }
+
+    fn release_held(&mut self, start: u64, len: u64) {
+        if let Some((g, bit)) = self.locate(start) {
+            if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                debug_assert!(
+                    (bit..bit + len).all(|b| get(&bm.resv, b) && !get(&bm.used, b)),
+                    "run {start}+{len} is not held"
+                );
+                bm.set_resv(bit, len, false);
+            }
+            self.held -= len;
+        }
+    }
+
+    /// Blocks held for writes in flight.
+    pub fn held(&self) -> u64 {
+        self.held
     }
 
     /// Steps 1 and 2 of an allocation, pushing each run taken onto `runs`.

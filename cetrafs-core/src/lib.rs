@@ -15,5 +15,6 @@ pub mod journal;
 pub mod mkfs;
 pub mod probe;
 pub mod scsi;
+pub mod sync;
 
 pub use error::{Error, ErrorKind, Result};

@@ -50,7 +50,7 @@ fn base_image() -> Vec<u8> {
         .iter()
         .copied()
         .cycle()
-        .take(DEV_SIZE as usize)
+        .take(usize::try_from(DEV_SIZE).unwrap())
         .collect();
     let dev = MemDevice::from_image(img, LBS);
     let mk = MkfsOptions {
@@ -114,8 +114,12 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                 let mut off = 0;
                 while off < size {
                     let len = rng.gen_range(1..70_000u64).min(size - off);
-                    vol.write(&fh, off, &pattern(a.ino, off, len as usize))
-                        .unwrap();
+                    vol.write(
+                        &fh,
+                        off,
+                        &pattern(a.ino, off, usize::try_from(len).unwrap()),
+                    )
+                    .unwrap();
                     off += len;
                 }
                 vol.fsync(a.ino, false).unwrap();
@@ -216,7 +220,11 @@ fn run_workload(vol: &Arc<Volume>, dev: &RecordingDevice<MemDevice>, seed: u64) 
                             FallocMode::ZeroRange { keep_size: true },
                         ),
                         _ => vol.open(a.ino, true, false).and_then(|fh| {
-                            vol.write(&fh, off, &pattern(a.ino, off, len as usize))?;
+                            vol.write(
+                                &fh,
+                                off,
+                                &pattern(a.ino, off, usize::try_from(len).unwrap()),
+                            )?;
                             vol.release(&fh)
                         }),
                     };

@@ -3,13 +3,13 @@
 //! asks of a filesystem (file handles, reply shapes, xattr size probes, ACL upkeep under
 //! `FUSE_POSIX_ACL`, the kernel's root nodeid).
 
-use crate::acl;
 use crate::creds::RequestCreds;
 use crate::options::Options;
 use cetrafs_core::fs::{
     Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
     SetAttr, SetTime, Volume, Whence,
 };
+use cetrafs_core::sync::LockPolicy;
 use cetrafs_core::{Error, ErrorKind};
 use fuser::{
     AccessFlags, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation,
@@ -226,109 +226,6 @@ impl Adapter {
         errno(e)
     }
 
-    /// Mode and ACLs for a new inode under `parent` (see [`acl::inherit`]).
-    fn inherit(
-        &self,
-        parent: Ino,
-        mode: u32,
-        umask: u32,
-        is_dir: bool,
-    ) -> Result<acl::Inherited, Error> {
-        let default = match self.vol.getxattr(parent, acl::DEFAULT) {
-            Ok(v) => Some(v),
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::NoData | ErrorKind::NotFound | ErrorKind::Unsupported
-                ) =>
-            {
-                None
-            }
-            Err(e) => return Err(e),
-        };
-        Ok(acl::inherit(default.as_deref(), mode, umask, is_dir))
-    }
-
-    /// Store inherited ACLs on a just-created inode. On failure the new entry is removed again,
-    /// so that a create either happens with its ACLs or not at all (as far as this node can).
-    fn apply_inherited(
-        &self,
-        parent: Ino,
-        name: &[u8],
-        a: &Attr,
-        inh: &acl::Inherited,
-    ) -> Result<(), Error> {
-        let set = || -> Result<(), Error> {
-            if let Some(v) = &inh.access {
-                self.vol.setxattr(a.ino, acl::ACCESS, v, false, false)?;
-            }
-            if let Some(v) = &inh.default {
-                self.vol.setxattr(a.ino, acl::DEFAULT, v, false, false)?;
-            }
-            Ok(())
-        };
-        set().inspect_err(|e| {
-            let undo = if a.kind == FileKind::Directory { self.vol.rmdir(parent, name) } else { self.vol.unlink(parent, name) };
-            if let Err(u) = undo {
-                error!("cannot remove {name:?} in directory {parent} after failing to store its inherited ACL ({e}): {u}");
-            }
-        })
-    }
-
-    /// After chmod: the owner, mask and other entries of an access ACL follow the new mode.
-    fn chmod_acl(&self, ino: Ino, mode: u32) -> Result<(), Error> {
-        let v = match self.vol.getxattr(ino, acl::ACCESS) {
-            Ok(v) => v,
-            Err(e)
-                if matches!(
-                    e.kind(),
-                    ErrorKind::NoData | ErrorKind::NotFound | ErrorKind::Unsupported
-                ) =>
-            {
-                return Ok(())
-            }
-            Err(e) => return Err(e),
-        };
-        let Some(mut a) = acl::Acl::decode(&v) else {
-            warn!(
-                "inode {ino}: ignoring an unparsable {} on chmod",
-                String::from_utf8_lossy(acl::ACCESS)
-            );
-            return Ok(());
-        };
-        a.chmod(mode);
-        self.vol
-            .setxattr(ino, acl::ACCESS, &a.encode(), false, true)
-    }
-
-    /// setfacl on the access ACL: the mode's permission bits follow the ACL; an ACL that says
-    /// no more than the mode is not stored at all (as ext4 does).
-    fn set_access_acl(&self, ino: Ino, value: &[u8], caller: Caller) -> Result<(), Error> {
-        let Some(a) = acl::Acl::decode(value) else {
-            return Err(Error::new(ErrorKind::InvalidInput, "invalid POSIX ACL"));
-        };
-        if a.is_equivalent_to_mode() {
-            match self.vol.removexattr(ino, acl::ACCESS) {
-                Err(e) if !matches!(e.kind(), ErrorKind::NoData | ErrorKind::NotFound) => {
-                    return Err(e)
-                }
-                _ => {}
-            }
-        } else {
-            self.vol.setxattr(ino, acl::ACCESS, value, false, false)?;
-        }
-        let cur = self.vol.getattr(ino)?;
-        let mode = (u32::from(cur.perm) & 0o7000) | a.mode_bits();
-        if mode != u32::from(cur.perm) {
-            let set = SetAttr {
-                mode: Some(mode),
-                ..SetAttr::default()
-            };
-            self.vol.setattr(ino, &set, caller)?;
-        }
-        Ok(())
-    }
-
     /// O_CREAT. The volume is always asked for an exclusive create, so that inherited ACLs are
     /// applied to new files only; if the name exists (created by another node since the
     /// kernel's lookup) and O_EXCL was not given, the existing file is opened instead, with
@@ -345,18 +242,14 @@ impl Adapter {
         writable: bool,
     ) -> Result<(Attr, Arc<OpenFile>), Errno> {
         let fail = |e: Error| self.fail("create", &e);
-        let inh = self.inherit(parent, mode, umask, false).map_err(fail)?;
         let mut last = None;
         // Another node may remove the name between our attempts; a few rounds settle it.
         for _ in 0..3 {
-            match self.vol.create(parent, name, inh.mode, caller(req), true) {
-                Ok((a, of)) => {
-                    if let Err(e) = self.apply_inherited(parent, name, &a, &inh) {
-                        let _ = self.vol.release(&of);
-                        return Err(fail(e));
-                    }
-                    return Ok((a, of));
-                }
+            match self
+                .vol
+                .create(parent, name, mode, caller_masked(req, umask), true)
+            {
+                Ok((a, of)) => return Ok((a, of)),
                 Err(e) if e.kind() == ErrorKind::Exists && flags & libc::O_EXCL == 0 => {
                     let a = match self.vol.lookup(parent, name) {
                         Ok(a) => a,
@@ -436,6 +329,17 @@ fn caller(req: &Request) -> Caller {
     Caller {
         uid: req.uid(),
         gid: req.gid(),
+        umask: 0,
+    }
+}
+
+/// The caller of a create, mkdir or mknod with the umask the kernel passed along. With
+/// FUSE_DONT_MASK (negotiated with POSIX ACLs) the kernel leaves the umask to us; without it, it
+/// has applied it already and applying it again changes nothing.
+fn caller_masked(req: &Request, umask: u32) -> Caller {
+    Caller {
+        umask,
+        ..caller(req)
     }
 }
 
@@ -539,7 +443,7 @@ impl Filesystem for Adapter {
             ))
         })?;
         // POSIX ACLs: the kernel enforces them; DONT_MASK hands the umask to us, because it must
-        // not be applied when the parent has a default ACL (see acl.rs). Only both together.
+        // not be applied when the parent has a default ACL (cetrafs-core fs/acl.rs). Only both together.
         let acl_caps = InitFlags::FUSE_POSIX_ACL | InitFlags::FUSE_DONT_MASK;
         if caps.contains(acl_caps) {
             let _ = k.add_capabilities(acl_caps);
@@ -586,11 +490,7 @@ impl Filesystem for Adapter {
             Err(e) if e.kind() == ErrorKind::Fenced => warn!("unmount (nothing flushed): {e}"),
             Err(e) => error!("unmount: {e}"),
         }
-        *self
-            .outcome
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) =
-            Some(r.map_err(|e| e.to_string()));
+        *self.outcome.lock().or_panic() = Some(r.map_err(|e| e.to_string()));
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
@@ -644,17 +544,7 @@ impl Filesystem for Adapter {
             mtime: mtime.map(set_time),
             ctime: ctime.map(timespec),
         };
-        let r = self
-            .vol
-            .setattr_by(ino, &set, &creds(req))
-            .and_then(|a| match set.mode {
-                Some(m) if self.posix_acl && a.kind != FileKind::Symlink => {
-                    self.chmod_acl(ino, m)?;
-                    Ok(a)
-                }
-                _ => Ok(a),
-            });
-        match r {
+        match self.vol.setattr_by(ino, &set, &creds(req)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
             Err(e) => reply.error(self.fail("setattr", &e)),
         }
@@ -677,18 +567,13 @@ impl Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let parent = self.ino(parent);
-        let r = self.inherit(parent, mode, umask, false).and_then(|inh| {
-            let a = self.vol.mknod(
-                parent,
-                name.as_bytes(),
-                inh.mode,
-                u64::from(rdev),
-                caller(req),
-            )?;
-            self.apply_inherited(parent, name.as_bytes(), &a, &inh)?;
-            Ok(a)
-        });
+        let r = self.vol.mknod(
+            self.ino(parent),
+            name.as_bytes(),
+            mode,
+            u64::from(rdev),
+            caller_masked(req, umask),
+        );
         match r {
             Ok(a) => self.entry(reply, &a),
             Err(e) => reply.error(self.fail("mknod", &e)),
@@ -704,17 +589,12 @@ impl Filesystem for Adapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let parent = self.ino(parent);
-        // The kernel passes the permission bits only; the volume wants the type too.
-        let r = self
-            .inherit(parent, mode | libc::S_IFDIR, umask, true)
-            .and_then(|inh| {
-                let a = self
-                    .vol
-                    .mkdir(parent, name.as_bytes(), inh.mode, caller(req))?;
-                self.apply_inherited(parent, name.as_bytes(), &a, &inh)?;
-                Ok(a)
-            });
+        let r = self.vol.mkdir(
+            self.ino(parent),
+            name.as_bytes(),
+            mode,
+            caller_masked(req, umask),
+        );
         match r {
             Ok(a) => self.entry(reply, &a),
             Err(e) => reply.error(self.fail("mkdir", &e)),
@@ -1094,7 +974,7 @@ impl Filesystem for Adapter {
 
     fn setxattr(
         &self,
-        req: &Request,
+        _req: &Request,
         ino: INodeNo,
         name: &OsStr,
         value: &[u8],
@@ -1110,13 +990,7 @@ impl Filesystem for Adapter {
         let name = name.as_bytes();
         let create = flags & libc::XATTR_CREATE != 0;
         let replace = flags & libc::XATTR_REPLACE != 0;
-        let r = if self.posix_acl && name == acl::ACCESS {
-            // The kernel validated the ACL and checked ownership; keeping the mode in step is ours.
-            self.set_access_acl(ino, value, caller(req))
-        } else {
-            self.vol.setxattr(ino, name, value, create, replace)
-        };
-        match r {
+        match self.vol.setxattr(ino, name, value, create, replace) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(self.fail("setxattr", &e)),
         }

@@ -11,6 +11,7 @@ use crate::options::Args;
 use cetrafs_core::dev::open::{open_lun, LunOptions, Sharing};
 use cetrafs_core::dev::SharedDevice;
 use cetrafs_core::fs::{MountOptions, Volume};
+use cetrafs_core::sync::LockPolicy;
 use nix::sys::signal::{SigSet, Signal};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read, Write};
@@ -55,8 +56,8 @@ pub fn run(args: &Args) -> i32 {
 /// OS when freed.
 const MMAP_THRESHOLD: libc::c_int = 256 << 10;
 /// Free memory at the top of a malloc arena beyond this is returned to the OS when freed
-/// (`M_TRIM_THRESHOLD`).
-const TRIM_THRESHOLD: libc::c_int = 1 << 20;
+/// (`M_TRIM_THRESHOLD`): no more than one mmap-sized allocation's worth stays resident there.
+const TRIM_THRESHOLD: libc::c_int = MMAP_THRESHOLD;
 /// malloc arenas at most (`M_ARENA_MAX`): one, shared by every thread.
 const ARENA_MAX: libc::c_int = 1;
 
@@ -69,7 +70,7 @@ const ARENA_MAX: libc::c_int = 1;
 /// (setting them turns the adjustment off) and one arena bound that: buffers of 256 KiB and
 /// more (journal writes, the metadata block cache's slab chunks, the inode table's maps, the
 /// data path's per-thread I/O buffers) are mapped on their own and unmapped when freed, the
-/// arena keeps at most 1 MiB free at its top, and `malloc_trim` (fs/inode_table.rs) reaches
+/// arena keeps at most 256 KiB free at its top, and `malloc_trim` (fs/inode_table.rs) reaches
 /// all of it. One arena costs little: metadata work is serialized by the volume's mutex
 /// anyway, the data path does its I/O in per-thread buffers, and glibc's
 /// per-thread caches serve small allocations without the arena's lock. Measured with
@@ -83,7 +84,13 @@ const ARENA_MAX: libc::c_int = 1;
 /// their neighbours from coalescing and their pages from being trimmed. Measured (60,000
 /// files, both caches at 16 MiB): heap RSS after the kernel forgot every inode 24 MiB with
 /// tcache, under 1 MiB without.
+///
+/// `CETRA_MALLOC_DEFAULTS=1` in the environment leaves glibc's defaults alone (no re-exec, no
+/// mallopt), to measure what this tuning costs or saves (docs/performance.md §6a).
 fn tune_allocator() {
+    if std::env::var_os(MALLOC_DEFAULTS_ENV).is_some_and(|v| v == "1") {
+        return;
+    }
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     without_tcache();
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -99,6 +106,9 @@ fn tune_allocator() {
         }
     }
 }
+
+/// Set to 1: keep glibc's allocator defaults ([`tune_allocator`]).
+const MALLOC_DEFAULTS_ENV: &str = "CETRA_MALLOC_DEFAULTS";
 
 /// The tunable that turns glibc's per-thread malloc caches off.
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
@@ -314,6 +324,35 @@ fn init_logging(args: &Args, daemon: bool) {
     if let Err(e) = r {
         eprintln!("mount.cetra: logging not set up: {e}");
     }
+    install_panic_hook();
+}
+
+/// The daemon's end of the panic policy (ARCHITECTURE.md, "Panic policy"): a panic in any
+/// thread ends the process. The binary is built with `panic = "abort"`, so nothing unwinds and
+/// the panicking thread's lock guards are never released: no other thread can reach, let alone
+/// commit, the state it was changing. To the cluster the node is one that crashed (its journal
+/// is replayed by a survivor or its next mount). This hook first logs the panic at ERROR with
+/// the thread, the location and a backtrace (the default hook's text would not reach the log's
+/// reader as an error), then aborts itself, so the policy holds even in a build that unwinds.
+fn install_panic_hook() {
+    std::panic::set_hook(Box::new(|info| {
+        let thread = std::thread::current();
+        let name = thread.name().unwrap_or("<unnamed>");
+        let location = info
+            .location()
+            .map_or_else(|| "<unknown location>".to_string(), ToString::to_string);
+        let message = info
+            .payload_as_str()
+            .unwrap_or("<non-string panic payload>");
+        let backtrace = std::backtrace::Backtrace::force_capture();
+        error!(
+            "panic in thread '{name}' ({:?}) at {location}: {message}; aborting the process \
+             (panic policy: its journal is replayed by a survivor or by the next mount)\n\
+             {backtrace}",
+            thread.id()
+        );
+        std::process::abort();
+    }));
 }
 
 /// fuser logs `Failed to send FUSE reply: No such file or directory` at ERROR whenever the
@@ -531,10 +570,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
     if let Err(e) = &run {
         error!("FUSE session ended with an error: {e}");
     }
-    let unmounted = outcome
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take();
+    let unmounted = outcome.lock().or_panic().take();
     match unmounted {
         Some(Ok(())) if run.is_ok() => {
             info!("{dev_name}: unmounted from {}", args.mountpoint.display());

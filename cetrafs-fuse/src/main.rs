@@ -4,7 +4,6 @@
 //! daemon keeps serving it in the background), 1 for a usage error, 32 for a mount failure.
 //! With `-f` the process stays in the foreground and exits when the filesystem is unmounted.
 
-mod acl;
 mod adapter;
 mod creds;
 mod daemon;

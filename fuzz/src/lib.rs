@@ -38,9 +38,9 @@ pub mod targets {
     use super::*;
     use cetrafs_core::check;
     use cetrafs_core::dev::mem::MemDevice;
+    use cetrafs_core::format::overflow::Overflow;
     use cetrafs_core::format::superblock::Superblock;
     use cetrafs_core::format::tree_node::TreeNode;
-    use cetrafs_core::format::overflow::Overflow;
     use cetrafs_core::format::{dirent, extent::Extent, group, inode::Inode, xattr};
     use cetrafs_core::probe::{probe_sample, Sample, TAIL_BYTES};
 
@@ -169,27 +169,42 @@ pub mod targets {
         let (b, at) = resealed(&data[..data.len().min(FS_BLOCK_SIZE)], BlockType::Xattr);
         for layout in [Layout::V1, Layout::V2] {
             for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
-                let Ok(h) = Head::decode(buf, at, layout) else { continue };
+                let Ok(h) = Head::decode(buf, at, layout) else {
+                    continue;
+                };
                 let mut parts = Vec::new();
                 for (i, &m) in h.more.iter().enumerate() {
                     let chunk = data.get((i + 1) * FS_BLOCK_SIZE..).unwrap_or(&[]);
                     let mut c = chunk[..chunk.len().min(FS_BLOCK_SIZE)].to_vec();
                     c.resize(FS_BLOCK_SIZE, 0);
-                    BlockHeader { btype: BlockType::Overflow, blockno: m, seq: u64_at(&c, 16), owner: h.owner }
-                        .seal(&mut c);
+                    BlockHeader {
+                        btype: BlockType::Overflow,
+                        blockno: m,
+                        seq: u64_at(&c, 16),
+                        owner: h.owner,
+                    }
+                    .seal(&mut c);
                     if let Ok(o) = Overflow::decode(&c, m) {
                         parts.push(o);
                     }
                 }
-                let Ok(map) = h.assemble(&parts, layout) else { continue };
+                let Ok(map) = h.assemble(&parts, layout) else {
+                    continue;
+                };
                 let more: Vec<(u64, u64)> = parts.iter().map(|p| (p.blockno, p.seq)).collect();
                 let blocks = xattr::encode_set(&map, layout, (at, h.seq), &more, h.owner);
                 let h2 = Head::decode(&blocks[0].1, at, layout).expect("re-encoded head decodes");
                 let parts2: Vec<Overflow> = blocks[1..]
                     .iter()
-                    .map(|(m, raw)| Overflow::decode(raw, *m).expect("re-encoded overflow block decodes"))
+                    .map(|(m, raw)| {
+                        Overflow::decode(raw, *m).expect("re-encoded overflow block decodes")
+                    })
                     .collect();
-                assert_eq!(h2.assemble(&parts2, layout).expect("re-encoded set assembles"), map);
+                assert_eq!(
+                    h2.assemble(&parts2, layout)
+                        .expect("re-encoded set assembles"),
+                    map
+                );
             }
         }
     }
@@ -198,8 +213,12 @@ pub mod targets {
         let (b, at) = resealed(data, BlockType::Overflow);
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok(o) = Overflow::decode(buf, at) {
-                o.expect(o.role, o.index, o.payload.len()).expect("a block meets its own description");
-                assert_eq!(Overflow::decode(&o.encode(), at).expect("re-encoded overflow block decodes"), o);
+                o.expect(o.role, o.index, o.payload.len())
+                    .expect("a block meets its own description");
+                assert_eq!(
+                    Overflow::decode(&o.encode(), at).expect("re-encoded overflow block decodes"),
+                    o
+                );
             }
         }
     }
@@ -209,10 +228,16 @@ pub mod targets {
         let (b, at) = resealed(data, BlockType::JournalRecord);
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok(d) = Descriptor::decode(buf, at) {
-                assert_eq!(Descriptor::decode(&d.encode(at), at).expect("re-encoded descriptor decodes"), d);
+                assert_eq!(
+                    Descriptor::decode(&d.encode(at), at).expect("re-encoded descriptor decodes"),
+                    d
+                );
             }
             if let Ok(c) = Commit::decode(buf, at) {
-                assert_eq!(Commit::decode(&c.encode(at), at).expect("re-encoded commit decodes"), c);
+                assert_eq!(
+                    Commit::decode(&c.encode(at), at).expect("re-encoded commit decodes"),
+                    c
+                );
             }
         }
     }
@@ -228,7 +253,10 @@ pub mod targets {
             sealed[lbs - 4..].copy_from_slice(&crc.to_le_bytes());
             for buf in [&b[..], &sealed[..]] {
                 if let Ok(Some(h)) = Heartbeat::decode(buf) {
-                    assert_eq!(Heartbeat::decode(&h.encode(lbs)).expect("re-encoded heartbeat decodes"), Some(h));
+                    assert_eq!(
+                        Heartbeat::decode(&h.encode(lbs)).expect("re-encoded heartbeat decodes"),
+                        Some(h)
+                    );
                 }
             }
         }
@@ -241,7 +269,11 @@ pub mod targets {
         for (buf, at) in [(data, u64_at(data, 8)), (&b[..], at)] {
             if let Ok(h) = SlotHeader::decode(buf, at, slot) {
                 if h.seq != 0 || !h.orphans.is_empty() {
-                    assert_eq!(SlotHeader::decode(&h.encode(at), at, slot).expect("re-encoded slot header decodes"), h);
+                    assert_eq!(
+                        SlotHeader::decode(&h.encode(at), at, slot)
+                            .expect("re-encoded slot header decodes"),
+                        h
+                    );
                 }
             }
         }
@@ -516,15 +548,37 @@ pub mod seeds {
     pub fn overflow() -> Vec<Vec<u8>> {
         use cetrafs_core::format::overflow::{Overflow, Role};
         let o = |role, index, payload: Vec<u8>| {
-            Overflow { blockno: 555, seq: 3, owner: 554, role, index, payload }.encode()
+            Overflow {
+                blockno: 555,
+                seq: 3,
+                owner: 554,
+                role,
+                index,
+                payload,
+            }
+            .encode()
         };
-        vec![o(Role::SymlinkTarget, 1, vec![b'a'; 255]), o(Role::XattrSet, 2, vec![1; 4048])]
+        vec![
+            o(Role::SymlinkTarget, 1, vec![b'a'; 255]),
+            o(Role::XattrSet, 2, vec![1; 4048]),
+        ]
     }
 
     pub fn journal_record() -> Vec<Vec<u8>> {
         use cetrafs_core::format::journal::{Commit, Descriptor};
-        let d = Descriptor { seq: 9, index: 0, count: 1, logged: 3, homes: vec![100, 101, 5000] };
-        let c = Commit { seq: 9, descriptors: 1, logged: 3, crc: 0xdead_beef };
+        let d = Descriptor {
+            seq: 9,
+            index: 0,
+            count: 1,
+            logged: 3,
+            homes: vec![100, 101, 5000],
+        };
+        let c = Commit {
+            seq: 9,
+            descriptors: 1,
+            logged: 3,
+            crc: 0xdead_beef,
+        };
         vec![d.encode(77), c.encode(81)]
     }
 
@@ -549,7 +603,12 @@ pub mod seeds {
 
     pub fn slot_header() -> Vec<Vec<u8>> {
         use cetrafs_core::format::slot_header::SlotHeader;
-        vec![SlotHeader { seq: 2, slot: 0, orphans: vec![1234, 99_999] }.encode(40)]
+        vec![SlotHeader {
+            seq: 2,
+            slot: 0,
+            orphans: vec![1234, 99_999],
+        }
+        .encode(40)]
     }
 
     pub fn probe() -> Vec<Vec<u8>> {

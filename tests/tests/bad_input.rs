@@ -180,8 +180,8 @@ fn fsck_detects_corruption() {
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "n1");
     std::fs::create_dir(m.p("dir")).expect("mkdir");
-    for i in 0..20 {
-        std::fs::write(m.p(format!("dir/f{i}")), vec![i as u8; 10_000]).expect("write");
+    for i in 0..20u8 {
+        std::fs::write(m.p(format!("dir/f{i}")), vec![i; 10_000]).expect("write");
     }
     let ino = lstat(&m.p("dir/f7")).expect("stat").st_ino;
     m.unmount();
@@ -214,8 +214,8 @@ fn damaged_inodes_stay_listed_and_bad_extents_are_eio() {
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "n1");
     std::fs::create_dir_all(m.p("dir/sub")).expect("mkdir");
-    for i in 0..20 {
-        std::fs::write(m.p(format!("dir/f{i}")), vec![i as u8; 10_000]).expect("write");
+    for i in 0..20u8 {
+        std::fs::write(m.p(format!("dir/f{i}")), vec![i; 10_000]).expect("write");
     }
     std::fs::write(m.p("dir/sub/inner"), b"x").expect("write");
     let broken = lstat(&m.p("dir/f7")).expect("stat").st_ino;

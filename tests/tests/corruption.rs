@@ -784,7 +784,7 @@ impl Builder<'_> {
         self.m.sb.lock_start * FS_BLOCK + idx * LBS
     }
     fn lock_rec(&self, idx: u64, kind: LockKind, object: u64) -> LockRecord {
-        let raw = read_bytes(&self.img, self.lock_off(idx), LBS as usize);
+        let raw = read_bytes(&self.img, self.lock_off(idx), usize::try_from(LBS).unwrap());
         LockRecord::decode(&raw, idx)
             .expect("pristine lock record decodes")
             .unwrap_or_else(|| LockRecord::free(kind, idx, object))
@@ -799,7 +799,7 @@ impl Builder<'_> {
             format!("record {}: {change} (re-encoded)", rec.index),
             vec![Inject::Bytes {
                 off,
-                bytes: r.encode(LBS as usize),
+                bytes: r.encode(usize::try_from(LBS).unwrap()),
             }],
         )
     }
@@ -836,7 +836,7 @@ impl Builder<'_> {
             format!("record {}: {change} (re-encoded)", hb.slot),
             vec![Inject::Bytes {
                 off,
-                bytes: hb.encode(LBS as usize),
+                bytes: hb.encode(usize::try_from(LBS).unwrap()),
             }],
         )
     }
@@ -981,7 +981,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
 
     // --- heartbeat area (records are 512-byte logical blocks)
     {
-        let (i, w) = b.flip(b.hb_off(0), LBS as usize);
+        let (i, w) = b.flip(b.hb_off(0), usize::try_from(LBS).unwrap());
         b.add(
             "hb.rec0.flip",
             "heartbeat area",
@@ -996,7 +996,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             "record 0 zeroed",
             vec![Inject::Bytes {
                 off,
-                bytes: vec![0; LBS as usize],
+                bytes: vec![0; usize::try_from(LBS).unwrap()],
             }],
         )
         .expect = Expect::MustMount;
@@ -1057,7 +1057,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
 
     // --- lock area
     {
-        let (i, w) = b.flip(b.lock_off(0), LBS as usize);
+        let (i, w) = b.flip(b.lock_off(0), usize::try_from(LBS).unwrap());
         b.add(
             "lock.rec0.flip",
             "lock area",
@@ -1071,7 +1071,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             "record 0 zeroed",
             vec![Inject::Bytes {
                 off,
-                bytes: vec![0; LBS as usize],
+                bytes: vec![0; usize::try_from(LBS).unwrap()],
             }],
         )
         .expect = Expect::MustMount;
@@ -1112,7 +1112,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             &r,
         )
         .expect = Expect::MustMount;
-        let (i, w) = b.flip(b.lock_off(1), LBS as usize);
+        let (i, w) = b.flip(b.lock_off(1), usize::try_from(LBS).unwrap());
         b.add(
             "lock.group0.flip",
             "lock area",
@@ -1131,7 +1131,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
         .expect = Expect::MustMount;
         let small = m.ino("d1/small");
         let bk = b.bucket_of(small);
-        let (i, w) = b.flip(b.lock_off(bk), LBS as usize);
+        let (i, w) = b.flip(b.lock_off(bk), usize::try_from(LBS).unwrap());
         b.add(
             "lock.bucket.flip",
             "lock area",
@@ -1162,7 +1162,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             format!("record {bk} (bucket of d1/small) zeroed"),
             vec![Inject::Bytes {
                 off,
-                bytes: vec![0; LBS as usize],
+                bytes: vec![0; usize::try_from(LBS).unwrap()],
             }],
         )
         .expect = Expect::MustMount;
@@ -2278,7 +2278,7 @@ fn check_writes(
     let a = File::open(injected).expect("open injected copy");
     let z = File::open(fin).expect("open final image");
     let total = sb.total_blocks;
-    let lbs = LBS as usize;
+    let lbs = usize::try_from(LBS).unwrap();
     let per = BS / lbs;
     let hb_rec = |f: &File, s: u64| read_bytes(f, sb.hb_start * FS_BLOCK + s * LBS, lbs);
     let claimed: BTreeSet<u64> = (0..u64::from(sb.max_nodes))

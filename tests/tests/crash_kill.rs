@@ -40,6 +40,7 @@ const LUN_SIZE: u64 = 1 << 30;
 const MARKER: [u8; 8] = *b"STALE!!\x01";
 const BLK: usize = 4096;
 const IMAGE_SIZE: u64 = 64 << 20;
+#[allow(clippy::cast_possible_truncation)] // a constant: 64 MiB / 4 KiB
 const IMAGE_BLOCKS: usize = (IMAGE_SIZE / BLK as u64) as usize;
 /// Blocks 0..HOT of the image get half of the writes, so blocks are overwritten between syncs.
 const IMAGE_HOT: usize = 256;

@@ -18,6 +18,11 @@ use std::time::Instant;
 const MAXLEN: u64 = 4 << 20;
 const DIO_ALIGN: u64 = 512;
 
+/// A file offset or length of the model as an index into it (the model is a few MiB).
+fn ix(v: u64) -> usize {
+    usize::try_from(v).expect("fsx offsets fit usize")
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Via {
     Buffered,
@@ -164,7 +169,7 @@ impl Fsx {
             }
         }
         let tag = self.op_no;
-        let mut data = AlignedBuf::new(len as usize);
+        let mut data = AlignedBuf::new(ix(len));
         self.rng.fill(&mut data[..]);
         // Make some writes compressible/recognizable: leading 8 bytes carry the op number.
         if len >= 8 {
@@ -180,16 +185,16 @@ impl Fsx {
             Ok(n) => self.fail(&format!("short write: {n} of {len}")),
             Err(e) => self.fail(&format!("write failed: {e}")),
         }
-        let end = (off + len) as usize;
+        let end = ix(off + len);
         if self.model.len() < end {
             self.model.resize(end, 0);
         }
-        self.model[off as usize..end].copy_from_slice(&data);
+        self.model[ix(off)..end].copy_from_slice(&data);
         self.bump("write");
     }
 
     fn read_and_check(&mut self, via: Via, off: u64, len: u64, what: &str) {
-        let mut buf = AlignedBuf::new(len as usize);
+        let mut buf = AlignedBuf::new(ix(len));
         let r = self.fd(via).read_at(&mut buf, off);
         let n = match r {
             Ok(n) => n,
@@ -198,11 +203,11 @@ impl Fsx {
             )),
         };
         let size = self.size();
-        let expect_n = if off >= size {
+        let expect_n = ix(if off >= size {
             0
         } else {
             (size - off).min(len)
-        } as usize;
+        });
         if n != expect_n {
             // A short read before EOF is legal for read(2) in general but not for a regular
             // file on a local filesystem; report it.
@@ -211,7 +216,7 @@ impl Fsx {
         let want = if n == 0 {
             &[][..]
         } else {
-            &self.model[off as usize..off as usize + n]
+            &self.model[ix(off)..ix(off) + n]
         };
         if buf[..n] != *want {
             let first = buf[..n]
@@ -224,7 +229,7 @@ impl Fsx {
                 .zip(want)
                 .rposition(|(a, b)| a != b)
                 .unwrap_or(0);
-            let at = off as usize + first;
+            let at = ix(off) + first;
             let show = |s: &[u8]| {
                 s.iter()
                     .take(16)
@@ -234,7 +239,7 @@ impl Fsx {
             self.fail(&format!(
                 "{what}: DATA MISMATCH reading {via:?} off {off:#x} len {len:#x}: first bad byte at file offset {at:#x}, \
                  last at {:#x}; got {} expected {}",
-                off as usize + last,
+                ix(off) + last,
                 show(&buf[first..n]),
                 show(&want[first..])
             ));
@@ -276,7 +281,7 @@ impl Fsx {
             self.fail(&format!("ftruncate to {new}: {e}"));
         }
         let up = new >= self.size();
-        self.model.resize(new as usize, 0);
+        self.model.resize(ix(new), 0);
         self.check_size("truncate");
         self.bump(if up { "truncate-up" } else { "truncate-down" });
     }
@@ -321,11 +326,11 @@ impl Fsx {
         if mode & (libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_ZERO_RANGE) != 0 {
             let zend = end.min(size);
             if off < zend {
-                self.model[off as usize..zend as usize].fill(0);
+                self.model[ix(off)..ix(zend)].fill(0);
             }
         }
         if !keep && end > size {
-            self.model.resize(end as usize, 0);
+            self.model.resize(ix(end), 0);
         }
         self.check_size(name);
         self.bump(name);
@@ -370,13 +375,10 @@ impl Fsx {
                 "SEEK_DATA at {off:#x} returned {d:#x} outside [{off:#x}, size {size:#x}]"
             ));
         }
-        if let Some(p) = self.model[off as usize..d as usize]
-            .iter()
-            .position(|&b| b != 0)
-        {
+        if let Some(p) = self.model[ix(off)..ix(d)].iter().position(|&b| b != 0) {
             self.fail(&format!(
                 "SEEK_DATA at {off:#x} returned {d:#x} but the model has data at {:#x} (data reported as hole)",
-                off as usize + p
+                ix(off) + p
             ));
         }
         // SEEK_HOLE: the hole it reports (up to the next data) must be zeros; EOF is a hole.
@@ -400,13 +402,10 @@ impl Fsx {
                     "SEEK_HOLE at {off:#x} said hole at {h:#x} but SEEK_DATA({h:#x}) = {d2:#x}"
                 ));
             }
-            if let Some(p) = self.model[h as usize..d2 as usize]
-                .iter()
-                .position(|&b| b != 0)
-            {
+            if let Some(p) = self.model[ix(h)..ix(d2)].iter().position(|&b| b != 0) {
                 self.fail(&format!(
                     "hole [{h:#x}, {d2:#x}) reported by SEEK_HOLE({off:#x}) but the model has data at {:#x}",
-                    h as usize + p
+                    ix(h) + p
                 ));
             }
         }

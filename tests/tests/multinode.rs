@@ -82,6 +82,7 @@ const LUN_SIZE: u64 = 4 << 30;
 const NODES: [&str; 3] = ["node1", "node2", "node3"];
 const BLK: usize = 4096;
 const IMAGE_SIZE: u64 = 64 << 20;
+#[allow(clippy::cast_possible_truncation)] // a constant: 64 MiB / 4 KiB
 const IMAGE_BLOCKS: usize = (IMAGE_SIZE / BLK as u64) as usize;
 const IMAGE_CHUNK: usize = 1 << 20;
 const IMAGE_OVERWRITES: u32 = 2000;

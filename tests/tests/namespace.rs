@@ -577,7 +577,7 @@ fn compare_tree(root: &Path, model: &Model, when: &str) {
                         crel.display()
                     );
                     assert_eq!(
-                        st.st_size as usize,
+                        usize::try_from(st.st_size).unwrap(),
                         t.len(),
                         "[{when}] symlink size of /{}",
                         crel.display()

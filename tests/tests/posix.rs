@@ -17,7 +17,7 @@ fn errno<T: std::fmt::Debug>(r: std::io::Result<T>) -> i32 {
 
 fn pattern(len: usize, salt: u8) -> Vec<u8> {
     (0..len)
-        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(salt))
+        .map(|i| i.to_le_bytes()[0].wrapping_mul(31).wrapping_add(salt))
         .collect()
 }
 
@@ -210,7 +210,7 @@ fn o_append() {
             // Another descriptor extends the file; appends must land after it.
             let end = plain.seek(SeekFrom::End(0)).expect("seek");
             plain.write_all(b"[plain]\n").expect("plain write");
-            assert_eq!(end as usize, expect.len());
+            assert_eq!(usize::try_from(end).unwrap(), expect.len());
             expect.extend_from_slice(b"[plain]\n");
         }
     }

@@ -53,7 +53,8 @@ fn volume_built_through_the_api_checks_clean() {
     // A big file with holes and many extents (extent tree), and a preallocated tail.
     let (big, fh) = v.create(docs, b"big.img", 0o644, C, true).unwrap();
     for k in 0..300u64 {
-        v.write(&fh, k * 3 * 4096, &[k as u8; 4096]).unwrap();
+        v.write(&fh, k * 3 * 4096, &[k.to_le_bytes()[0]; 4096])
+            .unwrap();
     }
     v.fallocate(
         big.ino,

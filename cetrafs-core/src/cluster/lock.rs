@@ -1735,7 +1735,7 @@ mod tests {
 
         // A full bucket: 18 nodes have one file open; a 19th cannot register.
         let f = 5;
-        for s in 0..BUCKET_ENTRIES as u32 {
+        for s in 0..u32::try_from(BUCKET_ENTRIES).unwrap() {
             t.open_set(f, me(s), s % 2 == 0).unwrap();
         }
         assert_eq!(t.open_others(f, me(0)).unwrap().len(), BUCKET_ENTRIES - 1);

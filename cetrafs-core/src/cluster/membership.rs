@@ -15,6 +15,7 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::heartbeat::{Heartbeat, SlotState};
 use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
+use crate::sync::LockPolicy;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -24,15 +25,13 @@ static HELD: Mutex<Vec<([u8; 16], u32, u64)>> = Mutex::new(Vec::new());
 
 fn held_here(uuid: &[u8; 16], slot: u32, generation: u64) -> bool {
     HELD.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .or_panic()
         .iter()
         .any(|h| h == &(*uuid, slot, generation))
 }
 
 fn set_held(uuid: [u8; 16], slot: u32, generation: u64, held: bool) {
-    let mut v = HELD
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let mut v = HELD.lock().or_panic();
     v.retain(|h| h != &(uuid, slot, generation));
     if held {
         v.push((uuid, slot, generation));
@@ -120,11 +119,7 @@ struct FenceHooks(Mutex<Vec<FenceHook>>);
 
 impl std::fmt::Debug for FenceHooks {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let n = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len();
+        let n = self.0.lock().or_panic().len();
         write!(f, "{n} fence hook(s)")
     }
 }
@@ -412,10 +407,7 @@ impl Membership {
             return;
         }
         let lbs = self.dev.geometry().logical_block_size as usize;
-        let mut image = self
-            .image
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut image = self.image.lock().or_panic();
         let caw = self.caw_renewal.load(Ordering::Acquire);
         if !caw {
             match read_slot(&*self.dev, &self.sb, self.slot) {
@@ -493,19 +485,10 @@ impl Membership {
     pub fn fence(&self, why: String) {
         if !self.fenced.swap(true, Ordering::AcqRel) {
             tracing::error!("FENCED: {why}; this node writes nothing more to the volume until it is unmounted and mounted again");
-            for hook in self
-                .fence_hooks
-                .0
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .iter()
-            {
+            for hook in self.fence_hooks.0.lock().or_panic().iter() {
                 hook(&why);
             }
-            *self
-                .reason
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(why);
+            *self.reason.lock().or_panic() = Some(why);
         }
     }
 
@@ -518,11 +501,7 @@ impl Membership {
 
     /// Run `hook` when this node fences itself (see [`FenceHook`]).
     pub fn on_fence(&self, hook: FenceHook) {
-        self.fence_hooks
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(hook);
+        self.fence_hooks.0.lock().or_panic().push(hook);
     }
 
     pub fn is_fenced(&self) -> bool {
@@ -530,10 +509,7 @@ impl Membership {
     }
 
     pub fn fence_reason(&self) -> Option<String> {
-        self.reason
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.reason.lock().or_panic().clone()
     }
 
     /// Clean release: mark the slot free (only if it is still ours and we are not fenced).
@@ -548,11 +524,7 @@ impl Membership {
         if !self.lease_valid() {
             return Ok(());
         }
-        let image = self
-            .image
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let image = self.image.lock().or_panic().clone();
         let Ok(Some(mut h)) = Heartbeat::decode(&image) else {
             return Ok(());
         };

@@ -31,15 +31,6 @@ pub struct Claimed {
     pub replayed: usize,
 }
 
-/// A test hook for the multi-node suite: `CETRA_FAILPOINT=recovery::after_replay=exit` makes
-/// the process exit right after step 2, so that another node must finish the recovery.
-fn exit_failpoint(name: &str) {
-    if std::env::var("CETRA_FAILPOINT").is_ok_and(|v| v == format!("{name}=exit")) {
-        tracing::error!("failpoint {name}: exiting as requested by CETRA_FAILPOINT");
-        std::process::exit(99);
-    }
-}
-
 /// A slot in recovery whose recoverer no longer holds its slot at the claimed generation (it
 /// died and was recovered itself, or unmounted): the claim is void and may be taken over.
 /// Whether a recoverer that still looks live is really alive is the watcher's call, by time.
@@ -130,7 +121,9 @@ pub fn claim_and_release(
     };
     let replayed = crate::journal::replay(dev, sb, JournalArea::for_slot(sb, dead.slot))
         .map_err(|e| e.wrap(format!("journal replay of {}", membership::describe(dead))))?;
-    exit_failpoint("recovery::after_replay");
+    // The multi-node suite's `CETRA_FAILPOINT=recovery::after_replay=exit` stops the process
+    // right after step 2, so that another node must finish the recovery.
+    crate::failpoint::process("recovery::after_replay");
     locks.scrub_slot(dead.slot).map_err(|e| {
         e.wrap(format!(
             "releasing the locks of {}",

@@ -10,6 +10,7 @@ use super::{
     check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry, IO_ALIGN,
 };
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockPolicy;
 use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{FileExt, FileTypeExt, MetadataExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
@@ -139,8 +140,9 @@ impl FileDevice {
     fn ofd_lock(&self, start: u64, len: u64, lock: bool) -> Result<()> {
         // SAFETY: flock is plain old data; all-zero is a valid starting value.
         let mut fl: libc::flock = unsafe { std::mem::zeroed() };
-        fl.l_type = if lock { libc::F_WRLCK } else { libc::F_UNLCK } as libc::c_short;
-        fl.l_whence = libc::SEEK_SET as libc::c_short;
+        fl.l_type = libc::c_short::try_from(if lock { libc::F_WRLCK } else { libc::F_UNLCK })
+            .expect("F_WRLCK and F_UNLCK fit a short");
+        fl.l_whence = libc::c_short::try_from(libc::SEEK_SET).expect("SEEK_SET fits a short");
         fl.l_start =
             i64::try_from(start).map_err(|_| Error::new(ErrorKind::Range, "lock offset"))?;
         fl.l_len = i64::try_from(len).map_err(|_| Error::new(ErrorKind::Range, "lock length"))?;
@@ -161,7 +163,7 @@ impl FileDevice {
 /// O_DIRECT needs the buffer address aligned to the logical block size; our callers pass
 /// AlignedBuf (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
 fn aligned(buf: &[u8], lbs: u32) -> bool {
-    (buf.as_ptr() as usize).is_multiple_of(lbs.min(IO_ALIGN as u32) as usize)
+    (buf.as_ptr() as usize).is_multiple_of((lbs as usize).min(IO_ALIGN))
 }
 
 impl BlockDevice for FileDevice {
@@ -217,7 +219,7 @@ impl BlockDevice for FileDevice {
         #[allow(clippy::cast_possible_truncation)] // modulo a small constant
         let _g = self.caw_stripes[(lba % CAW_STRIPES as u64) as usize]
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+            .or_panic();
         self.ofd_lock(off, lbs, true)?;
         let result = (|| {
             let mut cur = AlignedBuf::new(expected.len());

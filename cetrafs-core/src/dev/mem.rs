@@ -4,6 +4,7 @@
 
 use super::{check_caw, check_io, BlockDevice, CawKind, CawOutcome, Geometry};
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockPolicy;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
@@ -59,17 +60,12 @@ impl MemDevice {
 
     /// A copy of the whole device, e.g. to reopen it as another "node" or after a crash.
     pub fn snapshot(&self) -> Vec<u8> {
-        self.data
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.data.read().or_panic().clone()
     }
 
     pub fn from_image(image: Vec<u8>, logical_block_size: u32) -> Self {
         let d = Self::new(image.len() as u64, logical_block_size);
-        *d.data
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = image;
+        *d.data.write().or_panic() = image;
         d
     }
 
@@ -118,10 +114,7 @@ impl BlockDevice for MemDevice {
         if self.faults.fail_reads.load(Ordering::Relaxed) {
             return Err(Error::new(ErrorKind::Io, "injected read error"));
         }
-        let d = self
-            .data
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let d = self.data.read().or_panic();
         buf.copy_from_slice(&d[Self::range(offset, buf.len())]);
         Ok(())
     }
@@ -139,20 +132,14 @@ impl BlockDevice for MemDevice {
         } else {
             buf.len()
         };
-        let mut d = self
-            .data
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut d = self.data.write().or_panic();
         d[Self::range(offset, keep)].copy_from_slice(&buf[..keep]);
         Ok(())
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         check_caw(&self.geo, lba, expected, new)?;
-        let _g = self
-            .caw_lock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let _g = self.caw_lock.lock().or_panic();
         let off = lba * self.geo.lbs();
         let mut cur = vec![0; expected.len()];
         self.read_at(off, &mut cur)?;

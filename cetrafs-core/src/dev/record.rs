@@ -8,6 +8,7 @@
 
 use super::{BlockDevice, CawOutcome, Geometry};
 use crate::error::Result;
+use crate::sync::LockPolicy;
 use std::sync::Mutex;
 
 #[derive(Debug, Clone)]
@@ -31,25 +32,16 @@ impl<D: BlockDevice> RecordingDevice<D> {
     }
 
     pub fn log(&self) -> Vec<Op> {
-        self.log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+        self.log.lock().or_panic().clone()
     }
 
     /// Number of ops logged so far (a position in the log).
     pub fn position(&self) -> usize {
-        self.log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .len()
+        self.log.lock().or_panic().len()
     }
 
     fn push(&self, op: Op) {
-        self.log
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(op);
+        self.log.lock().or_panic().push(op);
     }
 }
 

@@ -22,6 +22,7 @@
 
 use super::{BlockDevice, CawOutcome, Geometry, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
+use crate::sync::LockPolicy;
 use std::io::Write;
 use std::path::Path;
 use std::sync::Mutex;
@@ -121,10 +122,7 @@ impl WriteLog {
             std::process::id(),
             kind.as_str()
         );
-        let mut f = self
-            .file
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut f = self.file.lock().or_panic();
         f.write_all(line.as_bytes()).map_err(|e| {
             Error::with_source(
                 ErrorKind::Io,

@@ -139,7 +139,7 @@ mod tests {
     proptest! {
         #[test]
         fn roundtrip(seq: u64, homes in proptest::collection::vec(any::<u64>(), 0..ENTRIES_PER_DESCRIPTOR), at in 1u64..1<<40, flip in 0usize..FS_BLOCK_SIZE*8) {
-            let d = Descriptor { seq, index: 0, count: 1, logged: homes.len() as u32, homes };
+            let d = Descriptor { seq, index: 0, count: 1, logged: u32::try_from(homes.len()).unwrap(), homes };
             let mut b = d.encode(at);
             prop_assert_eq!(Descriptor::decode(&b, at).unwrap(), d.clone());
             b[flip / 8] ^= 1 << (flip % 8);

@@ -167,7 +167,7 @@ impl SlotSet {
         self.0.iter().enumerate().flat_map(|(wi, &w)| {
             (0..64u32)
                 .filter(move |b| w & (1u64 << b) != 0)
-                .map(move |b| wi as u32 * 64 + b)
+                .map(move |b| u32::try_from(wi * 64).expect("a set of u32 members") + b)
         })
     }
 
@@ -270,7 +270,7 @@ impl LockRecord {
             LockKind::OpenBucket => {
                 debug_assert!(self.entries.len() <= BUCKET_ENTRIES);
                 let n = self.entries.len().min(BUCKET_ENTRIES);
-                w.u32(COUNT, n as u32);
+                w.u32(COUNT, u32::try_from(n).expect("n <= BUCKET_ENTRIES"));
                 for (i, e) in self.entries.iter().take(n).enumerate() {
                     let o = ENTRIES + i * ENTRY_LEN;
                     w.u64(o, e.ino);

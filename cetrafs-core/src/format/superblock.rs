@@ -141,7 +141,7 @@ impl Superblock {
         let l = self.label.as_bytes();
         w.bytes(LABEL, &l[..l.len().min(LABEL_LEN)]);
         w.u32(LBS, self.logical_block_size);
-        w.u32(FSBS, FS_BLOCK_SIZE as u32);
+        w.u32(FSBS, u32::try_from(FS_BLOCK_SIZE).expect("4096"));
         w.u64(TOTAL, self.total_blocks);
         w.u64(CREATED, self.created);
         w.u32(MAX_NODES, self.max_nodes);

@@ -407,10 +407,23 @@ mod tests {
             )
             .unwrap();
         }
-        v.setxattr(f.ino, b"system.posix_acl_access", &[2; 28], false, false)
+        // An access ACL that says more than the mode (a named user): 5 entries, 44 bytes.
+        let mut acl = 2u32.to_le_bytes().to_vec();
+        for (tag, perm, id) in [
+            (1u16, 6u16, u32::MAX),
+            (2, 4, 1000),
+            (4, 4, u32::MAX),
+            (0x10, 4, u32::MAX),
+            (0x20, 0, u32::MAX),
+        ] {
+            acl.extend_from_slice(&tag.to_le_bytes());
+            acl.extend_from_slice(&perm.to_le_bytes());
+            acl.extend_from_slice(&id.to_le_bytes());
+        }
+        v.setxattr(f.ino, b"system.posix_acl_access", &acl, false, false)
             .unwrap();
         let used = free(&v);
-        let want = 1 + xattr::overflow_count(65536 + 8 + 5 + 3 * (3000 + 6 + 5) + 28 + 23 + 5);
+        let want = 1 + xattr::overflow_count(65536 + 8 + 5 + 3 * (3000 + 6 + 5) + 44 + 23 + 5);
         assert_eq!(before - used, want as u64, "blocks of the set");
         assert_eq!(v.getattr(f.ino).unwrap().blocks, 8 * want as u64);
         let (d2, v2) = remount(&dev, &v);

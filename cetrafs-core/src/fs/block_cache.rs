@@ -12,7 +12,8 @@
 //!
 //! **Memory.** The budget (mount option `meta_cache=MiB`, default [`DEFAULT_BUDGET`]) fixes a
 //! number of slots, [`capacity`](BlockCache::capacity): the budget divided by a slot's cost
-//! (the 4 KiB image plus [`SLOT_OVERHEAD`] for its index entry and bookkeeping). Images live in
+//! (the 4 KiB image plus [`SLOT_OVERHEAD`] for its index entry, its bookkeeping and its share
+//! of its chunk's allocation header, which costs a page; fs/heap.rs). Images live in
 //! a slab of fixed chunks of [`CHUNK_BLOCKS`] slots, allocated as the cache first fills and
 //! then reused in place, never freed while mounted: evicting or clearing puts a slot back in
 //! use for the next block, so the heap does not fragment around cached blocks and the
@@ -26,6 +27,7 @@
 //!
 //! [`stats`](BlockCache::stats) reports size, capacity, hits, misses and evictions.
 
+use super::heap;
 use crate::format::FS_BLOCK_SIZE;
 use std::collections::HashMap;
 use std::mem::size_of;
@@ -38,12 +40,16 @@ pub const DEFAULT_BUDGET: usize = 32 << 20;
 pub const CHUNK_BLOCKS: usize = 64;
 
 /// Memory charged per slot on top of its image: the slot record, its place in the free list,
-/// and its share of the index. The index is a hash map whose removed keys leave tombstones;
-/// when they fill it, it is rehashed in place only if at most half its capacity is in use,
-/// else it doubles, so at `n` entries it may hold up to 32n/7 buckets of (key, value,
-/// control byte).
-pub const SLOT_OVERHEAD: usize =
-    size_of::<Slot>() + size_of::<u32>() + ((size_of::<(u64, u32)>() + 1) * 32).div_ceil(7);
+/// its share of the index, and its share of what its chunk's allocation costs beyond the
+/// images (a chunk is allocated on its own pages, plus one for the allocator's header). The
+/// index is a hash map whose removed keys leave tombstones; when they fill it, it is rehashed
+/// in place only if at most half its capacity is in use, else it doubles, so at `n` entries it
+/// may hold up to 32n/7 buckets of (key, value, control byte).
+pub const SLOT_OVERHEAD: usize = size_of::<Slot>()
+    + size_of::<u32>()
+    + ((size_of::<(u64, u32)>() + 1) * 32).div_ceil(7)
+    + (heap::alloc(CHUNK_BLOCKS * FS_BLOCK_SIZE) - CHUNK_BLOCKS * FS_BLOCK_SIZE)
+        .div_ceil(CHUNK_BLOCKS);
 
 /// Marks a slot that holds no block.
 const EMPTY: u64 = u64::MAX;
@@ -55,7 +61,8 @@ pub struct BlockCacheStats {
     pub blocks: usize,
     /// Slots the budget allows.
     pub capacity: usize,
-    /// Memory allocated for the cache (slab chunks, slots, index), bytes.
+    /// Memory allocated for the cache (slab chunks, slots, index, as the allocator sizes
+    /// them), bytes.
     pub bytes: usize,
     /// The budget, bytes.
     pub budget: usize,
@@ -179,7 +186,7 @@ impl BlockCache {
                 block: EMPTY,
                 hot: false,
             };
-            self.free.push(i as u32);
+            self.free.push(slot_no(i));
         }
     }
 
@@ -187,10 +194,15 @@ impl BlockCache {
         BlockCacheStats {
             blocks: self.index.len(),
             capacity: self.capacity,
-            bytes: self.chunks.iter().map(|c| c.len()).sum::<usize>()
-                + self.slots.capacity() * size_of::<Slot>()
-                + self.free.capacity() * size_of::<u32>()
-                + self.index.capacity() * 8 / 7 * (size_of::<(u64, u32)>() + 1),
+            bytes: self
+                .chunks
+                .iter()
+                .map(|c| heap::alloc(c.len()))
+                .sum::<usize>()
+                + heap::array::<Box<[u8]>>(self.chunks.capacity())
+                + heap::array::<Slot>(self.slots.capacity())
+                + heap::array::<u32>(self.free.capacity())
+                + heap::hash_map(&self.index),
             budget: self.budget,
             hits: self.hits,
             misses: self.misses,
@@ -216,7 +228,7 @@ impl BlockCache {
                 block: EMPTY,
                 hot: false,
             });
-            return Some(s as u32);
+            return Some(slot_no(s));
         }
         if self.slots.is_empty() {
             return None;
@@ -232,7 +244,7 @@ impl BlockCache {
             }
             self.index.remove(&slot.block);
             self.evictions += 1;
-            return Some(s as u32);
+            return Some(slot_no(s));
         }
     }
 
@@ -250,6 +262,12 @@ impl BlockCache {
         let s = s as usize;
         (s / CHUNK_BLOCKS, (s % CHUNK_BLOCKS) * FS_BLOCK_SIZE)
     }
+}
+
+/// A slot index as stored in the free list and the map (the cache's slots are far fewer than
+/// `u32::MAX`: its budget is bytes of 4 KiB images).
+fn slot_no(i: usize) -> u32 {
+    u32::try_from(i).expect("block cache slot index fits u32")
 }
 
 #[cfg(test)]
@@ -300,6 +318,28 @@ mod tests {
         assert_eq!(
             c.chunks.iter().map(|ch| ch.len()).sum::<usize>(),
             100 * FS_BLOCK_SIZE
+        );
+    }
+
+    /// The charge covers what the cache really allocates (counted by the test binary's
+    /// allocator, fs/heap.rs), and that stays within the budget.
+    #[test]
+    fn the_charge_covers_what_the_cache_really_holds() {
+        let base = heap::tests::allocated_here();
+        let mut c = BlockCache::new(budget_for(1000));
+        for b in 0..5000u64 {
+            c.insert(b * 7, &img(b));
+            if b % 5 == 0 {
+                c.invalidate(b.saturating_sub(2) * 7);
+            }
+        }
+        let real = heap::tests::allocated_here() - base;
+        let s = c.stats();
+        assert!(
+            real <= s.bytes.cast_signed() && s.bytes <= s.budget,
+            "{real} bytes allocated, {} charged, {} budget",
+            s.bytes,
+            s.budget
         );
     }
 

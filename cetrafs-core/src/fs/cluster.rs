@@ -33,6 +33,7 @@ use crate::cluster::timing::Timing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::heartbeat::SlotState;
 use crate::format::lock_record::{LockMode, OpenEntry, NO_SLOT};
+use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -103,17 +104,14 @@ impl Cluster {
             .iter()
             .filter_map(|v| v.record.as_ref().map(|h| (v.slot, (h.state, h.generation))))
             .collect();
-        *self
-            .live
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = live;
+        *self.live.lock().or_panic() = live;
     }
 
     /// Is `slot` held by a live node, as of the last heartbeat scan?
     fn slot_live(&self, slot: u32) -> bool {
         self.live
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .or_panic()
             .get(&slot)
             .is_some_and(|&(state, _)| state == SlotState::Live)
     }
@@ -123,13 +121,12 @@ impl Cluster {
     fn entry_live(&self, e: &OpenEntry) -> bool {
         self.live
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .or_panic()
             .get(&e.slot)
             .is_none_or(|&(state, g)| state != SlotState::Free && g == e.slot_gen)
     }
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     /// The metadata mutex with the global lock held exclusively (metadata changes).
     pub(super) fn meta_ex(&self) -> Result<MutexGuard<'_, Meta>> {
@@ -160,7 +157,12 @@ impl Volume {
         let mut m = self.lock_meta();
         let cl = &self.cl;
         if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
-            self.handoff(&mut m)?;
+            // Allocating writes in flight hold blocks only this node knows of: they are mapped
+            // first (fs/inflight.rs). Meanwhile another thread may have handed over already.
+            m = self.drained(m);
+            if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
+                self.handoff(&mut m)?;
+            }
         }
         if covers(m.gml, mode) {
             return Ok(m);
@@ -340,15 +342,14 @@ impl Volume {
     }
 
     fn release_gml(&self, m: &mut Meta) -> Result<()> {
+        debug_assert!(
+            m.inflight.is_empty(),
+            "giving up the global lock with allocating writes in flight"
+        );
         // Everything loaded under this hold is stale from now on; wait out fast-path I/O that
         // started before.
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
-        drop(
-            self.cl
-                .data_gate
-                .write()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
+        drop(self.cl.data_gate.write().or_panic());
         self.cl.locks.release_global(self.cl.me)?;
         m.gml = LockMode::Free;
         self.cl.held.store(0, Ordering::Release);
@@ -381,10 +382,7 @@ impl Volume {
 
     /// Shared hold on the data gate for one fast-path I/O.
     pub(super) fn data_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.cl
-            .data_gate
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.cl.data_gate.read().or_panic()
     }
 
     /// Is this inode's in-memory state current?
@@ -570,8 +568,10 @@ impl Volume {
         }
         if cl.held.load(Ordering::Acquire) != 0 && LockTable::others_waiting(&rec, cl.me) {
             cl.handoff_wanted.store(true, Ordering::Release);
-            if let Ok(mut m) = self.meta.try_lock() {
-                if m.gml != LockMode::Free {
+            if let Some(mut m) = self.meta.try_lock().or_panic() {
+                // With allocating writes in flight, the next tick (or metadata operation)
+                // hands over once they are mapped.
+                if m.gml != LockMode::Free && m.inflight.is_empty() {
                     if let Err(e) = self.handoff(&mut m) {
                         tracing::error!("handing the metadata lock over failed: {e}");
                     }

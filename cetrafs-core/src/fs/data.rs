@@ -4,20 +4,26 @@
 //! inode lock shared, copies through a per-thread aligned buffer and issues one device I/O per
 //! physically contiguous run: no volume lock, no allocation, no metadata I/O.
 //! Everything else (holes, unwritten extents, growth, unaligned writes) takes the metadata
-//! path under the inode's exclusive lock. Newly allocated or converted blocks are always
+//! path under the inode's exclusive lock. There, an *allocating* write (holes, unwritten
+//! extents, growth) plans and holds its blocks under the metadata mutex, writes its data
+//! without any lock, and is mapped under the mutex again, in groups (`write_slow`; the waiting
+//! rules are in fs/inflight.rs); only a write that must read-modify-write a partial block of a
+//! written extent, or remove setuid/setgid bits, does its I/O under the locks. Newly
+//! allocated or converted blocks are always
 //! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
 //! so no stale device bytes can ever be read through a file.
 
 use super::suid::{self, Credentials};
-use super::txn::Tx;
+use super::txn::{Meta, Tx};
 use super::{Caller, FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence, Written};
 use crate::dev::AlignedBuf;
 use crate::error::Result;
 use crate::format::inode::flags;
+use crate::format::lock_record::LockMode;
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::{Arc, MutexGuard};
 
 thread_local! {
     /// One reusable aligned I/O buffer per FUSE worker thread.
@@ -36,6 +42,64 @@ fn us(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
 
+/// What backs one segment of an allocating write.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum SegKind {
+    /// A hole: new blocks, held in the allocator until mapped.
+    New,
+    /// An unwritten extent: converted to written when mapped.
+    Unwritten,
+    /// A written extent, whole blocks only (partial ones take the locked path).
+    Written,
+}
+
+/// File blocks [b0, b1) of an allocating write, backed from device block `phys` on.
+#[derive(Debug, Clone, Copy)]
+struct Seg {
+    b0: u64,
+    b1: u64,
+    phys: u64,
+    kind: SegKind,
+}
+
+/// An allocating write whose data is on the device (or failed), queued to be mapped.
+#[derive(Debug)]
+pub(super) struct ToMap {
+    st: Arc<InodeState>,
+    plan: Vec<Seg>,
+    id: u64,
+    written: Result<()>,
+    end: u64,
+    slot: MapSlot,
+}
+
+/// Where the mapper leaves a queued write's result.
+type MapSlot = Arc<std::sync::Mutex<Option<Result<()>>>>;
+
+fn take_slot(slot: &MapSlot) -> Option<Result<()>> {
+    slot.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .take()
+}
+
+/// One error reported to each write of a group.
+fn again(e: &crate::Error) -> crate::Error {
+    crate::Error::new(e.kind(), e.to_string())
+}
+
+/// An operation that drains a file ([`Volume::quiesce`]); dropping it lets writes in again.
+pub(super) struct Quiesced<'a> {
+    vol: &'a Volume,
+    ino: Ino,
+}
+
+impl Drop for Quiesced<'_> {
+    fn drop(&mut self) {
+        self.vol.lock_meta().inflight.drain_end(self.ino);
+        self.vol.inflight_done.notify_all();
+    }
+}
+
 /// How the parts of a block range that the write does not cover are filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fill {
@@ -45,7 +109,6 @@ enum Fill {
     Zero,
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     pub(super) fn open_state(&self, st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
         st.opens.fetch_add(1, Ordering::AcqRel);
@@ -144,12 +207,7 @@ impl Volume {
             if inner.freed {
                 return Ok(());
             }
-            if unlinked
-                && inner.inode.nlink == 0
-                && st.opens.load(Ordering::Acquire) == 0
-                && !self.inodes.referenced(st.ino)
-                && !self.open_elsewhere(st.ino)
-            {
+            if unlinked && self.can_free(st, &inner, super::FreeScope::Now) {
                 return self.free_inode(tx, &mut inner);
             }
             if Self::fold_pending(st, &mut inner) {
@@ -253,38 +311,341 @@ impl Volume {
             });
         }
         self.check_writable()?;
-        let st = &fh.state;
-        let dropped = self.meta_op(|tx| {
-            self.refresh(tx, st)?;
-            let mut inner = st.write();
-            if inner.freed {
-                bail!(NotFound, "inode {} was removed", st.ino);
-            }
-            if inner.inode.flags & flags::IMMUTABLE != 0 {
-                bail!(PermissionDenied, "inode {} is immutable", st.ino);
-            }
-            if inner.inode.flags & flags::APPEND != 0 && offset != inner.inode.size {
-                bail!(PermissionDenied, "inode {} is append-only", st.ino);
-            }
-            Self::fold_pending(st, &mut inner);
-            let r = self.write_locked(tx, &mut inner, offset, data);
-            // Whatever was written and mapped before an error is kept consistent.
-            let end = offset + data.len() as u64;
-            if r.is_ok() && end > inner.inode.size {
-                inner.inode.size = end;
-            }
-            let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
-            inner.inode.mode &= !dropped;
-            let t = super::now();
-            inner.inode.mtime = t;
-            inner.inode.ctime = t;
-            self.save(tx, &mut inner)?;
-            r.map(|()| dropped)
-        })?;
+        let dropped = self.write_slow(&fh.state, offset, data, who)?;
         Ok(Written {
             bytes: len,
             dropped,
         })
+    }
+
+    /// The metadata path of a write. Under the metadata mutex (global lock exclusive) and the
+    /// inode's write lock: wait while the blocks overlap a write in flight ([`inflight`]),
+    /// then either (a) plan the write and hold its new blocks, write the data *without* the
+    /// mutex and map it under the mutex again (an allocating write, at full queue depth), or
+    /// (b) when a partial block of a written extent must be read, modified and written (which
+    /// must not race a fast-path write into the rest of that block), do it all under the locks.
+    ///
+    /// [`inflight`]: super::inflight
+    fn write_slow(
+        &self,
+        st: &Arc<InodeState>,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<u32> {
+        let end = offset + data.len() as u64;
+        let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+        let (plan, id) = loop {
+            let mut meta = self.meta_ex()?;
+            if meta.inflight.must_wait(st.ino, b0, b1) {
+                drop(self.wait_inflight(meta));
+                continue;
+            }
+            let mut tx = Tx::new(&*self.dev, &mut meta);
+            self.refresh(&mut tx, st)?;
+            let inner = st.write();
+            Self::check_write(st.ino, &inner, offset)?;
+            // The rare write that removes setuid/setgid bits is one locked operation too.
+            if Self::needs_rmw(&inner, offset, end)
+                || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
+            {
+                drop(inner);
+                return self.write_under_lock(tx, st, offset, data, who);
+            }
+            let plan = self.plan_write(&mut tx, &inner, b0, b1)?;
+            drop(inner);
+            // Nothing to commit: the held blocks are in memory only.
+            drop(tx);
+            let id = meta.inflight.begin(st.ino, b0, b1);
+            break (plan, id);
+        };
+        let written = plan.iter().try_for_each(|s| {
+            let fill = if s.kind == SegKind::Written {
+                Fill::Existing
+            } else {
+                Fill::Zero
+            };
+            self.write_segment(s.phys, s.b0, s.b1, offset, data, fill)
+        });
+        self.map_written(st, plan, id, written, end)
+    }
+
+    /// Write preconditions checked under the inode's write lock.
+    fn check_write(ino: Ino, inner: &InodeInner, offset: u64) -> Result<()> {
+        if inner.freed {
+            bail!(NotFound, "inode {ino} was removed");
+        }
+        if inner.inode.flags & flags::IMMUTABLE != 0 {
+            bail!(PermissionDenied, "inode {ino} is immutable");
+        }
+        if inner.inode.flags & flags::APPEND != 0 && offset != inner.inode.size {
+            bail!(PermissionDenied, "inode {ino} is append-only");
+        }
+        Ok(())
+    }
+
+    /// Does writing bytes [offset, end) read-modify-write a partial block of a written extent?
+    fn needs_rmw(inner: &InodeInner, offset: u64, end: u64) -> bool {
+        let written = |b: u64| inner.extents.find(b).is_some_and(|e| !e.unwritten());
+        (!offset.is_multiple_of(FS_BLOCK) && written(offset / FS_BLOCK))
+            || (!end.is_multiple_of(FS_BLOCK) && written(end / FS_BLOCK))
+    }
+
+    /// Split file blocks [b0, b1) into segments by what backs them; holes get new blocks, held
+    /// in the allocator until [`Volume::map_written`]. All or nothing.
+    fn plan_write(
+        &self,
+        tx: &mut Tx<'_>,
+        inner: &InodeInner,
+        b0: u64,
+        b1: u64,
+    ) -> Result<Vec<Seg>> {
+        let mut plan = Vec::new();
+        let mut b = b0;
+        while b < b1 {
+            if let Some(e) = inner.extents.find(b) {
+                let seg_end = b1.min(e.end());
+                let kind = if e.unwritten() {
+                    SegKind::Unwritten
+                } else {
+                    SegKind::Written
+                };
+                plan.push(Seg {
+                    b0: b,
+                    b1: seg_end,
+                    phys: e.physical + (b - e.logical),
+                    kind,
+                });
+                b = seg_end;
+                continue;
+            }
+            let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
+            let seg_end = b1.min(next);
+            let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
+            let runs = match tx.meta.alloc.reserve(goal, seg_end - b, inner.inode.ino) {
+                Ok(r) => r,
+                Err(e) => {
+                    Self::unreserve(tx, &plan);
+                    return Err(e);
+                }
+            };
+            for (p, l) in runs {
+                plan.push(Seg {
+                    b0: b,
+                    b1: b + l,
+                    phys: p,
+                    kind: SegKind::New,
+                });
+                b += l;
+            }
+        }
+        Ok(plan)
+    }
+
+    fn unreserve(tx: &mut Tx<'_>, plan: &[Seg]) {
+        for s in plan.iter().filter(|s| s.kind == SegKind::New) {
+            tx.meta.alloc.unreserve(s.phys, s.b1 - s.b0);
+        }
+    }
+
+    /// The last step of an allocating write: map it, or, if the data write failed (or the file
+    /// went away), give its held blocks back; either way it leaves the in-flight table.
+    ///
+    /// Mapping is done in groups: the write queues itself and takes the metadata mutex; the
+    /// first writer to get it maps every write queued by then in one transaction (one inode
+    /// update per file, one bitmap image per changed bitmap block), and the others find
+    /// their result when they get the mutex in turn. Under a deep queue that is what keeps
+    /// the mutex from being the bottleneck.
+    fn map_written(
+        &self,
+        st: &Arc<InodeState>,
+        plan: Vec<Seg>,
+        id: u64,
+        written: Result<()>,
+        end: u64,
+    ) -> Result<u32> {
+        let slot: MapSlot = Arc::new(std::sync::Mutex::new(None));
+        self.to_map
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(ToMap {
+                st: st.clone(),
+                plan,
+                id,
+                written,
+                end,
+                slot: slot.clone(),
+            });
+        // Not meta_ex: a handoff waits for these very writes, and the lock is held exclusively
+        // for as long as anything is in flight (fs/inflight.rs).
+        let meta = self.lock_meta();
+        let mine = take_slot(&slot);
+        let r = match mine {
+            Some(r) => r,
+            None => {
+                let batch = std::mem::take(
+                    &mut *self
+                        .to_map
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner),
+                );
+                self.map_batch(meta, batch);
+                take_slot(&slot).unwrap_or_else(|| {
+                    Err(crate::Error::new(
+                        crate::ErrorKind::Io,
+                        "an allocating write was not mapped",
+                    ))
+                })
+            }
+        };
+        r.map(|()| 0)
+    }
+
+    /// Map a group of allocating writes in one transaction (metadata mutex held).
+    fn map_batch(&self, mut meta: MutexGuard<'_, Meta>, mut batch: Vec<ToMap>) {
+        debug_assert_eq!(meta.gml, LockMode::Exclusive);
+        batch.sort_by_key(|w| w.st.ino);
+        let mut results: Vec<Result<()>> = Vec::with_capacity(batch.len());
+        let mut tx = Tx::new(&*self.dev, &mut meta);
+        for group in batch.chunk_by_mut(|a, b| a.st.ino == b.st.ino) {
+            let st = group[0].st.clone();
+            let loaded = self.refresh(&mut tx, &st).and_then(|()| {
+                let inner = st.write();
+                if inner.freed {
+                    bail!(NotFound, "inode {} was removed", st.ino);
+                }
+                Ok(inner)
+            });
+            let mut inner = match loaded {
+                Ok(inner) => inner,
+                Err(e) => {
+                    for w in group.iter_mut() {
+                        Self::unreserve(&mut tx, &w.plan);
+                        let own = std::mem::replace(&mut w.written, Ok(()));
+                        results.push(own.and(Err(again(&e))));
+                    }
+                    continue;
+                }
+            };
+            let first = results.len();
+            let mut end = None;
+            for w in group.iter_mut() {
+                if let Err(e) = std::mem::replace(&mut w.written, Ok(())) {
+                    Self::unreserve(&mut tx, &w.plan);
+                    results.push(Err(e));
+                    continue;
+                }
+                for s in &w.plan {
+                    match s.kind {
+                        SegKind::New => {
+                            tx.meta.alloc.commit_reserved(s.phys, s.b1 - s.b0);
+                            inner.extents.insert(s.b0, s.phys, s.b1 - s.b0, false);
+                            inner.inode.blocks += s.b1 - s.b0;
+                        }
+                        SegKind::Unwritten => inner.extents.set_unwritten(s.b0, s.b1, false),
+                        SegKind::Written => {}
+                    }
+                }
+                end = end.max(Some(w.end));
+                results.push(Ok(()));
+            }
+            if let Some(end) = end {
+                Self::note_written(&st, &mut inner, end);
+                if let Err(e) = self.save(&mut tx, &mut inner) {
+                    for r in &mut results[first..] {
+                        if r.is_ok() {
+                            *r = Err(again(&e));
+                        }
+                    }
+                }
+            }
+        }
+        // As in meta_op: what was done is consistent, so it is committed even on error.
+        if let Err(e) = tx.commit() {
+            for r in &mut results {
+                if r.is_ok() {
+                    *r = Err(again(&e));
+                }
+            }
+        }
+        for w in &batch {
+            meta.inflight.end(w.id);
+        }
+        self.inflight_done.notify_all();
+        for (w, r) in batch.into_iter().zip(results) {
+            *w.slot
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+        }
+    }
+
+    /// Size and times after a write ending at `end` (write lock held).
+    fn note_written(st: &InodeState, inner: &mut InodeInner, end: u64) {
+        Self::fold_pending(st, inner);
+        if end > inner.inode.size {
+            inner.inode.size = end;
+        }
+        let t = super::now();
+        inner.inode.mtime = t;
+        inner.inode.ctime = t;
+    }
+
+    /// A write that must read-modify-write a written block: all of it under the metadata mutex
+    /// and the inode's write lock, as one metadata operation.
+    fn write_under_lock(
+        &self,
+        mut tx: Tx<'_>,
+        st: &InodeState,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<u32> {
+        let r = (|| {
+            let mut inner = st.write();
+            let r = self.write_locked(&mut tx, &mut inner, offset, data);
+            // Whatever was written and mapped before an error is kept consistent.
+            let end = if r.is_ok() {
+                offset + data.len() as u64
+            } else {
+                0
+            };
+            Self::note_written(st, &mut inner, end);
+            let dropped = suid::on_write(inner.inode.mode, inner.inode.gid, who);
+            inner.inode.mode &= !dropped;
+            self.save(&mut tx, &mut inner)?;
+            r.map(|()| dropped)
+        })();
+        let c = tx.commit();
+        let v = r?;
+        c?;
+        Ok(v)
+    }
+
+    /// Wait (releasing the metadata mutex) until an allocating write in flight or a drain ends.
+    pub(super) fn wait_inflight<'a>(&self, m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
+        self.inflight_done
+            .wait(m)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Wait (releasing the metadata mutex meanwhile) until no allocating write is in flight.
+    pub(super) fn drained<'a>(&self, mut m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
+        while !m.inflight.is_empty() {
+            m = self.wait_inflight(m);
+        }
+        m
+    }
+
+    /// Drain `ino` for an operation that changes its block map other than by writing
+    /// (truncate, punch, zero-range, fallocate): new writes into it wait until the guard is
+    /// dropped, and the writes already in flight are mapped before this returns.
+    pub(super) fn quiesce(&self, ino: Ino) -> Quiesced<'_> {
+        let mut m = self.lock_meta();
+        m.inflight.drain_start(ino);
+        while m.inflight.busy(ino) {
+            m = self.wait_inflight(m);
+        }
+        Quiesced { vol: self, ino }
     }
 
     /// The fast path; Ok(false) means "take the metadata path".
@@ -516,6 +877,8 @@ impl Volume {
         let end = offset
             .checked_add(len)
             .ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
+        // Every mode changes the block map: the file's allocating writes in flight go first.
+        let _drained = self.quiesce(ino);
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();

@@ -1,5 +1,6 @@
 //! Directories and the namespace operations on them.
 
+use super::acl;
 use super::btree::Tree;
 use super::txn::Tx;
 use super::{
@@ -88,7 +89,6 @@ fn kind_of(inode: &Inode) -> FileKind {
     FileKind::from_mode(inode.mode).unwrap_or(FileKind::Regular)
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
     fn dir_state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<super::InodeState>> {
         let st = self.state(tx, ino)?;
@@ -227,6 +227,23 @@ impl Volume {
         if sgid_dir && kind == FileKind::Directory {
             mode |= libc::S_ISGID;
         }
+        // The umask, or the parent's default ACL (the kernel's posix_acl_create); symlinks
+        // take neither. The ACLs are stored below, in this same transaction.
+        let inherited = if kind == FileKind::Symlink {
+            None
+        } else {
+            let parent_default = super::attrs::load_xattrs(tx, &self.sb, parent)?
+                .map
+                .remove(acl::DEFAULT);
+            let inh = acl::inherit(
+                parent_default.as_deref(),
+                mode,
+                caller.umask,
+                kind == FileKind::Directory,
+            );
+            mode = inh.mode;
+            Some(inh)
+        };
         let prior = tx.prior_seq(ino)?;
         let mut inode = Inode {
             ino,
@@ -257,6 +274,18 @@ impl Volume {
         };
         if kind == FileKind::Symlink {
             super::attrs::store_symlink_target(tx, &self.sb, &mut inode, target)?;
+        }
+        if let Some(inh) = inherited {
+            let acls = [(acl::ACCESS, inh.access), (acl::DEFAULT, inh.default)];
+            if acls.iter().any(|(_, v)| v.is_some()) {
+                let mut set = super::attrs::load_xattrs(tx, &self.sb, &inode)?;
+                for (name, v) in acls {
+                    if let Some(v) = v {
+                        set.map.insert(name.to_vec(), v);
+                    }
+                }
+                super::attrs::store_xattrs(tx, &self.sb, &mut inode, set)?;
+            }
         }
         let st = Arc::new(super::InodeState::new(
             inode,
@@ -446,11 +475,7 @@ impl Volume {
             inner.inode.nlink = inner.inode.nlink.saturating_sub(1);
         }
         inner.inode.ctime = t;
-        if inner.inode.nlink == 0
-            && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0
-            && !self.inodes.referenced(inner.inode.ino)
-            && !self.open_elsewhere(inner.inode.ino)
-        {
+        if self.can_free(st, inner, super::FreeScope::Now) {
             self.free_inode(tx, inner)
         } else {
             if inner.inode.nlink == 0 {

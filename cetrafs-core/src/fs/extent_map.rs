@@ -67,13 +67,11 @@ impl ExtentMap {
         self.map.values()
     }
 
-    /// Estimated heap memory of the map (for the inode table's budget): B-tree nodes are
-    /// about two-thirds full.
+    /// Estimated heap memory of the map (for the inode table's budget; fs/heap.rs): whole
+    /// B-tree nodes, even for one extent.
     pub fn heap_bytes(&self) -> usize {
-        (self.map.len() * std::mem::size_of::<(u64, Extent)>()
-            + self.changed.len() * std::mem::size_of::<u64>())
-            * 3
-            / 2
+        super::heap::btree::<u64, Extent>(self.map.len())
+            + super::heap::btree::<u64, ()>(self.changed.len())
     }
 
     /// The physical block right after the mapping that precedes file block `b` (allocation goal).

@@ -7,6 +7,7 @@
 //! meta → inode table → inode. The data path (read/write inside already-written extents) takes
 //! only the inode's lock in shared mode and does one device I/O per contiguous run.
 
+pub mod acl;
 pub mod types;
 
 mod attrs;
@@ -16,7 +17,10 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
+mod heap;
+mod inflight;
 mod inode_table;
+mod mount;
 mod suid;
 pub(crate) mod txn;
 
@@ -25,20 +29,17 @@ pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
 pub use types::*;
 
-use crate::alloc::Allocator;
-use crate::cluster::lock::{LockTable, Me};
-use crate::cluster::{membership, recovery};
-use crate::cluster::{LeaseGuard, Membership};
+use crate::cluster::Membership;
 use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::inode::{flags, Inode, Timespec};
-use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
 use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
+use crate::sync::LockPolicy;
 use extent_map::ExtentMap;
 use inode_table::InodeTable;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use txn::{Meta, Tx};
 
 pub(crate) fn now() -> Timespec {
@@ -59,6 +60,15 @@ fn nanos_to_ts(n: i64) -> Timespec {
 }
 
 /// In-memory state of one inode.
+/// Which holders [`Volume::can_free`] counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FreeScope {
+    /// Every holder: this node's opens and kernel references, and other nodes' opens.
+    Now,
+    /// At unmount: only other nodes' opens (this node's end with the mount).
+    Unmount,
+}
+
 #[derive(Debug)]
 pub(crate) struct InodeState {
     pub ino: Ino,
@@ -101,14 +111,10 @@ impl InodeState {
         }
     }
     fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
-        self.inner
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.read().or_panic()
     }
     fn write(&self) -> RwLockWriteGuard<'_, InodeInner> {
-        self.inner
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inner.write().or_panic()
     }
     fn note_write(&self) {
         self.pending_mtime
@@ -134,6 +140,11 @@ pub struct Volume {
     member: Arc<Membership>,
     cl: cluster::Cluster,
     meta: Mutex<Meta>,
+    /// Notified (with `meta`) when an allocating write in flight or a drain ends
+    /// (fs/inflight.rs).
+    inflight_done: Condvar,
+    /// Allocating writes whose data is written, waiting to be mapped (fs/data.rs).
+    to_map: Mutex<Vec<data::ToMap>>,
     /// Loaded inode states and the kernel's references to inode numbers (fs/inode_table.rs).
     inodes: InodeTable,
     unmounted: AtomicBool,
@@ -164,241 +175,7 @@ pub fn read_superblock(dev: &dyn crate::dev::BlockDevice) -> Result<Superblock> 
     Ok(l.sb)
 }
 
-#[allow(clippy::missing_errors_doc)]
 impl Volume {
-    /// Mount: read and validate the superblock (falling back to the backup), load allocation
-    /// state. Errors are one line a sysadmin can act on.
-    pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
-        let sb = read_superblock(&*dev)?;
-        let geo = dev.geometry().clone();
-        if sb.logical_block_size != geo.logical_block_size {
-            bail!(
-                Unsupported,
-                "the volume was created for {}-byte logical blocks but the device has {}-byte blocks",
-                sb.logical_block_size,
-                geo.logical_block_size
-            );
-        }
-        let ro_only = sb.check_features()?;
-        let read_only = opts.read_only || ro_only;
-        // Who else holds the volume? Live nodes are welcome (the disk locks coordinate);
-        // a second daemon of this node is not; slots silent for their dead time are recovered.
-        let (alive, dead) =
-            membership::find_holders(&*dev, &sb, &opts.host, membership::Patience::Dead)?;
-        if let Some(a) = alive
-            .iter()
-            .find(|a| a.record.as_ref().is_some_and(|h| h.host == opts.host))
-        {
-            bail!(Busy, "{} already has this volume mounted: a second daemon with the same node identity is refused", membership::describe(a));
-        }
-        if read_only {
-            for d in &dead {
-                let area = crate::journal::JournalArea::for_slot(&sb, d.slot);
-                if crate::journal::find_tx(&*dev, area)?.is_some() {
-                    bail!(ReadOnly, "{} died with a journal that needs replay, which writes to the volume; mount read-write once", membership::describe(d));
-                }
-            }
-        }
-        // A dead slot of this node's own identity is taken back, and so is any dead slot when
-        // no slot is free; recovering it (journal, locks, orphans) is then this mount's job.
-        let free_slot = membership::scan(&*dev, &sb)?
-            .iter()
-            .any(|v| v.slot < sb.max_nodes && v.is_free());
-        let prefer = dead
-            .iter()
-            .filter(|d| {
-                d.record
-                    .as_ref()
-                    .is_some_and(|h| h.state == crate::format::heartbeat::SlotState::Live)
-            })
-            .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
-            .or_else(|| dead.first().filter(|_| !free_slot))
-            .map(|d| d.slot);
-        let member = Membership::claim(dev.clone(), &sb, &opts.host, prefer)?;
-        member.set_caw_renewal(opts.caw_renewal);
-        let claimed = member.clone();
-        // Everything after the claim runs in here so that any failure gives the slot back.
-        let result = (move || -> Result<Arc<Volume>> {
-            membership::settle_same_host(&*dev, &sb, &member)?;
-            let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
-            let me = Me {
-                slot: member.slot,
-                gen: member.generation(),
-            };
-            let locks = LockTable::new(dev.clone(), &sb);
-            // Dead nodes first: their journals hold the newest metadata if one died holding
-            // the global lock, and their locks would block ours.
-            let journal = crate::journal::JournalArea::for_slot(&sb, member.slot);
-            if read_only {
-                if crate::journal::find_tx(&*dev, journal)?.is_some() {
-                    bail!(ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)");
-                }
-            } else {
-                // Also the journal of a dead incarnation of this slot taken back above: it is
-                // replayed before any lock naming the slot is released.
-                crate::journal::replay(&*dev, &sb, journal)
-                    .map_err(|e| e.wrap("journal replay"))?;
-            }
-            // Nothing of ours is held yet, so every lock naming this slot is stale (our own
-            // previous incarnation taken back, or a leftover of an earlier owner).
-            locks.scrub_slot(member.slot)?;
-            // Corrupted lock records are reset only if no other node can hold a lock: every
-            // other slot is free, beyond max_nodes, or one of the dead found above, unchanged.
-            let alone = || -> Result<bool> {
-                Ok(membership::scan(&*dev, &sb)?.iter().all(|v| {
-                    v.slot == member.slot
-                        || v.slot >= sb.max_nodes
-                        || v.is_free()
-                        || dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw)
-                }))
-            };
-            let (reset, left) = locks.repair_corrupt(me, &alone)?;
-            if let Some((_, why)) = left.iter().find(|(i, _)| *i == LockTable::GLOBAL) {
-                bail!(
-                    Corrupted,
-                    "lock record 0 (the cluster's metadata lock) is corrupted ({why}) while other nodes may be mounted; it is reset by the first mount that finds no other node alive (unmount the others); run fsck.cetra"
-                );
-            }
-            for (i, why) in &left {
-                tracing::warn!("lock record {i} is corrupted ({why}) and other nodes are mounted: it stays unusable until a mount finds no other node alive; run fsck.cetra");
-            }
-            let mut recovered = Vec::new();
-            if !read_only {
-                for d in dead.iter().filter(|d| d.slot != member.slot) {
-                    if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, d, me)? {
-                        recovered.push(c);
-                    }
-                }
-                // Recoveries left half-done by a recoverer that is gone (perhaps one of the
-                // dead just recovered) are taken over.
-                let views = membership::scan(&*dev, &sb)?;
-                for v in views
-                    .iter()
-                    .filter(|v| recovery::claim_is_stale(v, &views, me))
-                {
-                    if let Some(c) = recovery::claim_and_release(&*dev, &sb, &locks, v, me)? {
-                        recovered.push(c);
-                    }
-                }
-            }
-            if reset.contains(&LockTable::GLOBAL) {
-                // Held exclusively since the reset, so that nobody used it before the dead
-                // were recovered.
-                locks.release_global(me)?;
-            }
-            // Locks still naming a slot that holds nothing (free, never used, another
-            // generation) would make every mount wait for a node that does not exist.
-            for line in locks.scrub_stale(&|| membership::lives(&*dev, &sb))? {
-                tracing::warn!("{line} (not held by any mounted node)");
-            }
-            let timing =
-                crate::cluster::Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
-            let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks);
-            // Load the allocator under the shared global lock, at a known lock version.
-            // Bounded: a holder that neither releases nor dies (or a dead one that only a
-            // read-write node can recover) must not hang the mount.
-            let waited = std::time::Instant::now();
-            let patience = timing.dead_time() * 3;
-            let granted = cl.locks.acquire_global(
-                me,
-                LockMode::Shared,
-                timing.io_timeout * 2,
-                &|| {
-                    if !member.lease_valid() {
-                        return Some(Error::new(
-                            ErrorKind::Fenced,
-                            "the heartbeat lease expired while mounting",
-                        ));
-                    }
-                    (waited.elapsed() > patience).then(|| {
-                        Error::new(
-                            ErrorKind::Busy,
-                            format!(
-                                "waited {} s for the cluster's metadata lock; the node holding it does not give it up (a dead holder is released once a read-write node recovers it); retry",
-                                patience.as_secs()
-                            ),
-                        )
-                    })
-                },
-            )?;
-            let loaded = Allocator::new(dev.clone(), &sb, crate::alloc::DEFAULT_BITMAP_CACHE);
-            let alloc = match loaded {
-                Ok(a) => a,
-                Err(e) => {
-                    let _ = cl.locks.release_global(me);
-                    return Err(e);
-                }
-            };
-            let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
-            meta.slot = member.slot;
-            meta.gml = LockMode::Shared;
-            meta.gml_version = granted.version;
-            let vol = Arc::new(Volume {
-                dev,
-                sb,
-                read_only,
-                member,
-                cl,
-                meta: Mutex::new(meta),
-                inodes: InodeTable::new(opts.inode_cache_bytes),
-                unmounted: AtomicBool::new(false),
-            });
-            let started = (|| -> Result<()> {
-                vol.note_mounted(&mut vol.lock_meta());
-                Self::spawn_keeper(&vol);
-                if !read_only && !opts.commit_interval.is_zero() {
-                    Self::spawn_committer(&vol, opts.commit_interval);
-                }
-                // Make sure the root is readable now rather than on the first lookup.
-                let root = vol.sb.root_ino;
-                {
-                    let mut meta = vol.meta_sh()?;
-                    let mut tx = Tx::new(&*vol.dev, &mut meta);
-                    let st = vol
-                        .state(&mut tx, root)
-                        .map_err(|e| e.wrap("root directory"))?;
-                    if !st.read().inode.is_dir() {
-                        bail!(
-                            Corrupted,
-                            "root inode {root} is not a directory; run fsck.cetra"
-                        );
-                    }
-                }
-                if !read_only {
-                    for c in &recovered {
-                        vol.finish_recovery(c, std::time::Duration::ZERO)?;
-                    }
-                    vol.free_orphans(vol.member.slot)
-                        .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
-                }
-                Self::spawn_watcher(&vol);
-                Self::spawn_reporter(&vol);
-                Ok(())
-            })();
-            if let Err(e) = started {
-                vol.unmounted.store(true, Ordering::SeqCst);
-                let mut meta = vol.lock_meta();
-                let _ = vol.leave_cluster(&mut meta);
-                return Err(e);
-            }
-            tracing::info!(
-                "mounted CetraFS {} label {:?} as node slot {}: {} groups of {} MiB, {} MiB free{}",
-                vol.sb.uuid_string(),
-                vol.sb.label,
-                vol.member.slot,
-                vol.sb.group_count,
-                (vol.sb.group_blocks * FS_BLOCK) >> 20,
-                (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
-                if read_only { ", read-only" } else { "" }
-            );
-            Ok(vol)
-        })();
-        if result.is_err() {
-            let _ = claimed.release();
-        }
-        result
-    }
-
     /// Bound the window of un-fsync'd metadata a crash can lose (ext4's commit=N).
     fn spawn_committer(vol: &Arc<Volume>, every: std::time::Duration) {
         let weak = Arc::downgrade(vol);
@@ -442,12 +219,13 @@ impl Volume {
                     let cache = v
                         .meta
                         .try_lock()
+                        .or_panic()
                         .map(|mut m| (m.cache_stats(), m.take_released()));
-                    if let Ok((_, freed)) = cache {
+                    if let Some((_, freed)) = cache {
                         v.inodes.note_released(freed);
                     }
                     v.inodes.report(&mut last);
-                    if let Ok((s, _)) = cache {
+                    if let Some((s, _)) = cache {
                         if s != last_cache {
                             s.log();
                             last_cache = s;
@@ -505,12 +283,9 @@ impl Volume {
                 };
                 let mut inner = st.write();
                 if inner.freed || inner.inode.nlink != 0 {
-                    continue;
+                    continue; // not an orphan any more
                 }
-                if st.opens.load(Ordering::Acquire) > 0
-                    || self.inodes.referenced(ino)
-                    || self.open_elsewhere(ino)
-                {
+                if !self.can_free(&st, &inner, FreeScope::Now) {
                     kept.push(ino);
                     continue;
                 }
@@ -565,13 +340,11 @@ impl Volume {
         }
         let unlinked: Vec<Arc<InodeState>> = states
             .into_iter()
-            .filter(|st| {
-                let inner = st.read();
-                !inner.freed && inner.inode.nlink == 0
-            })
-            .filter(|st| !self.open_elsewhere(st.ino))
+            .filter(|st| self.can_free(st, &st.read(), FreeScope::Unmount))
             .collect();
-        let mut meta = self.meta_ex()?;
+        let meta = self.meta_ex()?;
+        // Allocating writes still in flight are mapped before the lock is given up.
+        let mut meta = self.drained(meta);
         self.unmounted.store(true, Ordering::SeqCst);
         let mut tx = Tx::new(&*self.dev, &mut meta);
         for st in unlinked {
@@ -579,7 +352,7 @@ impl Volume {
                 continue;
             }
             let mut inner = st.write();
-            if !inner.freed && inner.inode.nlink == 0 {
+            if self.can_free(&st, &inner, FreeScope::Unmount) {
                 self.free_inode(&mut tx, &mut inner)?;
             }
         }
@@ -600,9 +373,7 @@ impl Volume {
     }
 
     fn lock_meta(&self) -> MutexGuard<'_, Meta> {
-        self.meta
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.meta.lock().or_panic()
     }
 
     fn check_writable(&self) -> Result<()> {
@@ -696,6 +467,21 @@ impl Volume {
         false
     }
 
+    /// **The one rule for "may this inode be freed now"**: it has no link left and is not freed
+    /// yet, nothing on this node holds it (no open handle, no kernel reference — unless
+    /// `scope` is [`FreeScope::Unmount`], where those end with the mount), and no other live
+    /// node has it registered open (a bucket that cannot be read counts as open: a free is
+    /// deferred, never done early). Cheap tests first; the last one may read a lock record.
+    /// An inode this refuses stays on an orphan list and the last holder frees it.
+    fn can_free(&self, st: &InodeState, inner: &InodeInner, scope: FreeScope) -> bool {
+        if inner.freed || inner.inode.nlink != 0 {
+            return false;
+        }
+        let local = scope == FreeScope::Unmount
+            || (st.opens.load(Ordering::Acquire) == 0 && !self.inodes.referenced(st.ino));
+        local && !self.open_elsewhere(st.ino)
+    }
+
     /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
@@ -712,6 +498,11 @@ impl Volume {
                 }
             }
         }
+        // A write in flight holds an open handle, so the file cannot be freed under it.
+        debug_assert!(
+            !tx.meta.inflight.busy(ino),
+            "freeing inode {ino} with a write in flight"
+        );
         if inner.inode.is_reg() {
             for (p, l) in inner.extents.punch(0, u64::MAX) {
                 tx.meta.alloc.free(p, l)?;
@@ -794,27 +585,14 @@ impl Volume {
         let Some(st) = self.inodes.forget(ino, nlookup) else {
             return;
         };
-        if st.opens.load(Ordering::Acquire) > 0 {
-            return;
-        }
-        let (nlink, freed) = {
-            let inner = st.read();
-            (inner.inode.nlink, inner.freed)
-        };
-        if nlink == 0
-            && !freed
-            && !self.read_only
+        if !self.read_only
             && !self.unmounted.load(Ordering::Relaxed)
-            && !self.open_elsewhere(ino)
+            && self.can_free(&st, &st.read(), FreeScope::Now)
         {
             let r = self.meta_op(|tx| {
                 self.refresh(tx, &st)?;
                 let mut inner = st.write();
-                if inner.freed
-                    || inner.inode.nlink != 0
-                    || st.opens.load(Ordering::Acquire) > 0
-                    || self.inodes.referenced(ino)
-                {
+                if !self.can_free(&st, &inner, FreeScope::Now) {
                     return Ok(());
                 }
                 self.free_inode(tx, &mut inner)
@@ -837,6 +615,8 @@ impl Volume {
     /// removes the setuid/setgid bits the rules in [`suid`] name, in the same transaction.
     pub fn setattr_by(&self, ino: Ino, set: &SetAttr, who: &dyn Credentials) -> Result<Attr> {
         self.check_writable()?;
+        // A size change waits for the file's allocating writes in flight (fs/inflight.rs).
+        let _drained = set.size.map(|_| self.quiesce(ino));
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
@@ -873,6 +653,7 @@ impl Volume {
             }
             if let Some(m) = set.mode {
                 inner.inode.mode = (inner.inode.mode & libc::S_IFMT) | (m & 0o7777);
+                self.chmod_acl(tx, &mut inner.inode, m)?;
             }
             if let Some(u) = set.uid {
                 inner.inode.uid = u;
@@ -960,7 +741,10 @@ impl Volume {
         self.check_writable()?;
         Self::check_xattr_name(name)?;
         attrs::check_value(&self.sb, value)?;
-        self.update_xattrs(ino, |map| {
+        if name == acl::ACCESS {
+            return self.set_access_acl(ino, value, create, replace);
+        }
+        self.update_xattrs(ino, |map, _| {
             let exists = map.contains_key(name);
             if create && exists {
                 bail!(Exists, "attribute exists");
@@ -975,17 +759,67 @@ impl Volume {
 
     pub fn removexattr(&self, ino: Ino, name: &[u8]) -> Result<()> {
         self.check_writable()?;
-        self.update_xattrs(ino, |map| {
+        self.update_xattrs(ino, |map, _| {
             map.remove(name)
                 .map(|_| ())
                 .ok_or_else(|| Error::new(ErrorKind::NoData, "no such attribute"))
         })
     }
 
+    /// setfacl on the access ACL (the kernel validated it and checked ownership): the mode's
+    /// permission bits follow the ACL, in the same transaction; an ACL that says no more than
+    /// the mode is not stored at all, as ext4 does.
+    fn set_access_acl(&self, ino: Ino, value: &[u8], create: bool, replace: bool) -> Result<()> {
+        let Some(a) = acl::Acl::decode(value) else {
+            bail!(InvalidInput, "invalid POSIX ACL");
+        };
+        self.update_xattrs(ino, |map, inode| {
+            let exists = map.contains_key(acl::ACCESS);
+            if create && exists {
+                bail!(Exists, "attribute exists");
+            }
+            if replace && !exists {
+                bail!(NoData, "no such attribute");
+            }
+            if a.is_equivalent_to_mode() {
+                map.remove(acl::ACCESS);
+            } else {
+                map.insert(acl::ACCESS.to_vec(), value.to_vec());
+            }
+            inode.mode = (inode.mode & !0o777) | a.mode_bits();
+            Ok(())
+        })
+    }
+
+    /// After chmod (in its transaction): the owner, mask and other entries of the inode's
+    /// access ACL follow the new mode. Symlinks have no ACLs; an unparsable ACL is left alone.
+    fn chmod_acl(&self, tx: &mut Tx<'_>, inode: &mut Inode, mode: u32) -> Result<()> {
+        if inode.xattr_block == 0 || inode.mode & libc::S_IFMT == libc::S_IFLNK {
+            return Ok(());
+        }
+        let mut set = attrs::load_xattrs(tx, &self.sb, inode)?;
+        let Some(v) = set.map.get(acl::ACCESS) else {
+            return Ok(());
+        };
+        let Some(mut a) = acl::Acl::decode(v) else {
+            tracing::warn!(
+                "inode {}: ignoring an unparsable {} on chmod",
+                inode.ino,
+                String::from_utf8_lossy(acl::ACCESS)
+            );
+            return Ok(());
+        };
+        a.chmod(mode);
+        set.map.insert(acl::ACCESS.to_vec(), a.encode());
+        attrs::store_xattrs(tx, &self.sb, inode, set)
+    }
+
+    /// Change an inode's xattr set (and, through `f`'s second argument, its mode) in one
+    /// transaction.
     fn update_xattrs(
         &self,
         ino: Ino,
-        f: impl FnOnce(&mut xattr::XattrMap) -> Result<()>,
+        f: impl FnOnce(&mut xattr::XattrMap, &mut Inode) -> Result<()>,
     ) -> Result<()> {
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
@@ -994,7 +828,7 @@ impl Volume {
                 bail!(PermissionDenied, "inode {ino} is immutable or append-only");
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
-            f(&mut set.map)?;
+            f(&mut set.map, &mut inner.inode)?;
             attrs::store_xattrs(tx, &self.sb, &mut inner.inode, set)?;
             inner.inode.ctime = now();
             self.save(tx, &mut inner)
@@ -1060,6 +894,8 @@ impl Volume {
     }
 }
 
+#[cfg(test)]
+mod inflight_tests;
 #[cfg(test)]
 mod multinode_tests;
 #[cfg(test)]

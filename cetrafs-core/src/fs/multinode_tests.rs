@@ -3,6 +3,7 @@
 //! scenarios run through FUSE with separate daemon processes in tests/tests/multinode.rs.
 
 use super::*;
+use crate::cluster::lock::LockTable;
 use crate::dev::mem::MemDevice;
 use crate::mkfs::{format, MkfsOptions};
 use std::time::Duration;
@@ -205,7 +206,7 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
     for g in 0..a.sb.group_count {
         let _ = a.cl.locks.claim_group(g, a.cl.me).unwrap();
     }
-    let owner_of = |g: u64| a.cl.locks.group_records().unwrap()[g as usize].owner;
+    let owner_of = |g: u64| a.cl.locks.group_records().unwrap()[usize::try_from(g).unwrap()].owner;
     assert!((0..a.sb.group_count).all(|g| owner_of(g) == a.slot()));
     a.mkdir(r, b"a1", 0o755, C).unwrap();
     // b works: it finds no free group and asks for one; a gives it back at its next grant;

@@ -73,6 +73,7 @@ mod tests {
     const NOBODY: Caller = Caller {
         uid: 65534,
         gid: 65534,
+        umask: 0,
     };
 
     #[test]

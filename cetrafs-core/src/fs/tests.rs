@@ -261,7 +261,7 @@ fn big_directory_and_many_extents() {
     // Fragmented file: every other block written -> > 160 extents -> extent tree.
     let (f, fh) = v.create(r, b"frag", 0o644, C, true).unwrap();
     for i in 0..600u64 {
-        v.write(&fh, i * 8192, &[i as u8; 4096]).unwrap();
+        v.write(&fh, i * 8192, &[i.to_le_bytes()[0]; 4096]).unwrap();
         // Interleave another allocation so blocks are not contiguous.
         v.mknod(r, format!("x{i}").as_bytes(), libc::S_IFREG, 0, C)
             .unwrap();
@@ -273,7 +273,7 @@ fn big_directory_and_many_extents() {
     for i in (0..600u64).step_by(37) {
         assert_eq!(
             read_all(&v2, &fh2, i * 8192, 8192),
-            [vec![i as u8; 4096], vec![0; 4096]].concat()
+            [vec![i.to_le_bytes()[0]; 4096], vec![0; 4096]].concat()
         );
     }
     v2.setattr(
@@ -438,7 +438,11 @@ fn rename_whiteout_leaves_a_char_device_0_0_at_the_source() {
     )
     .unwrap();
     let f = v.mknod(d.ino, b"f", libc::S_IFREG | 0o644, 0, C).unwrap();
-    let who = Caller { uid: 7, gid: 8 };
+    let who = Caller {
+        uid: 7,
+        gid: 8,
+        umask: 0,
+    };
     let wflags = RenameFlags {
         whiteout: Some(who),
         ..RenameFlags::default()
@@ -555,4 +559,81 @@ fn unprivileged_write_truncate_and_chown_drop_setuid_in_the_same_update() {
     assert_eq!(mode_of(&v2, a), 0o777);
     assert_eq!(mode_of(&v2, b), 0o2767);
     v2.unmount().unwrap();
+}
+
+/// The kernel's `posix_acl_xattr` bytes of `entries` (tag, perm, id).
+fn acl_bytes(entries: &[(u16, u16, u32)]) -> Vec<u8> {
+    let mut v = 2u32.to_le_bytes().to_vec();
+    for &(tag, perm, id) in entries {
+        v.extend_from_slice(&tag.to_le_bytes());
+        v.extend_from_slice(&perm.to_le_bytes());
+        v.extend_from_slice(&id.to_le_bytes());
+    }
+    v
+}
+
+#[test]
+fn acls_are_kept_in_step_inside_the_changes_own_transaction() {
+    const U: u32 = u32::MAX;
+    let (dev, v) = fresh(256 << 20);
+    let root = v.root_ino();
+    let masked = Caller { umask: 0o022, ..C };
+    // No default ACL: the umask applies (and not to symlinks).
+    let plain = v.mkdir(root, b"plain", 0o777, masked).unwrap();
+    assert_eq!(plain.perm & 0o777, 0o755);
+    let l = v.symlink(root, b"l", b"plain", masked).unwrap();
+    assert_eq!(l.perm & 0o777, 0o777);
+    // A default ACL: the umask is ignored, a file gets it as its access ACL (masked by the
+    // mode), a directory also inherits the default ACL itself.
+    let d = v.mkdir(root, b"d", 0o755, C).unwrap();
+    let default = acl_bytes(&[
+        (0x01, 7, U),
+        (0x02, 6, 1000),
+        (0x04, 5, U),
+        (0x10, 7, U),
+        (0x20, 0, U),
+    ]);
+    v.setxattr(d.ino, acl::DEFAULT, &default, false, false)
+        .unwrap();
+    let (f, fh) = v.create(d.ino, b"f", 0o664, masked, true).unwrap();
+    v.release(&fh).unwrap();
+    assert_eq!(
+        f.perm & 0o777,
+        0o660,
+        "mode = mode & ACL (owner 7, mask 7 & 6, other 0)"
+    );
+    let access = v.getxattr(f.ino, acl::ACCESS).unwrap();
+    let a = acl::Acl::decode(&access).unwrap();
+    assert_eq!(a.mode_bits(), 0o660);
+    assert!(
+        v.getxattr(f.ino, acl::DEFAULT).is_err(),
+        "files get no default ACL"
+    );
+    let sub = v.mkdir(d.ino, b"sub", 0o777, masked).unwrap();
+    assert_eq!(v.getxattr(sub.ino, acl::DEFAULT).unwrap(), default);
+    assert_eq!(sub.perm & 0o777, 0o770);
+    // chmod: the ACL's owner/mask/other follow the mode, in the chmod's transaction.
+    let set = SetAttr {
+        mode: Some(0o640),
+        ..SetAttr::default()
+    };
+    v.setattr(f.ino, &set, C).unwrap();
+    let a = acl::Acl::decode(&v.getxattr(f.ino, acl::ACCESS).unwrap()).unwrap();
+    assert_eq!(a.mode_bits(), 0o640);
+    // setfacl: the mode follows the ACL; one that says no more than the mode is not stored.
+    let minimal = acl_bytes(&[(0x01, 6, U), (0x04, 4, U), (0x20, 4, U)]);
+    v.setxattr(f.ino, acl::ACCESS, &minimal, false, false)
+        .unwrap();
+    assert_eq!(v.getattr(f.ino).unwrap().perm & 0o777, 0o644);
+    assert!(v.getxattr(f.ino, acl::ACCESS).is_err());
+    assert_eq!(
+        v.setxattr(f.ino, acl::ACCESS, b"junk", false, false)
+            .unwrap_err()
+            .kind(),
+        ErrorKind::InvalidInput
+    );
+    // Everything above survives a remount (it was committed with the changes).
+    let (_d2, v2) = remount(&dev, &v);
+    assert_eq!(v2.getattr(f.ino).unwrap().perm & 0o777, 0o644);
+    assert_eq!(v2.getxattr(sub.ino, acl::DEFAULT).unwrap(), default);
 }

@@ -104,10 +104,18 @@ pub struct SetAttr {
 pub struct Caller {
     pub uid: u32,
     pub gid: u32,
+    /// The process's umask, applied to the permission bits of the inodes it creates unless the
+    /// parent has a default ACL (then the ACL decides, as in the kernel's `posix_acl_create`).
+    /// 0 where the kernel has already applied it.
+    pub umask: u32,
 }
 
 impl Caller {
-    pub const ROOT: Caller = Caller { uid: 0, gid: 0 };
+    pub const ROOT: Caller = Caller {
+        uid: 0,
+        gid: 0,
+        umask: 0,
+    };
 }
 
 /// What a write did: bytes written, and the setuid/setgid bits it removed (0 nearly always).

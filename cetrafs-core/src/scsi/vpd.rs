@@ -308,16 +308,16 @@ mod tests {
         descs.extend([0x01, 0x03, 0x00, 16]);
         descs.extend(naa);
         let t10 = b"LIO-ORG FILEIO          liovm-disk0";
-        descs.extend([0x02, 0x01, 0x00, t10.len() as u8]);
+        descs.extend([0x02, 0x01, 0x00, u8::try_from(t10.len()).unwrap()]);
         descs.extend(t10);
         descs.extend([0x61, 0x94, 0x00, 4, 0, 0, 0, 1]); // relative target port (association 1)
         descs.extend([0x61, 0x95, 0x00, 4, 0, 0, 0, 0]); // target port group
         descs.extend([0x01, 0x06, 0x00, 4, 0, 0, 0, 0]); // LU group
         let name = b"naa.5001405000000001,t,0x0001\0\0\0";
-        descs.extend([0x53, 0x98, 0x00, name.len() as u8]);
+        descs.extend([0x53, 0x98, 0x00, u8::try_from(name.len()).unwrap()]);
         descs.extend(name);
         let mut d = vec![0x00, 0x83];
-        d.extend((descs.len() as u16).to_be_bytes());
+        d.extend(u16::try_from(descs.len()).unwrap().to_be_bytes());
         d.extend(descs);
         d
     }
@@ -358,7 +358,7 @@ mod tests {
         d.extend([0x02, 0x01, 0, 11]);
         d.extend(b"ACME    X 1");
         d.extend([0x01, 0x02, 0, 8, 1, 2, 3, 4, 5, 6, 7, 8]);
-        let n = (d.len() - 4) as u16;
+        let n = u16::try_from(d.len() - 4).unwrap();
         d[2..4].copy_from_slice(&n.to_be_bytes());
         assert_eq!(lun_identity(&d).unwrap(), "eui.0102030405060708");
         // without the EUI, the T10 vendor id with runs of spaces collapsed
@@ -464,7 +464,7 @@ mod tests {
             body in proptest::collection::vec(any::<u8>(), 0..300),
         ) {
             let mut d = vec![0u8, page];
-            d.extend((body.len() as u16).to_be_bytes());
+            d.extend(u16::try_from(body.len()).unwrap().to_be_bytes());
             d.extend(body);
             let _ = parse_device_identification(&d);
             let _ = lun_identity(&d);

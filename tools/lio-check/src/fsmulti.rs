@@ -460,7 +460,6 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
     Ok(ok)
 }
 
-#[allow(clippy::too_many_lines)]
 fn run(
     s: &mut Scenario,
     devs: &[String],

@@ -8,8 +8,10 @@
 //! - on setfacl, the mode's permission bits must follow the new ACL — [`Acl::mode_bits`].
 //!
 //! The xattr value format is the kernel's `posix_acl_xattr` (little-endian): a 4-byte version
-//! (2), then 8-byte entries `{u16 tag, u16 perm, u32 id}`. Pure functions only; the adapter does
-//! the I/O.
+//! (2), then 8-byte entries `{u16 tag, u16 perm, u32 id}`. Pure functions only: the volume
+//! applies them inside the transaction of the change that needs them (`Volume::init_inode` for
+//! creates, `setattr_by` for chmod, `setxattr` for setfacl), so a new inode exists with its
+//! inherited ACLs or not at all, and a chmod never leaves the mode and the ACL disagreeing.
 
 pub const ACCESS: &[u8] = b"system.posix_acl_access";
 pub const DEFAULT: &[u8] = b"system.posix_acl_default";

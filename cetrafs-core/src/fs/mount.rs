@@ -1,0 +1,366 @@
+//! Mounting a volume: the sequence of `docs/locking.md` §10, one named step per function.
+//!
+//! 1. [`check_device`]: superblock (primary, else backup), logical block size, features.
+//! 2. [`Others::find`]: who else holds the volume — live nodes are welcome, a live node of our
+//!    own identity is refused, slots silent for their dead time are dead; a read-only mount
+//!    refuses dead journals that need replay.
+//! 3. [`Others::claim_slot`]: claim a heartbeat slot (our own dead incarnation first, any dead
+//!    slot when none is free). From here every failure gives the slot back.
+//! 4. [`replay_own_journal`], before any lock naming the slot is released (lesson 6).
+//! 5. [`repair_locks`]: scrub our slot from every lock record; reset corrupted records only
+//!    when no other node can hold a lock.
+//! 6. [`recover_dead`]: claim, replay and release every dead slot, and take over recoveries
+//!    whose recoverer is gone.
+//! 7. [`take_global_shared`] and load the allocator at a known lock version.
+//! 8. [`Volume::start`]: background threads, root check, finish recoveries, free our orphans.
+
+use super::{cluster, read_superblock, InodeTable, Meta, MountOptions, Tx, Volume};
+use crate::alloc::Allocator;
+use crate::cluster::lock::{LockTable, Me, Repaired};
+use crate::cluster::membership::{self, SlotView};
+use crate::cluster::recovery::{self, Claimed};
+use crate::cluster::{LeaseGuard, Membership, Timing};
+use crate::dev::{BlockDevice, SharedDevice};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::lock_record::{LockMode, LockRecord};
+use crate::format::superblock::Superblock;
+use crate::format::FS_BLOCK;
+use crate::journal::{self, JournalArea};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+#[allow(clippy::missing_errors_doc)]
+impl Volume {
+    /// Mount: read and validate the superblock (falling back to the backup), join the
+    /// cluster, recover what the dead left, load allocation state. Errors are one line a
+    /// sysadmin can act on.
+    pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
+        let (sb, read_only) = check_device(&*dev, opts)?;
+        let others = Others::find(&*dev, &sb, opts, read_only)?;
+        let member = others.claim_slot(&dev, &sb, opts)?;
+        let claimed = member.clone();
+        let result = Self::mount_as(dev, sb, opts, read_only, &others.dead, member);
+        if result.is_err() {
+            let _ = claimed.release();
+        }
+        result
+    }
+
+    /// Everything after the claim (the caller gives the slot back if this fails).
+    fn mount_as(
+        dev: SharedDevice,
+        sb: Superblock,
+        opts: &MountOptions,
+        read_only: bool,
+        dead: &[SlotView],
+        member: Arc<Membership>,
+    ) -> Result<Arc<Volume>> {
+        membership::settle_same_host(&*dev, &sb, &member)?;
+        let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
+        let me = Me {
+            slot: member.slot,
+            gen: member.generation(),
+        };
+        let locks = LockTable::new(dev.clone(), &sb);
+        // Dead nodes first: their journals hold the newest metadata if one died holding the
+        // global lock, and their locks would block ours.
+        let journal = JournalArea::for_slot(&sb, member.slot);
+        replay_own_journal(&*dev, &sb, journal, read_only)?;
+        let (reset, _) = repair_locks(&*dev, &sb, &locks, &member, dead)?;
+        let recovered = if read_only {
+            Vec::new()
+        } else {
+            recover_dead(&*dev, &sb, &locks, me, dead)?
+        };
+        if reset.contains(&LockTable::GLOBAL) {
+            // Held exclusively since the reset, so that nobody used it before the dead were
+            // recovered.
+            locks.release_global(me)?;
+        }
+        // Locks still naming a slot that holds nothing (free, never used, another generation)
+        // would make every mount wait for a node that does not exist.
+        for line in locks.scrub_stale(&|| membership::lives(&*dev, &sb))? {
+            tracing::warn!("{line} (not held by any mounted node)");
+        }
+        let timing = Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
+        let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks);
+        let granted = take_global_shared(&cl, me, &member, timing)?;
+        let loaded = Allocator::new(dev.clone(), &sb, crate::alloc::DEFAULT_BITMAP_CACHE);
+        let alloc = match loaded {
+            Ok(a) => a,
+            Err(e) => {
+                let _ = cl.locks.release_global(me);
+                return Err(e);
+            }
+        };
+        let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
+        meta.slot = member.slot;
+        meta.gml = LockMode::Shared;
+        meta.gml_version = granted.version;
+        let vol = Arc::new(Volume {
+            dev,
+            sb,
+            read_only,
+            member,
+            cl,
+            meta: Mutex::new(meta),
+            inflight_done: Condvar::new(),
+            to_map: Mutex::new(Vec::new()),
+            inodes: InodeTable::new(opts.inode_cache_bytes),
+            unmounted: AtomicBool::new(false),
+        });
+        if let Err(e) = vol.start(opts, &recovered) {
+            vol.unmounted.store(true, Ordering::SeqCst);
+            let mut meta = vol.lock_meta();
+            let _ = vol.leave_cluster(&mut meta);
+            return Err(e);
+        }
+        tracing::info!(
+            "mounted CetraFS {} label {:?} as node slot {}: {} groups of {} MiB, {} MiB free{}",
+            vol.sb.uuid_string(),
+            vol.sb.label,
+            vol.member.slot,
+            vol.sb.group_count,
+            (vol.sb.group_blocks * FS_BLOCK) >> 20,
+            (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
+            if read_only { ", read-only" } else { "" }
+        );
+        Ok(vol)
+    }
+
+    /// Step 8: the background threads, the root check, the recoveries' last steps and the
+    /// orphans of our own slot.
+    fn start(self: &Arc<Self>, opts: &MountOptions, recovered: &[Claimed]) -> Result<()> {
+        self.note_mounted(&mut self.lock_meta());
+        Self::spawn_keeper(self);
+        if !self.read_only && !opts.commit_interval.is_zero() {
+            Self::spawn_committer(self, opts.commit_interval);
+        }
+        // Make sure the root is readable now rather than on the first lookup.
+        let root = self.sb.root_ino;
+        {
+            let mut meta = self.meta_sh()?;
+            let mut tx = Tx::new(&*self.dev, &mut meta);
+            let st = self
+                .state(&mut tx, root)
+                .map_err(|e| e.wrap("root directory"))?;
+            if !st.read().inode.is_dir() {
+                return Err(Error::new(
+                    ErrorKind::Corrupted,
+                    format!("root inode {root} is not a directory; run fsck.cetra"),
+                ));
+            }
+        }
+        if !self.read_only {
+            for c in recovered {
+                self.finish_recovery(c, std::time::Duration::ZERO)?;
+            }
+            self.free_orphans(self.member.slot)
+                .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
+        }
+        Self::spawn_watcher(self);
+        Self::spawn_reporter(self);
+        Ok(())
+    }
+}
+
+/// Step 1: the superblock, the logical block size it was made for, and whether its features
+/// allow writing. Returns the superblock and whether the mount is read-only.
+fn check_device(dev: &dyn BlockDevice, opts: &MountOptions) -> Result<(Superblock, bool)> {
+    let sb = read_superblock(dev)?;
+    let lbs = dev.geometry().logical_block_size;
+    if sb.logical_block_size != lbs {
+        return Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "the volume was created for {}-byte logical blocks but the device has {lbs}-byte blocks",
+                sb.logical_block_size
+            ),
+        ));
+    }
+    let ro_only = sb.check_features()?;
+    Ok((sb, opts.read_only || ro_only))
+}
+
+/// Step 2's findings: the slots silent for their dead time.
+struct Others {
+    dead: Vec<SlotView>,
+}
+
+impl Others {
+    /// Who else holds the volume? Live nodes are welcome (the disk locks coordinate); a second
+    /// daemon of this node is not; slots silent for their dead time are recovered later.
+    fn find(
+        dev: &dyn BlockDevice,
+        sb: &Superblock,
+        opts: &MountOptions,
+        read_only: bool,
+    ) -> Result<Others> {
+        let (alive, dead) =
+            membership::find_holders(dev, sb, &opts.host, membership::Patience::Dead)?;
+        if let Some(a) = alive
+            .iter()
+            .find(|a| a.record.as_ref().is_some_and(|h| h.host == opts.host))
+        {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!("{} already has this volume mounted: a second daemon with the same node identity is refused", membership::describe(a)),
+            ));
+        }
+        if read_only {
+            for d in &dead {
+                if journal::find_tx(dev, JournalArea::for_slot(sb, d.slot))?.is_some() {
+                    return Err(Error::new(
+                        ErrorKind::ReadOnly,
+                        format!("{} died with a journal that needs replay, which writes to the volume; mount read-write once", membership::describe(d)),
+                    ));
+                }
+            }
+        }
+        Ok(Others { dead })
+    }
+
+    /// Step 3: claim a slot. A dead slot of this node's own identity is taken back, and so
+    /// is any dead slot when no slot is free; recovering it (journal, locks, orphans) is then
+    /// this mount's job.
+    fn claim_slot(
+        &self,
+        dev: &SharedDevice,
+        sb: &Superblock,
+        opts: &MountOptions,
+    ) -> Result<Arc<Membership>> {
+        let free_slot = membership::scan(&**dev, sb)?
+            .iter()
+            .any(|v| v.slot < sb.max_nodes && v.is_free());
+        let prefer = self
+            .dead
+            .iter()
+            .filter(|d| {
+                d.record
+                    .as_ref()
+                    .is_some_and(|h| h.state == crate::format::heartbeat::SlotState::Live)
+            })
+            .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
+            .or_else(|| self.dead.first().filter(|_| !free_slot))
+            .map(|d| d.slot);
+        let member = Membership::claim(dev.clone(), sb, &opts.host, prefer)?;
+        member.set_caw_renewal(opts.caw_renewal);
+        Ok(member)
+    }
+}
+
+/// Step 4: replay our slot's journal — for a slot taken back, the dead incarnation's — before
+/// any lock naming the slot is released. Read-only: refuse if it needs replay.
+fn replay_own_journal(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    area: JournalArea,
+    read_only: bool,
+) -> Result<()> {
+    if read_only {
+        if journal::find_tx(dev, area)?.is_some() {
+            return Err(Error::new(ErrorKind::ReadOnly, "the journal needs replay, which writes to the volume; mount read-write once (or run fsck.cetra)"));
+        }
+        return Ok(());
+    }
+    journal::replay(dev, sb, area).map_err(|e| e.wrap("journal replay"))?;
+    Ok(())
+}
+
+/// Step 5: nothing of ours is held yet, so every lock naming this slot is stale (our own
+/// previous incarnation taken back, or a leftover of an earlier owner). Corrupted lock records
+/// are reset only if no other node can hold a lock: every other slot is free, beyond
+/// max_nodes, or one of the dead found in step 2, unchanged. A corrupted record 0 fails the
+/// mount when not alone; others stay unusable with a warning.
+fn repair_locks(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    locks: &LockTable,
+    member: &Membership,
+    dead: &[SlotView],
+) -> Result<Repaired> {
+    let me = Me {
+        slot: member.slot,
+        gen: member.generation(),
+    };
+    locks.scrub_slot(member.slot)?;
+    let alone = || -> Result<bool> {
+        Ok(membership::scan(dev, sb)?.iter().all(|v| {
+            v.slot == member.slot
+                || v.slot >= sb.max_nodes
+                || v.is_free()
+                || dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw)
+        }))
+    };
+    let (reset, left) = locks.repair_corrupt(me, &alone)?;
+    if let Some((_, why)) = left.iter().find(|(i, _)| *i == LockTable::GLOBAL) {
+        return Err(Error::new(
+            ErrorKind::Corrupted,
+            format!("lock record 0 (the cluster's metadata lock) is corrupted ({why}) while other nodes may be mounted; it is reset by the first mount that finds no other node alive (unmount the others); run fsck.cetra"),
+        ));
+    }
+    for (i, why) in &left {
+        tracing::warn!("lock record {i} is corrupted ({why}) and other nodes are mounted: it stays unusable until a mount finds no other node alive; run fsck.cetra");
+    }
+    Ok((reset, left))
+}
+
+/// Step 6: claim (Recovering), replay and release every dead slot found in step 2 (skipped if
+/// another node claimed it first), then take over recoveries left half-done by a recoverer
+/// that is gone (perhaps one of the dead just recovered). Their last steps run in
+/// [`Volume::start`].
+fn recover_dead(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    locks: &LockTable,
+    me: Me,
+    dead: &[SlotView],
+) -> Result<Vec<Claimed>> {
+    let mut recovered = Vec::new();
+    for d in dead.iter().filter(|d| d.slot != me.slot) {
+        if let Some(c) = recovery::claim_and_release(dev, sb, locks, d, me)? {
+            recovered.push(c);
+        }
+    }
+    let views = membership::scan(dev, sb)?;
+    for v in views
+        .iter()
+        .filter(|v| recovery::claim_is_stale(v, &views, me))
+    {
+        if let Some(c) = recovery::claim_and_release(dev, sb, locks, v, me)? {
+            recovered.push(c);
+        }
+    }
+    Ok(recovered)
+}
+
+/// Step 7: the global lock shared, at a known version, to load the allocator under. Bounded:
+/// a holder that neither releases nor dies (or a dead one that only a read-write node can
+/// recover) must not hang the mount.
+fn take_global_shared(
+    cl: &cluster::Cluster,
+    me: Me,
+    member: &Membership,
+    timing: Timing,
+) -> Result<LockRecord> {
+    let waited = std::time::Instant::now();
+    let patience = timing.dead_time() * 3;
+    cl.locks
+        .acquire_global(me, LockMode::Shared, timing.io_timeout * 2, &|| {
+            if !member.lease_valid() {
+                return Some(Error::new(
+                    ErrorKind::Fenced,
+                    "the heartbeat lease expired while mounting",
+                ));
+            }
+            (waited.elapsed() > patience).then(|| {
+                Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "waited {} s for the cluster's metadata lock; the node holding it does not give it up (a dead holder is released once a read-write node recovers it); retry",
+                        patience.as_secs()
+                    ),
+                )
+            })
+        })
+}
