@@ -1,15 +1,37 @@
 //! Block allocator over the allocation groups.
 //!
-//! The whole bitmap of every group this node allocates from is held in memory (1 bit per 4 KiB
-//! block: 32 MiB per TiB). Changes mark their bitmap block and group header dirty; the
-//! transaction that made them writes them out.
+//! **What is in memory.** For every group a small summary (its class, its free count, when it
+//! was last checked against the disk: ~64 bytes), and the bitmaps (1 bit per 4 KiB block: 32 MiB
+//! per TiB) only of the groups this node is using, loaded on demand and kept under a byte
+//! budget (`DEFAULT_BITMAP_CACHE`). A loaded bitmap that is clean, home and holds no
+//! reservation or quarantined run may be evicted, least recently used first; one that is dirty,
+//! not yet written home by a commit point, or reserved stays whatever the budget. So a node's
+//! memory follows the groups it allocates in and frees into, not the size of the volume.
+//!
+//! **Validity** (the per-group version). Every change to a group's bitmap rewrites its header
+//! in the same transaction with the header's sequence number + 1 (`take_dirty`), so the
+//! header's sequence is the group's change counter, on disk, without a format change. The
+//! allocator keeps a generation `gen`, bumped by [`Allocator::invalidate`] whenever another node
+//! may have changed metadata (the global lock's version moved). A group is *checked* at `gen`
+//! once its header was read at that generation: a loaded bitmap whose header sequence still
+//! matches is kept, any other is dropped and re-read. Nothing is read at invalidation; a group
+//! is checked on its next use (allocation, free, `is_used`) under the lock, one header read
+//! per group used. While this node holds the lock nobody else changes a group, so a group
+//! checked at the current generation is exact.
+//!
+//! **Free counts.** Exact for groups checked at the current generation. For the others: the
+//! count in the group's lock record value block (LVB) when that changed since this node last
+//! saw it (another node published it at an exclusive handoff, `note_lvb`), else this node's own
+//! last count (from the header read at mount or at the group's last check, or from its own
+//! changes). `free_blocks` (statfs) sums them. An allocation that finds no space checks every
+//! unchecked group's header and tries once more before it fails, so `ENOSPC` is exact.
 //!
 //! Per-file *reservation windows* (as ext4's preallocation and GFS2's rgrp reservations): when a
 //! file allocates, the free run after its allocation is reserved for that file in memory only,
 //! and the window doubles each time the file consumes it (up to 256 MiB). Two files growing at
 //! the same time therefore fill separate runs instead of interleaving block by block, and a
 //! sequential writer gets one extent per group. Reservations are dropped when the file is closed
-//! and are never on disk.
+//! and when another node held the lock, and are never on disk.
 //!
 //! *Blocks held for writes in flight* ([`Allocator::reserve`]): an allocating data write picks
 //! its blocks under the metadata mutex but writes them outside it (fs/data.rs). Its runs are
@@ -17,28 +39,27 @@
 //! bitmap, so nothing else allocates them while the bitmap on disk (and every bitmap block a
 //! transaction writes meanwhile) still shows them free. [`Allocator::commit_reserved`] marks
 //! them used in the transaction that maps them, [`Allocator::unreserve`] gives them back when
-//! the write failed. A crash in between leaves nothing on disk to undo.
+//! the write failed. A crash in between leaves nothing on disk to undo. Held runs pin their
+//! group's bitmap (reserved bits are never evicted).
 //!
-//! Several nodes: every change to a bitmap happens under the cluster's exclusive metadata lock,
-//! so the in-memory copy is exact while this node holds it, and is reloaded (`refresh`) when
-//! another node held it in between. *Where* a node allocates is a policy on top: each node owns
-//! some groups (long-held group locks, see cluster/lock.rs) and looks there first, then in
-//! groups nobody owns, and only then in other nodes' groups — so three nodes writing three
-//! images fill three separate regions.
+//! Several nodes: every change to a bitmap happens under the cluster's exclusive metadata lock.
+//! *Where* a node allocates is a policy on top: each node owns some groups (long-held group
+//! locks, see cluster/lock.rs) and looks there first, then in groups nobody owns, and only then
+//! in other nodes' groups — so three nodes writing three images fill three separate regions.
 
+use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::group::{encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
+use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::superblock::Superblock;
-use crate::format::FS_BLOCK;
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use std::collections::{BTreeSet, HashMap};
 
 const WORDS_PER_BITMAP_BLOCK: usize = (BITS_PER_BITMAP_BLOCK / 64) as usize;
 const _: () = assert!(BITS_PER_BITMAP_BLOCK.is_multiple_of(64));
 pub const MIN_WINDOW: u64 = 64;
 pub const MAX_WINDOW: u64 = 1 << 16;
-
-/// A group as read from disk: its header and (sequence, payload) of each bitmap block.
-pub type LoadedGroup = (GroupHeader, Vec<(u64, Vec<u8>)>);
+/// Bytes of loaded bitmaps a node keeps when it could evict (about 440 groups of 1 GiB).
+pub const DEFAULT_BITMAP_CACHE: usize = 32 << 20;
 
 /// Who owns a group, as far as this node's allocation policy is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -48,47 +69,33 @@ pub enum GroupClass {
     Others = 2,
 }
 
-/// Read every group header and bitmap (the allocator's view of the whole volume).
-pub fn read_groups(dev: &dyn crate::dev::BlockDevice, sb: &Superblock) -> Result<Vec<LoadedGroup>> {
-    use crate::format::group::decode_bitmap;
-    use crate::format::FS_BLOCK_SIZE;
-    let mut groups = Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0));
-    let meta_blocks = 1 + usize::try_from(sb.bitmap_blocks).unwrap_or(0);
-    let mut buf = crate::dev::AlignedBuf::new(meta_blocks * FS_BLOCK_SIZE);
-    for g in 0..sb.group_count {
-        let first = sb.group_first_block(g);
-        dev.read_at(first * FS_BLOCK, &mut buf)?;
-        let h = GroupHeader::decode(&buf[..FS_BLOCK_SIZE], first)
-            .map_err(|e| e.wrap(format!("group {g}")))?;
-        if h.index != g || h.block_count != sb.group_blocks || h.bitmap_blocks != sb.bitmap_blocks {
-            bail!(
-                Corrupted,
-                "group {g}: header does not match the superblock; run fsck.cetra"
-            );
-        }
-        let mut bms = Vec::new();
-        for i in 0..meta_blocks - 1 {
-            let at = first + 1 + i as u64;
-            let (seq, payload) =
-                decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)?;
-            bms.push((seq, payload.to_vec()));
-        }
-        groups.push((h, bms));
-    }
-    Ok(groups)
-}
-
+/// What this node knows of one group, loaded or not.
 #[derive(Debug)]
 struct Group {
-    first: u64,
     class: GroupClass,
-    used: Vec<u64>,
-    resv: Vec<u64>,
+    /// Exact when `checked` is the allocator's generation; else the best count known.
     free: u64,
+    /// Generation at which the header was last read (and a loaded bitmap confirmed).
+    checked: u64,
+    /// The LVB count last seen in the group's lock record, or last published by this node.
+    lvb_seen: Option<u64>,
+    bits: Option<Box<Bitmap>>,
+}
+
+/// A loaded group bitmap and its bookkeeping.
+#[derive(Debug)]
+struct Bitmap {
+    /// Sequence of the header this bitmap belongs to (the group's change counter).
     header_seq: u64,
+    used: Vec<u64>,
+    /// Reserved bits (reservation windows, quarantined frees); empty when none ever was.
+    resv: Vec<u64>,
     bitmap_seq: Vec<u64>,
     dirty_bitmaps: BTreeSet<usize>,
     header_dirty: bool,
+    /// Handed to a transaction since the last commit point: the disk may not have it yet.
+    unsaved: bool,
+    last_use: u64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -100,9 +107,24 @@ struct Reservation {
 
 #[derive(Debug)]
 pub struct Allocator {
-    groups: Vec<Group>,
+    dev: SharedDevice,
     group_start: u64,
     group_blocks: u64,
+    bitmap_blocks: usize,
+    groups: Vec<Group>,
+    /// Bumped whenever another node may have changed groups ([`Self::invalidate`]).
+    gen: u64,
+    /// Sum of every group's `free`.
+    total_free: u64,
+    /// Indices of groups whose bitmap is loaded.
+    loaded: BTreeSet<usize>,
+    loaded_bytes: usize,
+    budget: usize,
+    clock: u64,
+    /// Groups with changes not yet handed to a transaction (`take_dirty`).
+    dirty: BTreeSet<usize>,
+    /// Groups whose free count changed since the last [`Self::take_changed`].
+    changed: BTreeSet<usize>,
     resv: HashMap<u64, Reservation>,
     /// Blocks freed by the running transaction: free on disk once it commits, but not
     /// reusable before that (see fs/txn.rs, commit point step 4).
@@ -114,10 +136,18 @@ pub struct Allocator {
 }
 
 fn get(words: &[u64], bit: u64) -> bool {
-    words[usize::try_from(bit / 64).unwrap_or(usize::MAX)] & (1 << (bit % 64)) != 0
+    words
+        .get(usize::try_from(bit / 64).unwrap_or(usize::MAX))
+        .is_some_and(|w| w & (1 << (bit % 64)) != 0)
 }
 
-fn set_range(words: &mut [u64], start: u64, len: u64, on: bool) {
+fn set_range(words: &mut Vec<u64>, n_words: usize, start: u64, len: u64, on: bool) {
+    if words.is_empty() {
+        if !on {
+            return;
+        }
+        words.resize(n_words, 0);
+    }
     for b in start..start + len {
         let w = &mut words[usize::try_from(b / 64).unwrap_or(usize::MAX)];
         if on {
@@ -128,9 +158,23 @@ fn set_range(words: &mut [u64], start: u64, len: u64, on: bool) {
     }
 }
 
-impl Group {
+impl Bitmap {
+    fn resv_word(&self, wi: usize) -> u64 {
+        self.resv.get(wi).copied().unwrap_or(0)
+    }
+
     fn busy(&self, bit: u64) -> bool {
         get(&self.used, bit) || get(&self.resv, bit)
+    }
+
+    fn has_reserved(&self) -> bool {
+        self.resv.iter().any(|&w| w != 0)
+    }
+
+    /// Memory it holds (what the budget counts).
+    fn bytes(&self) -> usize {
+        (self.used.capacity() + self.resv.capacity() + self.bitmap_seq.capacity()) * 8
+            + std::mem::size_of::<Self>()
     }
 
     /// First bit >= from that is neither used nor reserved, scanning whole words at a time.
@@ -138,7 +182,7 @@ impl Group {
         let mut b = from;
         while b < limit {
             let wi = usize::try_from(b / 64).ok()?;
-            let word = self.used[wi] | self.resv[wi];
+            let word = self.used[wi] | self.resv_word(wi);
             let masked = word | ((1u64 << (b % 64)) - 1);
             if masked == u64::MAX {
                 b = (b / 64 + 1) * 64;
@@ -158,66 +202,218 @@ impl Group {
         n
     }
 
-    fn mark(&mut self, bit: u64, len: u64, used: bool) {
-        set_range(&mut self.used, bit, len, used);
-        if used {
-            self.free -= len;
-        } else {
-            self.free += len;
-        }
-        let per = BITS_PER_BITMAP_BLOCK;
-        for blk in bit / per..=(bit + len - 1) / per {
-            self.dirty_bitmaps
-                .insert(usize::try_from(blk).unwrap_or(usize::MAX));
-        }
-        self.header_dirty = true;
+    fn set_resv(&mut self, bit: u64, len: u64, on: bool) {
+        let n = self.used.len();
+        set_range(&mut self.resv, n, bit, len, on);
     }
 }
 
 impl Allocator {
-    /// Build from group headers and bitmap payloads read from disk.
-    pub fn new(sb: &Superblock, groups: Vec<LoadedGroup>) -> Result<Self> {
-        let mut out = Vec::with_capacity(groups.len());
-        for (h, bitmaps) in groups {
-            let mut used = Vec::with_capacity(bitmaps.len() * WORDS_PER_BITMAP_BLOCK);
-            let mut seqs = Vec::new();
-            for (seq, payload) in &bitmaps {
-                seqs.push(*seq);
-                for c in payload.chunks_exact(8) {
-                    let mut a = [0u8; 8];
-                    a.copy_from_slice(c);
-                    used.push(u64::from_le_bytes(a));
-                }
-            }
-            let zeros: u64 = (0..sb.group_blocks).filter(|&b| !get(&used, b)).count() as u64;
-            if zeros != h.free_blocks {
-                return Err(Error::corrupted(format!(
-                    "group {}: header says {} free blocks, bitmap has {zeros}; run fsck.cetra",
-                    h.index, h.free_blocks
-                )));
-            }
-            let n = used.len();
-            out.push(Group {
-                class: GroupClass::Unowned,
-                first: h.first_block,
-                used,
-                resv: vec![0; n],
-                free: h.free_blocks,
-                header_seq: h.seq,
-                bitmap_seq: seqs,
-                dirty_bitmaps: BTreeSet::new(),
-                header_dirty: false,
-            });
-        }
-        Ok(Self {
-            groups: out,
+    /// The allocator of a mounted volume: every group header is read (one block each, for the
+    /// free counts), no bitmap. `budget`: bytes of loaded bitmaps kept when others could go.
+    pub fn new(dev: SharedDevice, sb: &Superblock, budget: usize) -> Result<Self> {
+        let mut a = Self {
+            dev,
             group_start: sb.group_start,
             group_blocks: sb.group_blocks,
+            bitmap_blocks: usize::try_from(sb.bitmap_blocks).unwrap_or(usize::MAX),
+            groups: Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0)),
+            gen: 0,
+            total_free: 0,
+            loaded: BTreeSet::new(),
+            loaded_bytes: 0,
+            budget,
+            clock: 0,
+            dirty: BTreeSet::new(),
+            changed: BTreeSet::new(),
             resv: HashMap::new(),
             quarantine: Vec::new(),
             windows: HashMap::new(),
             held: 0,
-        })
+        };
+        for free in a.read_all_free(sb.group_count)? {
+            a.total_free += free;
+            a.groups.push(Group {
+                class: GroupClass::Unowned,
+                free,
+                checked: 0,
+                lvb_seen: None,
+                bits: None,
+            });
+        }
+        Ok(a)
+    }
+
+    /// Every group header's free count, read by `HEADER_READERS` threads at once (one block
+    /// per group, 1 GiB apart: the reads cannot be merged, but they can overlap).
+    fn read_all_free(&self, count: u64) -> Result<Vec<u64>> {
+        const HEADER_READERS: u64 = 8;
+        let threads = if count < 256 { 1 } else { HEADER_READERS };
+        let per = count.div_ceil(threads);
+        let chunk = |from: u64| -> Result<Vec<u64>> {
+            let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+            (from..(from + per).min(count))
+                .map(|g| self.read_header(g, &mut buf).map(|h| h.free_blocks))
+                .collect()
+        };
+        let parts: Vec<Result<Vec<u64>>> = std::thread::scope(|s| {
+            let handles: Vec<_> = (0..threads)
+                .map(|t| s.spawn(move || chunk(t * per)))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| {
+                        Err(Error::new(ErrorKind::Io, "a group header reader panicked"))
+                    })
+                })
+                .collect()
+        });
+        let mut out = Vec::with_capacity(usize::try_from(count).unwrap_or(0));
+        for p in parts {
+            out.extend(p?);
+        }
+        Ok(out)
+    }
+
+    fn first_block(&self, g: u64) -> u64 {
+        self.group_start + g * self.group_blocks
+    }
+
+    fn check_header(&self, g: u64, raw: &[u8]) -> Result<GroupHeader> {
+        let first = self.first_block(g);
+        let h = GroupHeader::decode(raw, first).map_err(|e| e.wrap(format!("group {g}")))?;
+        if h.index != g
+            || h.block_count != self.group_blocks
+            || usize::try_from(h.bitmap_blocks).ok() != Some(self.bitmap_blocks)
+        {
+            bail!(
+                Corrupted,
+                "group {g}: header does not match the superblock; run fsck.cetra"
+            );
+        }
+        Ok(h)
+    }
+
+    fn read_header(&self, g: u64, buf: &mut AlignedBuf) -> Result<GroupHeader> {
+        self.dev.read_at(self.first_block(g) * FS_BLOCK, buf)?;
+        self.check_header(g, &buf[..FS_BLOCK_SIZE])
+    }
+
+    /// Header and bitmap of group `g` in one read; the bitmap's zeros must match the header.
+    fn read_group(&self, g: u64) -> Result<(GroupHeader, Bitmap)> {
+        let first = self.first_block(g);
+        let mut buf = AlignedBuf::new((1 + self.bitmap_blocks) * FS_BLOCK_SIZE);
+        self.dev.read_at(first * FS_BLOCK, &mut buf)?;
+        let h = self.check_header(g, &buf[..FS_BLOCK_SIZE])?;
+        let mut used = Vec::with_capacity(self.bitmap_blocks * WORDS_PER_BITMAP_BLOCK);
+        let mut seqs = Vec::with_capacity(self.bitmap_blocks);
+        for i in 0..self.bitmap_blocks {
+            let at = first + 1 + i as u64;
+            let (seq, payload) =
+                decode_bitmap(&buf[(i + 1) * FS_BLOCK_SIZE..(i + 2) * FS_BLOCK_SIZE], at)
+                    .map_err(|e| e.wrap(format!("group {g}")))?;
+            seqs.push(seq);
+            for c in payload.chunks_exact(8) {
+                let mut a = [0u8; 8];
+                a.copy_from_slice(c);
+                used.push(u64::from_le_bytes(a));
+            }
+        }
+        let zeros: u64 = (0..self.group_blocks).filter(|&b| !get(&used, b)).count() as u64;
+        if zeros != h.free_blocks {
+            return Err(Error::corrupted(format!(
+                "group {g}: header says {} free blocks, bitmap has {zeros}; run fsck.cetra",
+                h.free_blocks
+            )));
+        }
+        let bm = Bitmap {
+            header_seq: h.seq,
+            used,
+            resv: Vec::new(),
+            bitmap_seq: seqs,
+            dirty_bitmaps: BTreeSet::new(),
+            header_dirty: false,
+            unsaved: false,
+            last_use: 0,
+        };
+        Ok((h, bm))
+    }
+
+    fn set_free(&mut self, g: usize, free: u64) {
+        let grp = &mut self.groups[g];
+        self.total_free = self.total_free - grp.free + free;
+        grp.free = free;
+    }
+
+    fn unload(&mut self, g: usize) {
+        if let Some(bm) = self.groups[g].bits.take() {
+            self.loaded_bytes -= bm.bytes();
+            self.loaded.remove(&g);
+        }
+    }
+
+    /// Make group `g`'s free count exact (read its header if it was not checked since the
+    /// lock's version last moved); a loaded bitmap that no longer matches is dropped.
+    fn check(&mut self, g: usize) -> Result<()> {
+        if self.groups[g].checked == self.gen {
+            return Ok(());
+        }
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        let h = self.read_header(g as u64, &mut buf)?;
+        if self.groups[g]
+            .bits
+            .as_ref()
+            .is_some_and(|bm| bm.header_seq != h.seq)
+        {
+            self.unload(g);
+        }
+        self.set_free(g, h.free_blocks);
+        self.groups[g].checked = self.gen;
+        Ok(())
+    }
+
+    /// Group `g`'s bitmap, current: checked at this generation and loaded.
+    fn load(&mut self, g: usize) -> Result<&mut Bitmap> {
+        if self.groups[g].checked != self.gen && self.groups[g].bits.is_some() {
+            self.check(g)?;
+        }
+        if self.groups[g].bits.is_none() {
+            // Unchecked, or checked and evicted since: the disk holds what this node last
+            // wrote (only clean, home bitmaps are evicted) or what another node wrote.
+            let (h, bm) = self.read_group(g as u64)?;
+            self.set_free(g, h.free_blocks);
+            self.groups[g].checked = self.gen;
+            self.loaded_bytes += bm.bytes();
+            self.loaded.insert(g);
+            self.groups[g].bits = Some(Box::new(bm));
+            self.evict(Some(g));
+        }
+        self.clock += 1;
+        let clock = self.clock;
+        let bm = self.groups[g]
+            .bits
+            .as_deref_mut()
+            .ok_or_else(|| Error::new(ErrorKind::Io, format!("group {g}: bitmap not loaded")))?;
+        bm.last_use = clock;
+        Ok(bm)
+    }
+
+    /// Drop least recently used bitmaps that can go until the loaded ones fit the budget.
+    fn evict(&mut self, keep: Option<usize>) {
+        while self.loaded_bytes > self.budget {
+            let victim = self
+                .loaded
+                .iter()
+                .copied()
+                .filter(|&g| Some(g) != keep && !self.dirty.contains(&g))
+                .filter_map(|g| self.groups[g].bits.as_deref().map(|bm| (g, bm)))
+                .filter(|(_, bm)| !bm.unsaved && !bm.has_reserved())
+                .min_by_key(|(_, bm)| bm.last_use)
+                .map(|(g, _)| g);
+            let Some(g) = victim else { break };
+            self.unload(g);
+        }
     }
 
     fn locate(&self, block: u64) -> Option<(usize, u64)> {
@@ -226,31 +422,86 @@ impl Allocator {
         (g < self.groups.len()).then_some((g, rel % self.group_blocks))
     }
 
-    /// Free blocks, not counting those held for writes in flight.
+    /// Free blocks of the volume, as exact as the module docs say, not counting those held
+    /// for writes in flight.
     pub fn free_blocks(&self) -> u64 {
-        self.groups.iter().map(|g| g.free).sum::<u64>() - self.held
+        self.total_free.saturating_sub(self.held)
     }
 
     pub fn total_blocks(&self) -> u64 {
         self.groups.len() as u64 * self.group_blocks
     }
 
-    /// Replace every group with what is on disk now (another node held the metadata lock in
-    /// between). Reservations are hints and are dropped; earned windows and group classes stay.
-    pub fn refresh(&mut self, sb: &Superblock, groups: Vec<LoadedGroup>) -> Result<()> {
-        debug_assert!(self.quarantine.is_empty(), "refresh with uncommitted frees");
+    /// Bytes of bitmaps loaded now, and how many groups they are.
+    pub fn loaded(&self) -> (usize, usize) {
+        (self.loaded_bytes, self.loaded.len())
+    }
+
+    /// Another node may have changed groups since this node last held the lock: every group is
+    /// unchecked from now on (nothing is read here). Reservations are hints and are dropped;
+    /// earned windows and group classes stay. A bitmap with changes no transaction took is
+    /// dropped (the disk never got them).
+    pub fn invalidate(&mut self) {
+        debug_assert!(
+            self.quarantine.is_empty(),
+            "invalidate with uncommitted frees"
+        );
         debug_assert_eq!(
             self.held, 0,
-            "refresh with blocks held for writes in flight"
+            "invalidate with blocks held for writes in flight"
         );
-        let fresh = Self::new(sb, groups)?;
-        let classes: Vec<GroupClass> = self.groups.iter().map(|g| g.class).collect();
-        self.groups = fresh.groups;
-        for (g, c) in self.groups.iter_mut().zip(classes) {
-            g.class = c;
+        let owners: Vec<u64> = self.resv.keys().copied().collect();
+        for o in owners {
+            self.drop_reservation(o);
         }
-        self.resv.clear();
-        Ok(())
+        self.gen += 1;
+        for g in std::mem::take(&mut self.dirty) {
+            self.unload(g);
+        }
+        let unsaved: Vec<usize> = self
+            .loaded
+            .iter()
+            .copied()
+            .filter(|&g| self.groups[g].bits.as_ref().is_some_and(|bm| bm.unsaved))
+            .collect();
+        for g in unsaved {
+            self.unload(g);
+        }
+        self.changed.clear();
+    }
+
+    /// The group's LVB count as read from its lock record now: taken as its free count when it
+    /// changed since this node last saw it (another node published a newer one) and the group
+    /// was not checked at this generation.
+    pub fn note_lvb(&mut self, g: u64, lvb: Option<u64>) {
+        let Some(i) = usize::try_from(g).ok().filter(|&i| i < self.groups.len()) else {
+            return;
+        };
+        if self.groups[i].lvb_seen == lvb {
+            return;
+        }
+        self.groups[i].lvb_seen = lvb;
+        if let Some(free) = lvb.filter(|&f| f <= self.group_blocks) {
+            if self.groups[i].checked != self.gen {
+                self.set_free(i, free);
+            }
+        }
+    }
+
+    /// This node wrote `free` into group `g`'s LVB.
+    pub fn note_published(&mut self, g: u64, free: u64) {
+        if let Some(grp) = usize::try_from(g).ok().and_then(|i| self.groups.get_mut(i)) {
+            grp.lvb_seen = Some(free);
+        }
+    }
+
+    /// Groups whose free count this node changed since the last call, with their (exact)
+    /// counts: what to publish in the LVBs at a handoff.
+    pub fn take_changed(&mut self) -> Vec<(u64, u64)> {
+        std::mem::take(&mut self.changed)
+            .into_iter()
+            .map(|g| (g as u64, self.groups[g].free))
+            .collect()
     }
 
     pub fn set_class(&mut self, g: u64, class: GroupClass) {
@@ -266,12 +517,23 @@ impl Allocator {
             .map(|grp| grp.class)
     }
 
-    /// Free blocks of one group.
+    /// Free blocks of one group, as known (for choosing groups; see the module docs).
     pub fn group_free(&self, g: u64) -> Option<u64> {
         usize::try_from(g)
             .ok()
             .and_then(|i| self.groups.get(i))
             .map(|grp| grp.free)
+    }
+
+    /// Free blocks of one group, exact (its header is read if it was not checked since the
+    /// lock's version moved): what a node publishes when it gives a group back.
+    pub fn exact_free(&mut self, g: u64) -> Result<u64> {
+        let i = usize::try_from(g)
+            .ok()
+            .filter(|&i| i < self.groups.len())
+            .ok_or_else(|| Error::new(ErrorKind::Range, format!("no allocation group {g}")))?;
+        self.check(i)?;
+        Ok(self.groups[i].free)
     }
 
     /// Free blocks in the groups this node owns.
@@ -283,14 +545,57 @@ impl Allocator {
             .sum()
     }
 
-    pub fn is_used(&self, block: u64) -> bool {
-        self.locate(block)
-            .is_some_and(|(g, bit)| get(&self.groups[g].used, bit))
+    /// Is `block` allocated? (Loads its group's bitmap.) A block outside the group area is not.
+    pub fn is_used(&mut self, block: u64) -> Result<bool> {
+        let Some((g, bit)) = self.locate(block) else {
+            return Ok(false);
+        };
+        Ok(get(&self.load(g)?.used, bit))
+    }
+
+    fn all_checked(&self) -> bool {
+        self.groups.iter().all(|g| g.checked == self.gen)
+    }
+
+    /// Make every free count exact (one header read per unchecked group).
+    fn check_all(&mut self) -> Result<()> {
+        for g in 0..self.groups.len() {
+            self.check(g)?;
+        }
+        Ok(())
+    }
+
+    fn mark(&mut self, g: usize, bit: u64, len: u64, used: bool) -> Result<()> {
+        let bm = self.load(g)?;
+        set_range(&mut bm.used, 0, bit, len, used);
+        let per = BITS_PER_BITMAP_BLOCK;
+        for blk in bit / per..=(bit + len - 1) / per {
+            bm.dirty_bitmaps
+                .insert(usize::try_from(blk).unwrap_or(usize::MAX));
+        }
+        bm.header_dirty = true;
+        let free = self.groups[g].free;
+        self.set_free(g, if used { free - len } else { free + len });
+        self.dirty.insert(g);
+        self.changed.insert(g);
+        Ok(())
     }
 
     /// Allocate exactly `want` blocks for `owner` (0 = metadata, no reservation), as close to
-    /// `goal` as possible, as few runs as possible. All or nothing.
+    /// `goal` as possible, as few runs as possible. All or nothing. Before answering
+    /// `NoSpace`, every group not checked since the lock's version moved is checked and the
+    /// allocation tried once more.
     pub fn alloc(&mut self, goal: u64, want: u64, owner: u64) -> Result<Vec<(u64, u64)>> {
+        match self.alloc_once(goal, want, owner) {
+            Err(e) if e.kind() == ErrorKind::NoSpace && !self.all_checked() => {
+                self.check_all()?;
+                self.alloc_once(goal, want, owner)
+            }
+            r => r,
+        }
+    }
+
+    fn alloc_once(&mut self, goal: u64, want: u64, owner: u64) -> Result<Vec<(u64, u64)>> {
         if want == 0 {
             return Ok(Vec::new());
         }
@@ -301,6 +606,95 @@ impl Allocator {
             ));
         }
         let mut runs = Vec::new();
+        let r = self.alloc_runs(goal, want, owner, &mut runs);
+        if let Err(e) = r {
+            // Roll back: these were never committed, so no quarantine. Their groups are
+            // loaded and dirty, so this reads nothing.
+            for (s, l) in runs {
+                if let Some((g, bit)) = self.locate(s) {
+                    let _ = self.mark(g, bit, l, false);
+                }
+            }
+            return Err(e);
+        }
+        // 3. Reserve the next window for the file (a hint: a failure to read only costs it).
+        let goal = runs.last().map_or(goal, |(s, l)| s + l);
+        if owner != 0 && !self.resv.contains_key(&owner) {
+            let window = self.windows.get(&owner).copied().unwrap_or(MIN_WINDOW);
+            let next = (window * 2)
+                .min(MAX_WINDOW)
+                .max(want.next_power_of_two().min(MAX_WINDOW));
+            self.windows.insert(owner, next);
+            let _ = self.reserve_next(owner, goal, want, next);
+        }
+        Ok(runs)
+    }
+
+    /// Allocate as [`Allocator::alloc`] does, but hold the runs in memory only, for a write in
+    /// flight: they stay free in every bitmap image a transaction writes (and on disk) until
+    /// [`Allocator::commit_reserved`], and nothing else allocates them meanwhile.
+    pub fn reserve(&mut self, goal: u64, want: u64, owner: u64) -> Result<Vec<(u64, u64)>> {
+        let runs = self.alloc(goal, want, owner)?;
+        for &(start, len) in &runs {
+            if let Some((g, bit)) = self.locate(start) {
+                // Back from used to reserved: the bitmap blocks `alloc` marked dirty are then
+                // written unchanged, which is harmless. The group was just loaded and is dirty.
+                if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                    set_range(&mut bm.used, 0, bit, len, false);
+                    bm.set_resv(bit, len, true);
+                }
+                let free = self.groups[g].free;
+                self.set_free(g, free + len);
+            }
+        }
+        self.held += want;
+        Ok(runs)
+    }
+
+    /// A run held by [`Allocator::reserve`] is mapped now: mark it used (its bitmap block and
+    /// group header go into the transaction that maps it). The held run pins its group's
+    /// bitmap, so this reads nothing.
+    pub fn commit_reserved(&mut self, start: u64, len: u64) {
+        self.release_held(start, len);
+        if let Some((g, bit)) = self.locate(start) {
+            debug_assert!(self.groups[g].bits.is_some() && self.groups[g].checked == self.gen);
+            if let Err(e) = self.mark(g, bit, len, true) {
+                tracing::error!("marking held run {start}+{len} used failed: {e}");
+            }
+        }
+    }
+
+    /// A run held by [`Allocator::reserve`] is not needed after all (the write failed).
+    pub fn unreserve(&mut self, start: u64, len: u64) {
+        self.release_held(start, len);
+    }
+
+    fn release_held(&mut self, start: u64, len: u64) {
+        if let Some((g, bit)) = self.locate(start) {
+            if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                debug_assert!(
+                    (bit..bit + len).all(|b| get(&bm.resv, b) && !get(&bm.used, b)),
+                    "run {start}+{len} is not held"
+                );
+                bm.set_resv(bit, len, false);
+            }
+            self.held -= len;
+        }
+    }
+
+    /// Blocks held for writes in flight.
+    pub fn held(&self) -> u64 {
+        self.held
+    }
+
+    /// Steps 1 and 2 of an allocation, pushing each run taken onto `runs`.
+    fn alloc_runs(
+        &mut self,
+        goal: u64,
+        want: u64,
+        owner: u64,
+        runs: &mut Vec<(u64, u64)>,
+    ) -> Result<()> {
         let mut need = want;
         let mut goal = goal;
         // The window the file has earned so far; it outlives each reservation.
@@ -313,7 +707,7 @@ impl Allocator {
         //    block right after its last extent is taken.
         if let Some(r) = self.resv.get(&owner).copied() {
             let take = need.min(r.len);
-            self.take_reserved(r.start, take);
+            self.take_reserved(r.start, take)?;
             runs.push((r.start, take));
             need -= take;
             goal = r.start + take;
@@ -337,17 +731,17 @@ impl Allocator {
         for attempt in 0..3 {
             while need > 0 {
                 let min = if attempt == 0 { min_run.min(need) } else { 1 };
-                let Some((start, len)) = self.find_run(goal, need, min) else {
+                let Some((start, len)) = self.find_run(goal, need, min)? else {
                     break;
                 };
                 let take = len.min(need);
-                self.mark_used(start, take);
+                self.mark_used(start, take)?;
                 runs.push((start, take));
                 need -= take;
                 goal = start + take;
             }
             if need == 0 {
-                break;
+                return Ok(());
             }
             if attempt == 1 {
                 let owners: Vec<u64> = self.resv.keys().copied().collect();
@@ -356,169 +750,138 @@ impl Allocator {
                 }
             }
         }
-        if need > 0 {
-            // Roll back: these were never committed, so no quarantine.
-            for (s, l) in runs {
-                if let Some((g, bit)) = self.locate(s) {
-                    self.groups[g].mark(bit, l, false);
-                }
-            }
-            return Err(Error::new(
-                ErrorKind::NoSpace,
-                "no space left on the volume",
-            ));
-        }
-        // 3. Reserve the next window for the file: right after this allocation if free,
-        //    else the next free run of that size.
-        if owner != 0 && !self.resv.contains_key(&owner) {
-            let next = (window * 2)
-                .min(MAX_WINDOW)
-                .max(want.next_power_of_two().min(MAX_WINDOW));
-            self.windows.insert(owner, next);
-            let here = self.locate(goal).map_or(0, |(g, bit)| {
-                self.groups[g].run_len(bit, self.group_blocks, next)
-            });
-            let spot = if here > 0 {
-                Some((goal, here))
-            } else {
-                self.find_run(goal, next, next.min(want.max(MIN_WINDOW)))
-            };
-            if let Some((start, len)) = spot {
-                if let Some((g, bit)) = self.locate(start) {
-                    let len = len.min(self.groups[g].run_len(bit, self.group_blocks, next));
-                    if len > 0 {
-                        set_range(&mut self.groups[g].resv, bit, len, true);
-                        self.resv.insert(
-                            owner,
-                            Reservation {
-                                start,
-                                len,
-                                window: next,
-                            },
-                        );
-                    }
-                }
-            }
-        }
-        Ok(runs)
+        Err(Error::new(
+            ErrorKind::NoSpace,
+            "no space left on the volume",
+        ))
     }
 
-    /// Allocate as [`Allocator::alloc`] does, but hold the runs in memory only, for a write in
-    /// flight: they stay free in every bitmap image a transaction writes (and on disk) until
-    /// [`Allocator::commit_reserved`], and nothing else allocates them meanwhile.
-    pub fn reserve(&mut self, goal: u64, want: u64, owner: u64) -> Result<Vec<(u64, u64)>> {
-        let runs = self.alloc(goal, want, owner)?;
-        for &(start, len) in &runs {
-            if let Some((g, bit)) = self.locate(start) {
-                let grp = &mut self.groups[g];
-                // Back from used to reserved: the bitmap blocks `alloc` marked dirty are then
-                // written unchanged, which is harmless.
-                set_range(&mut grp.used, bit, len, false);
-                grp.free += len;
-                set_range(&mut grp.resv, bit, len, true);
-            }
-        }
-        self.held += want;
-        Ok(runs)
-    }
-
-    /// A run held by [`Allocator::reserve`] is mapped now: mark it used (its bitmap block and
-    /// group header go into the transaction that maps it).
-    pub fn commit_reserved(&mut self, start: u64, len: u64) {
-        self.release_held(start, len);
-        self.mark_used(start, len);
-    }
-
-    /// A run held by [`Allocator::reserve`] is not needed after all (the write failed).
-    pub fn unreserve(&mut self, start: u64, len: u64) {
-        self.release_held(start, len);
-    }
-
-    fn release_held(&mut self, start: u64, len: u64) {
-        if let Some((g, bit)) = self.locate(start) {
-            debug_assert!(
-                (bit..bit + len)
-                    .all(|b| get(&self.groups[g].resv, b) && !get(&self.groups[g].used, b)),
-                "run {start}+{len} is not held"
+    /// Reserve `next` blocks for `owner`: right after its allocation (`goal`) if free, else
+    /// the next free run of that size.
+    fn reserve_next(&mut self, owner: u64, goal: u64, want: u64, next: u64) -> Result<()> {
+        let limit = self.group_blocks;
+        let here = match self.locate(goal) {
+            Some((g, bit)) => self.load(g)?.run_len(bit, limit, next),
+            None => 0,
+        };
+        let spot = if here > 0 {
+            Some((goal, here))
+        } else {
+            self.find_run(goal, next, next.min(want.max(MIN_WINDOW)))?
+        };
+        let Some((start, len)) = spot else {
+            return Ok(());
+        };
+        let Some((g, bit)) = self.locate(start) else {
+            return Ok(());
+        };
+        let bm = self.load(g)?;
+        let len = len.min(bm.run_len(bit, limit, next));
+        if len > 0 {
+            bm.set_resv(bit, len, true);
+            self.resv.insert(
+                owner,
+                Reservation {
+                    start,
+                    len,
+                    window: next,
+                },
             );
-            set_range(&mut self.groups[g].resv, bit, len, false);
-            self.held -= len;
         }
+        Ok(())
     }
 
-    /// Blocks held for writes in flight.
-    pub fn held(&self) -> u64 {
-        self.held
+    /// The first free run of at least `min` blocks starting at or after `goal`, wrapping
+    /// around the groups once; at most `want` long. Mine first, then unowned, then others.
+    fn find_run(&mut self, goal: u64, want: u64, min: u64) -> Result<Option<(u64, u64)>> {
+        for class in [GroupClass::Mine, GroupClass::Unowned, GroupClass::Others] {
+            if let Some(r) = self.find_run_in(class, goal, want, min)? {
+                return Ok(Some(r));
+            }
+        }
+        Ok(None)
     }
 
-    /// The first free run of at least `min` blocks (or the rest of its group... only whole
-    /// runs count) starting at or after `goal`, wrapping around the groups once; at most
-    /// `want` long.
-    fn find_run(&self, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
-        [GroupClass::Mine, GroupClass::Unowned, GroupClass::Others]
-            .into_iter()
-            .find_map(|class| self.find_run_in(class, goal, want, min))
-    }
-
-    fn find_run_in(&self, class: GroupClass, goal: u64, want: u64, min: u64) -> Option<(u64, u64)> {
+    fn find_run_in(
+        &mut self,
+        class: GroupClass,
+        goal: u64,
+        want: u64,
+        min: u64,
+    ) -> Result<Option<(u64, u64)>> {
         let (g0, bit0) = self.locate(goal).unwrap_or((0, 0));
         let n = self.groups.len();
+        let limit = self.group_blocks;
         for i in 0..=n {
             let g = (g0 + i) % n;
-            let grp = &self.groups[g];
-            if grp.free < min || grp.class != class {
+            if self.groups[g].free < min || self.groups[g].class != class {
                 continue;
             }
+            let first = self.first_block(g as u64);
+            let bm = self.load(g)?;
             let mut from = if i == 0 { bit0 } else { 0 };
-            let limit = self.group_blocks;
-            while let Some(b) = grp.next_free(from, limit) {
-                let len = grp.run_len(b, limit, want.max(min));
+            while let Some(b) = bm.next_free(from, limit) {
+                let len = bm.run_len(b, limit, want.max(min));
                 if len >= min {
-                    return Some((grp.first + b, len.min(want)));
+                    return Ok(Some((first + b, len.min(want))));
                 }
                 from = b + len;
             }
         }
-        None
+        Ok(None)
     }
 
-    fn take_reserved(&mut self, start: u64, len: u64) {
+    fn take_reserved(&mut self, start: u64, len: u64) -> Result<()> {
         if let Some((g, bit)) = self.locate(start) {
-            set_range(&mut self.groups[g].resv, bit, len, false);
-            self.groups[g].mark(bit, len, true);
+            self.load(g)?.set_resv(bit, len, false);
+            self.mark(g, bit, len, true)?;
         }
+        Ok(())
     }
 
-    fn mark_used(&mut self, start: u64, len: u64) {
+    fn mark_used(&mut self, start: u64, len: u64) -> Result<()> {
         if let Some((g, bit)) = self.locate(start) {
-            self.groups[g].mark(bit, len, true);
+            self.mark(g, bit, len, true)?;
         }
+        Ok(())
     }
 
-    /// Free a run (it must lie in one group, as every extent and allocation does). The run
-    /// shows as free in the bitmap at once but is quarantined until `release_quarantine`.
-    pub fn free(&mut self, start: u64, len: u64) {
+    /// Free a run (it must lie in one group, as every extent and allocation does; its bitmap
+    /// is loaded if it is not). The run shows as free in the bitmap at once but is quarantined
+    /// until [`Self::committed`]. An error (reading the group) changes nothing.
+    pub fn free(&mut self, start: u64, len: u64) -> Result<()> {
         if len == 0 {
-            return;
+            return Ok(());
         }
         if let Some((g, bit)) = self.locate(start) {
+            let bm = self.load(g)?;
             debug_assert!(
-                (bit..bit + len).all(|b| get(&self.groups[g].used, b)),
+                (bit..bit + len).all(|b| get(&bm.used, b)),
                 "double free at {start}+{len}"
             );
-            self.groups[g].mark(bit, len, false);
-            set_range(&mut self.groups[g].resv, bit, len, true);
+            bm.set_resv(bit, len, true);
+            self.mark(g, bit, len, false)?;
             self.quarantine.push((start, len));
         }
+        Ok(())
     }
 
-    /// The transaction that freed the quarantined runs is durable: they may be reused.
-    pub fn release_quarantine(&mut self) {
+    /// A commit point made the running transaction durable and wrote it home: quarantined
+    /// runs may be reused, and every bitmap it carried is home (evictable again).
+    pub fn committed(&mut self) {
         for (start, len) in std::mem::take(&mut self.quarantine) {
             if let Some((g, bit)) = self.locate(start) {
-                set_range(&mut self.groups[g].resv, bit, len, false);
+                if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                    bm.set_resv(bit, len, false);
+                }
             }
         }
+        for &g in &self.loaded {
+            if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                bm.unsaved = false;
+            }
+        }
+        self.evict(None);
     }
 
     pub fn has_quarantine(&self) -> bool {
@@ -534,34 +897,44 @@ impl Allocator {
     pub fn drop_reservation(&mut self, owner: u64) {
         if let Some(r) = self.resv.remove(&owner) {
             if let Some((g, bit)) = self.locate(r.start) {
-                set_range(&mut self.groups[g].resv, bit, r.len, false);
+                if let Some(bm) = self.groups[g].bits.as_deref_mut() {
+                    bm.set_resv(bit, r.len, false);
+                }
             }
         }
     }
 
-    /// Encoded dirty bitmap blocks and group headers, with their sequence numbers bumped.
+    /// Encoded dirty bitmap blocks and group headers, with their sequence numbers bumped (the
+    /// header's on every change: it is the group's change counter).
     pub fn take_dirty(&mut self) -> Vec<(u64, Vec<u8>)> {
         let mut out = Vec::new();
-        for (gi, g) in self.groups.iter_mut().enumerate() {
-            for bi in std::mem::take(&mut g.dirty_bitmaps) {
-                g.bitmap_seq[bi] += 1;
-                let words = &g.used[bi * WORDS_PER_BITMAP_BLOCK..(bi + 1) * WORDS_PER_BITMAP_BLOCK];
+        for gi in std::mem::take(&mut self.dirty) {
+            let first = self.first_block(gi as u64);
+            let free = self.groups[gi].free;
+            let Some(bm) = self.groups[gi].bits.as_deref_mut() else {
+                continue;
+            };
+            for bi in std::mem::take(&mut bm.dirty_bitmaps) {
+                bm.bitmap_seq[bi] += 1;
+                let words =
+                    &bm.used[bi * WORDS_PER_BITMAP_BLOCK..(bi + 1) * WORDS_PER_BITMAP_BLOCK];
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
-                let at = g.first + 1 + bi as u64;
-                out.push((at, encode_bitmap(at, g.bitmap_seq[bi], &bytes)));
+                let at = first + 1 + bi as u64;
+                out.push((at, encode_bitmap(at, bm.bitmap_seq[bi], &bytes)));
             }
-            if std::mem::take(&mut g.header_dirty) {
-                g.header_seq += 1;
+            if std::mem::take(&mut bm.header_dirty) {
+                bm.header_seq += 1;
                 let h = GroupHeader {
-                    seq: g.header_seq,
+                    seq: bm.header_seq,
                     index: gi as u64,
-                    first_block: g.first,
+                    first_block: first,
                     block_count: self.group_blocks,
-                    free_blocks: g.free,
-                    bitmap_blocks: u32::try_from(g.bitmap_seq.len()).unwrap_or(u32::MAX),
+                    free_blocks: free,
+                    bitmap_blocks: u32::try_from(bm.bitmap_seq.len()).unwrap_or(u32::MAX),
                 };
-                out.push((g.first, h.encode()));
+                out.push((first, h.encode()));
             }
+            bm.unsaved = true;
         }
         out
     }
@@ -570,24 +943,84 @@ impl Allocator {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::dev::{mem::MemDevice, BlockDevice};
+    use crate::dev::{mem::MemDevice, BlockDevice, CawOutcome, Geometry};
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::Arc;
 
     use proptest::prelude::*;
 
-    fn setup() -> (Superblock, Allocator) {
-        let dev = MemDevice::new(512 << 20, 512);
+    /// A memory LUN that counts the bytes read through it (to see what the allocator loads).
+    #[derive(Debug)]
+    pub(crate) struct Counting {
+        pub inner: MemDevice,
+        pub read_bytes: AtomicU64,
+    }
+
+    impl BlockDevice for Counting {
+        fn geometry(&self) -> &Geometry {
+            self.inner.geometry()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.read_bytes
+                .fetch_add(buf.len() as u64, Ordering::Relaxed);
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+            self.inner.write_at(offset, buf)
+        }
+        fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
+            self.inner.compare_and_write(lba, expected, new)
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> Result<()> {
+            self.inner.discard(offset, len)
+        }
+    }
+
+    impl Counting {
+        fn reads(&self) -> u64 {
+            self.read_bytes.load(Ordering::Relaxed)
+        }
+    }
+
+    /// A formatted memory volume of `mib` MiB in groups of `group_mib` MiB.
+    fn volume(mib: u64, group_mib: Option<u64>) -> (Arc<Counting>, Superblock) {
+        let dev = Arc::new(Counting {
+            inner: MemDevice::new(mib << 20, 512),
+            read_bytes: AtomicU64::new(0),
+        });
         let opts = crate::mkfs::MkfsOptions {
             max_nodes: 2,
             journal_bytes: 1 << 20,
+            group_bytes: group_mib.map(|m| m << 20),
             ..Default::default()
         };
-        let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
-        let a = load(&dev, &sb);
+        let sb = crate::mkfs::format(&*dev, &opts, &mut |_, _| {}).unwrap();
+        (dev, sb)
+    }
+
+    fn setup() -> (Superblock, Allocator) {
+        let (dev, sb) = volume(512, None);
+        let a = load(&(dev as SharedDevice), &sb);
         (sb, a)
     }
 
-    pub(crate) fn load(dev: &dyn BlockDevice, sb: &Superblock) -> Allocator {
-        Allocator::new(sb, read_groups(dev, sb).unwrap()).unwrap()
+    pub(crate) fn load(dev: &SharedDevice, sb: &Superblock) -> Allocator {
+        Allocator::new(dev.clone(), sb, DEFAULT_BITMAP_CACHE).unwrap()
+    }
+
+    /// What a commit point does with the allocator's blocks: write them home.
+    fn commit(dev: &dyn BlockDevice, a: &mut Allocator) {
+        for (b, data) in a.take_dirty() {
+            dev.write_at(b * FS_BLOCK, &data).unwrap();
+        }
+        a.committed();
+    }
+
+    fn group_of(sb: &Superblock, block: u64) -> usize {
+        usize::try_from((block - sb.group_start) / sb.group_blocks).unwrap()
     }
 
     #[test]
@@ -633,6 +1066,182 @@ pub(crate) mod tests {
         }
     }
 
+    #[test]
+    fn mount_reads_headers_only_and_bitmaps_load_on_demand() {
+        let (dev, sb) = volume(1024, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let before = dev.reads();
+        let mut a = load(&shared, &sb);
+        // One header block per group, no bitmap.
+        assert_eq!(dev.reads() - before, sb.group_count * FS_BLOCK);
+        assert_eq!(a.loaded().1, 0);
+        let full = a.free_blocks();
+        // One allocation loads one group.
+        let r = a.alloc(sb.group_start, 8, 0).unwrap();
+        assert_eq!(a.loaded().1, 1);
+        assert_eq!(a.free_blocks(), full - 8);
+        // is_used of a block in another group loads that group (and only it).
+        let far = sb.group_first_block(sb.group_count - 1) + 100;
+        assert!(!a.is_used(far).unwrap());
+        assert_eq!(a.loaded().1, 2);
+        assert!(a.is_used(r[0].0).unwrap());
+        // Using a loaded, current group reads nothing.
+        let reads = dev.reads();
+        assert!(a.is_used(r[0].0 + 7).unwrap());
+        a.free(r[0].0, 8).unwrap();
+        assert_eq!(dev.reads(), reads);
+    }
+
+    #[test]
+    fn loaded_bitmaps_stay_within_the_budget_once_home() {
+        let (dev, sb) = volume(1024, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let mut a = Allocator::new(shared, &sb, 0).unwrap();
+        // One block in every group: every group is loaded and dirty, so none can go.
+        let mut got = Vec::new();
+        for g in 0..sb.group_count {
+            got.extend(a.alloc(sb.group_first_block(g) + 50, 1, 0).unwrap());
+        }
+        assert_eq!(a.loaded().1 as u64, sb.group_count);
+        // Taken by a transaction but not home yet: still none can go.
+        let blocks = a.take_dirty();
+        assert_eq!(a.loaded().1 as u64, sb.group_count);
+        for (b, data) in blocks {
+            dev.write_at(b * FS_BLOCK, &data).unwrap();
+        }
+        a.committed();
+        assert_eq!(a.loaded(), (0, 0), "budget 0: every home bitmap goes");
+        // Evicted groups come back from disk with what this node wrote.
+        for (b, _) in &got {
+            assert!(a.is_used(*b).unwrap());
+        }
+        assert_eq!(
+            a.free_blocks(),
+            (0..sb.group_count)
+                .map(|g| a.group_free(g).unwrap())
+                .sum::<u64>()
+        );
+        // A reservation pins its group.
+        let r = a.alloc(sb.group_first_block(3) + 200, 4, 77).unwrap();
+        commit(&*dev, &mut a);
+        assert_eq!(a.loaded().1, 1);
+        a.forget_owner(77);
+        a.committed();
+        assert_eq!(a.loaded().1, 0);
+        assert!(a.is_used(r[0].0).unwrap());
+    }
+
+    /// Two nodes on one LUN: another node's change to a group is seen at the next use after
+    /// the lock's version moved, and unchanged groups are not re-read.
+    #[test]
+    fn another_nodes_change_is_seen_at_next_use() {
+        let (dev, sb) = volume(1024, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let mut a = load(&shared, &sb);
+        let mut b = load(&shared, &sb);
+        let g3 = sb.group_first_block(3);
+        let g5 = sb.group_first_block(5);
+        // B uses groups 3 and 5 (its bitmaps are loaded).
+        assert!(!b.is_used(g3 + 100).unwrap());
+        assert!(!b.is_used(g5 + 100).unwrap());
+        let free5 = b.group_free(5).unwrap();
+        // A (holding the lock) allocates in group 3 and frees nothing, then hands over.
+        let mine = a.alloc(g3 + 100, 40, 0).unwrap();
+        assert_eq!(group_of(&sb, mine[0].0), 3);
+        commit(&*dev, &mut a);
+        // B gets the lock: the version moved.
+        b.invalidate();
+        let reads = dev.reads();
+        // Group 5 did not change: one header read, bitmap kept.
+        assert!(!b.is_used(g5 + 100).unwrap());
+        assert_eq!(dev.reads() - reads, FS_BLOCK);
+        assert_eq!(b.group_free(5), Some(free5));
+        // Group 3 did: header + bitmap re-read, A's blocks are used, B never hands them out.
+        for (s, l) in &mine {
+            for blk in *s..s + l {
+                assert!(b.is_used(blk).unwrap(), "block {blk} A allocated");
+            }
+        }
+        let theirs = b.alloc(g3 + 100, 40, 0).unwrap();
+        for (s, l) in &theirs {
+            assert!(mine.iter().all(|(ms, ml)| s + l <= *ms || ms + ml <= *s));
+        }
+        commit(&*dev, &mut b);
+        // And back: A sees B's allocation and B's free, with exact counts.
+        b.free(mine[0].0, 10).unwrap();
+        commit(&*dev, &mut b);
+        a.invalidate();
+        assert!(!a.is_used(mine[0].0).unwrap());
+        assert!(a.is_used(theirs[0].0).unwrap());
+        let fresh = load(&shared, &sb);
+        assert_eq!(a.group_free(3), fresh.group_free(3));
+        assert_eq!(a.free_blocks(), fresh.free_blocks());
+    }
+
+    #[test]
+    fn counts_of_unchecked_groups_follow_the_lvb_and_enospc_is_exact() {
+        let (dev, sb) = volume(256, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let mut a = load(&shared, &sb);
+        // A fills the volume.
+        let mut all = Vec::new();
+        while let Ok(r) = a.alloc(sb.group_start, 1024, 0) {
+            all.extend(r);
+        }
+        while let Ok(r) = a.alloc(sb.group_start, 1, 0) {
+            all.extend(r);
+        }
+        commit(&*dev, &mut a);
+        assert_eq!(a.free_blocks(), 0);
+        // B mounts now (knows it is full), then A frees group 2 entirely and hands over
+        // without publishing anything.
+        let mut b = load(&shared, &sb);
+        assert_eq!(b.free_blocks(), 0);
+        let mut freed = 0;
+        for (s, l) in all.iter().filter(|(s, _)| group_of(&sb, *s) == 2) {
+            a.free(*s, *l).unwrap();
+            freed += l;
+        }
+        commit(&*dev, &mut a);
+        b.invalidate();
+        // An LVB B has seen before is not taken over its own count...
+        b.note_lvb(2, None);
+        assert_eq!(b.free_blocks(), 0);
+        // ...but the allocation checks every unchecked group before it says ENOSPC.
+        let r = b.alloc(sb.group_start, freed, 0).unwrap();
+        assert_eq!(r.iter().map(|x| x.1).sum::<u64>(), freed);
+        assert!(r.iter().all(|(s, _)| group_of(&sb, *s) == 2));
+        assert!(b.alloc(sb.group_start, 1, 0).is_err(), "the volume is full");
+        commit(&*dev, &mut b);
+        // A count that another node published (the LVB changed) is taken for an unchecked
+        // group; once the group is checked, its header wins.
+        a.invalidate();
+        a.note_lvb(2, Some(0));
+        assert_eq!(a.group_free(2), Some(0));
+        a.invalidate();
+        a.note_lvb(2, Some(7));
+        assert_eq!(a.group_free(2), Some(7));
+        assert_eq!(a.exact_free(2).unwrap(), 0);
+        a.note_lvb(2, Some(9));
+        assert_eq!(
+            a.group_free(2),
+            Some(0),
+            "checked at this generation: exact"
+        );
+    }
+
+    #[test]
+    fn invalidate_drops_changes_no_transaction_took() {
+        let (dev, sb) = volume(256, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let mut a = load(&shared, &sb);
+        let r = a.alloc(sb.group_start, 5, 0).unwrap();
+        // Never taken by a transaction (an operation that failed before its commit).
+        a.invalidate();
+        assert!(!a.is_used(r[0].0).unwrap());
+        assert_eq!(a.free_blocks(), load(&shared, &sb).free_blocks());
+    }
+
     proptest! {
         #[test]
         fn invariants(ops in proptest::collection::vec((0u64..5, 1u64..300, any::<bool>()), 1..60)) {
@@ -642,7 +1251,7 @@ pub(crate) mod tests {
             for (owner, n, free_one) in ops {
                 if free_one && !owned.is_empty() {
                     let (s, l) = owned.swap_remove(0);
-                    a.free(s, l);
+                    a.free(s, l).unwrap();
                 } else if let Ok(r) = a.alloc(sb.group_start, n, owner) {
                     prop_assert_eq!(r.iter().map(|x| x.1).sum::<u64>(), n);
                     owned.extend(r);
@@ -653,13 +1262,18 @@ pub(crate) mod tests {
             for (s, l) in &owned {
                 for b in *s..s + l {
                     prop_assert!(seen.insert(b), "block {} allocated twice", b);
-                    prop_assert!(a.is_used(b));
+                    prop_assert!(a.is_used(b).unwrap());
                 }
             }
             prop_assert_eq!(a.free_blocks() + seen.len() as u64, start_free);
+            prop_assert_eq!(a.free_blocks(), a.groups.iter().map(|g| g.free).sum::<u64>());
             for o in 0..5 { a.drop_reservation(o); }
-            a.release_quarantine();
-            for g in &a.groups { prop_assert!(g.resv.iter().all(|&w| w == 0)); }
+            a.committed();
+            for g in &a.groups {
+                if let Some(bm) = &g.bits {
+                    prop_assert!(!bm.has_reserved());
+                }
+            }
         }
     }
 }

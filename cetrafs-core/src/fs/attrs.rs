@@ -118,9 +118,9 @@ fn alloc_blocks(tx: &mut Tx<'_>, goal: u64, n: usize) -> Result<Vec<(u64, u64)>>
     Ok(out)
 }
 
-fn free_block(tx: &mut Tx<'_>, b: u64) {
+fn free_block(tx: &mut Tx<'_>, b: u64) -> Result<()> {
     tx.forget(b);
-    tx.meta.alloc.free(b, 1);
+    tx.meta.alloc.free(b, 1)
 }
 
 /// Write `set.map` back as the inode's xattr set: reuse its blocks, allocate what a larger set
@@ -161,7 +161,7 @@ pub(super) fn store_xattrs(
     let before = set.blocks();
     if set.map.is_empty() {
         for (b, _) in set.head.iter().chain(&set.more) {
-            free_block(tx, *b);
+            free_block(tx, *b)?;
         }
         inode.xattr_block = 0;
         inode.blocks = inode.blocks.saturating_sub(before);
@@ -175,7 +175,7 @@ pub(super) fn store_xattrs(
     let mut more: Vec<(u64, u64)> = set.more.iter().map(|&(b, s)| (b, s + 1)).collect();
     if more.len() > need {
         for (b, _) in more.split_off(need) {
-            free_block(tx, b);
+            free_block(tx, b)?;
         }
     } else if more.len() < need {
         let extra = alloc_blocks(tx, head.0, need - more.len())?;
@@ -267,7 +267,11 @@ pub(super) fn free_owned(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) {
         match load_xattrs(tx, sb, inode) {
             Ok(set) => {
                 for (b, _) in set.head.iter().chain(&set.more) {
-                    free_block(tx, *b);
+                    if let Err(e) = free_block(tx, *b) {
+                        tracing::warn!(
+                            "inode {ino}: xattr block {b} not freed (fsck.cetra will report it): {e}"
+                        );
+                    }
                 }
             }
             Err(e) => tracing::warn!(
@@ -279,7 +283,13 @@ pub(super) fn free_owned(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) {
     if inode.overflow_block != 0 {
         let b = inode.overflow_block;
         match symlink_target(tx, sb, inode) {
-            Ok(_) => free_block(tx, b),
+            Ok(_) => {
+                if let Err(e) = free_block(tx, b) {
+                    tracing::warn!(
+                        "inode {ino}: symlink overflow block {b} not freed (fsck.cetra will report it): {e}"
+                    );
+                }
+            }
             Err(e) => tracing::warn!(
                 "inode {ino}: symlink overflow block {b} not freed (fsck.cetra will report it): {e}"
             ),

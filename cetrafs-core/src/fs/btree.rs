@@ -83,10 +83,11 @@ impl<'t, 'a> Tree<'t, 'a> {
         })
     }
 
-    fn free_node(&mut self, b: u64) {
+    fn free_node(&mut self, b: u64) -> Result<()> {
         self.tx.forget(b);
-        self.tx.meta.alloc.free(b, 1);
+        self.tx.meta.alloc.free(b, 1)?;
         self.delta -= 1;
+        Ok(())
     }
 
     pub fn get(&mut self, key: u64) -> Result<Option<Vec<u8>>> {
@@ -317,7 +318,7 @@ impl<'t, 'a> Tree<'t, 'a> {
             }
         };
         if n.is_empty() && !is_root {
-            self.free_node(b);
+            self.free_node(b)?;
             return Ok((old, true));
         }
         if n.is_empty() && is_root {
@@ -346,7 +347,7 @@ impl<'t, 'a> Tree<'t, 'a> {
                 self.destroy_in(c, depth + 1)?;
             }
         }
-        self.free_node(b);
+        self.free_node(b)?;
         Ok(())
     }
 
@@ -393,20 +394,20 @@ mod tests {
     use std::collections::BTreeMap;
 
     fn with_tree(f: impl FnOnce(&mut Tx<'_>)) {
-        let dev = crate::dev::mem::MemDevice::new(256 << 20, 512);
+        let dev = std::sync::Arc::new(crate::dev::mem::MemDevice::new(256 << 20, 512));
         let opts = crate::mkfs::MkfsOptions {
             max_nodes: 2,
             journal_bytes: 1 << 20,
             ..Default::default()
         };
-        let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
+        let sb = crate::mkfs::format(&*dev, &opts, &mut |_, _| {}).unwrap();
         let mut meta = Meta::new(
-            crate::alloc::tests::load(&dev, &sb),
+            crate::alloc::tests::load(&(dev.clone() as crate::dev::SharedDevice), &sb),
             crate::journal::JournalArea::for_slot(&sb, 0),
             sb.clone(),
             crate::fs::DEFAULT_META_CACHE,
         );
-        let mut tx = Tx::new(&dev, &mut meta);
+        let mut tx = Tx::new(&*dev, &mut meta);
         f(&mut tx);
         tx.commit().unwrap();
     }

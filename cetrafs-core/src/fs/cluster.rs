@@ -4,8 +4,9 @@
 //!   that took it keeps it until another node registers as a waiter, so a node working alone
 //!   pays no cluster I/O per operation. Metadata changes need it exclusive; metadata reads need
 //!   it shared. Its version (bumped on every exclusive grant) validates every cache: if it moved
-//!   since this node last held the lock, someone else changed metadata, and the block cache,
-//!   the allocator's bitmaps and every loaded inode are reloaded before use.
+//!   since this node last held the lock, someone else changed metadata: the block cache is
+//!   dropped, every loaded inode is reloaded before use, and each allocation group is checked
+//!   against its header's change counter at its next use (alloc.rs).
 //! * **Handoff**: before giving the lock up, the node commits its running transaction, writes
 //!   it home, flushes, and empties its journal (so a later recovery never replays an image
 //!   older than what the next holder writes — GFS2's journal-replay hazard).
@@ -212,18 +213,20 @@ impl Volume {
     }
 
     /// Another node changed metadata since this node last held the lock: drop every cached
-    /// block, reload the allocator and the group owners, and make loaded inodes stale.
+    /// block, mark every allocation group unchecked (each is revalidated by its header's
+    /// change counter at its next use, alloc.rs), re-read the group owners and their published
+    /// free counts, and make loaded inodes stale.
     fn invalidate(&self, m: &mut Meta) -> Result<()> {
         m.drop_cache();
-        let groups = crate::alloc::read_groups(&*self.dev, &self.sb)?;
-        m.alloc.refresh(&self.sb, groups)?;
+        m.alloc.invalidate();
         self.refresh_group_classes(m);
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
         Ok(())
     }
 
-    /// Learn who owns which group; give back groups of ours that a node short of space asked
-    /// for (their free count goes into the value block on the way).
+    /// Learn who owns which group and the free counts other nodes published; give back groups
+    /// of ours that a node short of space asked for (their free count goes into the value block
+    /// on the way).
     fn refresh_group_classes(&self, m: &mut Meta) {
         use crate::alloc::GroupClass;
         let me = self.cl.me;
@@ -236,6 +239,7 @@ impl Volume {
         };
         for (g, rec) in records.into_iter().enumerate() {
             let g = g as u64;
+            m.alloc.note_lvb(g, rec.group_free());
             let mut class = if rec.mode == LockMode::Free || rec.owner == NO_SLOT {
                 GroupClass::Unowned
             } else if rec.owner == me.slot {
@@ -250,9 +254,13 @@ impl Volume {
                 .any(|s| s != me.slot && self.cl.slot_live(s));
             if class == GroupClass::Mine && asked && !self.read_only && m.gml == LockMode::Exclusive
             {
-                let free = m.alloc.group_free(g).unwrap_or(0);
-                match self.cl.locks.release_group(g, me, free) {
-                    Ok(()) => {
+                let released = m
+                    .alloc
+                    .exact_free(g)
+                    .and_then(|free| self.cl.locks.release_group(g, me, free).map(|()| free));
+                match released {
+                    Ok(free) => {
+                        m.alloc.note_published(g, free);
                         tracing::info!(
                             "gave allocation group {g} back: another node is short of space"
                         );
@@ -305,20 +313,13 @@ impl Volume {
         }
     }
 
-    /// Publish changed free counts into the group locks' value blocks, where an admin tool can
-    /// read every group's state without the global lock.
+    /// Publish the free counts of the groups this node changed during its hold into the group
+    /// locks' value blocks: the next holders take them for groups they have not checked yet
+    /// (statfs), and an admin tool can read every group's state without the global lock.
     fn publish_groups(&self, m: &mut Meta) {
-        for g in 0..self.sb.group_count {
-            let Some(free) = m.alloc.group_free(g) else {
-                continue;
-            };
-            if m.published.get(&g) == Some(&free) {
-                continue;
-            }
+        for (g, free) in m.alloc.take_changed() {
             match self.cl.locks.publish_group_free(g, free) {
-                Ok(()) => {
-                    m.published.insert(g, free);
-                }
+                Ok(()) => m.alloc.note_published(g, free),
                 Err(e) => tracing::warn!("publishing the free count of group {g} failed: {e}"),
             }
         }
@@ -363,8 +364,11 @@ impl Volume {
             self.publish_groups(m);
             for g in 0..self.sb.group_count {
                 if m.alloc.class(g) == Some(GroupClass::Mine) {
-                    let free = m.alloc.group_free(g).unwrap_or(0);
-                    if let Err(e) = self.cl.locks.release_group(g, self.cl.me, free) {
+                    let released = m
+                        .alloc
+                        .exact_free(g)
+                        .and_then(|free| self.cl.locks.release_group(g, self.cl.me, free));
+                    if let Err(e) = released {
                         tracing::warn!("releasing allocation group {g} failed: {e}");
                     }
                 }
@@ -398,7 +402,7 @@ impl Volume {
         if inner.freed {
             bail!(NotFound, "inode {} was removed", st.ino);
         }
-        let fresh = if tx.meta.alloc.is_used(st.ino) {
+        let fresh = if tx.meta.alloc.is_used(st.ino)? {
             tx.read(st.ino)
                 .and_then(|raw| crate::format::inode::Inode::decode(&raw, st.ino))
                 .ok()

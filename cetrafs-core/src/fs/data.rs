@@ -737,7 +737,8 @@ impl Volume {
                         // Map only after the data is on the device.
                         let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
                         if let Err(e) = w {
-                            tx.meta.alloc.free(p, l);
+                            // Just allocated: its group is loaded, so this reads nothing.
+                            let _ = tx.meta.alloc.free(p, l);
                             inner.inode.blocks -= l;
                             return Err(e);
                         }
@@ -816,11 +817,14 @@ impl Volume {
         Ok(())
     }
 
-    fn free_runs(tx: &mut Tx<'_>, inner: &mut InodeInner, runs: Vec<(u64, u64)>) {
+    /// Free punched runs. On an error (reading a group's bitmap) the runs not yet freed stay
+    /// allocated: leaked, which fsck reports, never handed out twice.
+    fn free_runs(tx: &mut Tx<'_>, inner: &mut InodeInner, runs: Vec<(u64, u64)>) -> Result<()> {
         for (p, l) in runs {
-            tx.meta.alloc.free(p, l);
+            tx.meta.alloc.free(p, l)?;
             inner.inode.blocks -= l;
         }
+        Ok(())
     }
 
     pub(super) fn truncate_locked(
@@ -832,7 +836,7 @@ impl Volume {
         if size < inner.inode.size {
             let keep = size.div_ceil(FS_BLOCK);
             let freed = inner.extents.punch(keep, u64::MAX);
-            Self::free_runs(tx, inner, freed);
+            Self::free_runs(tx, inner, freed)?;
             // Bytes past EOF in the last block must read as zeros if the file grows again.
             if !size.is_multiple_of(FS_BLOCK) {
                 self.zero_written(inner, size, keep * FS_BLOCK)?;
@@ -903,7 +907,7 @@ impl Volume {
                     }
                     if f0 < f1 {
                         let freed = inner.extents.punch(f0, f1);
-                        Self::free_runs(tx, &mut inner, freed);
+                        Self::free_runs(tx, &mut inner, freed)?;
                         self.zero_written(&inner, offset, f0 * FS_BLOCK)?;
                         self.zero_written(&inner, f1 * FS_BLOCK, end)?;
                     } else {

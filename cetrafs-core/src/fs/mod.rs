@@ -409,7 +409,7 @@ impl Volume {
                 }
             }
         }
-        if !self.sb.is_data_block(ino) || !tx.meta.alloc.is_used(ino) {
+        if !self.sb.is_data_block(ino) || !tx.meta.alloc.is_used(ino)? {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
@@ -505,7 +505,7 @@ impl Volume {
         );
         if inner.inode.is_reg() {
             for (p, l) in inner.extents.punch(0, u64::MAX) {
-                tx.meta.alloc.free(p, l);
+                tx.meta.alloc.free(p, l)?;
             }
         }
         if inner.inode.tree_root != 0 {
@@ -514,7 +514,7 @@ impl Volume {
         attrs::free_owned(tx, &self.sb, &inner.inode);
         tx.meta.alloc.forget_owner(ino);
         tx.forget(ino);
-        tx.meta.alloc.free(ino, 1);
+        tx.meta.alloc.free(ino, 1)?;
         inner.freed = true;
         self.inodes.remove(ino);
         Ok(())

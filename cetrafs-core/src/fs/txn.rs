@@ -24,7 +24,7 @@ use crate::format::block::BlockHeader;
 use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 
 #[derive(Debug)]
 pub(crate) struct Meta {
@@ -47,8 +47,6 @@ pub(crate) struct Meta {
     pub gml: crate::format::lock_record::LockMode,
     /// The lock's version when this node last held it: if it moved, caches are stale.
     pub gml_version: u64,
-    /// Free counts last published into the group locks' value blocks.
-    pub published: HashMap<u64, u64>,
     /// Bytes of block images freed by commit points since [`take_released`](Self::take_released).
     released: usize,
     /// Allocating writes between their planning and their mapping (fs/inflight.rs).
@@ -74,7 +72,6 @@ impl Meta {
             slot: 0,
             gml: crate::format::lock_record::LockMode::Free,
             gml_version: 0,
-            published: HashMap::new(),
             released: 0,
             inflight: super::inflight::InFlight::default(),
         }
@@ -118,7 +115,7 @@ impl Meta {
     fn commit_point_inner(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         dev.flush()?;
         if self.pending.is_empty() {
-            self.alloc.release_quarantine();
+            self.alloc.committed();
             return Ok(());
         }
         crate::failpoint!("commit::before_journal");
@@ -151,7 +148,7 @@ impl Meta {
         self.released = self
             .released
             .saturating_add(pending.len() * crate::format::FS_BLOCK_SIZE);
-        self.alloc.release_quarantine();
+        self.alloc.committed();
         Ok(())
     }
 
@@ -300,16 +297,16 @@ mod tests {
     use crate::format::FS_BLOCK_SIZE;
 
     /// A formatted memory volume and its slot-0 metadata with a cache of `cache_blocks` blocks.
-    fn meta(cache_blocks: usize) -> (MemDevice, Meta) {
-        let dev = MemDevice::new(256 << 20, 512);
+    fn meta(cache_blocks: usize) -> (std::sync::Arc<MemDevice>, Meta) {
+        let dev = std::sync::Arc::new(MemDevice::new(256 << 20, 512));
         let opts = crate::mkfs::MkfsOptions {
             max_nodes: 2,
             journal_bytes: 1 << 20,
             ..Default::default()
         };
-        let sb = crate::mkfs::format(&dev, &opts, &mut |_, _| {}).unwrap();
+        let sb = crate::mkfs::format(&*dev, &opts, &mut |_, _| {}).unwrap();
         let m = Meta::new(
-            crate::alloc::tests::load(&dev, &sb),
+            crate::alloc::tests::load(&(dev.clone() as crate::dev::SharedDevice), &sb),
             JournalArea::for_slot(&sb, 0),
             sb.clone(),
             cache_blocks * (FS_BLOCK_SIZE + super::super::block_cache::SLOT_OVERHEAD),
@@ -346,14 +343,14 @@ mod tests {
         // A cache of 4 blocks against 40 blocks changed in one transaction.
         let (dev, mut m) = meta(4);
         let bs = blocks(&mut m, 40);
-        let mut tx = Tx::new(&dev, &mut m);
+        let mut tx = Tx::new(&*dev, &mut m);
         // Old images cached (and evicted in turn) first.
         for &b in &bs {
             tx.write(b, img(b));
         }
         tx.commit().unwrap();
-        m.commit_point(&dev).unwrap();
-        let mut tx = Tx::new(&dev, &mut m);
+        m.commit_point(&*dev).unwrap();
+        let mut tx = Tx::new(&*dev, &mut m);
         for &b in &bs {
             assert_eq!(tag(&mut tx, b), b);
         }
@@ -366,7 +363,7 @@ mod tests {
         }
         tx.commit().unwrap();
         // ...then the running compound transaction's, in the next operation...
-        let mut tx = Tx::new(&dev, &mut m);
+        let mut tx = Tx::new(&*dev, &mut m);
         for &b in bs.iter().rev() {
             assert_eq!(tag(&mut tx, b), b + 1000);
         }
@@ -374,8 +371,8 @@ mod tests {
         let s = m.cache_stats();
         assert!(s.blocks <= 4 && s.capacity == 4, "{s:?}");
         // ...and after the commit point, the cache's and the device's copies are the new ones.
-        m.commit_point(&dev).unwrap();
-        let mut tx = Tx::new(&dev, &mut m);
+        m.commit_point(&*dev).unwrap();
+        let mut tx = Tx::new(&*dev, &mut m);
         for &b in bs.iter().chain(bs.iter()) {
             assert_eq!(tag(&mut tx, b), b + 1000);
         }
@@ -390,15 +387,15 @@ mod tests {
     fn cache_hits_and_invalidation() {
         let (dev, mut m) = meta(64);
         let bs = blocks(&mut m, 8);
-        let mut tx = Tx::new(&dev, &mut m);
+        let mut tx = Tx::new(&*dev, &mut m);
         for &b in &bs {
             tx.write(b, img(b));
         }
         tx.commit().unwrap();
-        m.commit_point(&dev).unwrap();
+        m.commit_point(&*dev).unwrap();
         // Committed blocks are cached: reading them again does not touch the device.
         let before = m.cache_stats();
-        let mut tx = Tx::new(&dev, &mut m);
+        let mut tx = Tx::new(&*dev, &mut m);
         for &b in &bs {
             assert_eq!(tag(&mut tx, b), b);
         }
@@ -408,11 +405,11 @@ mod tests {
         // Another node changes a block at home: the cache still serves the old copy until it
         // is dropped (the global lock moved), then the new one.
         put(&dev, bs[0], 77);
-        let mut tx = Tx::new(&dev, &mut m);
+        let mut tx = Tx::new(&*dev, &mut m);
         assert_eq!(tag(&mut tx, bs[0]), bs[0]);
         m.drop_cache();
         assert_eq!(m.cache_stats().blocks, 0);
-        let mut tx = Tx::new(&dev, &mut m);
+        let mut tx = Tx::new(&*dev, &mut m);
         assert_eq!(tag(&mut tx, bs[0]), 77);
         // A forgotten (freed) block is dropped from the cache too.
         assert_eq!(tag(&mut tx, bs[1]), bs[1]);
