@@ -89,35 +89,42 @@ pub struct Unflushed {
     pub torn: Option<(usize, usize)>,
 }
 
-/// Build the image of a crash at log position `at` (ops before `at` were issued).
-pub fn crash_image(base: &[u8], log: &[Op], at: usize, unflushed: &Unflushed) -> Vec<u8> {
-    let mut img = base.to_vec();
+/// The writes that make up the crash at log position `at` (ops before `at` were issued), in
+/// the order to apply them onto the image before the workload: every write before the last
+/// flush preceding `at`, then the persisted unflushed ones (the torn one cut short).
+pub fn crash_writes<'a>(log: &'a [Op], at: usize, unflushed: &Unflushed) -> Vec<(u64, &'a [u8])> {
     let last_flush = log[..at]
         .iter()
         .rposition(|o| matches!(o, Op::Flush))
         .map_or(0, |i| i + 1);
-    let apply = |img: &mut Vec<u8>, offset: u64, data: &[u8]| {
-        let o = usize::try_from(offset).unwrap_or(usize::MAX);
-        img[o..o + data.len()].copy_from_slice(data);
-    };
-    for op in &log[..last_flush] {
-        if let Op::Write { offset, data } = op {
-            apply(&mut img, *offset, data);
-        }
-    }
+    let mut out: Vec<(u64, &[u8])> = log[..last_flush]
+        .iter()
+        .filter_map(|op| match op {
+            Op::Write { offset, data } => Some((*offset, data.as_slice())),
+            Op::Flush => None,
+        })
+        .collect();
     let mut i = 0;
     for op in &log[last_flush..at] {
         if let Op::Write { offset, data } = op {
             if unflushed.persisted.get(i).copied().unwrap_or(false) {
                 match unflushed.torn {
-                    Some((t, keep)) if t == i => {
-                        apply(&mut img, *offset, &data[..keep.min(data.len())])
-                    }
-                    _ => apply(&mut img, *offset, data),
+                    Some((t, keep)) if t == i => out.push((*offset, &data[..keep.min(data.len())])),
+                    _ => out.push((*offset, data)),
                 }
             }
             i += 1;
         }
+    }
+    out
+}
+
+/// Build the image of a crash at log position `at` (ops before `at` were issued).
+pub fn crash_image(base: &[u8], log: &[Op], at: usize, unflushed: &Unflushed) -> Vec<u8> {
+    let mut img = base.to_vec();
+    for (offset, data) in crash_writes(log, at, unflushed) {
+        let o = usize::try_from(offset).unwrap_or(usize::MAX);
+        img[o..o + data.len()].copy_from_slice(data);
     }
     img
 }
