@@ -1,0 +1,1246 @@
+//! Races between nodes on the same objects (issue 9, "Done when", new tests): real
+//! `mount-cetra` daemons (node1..node3) on ONE file-backed LUN, each at its own mount point.
+//!
+//! 1. `cross_node_directory_moves_never_loop`: node1 keeps moving directory A into B's
+//!    subtree while node2 moves B into A's subtree (released together by a barrier every
+//!    round), and both rename files across two shared directories onto the same names
+//!    (overwriting). Afterwards node3 walks the tree from the root with a visited set: no loop,
+//!    every directory and file exactly once where the model says, right link counts, fsck -n
+//!    clean. One node's kernel refuses a move into the directory's own subtree (EINVAL); across
+//!    nodes only the filesystem can refuse one of the two moves: the test records which errno.
+//! 2. `nofilelock_appenders_share_one_file` and `nofilelock_writers_fill_holes_of_one_file`:
+//!    two nodes mounted `-o nofilelock` write one file at once; node3 verifies every byte.
+//! 3. `sigkill_with_100_open_writers_and_two_groups`: a node is SIGKILLed while it holds the
+//!    global metadata lock exclusively with 100 files open for writing and a running
+//!    transaction that frees in one allocation group and allocates in another; the others
+//!    recover it within the dead time + margin and carry on; the recovery time is printed.
+//!
+//! Written against today's design (one global metadata lock) so that they hold as well when
+//! per-object locks replace it: they assert on what applications and fsck see, not on which
+//! lock records exist. Timings: `--heartbeat-interval 100 --io-timeout 500` (dead time 5.2 s),
+//! as in tests/tests/multinode.rs. Knob: `CETRA_SEED`.
+
+use cetrafs_core::cluster::lock::LockLayout;
+use cetrafs_core::cluster::membership::{decode_slot, lba_of};
+use cetrafs_core::dev::write_log::{WriteKind, WriteLogLine};
+use cetrafs_core::format::lock_record::LockMode;
+use cetrafs_core::format::superblock::Superblock;
+use cetrafs_core::format::{FS_BLOCK, FS_BLOCK_SIZE};
+use cetrafs_tests::{
+    errno_name, errno_of, lstat, poll_until, read_lossy, require_fuse, secs, seed, Lun, Mount,
+};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::{BTreeMap, BTreeSet};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::{self, Write as _};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Barrier, Mutex};
+use std::time::{Duration, Instant};
+
+// ---------------------------------------------------------------------------------------------
+// Timing and the cluster (the test timings of tests/tests/multinode.rs)
+
+const HEARTBEAT_MS: u64 = 100;
+const IO_TIMEOUT_MS: u64 = 500;
+/// Others call a node dead after its slot did not change for this long
+/// (8 x io_timeout + 2 x io_timeout + 2 x interval = 5.2 s; docs/locking.md §2).
+const DEAD_TIME: Duration =
+    Duration::from_millis(8 * IO_TIMEOUT_MS + 2 * IO_TIMEOUT_MS + 2 * HEARTBEAT_MS);
+/// Recovery may take this long beyond the dead time (journal replay, lock release).
+const RECOVERY_SLACK: Duration = Duration::from_secs(10);
+const LUN_SIZE: u64 = 4 << 30;
+const NODES: [&str; 3] = ["node1", "node2", "node3"];
+
+/// One scenario at a time: each starts three daemons, and on a 2-core machine parallel
+/// scenarios would turn the timing bounds into a test of the scheduler.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+struct Cluster {
+    test: &'static str,
+    /// Index i is NODES[i]. Declared before `lun` so mounts go before the LUN's directory.
+    nodes: Vec<Option<Mount>>,
+    lun: Lun,
+}
+
+impl Cluster {
+    /// A fresh LUN formatted with the test timings, 8 slots and `extra` mkfs arguments.
+    fn formatted(test: &'static str, extra: &[&str]) -> Self {
+        let lun = Lun::new(LUN_SIZE);
+        let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
+        let mut args = vec!["--heartbeat-interval", &hb, "--io-timeout", &io, "-N", "8"];
+        args.extend_from_slice(extra);
+        lun.mkfs(&args);
+        Self {
+            test,
+            nodes: NODES.iter().map(|_| None).collect(),
+            lun,
+        }
+    }
+
+    fn mount(&mut self, i: usize, opts: &[&str], env: &[(&str, &str)]) {
+        let mp = self.lun.dir().join(format!("mnt-{}", NODES[i]));
+        let t = Instant::now();
+        match Mount::try_new_env(self.lun.path(), &mp, NODES[i], opts, env) {
+            Ok(m) => {
+                eprintln!(
+                    "{}: {} mounted (pid {}, {})",
+                    self.test,
+                    NODES[i],
+                    m.pid(),
+                    secs(t.elapsed())
+                );
+                self.nodes[i] = Some(m);
+            }
+            Err(r) => panic!(
+                "{}: mounting {} (opts {opts:?}) failed: {r}",
+                self.test, NODES[i]
+            ),
+        }
+    }
+
+    fn n(&self, i: usize) -> &Mount {
+        self.nodes[i]
+            .as_ref()
+            .unwrap_or_else(|| panic!("{}: {} is not mounted", self.test, NODES[i]))
+    }
+
+    fn take(&mut self, i: usize) -> Mount {
+        self.nodes[i]
+            .take()
+            .unwrap_or_else(|| panic!("{}: {} is not mounted", self.test, NODES[i]))
+    }
+
+    fn log_of(&self, i: usize) -> String {
+        read_lossy(&self.lun.dir().join(format!("mnt-{}.log", NODES[i])))
+    }
+
+    /// Last lines of every daemon log in the LUN's directory.
+    fn logs(&self) -> String {
+        const LINES: usize = 120;
+        let mut names: Vec<PathBuf> = fs::read_dir(self.lun.dir())
+            .map(|rd| {
+                rd.flatten()
+                    .map(|e| e.path())
+                    .filter(|p| p.extension().is_some_and(|x| x == "log"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        names.sort();
+        let mut out = String::new();
+        for p in names {
+            let text = read_lossy(&p);
+            let lines: Vec<&str> = text.lines().collect();
+            let _ = writeln!(
+                out,
+                "----- {} ({} lines, last {}) -----\n{}",
+                p.display(),
+                lines.len(),
+                LINES.min(lines.len()),
+                lines[lines.len().saturating_sub(LINES)..].join("\n")
+            );
+        }
+        out
+    }
+
+    fn unmount_all_and_fsck(&mut self) {
+        let mut errs = Vec::new();
+        for (node, m) in NODES.iter().zip(&mut self.nodes) {
+            if let Some(mut m) = m.take() {
+                if let Err(e) = m.try_unmount() {
+                    errs.push(format!("{node}: {e}"));
+                }
+            }
+        }
+        assert!(
+            errs.is_empty(),
+            "{}: unmount failed:\n{}",
+            self.test,
+            errs.join("\n")
+        );
+        let r = self.lun.fsck();
+        assert_eq!(
+            r.code, 0,
+            "{}: fsck -n is not clean after unmounting all nodes: {r}",
+            self.test
+        );
+        eprintln!("{}: all nodes unmounted, fsck -n clean", self.test);
+    }
+
+    /// The superblock, read from the LUN file.
+    fn superblock(&self) -> Superblock {
+        Superblock::decode(&self.lun.peek(0, FS_BLOCK_SIZE)).expect("primary superblock decodes")
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "\n===== {}: daemon logs of all nodes =====\n{}===== end of logs =====",
+                self.test,
+                self.logs()
+            );
+        }
+        for m in &mut self.nodes {
+            drop(m.take());
+        }
+    }
+}
+
+/// Sets `stop` on drop (also while unwinding), so worker threads end when a test fails.
+struct StopGuard<'a>(&'a AtomicBool);
+
+impl Drop for StopGuard<'_> {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+fn io_err(what: &str, e: &io::Error) -> String {
+    format!("{what}: {e} ({})", errno_name(errno_of(e)))
+}
+
+fn fsync_dir(p: &Path) -> io::Result<()> {
+    fs::File::open(p)?.sync_all()
+}
+
+/// Wait until `p` exists (another node's change reaches this node's kernel cache).
+fn wait_exists(p: &Path) {
+    assert!(
+        poll_until(Duration::from_secs(10), || fs::symlink_metadata(p).is_ok()).is_some(),
+        "{} did not appear within 10 s",
+        p.display()
+    );
+}
+
+fn mix(mut z: u64) -> u64 {
+    z = z.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+fn fill(key: u64, buf: &mut [u8]) {
+    let k = mix(key);
+    for (i, ch) in buf.chunks_mut(8).enumerate() {
+        let w = mix(k ^ (i as u64)).to_le_bytes();
+        ch.copy_from_slice(&w[..ch.len()]);
+    }
+}
+
+fn pattern(key: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill(key, &mut v);
+    v
+}
+
+// ---------------------------------------------------------------------------------------------
+// 1. Cross-node directory moves into each other's subtree, and overwriting file renames
+
+/// The two directories that chase each other, each with a two-level subtree and files.
+/// Node `k` (0 or 1) owns MOVERS[k]; it moves it to `<other>/<other>1/<own>` and back.
+const MOVERS: [&str; 2] = ["A", "B"];
+/// Files in each mover's deepest directory.
+const MOVER_FILES: usize = 5;
+/// Two shared directories for file renames, and the names both nodes overwrite.
+const SRC_DIR: &str = "P";
+const DST_DIR: &str = "Q";
+const TARGETS: usize = 4;
+/// Race rounds (bounded further by RACE_TIME).
+const ROUNDS: usize = 400;
+const RACE_TIME: Duration = Duration::from_secs(15);
+
+fn mover_tree(d: &str) -> Vec<String> {
+    let l = d.to_lowercase();
+    vec![
+        d.to_string(),
+        format!("{d}/{l}1"),
+        format!("{d}/{l}1/{l}2"),
+        format!("{d}/{l}3"),
+    ]
+}
+
+fn mover_files(d: &str) -> Vec<String> {
+    let l = d.to_lowercase();
+    (0..MOVER_FILES)
+        .map(|i| format!("{d}/{l}1/{l}2/f{i}"))
+        .collect()
+}
+
+/// Content that names a file: its identity, and the node and round that made it.
+fn id_content(id: &str) -> Vec<u8> {
+    format!("cetrafs file {id}\n").into_bytes()
+}
+
+#[derive(Debug, Default)]
+struct RaceOut {
+    /// Rounds in which this node's move into the other's subtree succeeded.
+    won: Vec<usize>,
+    /// errno of the refused moves -> count.
+    refused: BTreeMap<String, usize>,
+    /// File renames onto a shared target: (round, target index, file id).
+    renamed: Vec<(usize, usize, String)>,
+    errors: Vec<String>,
+}
+
+/// Node `k`'s part of one round: the move (at the barrier), its undo, and one file rename.
+/// Returns whether to stop: both nodes decide together after the round's last barrier.
+fn race_round(
+    k: usize,
+    mp: &Path,
+    round: usize,
+    sync: (&Barrier, &AtomicBool, Instant),
+    out: &mut RaceOut,
+) -> bool {
+    let (barrier, stop, t0) = sync;
+    let own = MOVERS[k];
+    let other = MOVERS[1 - k];
+    let inside = format!("{other}/{}1/{own}", other.to_lowercase());
+    // The file to rename is made before the barrier, so both renames run at once too.
+    let id = format!("{}-r{round}", NODES[k]);
+    let src = mp.join(SRC_DIR).join(&id);
+    if let Err(e) = fs::write(&src, id_content(&id)) {
+        out.errors.push(io_err(
+            &format!("{}: create {}", NODES[k], src.display()),
+            &e,
+        ));
+    }
+    barrier.wait();
+    let moved = fs::rename(mp.join(own), mp.join(&inside));
+    // Both moves are done (or refused) before either is undone: each was judged against the
+    // same tree, in which both directories sit at the root.
+    barrier.wait();
+    match moved {
+        Ok(()) => {
+            out.won.push(round);
+            // Undo: only this node ever moves `own`, so this must succeed.
+            let back = poll_until(Duration::from_secs(5), || {
+                fs::rename(mp.join(&inside), mp.join(own)).is_ok()
+            });
+            if back.is_none() {
+                out.errors.push(format!(
+                    "{}: round {round}: cannot move {inside} back to {own}: {:?}",
+                    NODES[k],
+                    fs::rename(mp.join(&inside), mp.join(own)).err()
+                ));
+            }
+        }
+        Err(e) => *out.refused.entry(errno_name(errno_of(&e))).or_default() += 1,
+    }
+    let t = round % TARGETS;
+    let dst = mp.join(DST_DIR).join(format!("t{t}"));
+    match fs::rename(&src, &dst) {
+        Ok(()) => out.renamed.push((round, t, id)),
+        Err(e) => out.errors.push(io_err(
+            &format!(
+                "{}: rename {} -> {}",
+                NODES[k],
+                src.display(),
+                dst.display()
+            ),
+            &e,
+        )),
+    }
+    if !out.errors.is_empty() || t0.elapsed() > RACE_TIME {
+        stop.store(true, Ordering::SeqCst);
+    }
+    // Both nodes wait until both finished the round: the next round starts from the
+    // initial tree again, and both read the same stop decision.
+    barrier.wait();
+    stop.load(Ordering::SeqCst)
+}
+
+/// What a walk finds: relative path -> (inode, is a directory, link count).
+type Tree = BTreeMap<String, (u64, bool, u64)>;
+
+/// What node3 finds walking from the root, and errors.
+fn walk(root: &Path) -> (Tree, Vec<String>) {
+    let mut seen_dirs: BTreeSet<u64> = BTreeSet::new();
+    let mut found = BTreeMap::new();
+    let mut errors = Vec::new();
+    let mut stack = vec![(root.to_path_buf(), String::new())];
+    let st = lstat(root).expect("lstat root");
+    seen_dirs.insert(st.st_ino);
+    while let Some((dir, rel)) = stack.pop() {
+        let rd = match fs::read_dir(&dir) {
+            Ok(rd) => rd,
+            Err(e) => {
+                errors.push(io_err(&format!("readdir {rel:?}"), &e));
+                continue;
+            }
+        };
+        for e in rd {
+            let e = match e {
+                Ok(e) => e,
+                Err(e) => {
+                    errors.push(io_err(&format!("readdir entry in {rel:?}"), &e));
+                    continue;
+                }
+            };
+            let name = e.file_name().to_string_lossy().into_owned();
+            let r = if rel.is_empty() {
+                name
+            } else {
+                format!("{rel}/{name}")
+            };
+            let md = match fs::symlink_metadata(e.path()) {
+                Ok(m) => m,
+                Err(x) => {
+                    errors.push(io_err(&format!("lstat {r}"), &x));
+                    continue;
+                }
+            };
+            if md.is_dir() {
+                if !seen_dirs.insert(md.ino()) {
+                    errors.push(format!(
+                        "directory inode {} reached twice (again at {r}): a loop or a duplicated entry",
+                        md.ino()
+                    ));
+                    continue;
+                }
+                stack.push((e.path(), r.clone()));
+            }
+            if found
+                .insert(r.clone(), (md.ino(), md.is_dir(), md.nlink()))
+                .is_some()
+            {
+                errors.push(format!("{r} listed twice"));
+            }
+        }
+    }
+    (found, errors)
+}
+
+#[test]
+fn cross_node_directory_moves_never_loop() {
+    require_fuse!();
+    let _serial = serial();
+    let mut c = Cluster::formatted("cross_node_directory_moves_never_loop", &[]);
+    for i in 0..NODES.len() {
+        c.mount(i, &[], &[]);
+    }
+    let m1 = c.n(0).path().to_path_buf();
+    let mut dirs: Vec<String> = MOVERS.iter().flat_map(|d| mover_tree(d)).collect();
+    dirs.extend([SRC_DIR.to_string(), DST_DIR.to_string()]);
+    for d in &dirs {
+        fs::create_dir(m1.join(d)).unwrap_or_else(|e| panic!("mkdir {d}: {e}"));
+    }
+    let mut files: Vec<String> = MOVERS.iter().flat_map(|d| mover_files(d)).collect();
+    for t in 0..TARGETS {
+        files.push(format!("{DST_DIR}/t{t}"));
+    }
+    for f in &files {
+        fs::write(m1.join(f), id_content(f)).unwrap_or_else(|e| panic!("create {f}: {e}"));
+    }
+    fsync_dir(&m1).expect("fsync root");
+    for i in 1..NODES.len() {
+        for p in dirs.iter().chain(&files) {
+            wait_exists(&c.n(i).p(p));
+        }
+    }
+    // On one node the kernel (and the filesystem) refuses a move into its own subtree.
+    let e = fs::rename(m1.join("A"), m1.join("A/a1/A")).expect_err("A moved into its own subtree");
+    assert_eq!(
+        errno_of(&e),
+        libc::EINVAL,
+        "move of A into A/a1 on one node: {e}"
+    );
+
+    let barrier = Barrier::new(2);
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    let outs: Vec<(RaceOut, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|k| {
+                let mp = c.n(k).path().to_path_buf();
+                let sync = (&barrier, &stop, t0);
+                s.spawn(move || {
+                    let mut out = RaceOut::default();
+                    let mut rounds = 0;
+                    while rounds < ROUNDS {
+                        rounds += 1;
+                        if race_round(k, &mp, rounds - 1, sync, &mut out) {
+                            break;
+                        }
+                    }
+                    (out, rounds)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("race thread panicked"))
+            .collect()
+    });
+    assert_eq!(outs[0].1, outs[1].1, "both nodes ran the same rounds");
+    let rounds = outs[0].1;
+    let outs: Vec<RaceOut> = outs.into_iter().map(|(o, _)| o).collect();
+    let raced = t0.elapsed();
+    let errors: Vec<String> = outs.iter().flat_map(|o| o.errors.clone()).collect();
+    assert!(
+        errors.is_empty(),
+        "operations failed during the race:\n  {}",
+        errors.join("\n  ")
+    );
+    for (k, o) in outs.iter().enumerate() {
+        let refused = &o.refused;
+        eprintln!(
+            "cross_node_directory_moves_never_loop: {}: moved {} into {}'s subtree in {} of \
+             {rounds} rounds; refused: {refused:?}",
+            NODES[k],
+            MOVERS[k],
+            MOVERS[1 - k],
+            o.won.len()
+        );
+    }
+    eprintln!(
+        "cross_node_directory_moves_never_loop: {rounds} rounds in {}",
+        secs(raced)
+    );
+    let both: Vec<&usize> = outs[0]
+        .won
+        .iter()
+        .filter(|r| outs[1].won.contains(r))
+        .collect();
+    assert!(
+        both.is_empty(),
+        "in rounds {both:?} both moves into each other's subtree succeeded (a loop)"
+    );
+    let refusals: usize = outs.iter().map(|o| o.refused.values().sum::<usize>()).sum();
+    assert!(
+        outs[0].won.len() + outs[1].won.len() + refusals >= 2 * rounds,
+        "every round each node's move either succeeded or was refused"
+    );
+
+    // The model: the initial tree; each shared target holds the file of the last successful
+    // rename onto it (the renames of one round run at once, so either node's may be last).
+    let mut expect_target: BTreeMap<usize, Vec<String>> = BTreeMap::new();
+    let last_round: BTreeMap<usize, usize> = outs
+        .iter()
+        .flat_map(|o| o.renamed.iter().map(|(r, t, _)| (*t, *r)))
+        .fold(BTreeMap::new(), |mut m, (t, r)| {
+            let e = m.entry(t).or_insert(r);
+            *e = (*e).max(r);
+            m
+        });
+    for o in &outs {
+        for (r, t, id) in &o.renamed {
+            if last_round.get(t) == Some(r) {
+                expect_target.entry(*t).or_default().push(id.clone());
+            }
+        }
+    }
+    // node3 walks the tree.
+    let m3 = c.n(2).path().to_path_buf();
+    let mut found = BTreeMap::new();
+    let mut walk_errors = Vec::new();
+    // Give node3's kernel caches the entry timeout to forget the race.
+    let settled = poll_until(Duration::from_secs(5), || {
+        let (f, e) = walk(&m3);
+        let ok = e.is_empty()
+            && dirs.iter().chain(&files).all(|p| f.contains_key(p))
+            && f.len() == dirs.len() + files.len();
+        found = f;
+        walk_errors = e;
+        ok
+    });
+    assert!(walk_errors.is_empty(), "walk on node3: {walk_errors:#?}");
+    let want: BTreeSet<&String> = dirs.iter().chain(&files).collect();
+    let have: BTreeSet<&String> = found.keys().collect();
+    assert!(
+        settled.is_some(),
+        "node3's tree differs from the model:\n  missing: {:?}\n  unexpected: {:?}",
+        want.difference(&have).collect::<Vec<_>>(),
+        have.difference(&want).collect::<Vec<_>>()
+    );
+    // Link counts: a directory has 2 + its subdirectories, a file its one name.
+    let mut inodes: BTreeMap<u64, usize> = BTreeMap::new();
+    for (p, (ino, is_dir, nlink)) in &found {
+        *inodes.entry(*ino).or_default() += 1;
+        let want = if *is_dir {
+            2 + found
+                .iter()
+                .filter(|(q, (_, d, _))| *d && Path::new(q).parent() == Some(Path::new(p)))
+                .count() as u64
+        } else {
+            1
+        };
+        assert_eq!(*nlink, want, "{p}: nlink {nlink}, expected {want}");
+    }
+    assert!(
+        inodes.values().all(|&n| n == 1),
+        "an inode under two names: {inodes:?}"
+    );
+    // File contents: the mover files their own; each target one of the last renames onto it.
+    for f in MOVERS.iter().flat_map(|d| mover_files(d)) {
+        assert_eq!(
+            fs::read(m3.join(&f)).expect("read mover file"),
+            id_content(&f),
+            "{f}"
+        );
+    }
+    for t in 0..TARGETS {
+        let p = format!("{DST_DIR}/t{t}");
+        let got = fs::read(m3.join(&p)).expect("read target");
+        let ok = match expect_target.get(&t) {
+            Some(ids) => ids.iter().any(|id| id_content(id) == got),
+            None => got == id_content(&p),
+        };
+        assert!(
+            ok,
+            "{p} holds {:?}, expected one of {:?}",
+            String::from_utf8_lossy(&got),
+            expect_target.get(&t)
+        );
+    }
+    let src_left = fs::read_dir(m3.join(SRC_DIR)).expect("readdir P").count();
+    assert_eq!(src_left, 0, "every file in {SRC_DIR} was renamed away");
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 2. Two nofilelock nodes write one file at once
+//
+// What is and is not promised (docs/locking.md §8): `nofilelock` only turns off the
+// cross-node writer check; nothing in docs/locking.md promises O_APPEND atomicity across
+// nodes. Files are opened FOPEN_DIRECT_IO and the *kernel* picks an O_APPEND write's offset
+// from its own cached i_size (FUSE's generic_write_checks), which the daemon then uses as
+// given; the size another node's appends reached is known here only after the attribute
+// timeout and a lock handoff. So POSIX's "the offset is set to the end of the file and the
+// write done as one atomic step" holds between the writers of one node only. What the
+// appenders test does require of two nodes: no record torn, mixed or corrupted, no record
+// twice, no byte that is not part of a record (no stale data, no holes of zeros), and no
+// record lost. The pwrite test (disjoint, never-allocated regions of one sparse file,
+// allocating in the same inode's extent map from two nodes at once) is strict: every byte.
+
+/// One appended record: 256 bytes, self-describing (writer, sequence, checksum).
+const REC: usize = 256;
+const APPEND_RECORDS: u32 = 300;
+
+fn record_bytes(writer: u8, seq: u32) -> Vec<u8> {
+    let mut r = vec![0u8; REC];
+    r[0..4].copy_from_slice(b"REC:");
+    r[4] = writer;
+    r[5..9].copy_from_slice(&seq.to_le_bytes());
+    fill(u64::from(writer) << 32 | u64::from(seq), &mut r[9..REC - 4]);
+    let sum = checksum(&r[..REC - 4]);
+    r[REC - 4..].copy_from_slice(&sum.to_le_bytes());
+    r
+}
+
+fn checksum(b: &[u8]) -> u32 {
+    let h = b.iter().fold(0u64, |h, &x| mix(h ^ u64::from(x)));
+    u32::from_le_bytes(h.to_le_bytes()[..4].try_into().unwrap_or_default())
+}
+
+/// Decode a record; None if it is not an intact record.
+fn parse_record(r: &[u8]) -> Option<(u8, u32)> {
+    let sum = u32::from_le_bytes(r[REC - 4..].try_into().ok()?);
+    if &r[0..4] != b"REC:" || checksum(&r[..REC - 4]) != sum {
+        return None;
+    }
+    let seq = u32::from_le_bytes(r[5..9].try_into().ok()?);
+    (record_bytes(r[4], seq) == r).then_some((r[4], seq))
+}
+
+fn mount_nofilelock_pair(c: &mut Cluster) {
+    c.mount(0, &["nofilelock"], &[]);
+    c.mount(1, &["nofilelock"], &[]);
+    c.mount(2, &[], &[]);
+    for i in [0, 1] {
+        assert!(
+            c.n(i)
+                .own_log()
+                .contains("nofilelock: nothing stops a second writer"),
+            "{} mounted nofilelock without its warning",
+            NODES[i]
+        );
+    }
+}
+
+/// Records intact, none twice, no byte outside a record: what holds today.
+#[test]
+fn nofilelock_appenders_share_one_file() {
+    appenders(false);
+}
+
+/// ... and no record lost: O_APPEND atomic across nodes. Fails today (see the comment above
+/// the constants: the kernel's cached i_size chooses the offset).
+#[test]
+#[ignore = "known bug (reported, issue 9): O_APPEND writes use the offset the node's kernel \
+            computed from its cached i_size; the daemon ignores O_APPEND, so two nodes' appends \
+            overwrite each other (about half the records lost)"]
+fn nofilelock_appends_from_two_nodes_lose_nothing() {
+    appenders(true);
+}
+
+fn appenders(require_none_lost: bool) {
+    require_fuse!();
+    let _serial = serial();
+    let mut c = Cluster::formatted("nofilelock_appenders_share_one_file", &[]);
+    mount_nofilelock_pair(&mut c);
+    let name = "log";
+    fs::File::create_new(c.n(0).p(name))
+        .and_then(|f| f.sync_all())
+        .expect("create the shared file");
+    wait_exists(&c.n(1).p(name));
+    let barrier = Barrier::new(2);
+    let t0 = Instant::now();
+    let results: Vec<Result<(), String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = [0usize, 1]
+            .iter()
+            .map(|&k| {
+                let p = c.n(k).p(name);
+                let barrier = &barrier;
+                s.spawn(move || -> Result<(), String> {
+                    let mut f = fs::OpenOptions::new()
+                        .append(true)
+                        .open(&p)
+                        .map_err(|e| io_err(&format!("{} open O_APPEND", NODES[k]), &e))?;
+                    barrier.wait();
+                    let w = u8::try_from(k + 1).unwrap_or(0);
+                    for seq in 0..APPEND_RECORDS {
+                        f.write_all(&record_bytes(w, seq))
+                            .map_err(|e| io_err(&format!("{} append {seq}", NODES[k]), &e))?;
+                    }
+                    f.sync_all()
+                        .map_err(|e| io_err(&format!("{} fsync", NODES[k]), &e))
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("appender panicked"))
+            .collect()
+    });
+    let took = t0.elapsed();
+    for r in &results {
+        if let Err(e) = r {
+            panic!("{e}");
+        }
+    }
+    // node3 reads the file (after its attribute cache has expired).
+    let p3 = c.n(2).p(name);
+    std::thread::sleep(Duration::from_secs(1));
+    let data = fs::read(&p3).expect("read on node3");
+    let mut count: BTreeMap<(u8, u32), usize> = BTreeMap::new();
+    let mut bad = Vec::new();
+    if !data.len().is_multiple_of(REC) {
+        bad.push(format!(
+            "file size {} is not a whole number of records",
+            data.len()
+        ));
+    }
+    for (i, r) in data.chunks(REC).enumerate() {
+        match (r.len() == REC).then(|| parse_record(r)).flatten() {
+            Some(id) => *count.entry(id).or_default() += 1,
+            None => {
+                let zeros = r.iter().all(|&b| b == 0);
+                bad.push(format!(
+                    "record slot {i} (byte {}) is {}",
+                    i * REC,
+                    if zeros {
+                        "all zeros (a hole)"
+                    } else {
+                        "torn or foreign"
+                    }
+                ));
+            }
+        }
+    }
+    let dups: Vec<_> = count.iter().filter(|(_, &n)| n > 1).collect();
+    let lost: Vec<(u8, u32)> = (1..=2u8)
+        .flat_map(|w| (0..APPEND_RECORDS).map(move |s| (w, s)))
+        .filter(|id| !count.contains_key(id))
+        .collect();
+    eprintln!(
+        "nofilelock_appenders_share_one_file: 2 x {APPEND_RECORDS} appends of {REC} bytes in {}; \
+         node3 reads {} bytes: {} intact records, {} bad slots, {} duplicated, {} lost",
+        secs(took),
+        data.len(),
+        count.len(),
+        bad.len(),
+        dups.len(),
+        lost.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "torn, foreign or zero records: {:#?}",
+        &bad[..bad.len().min(10)]
+    );
+    assert!(dups.is_empty(), "records present twice: {dups:?}");
+    assert!(
+        !require_none_lost || lost.is_empty(),
+        "{} of {} records lost (overwritten by the other node's appends), first: {:?}",
+        lost.len(),
+        2 * APPEND_RECORDS,
+        &lost[..lost.len().min(10)]
+    );
+    c.unmount_all_and_fsck();
+}
+
+/// Regions of the sparse file: REGIONS of REGION bytes, node1 fills the even ones and node2
+/// the odd ones, in CHUNK pwrites in a shuffled order, all at once.
+const REGION: usize = 256 << 10;
+const REGIONS: usize = 64;
+const CHUNK: usize = 16 << 10;
+
+fn chunk_key(region: usize, chunk: usize) -> u64 {
+    ((region as u64) << 20) | chunk as u64 | 0xF11E_0000_0000_0000
+}
+
+#[test]
+fn nofilelock_writers_fill_holes_of_one_file() {
+    require_fuse!();
+    let _serial = serial();
+    let seed = seed("nofilelock_writers_fill_holes_of_one_file");
+    let mut c = Cluster::formatted("nofilelock_writers_fill_holes_of_one_file", &[]);
+    mount_nofilelock_pair(&mut c);
+    let name = "sparse";
+    // A sparse file with a tail beyond the last region, so every region is inside EOF and
+    // unallocated until written.
+    let size = (REGIONS * REGION + REGION) as u64;
+    {
+        let f = fs::File::create_new(c.n(0).p(name)).expect("create sparse file");
+        f.set_len(size).expect("set_len");
+        f.sync_all().expect("fsync");
+    }
+    wait_exists(&c.n(1).p(name));
+    let barrier = Barrier::new(2);
+    let t0 = Instant::now();
+    let results: Vec<Result<usize, String>> = std::thread::scope(|s| {
+        let hs: Vec<_> = [0usize, 1]
+            .iter()
+            .map(|&k| {
+                let p = c.n(k).p(name);
+                let barrier = &barrier;
+                s.spawn(move || -> Result<usize, String> {
+                    let f = fs::OpenOptions::new()
+                        .write(true)
+                        .custom_flags(libc::O_DIRECT)
+                        .open(&p)
+                        .map_err(|e| io_err(&format!("{} open", NODES[k]), &e))?;
+                    let mut rng = StdRng::seed_from_u64(seed ^ mix(k as u64));
+                    let mut work: Vec<(usize, usize)> = (0..REGIONS)
+                        .filter(|r| r % 2 == k)
+                        .flat_map(|r| (0..REGION / CHUNK).map(move |ch| (r, ch)))
+                        .collect();
+                    for i in (1..work.len()).rev() {
+                        work.swap(i, rng.gen_range(0..=i));
+                    }
+                    let mut buf = cetrafs_tests::AlignedBuf::new(CHUNK);
+                    barrier.wait();
+                    for &(r, ch) in &work {
+                        fill(chunk_key(r, ch), &mut buf);
+                        let off = (r * REGION + ch * CHUNK) as u64;
+                        f.write_all_at(&buf, off)
+                            .map_err(|e| io_err(&format!("{} pwrite at {off}", NODES[k]), &e))?;
+                    }
+                    f.sync_all()
+                        .map_err(|e| io_err(&format!("{} fsync", NODES[k]), &e))?;
+                    Ok(work.len())
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("writer panicked"))
+            .collect()
+    });
+    let took = t0.elapsed();
+    let mut writes = 0;
+    for r in &results {
+        match r {
+            Ok(n) => writes += n,
+            Err(e) => panic!("{e}"),
+        }
+    }
+    let verify = |p: PathBuf| -> Vec<String> {
+        let f = fs::File::open(&p).expect("open for verify");
+        let len = f.metadata().expect("stat").len();
+        let mut bad = Vec::new();
+        if len != size {
+            bad.push(format!("size {len}, expected {size}"));
+        }
+        let mut buf = vec![0u8; CHUNK];
+        let mut want = vec![0u8; CHUNK];
+        for r in 0..=REGIONS {
+            for ch in 0..REGION / CHUNK {
+                let off = (r * REGION + ch * CHUNK) as u64;
+                if let Err(e) = f.read_exact_at(&mut buf, off) {
+                    bad.push(io_err(&format!("read at {off}"), &e));
+                    continue;
+                }
+                if r < REGIONS {
+                    fill(chunk_key(r, ch), &mut want);
+                } else {
+                    want.fill(0);
+                }
+                if buf != want {
+                    let first = buf.iter().zip(&want).position(|(a, b)| a != b).unwrap_or(0);
+                    bad.push(format!(
+                        "region {r} (node{}) chunk {ch}: byte {} differs ({})",
+                        r % 2 + 1,
+                        off + first as u64,
+                        if buf.iter().all(|&b| b == 0) {
+                            "all zeros: lost"
+                        } else {
+                            "wrong data"
+                        }
+                    ));
+                }
+            }
+        }
+        bad
+    };
+    std::thread::sleep(Duration::from_secs(1));
+    let bad = verify(c.n(2).p(name));
+    eprintln!(
+        "nofilelock_writers_fill_holes_of_one_file: {writes} pwrites of {CHUNK} bytes into \
+         {REGIONS} holes from 2 nodes in {}; node3 verified {} bytes: {} bad chunks",
+        secs(took),
+        size,
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "node3 reads: {:#?}",
+        &bad[..bad.len().min(10)]
+    );
+    c.unmount_all_and_fsck();
+    // And after a fresh mount (what is on disk, not what a node cached).
+    c.mount(2, &[], &[]);
+    let bad = verify(c.n(2).p(name));
+    assert!(
+        bad.is_empty(),
+        "after remount: {:#?}",
+        &bad[..bad.len().min(10)]
+    );
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 3. SIGKILL while holding the global lock exclusively, 100 files open for writing and a
+//    running transaction in two allocation groups
+
+const OPEN_FILES: usize = 100;
+/// The smallest groups mkfs allows, so that a few tens of MiB of writes spread over several.
+const GROUP_SIZE: &str = "16M";
+/// Bytes each open file gets before the fsync (100 x 192 KiB = 19 MiB).
+const DURABLE_BYTES: usize = 192 << 10;
+const WRITE_CHUNK: usize = 64 << 10;
+/// Files written first (so their blocks are in the first group) and removed during the
+/// unsynced phase: frees in the first group while the new writes allocate in later ones.
+const SCRATCH_DIR: &str = "scratch";
+const SCRATCH_FILES: u64 = 200;
+
+fn file_key(i: usize, chunk: usize) -> u64 {
+    0xD00D_0000_0000_0000 | ((i as u64) << 24) | chunk as u64
+}
+
+/// Node slot whose heartbeat names `host`, read from the LUN file.
+fn slot_of(c: &Cluster, sb: &Superblock, host: &str) -> u32 {
+    let lbs = u64::from(sb.logical_block_size);
+    (0..sb.max_nodes)
+        .find(|&s| {
+            let raw = c
+                .lun
+                .peek(lba_of(sb, s) * lbs, usize::try_from(lbs).expect("lbs fits"));
+            decode_slot(&raw, sb, s)
+                .ok()
+                .flatten()
+                .is_some_and(|h| h.host == host)
+        })
+        .unwrap_or_else(|| panic!("no heartbeat slot names {host}"))
+}
+
+/// What the lock records say about `slot`: (holds record 0 exclusively, writer registrations).
+fn locks_of(c: &Cluster, sb: &Superblock, slot: u32) -> (bool, usize) {
+    let layout = LockLayout::new(sb);
+    let lbs = u64::from(sb.logical_block_size);
+    let read = |index: u64| {
+        let raw = c.lun.peek(
+            sb.lock_start * FS_BLOCK + index * lbs,
+            usize::try_from(lbs).expect("lbs fits"),
+        );
+        layout.decode_at(&raw, index)
+    };
+    let global = read(0).expect("lock record 0 decodes");
+    let excl = global.mode == LockMode::Exclusive && global.owner == slot;
+    let writers = (layout.bucket_base..layout.bucket_base + layout.buckets)
+        .filter_map(|i| read(i).ok())
+        .map(|r| {
+            r.entries
+                .iter()
+                .filter(|e| e.slot == slot && e.writer)
+                .count()
+        })
+        .sum();
+    (excl, writers)
+}
+
+fn now_ns() -> u128 {
+    cetrafs_tests::realtime_ns()
+}
+
+#[test]
+fn sigkill_with_100_open_writers_and_two_groups() {
+    require_fuse!();
+    let _serial = serial();
+    let test = "sigkill_with_100_open_writers_and_two_groups";
+    let seed = seed(test);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut c = Cluster::formatted(test, &["--group-size", GROUP_SIZE]);
+    // Not *.log: Cluster::logs must not dump it.
+    let wlog = c.lun.dir().join("writes-node2.txt");
+    let wlog_s = wlog.to_string_lossy().into_owned();
+    c.mount(0, &[], &[]);
+    c.mount(1, &[], &[("CETRA_WRITE_LOG", &wlog_s)]);
+    c.mount(2, &[], &[]);
+    let sb = c.superblock();
+    eprintln!(
+        "{test}: {} groups of {} MiB",
+        sb.group_count,
+        (sb.group_blocks * FS_BLOCK) >> 20
+    );
+    let m2 = c.n(1).path().to_path_buf();
+    fs::create_dir(m2.join("w")).expect("mkdir w");
+    fs::create_dir(m2.join(SCRATCH_DIR)).expect("mkdir scratch");
+    // Phase 1 (durable): scratch files first, then 100 files open for writing, DURABLE_BYTES
+    // each; everything fsync'd.
+    let scratch_t = (now_ns(), 0);
+    for i in 0..SCRATCH_FILES {
+        fs::write(
+            m2.join(format!("{SCRATCH_DIR}/s{i}")),
+            pattern(i, WRITE_CHUNK),
+        )
+        .expect("scratch file");
+    }
+    fsync_dir(&m2.join(SCRATCH_DIR)).expect("fsync scratch");
+    let scratch_t = (scratch_t.0, now_ns());
+    let open: Vec<fs::File> = (0..OPEN_FILES)
+        .map(|i| fs::File::create_new(m2.join(format!("w/f{i}"))).expect("create open file"))
+        .collect();
+    let chunks = DURABLE_BYTES / WRITE_CHUNK;
+    let mut buf = vec![0u8; WRITE_CHUNK];
+    for ch in 0..chunks {
+        for (i, f) in open.iter().enumerate() {
+            fill(file_key(i, ch), &mut buf);
+            f.write_all_at(&buf, (ch * WRITE_CHUNK) as u64)
+                .expect("phase 1 write");
+        }
+    }
+    for f in &open {
+        f.sync_all().expect("fsync open file");
+    }
+    fsync_dir(&m2.join("w")).expect("fsync w");
+    let durable_end = Instant::now();
+    let slot2 = slot_of(&c, &sb, "node2");
+
+    // Phase 2 (unsynced): keep appending to the 100 files and removing scratch files until
+    // the kill.
+    let stop = AtomicBool::new(false);
+    let kill_after = Duration::from_millis(rng.gen_range(1500..=3000));
+    let node2 = c.take(1);
+    let node2_pid = node2.pid();
+    let unlinks: Mutex<Vec<u128>> = Mutex::new(Vec::new());
+    let (t_kill, kill_ns, locks_at_kill, phase2_writes) = std::thread::scope(|s| {
+        let _g = StopGuard(&stop);
+        let h = s.spawn(|| {
+            let mut buf = vec![0u8; WRITE_CHUNK];
+            let mut n = 0usize;
+            let mut scratch = 0u64;
+            'outer: for ch in chunks.. {
+                for (i, f) in open.iter().enumerate() {
+                    if stop.load(Ordering::SeqCst) {
+                        break 'outer;
+                    }
+                    fill(file_key(i, ch), &mut buf);
+                    if f.write_all_at(&buf, (ch * WRITE_CHUNK) as u64).is_err() {
+                        break 'outer;
+                    }
+                    n += 1;
+                    if i % 5 == 0 && scratch < SCRATCH_FILES {
+                        let p = m2.join(format!("{SCRATCH_DIR}/s{scratch}"));
+                        if fs::remove_file(p).is_ok() {
+                            unlinks.lock().expect("unlinks").push(now_ns());
+                        }
+                        scratch += 1;
+                    }
+                }
+            }
+            n
+        });
+        std::thread::sleep(kill_after);
+        // What the lock records show just before the kill.
+        let locks = locks_of(&c, &sb, slot2);
+        node2.signal(libc::SIGKILL).expect("SIGKILL node2");
+        let t_kill = Instant::now();
+        let kill_ns = now_ns();
+        stop.store(true, Ordering::SeqCst);
+        let n = h.join().expect("phase 2 writer panicked");
+        (t_kill, kill_ns, locks, n)
+    });
+    drop(open);
+    let st = node2
+        .abandon(None)
+        .unwrap_or_else(|e| panic!("reaping node2: {e}"));
+    eprintln!(
+        "{test}: node2 (pid {node2_pid}) SIGKILLed {} after its last fsync \
+         ({phase2_writes} unsynced 64 KiB writes): {st:?}; lock records just before: \
+         global lock exclusive = {}, writer registrations = {}",
+        secs(t_kill.duration_since(durable_end)),
+        locks_at_kill.0,
+        locks_at_kill.1
+    );
+    assert!(
+        locks_at_kill.1 >= OPEN_FILES,
+        "node2 had {} writer registrations, expected {OPEN_FILES}",
+        locks_at_kill.1
+    );
+    assert!(
+        locks_at_kill.0,
+        "node2 did not hold the metadata lock exclusively when killed"
+    );
+    // The running transaction at the kill: everything after node2's last journal write.
+    let lines: Vec<WriteLogLine> = read_lossy(&wlog)
+        .lines()
+        .filter_map(WriteLogLine::parse)
+        .collect();
+    // A transaction is written at the journal's block 1 in one write of at least three
+    // blocks (descriptor, images, commit); the one-block write there empties it.
+    let tx_at = (sb.journal_start + u64::from(slot2) * sb.journal_blocks + 1) * FS_BLOCK;
+    let last_commit = lines
+        .iter()
+        .filter(|l| l.kind == WriteKind::Write && l.offset == tx_at && l.len > FS_BLOCK)
+        .map(|l| l.time_ns)
+        .filter(|&t| t < kill_ns)
+        .max()
+        .unwrap_or(0);
+    let data_groups = |from: u128, to: u128| -> BTreeSet<u64> {
+        lines
+            .iter()
+            // Data writes only: longer than one block (metadata goes home block by block).
+            .filter(|l| l.kind == WriteKind::Write && l.len > FS_BLOCK)
+            .filter(|l| (from..to).contains(&l.time_ns))
+            .filter_map(|l| sb.group_of(l.offset / FS_BLOCK))
+            .collect()
+    };
+    let alloc_groups = data_groups(last_commit, kill_ns);
+    let scratch_groups = data_groups(scratch_t.0, scratch_t.1);
+    let freed_in_tx = unlinks
+        .lock()
+        .expect("unlinks")
+        .iter()
+        .filter(|&&t| t > last_commit)
+        .count();
+    eprintln!(
+        "{test}: running transaction at the kill (since node2's last journal write, {} ms \
+         before): wrote new data into groups {alloc_groups:?}, unlinked {freed_in_tx} scratch \
+         files whose data is in groups {scratch_groups:?}",
+        kill_ns.saturating_sub(last_commit) / 1_000_000
+    );
+    let mut spanned = alloc_groups.clone();
+    if freed_in_tx > 0 {
+        spanned.extend(&scratch_groups);
+    }
+    assert!(
+        last_commit > 0 && spanned.len() >= 2,
+        "the running transaction at the kill did not span two groups ({spanned:?})"
+    );
+
+    // Recovery by node1 or node3, and how long it took.
+    let limit = DEAD_TIME + RECOVERY_SLACK;
+    let mut line = None;
+    poll_until(limit + Duration::from_secs(10), || {
+        line = [0, 2].iter().find_map(|&i| {
+            c.log_of(i)
+                .lines()
+                .find(|l| l.contains("recovered") && l.contains("node2"))
+                .map(|l| (i, l.to_string()))
+        });
+        line.is_some()
+    });
+    let took = t_kill.elapsed();
+    let (by, line) = line.unwrap_or_else(|| {
+        panic!(
+            "no survivor logged that it recovered node2 within {}",
+            secs(limit)
+        )
+    });
+    // The survivors carry on: create, write, fsync and read on each.
+    let mut carry = Vec::new();
+    for i in [0, 2] {
+        let t = Instant::now();
+        let p = c.n(i).p(format!("after-{}", NODES[i]));
+        fs::write(&p, pattern(i as u64, 100_000)).expect("survivor create+write");
+        fs::File::open(&p)
+            .and_then(|f| f.sync_all())
+            .expect("survivor fsync");
+        assert_eq!(
+            fs::read(&p).expect("survivor read"),
+            pattern(i as u64, 100_000)
+        );
+        carry.push(format!("{} {}", NODES[i], secs(t.elapsed())));
+    }
+    eprintln!(
+        "{test}: RECOVERY TIME: {} recovered node2 {} after the kill (dead time {}, bound {}): \
+         {line}; then create+write+fsync+read took {}",
+        NODES[by],
+        secs(took),
+        secs(DEAD_TIME),
+        secs(limit),
+        carry.join(", ")
+    );
+    assert!(
+        took <= limit,
+        "recovery took {} > {}",
+        secs(took),
+        secs(limit)
+    );
+    // node2's fsync'd data is intact, read from node1; what survived of the rest is its own.
+    let m1 = c.n(0).path().to_path_buf();
+    let mut bad = Vec::new();
+    for i in 0..OPEN_FILES {
+        let p = m1.join(format!("w/f{i}"));
+        let f = match fs::File::open(&p) {
+            Ok(f) => f,
+            Err(e) => {
+                bad.push(io_err(&format!("open {}", p.display()), &e));
+                continue;
+            }
+        };
+        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        if len < DURABLE_BYTES as u64 {
+            bad.push(format!("w/f{i}: size {len} < fsync'd {DURABLE_BYTES}"));
+        }
+        let mut ch = 0;
+        while ((ch * WRITE_CHUNK) as u64) < len.max(DURABLE_BYTES as u64) {
+            let mut got = vec![0u8; WRITE_CHUNK];
+            let n = f.read_at(&mut got, (ch * WRITE_CHUNK) as u64).unwrap_or(0);
+            let want = pattern(file_key(i, ch), WRITE_CHUNK);
+            if ch < chunks && (n != WRITE_CHUNK || got != want) {
+                bad.push(format!("w/f{i} chunk {ch} (fsync'd) differs"));
+            } else if got[..n] != want[..n] && got[..n].iter().any(|&b| b != 0) {
+                bad.push(format!("w/f{i} chunk {ch} (unsynced) holds foreign data"));
+            }
+            ch += 1;
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "node2's files read on node1: {:#?}",
+        &bad[..bad.len().min(10)]
+    );
+    // node2 comes back and works too.
+    c.mount(1, &[], &[]);
+    fs::write(c.n(1).p("after-node2"), b"back").expect("node2 after remount");
+    c.unmount_all_and_fsck();
+}
