@@ -1067,7 +1067,7 @@ fn sigkill_with_100_open_writers_and_two_groups() {
                         break 'outer;
                     }
                     n += 1;
-                    if i % 5 == 0 && scratch < SCRATCH_FILES {
+                    if i % 50 == 0 && scratch < SCRATCH_FILES {
                         let p = m2.join(format!("{SCRATCH_DIR}/s{scratch}"));
                         if fs::remove_file(p).is_ok() {
                             unlinks.lock().expect("unlinks").push(now_ns());
