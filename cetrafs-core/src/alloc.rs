@@ -849,6 +849,18 @@ impl Allocator {
     /// Free a run (it must lie in one group, as every extent and allocation does; its bitmap
     /// is loaded if it is not). The run shows as free in the bitmap at once but is quarantined
     /// until [`Self::committed`]. An error (reading the group) changes nothing.
+    /// Load the bitmap of the group holding `start` (a run never spans groups), so that a
+    /// following [`free`](Self::free) of blocks there does not read. Callers that free several
+    /// runs call this for all of them first: a read that fails then fails the operation
+    /// before anything is freed, instead of half-way (the blocks freed so far would be
+    /// committed while the inode on disk still maps them).
+    pub fn prepare_free(&mut self, start: u64) -> Result<()> {
+        if let Some((g, _)) = self.locate(start) {
+            self.load(g)?;
+        }
+        Ok(())
+    }
+
     pub fn free(&mut self, start: u64, len: u64) -> Result<()> {
         if len == 0 {
             return Ok(());

@@ -817,8 +817,27 @@ impl Volume {
         Ok(())
     }
 
-    /// Free punched runs. On an error (reading a group's bitmap) the runs not yet freed stay
-    /// allocated: leaked, which fsck reports, never handed out twice.
+    /// Load the bitmaps of every group holding blocks of file blocks [`start`, `end`), before
+    /// anything is punched: a bitmap that cannot be read then fails the operation with the
+    /// inode and the bitmaps unchanged (see [`crate::alloc::Allocator::prepare_free`]).
+    pub(super) fn prepare_free(
+        tx: &mut Tx<'_>,
+        inner: &InodeInner,
+        start: u64,
+        end: u64,
+    ) -> Result<()> {
+        for e in inner
+            .extents
+            .iter()
+            .filter(|e| e.end() > start && e.logical < end)
+        {
+            tx.meta.alloc.prepare_free(e.physical)?;
+        }
+        Ok(())
+    }
+
+    /// Free punched runs, whose groups [`Volume::prepare_free`] loaded. Should a free still
+    /// fail, the runs not yet freed stay allocated: leaked, which fsck reports.
     fn free_runs(tx: &mut Tx<'_>, inner: &mut InodeInner, runs: Vec<(u64, u64)>) -> Result<()> {
         for (p, l) in runs {
             tx.meta.alloc.free(p, l)?;
@@ -835,6 +854,7 @@ impl Volume {
     ) -> Result<()> {
         if size < inner.inode.size {
             let keep = size.div_ceil(FS_BLOCK);
+            Self::prepare_free(tx, inner, keep, u64::MAX)?;
             let freed = inner.extents.punch(keep, u64::MAX);
             Self::free_runs(tx, inner, freed)?;
             // Bytes past EOF in the last block must read as zeros if the file grows again.
@@ -906,6 +926,7 @@ impl Volume {
                         bail!(PermissionDenied, "inode {ino} is append-only");
                     }
                     if f0 < f1 {
+                        Self::prepare_free(tx, &inner, f0, f1)?;
                         let freed = inner.extents.punch(f0, f1);
                         Self::free_runs(tx, &mut inner, freed)?;
                         self.zero_written(&inner, offset, f0 * FS_BLOCK)?;

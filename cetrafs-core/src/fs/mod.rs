@@ -485,6 +485,11 @@ impl Volume {
     /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
+        // Every bitmap this frees into is loaded first: a read that fails leaves the inode
+        // (and its orphan entry) as it was, instead of freeing half its blocks.
+        if inner.inode.is_reg() {
+            Self::prepare_free(tx, inner, 0, u64::MAX)?;
+        }
         if inner.inode.nlink == 0 {
             // Usually on this node's orphan list; on another's when that node unlinked it
             // while this one had it open (the last node to close frees it).
