@@ -342,9 +342,20 @@ impl Volume {
             .into_iter()
             .filter(|st| self.can_free(st, &st.read(), FreeScope::Unmount))
             .collect();
-        let meta = self.meta_ex()?;
-        // Allocating writes still in flight are mapped before the lock is given up.
-        let mut meta = self.drained(meta);
+        // Allocating writes still in flight are mapped before the lock is given up. Waiting
+        // for them lets go of the metadata mutex, and meanwhile the lock may have been handed
+        // to another node: then take it again, until it is held exclusively with nothing in
+        // flight (what follows writes metadata home).
+        let mut meta = loop {
+            let m = self.meta_ex()?;
+            if m.inflight.is_empty() {
+                break m;
+            }
+            let m = self.drained(m);
+            if m.gml == crate::format::lock_record::LockMode::Exclusive && m.inflight.is_empty() {
+                break m;
+            }
+        };
         self.unmounted.store(true, Ordering::SeqCst);
         let mut tx = Tx::new(&*self.dev, &mut meta);
         for st in unlinked {
