@@ -955,54 +955,26 @@ impl Allocator {
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::dev::{mem::MemDevice, BlockDevice, CawOutcome, Geometry};
-    use std::sync::atomic::{AtomicU64, Ordering};
+    use crate::dev::{mem::MemDevice, BlockDevice};
+    use std::sync::atomic::Ordering;
     use std::sync::Arc;
 
     use proptest::prelude::*;
 
-    /// A memory LUN that counts the bytes read through it (to see what the allocator loads).
-    #[derive(Debug)]
-    pub(crate) struct Counting {
-        pub inner: MemDevice,
-        pub read_bytes: AtomicU64,
+    /// Bytes read from the memory LUN so far (to see what the allocator loads).
+    trait Reads {
+        fn reads(&self) -> u64;
     }
 
-    impl BlockDevice for Counting {
-        fn geometry(&self) -> &Geometry {
-            self.inner.geometry()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-            self.read_bytes
-                .fetch_add(buf.len() as u64, Ordering::Relaxed);
-            self.inner.read_at(offset, buf)
-        }
-        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-            self.inner.write_at(offset, buf)
-        }
-        fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
-            self.inner.compare_and_write(lba, expected, new)
-        }
-        fn flush(&self) -> Result<()> {
-            self.inner.flush()
-        }
-        fn discard(&self, offset: u64, len: u64) -> Result<()> {
-            self.inner.discard(offset, len)
-        }
-    }
-
-    impl Counting {
+    impl Reads for MemDevice {
         fn reads(&self) -> u64 {
             self.read_bytes.load(Ordering::Relaxed)
         }
     }
 
     /// A formatted memory volume of `mib` MiB in groups of `group_mib` MiB.
-    fn volume(mib: u64, group_mib: Option<u64>) -> (Arc<Counting>, Superblock) {
-        let dev = Arc::new(Counting {
-            inner: MemDevice::new(mib << 20, 512),
-            read_bytes: AtomicU64::new(0),
-        });
+    fn volume(mib: u64, group_mib: Option<u64>) -> (Arc<MemDevice>, Superblock) {
+        let dev = Arc::new(MemDevice::new(mib << 20, 512));
         let opts = crate::mkfs::MkfsOptions {
             max_nodes: 2,
             journal_bytes: 1 << 20,

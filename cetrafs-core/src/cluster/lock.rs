@@ -1270,62 +1270,24 @@ mod tests {
         assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
     }
 
-    /// Returns a damaged copy of the lock area for the next `torn` reads.
-    #[derive(Debug)]
-    struct Torn {
-        inner: MemDevice,
-        torn: AtomicU32,
-    }
-
-    impl BlockDevice for Torn {
-        fn geometry(&self) -> &Geometry {
-            self.inner.geometry()
-        }
-        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-            self.inner.read_at(offset, buf)?;
-            if self
-                .torn
-                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-            {
-                buf[100] ^= 0x40;
-            }
-            Ok(())
-        }
-        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-            self.inner.write_at(offset, buf)
-        }
-        fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
-            self.inner.compare_and_write(lba, expected, new)
-        }
-        fn flush(&self) -> Result<()> {
-            self.inner.flush()
-        }
-        fn discard(&self, offset: u64, len: u64) -> Result<()> {
-            self.inner.discard(offset, len)
-        }
-    }
-
+    /// The memory LUN returns damaged copies for its next `torn_reads` reads.
     #[test]
     fn lock_torn_reads_are_retried_then_reported() {
         let (mem, sb) = formatted(512);
-        let dev = Arc::new(Torn {
-            inner: mem,
-            torn: AtomicU32::new(0),
-        });
+        let dev = Arc::new(mem);
         let t = LockTable::new(dev.clone(), &sb);
         t.publish_group_free(0, 42).unwrap();
         t.open_set(9, me(1), true).unwrap();
-        dev.torn.store(3, Ordering::Relaxed);
+        dev.faults.torn_reads.store(3, Ordering::Relaxed);
         assert_eq!(t.read(1).unwrap().1.group_free(), Some(42));
-        dev.torn.store(2, Ordering::Relaxed);
+        dev.faults.torn_reads.store(2, Ordering::Relaxed);
         let r = t.read_range(1, 2).unwrap();
         assert_eq!(r[0].group_free(), Some(42));
-        dev.torn.store(1000, Ordering::Relaxed);
+        dev.faults.torn_reads.store(1000, Ordering::Relaxed);
         let e = t.read(1).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Corrupted);
         // A record in the wrong place (a group record where a bucket belongs) is corrupted.
-        dev.torn.store(0, Ordering::Relaxed);
+        dev.faults.torn_reads.store(0, Ordering::Relaxed);
         let (first, _) = t.bucket_range();
         let img = LockRecord::free(LockKind::Group, first, 0).encode(512);
         dev.write_at(t.offset(first), &img).unwrap();

@@ -5,7 +5,7 @@
 use super::{check_caw, check_io, BlockDevice, CawKind, CawOutcome, Geometry};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockPolicy;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Mutex, RwLock};
 use std::time::Duration;
 
@@ -24,6 +24,9 @@ pub struct Faults {
     pub tear_next_write_at: AtomicU64,
     /// Latency added to every I/O, in microseconds.
     pub latency_us: AtomicU64,
+    /// The next this many reads return their bytes with one bit flipped (bit 6 of byte 100):
+    /// what a torn or damaged image looks like to a decoder.
+    pub torn_reads: AtomicU32,
 }
 
 #[derive(Debug)]
@@ -34,6 +37,8 @@ pub struct MemDevice {
     pub faults: Faults,
     pub writes: AtomicU64,
     pub flushes: AtomicU64,
+    /// Bytes read so far (to see what a component loads).
+    pub read_bytes: AtomicU64,
 }
 
 impl MemDevice {
@@ -55,6 +60,7 @@ impl MemDevice {
             faults: Faults::default(),
             writes: AtomicU64::new(0),
             flushes: AtomicU64::new(0),
+            read_bytes: AtomicU64::new(0),
         }
     }
 
@@ -116,6 +122,19 @@ impl BlockDevice for MemDevice {
         }
         let d = self.data.read().or_panic();
         buf.copy_from_slice(&d[Self::range(offset, buf.len())]);
+        self.read_bytes.fetch_add(
+            u64::try_from(buf.len()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let torn = self
+            .faults
+            .torn_reads
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1));
+        if torn.is_ok() {
+            if let Some(b) = buf.get_mut(100) {
+                *b ^= 0x40;
+            }
+        }
         Ok(())
     }
 
