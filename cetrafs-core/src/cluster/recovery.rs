@@ -8,14 +8,17 @@
 //!    others run: a node's journal is non-empty only while it holds the global metadata lock
 //!    exclusively — nobody else can have changed those blocks since.
 //! 3. **release its locks**: global lock (version bumped if it held it exclusively, so every
-//!    cache is revalidated), allocation groups, open registrations. Locks are never broken
-//!    before step 2.
+//!    cache is revalidated), allocation groups, open registrations, and on a v3 volume its
+//!    per-object (inode) locks and mailbox (`ObjectLocks::scrub_slot`: an exclusive entry's
+//!    version is bumped, so caches validated under the dead node's hold are reloaded). Locks
+//!    are never broken before step 2.
 //! 4. free its open-unlinked inodes (needs the filesystem: `fs/cluster.rs`);
 //! 5. **clear** the slot: Free, generation + 1 — the dead owner's (slot, generation) never
 //!    matches again.
 
 use super::lock::{LockTable, Me};
 use super::membership::{self, SlotView};
+use super::object_lock::ObjectLocks;
 use crate::dev::BlockDevice;
 use crate::error::Result;
 use crate::format::heartbeat::{Heartbeat, SlotState};
@@ -58,6 +61,7 @@ pub fn claim_and_release(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     locks: &LockTable,
+    objects: Option<&ObjectLocks>,
     dead: &SlotView,
     me: Me,
 ) -> Result<Option<Claimed>> {
@@ -130,6 +134,16 @@ pub fn claim_and_release(
             membership::describe(dead)
         ))
     })?;
+    // Its per-object locks too (v3), whatever their generation: the slot is dead and replayed.
+    crate::failpoint!("recovery::before_object_scrub");
+    if let Some(o) = objects {
+        o.scrub_slot(dead.slot, None).map_err(|e| {
+            e.wrap(format!(
+                "releasing the object locks of {}",
+                membership::describe(dead)
+            ))
+        })?;
+    }
     Ok(Some(Claimed {
         view: claimed,
         replayed,

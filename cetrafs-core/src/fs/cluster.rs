@@ -24,9 +24,11 @@
 //!   this node's monotonic clock; a slot silent for its dead time is recovered (see
 //!   `cluster/recovery.rs` and `docs/recovery.md`).
 
+use super::inode_lock::InodeLocks;
 use super::txn::{Meta, Tx};
 use super::{InodeState, Volume};
 use crate::cluster::lock::{LockTable, Me};
+use crate::cluster::mailbox::PollPacer;
 use crate::cluster::membership::{self, SlotView};
 use crate::cluster::recovery;
 use crate::cluster::timing::Timing;
@@ -36,7 +38,7 @@ use crate::format::lock_record::{LockMode, OpenEntry, NO_SLOT};
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
 /// How often the keeper looks at the global lock record (waiters, version).
@@ -64,6 +66,9 @@ pub(crate) struct Cluster {
     /// Every slot's state and generation at the last heartbeat scan: an open registration
     /// whose (slot, generation) is no longer in use is stale.
     live: Mutex<HashMap<u32, (SlotState, u64)>>,
+    /// Per-inode locks for the data path (format v3 volumes; None on v2: the data path then
+    /// depends on the global lock). See fs/inode_lock.rs.
+    pub ilocks: Option<InodeLocks>,
 }
 
 fn mode_code(m: LockMode) -> u8 {
@@ -79,8 +84,15 @@ fn covers(held: LockMode, want: LockMode) -> bool {
 }
 
 impl Cluster {
-    pub fn new(locks: LockTable, me: Me, timing: Timing, file_locks: bool) -> Self {
+    pub fn new(
+        locks: LockTable,
+        me: Me,
+        timing: Timing,
+        file_locks: bool,
+        ilocks: Option<InodeLocks>,
+    ) -> Self {
         Self {
+            ilocks,
             locks,
             me,
             timing,
@@ -347,9 +359,11 @@ impl Volume {
             "giving up the global lock with allocating writes in flight"
         );
         // Everything loaded under this hold is stale from now on; wait out fast-path I/O that
-        // started before.
+        // started before (v2: the data path depends on this lock; v3: on each inode's own).
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
-        drop(self.cl.data_gate.write().or_panic());
+        if self.cl.ilocks.is_none() {
+            drop(self.cl.data_gate.write().or_panic());
+        }
         self.cl.locks.release_global(self.cl.me)?;
         m.gml = LockMode::Free;
         self.cl.held.store(0, Ordering::Release);
@@ -374,15 +388,75 @@ impl Volume {
                 }
             }
         }
+        if let Some(il) = &self.cl.ilocks {
+            // Everything they protect is home (the commit above, or a failed volume whose
+            // node is recovered by the others: then this fails at the lease guard).
+            if let Err(e) = il.release_all() {
+                tracing::warn!("releasing this node's inode locks failed: {e}");
+            }
+        }
         if m.gml != LockMode::Free {
             self.release_gml(m)?;
         }
         Ok(())
     }
 
-    /// Shared hold on the data gate for one fast-path I/O.
-    pub(super) fn data_gate(&self) -> std::sync::RwLockReadGuard<'_, ()> {
-        self.cl.data_gate.read().or_panic()
+    /// Admission of one fast-path I/O on `st`: while the guard lives, its cached block map
+    /// may be used without the metadata mutex. On a v2 volume that needs the global lock (the
+    /// data gate, with the inode current at this node's epoch): a stale inode is reloaded
+    /// under the lock when `wait`, else None ("take the metadata path"). On a v3 volume it
+    /// needs the inode's own lock (fs/inode_lock.rs), taken and validated here; None never.
+    pub(super) fn admit<'a>(
+        &'a self,
+        st: &'a InodeState,
+        wait: bool,
+    ) -> Result<Option<RwLockReadGuard<'a, ()>>> {
+        if let Some(il) = &self.cl.ilocks {
+            let dl = st.data_lock(il);
+            loop {
+                if let Some(g) = il.fast(dl) {
+                    return Ok(Some(g));
+                }
+                il.share(st.ino, &|| self.abort_if_fenced(), &|| self.reload(st))?;
+            }
+        }
+        loop {
+            let gate = self.cl.data_gate.read().or_panic();
+            if self.is_current(st) {
+                return Ok(Some(gate));
+            }
+            drop(gate);
+            if !wait {
+                return Ok(None);
+            }
+            let mut meta = self.meta_sh()?;
+            self.refresh(&mut Tx::new(&*self.dev, &mut meta), st)?;
+        }
+    }
+
+    /// Reload `st` from disk under the global lock (shared), whatever its epoch.
+    fn reload(&self, st: &InodeState) -> Result<()> {
+        let mut meta = self.meta_sh()?;
+        st.epoch.store(0, Ordering::Release);
+        self.refresh(&mut Tx::new(&*self.dev, &mut meta), st)
+    }
+
+    /// Before inode `ino`'s block changes (caller: the global lock exclusive, the inode's
+    /// write lock): on a v3 volume, hold its inode lock exclusively (fs/inode_lock.rs rule 1).
+    pub(super) fn own_inode(&self, ino: u64) -> Result<()> {
+        match &self.cl.ilocks {
+            Some(il) => il.own(ino, &|| self.abort_if_fenced()),
+            None => Ok(()),
+        }
+    }
+
+    /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode
+    /// lock and validated the cache under it; v2: loaded at this node's current epoch.)
+    pub(super) fn is_current_unlocked(&self, st: &InodeState) -> bool {
+        match &self.cl.ilocks {
+            Some(il) => il.fast(st.data_lock(il)).is_some(),
+            None => self.is_current(st),
+        }
     }
 
     /// Is this inode's in-memory state current?
@@ -580,6 +654,40 @@ impl Volume {
         }
     }
 
+    /// The mailbox server (v3 volumes): reads this node's mailbox at the pace of
+    /// [`PollPacer`] (10 ms during a lock exchange, 40 ms otherwise) and hands over the inode
+    /// locks other nodes ask for (fs/inode_lock.rs).
+    pub(super) fn spawn_mailbox(vol: &Arc<Volume>) {
+        if vol.cl.ilocks.is_none() {
+            return;
+        }
+        let weak = Arc::downgrade(vol);
+        let spawned = std::thread::Builder::new()
+            .name("cetra-mailbox".into())
+            .spawn(move || {
+                let mut pacer = PollPacer::default();
+                loop {
+                    std::thread::sleep(pacer.interval(Instant::now()));
+                    let Some(v) = weak.upgrade() else { break };
+                    if v.unmounted.load(Ordering::Acquire) || v.member.is_fenced() {
+                        break;
+                    }
+                    let Some(il) = &v.cl.ilocks else { break };
+                    if let Err(e) = il.serve() {
+                        tracing::warn!("serving lock requests of other nodes failed: {e}");
+                    }
+                    if let Some(at) = il.last_exchange() {
+                        pacer.activity(at);
+                    }
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::error!(
+                "no mailbox thread ({e}): other nodes wait for this node's inode locks until it unmounts"
+            );
+        }
+    }
+
     /// The watcher: judges other nodes by the change of their heartbeat and recovers the dead.
     pub(super) fn spawn_watcher(vol: &Arc<Volume>) {
         let weak = Arc::downgrade(vol);
@@ -675,8 +783,14 @@ impl Volume {
     /// Recover a dead node: claim, replay its journal, release its locks, free its orphans,
     /// clear its slot. Every step is idempotent; see docs/recovery.md.
     pub(super) fn recover_slot(&self, v: &SlotView, silent: Duration) -> Result<()> {
-        let Some(claimed) =
-            recovery::claim_and_release(&*self.dev, &self.sb, &self.cl.locks, v, self.cl.me)?
+        let Some(claimed) = recovery::claim_and_release(
+            &*self.dev,
+            &self.sb,
+            &self.cl.locks,
+            self.cl.ilocks.as_ref().map(InodeLocks::object_locks),
+            v,
+            self.cl.me,
+        )?
         else {
             return Ok(());
         };

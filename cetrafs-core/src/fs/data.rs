@@ -184,7 +184,7 @@ impl Volume {
         }
         let pending = st.has_pending.load(Ordering::Acquire);
         // Another node may have unlinked it: its link count is known after a refresh.
-        if last && !self.is_current(st) {
+        if last && !self.is_current_unlocked(st) {
             let mut meta = self.meta_sh()?;
             match self.refresh(&mut Tx::new(&*self.dev, &mut meta), st) {
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
@@ -226,15 +226,7 @@ impl Volume {
         reply: &mut dyn FnMut(&[u8]),
     ) -> Result<()> {
         // The block map is used only while current (see fs/cluster.rs, data path).
-        let _gate = loop {
-            let gate = self.data_gate();
-            if self.is_current(&fh.state) {
-                break gate;
-            }
-            drop(gate);
-            let mut meta = self.meta_sh()?;
-            self.refresh(&mut Tx::new(&*self.dev, &mut meta), &fh.state)?;
-        };
+        let _gate = self.admit(&fh.state, true)?;
         let inner = fh.state.read();
         let fsize = inner.inode.size;
         if offset >= fsize || size == 0 {
@@ -661,10 +653,9 @@ impl Volume {
         if !offset.is_multiple_of(lbs) || !end.is_multiple_of(lbs) {
             return Ok(false);
         }
-        let _gate = self.data_gate();
-        if !self.is_current(st) {
+        let Some(_gate) = self.admit(st, false)? else {
             return Ok(false);
-        }
+        };
         let inner = st.read();
         if inner.freed
             || end > inner.inode.size

@@ -19,6 +19,7 @@ mod dir;
 pub(crate) mod extent_map;
 mod heap;
 mod inflight;
+mod inode_lock;
 mod inode_table;
 mod mount;
 mod suid;
@@ -83,6 +84,8 @@ pub(crate) struct InodeState {
     has_pending: AtomicBool,
     /// The cluster epoch (fs/cluster.rs) this state was loaded at: older means reload.
     epoch: AtomicU64,
+    /// This inode's cluster lock as this node holds it (v3 volumes, fs/inode_lock.rs).
+    dl: std::sync::OnceLock<Arc<inode_lock::DataLock>>,
 }
 
 #[derive(Debug)]
@@ -108,7 +111,12 @@ impl InodeState {
             pending_mtime: AtomicI64::new(0),
             has_pending: AtomicBool::new(false),
             epoch: AtomicU64::new(epoch),
+            dl: std::sync::OnceLock::new(),
         }
+    }
+    /// The local state of this inode's cluster lock.
+    fn data_lock(&self, il: &inode_lock::InodeLocks) -> &inode_lock::DataLock {
+        self.dl.get_or_init(|| il.lock_of(self.ino))
     }
     fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
         self.inner.read().or_panic()
@@ -447,7 +455,7 @@ impl Volume {
         // while it removes the entry from the table, and this path holds no metadata lock.
         let cached = self.inodes.get(ino);
         if let Some(s) = cached {
-            if !s.read().freed && self.is_current(&s) {
+            if !s.read().freed && self.is_current_unlocked(&s) {
                 return Ok(s);
             }
         }
@@ -458,6 +466,8 @@ impl Volume {
 
     /// Write an inode (and its changed extents) into the transaction.
     fn save(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
+        // Other nodes' fast paths stop trusting their cached copy first (v3).
+        self.own_inode(inner.inode.ino)?;
         if inner.inode.is_reg() {
             let d = inner.extents.persist(tx, &mut inner.inode)?;
             inner.inode.blocks = inner.inode.blocks.saturating_add_signed(d);
@@ -912,6 +922,8 @@ impl Volume {
 
 #[cfg(test)]
 mod inflight_tests;
+#[cfg(test)]
+mod inode_lock_tests;
 #[cfg(test)]
 mod multinode_tests;
 #[cfg(test)]

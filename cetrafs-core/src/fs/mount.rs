@@ -9,15 +9,19 @@
 //! 4. [`replay_own_journal`], before any lock naming the slot is released (lesson 6).
 //! 5. [`repair_locks`]: scrub our slot from every lock record; reset corrupted records only
 //!    when no other node can hold a lock.
-//! 6. [`recover_dead`]: claim, replay and release every dead slot, and take over recoveries
-//!    whose recoverer is gone.
+//!    On a v3 volume, [`open_object_locks`] opens the per-object lock area and mailboxes.
+//! 6. [`recover_dead`]: claim, replay and release every dead slot (its object locks too), and
+//!    take over recoveries whose recoverer is gone; then drop object-lock mentions of slots
+//!    that hold nothing (free, never used, another generation).
 //! 7. [`take_global_shared`] and load the allocator at a known lock version.
 //! 8. [`Volume::start`]: background threads, root check, finish recoveries, free our orphans.
 
+use super::inode_lock::InodeLocks;
 use super::{cluster, read_superblock, InodeTable, Meta, MountOptions, Tx, Volume};
 use crate::alloc::Allocator;
 use crate::cluster::lock::{LockTable, Me, Repaired};
 use crate::cluster::membership::{self, SlotView};
+use crate::cluster::object_lock::ObjectLocks;
 use crate::cluster::recovery::{self, Claimed};
 use crate::cluster::{LeaseGuard, Membership, Timing};
 use crate::dev::{BlockDevice, SharedDevice};
@@ -67,10 +71,11 @@ impl Volume {
         let journal = JournalArea::for_slot(&sb, member.slot);
         replay_own_journal(&*dev, &sb, journal, read_only)?;
         let (reset, _) = repair_locks(&*dev, &sb, &locks, &member, dead)?;
+        let objects = open_object_locks(&dev, &sb)?;
         let recovered = if read_only {
             Vec::new()
         } else {
-            recover_dead(&*dev, &sb, &locks, me, dead)?
+            recover_dead(&*dev, &sb, &locks, objects.as_ref(), me, dead)?
         };
         if reset.contains(&LockTable::GLOBAL) {
             // Held exclusively since the reset, so that nobody used it before the dead were
@@ -82,8 +87,14 @@ impl Volume {
         for line in locks.scrub_stale(&|| membership::lives(&*dev, &sb))? {
             tracing::warn!("{line} (not held by any mounted node)");
         }
+        if let (Some(o), false) = (&objects, read_only) {
+            for line in o.drop_stale(&|| membership::lives(&*dev, &sb))? {
+                tracing::warn!("{line} (not held by any mounted node)");
+            }
+        }
         let timing = Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
-        let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks);
+        let ilocks = objects.map(|o| InodeLocks::new(o, me));
+        let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks, ilocks);
         let granted = take_global_shared(&cl, me, &member, timing)?;
         let loaded = Allocator::new(dev.clone(), &sb, crate::alloc::DEFAULT_BITMAP_CACHE);
         let alloc = match loaded {
@@ -159,6 +170,7 @@ impl Volume {
                 .map_err(|e| e.wrap("freeing inodes left open-unlinked by a crash"))?;
         }
         Self::spawn_watcher(self);
+        Self::spawn_mailbox(self);
         Self::spawn_reporter(self);
         Ok(())
     }
@@ -313,12 +325,13 @@ fn recover_dead(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     locks: &LockTable,
+    objects: Option<&ObjectLocks>,
     me: Me,
     dead: &[SlotView],
 ) -> Result<Vec<Claimed>> {
     let mut recovered = Vec::new();
     for d in dead.iter().filter(|d| d.slot != me.slot) {
-        if let Some(c) = recovery::claim_and_release(dev, sb, locks, d, me)? {
+        if let Some(c) = recovery::claim_and_release(dev, sb, locks, objects, d, me)? {
             recovered.push(c);
         }
     }
@@ -327,7 +340,7 @@ fn recover_dead(
         .iter()
         .filter(|v| recovery::claim_is_stale(v, &views, me))
     {
-        if let Some(c) = recovery::claim_and_release(dev, sb, locks, v, me)? {
+        if let Some(c) = recovery::claim_and_release(dev, sb, locks, objects, v, me)? {
             recovered.push(c);
         }
     }
@@ -363,4 +376,18 @@ fn take_global_shared(
                 )
             })
         })
+}
+
+/// Step 5b (v3 volumes): the per-object lock area and the mailboxes, as the superblock places
+/// them; None on a v2 volume (whose data path depends on the global lock).
+fn open_object_locks(dev: &SharedDevice, sb: &Superblock) -> Result<Option<ObjectLocks>> {
+    let Some(area) = sb.object_lock_area() else {
+        tracing::info!(
+            "format version {} volume: no per-object locks (every node's data path depends on the global lock); a volume made by this mkfs.cetra has them",
+            sb.format_version()
+        );
+        return Ok(None);
+    };
+    let timing = Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
+    ObjectLocks::new(dev.clone(), area, timing.io_timeout * 2).map(Some)
 }

@@ -1,0 +1,327 @@
+//! Per-inode cluster locks for the data path (format v3, `INCOMPAT_OBJECT_LOCKS`; issue 9
+//! point 4). The protocol on disk is `cluster/object_lock.rs`; this module is the
+//! filesystem's side of it: the per-inode local state, the rules for using a cached block map
+//! without the global lock, and the handoff that a request in this node's mailbox triggers.
+//!
+//! # What an inode lock protects, in this design
+//! The **global lock** (record 0) still serializes every metadata change and protects every
+//! metadata read (docs/locking.md §4–§5). On a v3 volume, **inode lock *i*** additionally
+//! protects *inode i's block as cached by a node that does not hold the global lock*: its
+//! extent map, size, flags and mode, which is all the data path reads. The rules:
+//!
+//! 1. **Writers**: every change of inode *i*'s block is made under the global lock held
+//!    exclusively *and* inode lock *i* held exclusively ([`InodeLocks::own`], called from the
+//!    one place an inode is written, `Volume::save`). Taking it exclusively makes every other
+//!    node drain its fast-path I/O on *i* and forget that its cache is valid.
+//! 2. **The fast path** (reads, and writes inside written extents) on node N uses its cached
+//!    state of *i* only while N holds inode lock *i* (shared is enough) **and** that cache was
+//!    validated under the hold ([`InodeLocks::share`]): either the lock's version did not move
+//!    since N last held it (nobody changed *i*: a version moves only on an exclusive grant), or
+//!    N reloaded *i* under the global lock after the grant. It does **not** need the global
+//!    lock: another node's metadata work on other files, including a global-lock handoff or
+//!    the death of the node holding the global lock, never pauses it.
+//! 3. **Handoff** ([`Server`], run by the `cetra-mailbox` thread on a request): stop new
+//!    fast-path I/O on *i* (`ready` cleared), wait for the fast-path I/O in flight (the
+//!    `gate`), then release or downgrade. Nothing needs writing home here: the change that
+//!    moved *i*'s version is journaled under the global lock, whose own handoff writes
+//!    everything home before another node can take it (§5), and a node whose cache of *i* is
+//!    stale can only reload *i* under the global lock. Journal replay safety is therefore the
+//!    global lock's rule, unchanged.
+//! 4. **Order**: global lock, then inode locks. A node never waits for an inode lock while
+//!    another of its threads waits for the global lock with that inode lock in use: the
+//!    handoff needs no lock but the inode's own local state, and a fast-path acquire holds no
+//!    other lock while it waits.
+//!
+//! # Local state per inode ([`DataLock`])
+//! `held`/`version` mirror what the bucket shows for this node; `validator` is the version at
+//! which this node's cached state of the inode was last known current; `ready` says the fast
+//! path may use the cache now; `gate` is held shared by each fast-path I/O and exclusively by
+//! a handoff to drain them; `handing` covers the window between a handoff's drain and its
+//! CAW, during which no local acquire may trust the bucket (which still shows this node);
+//! `handoffs` counts completed handoffs, so an acquire that raced one starts again;
+//! `acquiring` serializes this node's own acquires of one inode (two concurrent acquires
+//! would rewrite each other's mention). Entries live in [`InodeLocks`]'s table for the life of
+//! the mount (one per inode this node ever locked: a few dozen bytes each).
+//!
+//! A v2 volume has no lock area: the data path keeps using the global lock (fs/cluster.rs).
+
+use crate::cluster::lock::Me;
+use crate::cluster::object_lock::{Class, Handoff, ObjectId, ObjectLocks, Served};
+use crate::error::{Error, Result};
+use crate::format::lock_record::LockMode;
+use crate::sync::LockPolicy;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
+use std::time::Instant;
+
+/// One inode's lock as this node sees it (module doc).
+#[derive(Debug, Default)]
+pub(crate) struct DataLock {
+    state: Mutex<DlState>,
+    changed: Condvar,
+    acquiring: Mutex<()>,
+    gate: RwLock<()>,
+    ready: AtomicBool,
+}
+
+#[derive(Debug, Default)]
+struct DlState {
+    held: Held,
+    version: u64,
+    validator: Option<u64>,
+    handing: bool,
+    handoffs: u64,
+}
+
+/// What this node holds of one inode lock.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Held {
+    #[default]
+    Nothing,
+    Shared,
+    Exclusive,
+}
+
+impl Held {
+    fn of(m: LockMode) -> Self {
+        match m {
+            LockMode::Free => Self::Nothing,
+            LockMode::Shared => Self::Shared,
+            LockMode::Exclusive => Self::Exclusive,
+        }
+    }
+}
+
+impl DataLock {
+    /// The state, once no handoff is between its drain and its CAW.
+    fn settled(&self) -> MutexGuard<'_, DlState> {
+        let mut s = self.state.lock().or_panic();
+        while s.handing {
+            s = self.changed.wait(s).or_panic();
+        }
+        s
+    }
+}
+
+/// Counters (debug log and tests).
+#[derive(Debug, Default)]
+pub(crate) struct InodeLockStats {
+    /// Grants taken from the bucket (first use, or after a handoff).
+    pub acquires: AtomicU64,
+    /// Of the shared acquires, how many found the cache stale and reloaded the inode.
+    pub reloads: AtomicU64,
+    /// Locks this node handed to another (released or downgraded).
+    pub handed: AtomicU64,
+}
+
+/// This node's inode locks.
+#[derive(Debug)]
+pub(crate) struct InodeLocks {
+    locks: ObjectLocks,
+    me: Me,
+    table: Mutex<HashMap<u64, Arc<DataLock>>>,
+    /// When this node last took part in a lock exchange (the mailbox poll speeds up after).
+    exchange: Mutex<Option<Instant>>,
+    pub stats: InodeLockStats,
+}
+
+/// What to do when a fenced or unmounting node should stop waiting for a lock.
+pub(crate) type Abort<'a> = &'a dyn Fn() -> Option<Error>;
+
+impl InodeLocks {
+    pub fn new(locks: ObjectLocks, me: Me) -> Self {
+        Self {
+            locks,
+            me,
+            table: Mutex::new(HashMap::new()),
+            exchange: Mutex::new(None),
+            stats: InodeLockStats::default(),
+        }
+    }
+
+    pub fn object_locks(&self) -> &ObjectLocks {
+        &self.locks
+    }
+
+    /// The local state of inode `ino`'s lock (created on first use).
+    pub fn lock_of(&self, ino: u64) -> Arc<DataLock> {
+        self.table.lock().or_panic().entry(ino).or_default().clone()
+    }
+
+    fn existing(&self, ino: u64) -> Option<Arc<DataLock>> {
+        self.table.lock().or_panic().get(&ino).cloned()
+    }
+
+    /// The fast path's admission: a shared hold on the gate if the cache may be used now, None
+    /// if [`share`](Self::share) must run first.
+    pub fn fast<'a>(&self, dl: &'a DataLock) -> Option<RwLockReadGuard<'a, ()>> {
+        let g = dl.gate.read().or_panic();
+        dl.ready.load(Ordering::Acquire).then_some(g)
+    }
+
+    /// Make `ino`'s cache usable by the fast path: hold its lock at least shared and validate
+    /// the cache under that hold, calling `reload` (which reloads the inode under the global
+    /// lock) when the version moved since this node's last grant.
+    pub fn share(&self, ino: u64, abort: Abort<'_>, reload: &dyn Fn() -> Result<()>) -> Result<()> {
+        let dl = self.lock_of(ino);
+        let obj = ObjectId::inode(ino)?;
+        loop {
+            let seen = {
+                let s = dl.settled();
+                if s.held != Held::Nothing && s.validator == Some(s.version) {
+                    dl.ready.store(true, Ordering::Release);
+                    return Ok(());
+                }
+                s.handoffs
+            };
+            let grant = {
+                let _one = dl.acquiring.lock().or_panic();
+                self.timed(|| self.locks.acquire(self.me, obj, LockMode::Shared, abort))?
+            };
+            self.stats.acquires.fetch_add(1, Ordering::Relaxed);
+            {
+                let mut s = dl.settled();
+                if s.handoffs != seen {
+                    continue;
+                }
+                s.held = Held::of(grant.mode);
+                s.version = grant.version;
+                if grant.cache_valid(s.validator) {
+                    s.validator = Some(grant.version);
+                    dl.ready.store(true, Ordering::Release);
+                    return Ok(());
+                }
+            }
+            self.stats.reloads.fetch_add(1, Ordering::Relaxed);
+            reload()?;
+            let mut s = dl.settled();
+            if s.handoffs == seen && s.version == grant.version {
+                s.validator = Some(grant.version);
+                dl.ready.store(true, Ordering::Release);
+                return Ok(());
+            }
+        }
+    }
+
+    /// Hold `ino`'s lock exclusively before changing its block. The caller holds the global
+    /// lock exclusively and the inode's write lock, and its state of the inode is current
+    /// (loaded or refreshed under this global hold), so the cache is valid at the new version.
+    pub fn own(&self, ino: u64, abort: Abort<'_>) -> Result<()> {
+        let dl = self.lock_of(ino);
+        let obj = ObjectId::inode(ino)?;
+        loop {
+            let seen = {
+                let s = dl.settled();
+                if s.held == Held::Exclusive {
+                    return Ok(());
+                }
+                // An upgrade may give the shared hold up while it waits: the cache is not to be
+                // used until it returns (no local fast path runs now: the caller holds the
+                // inode's write lock).
+                dl.ready.store(false, Ordering::Release);
+                s.handoffs
+            };
+            let grant = {
+                let _one = dl.acquiring.lock().or_panic();
+                self.timed(|| self.locks.acquire(self.me, obj, LockMode::Exclusive, abort))?
+            };
+            self.stats.acquires.fetch_add(1, Ordering::Relaxed);
+            let mut s = dl.settled();
+            if s.handoffs != seen {
+                continue;
+            }
+            s.held = Held::of(grant.mode);
+            s.version = grant.version;
+            s.validator = Some(grant.version);
+            return Ok(());
+        }
+    }
+
+    /// Run `f` (an acquire); note a lock exchange if it had to wait.
+    fn timed<T>(&self, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let t = Instant::now();
+        let r = f();
+        if t.elapsed() >= std::time::Duration::from_millis(1) {
+            self.note_exchange();
+        }
+        r
+    }
+
+    fn note_exchange(&self) {
+        *self.exchange.lock().or_panic() = Some(Instant::now());
+    }
+
+    /// When this node last took part in a lock exchange (for the mailbox poll's pace).
+    pub fn last_exchange(&self) -> Option<Instant> {
+        *self.exchange.lock().or_panic()
+    }
+
+    /// Read this node's mailbox once and hand over what is asked for.
+    pub fn serve(&self) -> Result<Served> {
+        let served = self
+            .locks
+            .serve_mailbox(self.me, &mut Server { locks: self })?;
+        if served.requests > 0 {
+            self.note_exchange();
+        }
+        Ok(served)
+    }
+
+    /// At unmount, after the last metadata is home: give back every inode lock of this node.
+    pub fn release_all(&self) -> Result<()> {
+        self.locks.scrub_slot(self.me.slot, Some(self.me.gen))?;
+        for dl in self.table.lock().or_panic().values() {
+            dl.ready.store(false, Ordering::Release);
+            dl.state.lock().or_panic().held = Held::Nothing;
+        }
+        Ok(())
+    }
+}
+
+/// The handoff side, called by [`ObjectLocks::serve_mailbox`] (module doc, rule 3).
+struct Server<'a> {
+    locks: &'a InodeLocks,
+}
+
+impl Handoff for Server<'_> {
+    fn flush(&mut self, obj: ObjectId, _to: LockMode) -> Result<bool> {
+        if obj.class() != Class::Inode {
+            // Nothing else is taken on this volume yet: nothing cached under it.
+            return Ok(true);
+        }
+        let Some(dl) = self.locks.existing(obj.number()) else {
+            return Ok(true);
+        };
+        {
+            let mut s = dl.settled();
+            dl.ready.store(false, Ordering::Release);
+            s.handing = true;
+        }
+        // Wait out the fast-path I/O that was admitted before `ready` was cleared.
+        drop(dl.gate.write().or_panic());
+        crate::failpoint!("inode_lock::after_drain");
+        Ok(true)
+    }
+
+    fn handed(&mut self, obj: ObjectId, to: LockMode, result: &Result<()>) {
+        let Some(dl) = self.locks.existing(obj.number()) else {
+            return;
+        };
+        let mut s = dl.state.lock().or_panic();
+        if s.handing {
+            s.handing = false;
+            s.handoffs += 1;
+            s.held = if result.is_ok() {
+                Held::of(to)
+            } else {
+                // Unknown: the next acquire reads the bucket.
+                Held::Nothing
+            };
+            if result.is_ok() {
+                self.locks.stats.handed.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        dl.changed.notify_all();
+    }
+}

@@ -1,0 +1,160 @@
+//! Per-inode locks on a v3 volume (fs/inode_lock.rs), several `Volume`s on one memory device:
+//! the data path of one node does not depend on the global lock, changes by another node
+//! drain it and are seen, and a dead node blocks only what it held.
+
+use super::multinode_tests::{node, volume};
+use super::*;
+use std::time::{Duration, Instant};
+
+const C: Caller = Caller::ROOT;
+
+fn read_all(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
+        .unwrap();
+    out
+}
+
+/// `f` on another thread; panics if it has not finished within `limit`.
+fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let _ = tx.send(f());
+    });
+    rx.recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("still blocked after {limit:?}"))
+}
+
+#[test]
+fn the_volume_has_object_locks() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    assert!(a.sb.object_lock_area().is_some(), "mkfs made a v3 volume");
+    assert!(a.cl.ilocks.is_some());
+    a.unmount().unwrap();
+}
+
+#[test]
+fn reads_and_overwrites_go_on_while_another_node_holds_the_global_lock() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"image", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &[7u8; 65536]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    assert_eq!(read_all(&a, &fh, 65536), vec![7u8; 65536]);
+    // b takes the global lock exclusively and keeps it (a metadata operation that lasts).
+    let held = b.meta_ex().unwrap();
+    let (a2, fh) = (a.clone(), Arc::new(fh));
+    let fh2 = fh.clone();
+    within(Duration::from_secs(5), move || {
+        for i in 0..200u64 {
+            let off = (i % 16) * 4096;
+            a2.write(&fh2, off, &[9u8; 4096]).unwrap();
+            let mut got = Vec::new();
+            a2.read(&fh2, off, 4096, &mut |d| got.extend_from_slice(d))
+                .unwrap();
+            assert_eq!(got, vec![9u8; 4096]);
+        }
+    });
+    drop(held);
+    let Ok(fh) = Arc::try_unwrap(fh) else {
+        panic!("handle still shared")
+    };
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+#[test]
+fn a_change_by_another_node_drains_the_fast_path_and_is_seen() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &[1u8; 8192]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    let bfh = b.open(f.ino, false, false).unwrap();
+    // b reads through its cached map (its inode lock shared).
+    assert_eq!(read_all(&b, &bfh, 8192), vec![1u8; 8192]);
+    let handed_before =
+        b.cl.ilocks
+            .as_ref()
+            .unwrap()
+            .stats
+            .handed
+            .load(Ordering::Relaxed);
+    // a truncates and rewrites: the blocks b's map pointed at are freed and reused.
+    a.setattr(
+        f.ino,
+        &SetAttr {
+            size: Some(0),
+            ..SetAttr::default()
+        },
+        C,
+    )
+    .unwrap();
+    a.write(&fh, 0, &[2u8; 4096]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    let handed =
+        b.cl.ilocks
+            .as_ref()
+            .unwrap()
+            .stats
+            .handed
+            .load(Ordering::Relaxed);
+    assert!(handed > handed_before, "b gave its inode lock up");
+    assert_eq!(read_all(&b, &bfh, 8192), vec![2u8; 4096]);
+    assert_eq!(b.getattr(f.ino).unwrap().size, 4096);
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+#[test]
+fn a_dead_node_blocks_only_what_it_held() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = b.create(r, b"mine", 0o644, C, true).unwrap();
+    b.write(&fh, 0, &[5u8; 16384]).unwrap();
+    b.fsync(f.ino, false).unwrap();
+    assert_eq!(read_all(&b, &fh, 16384), vec![5u8; 16384]);
+    // a takes the global lock exclusively (a create), then dies holding it.
+    let (g, gfh) = a.create(r, b"growing", 0o644, C, true).unwrap();
+    a.write(&gfh, 0, &[6u8; 4096]).unwrap();
+    a.member.fence("test: simulated crash".into());
+    // b's data path on its own file does not wait for a's recovery.
+    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+    let t = Instant::now();
+    for i in 0..50u64 {
+        let off = (i % 4) * 4096;
+        b.write(&fh, off, &[8u8; 4096]).unwrap();
+        let mut got = Vec::new();
+        b.read(&fh, off, 4096, &mut |d| got.extend_from_slice(d))
+            .unwrap();
+        assert_eq!(got, vec![8u8; 4096]);
+    }
+    assert!(
+        t.elapsed() < dead / 2,
+        "b's I/O took {:?} (dead time {dead:?})",
+        t.elapsed()
+    );
+    // b's metadata waits for the recovery, then sees a's fsync'd state only.
+    assert!(b.lookup(r, b"growing").is_ok());
+    let _ = g;
+    drop(gfh);
+    b.release(&fh).unwrap();
+    b.unmount().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
