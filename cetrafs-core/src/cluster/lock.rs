@@ -621,6 +621,20 @@ impl LockTable {
         handoff_grace: Duration,
         abort: &dyn Fn() -> Option<Error>,
     ) -> Result<LockRecord> {
+        self.acquire_global_notify(me, mode, handoff_grace, abort, &|_| {})
+    }
+
+    /// [`acquire_global`](Self::acquire_global), calling `notify(record)` after each round in
+    /// which `me` waits (registered in the waiters of `record`), so that the caller can tell
+    /// the holders (on a v3 volume: a request in their mailboxes, fs/cluster.rs).
+    pub fn acquire_global_notify(
+        &self,
+        me: Me,
+        mode: LockMode,
+        handoff_grace: Duration,
+        abort: &dyn Fn() -> Option<Error>,
+        notify: &dyn Fn(&LockRecord),
+    ) -> Result<LockRecord> {
         check_slot(me.slot)?;
         if mode == LockMode::Free {
             bail!(InvalidInput, "acquire_global needs Shared or Exclusive");
@@ -677,7 +691,11 @@ impl LockTable {
                 let mut new = rec.clone();
                 new.waiters.insert(me.slot);
                 // A lost race is fine: the next round sees the new record and tries again.
-                self.swap(Self::GLOBAL, &raw, &mut new)?;
+                if self.swap(Self::GLOBAL, &raw, &mut new)? {
+                    notify(&new);
+                }
+            } else {
+                notify(&rec);
             }
             backoff.sleep();
         }

@@ -151,6 +151,10 @@ pub enum Class {
 pub enum VolumeLock {
     /// Directory moves across parents (prevents loops, as ext4's and GFS2's rename lock).
     Rename = 1,
+    /// The global metadata lock of `cluster/lock.rs` (record 0). It has no bucket entry: only
+    /// its requests travel through the mailboxes, so that its holder learns of a waiter from
+    /// the one record it polls anyway (fs/cluster.rs serves them, not `serve_mailbox`).
+    Global = 2,
 }
 
 /// A lockable object: class in the top two bits, number below.
@@ -843,6 +847,17 @@ impl ObjectLocks {
     /// once (the requests stay).
     pub fn serve_mailbox(&self, me: Me, h: &mut dyn Handoff) -> Result<Served> {
         let reqs = self.poll_mailbox(me)?;
+        self.serve_requests(me, reqs, h)
+    }
+
+    /// The part of [`serve_mailbox`](Self::serve_mailbox) after the poll, for requests the
+    /// caller read (and perhaps filtered) itself.
+    pub fn serve_requests(
+        &self,
+        me: Me,
+        reqs: Vec<Request>,
+        h: &mut dyn Handoff,
+    ) -> Result<Served> {
         let mut out = Served {
             requests: reqs.len(),
             ..Served::default()

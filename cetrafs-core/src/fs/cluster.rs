@@ -30,19 +30,26 @@ use super::{InodeState, Volume};
 use crate::cluster::lock::{LockTable, Me};
 use crate::cluster::mailbox::PollPacer;
 use crate::cluster::membership::{self, SlotView};
+use crate::cluster::object_lock::{ObjectId, VolumeLock};
 use crate::cluster::recovery;
 use crate::cluster::timing::Timing;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::heartbeat::SlotState;
-use crate::format::lock_record::{LockMode, OpenEntry, NO_SLOT};
+use crate::format::lock_record::{LockMode, LockRecord, OpenEntry, NO_SLOT};
+use crate::format::mailbox::{Request, Want};
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
-/// How often the keeper looks at the global lock record (waiters, version).
+/// How often the keeper looks at the global lock record (waiters, version) on a v2 volume.
 const KEEPER_POLL: Duration = Duration::from_millis(10);
+/// The same on a v3 volume, where waiters also post a request into the holder's mailbox
+/// (polled at the mailbox's pace): the keeper's read is only a safety net for a lost request.
+const KEEPER_POLL_V3: Duration = Duration::from_millis(500);
+/// A waiter for the global lock re-posts its request to a holder at most this often.
+const GLOBAL_ASK_EVERY: Duration = Duration::from_millis(50);
 
 /// This node's cluster state, shared by the filesystem threads.
 #[derive(Debug)]
@@ -60,6 +67,8 @@ pub(crate) struct Cluster {
     pub epoch: AtomicU64,
     /// Another node waits for the global lock: the next metadata operation hands it over.
     handoff_wanted: AtomicBool,
+    /// When this node last asked each slot for the global lock (v3, `ask_global_holders`).
+    global_asked: Mutex<HashMap<u32, Instant>>,
     /// Fast-path data I/O holds this shared; giving up the global lock takes it exclusively
     /// (after bumping the epoch) so that no I/O through a soon-stale block map is in flight.
     pub data_gate: std::sync::RwLock<()>,
@@ -101,6 +110,7 @@ impl Cluster {
             seen_version: AtomicU64::new(0),
             epoch: AtomicU64::new(1),
             handoff_wanted: AtomicBool::new(false),
+            global_asked: Mutex::new(HashMap::new()),
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
         }
@@ -189,9 +199,13 @@ impl Volume {
             m.gml = LockMode::Free;
             cl.held.store(0, Ordering::Release);
         }
-        let rec = cl
-            .locks
-            .acquire_global(cl.me, mode, cl.handoff_grace(), &|| self.abort_if_fenced())?;
+        let rec = cl.locks.acquire_global_notify(
+            cl.me,
+            mode,
+            cl.handoff_grace(),
+            &|| self.abort_if_fenced(),
+            &|rec| self.ask_global_holders(rec, mode),
+        )?;
         let expected = if mode == LockMode::Exclusive {
             m.gml_version + 1
         } else {
@@ -211,6 +225,42 @@ impl Volume {
             self.ensure_groups(&mut m);
         }
         Ok(m)
+    }
+
+    /// Waiting for the global lock on a v3 volume: post a request into the mailbox of each
+    /// node that holds it (at most every [`GLOBAL_ASK_EVERY`] per holder, while it still
+    /// blocks us), so that it hands over at its next mailbox poll instead of its keeper's.
+    fn ask_global_holders(&self, rec: &LockRecord, mode: LockMode) {
+        let Some(il) = &self.cl.ilocks else { return };
+        let me = self.cl.me;
+        let holders: Vec<u32> = match rec.mode {
+            LockMode::Exclusive => vec![rec.owner],
+            LockMode::Shared => rec.holders.iter().filter(|&s| s != me.slot).collect(),
+            LockMode::Free => Vec::new(),
+        };
+        let req = Request {
+            object: ObjectId::volume(VolumeLock::Global).raw(),
+            slot: me.slot,
+            gen: me.gen,
+            want: if mode == LockMode::Exclusive {
+                Want::Exclusive
+            } else {
+                Want::Shared
+            },
+        };
+        let mut asked = self.cl.global_asked.lock().or_panic();
+        for slot in holders {
+            if asked
+                .get(&slot)
+                .is_some_and(|t| t.elapsed() < GLOBAL_ASK_EVERY)
+            {
+                continue;
+            }
+            asked.insert(slot, Instant::now());
+            if let Err(e) = il.object_locks().mailboxes().post(slot, req) {
+                tracing::debug!("could not ask slot {slot} for the global lock: {e}");
+            }
+        }
     }
 
     /// Mount: the global lock is held shared at `m.gml_version`; learn the group owners.
@@ -611,15 +661,20 @@ impl Volume {
     /// was granted it (so the data path revalidates its cached maps).
     pub(super) fn spawn_keeper(vol: &Arc<Volume>) {
         let weak = Arc::downgrade(vol);
+        let poll = if vol.cl.ilocks.is_some() {
+            KEEPER_POLL_V3
+        } else {
+            KEEPER_POLL
+        };
         let spawned = std::thread::Builder::new()
             .name("cetra-lockkeeper".into())
             .spawn(move || loop {
-                std::thread::sleep(KEEPER_POLL);
+                std::thread::sleep(poll);
                 let Some(v) = weak.upgrade() else { break };
                 if v.unmounted.load(Ordering::Acquire) || v.member.is_fenced() {
                     break;
                 }
-                v.keeper_tick();
+                let _ = v.keeper_tick();
             });
         if let Err(e) = spawned {
             tracing::error!(
@@ -628,30 +683,60 @@ impl Volume {
         }
     }
 
-    fn keeper_tick(&self) {
+    /// Read record 0: note a version move; hand the lock over if others wait and the
+    /// metadata mutex is free. Returns true when nothing is left to do (this node does not hold
+    /// the lock, nobody else waits, or it was just handed over).
+    fn keeper_tick(&self) -> bool {
         let cl = &self.cl;
         let rec = match cl.locks.read(LockTable::GLOBAL) {
             Ok((_, rec)) => rec,
             Err(e) => {
                 tracing::warn!("reading the global lock failed: {e}");
-                return;
+                return false;
             }
         };
         if rec.version != cl.seen_version.swap(rec.version, Ordering::AcqRel) {
             cl.epoch.fetch_add(1, Ordering::AcqRel);
         }
-        if cl.held.load(Ordering::Acquire) != 0 && LockTable::others_waiting(&rec, cl.me) {
-            cl.handoff_wanted.store(true, Ordering::Release);
-            if let Some(mut m) = self.meta.try_lock().or_panic() {
-                // With allocating writes in flight, the next tick (or metadata operation)
-                // hands over once they are mapped.
-                if m.gml != LockMode::Free && m.inflight.is_empty() {
-                    if let Err(e) = self.handoff(&mut m) {
-                        tracing::error!("handing the metadata lock over failed: {e}");
-                    }
+        if cl.held.load(Ordering::Acquire) == 0 || !LockTable::others_waiting(&rec, cl.me) {
+            return true;
+        }
+        cl.handoff_wanted.store(true, Ordering::Release);
+        if let Some(mut m) = self.meta.try_lock().or_panic() {
+            // With allocating writes in flight, the next tick (or metadata operation)
+            // hands over once they are mapped.
+            if m.gml == LockMode::Free {
+                return true;
+            }
+            if m.inflight.is_empty() {
+                match self.handoff(&mut m) {
+                    Ok(()) => return true,
+                    Err(e) => tracing::error!("handing the metadata lock over failed: {e}"),
                 }
             }
         }
+        false
+    }
+
+    /// One mailbox tick (v3): requests for the global lock are handled as the keeper does
+    /// (and cleared once settled); the rest are inode-lock requests (fs/inode_lock.rs).
+    fn mailbox_tick(&self, il: &InodeLocks) -> Result<()> {
+        let me = self.cl.me;
+        let reqs = il.object_locks().poll_mailbox(me)?;
+        if reqs.is_empty() {
+            return Ok(());
+        }
+        il.note_exchange();
+        let global = ObjectId::volume(VolumeLock::Global).raw();
+        let (g, rest): (Vec<Request>, Vec<Request>) =
+            reqs.into_iter().partition(|r| r.object == global);
+        if !g.is_empty() && self.keeper_tick() {
+            il.object_locks().clear_requests(me, &g)?;
+        }
+        if !rest.is_empty() {
+            il.serve(rest)?;
+        }
+        Ok(())
     }
 
     /// The mailbox server (v3 volumes): reads this node's mailbox at the pace of
@@ -673,7 +758,7 @@ impl Volume {
                         break;
                     }
                     let Some(il) = &v.cl.ilocks else { break };
-                    if let Err(e) = il.serve() {
+                    if let Err(e) = v.mailbox_tick(il) {
                         tracing::warn!("serving lock requests of other nodes failed: {e}");
                     }
                     if let Some(at) = il.last_exchange() {

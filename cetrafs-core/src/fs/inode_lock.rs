@@ -49,6 +49,7 @@ use crate::cluster::lock::Me;
 use crate::cluster::object_lock::{Class, Handoff, ObjectId, ObjectLocks, Served};
 use crate::error::{Error, Result};
 use crate::format::lock_record::LockMode;
+use crate::format::mailbox::Request;
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -248,7 +249,7 @@ impl InodeLocks {
         r
     }
 
-    fn note_exchange(&self) {
+    pub fn note_exchange(&self) {
         *self.exchange.lock().or_panic() = Some(Instant::now());
     }
 
@@ -257,15 +258,10 @@ impl InodeLocks {
         *self.exchange.lock().or_panic()
     }
 
-    /// Read this node's mailbox once and hand over what is asked for.
-    pub fn serve(&self) -> Result<Served> {
-        let served = self
-            .locks
-            .serve_mailbox(self.me, &mut Server { locks: self })?;
-        if served.requests > 0 {
-            self.note_exchange();
-        }
-        Ok(served)
+    /// Hand over what these requests (read from this node's mailbox) ask for.
+    pub fn serve(&self, reqs: Vec<Request>) -> Result<Served> {
+        self.locks
+            .serve_requests(self.me, reqs, &mut Server { locks: self })
     }
 
     /// At unmount, after the last metadata is home: give back every inode lock of this node.
