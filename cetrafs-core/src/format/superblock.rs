@@ -336,11 +336,6 @@ impl Superblock {
         Ok(self.ro_compat & !RO_COMPAT_KNOWN != 0)
     }
 
-    /// TEMPORARY (lead's branch, replaced by the format v3 work).
-    pub fn object_lock_area(&self) -> Option<crate::cluster::object_lock::ObjectLockArea> {
-        None
-    }
-
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
         if self.incompat & INCOMPAT_OVERFLOW != 0 {
