@@ -6,7 +6,9 @@ use crate::format::group::{
     encode_bitmap, GroupHeader, BITMAP_BYTES_PER_BLOCK, BITS_PER_BITMAP_BLOCK,
 };
 use crate::format::inode::{Inode, Timespec};
-use crate::format::superblock::Superblock;
+use crate::format::mailbox::Mailbox;
+use crate::format::object_lock::Bucket;
+use crate::format::superblock::{Superblock, INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW};
 use crate::format::FS_BLOCK;
 
 pub const DEFAULT_MAX_NODES: u32 = 16;
@@ -21,6 +23,12 @@ pub const MAX_GROUP_BLOCKS: u64 = 1 << 18;
 pub const MIN_GROUP_BLOCKS: u64 = 1 << 12;
 /// Groups are shrunk (down to MIN_GROUP_BLOCKS) until there are at least this many.
 pub const MIN_GROUPS: u64 = 8;
+/// Object-lock buckets (format v3): one per 64 fs blocks (256 KiB) of volume, at least
+/// `MIN_OBJLOCK_BUCKETS` and at most `MAX_OBJLOCK_BUCKETS` (8 MiB of 512-byte records; room
+/// for ~229,000 cached locks: `cluster/object_lock.rs`).
+pub const OBJLOCK_BLOCKS_PER_BUCKET: u64 = 64;
+pub const MIN_OBJLOCK_BUCKETS: u64 = 256;
+pub const MAX_OBJLOCK_BUCKETS: u64 = 16_384;
 /// How much of each journal mkfs zeroes (the journal code treats zeros as "empty").
 const JOURNAL_ZERO_BYTES: u64 = 1 << 20;
 
@@ -33,6 +41,10 @@ pub struct MkfsOptions {
     pub heartbeat_interval_ms: u32,
     pub io_timeout_ms: u32,
     pub inode_lock_slots: u32,
+    /// Format version 3 (the default): place the per-object lock area and the lock-request
+    /// mailboxes (`INCOMPAT_OBJECT_LOCKS`). false makes a version-2 volume (global lock only),
+    /// mountable by version-2 binaries.
+    pub object_locks: bool,
 }
 
 impl Default for MkfsOptions {
@@ -45,6 +57,7 @@ impl Default for MkfsOptions {
             heartbeat_interval_ms: DEFAULT_HEARTBEAT_INTERVAL_MS,
             io_timeout_ms: DEFAULT_IO_TIMEOUT_MS,
             inode_lock_slots: DEFAULT_INODE_LOCK_SLOTS,
+            object_locks: true,
         }
     }
 }
@@ -76,9 +89,20 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     let journal_blocks = (opts.journal_bytes / FS_BLOCK).max(256);
     let hb_start = 2;
     let after_hb = hb_start + hb_blocks;
+    let (objlock_buckets, mailboxes) = if opts.object_locks {
+        (
+            (total / OBJLOCK_BLOCKS_PER_BUCKET).clamp(MIN_OBJLOCK_BUCKETS, MAX_OBJLOCK_BUCKETS),
+            u64::from(hb_slots),
+        )
+    } else {
+        (0, 0)
+    };
+    let objlock_blocks = objlock_buckets.div_ceil(per_fs);
+    let mailbox_blocks = mailboxes.div_ceil(per_fs);
     // First guess of the group area to size the lock area (one record per group).
-    let rough_avail =
-        total.saturating_sub(after_hb + journal_blocks * u64::from(opts.max_nodes) + 1);
+    let rough_avail = total.saturating_sub(
+        after_hb + objlock_blocks + mailbox_blocks + journal_blocks * u64::from(opts.max_nodes) + 1,
+    );
     let group_blocks = match opts.group_bytes {
         Some(b) => (b / FS_BLOCK).max(MIN_GROUP_BLOCKS),
         None => {
@@ -93,7 +117,10 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     let lock_count = 1 + rough_groups + u64::from(opts.inode_lock_slots);
     let lock_blocks = lock_count.div_ceil(per_fs);
     let lock_start = after_hb;
-    let journal_start = lock_start + lock_blocks;
+    // v3: buckets, then mailboxes, right after the lock area.
+    let objlock_start = lock_start + lock_blocks;
+    let mailbox_start = objlock_start + objlock_blocks;
+    let journal_start = mailbox_start + mailbox_blocks;
     let group_start = journal_start + journal_blocks * u64::from(opts.max_nodes);
     let backup_block = total.saturating_sub(1);
     let group_count = backup_block.saturating_sub(group_start) / group_blocks;
@@ -116,10 +143,19 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     rand::Rng::fill(&mut rand::thread_rng(), &mut uuid);
     uuid[6] = (uuid[6] & 0x0f) | 0x40;
     uuid[8] = (uuid[8] & 0x3f) | 0x80;
+    let (incompat, objlock_start, mailbox_start) = if opts.object_locks {
+        (
+            INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS,
+            objlock_start,
+            mailbox_start,
+        )
+    } else {
+        (INCOMPAT_OVERFLOW, 0, 0)
+    };
     Ok(Superblock {
         compat: 0,
         ro_compat: 0,
-        incompat: crate::format::superblock::INCOMPAT_OVERFLOW,
+        incompat,
         uuid,
         label: opts.label.clone(),
         logical_block_size: lbs,
@@ -145,6 +181,9 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
         seq: 1,
         bitmap_blocks,
         inode_lock_slots: opts.inode_lock_slots,
+        objlock_start,
+        objlock_buckets,
+        mailbox_start,
     })
 }
 
@@ -166,7 +205,7 @@ pub fn format(
 ) -> Result<Superblock> {
     let geo = dev.geometry().clone();
     let sb = plan(geo.size_bytes, geo.logical_block_size, opts)?;
-    let total_steps = sb.group_count + u64::from(sb.max_nodes) + 3;
+    let total_steps = sb.group_count + u64::from(sb.max_nodes) + 4;
     let mut step = 0;
     let mut tick = |p: &mut dyn FnMut(u64, u64)| {
         step += 1;
@@ -180,6 +219,9 @@ pub fn format(
 
     // Probe, heartbeat and lock areas: all zero = free slots and unheld locks.
     zero_range(dev, sb.probe_block, sb.journal_start - sb.probe_block)?;
+    tick(progress);
+    // v3: every bucket and mailbox as its encoded empty record (what fsck expects to find).
+    write_object_lock_area(dev, &sb)?;
     tick(progress);
     for n in 0..u64::from(sb.max_nodes) {
         let start = sb.journal_start + n * sb.journal_blocks;
@@ -257,6 +299,54 @@ pub fn format(
     Ok(sb)
 }
 
+/// Write every object-lock bucket and every mailbox of `sb` empty (nothing on a v2 volume).
+fn write_object_lock_area(dev: &dyn BlockDevice, sb: &Superblock) -> Result<()> {
+    let Some(area) = sb.object_lock_area() else {
+        return Ok(());
+    };
+    let lbs = usize::try_from(sb.logical_block_size)
+        .map_err(|_| Error::new(ErrorKind::Range, "logical block size"))?;
+    write_records(dev, area.bucket_offset, area.buckets, lbs, &mut |i| {
+        Bucket::empty(i).encode(lbs)
+    })?;
+    write_records(
+        dev,
+        area.mailbox_offset,
+        u64::from(area.mailboxes),
+        lbs,
+        &mut |i| {
+            let slot = u32::try_from(i).map_err(|_| Error::new(ErrorKind::Range, "slot"))?;
+            Mailbox::empty(slot).encode(lbs)
+        },
+    )
+}
+
+/// Write `count` records of `lbs` bytes packed from byte `offset` (fs-block aligned), in
+/// chunks of whole fs blocks; the tail of the last fs block is zero.
+fn write_records(
+    dev: &dyn BlockDevice,
+    offset: u64,
+    count: u64,
+    lbs: usize,
+    record: &mut dyn FnMut(u64) -> Result<Vec<u8>>,
+) -> Result<()> {
+    const CHUNK_BYTES: usize = 1 << 20;
+    let per_chunk = u64::try_from(CHUNK_BYTES / lbs).unwrap_or(1);
+    let mut i = 0;
+    while i < count {
+        let n = per_chunk.min(count - i);
+        let bytes = usize::try_from(n).unwrap_or(0) * lbs;
+        let mut buf = AlignedBuf::new(bytes.next_multiple_of(crate::format::FS_BLOCK_SIZE));
+        for k in 0..n {
+            let o = usize::try_from(k).unwrap_or(0) * lbs;
+            buf[o..o + lbs].copy_from_slice(&record(i + k)?);
+        }
+        dev.write_at(offset + i * u64::try_from(lbs).unwrap_or(0), &buf)?;
+        i += n;
+    }
+    Ok(())
+}
+
 fn zero_range(dev: &dyn BlockDevice, start: u64, blocks: u64) -> Result<()> {
     const CHUNK: u64 = 256;
     let buf = AlignedBuf::new(usize::try_from(CHUNK * FS_BLOCK).unwrap_or(0));
@@ -292,6 +382,148 @@ mod tests {
         assert_eq!(back, sb);
         assert!(sb.group_count >= MIN_GROUPS);
         assert!(sb.hb_slots >= 64);
+    }
+
+    /// v3 (the default): buckets and mailboxes right after the lock area, before the journals,
+    /// every record written as its encoded empty self, and none of their blocks is data.
+    #[test]
+    fn v3_places_and_writes_the_object_lock_area() {
+        for lbs in [512u32, 4096] {
+            let dev = MemDevice::new(256 << 20, lbs);
+            let opts = MkfsOptions {
+                max_nodes: 4,
+                journal_bytes: 4 << 20,
+                ..Default::default()
+            };
+            let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
+            assert_eq!(sb.format_version(), 3);
+            assert!(sb.has_object_locks());
+            // 65,536 fs blocks / 64.
+            assert_eq!(sb.objlock_buckets, 1024);
+            assert_eq!(sb.objlock_start, sb.lock_start + sb.lock_blocks);
+            assert_eq!(sb.mailbox_start, sb.objlock_start + sb.objlock_blocks());
+            assert_eq!(sb.journal_start, sb.mailbox_start + sb.mailbox_blocks());
+            let per_fs = FS_BLOCK / u64::from(lbs);
+            assert_eq!(sb.objlock_blocks(), 1024u64.div_ceil(per_fs));
+            assert_eq!(sb.mailbox_blocks(), u64::from(sb.hb_slots).div_ceil(per_fs));
+            let area = sb.object_lock_area().unwrap();
+            assert_eq!(area.bucket_offset, sb.objlock_start * FS_BLOCK);
+            assert_eq!(area.mailbox_offset, sb.mailbox_start * FS_BLOCK);
+            assert_eq!(area.mailboxes, sb.hb_slots);
+            let n = lbs as usize;
+            let mut rec = vec![0u8; n];
+            for i in 0..area.buckets {
+                dev.read_at(area.bucket_offset + i * u64::from(lbs), &mut rec)
+                    .unwrap();
+                assert_eq!(rec, Bucket::empty(i).encode(n).unwrap(), "bucket {i}");
+                assert_eq!(Bucket::decode(&rec, i).unwrap(), Bucket::empty(i));
+            }
+            for slot in 0..area.mailboxes {
+                dev.read_at(
+                    area.mailbox_offset + u64::from(slot) * u64::from(lbs),
+                    &mut rec,
+                )
+                .unwrap();
+                assert_eq!(
+                    rec,
+                    Mailbox::empty(slot).encode(n).unwrap(),
+                    "mailbox {slot}"
+                );
+            }
+            for b in sb.objlock_start..sb.journal_start {
+                let r = sb.region_of(b);
+                assert!(
+                    matches!(
+                        r,
+                        crate::format::layout::Region::ObjectLock
+                            | crate::format::layout::Region::Mailbox
+                    ),
+                    "block {b}: {r}"
+                );
+                assert!(sb
+                    .check_data_block(b, crate::format::layout::PointerKind::Extent, 1)
+                    .is_err());
+            }
+            // The object-lock code accepts the area as placed.
+            let shared: crate::dev::SharedDevice = std::sync::Arc::new(dev);
+            crate::cluster::object_lock::ObjectLocks::new(
+                shared,
+                area,
+                std::time::Duration::from_secs(1),
+            )
+            .unwrap();
+        }
+    }
+
+    #[test]
+    fn v2_on_request_has_no_object_lock_area() {
+        let dev = MemDevice::new(256 << 20, 512);
+        let opts = MkfsOptions {
+            max_nodes: 4,
+            journal_bytes: 4 << 20,
+            object_locks: false,
+            ..Default::default()
+        };
+        let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
+        assert_eq!(sb.format_version(), 2);
+        assert_eq!(sb.incompat, INCOMPAT_OVERFLOW);
+        assert_eq!(
+            (sb.objlock_start, sb.objlock_buckets, sb.mailbox_start),
+            (0, 0, 0)
+        );
+        assert!(sb.object_lock_area().is_none());
+        assert_eq!(sb.journal_start, sb.lock_start + sb.lock_blocks);
+        let mut b = vec![0u8; 4096];
+        dev.read_at(0, &mut b).unwrap();
+        assert_eq!(Superblock::decode(&b).unwrap(), sb);
+        // Bytes 264..288 are zero, as a version-2 binary wrote them.
+        assert!(b[264..288].iter().all(|&x| x == 0));
+    }
+
+    #[test]
+    fn bucket_count_scales_with_the_volume() {
+        let small = MkfsOptions {
+            max_nodes: 1,
+            journal_bytes: 1 << 20,
+            ..Default::default()
+        };
+        for (size, want) in [
+            // 12,288 fs blocks: 192 by the ratio, clamped up.
+            (48u64 << 20, MIN_OBJLOCK_BUCKETS),
+            (256 << 20, 1024),
+            (1 << 30, 4096),
+            (4 << 30, MAX_OBJLOCK_BUCKETS),
+            (1 << 40, MAX_OBJLOCK_BUCKETS),
+        ] {
+            for lbs in [512, 4096] {
+                let sb = plan(size, lbs, &small).unwrap();
+                assert_eq!(sb.objlock_buckets, want, "{size}");
+            }
+        }
+    }
+
+    proptest::proptest! {
+        /// Whatever mkfs plans decodes back to itself and passes the geometry checks.
+        #[test]
+        fn planned_layouts_decode(
+            mib in 48u64..(1 << 21),
+            lbs in proptest::sample::select(vec![512u32, 4096]),
+            nodes in 1u32..40,
+            object_locks: bool,
+        ) {
+            let opts = MkfsOptions {
+                max_nodes: nodes,
+                journal_bytes: 1 << 20,
+                object_locks,
+                ..Default::default()
+            };
+            if let Ok(sb) = plan(mib << 20, lbs, &opts) {
+                let back = Superblock::decode(&sb.encode()).unwrap();
+                proptest::prop_assert_eq!(&back, &sb);
+                proptest::prop_assert_eq!(back.format_version(), if object_locks { 3 } else { 2 });
+                proptest::prop_assert!(back.object_lock_area().is_some() == object_locks);
+            }
+        }
     }
 
     #[test]

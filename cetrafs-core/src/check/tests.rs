@@ -153,7 +153,7 @@ fn unknown_incompat_feature_refuses_ro_compat_warns() {
     assert_eq!(kinds(&r), [FindingKind::Features]);
     assert!(r.is_clean(), "a warning is not an error");
     // A bit this release does not know (what an older binary sees in INCOMPAT_OVERFLOW).
-    sb.incompat |= 0x2;
+    sb.incompat |= 0x8000;
     wr(&dev, 0, &sb.encode());
     assert_eq!(
         check_volume(&dev).unwrap_err().kind(),

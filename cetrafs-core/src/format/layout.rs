@@ -2,7 +2,8 @@
 //! from disk.
 //!
 //! Every fs block of a volume belongs to exactly one [`Region`]: the superblock (block 0), the
-//! CAW probe block, the heartbeat slots, the lock records, the per-slot journals (whose first
+//! CAW probe block, the heartbeat slots, the lock records, the object-lock buckets and the
+//! lock-request mailboxes (format v3), the per-slot journals (whose first
 //! block is the slot header), the allocation groups (each: header, bitmap blocks, then data), the
 //! unused blocks between or after those regions, and the backup superblock. Blocks at or past
 //! `total_blocks` lie outside the volume.
@@ -33,6 +34,10 @@ pub enum Region {
     Probe,
     Heartbeat,
     Lock,
+    /// The object-lock buckets (format v3).
+    ObjectLock,
+    /// The lock-request mailboxes (format v3).
+    Mailbox,
     /// Block `index` of slot `slot`'s journal; index 0 is the slot header.
     Journal {
         slot: u64,
@@ -62,6 +67,8 @@ impl fmt::Display for Region {
             Self::Probe => f.write_str("the CAW probe block"),
             Self::Heartbeat => f.write_str("the heartbeat area"),
             Self::Lock => f.write_str("the lock area"),
+            Self::ObjectLock => f.write_str("the object-lock area"),
+            Self::Mailbox => f.write_str("the lock-request mailboxes"),
             Self::Journal { slot, index: 0 } => write!(f, "the slot header of node slot {slot}"),
             Self::Journal { slot, .. } => write!(f, "the journal of node slot {slot}"),
             Self::GroupHeader { group } => write!(f, "the header of group {group}"),
@@ -129,6 +136,12 @@ impl Superblock {
         }
         if within(b, self.lock_start, self.lock_blocks).is_some() {
             return Region::Lock;
+        }
+        if within(b, self.objlock_start, self.objlock_blocks()).is_some() {
+            return Region::ObjectLock;
+        }
+        if within(b, self.mailbox_start, self.mailbox_blocks()).is_some() {
+            return Region::Mailbox;
         }
         let journals = self
             .journal_blocks
@@ -204,7 +217,8 @@ impl Superblock {
 
     /// May a journal transaction log block `b`? Logged blocks are metadata homes: any block of
     /// an allocation group (headers and bitmaps included) or a slot header. Anything else —
-    /// the superblocks, heartbeat, lock records, journal bodies — is never journaled, so a
+    /// the superblocks, heartbeat, lock records, object-lock buckets, mailboxes, journal
+    /// bodies — is never journaled, so a
     /// transaction naming it is corrupt and must not be replayed.
     pub fn check_journal_home(&self, b: u64, seq: u64) -> Result<()> {
         match self.region_of(b) {
@@ -241,6 +255,9 @@ mod tests {
             io_timeout_ms: 1000,
             seq: 1,
             inode_lock_slots: 1,
+            objlock_start: 0,
+            objlock_buckets: 0,
+            mailbox_start: 0,
             probe_block: 2, // block 1 unused
             hb_start: 3,
             hb_blocks: 4, // 3..7, 7 unused
@@ -294,6 +311,58 @@ mod tests {
             assert_eq!(s.region_of(b), r, "block {b}");
             assert_eq!(s.is_data_block(b), matches!(r, Region::GroupData { .. }));
         }
+    }
+
+    /// `sb()` made v3 (512-byte logical blocks): buckets and mailboxes between the lock area
+    /// and the journals, which move up.
+    fn sb3() -> Superblock {
+        Superblock {
+            incompat: crate::format::superblock::INCOMPAT_OBJECT_LOCKS,
+            logical_block_size: 512,
+            objlock_start: 11,  // 10 unused
+            objlock_buckets: 9, // 11..13 (8 + 1 records)
+            mailbox_start: 13,  // 4 slots: 13..14, 14 and 15 unused
+            journal_start: 16,  // 16..26
+            group_start: 26,
+            root_ino: 28,
+            backup_block: 61, // groups 26..56, 56..61 unused
+            total_blocks: 62,
+            ..sb()
+        }
+    }
+
+    #[test]
+    fn object_lock_regions_are_never_data() {
+        let s = sb3();
+        let want = [
+            (9, Region::Lock),
+            (10, Region::Unused),
+            (11, Region::ObjectLock),
+            (12, Region::ObjectLock),
+            (13, Region::Mailbox),
+            (14, Region::Unused),
+            (16, Region::Journal { slot: 0, index: 0 }),
+            (26, Region::GroupHeader { group: 0 }),
+        ];
+        for (b, r) in want {
+            assert_eq!(s.region_of(b), r, "block {b}");
+        }
+        for b in 11..14 {
+            let e = s.check_data_block(b, PointerKind::Extent, 28).unwrap_err();
+            assert!(
+                e.context().contains("the object-lock area") || e.context().contains("mailboxes"),
+                "{e}"
+            );
+            assert!(s.check_journal_home(b, 1).is_err());
+        }
+        assert_eq!(s.bad_data_range(12, 1), Some((12, Region::ObjectLock)));
+        // Without the feature the fields are not regions.
+        let v2 = Superblock {
+            incompat: 0,
+            ..sb3()
+        };
+        assert_eq!(v2.region_of(11), Region::Unused);
+        assert_eq!(v2.region_of(13), Region::Unused);
     }
 
     #[test]

@@ -4,7 +4,8 @@
 //! ```text
 //! off  size field                     why
 //!   0     8 magic "CETRAFS\0"         identifies the volume (also what mkfs/blkid look for)
-//!   8     4 format_version            1, or 2 when an incompat feature of v2 is set
+//!   8     4 format_version            the oldest version that knows the incompat bits: 1 without
+//!                                     any, 2 with INCOMPAT_OVERFLOW, 3 with INCOMPAT_OBJECT_LOCKS
 //!  12     4 compat features           unknown bits: ignore
 //!  16     4 ro_compat features        unknown bits: mount read-only only
 //!  20     4 incompat features         unknown bits: refuse to mount
@@ -26,9 +27,24 @@
 //! 240     8 backup_block (fs block of the backup copy)
 //! 248     8 seq                       bumped on each rewrite
 //! 256     4 bitmap_blocks per group   260 4 inode_lock_slots (hashed inode lock records)
-//! 264  3828 zero
+//! 264     8 objlock_start             fs block of the first object-lock bucket   (v3, else 0)
+//! 272     8 objlock_buckets           bucket records, one logical block each     (v3, else 0)
+//! 280     8 mailbox_start             fs block of the first mailbox: hb_slots     (v3, else 0)
+//!                                     mailboxes of one logical block each
+//! 288  3804 zero
 //! 4092    4 crc32c of bytes 0..4092
 //! ```
+//!
+//! **Object-lock area and mailboxes (v3, [`INCOMPAT_OBJECT_LOCKS`]).** `objlock_buckets`
+//! bucket records ([`super::object_lock`]) packed from byte `objlock_start × 4096`, then, from
+//! byte `mailbox_start × 4096`, `hb_slots` mailbox records ([`super::mailbox`]), one per node
+//! slot; both one logical block per record, so each region covers
+//! `ceil(records × logical_block_size / 4096)` fs blocks ([`Superblock::objlock_blocks`],
+//! [`Superblock::mailbox_blocks`]). mkfs places them right after the lock area, before the
+//! journals, and the decoder requires that order (probe, heartbeat, lock area, buckets,
+//! mailboxes, journals, groups), at least one bucket, and the regions inside the volume.
+//! Without the bit the three fields are ignored (decoded as 0) and the volume has no
+//! object-lock area ([`Superblock::object_lock_area`] is None).
 
 use super::codec::{Reader, Writer};
 use super::FS_BLOCK_SIZE;
@@ -37,20 +53,29 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
 /// The newest format version this release reads and writes. A volume's version follows from
 /// its incompat features ([`Superblock::format_version`]): 1 without any, 2 with
-/// [`INCOMPAT_OVERFLOW`]. Version-1 volumes keep working with version-1 limits and stay
-/// mountable by version-1 binaries; those refuse a version-2 volume (by the version, and by
-/// the incompat bit they do not know).
-pub const FORMAT_VERSION: u32 = 2;
+/// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`]. Version-1 and version-2 volumes
+/// keep working with their version's features and stay mountable by the binaries of their
+/// version; those refuse a newer volume (by the version, and by the incompat bit they do not
+/// know).
+pub const FORMAT_VERSION: u32 = 3;
 pub const LABEL_LEN: usize = 64;
 
 /// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
 /// xattr sets of up to 32 blocks with 64 KiB values. mkfs sets it on every new volume.
 pub const INCOMPAT_OVERFLOW: u32 = 0x1;
 
+/// Incompat (v3): the per-object lock area (hashed buckets, `cluster/object_lock.rs`) and one
+/// lock-request mailbox per node slot (`cluster/mailbox.rs`), placed by `objlock_start`,
+/// `objlock_buckets` and `mailbox_start`. Nodes of a v3 volume lock objects in those records;
+/// a binary that does not know them would change metadata under the global lock alone,
+/// unseen by nodes holding object locks, so it must refuse the volume. mkfs sets it together
+/// with [`INCOMPAT_OVERFLOW`].
+pub const INCOMPAT_OBJECT_LOCKS: u32 = 0x2;
+
 /// Feature bits known to this release.
 pub const COMPAT_KNOWN: u32 = 0;
 pub const RO_COMPAT_KNOWN: u32 = 0;
-pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS;
 
 const MAGIC: usize = 0;
 const VERSION: usize = MAGIC + 8;
@@ -83,8 +108,11 @@ const BACKUP: usize = IO_TIMEOUT + 4;
 const SEQ: usize = BACKUP + 8;
 const BITMAP_BLOCKS: usize = SEQ + 8;
 const INODE_LOCKS: usize = BITMAP_BLOCKS + 4;
+const OBJLOCK_START: usize = INODE_LOCKS + 4;
+const OBJLOCK_BUCKETS: usize = OBJLOCK_START + 8;
+const MAILBOX_START: usize = OBJLOCK_BUCKETS + 8;
 const CRC: usize = FS_BLOCK_SIZE - 4;
-const _: () = assert!(INODE_LOCKS + 4 == 264);
+const _: () = assert!(INODE_LOCKS + 4 == 264 && MAILBOX_START + 8 == 288);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
@@ -116,6 +144,12 @@ pub struct Superblock {
     pub seq: u64,
     pub bitmap_blocks: u32,
     pub inode_lock_slots: u32,
+    /// v3 ([`INCOMPAT_OBJECT_LOCKS`]): fs block of the first object-lock bucket; else 0.
+    pub objlock_start: u64,
+    /// v3: number of object-lock buckets (one logical block each); else 0.
+    pub objlock_buckets: u64,
+    /// v3: fs block of the first of `hb_slots` mailboxes (one logical block each); else 0.
+    pub mailbox_start: u64,
 }
 
 /// The superblock [`Superblock::locate`] chose, and why.
@@ -164,6 +198,12 @@ impl Superblock {
         w.u64(SEQ, self.seq);
         w.u32(BITMAP_BLOCKS, self.bitmap_blocks);
         w.u32(INODE_LOCKS, self.inode_lock_slots);
+        // Without the feature the area stays zero, as older releases wrote it.
+        if self.has_object_locks() {
+            w.u64(OBJLOCK_START, self.objlock_start);
+            w.u64(OBJLOCK_BUCKETS, self.objlock_buckets);
+            w.u64(MAILBOX_START, self.mailbox_start);
+        }
         let crc = crc32c::crc32c(&b[..CRC]);
         Writer::new(&mut b).u32(CRC, crc);
         b
@@ -202,10 +242,19 @@ impl Superblock {
         let end = label_raw.iter().position(|&c| c == 0).unwrap_or(LABEL_LEN);
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(r.bytes(UUID, 16)?);
+        let incompat = r.u32(INCOMPAT)?;
+        // Without the feature the fields are not the volume's: ignored, as older binaries do.
+        let v3 = |at: usize| -> Result<u64> {
+            Ok(if incompat & INCOMPAT_OBJECT_LOCKS != 0 {
+                r.u64(at)?
+            } else {
+                0
+            })
+        };
         let sb = Self {
             compat: r.u32(COMPAT)?,
             ro_compat: r.u32(RO_COMPAT)?,
-            incompat: r.u32(INCOMPAT)?,
+            incompat,
             uuid,
             // Strict, like the heartbeat host name: a lossy decode would re-encode differently.
             label: std::str::from_utf8(&label_raw[..end])
@@ -234,6 +283,9 @@ impl Superblock {
             seq: r.u64(SEQ)?,
             bitmap_blocks: r.u32(BITMAP_BLOCKS)?,
             inode_lock_slots: r.u32(INODE_LOCKS)?,
+            objlock_start: v3(OBJLOCK_START)?,
+            objlock_buckets: v3(OBJLOCK_BUCKETS)?,
+            mailbox_start: v3(MAILBOX_START)?,
         };
         if r.u32(FSBS)? as usize != FS_BLOCK_SIZE {
             return Err(Error::corrupted(format!(
@@ -271,29 +323,47 @@ impl Superblock {
         {
             return bad("heartbeat or lock area is too small for its records");
         }
+        let objlocks = self.has_object_locks();
+        if objlocks && self.objlock_buckets == 0 {
+            return bad("object-lock area without buckets");
+        }
+        // Absent regions (v2: no object locks) are empty and sit where they would be.
+        let (objlock_start, mailbox_start) = if objlocks {
+            (self.objlock_start, self.mailbox_start)
+        } else {
+            let after_lock = self.lock_start.saturating_add(self.lock_blocks);
+            (after_lock, after_lock)
+        };
         let regions = [
-            (self.probe_block, 1),
-            (self.hb_start, self.hb_blocks),
-            (self.lock_start, self.lock_blocks),
+            ("the probe block", self.probe_block, 1),
+            ("the heartbeat area", self.hb_start, self.hb_blocks),
+            ("the lock area", self.lock_start, self.lock_blocks),
+            ("the object-lock area", objlock_start, self.objlock_blocks()),
+            ("the mailbox area", mailbox_start, self.mailbox_blocks()),
             (
+                "the journal area",
                 self.journal_start,
                 self.journal_blocks
                     .saturating_mul(u64::from(self.max_nodes)),
             ),
             (
+                "the group area",
                 self.group_start,
                 self.group_blocks.saturating_mul(self.group_count),
             ),
         ];
-        let mut prev_end = 1u64;
-        for (start, len) in regions {
+        let (mut prev, mut prev_end) = ("the superblock", 1u64);
+        for (what, start, len) in regions {
             if start < prev_end {
-                return bad("regions overlap");
+                return bad(&format!(
+                    "regions overlap: {what} starts at block {start}, before the end of {prev} (block {prev_end})"
+                ));
             }
             prev_end = match start.checked_add(len) {
                 Some(e) => e,
-                None => return bad("region size overflows"),
+                None => return bad(&format!("{what}: region size overflows")),
             };
+            prev = what;
         }
         if prev_end > self.backup_block || self.backup_block >= self.total_blocks {
             return bad("regions run past the end of the volume");
@@ -338,11 +408,53 @@ impl Superblock {
 
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
-        if self.incompat & INCOMPAT_OVERFLOW != 0 {
+        if self.incompat & INCOMPAT_OBJECT_LOCKS != 0 {
+            3
+        } else if self.incompat & INCOMPAT_OVERFLOW != 0 {
             2
         } else {
             1
         }
+    }
+
+    /// Does the volume have the per-object lock area and mailboxes (v3)?
+    pub fn has_object_locks(&self) -> bool {
+        self.incompat & INCOMPAT_OBJECT_LOCKS != 0
+    }
+
+    /// Logical blocks (records) per fs block.
+    fn records_per_block(&self) -> u64 {
+        super::FS_BLOCK / u64::from(self.logical_block_size.max(1))
+    }
+
+    /// Fs blocks of the object-lock bucket area (0 without the feature).
+    pub fn objlock_blocks(&self) -> u64 {
+        if self.has_object_locks() {
+            self.objlock_buckets.div_ceil(self.records_per_block())
+        } else {
+            0
+        }
+    }
+
+    /// Fs blocks of the mailbox area: `hb_slots` records (0 without the feature).
+    pub fn mailbox_blocks(&self) -> u64 {
+        if self.has_object_locks() {
+            u64::from(self.hb_slots).div_ceil(self.records_per_block())
+        } else {
+            0
+        }
+    }
+
+    /// Where `cluster::object_lock::ObjectLocks` finds its records, in bytes: the buckets and
+    /// one mailbox per heartbeat slot. None on a volume without [`INCOMPAT_OBJECT_LOCKS`].
+    pub fn object_lock_area(&self) -> Option<crate::cluster::object_lock::ObjectLockArea> {
+        self.has_object_locks()
+            .then(|| crate::cluster::object_lock::ObjectLockArea {
+                bucket_offset: self.objlock_start.saturating_mul(super::FS_BLOCK),
+                buckets: self.objlock_buckets,
+                mailbox_offset: self.mailbox_start.saturating_mul(super::FS_BLOCK),
+                mailboxes: self.hb_slots,
+            })
     }
 
     pub fn group_first_block(&self, group: u64) -> u64 {
@@ -519,6 +631,125 @@ mod tests {
         let mut flipped = sb.encode();
         flipped[120] ^= 1;
         assert!(locate_on(&flipped, &backup).unwrap().from_backup);
+    }
+
+    /// Version 3: the object-lock fields round-trip; impossible values are refused with a
+    /// message naming the region, and `locate` then falls back to the backup.
+    #[test]
+    fn object_lock_geometry_is_checked() {
+        let sb = planned();
+        assert_eq!(sb.format_version(), 3);
+        assert_eq!(FORMAT_VERSION, 3);
+        assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
+        let raw = sb.encode();
+        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 3);
+        assert_eq!(
+            u64::from_le_bytes(raw[264..272].try_into().unwrap()),
+            sb.objlock_start
+        );
+        assert_eq!(
+            u64::from_le_bytes(raw[272..280].try_into().unwrap()),
+            sb.objlock_buckets
+        );
+        assert_eq!(
+            u64::from_le_bytes(raw[280..288].try_into().unwrap()),
+            sb.mailbox_start
+        );
+        assert!(raw[288..CRC].iter().all(|&b| b == 0));
+
+        let with = |f: &dyn Fn(&mut Superblock)| {
+            let mut s = sb.clone();
+            f(&mut s);
+            s
+        };
+        let cases: Vec<(Superblock, &str)> = vec![
+            (with(&|s| s.objlock_buckets = 0), "without buckets"),
+            (
+                with(&|s| s.objlock_start = s.lock_start),
+                "the object-lock area starts",
+            ),
+            (with(&|s| s.objlock_buckets += 8), "the mailbox area starts"),
+            (
+                with(&|s| s.mailbox_start = s.objlock_start),
+                "the mailbox area starts",
+            ),
+            (
+                with(&|s| s.mailbox_start = s.journal_start - 1),
+                "the journal area starts",
+            ),
+            (
+                with(&|s| s.objlock_buckets = u64::MAX),
+                "the mailbox area starts",
+            ),
+            (
+                with(&|s| {
+                    s.objlock_start = s.total_blocks;
+                    s.mailbox_start = s.total_blocks + 100;
+                }),
+                "the journal area starts",
+            ),
+            (with(&|s| s.mailbox_start = u64::MAX), "overflows"),
+        ];
+        let backup = sb.encode();
+        for (bad, why) in cases {
+            let e = Superblock::decode(&bad.encode()).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupted, "{why}");
+            assert!(e.to_string().contains(why), "{why}: {e}");
+            let l = locate_on(&bad.encode(), &backup).unwrap();
+            assert!(l.from_backup, "{why}");
+            assert_eq!(l.sb, sb);
+        }
+        let area = sb.object_lock_area().unwrap();
+        assert_eq!(area.buckets, sb.objlock_buckets);
+        assert_eq!(area.mailboxes, sb.hb_slots);
+        assert_eq!(area.bucket_offset, sb.objlock_start * 4096);
+        assert_eq!(area.mailbox_offset, sb.mailbox_start * 4096);
+    }
+
+    /// Without the incompat bit the fields are ignored (as a version-2 binary ignores them),
+    /// the version is 2, and a version that does not match the bits is refused.
+    #[test]
+    fn version_follows_the_object_lock_bit() {
+        let sb = planned();
+        let mut v2 = sb.clone();
+        v2.incompat &= !INCOMPAT_OBJECT_LOCKS;
+        assert_eq!(v2.format_version(), 2);
+        assert!(v2.object_lock_area().is_none());
+        // Its fields still hold v3 values in memory: encoded as 0 without the bit...
+        let raw = v2.encode();
+        assert!(raw[264..CRC].iter().all(|&b| b == 0));
+        let back = Superblock::decode(&raw).unwrap();
+        assert_eq!(
+            (back.objlock_start, back.objlock_buckets, back.mailbox_start),
+            (0, 0, 0)
+        );
+        assert_eq!(back.objlock_blocks() + back.mailbox_blocks(), 0);
+        // ...and ignored when a (hand-made) v2 superblock has them.
+        let mut raw = v2.encode();
+        raw[264..272].copy_from_slice(&7u64.to_le_bytes());
+        raw[272..280].copy_from_slice(&u64::MAX.to_le_bytes());
+        let crc = crc32c::crc32c(&raw[..CRC]);
+        raw[CRC..].copy_from_slice(&crc.to_le_bytes());
+        let back = Superblock::decode(&raw).unwrap();
+        assert_eq!((back.objlock_start, back.objlock_buckets), (0, 0));
+        // A v3 version field on a volume without the bit, and the other way round.
+        for (s, version) in [(&v2, 3u32), (&sb, 2)] {
+            let mut raw = s.encode();
+            raw[8..12].copy_from_slice(&version.to_le_bytes());
+            let crc = crc32c::crc32c(&raw[..CRC]);
+            raw[CRC..].copy_from_slice(&crc.to_le_bytes());
+            let e = Superblock::decode(&raw).unwrap_err();
+            assert!(e.to_string().contains("does not match its incompat"), "{e}");
+        }
+        // A version this release does not know.
+        let mut raw = sb.encode();
+        raw[8..12].copy_from_slice(&4u32.to_le_bytes());
+        let crc = crc32c::crc32c(&raw[..CRC]);
+        raw[CRC..].copy_from_slice(&crc.to_le_bytes());
+        let e = Superblock::decode(&raw).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Unsupported);
+        assert!(e.to_string().contains("knows 1 to 3"), "{e}");
+        assert!(sb.check_features().is_ok());
     }
 
     #[test]
