@@ -148,8 +148,13 @@ fn a_dead_node_blocks_only_what_it_held() {
         "b's I/O took {:?} (dead time {dead:?})",
         t.elapsed()
     );
-    // b's metadata waits for the recovery, then sees a's fsync'd state only.
-    assert!(b.lookup(r, b"growing").is_ok());
+    // b's metadata waits for a's recovery (a died holding the global lock).
+    assert!(b.lookup(r, b"mine").is_ok());
+    assert!(
+        t.elapsed() >= dead / 2,
+        "b's lookup did not wait for the recovery: {:?}",
+        t.elapsed()
+    );
     let _ = g;
     drop(gfh);
     b.release(&fh).unwrap();

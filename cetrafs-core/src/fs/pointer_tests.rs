@@ -54,7 +54,7 @@ fn targets(sb: &Superblock) -> Vec<(u64, &'static str)> {
 
 #[test]
 fn damaged_extent_is_eio_and_its_target_is_never_read_or_written() {
-    let dev = formatted(2);
+    let dev = formatted(3);
     let sb = crate::fs::read_superblock(&*dev).unwrap();
     for (target, what) in targets(&sb) {
         let img = Arc::new(MemDevice::from_image(dev.snapshot(), 512));
@@ -67,6 +67,15 @@ fn damaged_extent_is_eio_and_its_target_is_never_read_or_written() {
         // b takes the metadata lock: a's metadata goes home and a's caches become stale.
         b.mkdir(r, b"d", 0o755, C).unwrap();
         b.sync().unwrap();
+        // A third node changes the file's inode and leaves: a's copy of it is no longer valid
+        // (v3: a gave its inode lock up; its next I/O reloads), and b has never loaded it.
+        let c = mount(&img, "c");
+        let chmod = SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        };
+        c.setattr(f.ino, &chmod, C).unwrap();
+        c.unmount().unwrap();
         edit_inode(&*img, f.ino, |i| i.inline_extents[0].physical = target);
         std::thread::sleep(Duration::from_millis(100));
         // (Group and journal blocks change legitimately when the nodes allocate or commit;
