@@ -108,7 +108,7 @@ pub(super) fn check_value(sb: &Superblock, value: &[u8]) -> Result<()> {
 }
 
 fn alloc_blocks(tx: &mut Tx<'_>, goal: u64, n: usize) -> Result<Vec<(u64, u64)>> {
-    let runs = tx.meta.alloc.alloc(goal, n as u64, 0)?;
+    let runs = tx.alloc_meta(goal, n as u64)?;
     let mut out = Vec::with_capacity(n);
     for (s, l) in runs {
         for b in s..s + l {
@@ -119,8 +119,7 @@ fn alloc_blocks(tx: &mut Tx<'_>, goal: u64, n: usize) -> Result<Vec<(u64, u64)>>
 }
 
 fn free_block(tx: &mut Tx<'_>, b: u64) -> Result<()> {
-    tx.forget(b);
-    tx.meta.alloc.free(b, 1)
+    tx.free_one(b)
 }
 
 /// Write `set.map` back as the inode's xattr set: reuse its blocks, allocate what a larger set

@@ -40,7 +40,7 @@ impl<'t, 'a> Tree<'t, 'a> {
 
     /// Create an empty tree: one empty leaf, returned as the new root block.
     pub fn create(tx: &mut Tx<'_>, owner: u64) -> Result<u64> {
-        let b = tx.meta.alloc.alloc(owner, 1, 0)?[0].0;
+        let b = tx.alloc_one(owner)?;
         let n = TreeNode {
             blockno: b,
             seq: tx.prior_seq(b)? + 1,
@@ -56,8 +56,7 @@ impl<'t, 'a> Tree<'t, 'a> {
     /// entry): it must name a data block (format/layout.rs) and the node must be this tree's.
     fn read(&mut self, b: u64) -> Result<TreeNode> {
         self.tx
-            .meta
-            .sb
+            .sb()
             .check_data_block(b, PointerKind::TreeNode, self.owner)?;
         let raw = self.tx.read(b)?;
         let n = TreeNode::decode(&raw, b)?;
@@ -71,7 +70,7 @@ impl<'t, 'a> Tree<'t, 'a> {
     }
 
     fn alloc_node(&mut self, level: u16, entries: NodeEntries) -> Result<TreeNode> {
-        let b = self.tx.meta.alloc.alloc(self.root, 1, 0)?[0].0;
+        let b = self.tx.alloc_one(self.root)?;
         self.delta += 1;
         let seq = self.tx.prior_seq(b)?;
         Ok(TreeNode {
@@ -84,8 +83,7 @@ impl<'t, 'a> Tree<'t, 'a> {
     }
 
     fn free_node(&mut self, b: u64) -> Result<()> {
-        self.tx.forget(b);
-        self.tx.meta.alloc.free(b, 1)?;
+        self.tx.free_one(b)?;
         self.delta -= 1;
         Ok(())
     }

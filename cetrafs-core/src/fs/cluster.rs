@@ -178,25 +178,25 @@ impl Volume {
     fn meta_in(&self, mode: LockMode) -> Result<MutexGuard<'_, Meta>> {
         let mut m = self.lock_meta();
         let cl = &self.cl;
-        if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
+        if cl.handoff_wanted.load(Ordering::Acquire) && m.gml() != LockMode::Free {
             // Allocating writes in flight hold blocks only this node knows of: they are mapped
             // first (fs/inflight.rs). Meanwhile another thread may have handed over already.
             m = self.drained(m);
-            if cl.handoff_wanted.load(Ordering::Acquire) && m.gml != LockMode::Free {
+            if cl.handoff_wanted.load(Ordering::Acquire) && m.gml() != LockMode::Free {
                 self.handoff(&mut m)?;
             }
         }
-        if covers(m.gml, mode) {
+        if covers(m.gml(), mode) {
             return Ok(m);
         }
         if let Some(e) = self.abort_if_fenced() {
             return Err(e);
         }
-        if m.gml == LockMode::Shared {
+        if m.gml() == LockMode::Shared {
             // Never wait for an upgrade while holding shared: two upgraders would wait for
             // each other. Shared holders have nothing to write back.
             cl.locks.release_global(cl.me)?;
-            m.gml = LockMode::Free;
+            m.set_gml(LockMode::Free);
             cl.held.store(0, Ordering::Release);
         }
         let rec = cl.locks.acquire_global_notify(
@@ -207,11 +207,11 @@ impl Volume {
             &|rec| self.ask_global_holders(rec, mode),
         )?;
         let expected = if mode == LockMode::Exclusive {
-            m.gml_version + 1
+            m.gml_version() + 1
         } else {
-            m.gml_version
+            m.gml_version()
         };
-        m.gml = mode;
+        m.set_gml(mode);
         cl.held.store(mode_code(mode), Ordering::Release);
         if rec.version != expected {
             if let Err(e) = self.invalidate(&mut m) {
@@ -219,7 +219,7 @@ impl Volume {
                 return Err(e.wrap("reloading metadata changed by another node"));
             }
         }
-        m.gml_version = rec.version;
+        m.set_gml_version(rec.version);
         cl.seen_version.store(rec.version, Ordering::Release);
         if mode == LockMode::Exclusive && !self.read_only {
             self.ensure_groups(&mut m);
@@ -263,10 +263,12 @@ impl Volume {
         }
     }
 
-    /// Mount: the global lock is held shared at `m.gml_version`; learn the group owners.
+    /// Mount: the global lock is held shared at `m.gml_version()`; learn the group owners.
     pub(super) fn note_mounted(&self, m: &mut Meta) {
-        self.cl.held.store(mode_code(m.gml), Ordering::Release);
-        self.cl.seen_version.store(m.gml_version, Ordering::Release);
+        self.cl.held.store(mode_code(m.gml()), Ordering::Release);
+        self.cl
+            .seen_version
+            .store(m.gml_version(), Ordering::Release);
         self.refresh_group_classes(m);
         match membership::scan(&*self.dev, &self.sb) {
             Ok(views) => self.cl.set_live(&views),
@@ -280,7 +282,7 @@ impl Volume {
     /// free counts, and make loaded inodes stale.
     fn invalidate(&self, m: &mut Meta) -> Result<()> {
         m.drop_cache();
-        m.alloc.invalidate();
+        m.groups().invalidate();
         self.refresh_group_classes(m);
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
         Ok(())
@@ -301,7 +303,7 @@ impl Volume {
         };
         for (g, rec) in records.into_iter().enumerate() {
             let g = g as u64;
-            m.alloc.note_lvb(g, rec.group_free());
+            m.groups().note_lvb(g, rec.group_free());
             let mut class = if rec.mode == LockMode::Free || rec.owner == NO_SLOT {
                 GroupClass::Unowned
             } else if rec.owner == me.slot {
@@ -314,15 +316,18 @@ impl Volume {
                 .waiters
                 .iter()
                 .any(|s| s != me.slot && self.cl.slot_live(s));
-            if class == GroupClass::Mine && asked && !self.read_only && m.gml == LockMode::Exclusive
+            if class == GroupClass::Mine
+                && asked
+                && !self.read_only
+                && m.gml() == LockMode::Exclusive
             {
                 let released = m
-                    .alloc
+                    .groups()
                     .exact_free(g)
                     .and_then(|free| self.cl.locks.release_group(g, me, free).map(|()| free));
                 match released {
                     Ok(free) => {
-                        m.alloc.note_published(g, free);
+                        m.groups().note_published(g, free);
                         tracing::info!(
                             "gave allocation group {g} back: another node is short of space"
                         );
@@ -331,7 +336,7 @@ impl Volume {
                     Err(e) => tracing::warn!("giving allocation group {g} back failed: {e}"),
                 }
             }
-            m.alloc.set_class(g, class);
+            m.groups().set_class(g, class);
         }
     }
 
@@ -340,19 +345,20 @@ impl Volume {
     /// unowned and then other nodes' groups, which the global lock still makes safe).
     fn ensure_groups(&self, m: &mut Meta) {
         use crate::alloc::GroupClass;
-        if m.alloc.free_in_mine() >= self.sb.group_blocks / 4 {
+        let mut groups = m.groups();
+        if groups.free_in_mine() >= self.sb.group_blocks / 4 {
             return;
         }
         for _ in 0..3 {
             let best = (0..self.sb.group_count)
-                .filter(|&g| m.alloc.class(g) == Some(GroupClass::Unowned))
-                .max_by_key(|&g| m.alloc.group_free(g).unwrap_or(0));
+                .filter(|&g| groups.class(g) == Some(GroupClass::Unowned))
+                .max_by_key(|&g| groups.group_free(g).unwrap_or(0));
             let Some(g) = best else {
                 // None left: ask the owner of the emptiest other group to give it back; until
                 // then allocation borrows from other nodes' groups (safe under this lock).
                 let wanted = (0..self.sb.group_count)
-                    .filter(|&g| m.alloc.class(g) == Some(GroupClass::Others))
-                    .max_by_key(|&g| m.alloc.group_free(g).unwrap_or(0));
+                    .filter(|&g| groups.class(g) == Some(GroupClass::Others))
+                    .max_by_key(|&g| groups.group_free(g).unwrap_or(0));
                 if let Some(g) = wanted {
                     if let Err(e) = self.cl.locks.want_group(g, self.cl.me) {
                         tracing::warn!("asking for allocation group {g} failed: {e}");
@@ -362,11 +368,11 @@ impl Volume {
             };
             match self.cl.locks.claim_group(g, self.cl.me) {
                 Ok(true) => {
-                    m.alloc.set_class(g, GroupClass::Mine);
+                    groups.set_class(g, GroupClass::Mine);
                     tracing::debug!("took allocation group {g}");
                     return;
                 }
-                Ok(false) => m.alloc.set_class(g, GroupClass::Others),
+                Ok(false) => groups.set_class(g, GroupClass::Others),
                 Err(e) => {
                     tracing::warn!("claiming allocation group {g} failed: {e}");
                     return;
@@ -379,9 +385,9 @@ impl Volume {
     /// locks' value blocks: the next holders take them for groups they have not checked yet
     /// (statfs), and an admin tool can read every group's state without the global lock.
     fn publish_groups(&self, m: &mut Meta) {
-        for (g, free) in m.alloc.take_changed() {
+        for (g, free) in m.groups().take_changed() {
             match self.cl.locks.publish_group_free(g, free) {
-                Ok(()) => m.alloc.note_published(g, free),
+                Ok(()) => m.groups().note_published(g, free),
                 Err(e) => tracing::warn!("publishing the free count of group {g} failed: {e}"),
             }
         }
@@ -390,7 +396,7 @@ impl Volume {
     /// Give the global lock to whoever waits: everything this node changed is made durable
     /// and home, and its journal emptied, first.
     pub(super) fn handoff(&self, m: &mut Meta) -> Result<()> {
-        if m.gml == LockMode::Exclusive {
+        if m.gml() == LockMode::Exclusive {
             if let Err(e) = m.close(&*self.dev) {
                 // What is on disk is unknown: stop heartbeating so the others recover this
                 // node (replaying its journal) instead of waiting for a lock it cannot give.
@@ -405,7 +411,7 @@ impl Volume {
 
     fn release_gml(&self, m: &mut Meta) -> Result<()> {
         debug_assert!(
-            m.inflight.is_empty(),
+            m.inflight().is_empty(),
             "giving up the global lock with allocating writes in flight"
         );
         // Everything loaded under this hold is stale from now on; wait out fast-path I/O that
@@ -415,7 +421,7 @@ impl Volume {
             drop(self.cl.data_gate.write().or_panic());
         }
         self.cl.locks.release_global(self.cl.me)?;
-        m.gml = LockMode::Free;
+        m.set_gml(LockMode::Free);
         self.cl.held.store(0, Ordering::Release);
         self.cl.handoff_wanted.store(false, Ordering::Release);
         Ok(())
@@ -424,12 +430,12 @@ impl Volume {
     /// At unmount: give back the global lock and the allocation groups.
     pub(super) fn leave_cluster(&self, m: &mut Meta) -> Result<()> {
         use crate::alloc::GroupClass;
-        if !self.read_only && m.gml == LockMode::Exclusive {
+        if !self.read_only && m.gml() == LockMode::Exclusive {
             self.publish_groups(m);
             for g in 0..self.sb.group_count {
-                if m.alloc.class(g) == Some(GroupClass::Mine) {
+                if m.groups().class(g) == Some(GroupClass::Mine) {
                     let released = m
-                        .alloc
+                        .groups()
                         .exact_free(g)
                         .and_then(|free| self.cl.locks.release_group(g, self.cl.me, free));
                     if let Err(e) = released {
@@ -445,7 +451,7 @@ impl Volume {
                 tracing::warn!("releasing this node's inode locks failed: {e}");
             }
         }
-        if m.gml != LockMode::Free {
+        if m.gml() != LockMode::Free {
             self.release_gml(m)?;
         }
         Ok(())
@@ -526,7 +532,7 @@ impl Volume {
         if inner.freed {
             bail!(NotFound, "inode {} was removed", st.ino);
         }
-        let fresh = if tx.meta.alloc.is_used(st.ino)? {
+        let fresh = if tx.is_used(st.ino)? {
             tx.read(st.ino)
                 .and_then(|raw| crate::format::inode::Inode::decode(&raw, st.ino))
                 .ok()
@@ -705,10 +711,10 @@ impl Volume {
         if let Some(mut m) = self.meta.try_lock().or_panic() {
             // With allocating writes in flight, the next tick (or metadata operation)
             // hands over once they are mapped.
-            if m.gml == LockMode::Free {
+            if m.gml() == LockMode::Free {
                 return true;
             }
-            if m.inflight.is_empty() {
+            if m.inflight().is_empty() {
                 match self.handoff(&mut m) {
                     Ok(()) => return true,
                     Err(e) => tracing::error!("handing the metadata lock over failed: {e}"),

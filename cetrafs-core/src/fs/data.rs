@@ -95,7 +95,7 @@ pub(super) struct Quiesced<'a> {
 
 impl Drop for Quiesced<'_> {
     fn drop(&mut self) {
-        self.vol.lock_meta().inflight.drain_end(self.ino);
+        self.vol.lock_meta().inflight_mut().drain_end(self.ino);
         self.vol.inflight_done.notify_all();
     }
 }
@@ -197,7 +197,7 @@ impl Volume {
         }
         self.meta_op(|tx| {
             if last_writer {
-                tx.meta.alloc.forget_owner(st.ino);
+                tx.forget_owner(st.ino);
             }
             match self.refresh(tx, st) {
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
@@ -329,7 +329,7 @@ impl Volume {
         let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
         let (plan, id) = loop {
             let mut meta = self.meta_ex()?;
-            if meta.inflight.must_wait(st.ino, b0, b1) {
+            if meta.inflight().must_wait(st.ino, b0, b1) {
                 drop(self.wait_inflight(meta));
                 continue;
             }
@@ -348,7 +348,7 @@ impl Volume {
             drop(inner);
             // Nothing to commit: the held blocks are in memory only.
             drop(tx);
-            let id = meta.inflight.begin(st.ino, b0, b1);
+            let id = meta.inflight_mut().begin(st.ino, b0, b1);
             break (plan, id);
         };
         let written = plan.iter().try_for_each(|s| {
@@ -414,7 +414,7 @@ impl Volume {
             let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
             let seg_end = b1.min(next);
             let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-            let runs = match tx.meta.alloc.reserve(goal, seg_end - b, inner.inode.ino) {
+            let runs = match tx.reserve_data(goal, seg_end - b, inner.inode.ino) {
                 Ok(r) => r,
                 Err(e) => {
                     Self::unreserve(tx, &plan);
@@ -436,7 +436,7 @@ impl Volume {
 
     fn unreserve(tx: &mut Tx<'_>, plan: &[Seg]) {
         for s in plan.iter().filter(|s| s.kind == SegKind::New) {
-            tx.meta.alloc.unreserve(s.phys, s.b1 - s.b0);
+            tx.unreserve(s.phys, s.b1 - s.b0);
         }
     }
 
@@ -495,7 +495,7 @@ impl Volume {
 
     /// Map a group of allocating writes in one transaction (metadata mutex held).
     fn map_batch(&self, mut meta: MutexGuard<'_, Meta>, mut batch: Vec<ToMap>) {
-        debug_assert_eq!(meta.gml, LockMode::Exclusive);
+        debug_assert_eq!(meta.gml(), LockMode::Exclusive);
         batch.sort_by_key(|w| w.st.ino);
         let mut results: Vec<Result<()>> = Vec::with_capacity(batch.len());
         let mut tx = Tx::new(&*self.dev, &mut meta);
@@ -530,7 +530,7 @@ impl Volume {
                 for s in &w.plan {
                     match s.kind {
                         SegKind::New => {
-                            tx.meta.alloc.commit_reserved(s.phys, s.b1 - s.b0);
+                            tx.commit_reserved(s.phys, s.b1 - s.b0);
                             inner.extents.insert(s.b0, s.phys, s.b1 - s.b0, false);
                             inner.inode.blocks += s.b1 - s.b0;
                         }
@@ -561,7 +561,7 @@ impl Volume {
             }
         }
         for w in &batch {
-            meta.inflight.end(w.id);
+            meta.inflight_mut().end(w.id);
         }
         self.inflight_done.notify_all();
         for (w, r) in batch.into_iter().zip(results) {
@@ -622,7 +622,7 @@ impl Volume {
 
     /// Wait (releasing the metadata mutex meanwhile) until no allocating write is in flight.
     pub(super) fn drained<'a>(&self, mut m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
-        while !m.inflight.is_empty() {
+        while !m.inflight().is_empty() {
             m = self.wait_inflight(m);
         }
         m
@@ -633,8 +633,8 @@ impl Volume {
     /// dropped, and the writes already in flight are mapped before this returns.
     pub(super) fn quiesce(&self, ino: Ino) -> Quiesced<'_> {
         let mut m = self.lock_meta();
-        m.inflight.drain_start(ino);
-        while m.inflight.busy(ino) {
+        m.inflight_mut().drain_start(ino);
+        while m.inflight().busy(ino) {
             m = self.wait_inflight(m);
         }
         Quiesced { vol: self, ino }
@@ -721,7 +721,7 @@ impl Volume {
                     let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
                     let seg_end = fb1.min(next);
                     let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-                    let runs = tx.meta.alloc.alloc(goal, seg_end - b, inner.inode.ino)?;
+                    let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
                     let mut lb = b;
                     for (p, l) in runs {
                         inner.inode.blocks += l;
@@ -729,7 +729,7 @@ impl Volume {
                         let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
                         if let Err(e) = w {
                             // Just allocated: its group is loaded, so this reads nothing.
-                            let _ = tx.meta.alloc.free(p, l);
+                            let _ = tx.free(p, l);
                             inner.inode.blocks -= l;
                             return Err(e);
                         }
@@ -822,7 +822,7 @@ impl Volume {
             .iter()
             .filter(|e| e.end() > start && e.logical < end)
         {
-            tx.meta.alloc.prepare_free(e.physical)?;
+            tx.prepare_free(e.physical)?;
         }
         Ok(())
     }
@@ -831,7 +831,7 @@ impl Volume {
     /// fail, the runs not yet freed stay allocated: leaked, which fsck reports.
     fn free_runs(tx: &mut Tx<'_>, inner: &mut InodeInner, runs: Vec<(u64, u64)>) -> Result<()> {
         for (p, l) in runs {
-            tx.meta.alloc.free(p, l)?;
+            tx.free(p, l)?;
             inner.inode.blocks -= l;
         }
         Ok(())
@@ -868,7 +868,7 @@ impl Volume {
             let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
             let seg_end = b1.min(next);
             let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-            let runs = tx.meta.alloc.alloc(goal, seg_end - b, inner.inode.ino)?;
+            let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
             let mut lb = b;
             for (p, l) in runs {
                 inner.inode.blocks += l;

@@ -185,7 +185,7 @@ impl Volume {
         if dir_lookup(tx, &p.inode, name)?.is_some() {
             bail!(Exists, "{:?} exists", String::from_utf8_lossy(name));
         }
-        let ino = tx.meta.alloc.alloc(parent, 1, 0)?[0].0;
+        let ino = tx.alloc_one(parent)?;
         let st = self
             .init_inode(tx, ino, &p.inode, kind, mode, rdev, caller, target)
             .inspect_err(|_| self.discard_new_inode(tx, ino))?;
@@ -307,9 +307,8 @@ impl Volume {
             super::attrs::free_owned(tx, &self.sb, &st.read().inode);
         }
         self.inodes.remove(ino);
-        tx.forget(ino);
         // Just allocated: its group is loaded, so this reads nothing.
-        let _ = tx.meta.alloc.free(ino, 1);
+        let _ = tx.free_one(ino);
     }
 
     /// Create a non-opened inode and return its attributes.
@@ -727,7 +726,7 @@ impl Volume {
             let whiteout = match rflags.whiteout {
                 None => None,
                 Some(who) => {
-                    let ino = tx.meta.alloc.alloc(parent, 1, 0)?[0].0;
+                    let ino = tx.alloc_one(parent)?;
                     let p = sp.read().inode.clone();
                     self.init_inode(
                         tx,

@@ -35,7 +35,7 @@ impl ExtentMap {
             })?;
         }
         for e in map.values() {
-            tx.meta.sb.check_data_range(
+            tx.sb().check_data_range(
                 e.physical,
                 u64::from(e.len),
                 PointerKind::Extent,

@@ -147,7 +147,7 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Rec
 }
 
 fn held(v: &Volume) -> u64 {
-    v.lock_meta().alloc.held()
+    v.lock_meta().held_blocks()
 }
 
 fn check_clean(v: &Volume, mem: &MemDevice) {

@@ -356,11 +356,12 @@ impl Volume {
         // flight (what follows writes metadata home).
         let mut meta = loop {
             let m = self.meta_ex()?;
-            if m.inflight.is_empty() {
+            if m.inflight().is_empty() {
                 break m;
             }
             let m = self.drained(m);
-            if m.gml == crate::format::lock_record::LockMode::Exclusive && m.inflight.is_empty() {
+            if m.gml() == crate::format::lock_record::LockMode::Exclusive && m.inflight().is_empty()
+            {
                 break m;
             }
         };
@@ -428,7 +429,7 @@ impl Volume {
                 }
             }
         }
-        if !self.sb.is_data_block(ino) || !tx.meta.alloc.is_used(ino)? {
+        if !self.sb.is_data_block(ino) || !tx.is_used(ino)? {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
@@ -514,7 +515,7 @@ impl Volume {
         if inner.inode.nlink == 0 {
             // Usually on this node's orphan list; on another's when that node unlinked it
             // while this one had it open (the last node to close frees it).
-            let own = tx.meta.slot;
+            let own = tx.slot();
             for slot in std::iter::once(own).chain((0..self.sb.max_nodes).filter(|&s| s != own)) {
                 let mut h = tx.slot_header_of(slot)?;
                 if let Some(i) = h.orphans.iter().position(|&o| o == ino) {
@@ -526,21 +527,20 @@ impl Volume {
         }
         // A write in flight holds an open handle, so the file cannot be freed under it.
         debug_assert!(
-            !tx.meta.inflight.busy(ino),
+            !tx.inflight().busy(ino),
             "freeing inode {ino} with a write in flight"
         );
         if inner.inode.is_reg() {
             for (p, l) in inner.extents.punch(0, u64::MAX) {
-                tx.meta.alloc.free(p, l)?;
+                tx.free(p, l)?;
             }
         }
         if inner.inode.tree_root != 0 {
             btree::Tree::new(tx, inner.inode.tree_root, ino).destroy()?;
         }
         attrs::free_owned(tx, &self.sb, &inner.inode);
-        tx.meta.alloc.forget_owner(ino);
-        tx.forget(ino);
-        tx.meta.alloc.free(ino, 1)?;
+        tx.forget_owner(ino);
+        tx.free_one(ino)?;
         inner.freed = true;
         self.inodes.remove(ino);
         Ok(())
@@ -706,12 +706,12 @@ impl Volume {
 
     pub fn statfs(&self) -> Result<StatFs> {
         let meta = self.meta_sh()?;
-        let free = meta.alloc.free_blocks();
+        let free = meta.free_blocks();
         Ok(StatFs {
-            blocks: meta.alloc.total_blocks(),
+            blocks: meta.total_blocks(),
             bfree: free,
             bavail: free,
-            files: meta.alloc.total_blocks(),
+            files: meta.total_blocks(),
             ffree: free,
             bsize: u32::try_from(FS_BLOCK).unwrap_or(4096),
             namelen: u32::try_from(crate::format::dirent::MAX_NAME).unwrap_or(255),

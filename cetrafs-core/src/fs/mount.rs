@@ -105,9 +105,7 @@ impl Volume {
             }
         };
         let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
-        meta.slot = member.slot;
-        meta.gml = LockMode::Shared;
-        meta.gml_version = granted.version;
+        meta.joined(member.slot, granted.version);
         let vol = Arc::new(Volume {
             dev,
             sb,
@@ -133,7 +131,7 @@ impl Volume {
             vol.member.slot,
             vol.sb.group_count,
             (vol.sb.group_blocks * FS_BLOCK) >> 20,
-            (vol.lock_meta().alloc.free_blocks() * FS_BLOCK) >> 20,
+            (vol.lock_meta().free_blocks() * FS_BLOCK) >> 20,
             if read_only { ", read-only" } else { "" }
         );
         Ok(vol)

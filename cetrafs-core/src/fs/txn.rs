@@ -15,12 +15,43 @@
 //!
 //! A crash before step 2 completes loses the whole compound transaction (the volume stays at
 //! the previous commit point); after it, replay at mount redoes step 3.
+//!
+//! **The metadata context.** [`Meta`] is everything behind the node's metadata mutex: the
+//! allocator, the block cache and running transaction, the journal, the in-flight table, and
+//! how this node holds the global lock. Its fields are private; an operation changes them only
+//! through the verbs below, which say what it means, so the allocator's rules (what owner a
+//! block is allocated for, that a freed metadata block leaves the transaction, that held blocks
+//! are committed or given back) each live in one place.
+//!
+//! On a [`Tx`] (one operation, under the mutex):
+//!
+//! | verb | meaning |
+//! |---|---|
+//! | `alloc_one(near)` | one metadata block (an inode, a tree node, a whiteout) near `near`; no reservation window |
+//! | `alloc_meta(near, n)` | `n` metadata blocks (an xattr set), all or nothing, as few runs as possible |
+//! | `alloc_data(goal, n, ino)` | `n` data blocks for file `ino`, mapped in this transaction; grows the file's reservation window |
+//! | `reserve_data(goal, n, ino)` | as `alloc_data`, but held in memory only for a write in flight (fs/inflight.rs) |
+//! | `commit_reserved(start, len)` / `unreserve(start, len)` | a held run is mapped now (marked used in this transaction) / not needed (the write failed) |
+//! | `prepare_free(start)` | load the bitmap a later `free` of `start` needs, so a multi-run free fails before it begins |
+//! | `free(start, len)` | free a run of data blocks (reusable after the next commit point) |
+//! | `free_one(block)` | free one metadata block: its images leave this transaction first, then it is freed |
+//! | `is_used(block)` | is the block allocated (does an inode live there)? |
+//! | `forget_owner(ino)` | the file was closed or freed: drop its reservation and earned window |
+//! | `sb()`, `slot()`, `inflight()` | the volume's layout, this node's slot, the writes in flight (read only) |
+//!
+//! On [`Meta`] (the guard held by the cluster and data paths): `free_blocks`/`total_blocks`
+//! (statfs), `inflight()`/`inflight_mut()` (the in-flight table, itself a small type of
+//! verbs), `gml()`/`set_gml`/`gml_version()`/`set_gml_version` and `joined` (the global lock
+//! as this node holds it), and [`Meta::groups`]: the allocator's per-group bookkeeping
+//! ([`Groups`]: classes, free counts, LVB counts, invalidation) that fs/cluster.rs keeps in
+//! step with the group locks. `Groups` allocates and frees nothing.
 
 use super::block_cache::{BlockCache, BlockCacheStats};
-use crate::alloc::Allocator;
+use crate::alloc::{Allocator, GroupClass};
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::block::BlockHeader;
+use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
@@ -28,10 +59,10 @@ use std::collections::BTreeMap;
 
 #[derive(Debug)]
 pub(crate) struct Meta {
-    pub alloc: Allocator,
+    alloc: Allocator,
     /// The volume's layout: every block pointer decoded from disk is checked against it
     /// (format/layout.rs) before it is followed.
-    pub sb: Superblock,
+    sb: Superblock,
     /// Clean copies of metadata blocks as they are at home (fs/block_cache.rs).
     cache: BlockCache,
     /// Latest image of every block changed since the last commit point.
@@ -42,15 +73,15 @@ pub(crate) struct Meta {
     /// is written.
     failed: Option<ErrorKind>,
     /// This node's slot (whose journal and orphan list it uses).
-    pub slot: u32,
+    slot: u32,
     /// How this node holds the cluster's global metadata lock (fs/cluster.rs).
-    pub gml: crate::format::lock_record::LockMode,
+    gml: LockMode,
     /// The lock's version when this node last held it: if it moved, caches are stale.
-    pub gml_version: u64,
+    gml_version: u64,
     /// Bytes of block images freed by commit points since [`take_released`](Self::take_released).
     released: usize,
     /// Allocating writes between their planning and their mapping (fs/inflight.rs).
-    pub inflight: super::inflight::InFlight,
+    inflight: super::inflight::InFlight,
 }
 
 impl Meta {
@@ -70,11 +101,65 @@ impl Meta {
             next_seq: 1,
             failed: None,
             slot: 0,
-            gml: crate::format::lock_record::LockMode::Free,
+            gml: LockMode::Free,
             gml_version: 0,
             released: 0,
             inflight: super::inflight::InFlight::default(),
         }
+    }
+
+    /// Mount: this node is `slot` and holds the global lock shared at `version`.
+    pub fn joined(&mut self, slot: u32, version: u64) {
+        self.slot = slot;
+        self.gml = LockMode::Shared;
+        self.gml_version = version;
+    }
+
+    /// How this node holds the global metadata lock now.
+    pub fn gml(&self) -> LockMode {
+        self.gml
+    }
+
+    pub fn set_gml(&mut self, mode: LockMode) {
+        self.gml = mode;
+    }
+
+    /// The global lock's version when this node last held it (caches are valid as of it).
+    pub fn gml_version(&self) -> u64 {
+        self.gml_version
+    }
+
+    pub fn set_gml_version(&mut self, version: u64) {
+        self.gml_version = version;
+    }
+
+    /// Allocating writes in flight on this node (fs/inflight.rs).
+    pub fn inflight(&self) -> &super::inflight::InFlight {
+        &self.inflight
+    }
+
+    pub fn inflight_mut(&mut self) -> &mut super::inflight::InFlight {
+        &mut self.inflight
+    }
+
+    /// Free blocks of the volume (statfs; as exact as alloc.rs says).
+    pub fn free_blocks(&self) -> u64 {
+        self.alloc.free_blocks()
+    }
+
+    pub fn total_blocks(&self) -> u64 {
+        self.alloc.total_blocks()
+    }
+
+    /// Blocks held for allocating writes in flight.
+    #[cfg(test)]
+    pub fn held_blocks(&self) -> u64 {
+        self.alloc.held()
+    }
+
+    /// The allocator's per-group bookkeeping, for fs/cluster.rs (see [`Groups`]).
+    pub fn groups(&mut self) -> Groups<'_> {
+        Groups(&mut self.alloc)
     }
 
     /// Forget every cached block (another node may have changed them). Only clean copies are
@@ -180,10 +265,62 @@ impl Meta {
     }
 }
 
+/// The allocator's per-group state as fs/cluster.rs keeps it in step with the group locks:
+/// which groups this node owns, their free counts, the counts published in the locks' value
+/// blocks, and invalidation when another node may have changed groups. Nothing here allocates
+/// or frees a block (that is [`Tx`]'s verbs).
+pub(crate) struct Groups<'m>(&'m mut Allocator);
+
+impl Groups<'_> {
+    /// Another node may have changed groups: every group is unchecked (alloc.rs).
+    pub fn invalidate(&mut self) {
+        self.0.invalidate();
+    }
+
+    pub fn class(&self, g: u64) -> Option<GroupClass> {
+        self.0.class(g)
+    }
+
+    pub fn set_class(&mut self, g: u64, class: GroupClass) {
+        self.0.set_class(g, class);
+    }
+
+    /// Free blocks of group `g` as known (for choosing groups).
+    pub fn group_free(&self, g: u64) -> Option<u64> {
+        self.0.group_free(g)
+    }
+
+    /// Free blocks of group `g`, exact (reads its header if unchecked): what is published
+    /// when the group is given back.
+    pub fn exact_free(&mut self, g: u64) -> Result<u64> {
+        self.0.exact_free(g)
+    }
+
+    /// Free blocks in the groups this node owns.
+    pub fn free_in_mine(&self) -> u64 {
+        self.0.free_in_mine()
+    }
+
+    /// Group `g`'s LVB count as just read from its lock record.
+    pub fn note_lvb(&mut self, g: u64, lvb: Option<u64>) {
+        self.0.note_lvb(g, lvb);
+    }
+
+    /// This node wrote `free` into group `g`'s LVB.
+    pub fn note_published(&mut self, g: u64, free: u64) {
+        self.0.note_published(g, free);
+    }
+
+    /// Groups whose free count changed since the last call, with their counts (to publish).
+    pub fn take_changed(&mut self) -> Vec<(u64, u64)> {
+        self.0.take_changed()
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Tx<'a> {
-    pub dev: &'a dyn BlockDevice,
-    pub meta: &'a mut Meta,
+    dev: &'a dyn BlockDevice,
+    meta: &'a mut Meta,
     dirty: BTreeMap<u64, Vec<u8>>,
 }
 
@@ -194,6 +331,82 @@ impl<'a> Tx<'a> {
             meta,
             dirty: BTreeMap::new(),
         }
+    }
+
+    /// The volume's layout: every block pointer decoded from disk is checked against it
+    /// (format/layout.rs) before it is followed.
+    pub fn sb(&self) -> &Superblock {
+        &self.meta.sb
+    }
+
+    /// This node's slot.
+    pub fn slot(&self) -> u32 {
+        self.meta.slot
+    }
+
+    /// Allocating writes in flight on this node.
+    pub fn inflight(&self) -> &super::inflight::InFlight {
+        &self.meta.inflight
+    }
+
+    /// One metadata block (an inode, a tree node, a whiteout) as near `near` as possible.
+    pub fn alloc_one(&mut self, near: u64) -> Result<u64> {
+        Ok(self.meta.alloc.alloc(near, 1, 0)?[0].0)
+    }
+
+    /// `n` metadata blocks (no reservation window), all or nothing, as few runs as possible.
+    pub fn alloc_meta(&mut self, near: u64, n: u64) -> Result<Vec<(u64, u64)>> {
+        self.meta.alloc.alloc(near, n, 0)
+    }
+
+    /// `n` data blocks for file `ino`, near `goal`, all or nothing, mapped by this
+    /// transaction (the file's reservation window grows: alloc.rs).
+    pub fn alloc_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
+        self.meta.alloc.alloc(goal, n, ino)
+    }
+
+    /// As [`Tx::alloc_data`], but held in memory only, for an allocating write in flight:
+    /// [`Tx::commit_reserved`] or [`Tx::unreserve`] ends each run's hold.
+    pub fn reserve_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
+        self.meta.alloc.reserve(goal, n, ino)
+    }
+
+    /// A held run is mapped now: mark it used in this transaction.
+    pub fn commit_reserved(&mut self, start: u64, len: u64) {
+        self.meta.alloc.commit_reserved(start, len);
+    }
+
+    /// A held run is not needed after all (its write failed).
+    pub fn unreserve(&mut self, start: u64, len: u64) {
+        self.meta.alloc.unreserve(start, len);
+    }
+
+    /// Load what a later [`Tx::free`] of a run starting at `start` needs, so that freeing
+    /// several runs fails before the first is freed rather than half-way.
+    pub fn prepare_free(&mut self, start: u64) -> Result<()> {
+        self.meta.alloc.prepare_free(start)
+    }
+
+    /// Free a run of data blocks (reusable once a commit point made the free durable).
+    pub fn free(&mut self, start: u64, len: u64) -> Result<()> {
+        self.meta.alloc.free(start, len)
+    }
+
+    /// Free one metadata block: its image leaves this transaction (and the running one, and
+    /// the cache) first, so it is never written after it was freed.
+    pub fn free_one(&mut self, block: u64) -> Result<()> {
+        self.forget(block);
+        self.meta.alloc.free(block, 1)
+    }
+
+    /// Is `block` allocated? (Loads its group's bitmap.)
+    pub fn is_used(&mut self, block: u64) -> Result<bool> {
+        self.meta.alloc.is_used(block)
+    }
+
+    /// File `ino` was closed or freed: drop its reservation and earned window.
+    pub fn forget_owner(&mut self, ino: u64) {
+        self.meta.alloc.forget_owner(ino);
     }
 
     /// Read a metadata block: this transaction's copy, the running compound transaction's,
@@ -256,7 +469,7 @@ impl<'a> Tx<'a> {
     }
 
     /// A block that was freed must not be written later in this transaction.
-    pub fn forget(&mut self, block: u64) {
+    fn forget(&mut self, block: u64) {
         self.dirty.remove(&block);
         self.meta.pending.remove(&block);
         self.meta.cache.invalidate(block);
