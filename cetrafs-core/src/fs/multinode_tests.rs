@@ -126,7 +126,7 @@ fn append_record(writer: u8, seq: u32, len: usize) -> Vec<u8> {
     r[2..6].copy_from_slice(&seq.to_le_bytes());
     r[6..10].copy_from_slice(&u32::try_from(len).unwrap().to_le_bytes());
     for (i, b) in r.iter_mut().enumerate().skip(10) {
-        *b = (i as u8) ^ writer.wrapping_mul(37) ^ (seq as u8);
+        *b = i.to_le_bytes()[0] ^ writer.wrapping_mul(37) ^ seq.to_le_bytes()[0];
     }
     r
 }
