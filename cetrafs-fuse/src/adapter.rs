@@ -7,7 +7,7 @@ use crate::creds::RequestCreds;
 use crate::options::Options;
 use cetrafs_core::fs::{
     Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
-    SetAttr, SetTime, Volume, Whence,
+    SetAttr, SetTime, Volume, Whence, WriteAt,
 };
 use cetrafs_core::sync::LockPolicy;
 use cetrafs_core::{Error, ErrorKind};
@@ -760,9 +760,23 @@ impl Filesystem for Adapter {
         // whatever the INIT flags); the core removes what that caller's write must.
         let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
         let who = creds(req).with_fsetid(!kill);
-        let n = match self.vol.write_by(of, offset, data, &who) {
+        // The kernel sends the open file's flags (f_flags) with every write. It computed an
+        // O_APPEND write's offset from its cached size, which another node's appends make
+        // stale: the core places the write at the file's size instead (pwritev2's RWF_APPEND
+        // is not in these flags, so such a write goes where the kernel said). A write-back of
+        // mmap'ed pages (FUSE_WRITE_CACHE) goes where its pages are, whatever the flags.
+        let at = if flags.0 & libc::O_APPEND != 0
+            && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
+        {
+            WriteAt::End
+        } else {
+            WriteAt::Offset(offset)
+        };
+        let n = match self.vol.write_by(of, at, data, &who) {
             Ok(w) => {
-                if w.dropped != 0 {
+                // The kernel then takes offset + bytes as the size: wrong if the write went
+                // elsewhere, so its cached attributes go, as they do when bits were removed.
+                if w.dropped != 0 || w.offset != offset {
                     self.invalidate_attrs(of.ino);
                 }
                 w.bytes

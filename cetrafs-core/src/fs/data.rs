@@ -15,7 +15,9 @@
 
 use super::suid::{self, Credentials};
 use super::txn::{Meta, Tx};
-use super::{Caller, FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence, Written};
+use super::{
+    Caller, FallocMode, Ino, InodeInner, InodeState, OpenFile, Volume, Whence, WriteAt, Written,
+};
 use crate::dev::AlignedBuf;
 use crate::error::Result;
 use crate::format::inode::flags;
@@ -271,17 +273,19 @@ impl Volume {
 
     /// Write as a privileged caller (setuid/setgid bits are kept); see [`Volume::write_by`].
     pub fn write(&self, fh: &OpenFile, offset: u64, data: &[u8]) -> Result<u32> {
-        self.write_by(fh, offset, data, &Caller::ROOT)
+        self.write_by(fh, WriteAt::Offset(offset), data, &Caller::ROOT)
             .map(|w| w.bytes)
     }
 
-    /// Write `data` at `offset` on behalf of `who`. A write that must remove setuid/setgid
+    /// Write `data` where `at` says on behalf of `who`. A write that must remove setuid/setgid
     /// bits ([`suid::on_write`]) takes the metadata path, and the bits go in the same
-    /// transaction as the write's size and mtime update.
+    /// transaction as the write's size and mtime update. An append ([`WriteAt::End`]) always
+    /// takes the metadata path, where its offset is chosen ([`Volume::write_slow`]); an empty
+    /// one reports the size this node knows.
     pub fn write_by(
         &self,
         fh: &OpenFile,
-        offset: u64,
+        at: WriteAt,
         data: &[u8],
         who: &dyn Credentials,
     ) -> Result<Written> {
@@ -291,20 +295,29 @@ impl Volume {
         let len = u32::try_from(data.len())
             .map_err(|_| crate::Error::new(crate::ErrorKind::InvalidInput, "write too large"))?;
         if data.is_empty() {
+            let offset = match at {
+                WriteAt::Offset(o) => o,
+                WriteAt::End => fh.state.read().inode.size,
+            };
             return Ok(Written {
+                offset,
                 bytes: 0,
                 dropped: 0,
             });
         }
-        if self.try_fast_write(&fh.state, offset, data, who)? {
-            return Ok(Written {
-                bytes: len,
-                dropped: 0,
-            });
+        if let WriteAt::Offset(offset) = at {
+            if self.try_fast_write(&fh.state, offset, data, who)? {
+                return Ok(Written {
+                    offset,
+                    bytes: len,
+                    dropped: 0,
+                });
+            }
         }
         self.check_writable()?;
-        let dropped = self.write_slow(&fh.state, offset, data, who)?;
+        let (offset, dropped) = self.write_slow(&fh.state, at, data, who)?;
         Ok(Written {
+            offset,
             bytes: len,
             dropped,
         })
@@ -317,39 +330,56 @@ impl Volume {
     /// (b) when a partial block of a written extent must be read, modified and written (which
     /// must not race a fast-path write into the rest of that block), do it all under the locks.
     ///
+    /// **An append's offset is chosen here, and only here**: it is the file's size read under
+    /// the metadata mutex with the global lock exclusive (no other node can change the file
+    /// until this write is mapped: the lock is not given up while it is in flight) and after
+    /// every write in flight into the file is mapped (one of them may extend it). Returns the
+    /// offset written at and the setuid/setgid bits removed.
+    ///
     /// [`inflight`]: super::inflight
     fn write_slow(
         &self,
         st: &Arc<InodeState>,
-        offset: u64,
+        at: WriteAt,
         data: &[u8],
         who: &dyn Credentials,
-    ) -> Result<u32> {
-        let end = offset + data.len() as u64;
-        let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
-        let (plan, id) = loop {
+    ) -> Result<(u64, u32)> {
+        let len = data.len() as u64;
+        let (plan, id, offset) = loop {
             let mut meta = self.meta_ex()?;
-            if meta.inflight().must_wait(st.ino, b0, b1) {
+            let (w0, w1) = match at {
+                WriteAt::Offset(o) => (o / FS_BLOCK, (o + len).div_ceil(FS_BLOCK)),
+                WriteAt::End => (0, u64::MAX),
+            };
+            if meta.inflight().must_wait(st.ino, w0, w1) {
                 drop(self.wait_inflight(meta));
                 continue;
             }
             let mut tx = Tx::new(&*self.dev, &mut meta);
             self.refresh(&mut tx, st)?;
             let inner = st.write();
+            let offset = match at {
+                WriteAt::Offset(o) => o,
+                WriteAt::End => inner.inode.size,
+            };
+            let end = offset + len;
+            let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
             Self::check_write(st.ino, &inner, offset)?;
             // The rare write that removes setuid/setgid bits is one locked operation too.
             if Self::needs_rmw(&inner, offset, end)
                 || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
             {
                 drop(inner);
-                return self.write_under_lock(tx, st, offset, data, who);
+                return self
+                    .write_under_lock(tx, st, offset, data, who)
+                    .map(|dropped| (offset, dropped));
             }
             let plan = self.plan_write(&mut tx, &inner, b0, b1)?;
             drop(inner);
             // Nothing to commit: the held blocks are in memory only.
             drop(tx);
             let id = meta.inflight_mut().begin(st.ino, b0, b1);
-            break (plan, id);
+            break (plan, id, offset);
         };
         let written = plan.iter().try_for_each(|s| {
             let fill = if s.kind == SegKind::Written {
@@ -359,7 +389,8 @@ impl Volume {
             };
             self.write_segment(s.phys, s.b0, s.b1, offset, data, fill)
         });
-        self.map_written(st, plan, id, written, end)
+        self.map_written(st, plan, id, written, offset + len)
+            .map(|dropped| (offset, dropped))
     }
 
     /// Write preconditions checked under the inode's write lock.

@@ -118,6 +118,104 @@ fn writers_on_two_nodes_are_refused_unless_nofilelock() {
     b.unmount().unwrap();
 }
 
+/// One appended record of [`append_record`]: writer, sequence, length, then a pattern.
+fn append_record(writer: u8, seq: u32, len: usize) -> Vec<u8> {
+    let mut r = vec![0u8; len];
+    r[0] = b'R';
+    r[1] = writer;
+    r[2..6].copy_from_slice(&seq.to_le_bytes());
+    r[6..10].copy_from_slice(&u32::try_from(len).unwrap().to_le_bytes());
+    for (i, b) in r.iter_mut().enumerate().skip(10) {
+        *b = i.to_le_bytes()[0] ^ writer.wrapping_mul(37) ^ seq.to_le_bytes()[0];
+    }
+    r
+}
+
+/// Appends from two `nofilelock` nodes at once, each node's cache of the file stale whenever
+/// the other appended: every record lands once, whole, at the size under the lock (never at
+/// the size the appending node last knew), and a third node reads them all back. Record
+/// lengths mix partial-block appends (read-modify-write of the written tail block) with
+/// whole-block ones (allocating writes).
+#[test]
+fn appends_from_two_nofilelock_nodes_never_overlap() {
+    const PER_NODE: u32 = 150;
+    let dev = volume(4);
+    let opts = |h: &str| MountOptions {
+        host: h.into(),
+        file_locks: false,
+        ..MountOptions::default()
+    };
+    let a = Volume::mount(dev.clone(), &opts("a")).unwrap();
+    let b = Volume::mount(dev.clone(), &opts("b")).unwrap();
+    let r = a.root_ino();
+    let (f, fa) = a.create(r, b"log", 0o644, C, true).unwrap();
+    let fb = b.open(f.ino, true, false).unwrap();
+    // b learns the size (4096) and a written extent at [0, 4096); a then appends, so b's
+    // cached size is stale: an aligned write at b's idea of the end would take the fast path
+    // and overwrite a's record.
+    let w = a.write_by(&fa, WriteAt::End, &[1u8; 4096], &C).unwrap();
+    assert_eq!((w.offset, w.bytes), (0, 4096));
+    assert_eq!(read_all(&b, &fb, 8192), vec![1u8; 4096]);
+    let w = a.write_by(&fa, WriteAt::End, &[2u8; 4096], &C).unwrap();
+    assert_eq!(w.offset, 4096);
+    let w = b.write_by(&fb, WriteAt::End, &[3u8; 4096], &C).unwrap();
+    assert_eq!(w.offset, 8192, "b appended at its stale size");
+    let head = 3 * 4096;
+    let lens = [100usize, 4096, 1000, 8192, 3000];
+    std::thread::scope(|s| {
+        for (k, (v, fh)) in [(&a, &fa), (&b, &fb)].into_iter().enumerate() {
+            s.spawn(move || {
+                let w = u8::try_from(k + 1).unwrap();
+                for seq in 0..PER_NODE {
+                    let rec = append_record(w, seq, lens[seq as usize % lens.len()]);
+                    let got = v.write_by(fh, WriteAt::End, &rec, &C).unwrap();
+                    assert_eq!(got.bytes as usize, rec.len());
+                }
+            });
+        }
+    });
+    let total: usize = head
+        + 2 * (0..PER_NODE as usize)
+            .map(|i| lens[i % lens.len()])
+            .sum::<usize>();
+    a.release(&fa).unwrap();
+    b.release(&fb).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let c = node(&dev, "c");
+    let fc = c.open(f.ino, false, false).unwrap();
+    assert_eq!(c.getattr(f.ino).unwrap().size, total as u64);
+    let data = read_all(&c, &fc, u32::try_from(total + 4096).unwrap());
+    assert_eq!(data.len(), total);
+    let mut want = vec![1u8; 4096];
+    want.extend([2u8; 4096]);
+    want.extend([3u8; 4096]);
+    assert_eq!(data[..head], want[..]);
+    let mut next = [0u32; 2];
+    let mut pos = head;
+    while pos < total {
+        let rec = &data[pos..];
+        assert_eq!(rec[0], b'R', "no record at byte {pos}");
+        let (w, seq) = (rec[1], u32::from_le_bytes(rec[2..6].try_into().unwrap()));
+        let len = u32::from_le_bytes(rec[6..10].try_into().unwrap()) as usize;
+        assert!((1..=2).contains(&w), "writer {w} at byte {pos}");
+        // Each node's appends are in its own order: its next one starts after its last.
+        assert_eq!(seq, next[usize::from(w - 1)], "writer {w} at byte {pos}");
+        assert_eq!(
+            &rec[..len],
+            &append_record(w, seq, len)[..],
+            "record at byte {pos}"
+        );
+        next[usize::from(w - 1)] += 1;
+        pos += len;
+    }
+    assert_eq!(next, [PER_NODE; 2]);
+    c.release(&fc).unwrap();
+    c.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
 #[test]
 fn a_file_unlinked_on_one_node_lives_while_open_on_another() {
     let dev = volume(4);

@@ -513,15 +513,19 @@ fn unprivileged_write_truncate_and_chown_drop_setuid_in_the_same_update() {
     };
     // Aligned overwrite inside written blocks: the fast path unless bits must go.
     let (a, fh) = setup(b"suid", 0o6777, 0);
-    let w = v.write_by(&fh, 0, &[2u8; 4096], &Unprivileged).unwrap();
+    let w = v
+        .write_by(&fh, WriteAt::Offset(0), &[2u8; 4096], &Unprivileged)
+        .unwrap();
     assert_eq!((w.bytes, w.dropped), (4096, 0o6000));
     assert_eq!(mode_of(&v, a), 0o777);
-    let w = v.write_by(&fh, 0, &[3u8; 4096], &Unprivileged).unwrap();
+    let w = v
+        .write_by(&fh, WriteAt::Offset(0), &[3u8; 4096], &Unprivileged)
+        .unwrap();
     assert_eq!(w.dropped, 0);
     // Setgid without group-exec, writer in the file's group: kept (mandatory-lock marker).
     let (b, fhb) = setup(b"mand", 0o2767, 100);
     assert_eq!(
-        v.write_by(&fhb, 0, &[2u8; 4096], &Unprivileged)
+        v.write_by(&fhb, WriteAt::Offset(0), &[2u8; 4096], &Unprivileged)
             .unwrap()
             .dropped,
         0

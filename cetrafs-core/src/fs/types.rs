@@ -118,9 +118,23 @@ impl Caller {
     };
 }
 
-/// What a write did: bytes written, and the setuid/setgid bits it removed (0 nearly always).
+/// Where a write goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteAt {
+    /// At this byte offset (pwrite, or write at the file position).
+    Offset(u64),
+    /// At the end of the file (O_APPEND): the volume reads the file's size under the metadata
+    /// lock held exclusively, so appends from any number of nodes never overlap. Whatever
+    /// offset the caller's kernel computed from its cached size is not used.
+    End,
+}
+
+/// What a write did: where it went, bytes written, and the setuid/setgid bits it removed (0
+/// nearly always).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
+    /// The byte offset the data was written at ([`WriteAt::End`]: the file's size then).
+    pub offset: u64,
     pub bytes: u32,
     pub dropped: u32,
 }
