@@ -289,3 +289,69 @@ fn damaged_inodes_stay_listed_and_bad_extents_are_eio() {
     assert_eq!(f.code, 4, "fsck must report the damage: {f}");
     assert!(f.output().contains("superblock"), "{f}");
 }
+
+/// Format version 3: mkfs places the object-lock buckets and mailboxes (and says so), fsck of
+/// the fresh volume is clean, a damaged bucket and a stale lock are errors (exit 4), and
+/// `--format-version 2` still makes a version-2 volume without them.
+#[test]
+fn fsck_checks_the_object_lock_area() {
+    use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role};
+    let lun = Lun::new(LUN_SIZE);
+    let out = lun.mkfs(&[]);
+    assert!(out.stdout.contains("format version:     3"), "{out}");
+    assert!(
+        out.stdout.contains("object locks:       8192 buckets"),
+        "{out}"
+    );
+    let sb = superblock(&lun, 0).expect("superblock");
+    assert_eq!(sb.format_version(), 3);
+    let area = sb.object_lock_area().expect("v3 has an object-lock area");
+    assert_eq!(area.buckets, 8192, "2 GiB / 256 KiB");
+    lun.assert_fsck_clean();
+
+    // One flipped byte in bucket 17 (512-byte logical blocks).
+    let at = area.bucket_offset + 17 * 512;
+    let good = lun.peek(at, 512);
+    let mut bad = good.clone();
+    bad[44] ^= 0x01;
+    lun.poke(at, &bad);
+    let f = lun.fsck();
+    assert_eq!(f.code, 4, "a damaged bucket is an error: {f}");
+    assert!(f.stdout.contains("object-lock bucket 17 is damaged"), "{f}");
+    lun.poke(at, &good);
+    lun.assert_fsck_clean();
+
+    // Bucket 17 holding an exclusive lock of slot 3, which never mounted: a stale lock.
+    let mut b = Bucket::empty(17);
+    let obj = (1u64..)
+        .map(|ino| cetrafs_core::cluster::object_lock::ObjectId::inode(ino).expect("ino"))
+        .find(|&o| area.bucket_of(o) == 17)
+        .expect("an inode hashing to bucket 17");
+    let mut e = Entry::new(obj.raw(), 5);
+    e.mentions.push(Mention {
+        slot: 3,
+        role: Role::Owner,
+        gen: 2,
+    });
+    b.entries.push(e);
+    lun.poke(at, &b.encode(512).expect("encode"));
+    let f = lun.fsck();
+    assert_eq!(f.code, 4, "a stale exclusive lock is an error: {f}");
+    assert!(
+        f.stdout.contains("stale owner slot 3 (generation 2)"),
+        "{f}"
+    );
+    lun.poke(at, &good);
+    lun.assert_fsck_clean();
+
+    // Version 2 on request: no object-lock area, and still clean.
+    let out = lun.mkfs(&["-f", "--format-version", "2"]);
+    assert!(out.stdout.contains("format version:     2"), "{out}");
+    assert!(!out.stdout.contains("object locks"), "{out}");
+    let sb = superblock(&lun, 0).expect("superblock");
+    assert_eq!(sb.format_version(), 2);
+    assert!(sb.object_lock_area().is_none());
+    lun.assert_fsck_clean();
+    let bad = lun.try_mkfs(&["-f", "--format-version", "4"]);
+    assert_ne!(bad.code, 0, "{bad}");
+}

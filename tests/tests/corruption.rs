@@ -44,6 +44,8 @@ use cetrafs_core::format::group::{decode_bitmap, encode_bitmap, GroupHeader};
 use cetrafs_core::format::heartbeat::{Heartbeat, SlotState};
 use cetrafs_core::format::inode::{flags as iflags, Inode};
 use cetrafs_core::format::lock_record::{LockKind, LockMode, LockRecord, OpenEntry};
+use cetrafs_core::format::mailbox::Mailbox;
+use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role as LockRole};
 use cetrafs_core::format::slot_header::SlotHeader;
 use cetrafs_core::format::superblock::Superblock;
 use cetrafs_core::format::tree_node::{NodeEntries, TreeNode};
@@ -322,6 +324,12 @@ impl Model {
         }
         if b >= sb.lock_start && b < sb.lock_start + sb.lock_blocks {
             return format!("lock area block {}", b - sb.lock_start);
+        }
+        if b >= sb.objlock_start && b < sb.objlock_start + sb.objlock_blocks() {
+            return format!("object-lock area block {}", b - sb.objlock_start);
+        }
+        if b >= sb.mailbox_start && b < sb.mailbox_start + sb.mailbox_blocks() {
+            return format!("mailbox area block {}", b - sb.mailbox_start);
         }
         let jend = sb.journal_start + sb.journal_blocks * u64::from(sb.max_nodes);
         if b >= sb.journal_start && b < jend {
@@ -899,6 +907,15 @@ fn wild_targets(m: &Model) -> Vec<(&'static str, u64)> {
         ("backupsb", sb.backup_block),
         ("pastdev", sb.total_blocks + 100),
     ]
+    .into_iter()
+    .chain(
+        // Format v3: the object-lock buckets and the mailboxes are never data either.
+        sb.object_lock_area()
+            .map(|_| [("objlock", sb.objlock_start), ("mailbox", sb.mailbox_start)])
+            .into_iter()
+            .flatten(),
+    )
+    .collect()
 }
 
 fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case> {
@@ -1166,6 +1183,47 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             }],
         )
         .expect = Expect::MustMount;
+    }
+
+    // --- object-lock area and mailboxes (format v3)
+    if let Some(area) = sb.object_lock_area() {
+        let small = m.ino("d1/small");
+        let obj = cetrafs_core::cluster::object_lock::ObjectId::inode(small).expect("inode id");
+        let bk = area.bucket_of(obj);
+        let off = area.bucket_offset + bk * LBS;
+        let (i, w) = b.flip(off, usize::try_from(LBS).unwrap());
+        b.add(
+            "objlock.bucket.flip",
+            "object-lock area",
+            format!("bucket {bk} (of d1/small's inode): {w}"),
+            vec![i],
+        );
+        let mut bucket = Bucket::empty(bk);
+        let mut e = Entry::new(obj.raw(), 9);
+        e.mentions.push(Mention {
+            slot: 1,
+            role: LockRole::Owner,
+            gen: 3,
+        });
+        bucket.entries.push(e);
+        b.add(
+            "objlock.bucket.stale_owner",
+            "object-lock area",
+            format!("bucket {bk}: d1/small's inode owned by slot 1 gen 3 (never used)"),
+            vec![Inject::Bytes {
+                off,
+                bytes: bucket
+                    .encode(usize::try_from(LBS).unwrap())
+                    .expect("bucket"),
+            }],
+        );
+        let (i, w) = b.flip(area.mailbox_offset, usize::try_from(LBS).unwrap());
+        b.add(
+            "mailbox.slot0.flip",
+            "mailbox area",
+            format!("mailbox of slot 0: {w}"),
+            vec![i],
+        );
     }
 
     // --- journals: slot headers (orphan lists) and transactions
@@ -2358,6 +2416,37 @@ fn check_writes(
                                         describe_chunk(bz)
                                     )
                                 })
+                        }
+                    })
+                } else if b >= sb.objlock_start && b < sb.objlock_start + sb.objlock_blocks() {
+                    // Format v3: buckets change by CAW, always to a valid bucket of their index.
+                    changed_records(sb.objlock_start).find_map(|(i, r)| {
+                        let raw = &bz[r * lbs..(r + 1) * lbs];
+                        if i >= sb.objlock_buckets {
+                            Some(format!("object-lock area past bucket {i} changed"))
+                        } else {
+                            Bucket::decode(raw, i).err().map(|_| {
+                                format!(
+                                    "object-lock bucket {i} overwritten with {}",
+                                    describe_chunk(bz)
+                                )
+                            })
+                        }
+                    })
+                } else if b >= sb.mailbox_start && b < sb.mailbox_start + sb.mailbox_blocks() {
+                    // Mailboxes too, each a valid mailbox of its slot.
+                    changed_records(sb.mailbox_start).find_map(|(s, r)| {
+                        let raw = &bz[r * lbs..(r + 1) * lbs];
+                        match u32::try_from(s) {
+                            Ok(slot) if slot < sb.hb_slots => {
+                                Mailbox::decode(raw, slot).err().map(|_| {
+                                    format!(
+                                        "mailbox of slot {s} overwritten with {}",
+                                        describe_chunk(bz)
+                                    )
+                                })
+                            }
+                            _ => Some(format!("mailbox area past mailbox {s} changed")),
                         }
                     })
                 } else if b >= sb.journal_start && b < jend {

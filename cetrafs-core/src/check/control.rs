@@ -12,15 +12,26 @@
 //!   (error); an owner, shared holder or open entry naming a slot that holds nothing at that
 //!   generation is stale (error for owners and holders, which block others until a mount
 //!   scrubs them; warning for open entries, waiters and handoff targets, which the runtime
-//!   ignores); an open entry sits in the bucket its inode hashes to (error).
+//!   ignores); an open entry sits in the bucket its inode hashes to (error);
+//! * format v3: every object-lock bucket and every mailbox decodes as the record of its
+//!   position (error: the runtime cannot take, or post requests for, the locks stored there
+//!   until it is rewritten); a bucket entry names an object and sits in the bucket that object
+//!   hashes to (error); every slot a bucket names is below `max_nodes` (error); an owner or
+//!   shared holder naming a slot that holds nothing at that generation is stale (error: it
+//!   blocks others until it is scrubbed), a stale waiter or handoff target is a warning (the
+//!   runtime passes over it); a mailbox request of a slot that holds nothing at that
+//!   generation, or of a slot beyond `max_nodes`, is a warning.
 
 use super::{finding, FindingKind, Report, Severity};
-use crate::cluster::lock::{inconsistency, stale_mentions, LockLayout, SlotLife};
+use crate::cluster::lock::{inconsistency, is_stale, stale_mentions, LockLayout, SlotLife};
 use crate::cluster::membership::{self, SlotView};
+use crate::cluster::object_lock::ObjectId;
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::Result;
 use crate::format::heartbeat::SlotState;
 use crate::format::lock_record::NO_SLOT;
+use crate::format::mailbox::Mailbox;
+use crate::format::object_lock::{Bucket, Role, NO_NEXT};
 use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
 
@@ -34,7 +45,15 @@ pub(super) fn check_control_areas(
     }
     let lbs = sb.logical_block_size as usize;
     let views = check_heartbeats(dev, sb, lbs, report)?;
-    check_locks(dev, sb, lbs, &views, report)
+    let lives: Vec<SlotLife> = views.iter().map(|v| membership::life_of(v, sb)).collect();
+    let life = |s: u32| {
+        usize::try_from(s)
+            .ok()
+            .and_then(|s| lives.get(s).copied())
+            .unwrap_or(SlotLife::Gone)
+    };
+    check_locks(dev, sb, lbs, &life, report)?;
+    check_object_locks(dev, sb, lbs, &life, report)
 }
 
 fn push(report: &mut Report, kind: FindingKind, severity: Severity, message: String) {
@@ -123,7 +142,7 @@ fn check_locks(
     dev: &dyn BlockDevice,
     sb: &Superblock,
     lbs: usize,
-    views: &[SlotView],
+    life: &dyn Fn(u32) -> SlotLife,
     report: &mut Report,
 ) -> Result<()> {
     let layout = LockLayout::new(sb);
@@ -138,13 +157,6 @@ fn check_locks(
             ),
         );
     }
-    let lives: Vec<SlotLife> = views.iter().map(|v| membership::life_of(v, sb)).collect();
-    let life = |s: u32| {
-        usize::try_from(s)
-            .ok()
-            .and_then(|s| lives.get(s).copied())
-            .unwrap_or(SlotLife::Gone)
-    };
     let len = usize::try_from(layout.lock_count).unwrap_or(0) * lbs;
     let area = read(dev, sb.lock_start * FS_BLOCK, len)?;
     for (index, raw) in (0u64..).zip(area.chunks(lbs)) {
@@ -191,7 +203,7 @@ fn check_locks(
                 layout.bucket_of(e.ino)
             ));
         }
-        for m in stale_mentions(&rec, &life) {
+        for m in stale_mentions(&rec, life) {
             if m.slot >= sb.max_nodes {
                 continue; // reported above
             }
@@ -208,4 +220,187 @@ fn check_locks(
         }
     }
     Ok(())
+}
+
+/// Records read per device read in the object-lock and mailbox areas.
+const RECORDS_PER_READ: u64 = 256;
+
+/// Read `count` records of `lbs` bytes from byte `offset` in chunks, calling `each(index, raw)`.
+fn for_each_record(
+    dev: &dyn BlockDevice,
+    offset: u64,
+    count: u64,
+    lbs: usize,
+    each: &mut dyn FnMut(u64, &[u8]),
+) -> Result<()> {
+    let step = u64::try_from(lbs).unwrap_or(u64::MAX);
+    let mut first = 0;
+    while first < count {
+        let n = RECORDS_PER_READ.min(count - first);
+        let area = read(
+            dev,
+            offset + first * step,
+            usize::try_from(n).unwrap_or(0) * lbs,
+        )?;
+        for (i, raw) in (first..).zip(area.chunks(lbs)) {
+            each(i, raw);
+        }
+        first += n;
+    }
+    Ok(())
+}
+
+fn role_name(r: Role) -> &'static str {
+    match r {
+        Role::Owner => "owner",
+        Role::Holder => "holder",
+        Role::WaitShared => "waiter (shared)",
+        Role::WaitExclusive => "waiter (exclusive)",
+    }
+}
+
+/// Format v3: the object-lock buckets and the mailboxes (rules in the module doc).
+fn check_object_locks(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    lbs: usize,
+    life: &dyn Fn(u32) -> SlotLife,
+    report: &mut Report,
+) -> Result<()> {
+    let Some(area) = sb.object_lock_area() else {
+        return Ok(());
+    };
+    let kind = FindingKind::ObjectLock;
+    for_each_record(
+        dev,
+        area.bucket_offset,
+        area.buckets,
+        lbs,
+        &mut |index, raw| {
+            let bucket = match Bucket::decode(raw, index) {
+            Ok(b) => b,
+            Err(e) => {
+                return push(
+                    report,
+                    kind,
+                    Severity::Error,
+                    format!("object-lock bucket {index} is damaged: {e}; the locks of the objects that hash to it cannot be taken until it is rewritten"),
+                )
+            }
+        };
+            for e in &bucket.entries {
+                let what = format!("object-lock bucket {index}, object {:#x}", e.object);
+                match ObjectId::from_raw(e.object) {
+                    Err(err) => push(report, kind, Severity::Error, format!("{what}: {err}")),
+                    Ok(obj) if area.bucket_of(obj) != index => push(
+                        report,
+                        kind,
+                        Severity::Error,
+                        format!(
+                        "{what} ({obj:?}): belongs in bucket {}, where the runtime looks for it",
+                        area.bucket_of(obj)
+                    ),
+                    ),
+                    Ok(_) => {}
+                }
+                let mut beyond: Vec<u32> = e
+                    .mentions
+                    .iter()
+                    .map(|m| m.slot)
+                    .chain((e.next != NO_NEXT).then_some(u32::from(e.next)))
+                    .filter(|&s| s >= sb.max_nodes)
+                    .collect();
+                beyond.sort_unstable();
+                beyond.dedup();
+                if !beyond.is_empty() {
+                    push(
+                        report,
+                        kind,
+                        Severity::Error,
+                        format!(
+                            "{what}: names slots {beyond:?}, beyond max nodes ({})",
+                            sb.max_nodes
+                        ),
+                    );
+                }
+                for m in &e.mentions {
+                    if m.slot >= sb.max_nodes || !is_stale(life(m.slot), Some(m.gen)) {
+                        continue;
+                    }
+                    let severity = if m.role.holds() {
+                        Severity::Error
+                    } else {
+                        Severity::Warning
+                    };
+                    push(
+                    report,
+                    kind,
+                    severity,
+                    format!(
+                        "{what}: stale {} slot {} (generation {}): that slot holds nothing at that generation",
+                        role_name(m.role),
+                        m.slot,
+                        m.gen
+                    ),
+                );
+                }
+                let next = u32::from(e.next);
+                if e.next != NO_NEXT && next < sb.max_nodes && is_stale(life(next), None) {
+                    push(
+                        report,
+                        kind,
+                        Severity::Warning,
+                        format!("{what}: stale next slot {next}: that slot holds nothing"),
+                    );
+                }
+            }
+        },
+    )?;
+    let kind = FindingKind::Mailbox;
+    for_each_record(
+        dev,
+        area.mailbox_offset,
+        u64::from(area.mailboxes),
+        lbs,
+        &mut |index, raw| {
+            let Ok(slot) = u32::try_from(index) else {
+                return;
+            };
+            let mailbox = match Mailbox::decode(raw, slot) {
+                Ok(m) => m,
+                Err(e) => {
+                    return push(
+                        report,
+                        kind,
+                        Severity::Error,
+                        format!("the mailbox of slot {slot} is damaged: {e}; no lock of that slot can be requested until it is rewritten"),
+                    )
+                }
+            };
+            for r in &mailbox.requests {
+                let what = format!(
+                    "the mailbox of slot {slot}: request of slot {} (generation {}) for object {:#x}",
+                    r.slot, r.gen, r.object
+                );
+                if let Err(err) = ObjectId::from_raw(r.object) {
+                    push(report, kind, Severity::Error, format!("{what}: {err}"));
+                }
+                if r.slot >= sb.max_nodes {
+                    push(
+                        report,
+                        kind,
+                        Severity::Warning,
+                        format!("{what}: slot beyond max nodes ({})", sb.max_nodes),
+                    );
+                } else if is_stale(life(r.slot), Some(r.gen)) {
+                    push(
+                        report,
+                        kind,
+                        Severity::Warning,
+                        format!("{what}: stale: that slot holds nothing at that generation"),
+                    );
+                }
+            }
+        },
+    )
 }

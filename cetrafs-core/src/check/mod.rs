@@ -98,6 +98,12 @@ pub enum FindingKind {
     Heartbeat,
     /// A lock record that is corrupted, contradicts itself, or names slots that hold nothing.
     LockRecord,
+    /// An object-lock bucket (format v3) that is corrupted, holds an entry of an object that
+    /// hashes elsewhere, or names slots that hold nothing.
+    ObjectLock,
+    /// A lock-request mailbox (format v3) that is corrupted or holds requests of slots that
+    /// hold nothing.
+    Mailbox,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

@@ -588,6 +588,8 @@ mod control_areas {
     use crate::cluster::membership::lba_of;
     use crate::format::heartbeat::{Heartbeat, SlotState};
     use crate::format::lock_record::{LockKind, LockMode, LockRecord, OpenEntry};
+    use crate::format::mailbox::Mailbox;
+    use crate::format::object_lock::{Bucket, Role, NO_NEXT};
 
     fn hb(sb: &Superblock, slot: u32, state: SlotState, generation: u64) -> Heartbeat {
         Heartbeat {
@@ -626,7 +628,15 @@ mod control_areas {
     fn lock_findings(r: &Report) -> Vec<(Severity, String)> {
         r.findings
             .iter()
-            .filter(|f| matches!(f.kind, FindingKind::LockRecord | FindingKind::Heartbeat))
+            .filter(|f| {
+                matches!(
+                    f.kind,
+                    FindingKind::LockRecord
+                        | FindingKind::Heartbeat
+                        | FindingKind::ObjectLock
+                        | FindingKind::Mailbox
+                )
+            })
             .map(|f| (f.severity, f.message.clone()))
             .collect()
     }
@@ -840,5 +850,206 @@ mod control_areas {
             .unwrap();
         assert!(p.message.contains("device has only"), "{}", p.message);
         assert!(!r.is_clean());
+    }
+
+    /// Format v3: a clean volume has clean buckets and mailboxes at both logical block sizes
+    /// (and a v2 volume has none to check).
+    #[test]
+    fn a_fresh_v3_volume_has_clean_object_locks() {
+        for lbs in [512, 4096] {
+            let (dev, sb) = fresh(64 << 20, lbs);
+            assert!(sb.object_lock_area().is_some());
+            assert_clean(&check_volume(&dev).unwrap());
+        }
+        let dev = MemDevice::new(64 << 20, 512);
+        let opts = MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            inode_lock_slots: 64,
+            object_locks: false,
+            ..Default::default()
+        };
+        format(&dev, &opts, &mut |_, _| {}).unwrap();
+        assert_clean(&check_volume(&dev).unwrap());
+    }
+
+    fn put_record(dev: &MemDevice, offset: u64, index: u64, raw: &[u8]) {
+        dev.write_at(offset + index * raw.len() as u64, raw)
+            .unwrap();
+    }
+
+    fn obj_findings(r: &Report) -> Vec<(FindingKind, Severity, String)> {
+        r.findings
+            .iter()
+            .filter(|f| matches!(f.kind, FindingKind::ObjectLock | FindingKind::Mailbox))
+            .map(|f| (f.kind, f.severity, f.message.clone()))
+            .collect()
+    }
+
+    #[test]
+    fn damaged_buckets_and_mailboxes_are_errors() {
+        let (dev, sb) = fresh(64 << 20, 512);
+        let area = sb.object_lock_area().unwrap();
+        // A flipped bit in bucket 3, bucket 5 written as bucket 6, a garbage mailbox 1.
+        let mut raw = vec![0u8; 512];
+        dev.read_at(area.bucket_offset + 3 * 512, &mut raw).unwrap();
+        raw[100] ^= 0x10;
+        put_record(&dev, area.bucket_offset, 3, &raw);
+        put_record(
+            &dev,
+            area.bucket_offset,
+            5,
+            &Bucket::empty(6).encode(512).unwrap(),
+        );
+        put_record(&dev, area.mailbox_offset, 1, &[0xa5; 512]);
+        let r = check_volume(&dev).unwrap();
+        assert!(!r.is_clean());
+        let f = obj_findings(&r);
+        assert_eq!(f.len(), 3, "{f:?}");
+        let has = |k: FindingKind, words: &[&str]| {
+            f.iter().any(|(fk, sev, m)| {
+                *fk == k && *sev == Severity::Error && words.iter().all(|w| m.contains(w))
+            })
+        };
+        assert!(
+            has(
+                FindingKind::ObjectLock,
+                &["bucket 3 is damaged", "checksum"]
+            ),
+            "{f:?}"
+        );
+        assert!(has(FindingKind::ObjectLock, &["bucket 5", "6"]), "{f:?}");
+        assert!(
+            has(FindingKind::Mailbox, &["mailbox of slot 1 is damaged"]),
+            "{f:?}"
+        );
+    }
+
+    #[test]
+    fn stale_and_misplaced_object_lock_entries_are_reported() {
+        use crate::cluster::object_lock::{ObjectId, ObjectLockArea};
+        use crate::format::mailbox::{Request, Want};
+        use crate::format::object_lock::{Entry, Mention};
+        let (dev, sb) = fresh(64 << 20, 512);
+        let area: ObjectLockArea = sb.object_lock_area().unwrap();
+        put_hb(&dev, &sb, &hb(&sb, 0, SlotState::Live, 4));
+        let mention = |slot, role, gen| Mention { slot, role, gen };
+        let bucket_with = |obj: ObjectId, mentions: Vec<Mention>, next: u16| {
+            let i = area.bucket_of(obj);
+            let mut b = Bucket::empty(i);
+            let mut e = Entry::new(obj.raw(), 7);
+            e.mentions = mentions;
+            e.next = next;
+            b.entries.push(e);
+            (i, b)
+        };
+        // Inode 100: owned by live slot 0 at its generation (fine) and waited for by slot 1,
+        // never used (stale waiter: a warning).
+        let (i1, b1) = bucket_with(
+            ObjectId::inode(100).unwrap(),
+            vec![
+                mention(0, Role::Owner, 4),
+                mention(1, Role::WaitExclusive, 2),
+            ],
+            NO_NEXT,
+        );
+        // Group 3: shared by slot 0 at an old generation (stale holder: an error), next = 1.
+        let (i2, b2) = bucket_with(
+            ObjectId::group(3).unwrap(),
+            vec![mention(0, Role::Holder, 3)],
+            1,
+        );
+        assert_ne!(i1, i2, "pick objects in different buckets");
+        put_record(&dev, area.bucket_offset, i1, &b1.encode(512).unwrap());
+        put_record(&dev, area.bucket_offset, i2, &b2.encode(512).unwrap());
+        // Inode 200's entry in a bucket it does not hash to, naming slot 9 (beyond max nodes).
+        let obj = ObjectId::inode(200).unwrap();
+        let wrong = (area.bucket_of(obj) + 1) % area.buckets;
+        assert!(wrong != i1 && wrong != i2);
+        let mut b3 = Bucket::empty(wrong);
+        let mut e = Entry::new(obj.raw(), 1);
+        e.mentions = vec![mention(9, Role::Holder, 1)];
+        b3.entries.push(e);
+        put_record(&dev, area.bucket_offset, wrong, &b3.encode(512).unwrap());
+        // Slot 0's mailbox: a request of its own live generation (fine) and one of slot 1
+        // (never used: a warning).
+        let mut mb = Mailbox::empty(0);
+        for (slot, gen) in [(0, 4), (1, 5)] {
+            mb.requests.push(Request {
+                object: ObjectId::inode(100).unwrap().raw(),
+                slot,
+                gen,
+                want: Want::Exclusive,
+            });
+        }
+        put_record(&dev, area.mailbox_offset, 0, &mb.encode(512).unwrap());
+
+        let r = check_volume(&dev).unwrap();
+        let f = obj_findings(&r);
+        let has = |k: FindingKind, sev: Severity, words: &[&str]| {
+            f.iter()
+                .any(|(fk, s, m)| *fk == k && *s == sev && words.iter().all(|w| m.contains(w)))
+        };
+        use FindingKind::{Mailbox as Mb, ObjectLock as Ol};
+        assert!(
+            has(
+                Ol,
+                Severity::Warning,
+                &["object 0x64", "stale waiter (exclusive) slot 1"]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(Ol, Severity::Error, &["stale holder slot 0 (generation 3)"]),
+            "{f:?}"
+        );
+        assert!(has(Ol, Severity::Warning, &["stale next slot 1"]), "{f:?}");
+        assert!(
+            has(
+                Ol,
+                Severity::Error,
+                &[
+                    "object 0xc8",
+                    &format!("belongs in bucket {}", area.bucket_of(obj))
+                ]
+            ),
+            "{f:?}"
+        );
+        assert!(
+            has(Ol, Severity::Error, &["names slots [9], beyond max nodes"]),
+            "{f:?}"
+        );
+        assert!(
+            has(
+                Mb,
+                Severity::Warning,
+                &[
+                    "mailbox of slot 0",
+                    "request of slot 1 (generation 5)",
+                    "stale"
+                ]
+            ),
+            "{f:?}"
+        );
+        // Exactly those: nothing about the live owner or the live request.
+        assert_eq!(f.len(), 6, "{f:?}");
+        assert!(!r.is_clean());
+
+        // Only the warnings left (the holder and the misplaced entry gone): clean.
+        put_record(
+            &dev,
+            area.bucket_offset,
+            i2,
+            &Bucket::empty(i2).encode(512).unwrap(),
+        );
+        put_record(
+            &dev,
+            area.bucket_offset,
+            wrong,
+            &Bucket::empty(wrong).encode(512).unwrap(),
+        );
+        let r = check_volume(&dev).unwrap();
+        assert!(r.is_clean(), "{:?}", obj_findings(&r));
+        assert_eq!(obj_findings(&r).len(), 2, "{:?}", obj_findings(&r));
     }
 }

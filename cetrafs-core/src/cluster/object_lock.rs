@@ -259,6 +259,14 @@ pub struct ObjectLockArea {
     pub mailboxes: u32,
 }
 
+impl ObjectLockArea {
+    /// The bucket `obj` lives in: `splitmix64(id) mod buckets` (0 for an area without buckets,
+    /// which `ObjectLocks::new` refuses).
+    pub fn bucket_of(&self, obj: ObjectId) -> u64 {
+        splitmix64(obj.raw()) % self.buckets.max(1)
+    }
+}
+
 /// A lock as granted.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Grant {
@@ -491,7 +499,7 @@ impl ObjectLocks {
 
     /// The bucket `obj` hashes to.
     pub fn bucket_of(&self, obj: ObjectId) -> u64 {
-        splitmix64(obj.raw()) % self.area.buckets
+        self.area.bucket_of(obj)
     }
 
     fn offset(&self, index: u64) -> u64 {
