@@ -213,8 +213,9 @@ impl InodeLocks {
         let obj = ObjectId::inode(ino)?;
         loop {
             let seen = {
-                let s = dl.settled();
+                let mut s = dl.settled();
                 if s.held == Held::Exclusive {
+                    s.validator = Some(s.version);
                     return Ok(());
                 }
                 // An upgrade may give the shared hold up while it waits: the cache is not to be
@@ -289,6 +290,8 @@ impl Handoff for Server<'_> {
         let Some(dl) = self.locks.existing(obj.number()) else {
             return Ok(true);
         };
+        // A failure here changes nothing: the request stays for the next tick.
+        crate::failpoint!("inode_lock::before_drain");
         {
             let mut s = dl.settled();
             dl.ready.store(false, Ordering::Release);
@@ -296,7 +299,6 @@ impl Handoff for Server<'_> {
         }
         // Wait out the fast-path I/O that was admitted before `ready` was cleared.
         drop(dl.gate.write().or_panic());
-        crate::failpoint!("inode_lock::after_drain");
         Ok(true)
     }
 

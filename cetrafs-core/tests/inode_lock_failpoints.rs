@@ -1,0 +1,87 @@
+//! A failed step of an inode-lock handoff (the `failpoints` feature; run with
+//! `cargo test -p cetrafs-core --features failpoints --test inode_lock_failpoints`; its own
+//! test binary, so no other test disarms the point while it is armed). Two nodes on one v3
+//! volume: node b reads a file through its cached map (inode lock shared); node a extends the
+//! file, which takes the lock exclusively. While b's handoff fails, b keeps its lock and keeps
+//! reading the old contents, a waits; once the step works again, the next mailbox tick hands
+//! the lock over, a's write completes and b reads the new contents.
+#![cfg(feature = "failpoints")]
+
+use cetrafs_core::dev::mem::MemDevice;
+use cetrafs_core::failpoint;
+use cetrafs_core::fs::{Caller, MountOptions, OpenFile, Volume};
+use cetrafs_core::mkfs::{format, MkfsOptions};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
+        .unwrap();
+    out
+}
+
+#[test]
+fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
+    let dev = Arc::new(MemDevice::new(256 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 4,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let mount = |host: &str| {
+        Volume::mount(
+            dev.clone(),
+            &MountOptions {
+                host: host.into(),
+                ..MountOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let (a, b) = (mount("a"), mount("b"));
+    assert_eq!(a.superblock().format_version(), 3);
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"f", 0o644, Caller::ROOT, true).unwrap();
+    a.write(&fh, 0, &[1u8; 4096]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    let bfh = b.open(f.ino, false, false).unwrap();
+    assert_eq!(read(&b, &bfh, 8192), vec![1u8; 4096]);
+
+    failpoint::arm("inode_lock::before_drain");
+    let (a2, fh2) = (a.clone(), fh.clone());
+    let writer = std::thread::spawn(move || a2.write(&fh2, 4096, &[2u8; 4096]));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(500) {
+        assert!(
+            !writer.is_finished(),
+            "a changed the inode while b held its lock"
+        );
+        // b still holds its lock and reads through its (still valid) map.
+        assert_eq!(read(&b, &bfh, 8192), vec![1u8; 4096]);
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    failpoint::disarm_all();
+    let t = Instant::now();
+    while !writer.is_finished() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the handoff was not retried"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(writer.join().unwrap().unwrap(), 4096);
+    a.fsync(f.ino, false).unwrap();
+    let mut want = vec![1u8; 4096];
+    want.extend_from_slice(&[2u8; 4096]);
+    assert_eq!(read(&b, &bfh, 8192), want);
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = cetrafs_core::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
