@@ -23,6 +23,7 @@ Python's own cost per op (a few microseconds) is small next to a FUSE round trip
 """
 import argparse
 import glob
+import errno
 import json
 import os
 import platform
@@ -88,7 +89,18 @@ def cmd_bounce(a):
             s = time.time_ns()
             os.utime(fds[i % 2], ns=(s, s))
         else:
-            fd = os.open(paths[i % 2], os.O_WRONLY)
+            # The other node's close reaches its daemon as an asynchronous FUSE RELEASE: until
+            # it has deregistered its writer, this open is refused (EBUSY). The retry is part
+            # of the handoff and counted in its latency.
+            deadline = time.monotonic() + 2
+            while True:
+                try:
+                    fd = os.open(paths[i % 2], os.O_WRONLY)
+                    break
+                except OSError as e:
+                    if e.errno != errno.EBUSY or time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.0005)
             os.pwrite(fd, bytes([i & 0xFF]), 0)
             os.fsync(fd)
             os.close(fd)

@@ -181,6 +181,11 @@ impl Volume {
 
     fn meta_in(&self, mode: LockMode) -> Result<MutexGuard<'_, Meta>> {
         let mut m = self.lock_meta();
+        // A background thread (a recovery's last steps, the committer) that reaches here after
+        // unmount gave the locks back must not take them again: nobody would release them.
+        if self.unmounted.load(Ordering::Acquire) {
+            bail!(Io, "volume is unmounted");
+        }
         let cl = &self.cl;
         if cl.handoff_wanted.load(Ordering::Acquire) && m.gml() != LockMode::Free {
             // Allocating writes in flight hold blocks only this node knows of: they are mapped
