@@ -391,8 +391,8 @@ const WAIT_POLL_MAX: std::time::Duration = std::time::Duration::from_millis(2);
 /// them; None on a v2 volume (whose data path depends on the global lock).
 fn open_object_locks(dev: &SharedDevice, sb: &Superblock) -> Result<Option<ObjectLocks>> {
     let Some(area) = sb.object_lock_area() else {
-        tracing::info!(
-            "format version {} volume: no per-object locks (every node's data path depends on the global lock); a volume made by this mkfs.cetra has them",
+        tracing::warn!(
+            "format version {} volume: no per-object locks, so every node's VM I/O pauses while another node changes metadata, and stops while a node that died holding the metadata lock is recovered; per-inode locks need format 3 (a volume made by this mkfs.cetra; there is no in-place upgrade yet: make a new volume and move the images to it)",
             sb.format_version()
         );
         return Ok(None);
