@@ -46,7 +46,7 @@
 //! A v2 volume has no lock area: the data path keeps using the global lock (fs/cluster.rs).
 
 use crate::cluster::lock::Me;
-use crate::cluster::object_lock::{Class, Handoff, ObjectId, ObjectLocks, Served};
+use crate::cluster::object_lock::{Class, Grant, Handoff, ObjectId, ObjectLocks, Served};
 use crate::error::{Error, Result};
 use crate::format::lock_record::LockMode;
 use crate::format::mailbox::Request;
@@ -176,24 +176,15 @@ impl InodeLocks {
                 }
                 s.handoffs
             };
-            let grant = {
-                let _one = dl.acquiring.lock().or_panic();
-                self.timed(|| self.locks.acquire(self.me, obj, LockMode::Shared, abort))?
+            let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Shared, seen, abort)? else {
+                continue;
             };
-            self.stats.acquires.fetch_add(1, Ordering::Relaxed);
-            {
-                let mut s = dl.settled();
-                if s.handoffs != seen {
-                    continue;
-                }
-                s.held = Held::of(grant.mode);
-                s.version = grant.version;
-                if grant.cache_valid(s.validator) {
-                    s.validator = Some(grant.version);
-                    dl.ready.store(true, Ordering::Release);
-                    return Ok(());
-                }
+            if grant.cache_valid(s.validator) {
+                s.validator = Some(grant.version);
+                dl.ready.store(true, Ordering::Release);
+                return Ok(());
             }
+            drop(s);
             self.stats.reloads.fetch_add(1, Ordering::Relaxed);
             reload()?;
             let mut s = dl.settled();
@@ -224,20 +215,38 @@ impl InodeLocks {
                 dl.ready.store(false, Ordering::Release);
                 s.handoffs
             };
-            let grant = {
-                let _one = dl.acquiring.lock().or_panic();
-                self.timed(|| self.locks.acquire(self.me, obj, LockMode::Exclusive, abort))?
-            };
-            self.stats.acquires.fetch_add(1, Ordering::Relaxed);
-            let mut s = dl.settled();
-            if s.handoffs != seen {
+            let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Exclusive, seen, abort)?
+            else {
                 continue;
-            }
-            s.held = Held::of(grant.mode);
-            s.version = grant.version;
+            };
             s.validator = Some(grant.version);
             return Ok(());
         }
+    }
+
+    /// Acquire `obj` in `mode` (one local acquire at a time) and record the grant, unless a
+    /// handoff completed since `seen` (then None: it may have given up what was just granted,
+    /// start again). Returns the settled state, locked.
+    fn grant<'d>(
+        &self,
+        dl: &'d DataLock,
+        obj: ObjectId,
+        mode: LockMode,
+        seen: u64,
+        abort: Abort<'_>,
+    ) -> Result<Option<(Grant, MutexGuard<'d, DlState>)>> {
+        let grant = {
+            let _one = dl.acquiring.lock().or_panic();
+            self.timed(|| self.locks.acquire(self.me, obj, mode, abort))?
+        };
+        self.stats.acquires.fetch_add(1, Ordering::Relaxed);
+        let mut s = dl.settled();
+        if s.handoffs != seen {
+            return Ok(None);
+        }
+        s.held = Held::of(grant.mode);
+        s.version = grant.version;
+        Ok(Some((grant, s)))
     }
 
     /// Run `f` (an acquire); note a lock exchange if it had to wait.

@@ -2,18 +2,11 @@
 //! the data path of one node does not depend on the global lock, changes by another node
 //! drain it and are seen, and a dead node blocks only what it held.
 
-use super::multinode_tests::{node, volume};
+use super::multinode_tests::{node, read_all, volume};
 use super::*;
 use std::time::{Duration, Instant};
 
 const C: Caller = Caller::ROOT;
-
-fn read_all(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
-        .unwrap();
-    out
-}
 
 /// `f` on another thread; panics if it has not finished within `limit`.
 fn within<T: Send + 'static>(limit: Duration, f: impl FnOnce() -> T + Send + 'static) -> T {

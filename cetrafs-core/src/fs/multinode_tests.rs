@@ -34,7 +34,7 @@ pub(super) fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     .unwrap()
 }
 
-fn read_all(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
+pub(super) fn read_all(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
     v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
         .unwrap();
