@@ -767,6 +767,7 @@ impl Volume {
             .spawn(move || {
                 let mut pacer = PollPacer::default();
                 pacer.busy = MAILBOX_BUSY_POLL;
+                let (mut reported, mut last) = (Instant::now(), (0, 0, 0));
                 loop {
                     std::thread::sleep(pacer.interval(Instant::now()));
                     let Some(v) = weak.upgrade() else { break };
@@ -779,6 +780,10 @@ impl Volume {
                     }
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);
+                    }
+                    if reported.elapsed() >= Duration::from_secs(5) {
+                        il.report(&mut last);
+                        reported = Instant::now();
                     }
                 }
             });

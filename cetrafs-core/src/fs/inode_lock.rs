@@ -116,6 +116,17 @@ pub(crate) struct InodeLockStats {
     pub handed: AtomicU64,
 }
 
+impl InodeLockStats {
+    /// (acquires, reloads, handed) now.
+    pub fn snapshot(&self) -> (u64, u64, u64) {
+        (
+            self.acquires.load(Ordering::Relaxed),
+            self.reloads.load(Ordering::Relaxed),
+            self.handed.load(Ordering::Relaxed),
+        )
+    }
+}
+
 /// This node's inode locks.
 #[derive(Debug)]
 pub(crate) struct InodeLocks {
@@ -146,6 +157,22 @@ impl InodeLocks {
     }
 
     /// The local state of inode `ino`'s lock (created on first use).
+    /// Log the counters at debug level if they moved since `last`.
+    pub fn report(&self, last: &mut (u64, u64, u64)) {
+        let now = self.stats.snapshot();
+        if now != *last {
+            let held = self.table.lock().or_panic().len();
+            tracing::debug!(
+                "inode locks: {} known, {} acquires, {} reloads after another node's change, {} handed to other nodes",
+                held,
+                now.0,
+                now.1,
+                now.2
+            );
+            *last = now;
+        }
+    }
+
     pub fn lock_of(&self, ino: u64) -> Arc<DataLock> {
         self.table.lock().or_panic().entry(ino).or_default().clone()
     }
