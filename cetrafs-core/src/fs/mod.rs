@@ -198,20 +198,22 @@ impl Volume {
         }
     }
 
-    /// Log the inode table's and the metadata block cache's stats at debug level when they
-    /// change, and hand memory the table's evictions freed back to the OS
-    /// (`InodeTable::report`). The block cache is reported only when its mutex is free (the
-    /// reporter never waits behind a commit).
+    /// Every [`TRIM_EVERY`](inode_table::TRIM_EVERY) (1 s), hand the heap memory freed since
+    /// back to the OS if the daemon was busy (`InodeTable::trim`); every 5 s, log the inode
+    /// table's and the metadata block cache's stats at debug level when they changed. The
+    /// block cache is looked at only when its mutex is free (the reporter never waits behind a
+    /// commit).
     fn spawn_reporter(vol: &Arc<Volume>) {
-        const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+        const LOG_EVERY: u32 = 5;
         let weak = Arc::downgrade(vol);
         let spawned = std::thread::Builder::new()
             .name("cetra-inodes".into())
             .spawn(move || {
                 let mut last = InodeTableStats::default();
                 let mut last_cache = BlockCacheStats::default();
-                loop {
-                    std::thread::sleep(EVERY);
+                let mut activity = 0;
+                for tick in 1u32.. {
+                    std::thread::sleep(inode_table::TRIM_EVERY);
                     let Some(v) = weak.upgrade() else { break };
                     if v.unmounted.load(Ordering::Relaxed) {
                         break;
@@ -223,6 +225,10 @@ impl Volume {
                         .map(|mut m| (m.cache_stats(), m.take_released()));
                     if let Some((_, freed)) = cache {
                         v.inodes.note_released(freed);
+                    }
+                    v.inodes.trim(&mut activity);
+                    if tick % LOG_EVERY != 0 {
+                        continue;
                     }
                     v.inodes.report(&mut last);
                     if let Some((s, _)) = cache {
