@@ -17,13 +17,14 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
-mod heap;
+pub(crate) mod heap;
 mod inflight;
 mod inode_table;
 mod mount;
 mod suid;
 pub(crate) mod txn;
 
+pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
@@ -200,9 +201,9 @@ impl Volume {
 
     /// Every [`TRIM_EVERY`](inode_table::TRIM_EVERY) (1 s), hand the heap memory freed since
     /// back to the OS if the daemon was busy (`InodeTable::trim`); every 5 s, log the inode
-    /// table's and the metadata block cache's stats at debug level when they changed. The
-    /// block cache is looked at only when its mutex is free (the reporter never waits behind a
-    /// commit).
+    /// table's stats, and the metadata block cache's with the allocator's bitmap cache's in
+    /// one line, at debug level when they changed. The block cache and the bitmaps are looked
+    /// at only when the metadata mutex is free (the reporter never waits behind a commit).
     fn spawn_reporter(vol: &Arc<Volume>) {
         const LOG_EVERY: u32 = 5;
         let weak = Arc::downgrade(vol);
@@ -210,7 +211,7 @@ impl Volume {
             .name("cetra-inodes".into())
             .spawn(move || {
                 let mut last = InodeTableStats::default();
-                let mut last_cache = BlockCacheStats::default();
+                let mut last_cache = (BlockCacheStats::default(), BitmapCacheStats::default());
                 let mut activity = 0;
                 for tick in 1u32.. {
                     std::thread::sleep(inode_table::TRIM_EVERY);
@@ -218,11 +219,9 @@ impl Volume {
                     if v.unmounted.load(Ordering::Relaxed) {
                         break;
                     }
-                    let cache = v
-                        .meta
-                        .try_lock()
-                        .or_panic()
-                        .map(|mut m| (m.cache_stats(), m.take_released()));
+                    let cache = v.meta.try_lock().or_panic().map(|mut m| {
+                        ((m.cache_stats(), m.alloc.bitmap_stats()), m.take_released())
+                    });
                     if let Some((_, freed)) = cache {
                         v.inodes.note_released(freed);
                     }
@@ -233,7 +232,7 @@ impl Volume {
                     v.inodes.report(&mut last);
                     if let Some((s, _)) = cache {
                         if s != last_cache {
-                            s.log();
+                            s.0.log(&s.1);
                             last_cache = s;
                         }
                     }
@@ -252,6 +251,11 @@ impl Volume {
     /// What the metadata block cache holds and has done (fs/block_cache.rs).
     pub fn block_cache_stats(&self) -> BlockCacheStats {
         self.lock_meta().cache_stats()
+    }
+
+    /// What the allocator's bitmap cache holds and has done (alloc.rs).
+    pub fn bitmap_cache_stats(&self) -> BitmapCacheStats {
+        self.lock_meta().alloc.bitmap_stats()
     }
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).

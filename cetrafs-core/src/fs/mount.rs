@@ -85,7 +85,7 @@ impl Volume {
         let timing = Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
         let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks);
         let granted = take_global_shared(&cl, me, &member, timing)?;
-        let loaded = Allocator::new(dev.clone(), &sb, crate::alloc::DEFAULT_BITMAP_CACHE);
+        let loaded = Allocator::new(dev.clone(), &sb, opts.bitmap_cache_bytes);
         let alloc = match loaded {
             Ok(a) => a,
             Err(e) => {
