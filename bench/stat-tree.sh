@@ -4,33 +4,36 @@
 # per-file cost stays flat as the daemon's caches fill (issue 8: it used to fall 20x past
 # 100,000 inodes) and whether the daemon's memory stays within its budget.
 #
-# Steps: make a volume on a sparse file LUN under $BENCH_DIR, mount it (one node,
-# -o inode_cache=$STAT_BUDGET_MIB,meta_cache=$STAT_META_MIB), warm up (below), create DIRS x FILES
-# empty files with mknod from 4 parallel python3 processes (timed), then twice: sync,
-# `echo 3 > /proc/sys/vm/drop_caches`, and walk the tree in order (listdir + lstat of every
+# Steps: make a volume on a sparse file LUN under $BENCH_DIR, mount it (one node, -o
+# inode_cache=$STAT_BUDGET_MIB,meta_cache=$STAT_META_MIB,bitmap_cache=$STAT_BITMAP_MIB), warm
+# up (below), create DIRS x FILES empty files with mknod from 4 parallel python3 processes
+# (timed), then twice: sync, `echo 3 > /proc/sys/vm/drop_caches`, and walk the tree in order (listdir + lstat of every
 # file, as find or ls -l do), printing the rate of each SLICE-file slice and its ratio to the
 # pass's first slice (the bar: every slice within 2x, i.e. ratio >= 0.5) and the daemon's RSS
 # after the pass. After the second pass the kernel's caches are dropped once more (the kernel
 # FORGETs every inode). The memory bar: the RSS after each pass within the daemon's budget,
-#   fixed overhead + inode_cache + meta_cache + threads' term (at that moment)
+#   fixed overhead + inode_cache + meta_cache + bitmap_cache + threads' term (at that moment)
+# (the three caches' configured bounds: the inode table, the metadata block cache and the
+# allocator's cache of allocation group bitmaps, which the creates load).
 # * The threads' term: what the threads' stacks and the FUSE workers' request buffers hold
 #   resident (fuser reads every request into one 16 MiB buffer per worker; the pages a request
 #   fills stay resident, so each worker holds as much as the largest request it has received:
 #   a 1 MiB write, or a batch of FORGETs after drop_caches). bench/thread_memory.py measures it
 #   page by page from the threads' stack pointers and the workers' read(2) buffers, whatever
 #   mappings the kernel merged; memory it cannot attribute counts against the budget.
-# * The fixed overhead: the daemon's RSS after a warm-up, minus the threads' term and the two
+# * The fixed overhead: the daemon's RSS after a warm-up, minus the threads' term and the three
 #   caches' own charges at that moment. The warm-up runs the benchmark's code paths once on
 #   STAT_WARMUP files in a directory the passes do not walk: mkdir + mknod, drop the kernel's
-#   caches, listdir + lstat, drop them again; then the script waits until neither cache has
+#   caches, listdir + lstat, drop them again; then the script waits until no cache has
 #   logged a change for a whole reporting period (5 s) and reads the RSS, the threads' term
 #   and the caches' latest logged charges together. That is the code, libraries and volume
-#   state (bitmaps of the groups in use, journal and lock bookkeeping) the daemon keeps
-#   whatever the caches hold; the caches may not use it. The RSS right after mount is shown
-#   as context.
+#   state (group summaries, journal and lock bookkeeping) the daemon keeps whatever the caches
+#   hold; the caches may not use it. The RSS right after mount is shown as context.
 # The caches' own accounts (their debug log lines) are shown too. The summary prints each
 # criterion with PASS or MISS: the slowest slice's ratio, and the RSS after pass 2 with its
-# budget and the margin (after pass 1 and after the final forget as context). The exit status
+# budget and the margin (after pass 1 and after the final forget as context), and for each
+# reading what no term accounts for: RSS - (fixed overhead + the caches' charges then +
+# threads' term). The exit status
 # is 0 unless the run itself broke. JSON to bench/results/<timestamp>-stat-tree.json; the
 # daemon's log and a copy of /proc/PID/smaps at each measurement stay in the run's directory
 # under $BENCH_DIR.
@@ -39,7 +42,8 @@
 # Environment: STAT_DIRS (default 300), STAT_FILES (per directory, default 1000; the tree has
 #   STAT_DIRS x STAT_FILES files, e.g. STAT_DIRS=60 for 60,000), STAT_SLICE (default 20000),
 #   STAT_WARMUP (warm-up files, default 100), STAT_BUDGET_MIB (inode_cache=, default 16),
-#   STAT_META_MIB (meta_cache=, default 16), BENCH_DIR (default <repo>/.cache/bench),
+#   STAT_META_MIB (meta_cache=, default 16), STAT_BITMAP_MIB (bitmap_cache=, default 2),
+#   BENCH_DIR (default <repo>/.cache/bench),
 #   CETRA_BIN_DIR (default target/release; built if missing).
 set -euo pipefail
 
@@ -55,6 +59,7 @@ SLICE=${STAT_SLICE:-20000}
 WARMUP=${STAT_WARMUP:-100}
 BUDGET_MIB=${STAT_BUDGET_MIB:-16}
 META_MIB=${STAT_META_MIB:-16}
+BITMAP_MIB=${STAT_BITMAP_MIB:-2}
 BENCH_DIR=${BENCH_DIR:-$REPO/.cache/bench}
 BIN_DIR=${CETRA_BIN_DIR:-$REPO/target/release}
 
@@ -87,11 +92,11 @@ trap cleanup EXIT
 truncate -s $(((DIRS * FILES * 4096 * 3 / 2) + (3 << 30))) "$LUN"
 "$BIN_DIR/mkfs-cetra" -q --force -L stat-tree "$LUN"
 RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug,cetrafs_core::fs::block_cache=debug \
-    CETRA_LOG_FILE=$LOG "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB,meta_cache=$META_MIB"
+    CETRA_LOG_FILE=$LOG "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB,meta_cache=$META_MIB,bitmap_cache=$BITMAP_MIB"
 MOUNTED=1
 PID=$(pgrep -f "^$BIN_DIR/mount-cetra $LUN $MNT " | head -1)
 [[ -n $PID ]] || die "no mount-cetra daemon found for $MNT"
-echo "stat-tree: $DIRS x $FILES files on $(df --output=fstype "$WORK" | tail -1) ($LUN), inode_cache=$BUDGET_MIB MiB, meta_cache=$META_MIB MiB, daemon pid $PID"
+echo "stat-tree: $DIRS x $FILES files on $(df --output=fstype "$WORK" | tail -1) ($LUN), inode_cache=$BUDGET_MIB MiB, meta_cache=$META_MIB MiB, bitmap_cache=$BITMAP_MIB MiB, daemon pid $PID"
 
 rss_kib() { awk '/^VmRSS:/ {print $2}' "/proc/$PID/status"; }
 # Resident KiB of the threads' stacks and the FUSE workers' request buffers (see the header);
@@ -104,18 +109,22 @@ measure_threads() {
     THREADS_KIB=$(python3 -c 'import json, sys; print(json.loads(sys.argv[1])["kib"])' "$THREADS_JSON")
 }
 threads_detail() { python3 -c 'import json, sys; print(json.loads(sys.argv[1])["summary"])' "$THREADS_JSON"; }
-# The caches' latest accounts (logged at debug level every 5 s when they changed).
+# The caches' latest accounts (logged at debug level every 5 s when they changed; the block
+# cache's line ends with the allocator's bitmap cache: "...; allocation bitmaps: ...").
 table_line() { grep -h "inode table:" "$LOG" | tail -1 | sed 's/^.*inode table: //'; }
 cache_line() { grep -h "metadata block cache:" "$LOG" | tail -1 | sed 's/^.*metadata block cache: //'; }
-# KiB the caches charge, from their latest lines ("= N KiB of", "(N KiB allocated").
+# KiB the caches charge, from their latest lines ("= N KiB of", "(N KiB allocated",
+# "allocation bitmaps: G groups = N KiB of").
 table_kib() { table_line | sed -n 's/.* = \([0-9]*\) KiB of .*/\1/p'; }
-cache_kib() { cache_line | sed -n 's/.*(\([0-9]*\) KiB allocated.*/\1/p'; }
+cache_kib() { cache_line | sed -n 's/^[^(]*(\([0-9]*\) KiB allocated.*/\1/p'; }
+bitmap_kib() { cache_line | sed -n 's/.*allocation bitmaps: [0-9]* groups = \([0-9]*\) KiB of .*/\1/p'; }
 report_lines() { grep -c "inode table:\|metadata block cache:" "$LOG" || true; }
 # Every measurement is read when the daemon is quiet, the same way for the baseline and after
 # each pass: the RSS, the threads' term and the caches' charges are read, and kept if no cache
 # logs a change in the next 6 s (more than the reporting period, 5 s: the charges logged last
 # are those of the moment read, and the once-a-second trim has run after the last request);
-# else read again, up to 6 times. Sets SAMPLE_RSS, SAMPLE_TABLE, SAMPLE_CACHE, THREADS_KIB and
+# else read again, up to 6 times. Sets SAMPLE_RSS, SAMPLE_TABLE, SAMPLE_CACHE, SAMPLE_BITMAP,
+# THREADS_KIB and
 # THREADS_JSON; fails if the daemon never went quiet (the last reading is kept).
 quiet_sample() {
     local lines
@@ -125,6 +134,7 @@ quiet_sample() {
         measure_threads "$1"
         SAMPLE_TABLE=$(table_kib)
         SAMPLE_CACHE=$(cache_kib)
+        SAMPLE_BITMAP=$(bitmap_kib)
         sleep 6
         [[ $(report_lines) == "$lines" ]] && return 0
     done
@@ -161,12 +171,13 @@ RSS_WARM=$SAMPLE_RSS
 THREADS_WARM=$THREADS_KIB
 TABLE_WARM=$SAMPLE_TABLE
 CACHE_WARM=$SAMPLE_CACHE
-[[ -n $TABLE_WARM && -n $CACHE_WARM ]] || die "no inode table or block cache line in $LOG after the warm-up (RUST_LOG?)"
-FIXED_KIB=$((RSS_WARM - THREADS_WARM - TABLE_WARM - CACHE_WARM))
-CACHES_KIB=$(((BUDGET_MIB + META_MIB) * 1024))
-echo "  after the warm-up ($WARMUP files): daemon RSS $RSS_WARM KiB = fixed overhead $FIXED_KIB KiB + threads' term $THREADS_WARM KiB + inode table $TABLE_WARM KiB + block cache $CACHE_WARM KiB"
+BITMAP_WARM=$SAMPLE_BITMAP
+[[ -n $TABLE_WARM && -n $CACHE_WARM && -n $BITMAP_WARM ]] || die "no inode table, block cache or bitmap cache account in $LOG after the warm-up (RUST_LOG?)"
+FIXED_KIB=$((RSS_WARM - THREADS_WARM - TABLE_WARM - CACHE_WARM - BITMAP_WARM))
+CACHES_KIB=$(((BUDGET_MIB + META_MIB + BITMAP_MIB) * 1024))
+echo "  after the warm-up ($WARMUP files): daemon RSS $RSS_WARM KiB = fixed overhead $FIXED_KIB KiB + threads' term $THREADS_WARM KiB + inode table $TABLE_WARM KiB + block cache $CACHE_WARM KiB + bitmap cache $BITMAP_WARM KiB"
 echo "    threads: $(threads_detail)"
-echo "  budget = fixed overhead $FIXED_KIB KiB + inode_cache + meta_cache ($CACHES_KIB KiB) + the threads' term at the time"
+echo "  budget = fixed overhead $FIXED_KIB KiB + inode_cache + meta_cache + bitmap_cache ($CACHES_KIB KiB) + the threads' term at the time"
 budget_kib() { echo $((FIXED_KIB + CACHES_KIB + $1)); }
 # within RSS_KIB THREADS_KIB
 within() {
@@ -198,7 +209,7 @@ PY
 
 RESULTS=$WORK/passes
 mkdir -p "$RESULTS"
-declare -a RSS_END=() RSS_AFTER=() THREADS_AFTER=() THREADS_DETAIL=()
+declare -a RSS_END=() RSS_AFTER=() THREADS_AFTER=() THREADS_DETAIL=() CHARGED=()
 for pass in 1 2; do
     drop_caches
     echo "  pass $pass: caches dropped, daemon RSS $(($(rss_kib) >> 10)) MiB; table: $(table_line)"
@@ -223,6 +234,7 @@ PY
     RSS_AFTER[pass]=$SAMPLE_RSS
     THREADS_AFTER[pass]=$THREADS_KIB
     THREADS_DETAIL[pass]=$THREADS_JSON
+    CHARGED[pass]="$SAMPLE_TABLE $SAMPLE_CACHE $SAMPLE_BITMAP"
     echo "  pass $pass done: daemon RSS ${RSS_END[pass]} KiB as the walk ended, ${RSS_AFTER[pass]} KiB when quiet, $(within "${RSS_AFTER[pass]}" "${THREADS_AFTER[pass]}") (the kernel still references every inode)"
     echo "    table: $(table_line)"
     echo "    block cache: $(cache_line)"
@@ -232,6 +244,7 @@ quiet_sample forgotten || echo "  WARNING: the daemon did not go quiet within 36
 RSS_FORGOTTEN=$SAMPLE_RSS
 THREADS_FORGOTTEN=$THREADS_KIB
 THREADS_DETAIL[3]=$THREADS_JSON
+CHARGED[3]="$SAMPLE_TABLE $SAMPLE_CACHE $SAMPLE_BITMAP"
 TABLE=$(table_line)
 CACHE=$(cache_line)
 echo "  after dropping the caches again: daemon RSS $((RSS_FORGOTTEN >> 10)) MiB, $(within "$RSS_FORGOTTEN" "$THREADS_FORGOTTEN"); table: $TABLE"
@@ -239,16 +252,18 @@ umount "$MNT"
 MOUNTED=0
 
 OUT=$REPO/bench/results/$STAMP-stat-tree.json
-python3 - "$RESULTS" "$OUT" "$SLICE" "$BUDGET_MIB" "$META_MIB" "$RSS_MOUNTED" "$RSS_WARM" "$FIXED_KIB" "$TABLE_WARM" "$CACHE_WARM" \
+python3 - "$RESULTS" "$OUT" "$SLICE" "$BUDGET_MIB" "$META_MIB" "$BITMAP_MIB" "$RSS_MOUNTED" "$RSS_WARM" "$FIXED_KIB" "$TABLE_WARM" "$CACHE_WARM" "$BITMAP_WARM" \
     "${RSS_AFTER[1]}" "${RSS_AFTER[2]}" "$RSS_FORGOTTEN" "$TABLE" "$CACHE" \
     "$THREADS_WARM" "${THREADS_AFTER[1]}" "${THREADS_AFTER[2]}" "$THREADS_FORGOTTEN" "${THREADS_DETAIL[1]}" "${THREADS_DETAIL[2]}" "${THREADS_DETAIL[3]}" \
-    "${RSS_END[1]}" "${RSS_END[2]}" <<'PY'
+    "${RSS_END[1]}" "${RSS_END[2]}" "${CHARGED[1]}" "${CHARGED[2]}" "${CHARGED[3]}" <<'PY'
 import json, os, platform, sys
 
-(res, out, slice_n, budget, meta, rss0, rss_w, fixed, table_w, cache_w, rss1, rss2, rss_f, table, cache,
- th_w, th1, th2, th_f, d1, d2, d_f, end1, end2) = sys.argv[1:]
+(res, out, slice_n, budget, meta, bitmap, rss0, rss_w, fixed, table_w, cache_w, bitmap_w, rss1, rss2, rss_f, table, cache,
+ th_w, th1, th2, th_f, d1, d2, d_f, end1, end2, ch1, ch2, ch_f) = sys.argv[1:]
 fixed = int(fixed)
-caches = (int(budget) + int(meta)) * 1024
+caches = (int(budget) + int(meta) + int(bitmap)) * 1024
+# The caches' charges (inode table, block cache, bitmaps; KiB) at each reading.
+charged = [[int(x) for x in c.split()] for c in (ch1, ch2, ch_f)]
 # Each measurement's budget: the fixed overhead, both caches' budgets and the threads' term then.
 checks = [(int(r), fixed + caches + int(t), int(t)) for r, t in ((rss1, th1), (rss2, th2), (rss_f, th_f))]
 details = [json.loads(d) for d in (d1, d2, d_f)]
@@ -269,18 +284,20 @@ print(f"daemon RSS (quiet): {int(rss0)} KiB after mount, {int(rss_w)} KiB after 
       f"{int(rss2)} KiB after pass 2, {int(rss_f)} KiB after the kernel forgot the inodes; as each walk ended "
       f"(before the daemon's next trim): {int(end1)} and {int(end2)} KiB")
 print(f"fixed overhead {fixed} KiB = {int(rss_w)} KiB RSS after the warm-up - {int(th_w)} threads' term "
-      f"- {int(table_w)} inode table - {int(cache_w)} block cache (their logged charges then)")
+      f"- {int(table_w)} inode table - {int(cache_w)} block cache - {int(bitmap_w)} bitmap cache (their logged charges then)")
 mark = lambda ok: "PASS" if ok else "MISS"
 print("\ncriteria (issue 8):")
 print(f"  [{mark(worst >= 0.5)}] every {slice_n}-file slice within 2x of its pass's first slice: "
       f"slowest {worst:.2f} (bar: >= 0.50)")
-for name, (r, b, t), d in zip(("after pass 2", "after pass 1", "after the kernel forgot"), (checks[1], checks[0], checks[2]),
-                              (details[1], details[0], details[2])):
+for name, (r, b, t), d, c in zip(("after pass 2", "after pass 1", "after the kernel forgot"), (checks[1], checks[0], checks[2]),
+                                 (details[1], details[0], details[2]), (charged[1], charged[0], charged[2])):
     what = "the criterion" if name == "after pass 2" else "context"
     un = ", ".join(d["unattributed"]) or "none"
     print(f"  [{mark(r <= b)}] RSS {name} within the budget ({what}): RSS {r} KiB, budget {b} KiB "
-          f"= {fixed} fixed + {budget} MiB inode_cache + {meta} MiB meta_cache + {t} threads' term "
+          f"= {fixed} fixed + {budget} MiB inode_cache + {meta} MiB meta_cache + {bitmap} MiB bitmap_cache + {t} threads' term "
           f"({d['stacks']}/{d['threads']} stacks, {d['buffers']}/{d['workers']} buffers; unattributed: {un}); margin {b - r} KiB")
+    print(f"         charged then: inode table {c[0]} + block cache {c[1]} + bitmap cache {c[2]} KiB; "
+          f"RSS - (fixed + charges + threads' term) = {r - fixed - sum(c) - t} KiB accounted by no term")
 ok = checks[1][0] <= checks[1][1]
 print(f"inode table: {table}")
 print(f"metadata block cache: {cache}")
@@ -290,8 +307,12 @@ json.dump({
     "slice": int(slice_n),
     "inode_cache_mib": int(budget),
     "meta_cache_mib": int(meta),
+    "bitmap_cache_mib": int(bitmap),
     "fixed_overhead_kib": fixed,
-    "warmup": {"rss_kib": int(rss_w), "threads_kib": int(th_w), "inode_table_kib": int(table_w), "block_cache_kib": int(cache_w)},
+    "warmup": {"rss_kib": int(rss_w), "threads_kib": int(th_w), "inode_table_kib": int(table_w), "block_cache_kib": int(cache_w),
+               "bitmap_cache_kib": int(bitmap_w)},
+    "charged_kib": {k: dict(zip(("inode_table", "block_cache", "bitmap_cache"), c))
+                    for k, c in zip(("after_pass1", "after_pass2", "after_forget"), charged)},
     "rss_budget_kib": [b for _, b, _ in checks],
     "rss_within_budget": ok,
     "slices_within_2x": worst >= 0.5,
