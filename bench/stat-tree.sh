@@ -33,7 +33,10 @@
 # criterion with PASS or MISS: the slowest slice's ratio, and the RSS after pass 2 with its
 # budget and the margin (after pass 1 and after the final forget as context), and for each
 # reading what no term accounts for: RSS - (fixed overhead + the caches' charges then +
-# threads' term). The exit status
+# threads' term), and how much more malloc has allocated outside the caches than at the
+# warm-up (its in-use bytes, logged by the daemon, minus the caches' charges): growth there is
+# allocations no cache charges; the rest of what no term accounts for is freed heap that
+# stayed resident. The exit status
 # is 0 unless the run itself broke. JSON to bench/results/<timestamp>-stat-tree.json; the
 # daemon's log and a copy of /proc/PID/smaps at each measurement stay in the run's directory
 # under $BENCH_DIR.
@@ -91,7 +94,7 @@ trap cleanup EXIT
 # Inode blocks (4 KiB a file), directory trees and 16 journals of 64 MiB.
 truncate -s $(((DIRS * FILES * 4096 * 3 / 2) + (3 << 30))) "$LUN"
 "$BIN_DIR/mkfs-cetra" -q --force -L stat-tree "$LUN"
-RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug,cetrafs_core::fs::block_cache=debug \
+RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug,cetrafs_core::fs::block_cache=debug,cetrafs_core::fs::heap=debug \
     CETRA_LOG_FILE=$LOG "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB,meta_cache=$META_MIB,bitmap_cache=$BITMAP_MIB"
 MOUNTED=1
 PID=$(pgrep -f "^$BIN_DIR/mount-cetra $LUN $MNT " | head -1)
@@ -118,6 +121,9 @@ cache_line() { grep -h "metadata block cache:" "$LOG" | tail -1 | sed 's/^.*meta
 table_kib() { table_line | sed -n 's/.* = \([0-9]*\) KiB of .*/\1/p'; }
 cache_kib() { cache_line | sed -n 's/^[^(]*(\([0-9]*\) KiB allocated.*/\1/p'; }
 bitmap_kib() { cache_line | sed -n 's/.*allocation bitmaps: [0-9]* groups = \([0-9]*\) KiB of .*/\1/p'; }
+# What glibc's malloc has allocated (KiB, "malloc: N KiB in use"), to compare with the charges:
+# allocations no cache charges show as in-use growth, free heap pages left resident do not.
+malloc_kib() { grep -h "malloc: " "$LOG" | tail -1 | sed -n 's/.*malloc: \([0-9]*\) KiB in use.*/\1/p'; }
 report_lines() { grep -c "inode table:\|metadata block cache:" "$LOG" || true; }
 # Every measurement is read when the daemon is quiet, the same way for the baseline and after
 # each pass: the RSS, the threads' term and the caches' charges are read, and kept if no cache
@@ -135,6 +141,7 @@ quiet_sample() {
         SAMPLE_TABLE=$(table_kib)
         SAMPLE_CACHE=$(cache_kib)
         SAMPLE_BITMAP=$(bitmap_kib)
+        SAMPLE_MALLOC=$(malloc_kib)
         sleep 6
         [[ $(report_lines) == "$lines" ]] && return 0
     done
@@ -172,6 +179,7 @@ THREADS_WARM=$THREADS_KIB
 TABLE_WARM=$SAMPLE_TABLE
 CACHE_WARM=$SAMPLE_CACHE
 BITMAP_WARM=$SAMPLE_BITMAP
+MALLOC_WARM=${SAMPLE_MALLOC:-0}
 [[ -n $TABLE_WARM && -n $CACHE_WARM && -n $BITMAP_WARM ]] || die "no inode table, block cache or bitmap cache account in $LOG after the warm-up (RUST_LOG?)"
 FIXED_KIB=$((RSS_WARM - THREADS_WARM - TABLE_WARM - CACHE_WARM - BITMAP_WARM))
 CACHES_KIB=$(((BUDGET_MIB + META_MIB + BITMAP_MIB) * 1024))
@@ -234,7 +242,7 @@ PY
     RSS_AFTER[pass]=$SAMPLE_RSS
     THREADS_AFTER[pass]=$THREADS_KIB
     THREADS_DETAIL[pass]=$THREADS_JSON
-    CHARGED[pass]="$SAMPLE_TABLE $SAMPLE_CACHE $SAMPLE_BITMAP"
+    CHARGED[pass]="$SAMPLE_TABLE $SAMPLE_CACHE $SAMPLE_BITMAP ${SAMPLE_MALLOC:-0}"
     echo "  pass $pass done: daemon RSS ${RSS_END[pass]} KiB as the walk ended, ${RSS_AFTER[pass]} KiB when quiet, $(within "${RSS_AFTER[pass]}" "${THREADS_AFTER[pass]}") (the kernel still references every inode)"
     echo "    table: $(table_line)"
     echo "    block cache: $(cache_line)"
@@ -244,7 +252,7 @@ quiet_sample forgotten || echo "  WARNING: the daemon did not go quiet within 36
 RSS_FORGOTTEN=$SAMPLE_RSS
 THREADS_FORGOTTEN=$THREADS_KIB
 THREADS_DETAIL[3]=$THREADS_JSON
-CHARGED[3]="$SAMPLE_TABLE $SAMPLE_CACHE $SAMPLE_BITMAP"
+CHARGED[3]="$SAMPLE_TABLE $SAMPLE_CACHE $SAMPLE_BITMAP ${SAMPLE_MALLOC:-0}"
 TABLE=$(table_line)
 CACHE=$(cache_line)
 echo "  after dropping the caches again: daemon RSS $((RSS_FORGOTTEN >> 10)) MiB, $(within "$RSS_FORGOTTEN" "$THREADS_FORGOTTEN"); table: $TABLE"
@@ -255,15 +263,19 @@ OUT=$REPO/bench/results/$STAMP-stat-tree.json
 python3 - "$RESULTS" "$OUT" "$SLICE" "$BUDGET_MIB" "$META_MIB" "$BITMAP_MIB" "$RSS_MOUNTED" "$RSS_WARM" "$FIXED_KIB" "$TABLE_WARM" "$CACHE_WARM" "$BITMAP_WARM" \
     "${RSS_AFTER[1]}" "${RSS_AFTER[2]}" "$RSS_FORGOTTEN" "$TABLE" "$CACHE" \
     "$THREADS_WARM" "${THREADS_AFTER[1]}" "${THREADS_AFTER[2]}" "$THREADS_FORGOTTEN" "${THREADS_DETAIL[1]}" "${THREADS_DETAIL[2]}" "${THREADS_DETAIL[3]}" \
-    "${RSS_END[1]}" "${RSS_END[2]}" "${CHARGED[1]}" "${CHARGED[2]}" "${CHARGED[3]}" <<'PY'
+    "${RSS_END[1]}" "${RSS_END[2]}" "${CHARGED[1]}" "${CHARGED[2]}" "${CHARGED[3]}" "$MALLOC_WARM" <<'PY'
 import json, os, platform, sys
 
 (res, out, slice_n, budget, meta, bitmap, rss0, rss_w, fixed, table_w, cache_w, bitmap_w, rss1, rss2, rss_f, table, cache,
- th_w, th1, th2, th_f, d1, d2, d_f, end1, end2, ch1, ch2, ch_f) = sys.argv[1:]
+ th_w, th1, th2, th_f, d1, d2, d_f, end1, end2, ch1, ch2, ch_f, malloc_w) = sys.argv[1:]
 fixed = int(fixed)
 caches = (int(budget) + int(meta) + int(bitmap)) * 1024
-# The caches' charges (inode table, block cache, bitmaps; KiB) at each reading.
+# The caches' charges (inode table, block cache, bitmaps; KiB) and malloc's in-use KiB at each
+# reading.
 charged = [[int(x) for x in c.split()] for c in (ch1, ch2, ch_f)]
+malloc = [c.pop() for c in charged]
+# Allocated outside every cache at the warm-up (malloc in use minus the charges then).
+outside_w = int(malloc_w) - int(table_w) - int(cache_w) - int(bitmap_w)
 # Each measurement's budget: the fixed overhead, both caches' budgets and the threads' term then.
 checks = [(int(r), fixed + caches + int(t), int(t)) for r, t in ((rss1, th1), (rss2, th2), (rss_f, th_f))]
 details = [json.loads(d) for d in (d1, d2, d_f)]
@@ -289,15 +301,17 @@ mark = lambda ok: "PASS" if ok else "MISS"
 print("\ncriteria (issue 8):")
 print(f"  [{mark(worst >= 0.5)}] every {slice_n}-file slice within 2x of its pass's first slice: "
       f"slowest {worst:.2f} (bar: >= 0.50)")
-for name, (r, b, t), d, c in zip(("after pass 2", "after pass 1", "after the kernel forgot"), (checks[1], checks[0], checks[2]),
-                                 (details[1], details[0], details[2]), (charged[1], charged[0], charged[2])):
+for name, (r, b, t), d, c, m in zip(("after pass 2", "after pass 1", "after the kernel forgot"), (checks[1], checks[0], checks[2]),
+                                    (details[1], details[0], details[2]), (charged[1], charged[0], charged[2]),
+                                    (malloc[1], malloc[0], malloc[2])):
     what = "the criterion" if name == "after pass 2" else "context"
     un = ", ".join(d["unattributed"]) or "none"
     print(f"  [{mark(r <= b)}] RSS {name} within the budget ({what}): RSS {r} KiB, budget {b} KiB "
           f"= {fixed} fixed + {budget} MiB inode_cache + {meta} MiB meta_cache + {bitmap} MiB bitmap_cache + {t} threads' term "
           f"({d['stacks']}/{d['threads']} stacks, {d['buffers']}/{d['workers']} buffers; unattributed: {un}); margin {b - r} KiB")
     print(f"         charged then: inode table {c[0]} + block cache {c[1]} + bitmap cache {c[2]} KiB; "
-          f"RSS - (fixed + charges + threads' term) = {r - fixed - sum(c) - t} KiB accounted by no term")
+          f"RSS - (fixed + charges + threads' term) = {r - fixed - sum(c) - t} KiB accounted by no term; "
+          f"malloc in use {m} KiB, {m - sum(c) - outside_w:+} KiB outside the caches against the warm-up")
 ok = checks[1][0] <= checks[1][1]
 print(f"inode table: {table}")
 print(f"metadata block cache: {cache}")
@@ -313,6 +327,7 @@ json.dump({
                "bitmap_cache_kib": int(bitmap_w)},
     "charged_kib": {k: dict(zip(("inode_table", "block_cache", "bitmap_cache"), c))
                     for k, c in zip(("after_pass1", "after_pass2", "after_forget"), charged)},
+    "malloc_in_use_kib": dict(zip(("after_warmup", "after_pass1", "after_pass2", "after_forget"), [int(malloc_w)] + malloc)),
     "rss_budget_kib": [b for _, b, _ in checks],
     "rss_within_budget": ok,
     "slices_within_2x": worst >= 0.5,

@@ -97,6 +97,51 @@ pub fn btree<K, V>(len: usize) -> usize {
     bytes
 }
 
+/// What glibc's malloc holds (`mallinfo2`), for the debug log: what the caches' charges are
+/// to be compared with. Free bytes count whether resident or not (a trim hands whole free
+/// pages back to the OS, but their chunks stay free in the arena).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct MallocTotals {
+    /// Bytes of chunks allocated and not freed, headers included, in the arena and mapped on
+    /// their own.
+    pub in_use: usize,
+    /// Of `in_use`, the chunks mapped on their own.
+    pub mapped: usize,
+    /// Bytes of free chunks in the arena.
+    pub free: usize,
+}
+
+impl MallocTotals {
+    /// Now.
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    pub fn now() -> Self {
+        // SAFETY: mallinfo2 takes no pointers; it reads glibc's own arena statistics under
+        // the arenas' locks and may be called from any thread.
+        let m = unsafe { libc::mallinfo2() };
+        Self {
+            in_use: m.uordblks.saturating_add(m.hblkhd),
+            mapped: m.hblkhd,
+            free: m.fordblks,
+        }
+    }
+
+    /// Not known off glibc.
+    #[cfg(not(all(target_os = "linux", target_env = "gnu")))]
+    pub fn now() -> Self {
+        Self::default()
+    }
+
+    /// One debug line (target `cetrafs_core::fs::heap`; bench/stat-tree.sh reads it).
+    pub fn log(&self) {
+        tracing::debug!(
+            "malloc: {} KiB in use ({} KiB of it mapped on its own), {} KiB free in the arena",
+            self.in_use >> 10,
+            self.mapped >> 10,
+            self.free >> 10
+        );
+    }
+}
+
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;

@@ -202,8 +202,9 @@ impl Volume {
     /// Every [`TRIM_EVERY`](inode_table::TRIM_EVERY) (1 s), hand the heap memory freed since
     /// back to the OS if the daemon was busy (`InodeTable::trim`); every 5 s, log the inode
     /// table's stats, and the metadata block cache's with the allocator's bitmap cache's in
-    /// one line, at debug level when they changed. The block cache and the bitmaps are looked
-    /// at only when the metadata mutex is free (the reporter never waits behind a commit).
+    /// one line, and what glibc's malloc holds (fs/heap.rs), at debug level when they changed.
+    /// The block cache and the bitmaps are looked at only when the metadata mutex is free (the
+    /// reporter never waits behind a commit).
     fn spawn_reporter(vol: &Arc<Volume>) {
         const LOG_EVERY: u32 = 5;
         let weak = Arc::downgrade(vol);
@@ -212,6 +213,7 @@ impl Volume {
             .spawn(move || {
                 let mut last = InodeTableStats::default();
                 let mut last_cache = (BlockCacheStats::default(), BitmapCacheStats::default());
+                let mut last_heap = heap::MallocTotals::default();
                 let mut activity = 0;
                 for tick in 1u32.. {
                     std::thread::sleep(inode_table::TRIM_EVERY);
@@ -235,6 +237,11 @@ impl Volume {
                             s.0.log(&s.1);
                             last_cache = s;
                         }
+                    }
+                    let h = heap::MallocTotals::now();
+                    if h != last_heap {
+                        h.log();
+                        last_heap = h;
                     }
                 }
             });
