@@ -1,12 +1,25 @@
 //! Block allocator over the allocation groups.
 //!
 //! **What is in memory.** For every group a small summary (its class, its free count, when it
-//! was last checked against the disk: ~64 bytes), and the bitmaps (1 bit per 4 KiB block: 32 MiB
-//! per TiB) only of the groups this node is using, loaded on demand and kept under a byte
-//! budget (`DEFAULT_BITMAP_CACHE`). A loaded bitmap that is clean, home and holds no
-//! reservation or quarantined run may be evicted, least recently used first; one that is dirty,
-//! not yet written home by a commit point, or reserved stays whatever the budget. So a node's
-//! memory follows the groups it allocates in and frees into, not the size of the volume.
+//! was last checked against the disk: ~64 bytes, allocated once at mount), and the bitmaps (1
+//! bit per 4 KiB block: 32 MiB per TiB) only of the groups this node is using, loaded on demand
+//! into the *bitmap cache*, kept under a byte budget (mount option `bitmap_cache=MiB`, default
+//! [`DEFAULT_BITMAP_CACHE`]). A loaded bitmap that is clean, home and holds no reservation or
+//! quarantined run may be evicted, least recently used first; one that is dirty, not yet
+//! written home by a commit point, or reserved is *pinned* and stays whatever the budget, and
+//! so does the one just loaded for the operation in progress (until the next load or commit
+//! point). So a node's memory follows the groups it allocates in and frees into, not the size
+//! of the volume.
+//!
+//! **What the budget is charged** is what the bitmaps hold in the heap, as glibc sizes it
+//! (fs/heap.rs): per loaded group its boxed record, its used-bits, reserved-bits and block
+//! sequence vectors by their capacity (the reserved bits are allocated on the first
+//! reservation and freed when the last one goes), and the B-tree of its changed bitmap blocks;
+//! plus the index of loaded groups by its capacity. The charge is computed from the bitmaps
+//! themselves whenever it is needed (at each load, commit point and stats call: a sum over the
+//! loaded groups), so no running count can drift from what is held. Memory freed by evictions
+//! is reported ([`Allocator::take_released`]) so the daemon hands it back to the OS.
+//! [`Allocator::bitmap_stats`] reports groups, charge, pinned charge, loads and evictions.
 //!
 //! **Validity** (the per-group version). Every change to a group's bitmap rewrites its header
 //! in the same transaction with the header's sequence number + 1 (`take_dirty`), so the
@@ -52,14 +65,52 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::superblock::Superblock;
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+use crate::fs::heap;
 use std::collections::{BTreeSet, HashMap};
+use std::fmt;
 
 const WORDS_PER_BITMAP_BLOCK: usize = (BITS_PER_BITMAP_BLOCK / 64) as usize;
 const _: () = assert!(BITS_PER_BITMAP_BLOCK.is_multiple_of(64));
 pub const MIN_WINDOW: u64 = 64;
 pub const MAX_WINDOW: u64 = 1 << 16;
-/// Bytes of loaded bitmaps a node keeps when it could evict (about 440 groups of 1 GiB).
+/// Budget of the bitmap cache when the mount does not say (`bitmap_cache=`): 32 MiB, about
+/// 880 groups of 1 GiB (37 KiB of bits each; twice that while blocks in it are reserved).
 pub const DEFAULT_BITMAP_CACHE: usize = 32 << 20;
+
+/// What the bitmap cache holds and has done since mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct BitmapCacheStats {
+    /// Groups whose bitmap is loaded.
+    pub groups: usize,
+    /// Heap the loaded bitmaps and the cache's index hold (see the module docs), bytes.
+    pub bytes: usize,
+    /// Of `bytes`, what bitmaps that may not be evicted now hold (changed and not yet home,
+    /// or reserved).
+    pub pinned: usize,
+    /// The budget, bytes.
+    pub budget: usize,
+    /// Bitmaps read from the device.
+    pub loads: u64,
+    /// Bitmaps dropped to fit the budget.
+    pub evictions: u64,
+}
+
+impl fmt::Display for BitmapCacheStats {
+    /// `allocation bitmaps: G groups = N KiB of B KiB budget (P KiB pinned); L loaded, E
+    /// evicted` (bench/stat-tree.sh reads N).
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "allocation bitmaps: {} groups = {} KiB of {} KiB budget ({} KiB pinned); {} loaded, {} evicted",
+            self.groups,
+            self.bytes >> 10,
+            self.budget >> 10,
+            self.pinned >> 10,
+            self.loads,
+            self.evictions
+        )
+    }
+}
 
 /// Who owns a group, as far as this node's allocation policy is concerned.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,11 +167,16 @@ pub struct Allocator {
     gen: u64,
     /// Sum of every group's `free`.
     total_free: u64,
-    /// Indices of groups whose bitmap is loaded.
-    loaded: BTreeSet<usize>,
-    loaded_bytes: usize,
+    /// Indices of groups whose bitmap is loaded (the bitmap cache's index).
+    loaded: Vec<usize>,
+    /// The bitmap cache's budget, bytes.
     budget: usize,
     clock: u64,
+    /// Bitmaps read from the device / evicted, since mount.
+    loads: u64,
+    evictions: u64,
+    /// Bytes of bitmaps dropped since [`Self::take_released`].
+    released: usize,
     /// Groups with changes not yet handed to a transaction (`take_dirty`).
     dirty: BTreeSet<usize>,
     /// Groups whose free count changed since the last [`Self::take_changed`].
@@ -171,10 +227,15 @@ impl Bitmap {
         self.resv.iter().any(|&w| w != 0)
     }
 
-    /// Memory it holds (what the budget counts).
-    fn bytes(&self) -> usize {
-        (self.used.capacity() + self.resv.capacity() + self.bitmap_seq.capacity()) * 8
-            + std::mem::size_of::<Self>()
+    /// The heap it holds, at most, as the allocator sizes it (fs/heap.rs): its box, its three
+    /// word vectors by capacity, the B-tree of its changed blocks.
+    fn charge(&self) -> usize {
+        let words = |v: &Vec<u64>| heap::at_most(v.capacity() * 8);
+        heap::at_most(std::mem::size_of::<Self>())
+            + words(&self.used)
+            + words(&self.resv)
+            + words(&self.bitmap_seq)
+            + heap::btree::<usize, ()>(self.dirty_bitmaps.len())
     }
 
     /// First bit >= from that is neither used nor reserved, scanning whole words at a time.
@@ -202,15 +263,19 @@ impl Bitmap {
         n
     }
 
+    /// Reserve or unreserve bits; the reserved bits' vector is freed when the last goes.
     fn set_resv(&mut self, bit: u64, len: u64, on: bool) {
         let n = self.used.len();
         set_range(&mut self.resv, n, bit, len, on);
+        if !on && !self.resv.is_empty() && !self.has_reserved() {
+            self.resv = Vec::new();
+        }
     }
 }
 
 impl Allocator {
     /// The allocator of a mounted volume: every group header is read (one block each, for the
-    /// free counts), no bitmap. `budget`: bytes of loaded bitmaps kept when others could go.
+    /// free counts), no bitmap. `budget`: the bitmap cache's (`bitmap_cache=`, in bytes).
     pub fn new(dev: SharedDevice, sb: &Superblock, budget: usize) -> Result<Self> {
         let mut a = Self {
             dev,
@@ -220,10 +285,12 @@ impl Allocator {
             groups: Vec::with_capacity(usize::try_from(sb.group_count).unwrap_or(0)),
             gen: 0,
             total_free: 0,
-            loaded: BTreeSet::new(),
-            loaded_bytes: 0,
+            loaded: Vec::new(),
             budget,
             clock: 0,
+            loads: 0,
+            evictions: 0,
+            released: 0,
             dirty: BTreeSet::new(),
             changed: BTreeSet::new(),
             resv: HashMap::new(),
@@ -346,11 +413,33 @@ impl Allocator {
         grp.free = free;
     }
 
-    fn unload(&mut self, g: usize) {
-        if let Some(bm) = self.groups[g].bits.take() {
-            self.loaded_bytes -= bm.bytes();
-            self.loaded.remove(&g);
+    /// Drop group `g`'s bitmap; returns what it was charged.
+    fn unload(&mut self, g: usize) -> usize {
+        let Some(bm) = self.groups[g].bits.take() else {
+            return 0;
+        };
+        if let Some(i) = self.loaded.iter().position(|&l| l == g) {
+            self.loaded.swap_remove(i);
         }
+        let bytes = bm.charge();
+        self.released = self.released.saturating_add(bytes);
+        bytes
+    }
+
+    /// The bitmap cache's charge now: every loaded bitmap and the index (module docs).
+    fn charge(&self) -> usize {
+        heap::at_most(self.loaded.capacity() * std::mem::size_of::<usize>())
+            + self
+                .loaded
+                .iter()
+                .filter_map(|&g| self.groups[g].bits.as_deref())
+                .map(Bitmap::charge)
+                .sum::<usize>()
+    }
+
+    /// Whether group `g`'s loaded bitmap must stay (module docs: pinned).
+    fn pinned(&self, g: usize, bm: &Bitmap) -> bool {
+        self.dirty.contains(&g) || bm.unsaved || bm.has_reserved()
     }
 
     /// Make group `g`'s free count exact (read its header if it was not checked since the
@@ -384,8 +473,8 @@ impl Allocator {
             let (h, bm) = self.read_group(g as u64)?;
             self.set_free(g, h.free_blocks);
             self.groups[g].checked = self.gen;
-            self.loaded_bytes += bm.bytes();
-            self.loaded.insert(g);
+            self.loaded.push(g);
+            self.loads += 1;
             self.groups[g].bits = Some(Box::new(bm));
             self.evict(Some(g));
         }
@@ -399,20 +488,22 @@ impl Allocator {
         Ok(bm)
     }
 
-    /// Drop least recently used bitmaps that can go until the loaded ones fit the budget.
+    /// Drop least recently used bitmaps that can go until the cache's charge fits the budget.
     fn evict(&mut self, keep: Option<usize>) {
-        while self.loaded_bytes > self.budget {
+        let mut charge = self.charge();
+        while charge > self.budget {
             let victim = self
                 .loaded
                 .iter()
                 .copied()
-                .filter(|&g| Some(g) != keep && !self.dirty.contains(&g))
+                .filter(|&g| Some(g) != keep)
                 .filter_map(|g| self.groups[g].bits.as_deref().map(|bm| (g, bm)))
-                .filter(|(_, bm)| !bm.unsaved && !bm.has_reserved())
+                .filter(|&(g, bm)| !self.pinned(g, bm))
                 .min_by_key(|(_, bm)| bm.last_use)
                 .map(|(g, _)| g);
             let Some(g) = victim else { break };
-            self.unload(g);
+            charge -= self.unload(g);
+            self.evictions += 1;
         }
     }
 
@@ -432,9 +523,34 @@ impl Allocator {
         self.groups.len() as u64 * self.group_blocks
     }
 
-    /// Bytes of bitmaps loaded now, and how many groups they are.
+    /// The bitmap cache's charge now (bytes), and how many groups are loaded.
     pub fn loaded(&self) -> (usize, usize) {
-        (self.loaded_bytes, self.loaded.len())
+        (self.charge(), self.loaded.len())
+    }
+
+    /// What the bitmap cache holds and has done (module docs).
+    pub fn bitmap_stats(&self) -> BitmapCacheStats {
+        let pinned = self
+            .loaded
+            .iter()
+            .filter_map(|&g| self.groups[g].bits.as_deref().map(|bm| (g, bm)))
+            .filter(|&(g, bm)| self.pinned(g, bm))
+            .map(|(_, bm)| bm.charge())
+            .sum();
+        BitmapCacheStats {
+            groups: self.loaded.len(),
+            bytes: self.charge(),
+            pinned,
+            budget: self.budget,
+            loads: self.loads,
+            evictions: self.evictions,
+        }
+    }
+
+    /// Bytes of bitmaps dropped since the last call (the daemon hands such memory back to
+    /// the OS).
+    pub fn take_released(&mut self) -> usize {
+        std::mem::take(&mut self.released)
     }
 
     /// Another node may have changed groups since this node last held the lock: every group is
@@ -1094,7 +1210,13 @@ pub(crate) mod tests {
             dev.write_at(b * FS_BLOCK, &data).unwrap();
         }
         a.committed();
-        assert_eq!(a.loaded(), (0, 0), "budget 0: every home bitmap goes");
+        assert_eq!(a.loaded().1, 0, "budget 0: every home bitmap goes");
+        assert_eq!(a.loaded().0, a.bitmap_stats().bytes);
+        assert!(
+            a.loaded().0
+                <= heap::at_most(usize::try_from(sb.group_count).unwrap().next_power_of_two() * 8),
+            "only the index is left"
+        );
         // Evicted groups come back from disk with what this node wrote.
         for (b, _) in &got {
             assert!(a.is_used(*b).unwrap());
@@ -1113,6 +1235,119 @@ pub(crate) mod tests {
         a.committed();
         assert_eq!(a.loaded().1, 0);
         assert!(a.is_used(r[0].0).unwrap());
+    }
+
+    /// Bytes this thread holds allocated now (the core test binary's counting allocator).
+    fn held_here() -> usize {
+        usize::try_from(crate::fs::heap::tests::allocated_here()).unwrap_or(0)
+    }
+
+    /// Within 10 % below the charge, never above it.
+    fn assert_covered(real: usize, charged: usize, what: &str) {
+        assert!(
+            real <= charged && real >= charged * 9 / 10,
+            "{what}: {real} bytes allocated, {charged} charged"
+        );
+    }
+
+    /// The bitmap cache is charged what its bitmaps and index really hold in the heap (small
+    /// groups, where per-allocation overhead matters, and default-sized ones), with reserved
+    /// bits and with changes taken by a transaction; the reserved bits are freed once unheld.
+    #[test]
+    fn the_bitmap_cache_is_charged_what_it_holds() {
+        for group_mib in [Some(16), None] {
+            let (dev, sb) = volume(1024, group_mib);
+            let shared: SharedDevice = dev.clone();
+            let mut a = load(&shared, &sb);
+            let base = held_here();
+            for g in 0..sb.group_count {
+                assert!(!a.is_used(sb.group_first_block(g) + 50).unwrap());
+            }
+            let (charged, n) = a.loaded();
+            assert_eq!(n as u64, sb.group_count);
+            assert_covered(held_here() - base, charged, "loaded");
+            // Blocks held for a write in flight (reserved bits), and changes written home.
+            let held = a.reserve(sb.group_first_block(2) + 100, 8, 0).unwrap()[0];
+            a.alloc(sb.group_first_block(3) + 100, 8, 0).unwrap();
+            commit(&*dev, &mut a);
+            a.take_changed();
+            let (charged_resv, _) = a.loaded();
+            assert!(charged_resv > charged, "the reserved bits are charged");
+            assert_covered(held_here() - base, charged_resv, "reserved");
+            let s = a.bitmap_stats();
+            assert!(s.pinned > 0 && s.pinned < s.bytes, "{s:?}");
+            a.unreserve(held.0, held.1);
+            assert_eq!(
+                a.loaded().0,
+                charged,
+                "the reserved bits are freed with the last"
+            );
+            assert_covered(held_here() - base, charged, "unreserved");
+            assert_eq!(a.bitmap_stats().pinned, 0);
+        }
+    }
+
+    /// With a budget of a few bitmaps, loading every group keeps the charge under it (evicting
+    /// the least recently used), the memory really goes, and evicted groups come back intact.
+    #[test]
+    fn the_bitmap_cache_stays_within_its_budget() {
+        let (dev, sb) = volume(1024, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let one = {
+            let mut a = load(&shared, &sb);
+            a.is_used(sb.group_first_block(0) + 50).unwrap();
+            a.loaded().0
+        };
+        let budget = 3 * one + one / 2;
+        let mut a = Allocator::new(shared.clone(), &sb, budget).unwrap();
+        let used = a.alloc(sb.group_first_block(5) + 10, 4, 0).unwrap();
+        commit(&*dev, &mut a);
+        let base = held_here();
+        for round in 0..2 {
+            for g in 0..sb.group_count {
+                assert!(!a.is_used(sb.group_first_block(g) + 50).unwrap());
+                let (charge, n) = a.loaded();
+                assert!(charge <= budget, "group {g}: {charge} charged of {budget}");
+                assert!(n <= 3, "group {g}: {n} loaded");
+                // What the cache holds in the heap stays within it: evicting frees.
+                let real = held_here().saturating_sub(base);
+                assert!(
+                    real <= budget,
+                    "round {round}, group {g}: {real} bytes held"
+                );
+            }
+        }
+        let s = a.bitmap_stats();
+        assert_eq!(s.loads, 1 + 2 * sb.group_count, "{s:?}");
+        assert_eq!(s.evictions, s.loads - s.groups as u64, "{s:?}");
+        assert_eq!(s.budget, budget);
+        assert!(a.take_released() >= usize::try_from(s.evictions).unwrap() * one / 2);
+        // The least recently used went: the last three groups are loaded, and an evicted group
+        // comes back from the disk with what this node wrote.
+        let reads = dev.reads();
+        assert!(!a
+            .is_used(sb.group_first_block(sb.group_count - 1) + 50)
+            .unwrap());
+        assert_eq!(dev.reads(), reads, "the most recent group is still loaded");
+        assert!(a.is_used(used[0].0).unwrap());
+        assert!(dev.reads() > reads, "group 5 was evicted");
+    }
+
+    /// What bench/stat-tree.sh reads from the periodic log line.
+    #[test]
+    fn the_bitmap_stats_line() {
+        let s = BitmapCacheStats {
+            groups: 3,
+            bytes: 52 << 10,
+            pinned: 17 << 10,
+            budget: 2 << 20,
+            loads: 5,
+            evictions: 2,
+        };
+        assert_eq!(
+            s.to_string(),
+            "allocation bitmaps: 3 groups = 52 KiB of 2048 KiB budget (17 KiB pinned); 5 loaded, 2 evicted"
+        );
     }
 
     /// Two nodes on one LUN: another node's change to a group is seen at the next use after

@@ -62,7 +62,7 @@ const TRIM_THRESHOLD: libc::c_int = MMAP_THRESHOLD;
 const ARENA_MAX: libc::c_int = 1;
 
 /// Make the daemon's memory follow what its caches hold (their budgets are the point of
-/// `inode_cache=` and `meta_cache=`). glibc's defaults do not: after the first big buffer is
+/// the `*_cache=` mount options). glibc's defaults do not: after the first big buffer is
 /// freed (a journal write of a large transaction), it raises its mmap threshold to that size
 /// and its top-trim threshold to twice that (up to 32 and 64 MiB), so from then on up to
 /// 64 MiB of free memory stays resident at the top of *each* arena, and it makes one arena
@@ -529,6 +529,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             caw_renewal: args.opts.caw_renewal,
             inode_cache_bytes: args.opts.inode_cache_bytes,
             meta_cache_bytes: args.opts.meta_cache_bytes,
+            bitmap_cache_bytes: args.opts.bitmap_cache_bytes,
             ..MountOptions::default()
         },
     ) {

@@ -20,14 +20,14 @@ pub const DEFAULT_TTL: Duration = Duration::from_millis(500);
 /// Longer than this makes multi-node coherency meaningless; shorter than this is just a typo guard.
 const MAX_TTL_SECS: f64 = 3600.0;
 const MAX_HOST_LEN: usize = 64;
-/// `inode_cache=` or `meta_cache=` above this many MiB (1 TiB) is a typo.
+/// `inode_cache=`, `meta_cache=` or `bitmap_cache=` above this many MiB (1 TiB) is a typo.
 const MAX_CACHE_MIB: usize = 1 << 20;
 
 pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
-    "           inode_cache=MIB, meta_cache=MIB, nosuid, nodev, noexec, noatime (and the generic\n",
-    "           fstab options)\n",
+    "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, nosuid, nodev, noexec,\n",
+    "           noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
 
@@ -65,6 +65,8 @@ pub struct Options {
     pub inode_cache_bytes: usize,
     /// `meta_cache=MIB`: memory budget of the metadata block cache, in bytes.
     pub meta_cache_bytes: usize,
+    /// `bitmap_cache=MIB`: memory budget of the allocator's bitmap cache, in bytes.
+    pub bitmap_cache_bytes: usize,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -85,6 +87,7 @@ impl Default for Options {
             caw_renewal: false,
             inode_cache_bytes: cetrafs_core::fs::DEFAULT_INODE_CACHE,
             meta_cache_bytes: cetrafs_core::fs::DEFAULT_META_CACHE,
+            bitmap_cache_bytes: cetrafs_core::fs::DEFAULT_BITMAP_CACHE,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -118,6 +121,7 @@ impl Options {
                 ("nofilelock", None) => self.file_locks = false,
                 ("inode_cache", Some(v)) => self.inode_cache_bytes = parse_mib(key, v)?,
                 ("meta_cache", Some(v)) => self.meta_cache_bytes = parse_mib(key, v)?,
+                ("bitmap_cache", Some(v)) => self.bitmap_cache_bytes = parse_mib(key, v)?,
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -140,7 +144,12 @@ impl Options {
                 (k, None)
                     if matches!(
                         k,
-                        "host" | "attr_timeout" | "entry_timeout" | "inode_cache" | "meta_cache"
+                        "host"
+                            | "attr_timeout"
+                            | "entry_timeout"
+                            | "inode_cache"
+                            | "meta_cache"
+                            | "bitmap_cache"
                     ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))
@@ -407,6 +416,37 @@ mod tests {
             assert!(e.0.contains("expected whole MiB"), "{bad}: {e}");
         }
         assert!(p(&["d", "m", "-o", "meta_cache"])
+            .unwrap_err()
+            .0
+            .contains("needs a value"));
+    }
+
+    #[test]
+    fn bitmap_cache() {
+        assert_eq!(
+            mount(&["d", "m"]).opts.bitmap_cache_bytes,
+            cetrafs_core::fs::DEFAULT_BITMAP_CACHE
+        );
+        let o = mount(&["d", "m", "-o", "bitmap_cache=2,meta_cache=8"]).opts;
+        assert_eq!(
+            (o.bitmap_cache_bytes, o.meta_cache_bytes),
+            (2 << 20, 8 << 20)
+        );
+        assert_eq!(
+            mount(&["d", "m", "-o", "bitmap_cache=0"])
+                .opts
+                .bitmap_cache_bytes,
+            0
+        );
+        for bad in [
+            "bitmap_cache=-1",
+            "bitmap_cache=0.5",
+            "bitmap_cache=9999999",
+        ] {
+            let e = p(&["d", "m", "-o", bad]).unwrap_err();
+            assert!(e.0.contains("expected whole MiB"), "{bad}: {e}");
+        }
+        assert!(p(&["d", "m", "-o", "bitmap_cache"])
             .unwrap_err()
             .0
             .contains("needs a value"));

@@ -74,10 +74,12 @@ pub struct BlockCacheStats {
 }
 
 impl BlockCacheStats {
-    /// One debug line (target `cetrafs_core::fs::block_cache`).
-    pub(crate) fn log(&self) {
+    /// One debug line (target `cetrafs_core::fs::block_cache`), followed by the allocator's
+    /// bitmap cache (alloc.rs), the other cache under the metadata mutex, so that one line
+    /// has every cache of metadata blocks.
+    pub(crate) fn log(&self, bitmaps: &crate::alloc::BitmapCacheStats) {
         tracing::debug!(
-            "metadata block cache: {} blocks of {} ({} KiB allocated of {} KiB budget); {} hits, {} misses, {} evicted",
+            "metadata block cache: {} blocks of {} ({} KiB allocated of {} KiB budget); {} hits, {} misses, {} evicted; {bitmaps}",
             self.blocks,
             self.capacity,
             self.bytes >> 10,

@@ -17,7 +17,7 @@ mod cluster;
 mod data;
 mod dir;
 pub(crate) mod extent_map;
-mod heap;
+pub(crate) mod heap;
 mod inflight;
 mod inode_lock;
 mod inode_table;
@@ -25,6 +25,7 @@ mod mount;
 mod suid;
 pub(crate) mod txn;
 
+pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
@@ -206,38 +207,49 @@ impl Volume {
         }
     }
 
-    /// Log the inode table's and the metadata block cache's stats at debug level when they
-    /// change, and hand memory the table's evictions freed back to the OS
-    /// (`InodeTable::report`). The block cache is reported only when its mutex is free (the
+    /// Every [`TRIM_EVERY`](inode_table::TRIM_EVERY) (1 s), hand the heap memory freed since
+    /// back to the OS if the daemon was busy (`InodeTable::trim`); every 5 s, log the inode
+    /// table's stats, and the metadata block cache's with the allocator's bitmap cache's in
+    /// one line, and what glibc's malloc holds (fs/heap.rs), at debug level when they changed.
+    /// The block cache and the bitmaps are looked at only when the metadata mutex is free (the
     /// reporter never waits behind a commit).
     fn spawn_reporter(vol: &Arc<Volume>) {
-        const EVERY: std::time::Duration = std::time::Duration::from_secs(5);
+        const LOG_EVERY: u32 = 5;
         let weak = Arc::downgrade(vol);
         let spawned = std::thread::Builder::new()
             .name("cetra-inodes".into())
             .spawn(move || {
                 let mut last = InodeTableStats::default();
-                let mut last_cache = BlockCacheStats::default();
-                loop {
-                    std::thread::sleep(EVERY);
+                let mut last_cache = (BlockCacheStats::default(), BitmapCacheStats::default());
+                let mut last_heap = heap::MallocTotals::default();
+                let mut activity = 0;
+                for tick in 1u32.. {
+                    std::thread::sleep(inode_table::TRIM_EVERY);
                     let Some(v) = weak.upgrade() else { break };
                     if v.unmounted.load(Ordering::Relaxed) {
                         break;
                     }
-                    let cache = v
-                        .meta
-                        .try_lock()
-                        .or_panic()
-                        .map(|mut m| (m.cache_stats(), m.take_released()));
+                    let cache = v.meta.try_lock().or_panic().map(|mut m| {
+                        ((m.cache_stats(), m.alloc.bitmap_stats()), m.take_released())
+                    });
                     if let Some((_, freed)) = cache {
                         v.inodes.note_released(freed);
+                    }
+                    v.inodes.trim(&mut activity);
+                    if tick % LOG_EVERY != 0 {
+                        continue;
                     }
                     v.inodes.report(&mut last);
                     if let Some((s, _)) = cache {
                         if s != last_cache {
-                            s.log();
+                            s.0.log(&s.1);
                             last_cache = s;
                         }
+                    }
+                    let h = heap::MallocTotals::now();
+                    if h != last_heap {
+                        h.log();
+                        last_heap = h;
                     }
                 }
             });
@@ -254,6 +266,11 @@ impl Volume {
     /// What the metadata block cache holds and has done (fs/block_cache.rs).
     pub fn block_cache_stats(&self) -> BlockCacheStats {
         self.lock_meta().cache_stats()
+    }
+
+    /// What the allocator's bitmap cache holds and has done (alloc.rs).
+    pub fn bitmap_cache_stats(&self) -> BitmapCacheStats {
+        self.lock_meta().alloc.bitmap_stats()
     }
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).

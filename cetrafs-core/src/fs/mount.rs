@@ -103,7 +103,7 @@ impl Volume {
         let ilocks = objects.map(|o| InodeLocks::new(o, me));
         let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks, ilocks);
         let granted = take_global_shared(&cl, me, &member, timing)?;
-        let loaded = Allocator::new(dev.clone(), &sb, crate::alloc::DEFAULT_BITMAP_CACHE);
+        let loaded = Allocator::new(dev.clone(), &sb, opts.bitmap_cache_bytes);
         let alloc = match loaded {
             Ok(a) => a,
             Err(e) => {

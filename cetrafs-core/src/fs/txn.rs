@@ -177,10 +177,10 @@ impl Meta {
         self.cache.stats()
     }
 
-    /// Bytes of transaction images freed by commit points since the last call (the reporter
-    /// hands such memory back to the OS).
+    /// Bytes of transaction images freed by commit points and of bitmaps the allocator
+    /// dropped since the last call (the reporter hands such memory back to the OS).
     pub fn take_released(&mut self) -> usize {
-        std::mem::take(&mut self.released)
+        std::mem::take(&mut self.released).saturating_add(self.alloc.take_released())
     }
 
     pub fn has_pending(&self) -> bool {

@@ -243,6 +243,8 @@ pub struct MountOptions {
     /// Memory budget of the metadata block cache, bytes (`meta_cache=MiB`;
     /// fs/block_cache.rs).
     pub meta_cache_bytes: usize,
+    /// Memory budget of the allocator's bitmap cache, bytes (`bitmap_cache=MiB`; alloc.rs).
+    pub bitmap_cache_bytes: usize,
 }
 
 impl Default for MountOptions {
@@ -255,6 +257,7 @@ impl Default for MountOptions {
             caw_renewal: false,
             inode_cache_bytes: super::inode_table::DEFAULT_BUDGET,
             meta_cache_bytes: super::block_cache::DEFAULT_BUDGET,
+            bitmap_cache_bytes: crate::alloc::DEFAULT_BITMAP_CACHE,
         }
     }
 }
