@@ -249,6 +249,10 @@ pub fn lock_order(set: &mut Vec<LockWant>) {
     set.sort_by_key(order_key);
 }
 
+/// How many CAW errors of unknown outcome in a row a lock change re-reads through before it
+/// gives up with the error.
+const UNKNOWN_OUTCOME_RETRIES: u32 = 3;
+
 /// Where the two record arrays live: `buckets` bucket records from byte `bucket_offset`,
 /// `mailboxes` mailbox records (one per node slot) from byte `mailbox_offset`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -548,6 +552,31 @@ impl ObjectLocks {
         Ok(won)
     }
 
+    /// [`swap`](Self::swap) inside a read-modify-CAW loop: an error of unknown outcome (our
+    /// image may have landed and been changed since by another writer, so the read-back cannot
+    /// tell) counts as a lost round — the loop re-reads and sees what is true — up to
+    /// [`UNKNOWN_OUTCOME_RETRIES`] times in a row; then it is returned.
+    fn swap_in_loop(
+        &self,
+        index: u64,
+        expected: &[u8],
+        new: &mut Bucket,
+        errors: &mut u32,
+    ) -> Result<bool> {
+        match self.swap(index, expected, new) {
+            Ok(won) => {
+                *errors = 0;
+                Ok(won)
+            }
+            Err(e) if e.kind() == crate::ErrorKind::Io && *errors < UNKNOWN_OUTCOME_RETRIES => {
+                *errors += 1;
+                tracing::debug!("object-lock bucket {index}: {e}; reading it again");
+                Ok(false)
+            }
+            Err(e) => Err(e),
+        }
+    }
+
     /// Read-modify-CAW until it sticks; `f` returns None to write nothing.
     fn update(
         &self,
@@ -555,12 +584,13 @@ impl ObjectLocks {
         mut f: impl FnMut(&Bucket) -> Option<Bucket>,
     ) -> Result<Option<Bucket>> {
         let mut backoff = self.backoff();
+        let mut errors = 0;
         loop {
             let (raw, cur) = self.read_bucket(index)?;
             let Some(mut new) = f(&cur) else {
                 return Ok(None);
             };
-            if self.swap(index, &raw, &mut new)? {
+            if self.swap_in_loop(index, &raw, &mut new, &mut errors)? {
                 return Ok(Some(new));
             }
             backoff.sleep();
@@ -684,6 +714,7 @@ impl ObjectLocks {
         let mut since = Instant::now();
         let mut asked = HashMap::new();
         let mut room_asked = (None, 0);
+        let mut errors = 0;
         loop {
             if let Some(e) = abort() {
                 self.leave(me, obj);
@@ -732,7 +763,7 @@ impl ObjectLocks {
                         },
                         contended: x.waiters().next().is_some(),
                     });
-                    if self.swap(index, &raw, &mut nb)? {
+                    if self.swap_in_loop(index, &raw, &mut nb, &mut errors)? {
                         if let Some(g) = g {
                             return Ok(g);
                         }
@@ -752,7 +783,7 @@ impl ObjectLocks {
                         gen: me.gen,
                     });
                     if self.place(&mut nb, ne, fresh, false) {
-                        self.swap(index, &raw, &mut nb)?
+                        self.swap_in_loop(index, &raw, &mut nb, &mut errors)?
                     } else {
                         self.ask_room(me, &b, o, &mut room_asked, &mut asked);
                         false

@@ -229,9 +229,11 @@ impl Volume {
                     if v.unmounted.load(Ordering::Relaxed) {
                         break;
                     }
-                    let cache = v.meta.try_lock().or_panic().map(|mut m| {
-                        ((m.cache_stats(), m.alloc.bitmap_stats()), m.take_released())
-                    });
+                    let cache = v
+                        .meta
+                        .try_lock()
+                        .or_panic()
+                        .map(|mut m| ((m.cache_stats(), m.bitmap_stats()), m.take_released()));
                     if let Some((_, freed)) = cache {
                         v.inodes.note_released(freed);
                     }
@@ -270,7 +272,7 @@ impl Volume {
 
     /// What the allocator's bitmap cache holds and has done (alloc.rs).
     pub fn bitmap_cache_stats(&self) -> BitmapCacheStats {
-        self.lock_meta().alloc.bitmap_stats()
+        self.lock_meta().bitmap_stats()
     }
 
     /// Free the inodes this slot's orphan list names (open-unlinked when the node stopped).

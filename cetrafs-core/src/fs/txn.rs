@@ -177,6 +177,11 @@ impl Meta {
         self.cache.stats()
     }
 
+    /// What the allocator's bitmap cache holds and has done.
+    pub fn bitmap_stats(&self) -> crate::alloc::BitmapCacheStats {
+        self.alloc.bitmap_stats()
+    }
+
     /// Bytes of transaction images freed by commit points and of bitmaps the allocator
     /// dropped since the last call (the reporter hands such memory back to the OS).
     pub fn take_released(&mut self) -> usize {
