@@ -13,6 +13,11 @@ use std::time::{Duration, Instant};
 const TIB: u64 = 1 << 40;
 /// Peak RSS allowed for a mounted daemon, whatever the volume's size.
 const RSS_BOUND_KIB: u64 = 64 << 10;
+/// After 1 MiB writes, add what they leave in fuser's per-worker request buffers: each of the
+/// 32 FUSE workers that received one keeps up to 1 MiB of its 16 MiB buffer resident (the
+/// kernel copied the payload there). How many workers the kernel picks varies from run to run
+/// (peaks of 66 and 71 MiB were measured on 4 TiB); none of it grows with the volume.
+const RSS_AFTER_WRITES_KIB: u64 = RSS_BOUND_KIB + (32 << 10);
 
 fn status_kib(pid: i32, key: &str) -> u64 {
     let s = fs::read_to_string(format!("/proc/{pid}/status")).expect("daemon status");
@@ -114,7 +119,10 @@ fn mount_of_a_large_volume_stays_small_and_counts_follow_other_nodes() {
     c.unmount();
     for m in [&a, &b] {
         let hwm = status_kib(m.pid(), "VmHWM");
-        assert!(hwm <= RSS_BOUND_KIB, "daemon peak RSS {hwm} KiB after use");
+        assert!(
+            hwm <= RSS_AFTER_WRITES_KIB,
+            "daemon peak RSS {hwm} KiB after use (bound {RSS_AFTER_WRITES_KIB} KiB)"
+        );
     }
     b.unmount();
     a.unmount();

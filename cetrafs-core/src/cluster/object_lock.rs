@@ -1,6 +1,7 @@
-//! Per-object cluster locks, cached at the holder (issue 9 points 1, 2 and 5). **Defined and
-//! tested; not yet used by the filesystem** (which still takes the one global lock of
-//! `cluster/lock.rs`), and not yet placed on disk by mkfs: the caller gives the area.
+//! Per-object cluster locks, cached at the holder (issue 9 points 1, 2 and 5). On format v3
+//! volumes mkfs places the area (`Superblock::object_lock_area`) and the filesystem uses inode
+//! locks for its data path (fs/inode_lock.rs); metadata changes still take the one global lock
+//! of `cluster/lock.rs` as well.
 //!
 //! # Objects
 //! An [`ObjectId`] is a u64 whose top two bits are its class: 0 inode (the inode number), 1
@@ -64,9 +65,9 @@
 //!
 //! # Cached at the holder; handing over ([`ObjectLocks::serve_mailbox`])
 //! A grant is kept until someone asks: the node reads **only its own mailbox**, once per tick
-//! (10 ms while in a lock exchange, 40 ms when idle: [`super::mailbox::PollPacer`], whose doc
-//! gives the I/O budget: ≈ 0.52 % of LUN time per idle node with the heartbeat, 2.02 % during an
-//! exchange, at 0.2 ms per 512-byte read). For each requested object it still holds:
+//! (by default 10 ms while in a lock exchange, 40 ms when idle: [`super::mailbox::PollPacer`],
+//! whose doc gives the I/O budget; the filesystem polls every 5 ms during an exchange, see
+//! docs/locking.md §15 for its budget). For each requested object it still holds:
 //! * a request is **live** if it is [`Want::Room`], or its requester is still a waiter of that
 //!   entry at the generation it posted with (so requests of dead, satisfied or aborted waiters
 //!   are dropped without a handoff);
@@ -974,20 +975,25 @@ impl ObjectLocks {
         Ok(())
     }
 
-    /// Every bucket, in reads of up to 64 records (a record that fails validation is re-read
-    /// on its own; one that stays corrupted is an Err in its place).
-    fn all_buckets(&self) -> Result<Vec<Result<Bucket>>> {
+    /// Every bucket that is not empty, with its index, in reads of up to 64 records (a record
+    /// that fails validation is re-read on its own; one that stays corrupted is skipped: it
+    /// names nobody readably, and fsck reports it). Only buckets with entries are kept, so a
+    /// scan of a large, mostly idle area (16,384 buckets) costs memory for what is in use.
+    fn used_buckets(&self) -> Result<Vec<(u64, Bucket)>> {
         let mut out = Vec::new();
         let mut first = 0;
         while first < self.area.buckets {
             let n = (self.area.buckets - first).min(64);
-            let mut buf = crate::dev::AlignedBuf::new(n as usize * self.lbs);
+            let mut buf = crate::dev::AlignedBuf::new(usize::try_from(n).unwrap_or(64) * self.lbs);
             self.dev.read_at(self.offset(first), &mut buf)?;
             for (i, chunk) in (first..).zip(buf.chunks(self.lbs)) {
-                out.push(match Bucket::decode(chunk, i) {
-                    Ok(b) => Ok(b),
-                    Err(_) => self.read_bucket(i).map(|(_, b)| b),
-                });
+                let b = match Bucket::decode(chunk, i) {
+                    Ok(b) => Some(b),
+                    Err(_) => self.read_bucket(i).ok().map(|(_, b)| b),
+                };
+                if let Some(b) = b.filter(|b| !b.entries.is_empty()) {
+                    out.push((i, b));
+                }
             }
             first += n;
         }
@@ -1000,8 +1006,7 @@ impl ObjectLocks {
         check_slot(slot)?;
         let gone = |m: &Mention| m.slot == slot && gen.is_none_or(|g| g == m.gen);
         let mut changed = 0;
-        for (i, b) in (0..).zip(self.all_buckets()?) {
-            let Ok(b) = b else { continue };
+        for (i, b) in self.used_buckets()? {
             if !b.entries.iter().any(|e| e.mentions.iter().any(gone)) {
                 continue;
             }
@@ -1035,8 +1040,7 @@ impl ObjectLocks {
         };
         let first = life()?;
         let mut changed = Vec::new();
-        for (i, b) in (0..).zip(self.all_buckets()?) {
-            let Ok(b) = b else { continue };
+        for (i, b) in self.used_buckets()? {
             let stale_in = |b: &Bucket, lives: &[SlotLife]| {
                 b.entries.iter().any(|e| {
                     e.mentions

@@ -55,6 +55,13 @@ const MAILBOX_BUSY_POLL: Duration = Duration::from_millis(5);
 /// A waiter for the global lock re-posts its request to a holder at most this often.
 const GLOBAL_ASK_EVERY: Duration = Duration::from_millis(50);
 
+/// One fast-path I/O's admission ([`Volume::admit`]): the inode's read lock and the gate
+/// that a lock handoff drains (the global data gate on v2, the inode's own on v3).
+pub(super) struct Admitted<'a> {
+    pub inner: RwLockReadGuard<'a, super::InodeInner>,
+    _gate: RwLockReadGuard<'a, ()>,
+}
+
 /// This node's cluster state, shared by the filesystem threads.
 #[derive(Debug)]
 pub(crate) struct Cluster {
@@ -162,6 +169,14 @@ impl Volume {
     /// The metadata mutex with the global lock held at least shared (metadata reads).
     pub(super) fn meta_sh(&self) -> Result<MutexGuard<'_, Meta>> {
         self.meta_in(LockMode::Shared)
+    }
+
+    /// Stop waiting for an inode lock: fenced, or unmounted (nobody would release it).
+    fn lock_abort(&self) -> Option<Error> {
+        if self.unmounted.load(Ordering::Acquire) {
+            return Some(Error::new(ErrorKind::Io, "volume is unmounted"));
+        }
+        self.abort_if_fenced()
     }
 
     fn abort_if_fenced(&self) -> Option<Error> {
@@ -454,11 +469,10 @@ impl Volume {
             }
         }
         if let Some(il) = &self.cl.ilocks {
-            // Everything they protect is home (the commit above, or a failed volume whose
-            // node is recovered by the others: then this fails at the lease guard).
-            if let Err(e) = il.release_all() {
-                tracing::warn!("releasing this node's inode locks failed: {e}");
-            }
+            // Everything they protect is home (the commit above). If they cannot be given
+            // back, the caller must not free the slot: the others recover it instead.
+            il.release_all()
+                .map_err(|e| e.wrap("giving back this node's inode locks"))?;
         }
         if m.gml() != LockMode::Free {
             self.release_gml(m)?;
@@ -466,29 +480,38 @@ impl Volume {
         Ok(())
     }
 
-    /// Admission of one fast-path I/O on `st`: while the guard lives, its cached block map
-    /// may be used without the metadata mutex. On a v2 volume that needs the global lock (the
-    /// data gate, with the inode current at this node's epoch): a stale inode is reloaded
-    /// under the lock when `wait`, else None ("take the metadata path"). On a v3 volume it
-    /// needs the inode's own lock (fs/inode_lock.rs), taken and validated here; None never.
+    /// Admission of one fast-path I/O on `st`: while the returned guards live, its cached
+    /// block map may be used without the metadata mutex. On a v2 volume that needs the global
+    /// lock (the data gate, with the inode current at this node's epoch): a stale inode is
+    /// reloaded under the lock when `wait`, else None ("take the metadata path"). On a v3
+    /// volume it needs the inode's own lock (fs/inode_lock.rs), taken and validated here with
+    /// no lock held; then the inode's read lock is taken **before** its gate, so a fast path
+    /// that holds a gate never waits for the inode's write lock (a metadata operation holding
+    /// it may be waiting for the handoff that drains that gate).
     pub(super) fn admit<'a>(
         &'a self,
         st: &'a InodeState,
         wait: bool,
-    ) -> Result<Option<RwLockReadGuard<'a, ()>>> {
+    ) -> Result<Option<Admitted<'a>>> {
         if let Some(il) = &self.cl.ilocks {
             let dl = st.data_lock(il);
             loop {
-                if let Some(g) = il.fast(dl) {
-                    return Ok(Some(g));
+                if !il.is_ready(dl) {
+                    il.share(st.ino, &|| self.lock_abort(), &|| self.reload(st))?;
                 }
-                il.share(st.ino, &|| self.abort_if_fenced(), &|| self.reload(st))?;
+                let inner = st.read();
+                if let Some(gate) = il.fast(dl) {
+                    return Ok(Some(Admitted { inner, _gate: gate }));
+                }
             }
         }
         loop {
             let gate = self.cl.data_gate.read().or_panic();
             if self.is_current(st) {
-                return Ok(Some(gate));
+                return Ok(Some(Admitted {
+                    inner: st.read(),
+                    _gate: gate,
+                }));
             }
             drop(gate);
             if !wait {
@@ -510,7 +533,7 @@ impl Volume {
     /// write lock): on a v3 volume, hold its inode lock exclusively (fs/inode_lock.rs rule 1).
     pub(super) fn own_inode(&self, ino: u64) -> Result<()> {
         match &self.cl.ilocks {
-            Some(il) => il.own(ino, &|| self.abort_if_fenced()),
+            Some(il) => il.own(ino, &|| self.lock_abort()),
             None => Ok(()),
         }
     }

@@ -228,8 +228,10 @@ impl Volume {
         reply: &mut dyn FnMut(&[u8]),
     ) -> Result<()> {
         // The block map is used only while current (see fs/cluster.rs, data path).
-        let _gate = self.admit(&fh.state, true)?;
-        let inner = fh.state.read();
+        let Some(admitted) = self.admit(&fh.state, true)? else {
+            bail!(Io, "inode {}: no admission to the data path", fh.ino);
+        };
+        let inner = &admitted.inner;
         let fsize = inner.inode.size;
         if offset >= fsize || size == 0 {
             reply(&[]);
@@ -358,6 +360,9 @@ impl Volume {
             let mut tx = Tx::new(&*self.dev, &mut meta);
             self.refresh(&mut tx, st)?;
             let inner = st.write();
+            // Before planning blocks or reading any for a read-modify-write: other nodes'
+            // fast paths must have stopped using their copy of this inode (fs/inode_lock.rs).
+            self.own_inode(st.ino)?;
             let offset = match at {
                 WriteAt::Offset(o) => o,
                 WriteAt::End => inner.inode.size,
@@ -625,6 +630,7 @@ impl Volume {
     ) -> Result<u32> {
         let r = (|| {
             let mut inner = st.write();
+            self.own_inode(st.ino)?;
             let r = self.write_locked(&mut tx, &mut inner, offset, data);
             // Whatever was written and mapped before an error is kept consistent.
             let end = if r.is_ok() {
@@ -684,10 +690,10 @@ impl Volume {
         if !offset.is_multiple_of(lbs) || !end.is_multiple_of(lbs) {
             return Ok(false);
         }
-        let Some(_gate) = self.admit(st, false)? else {
+        let Some(admitted) = self.admit(st, false)? else {
             return Ok(false);
         };
-        let inner = st.read();
+        let inner = &admitted.inner;
         if inner.freed
             || end > inner.inode.size
             || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
@@ -924,6 +930,7 @@ impl Volume {
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
+            self.own_inode(ino)?;
             if !inner.inode.is_reg() {
                 bail!(InvalidInput, "fallocate on a non-regular file");
             }

@@ -10,9 +10,13 @@
 //! extent map, size, flags and mode, which is all the data path reads. The rules:
 //!
 //! 1. **Writers**: every change of inode *i*'s block is made under the global lock held
-//!    exclusively *and* inode lock *i* held exclusively ([`InodeLocks::own`], called from the
-//!    one place an inode is written, `Volume::save`). Taking it exclusively makes every other
-//!    node drain its fast-path I/O on *i* and forget that its cache is valid.
+//!    exclusively *and* inode lock *i* held exclusively ([`InodeLocks::own`]). Operations that
+//!    free, allocate or rewrite *i*'s blocks (write's metadata path, truncate, fallocate and
+//!    punch, the free of an unlinked inode) take it as soon as they hold the inode's write
+//!    lock, before any of that; every other change takes it where the inode is written
+//!    (`Volume::save`, which fences the node if it cannot: the running transaction would
+//!    otherwise commit half a change). Taking it exclusively makes every other node drain its
+//!    fast-path I/O on *i* and forget that its cache is valid.
 //! 2. **The fast path** (reads, and writes inside written extents) on node N uses its cached
 //!    state of *i* only while N holds inode lock *i* (shared is enough) **and** that cache was
 //!    validated under the hold ([`InodeLocks::share`]): either the lock's version did not move
@@ -27,17 +31,21 @@
 //!    everything home before another node can take it (§5), and a node whose cache of *i* is
 //!    stale can only reload *i* under the global lock. Journal replay safety is therefore the
 //!    global lock's rule, unchanged.
-//! 4. **Order**: global lock, then inode locks. A node never waits for an inode lock while
-//!    another of its threads waits for the global lock with that inode lock in use: the
-//!    handoff needs no lock but the inode's own local state, and a fast-path acquire holds no
-//!    other lock while it waits.
+//! 4. **Order**: global lock → metadata mutex → the inode's write/read lock → its gate. A
+//!    fast-path acquire ([`InodeLocks::share`]) holds no lock while it waits; the fast path
+//!    then takes the inode's read lock *before* the gate, so a thread that holds a gate never
+//!    waits for an inode's write lock. The handoff takes only the inode's local lock state and
+//!    its gate (waiting for fast-path I/O already admitted, which waits for nothing but the
+//!    device), so a metadata operation that holds the inode's write lock and waits in `own`
+//!    for a handoff in progress on this node cannot close a cycle.
 //!
 //! # Local state per inode ([`DataLock`])
 //! `held`/`version` mirror what the bucket shows for this node; `validator` is the version at
 //! which this node's cached state of the inode was last known current; `ready` says the fast
 //! path may use the cache now; `gate` is held shared by each fast-path I/O and exclusively by
-//! a handoff to drain them; `handing` covers the window between a handoff's drain and its
-//! CAW, during which no local acquire may trust the bucket (which still shows this node);
+//! a handoff to drain them; `handing` is set by a handoff before its drain and cleared after
+//! its CAW, a window in which no local acquire may trust the bucket (which still shows this
+//! node);
 //! `handoffs` counts completed handoffs, so an acquire that raced one starts again;
 //! `acquiring` serializes this node's own acquires of one inode (two concurrent acquires
 //! would rewrite each other's mention). Entries live in [`InodeLocks`]'s table for the life of
@@ -135,6 +143,8 @@ pub(crate) struct InodeLocks {
     table: Mutex<HashMap<u64, Arc<DataLock>>>,
     /// When this node last took part in a lock exchange (the mailbox poll speeds up after).
     exchange: Mutex<Option<Instant>>,
+    /// Set by [`release_all`](Self::release_all): no lock may be taken afterwards.
+    closed: AtomicBool,
     pub stats: InodeLockStats,
 }
 
@@ -148,6 +158,7 @@ impl InodeLocks {
             me,
             table: Mutex::new(HashMap::new()),
             exchange: Mutex::new(None),
+            closed: AtomicBool::new(false),
             stats: InodeLockStats::default(),
         }
     }
@@ -181,8 +192,13 @@ impl InodeLocks {
         self.table.lock().or_panic().get(&ino).cloned()
     }
 
+    /// May the fast path use the cache now (a hint: [`fast`](Self::fast) decides)?
+    pub fn is_ready(&self, dl: &DataLock) -> bool {
+        dl.ready.load(Ordering::Acquire)
+    }
+
     /// The fast path's admission: a shared hold on the gate if the cache may be used now, None
-    /// if [`share`](Self::share) must run first.
+    /// if [`share`](Self::share) must run first. Take it after the inode's read lock.
     pub fn fast<'a>(&self, dl: &'a DataLock) -> Option<RwLockReadGuard<'a, ()>> {
         let g = dl.gate.read().or_panic();
         dl.ready.load(Ordering::Acquire).then_some(g)
@@ -236,10 +252,11 @@ impl InodeLocks {
                     s.validator = Some(s.version);
                     return Ok(());
                 }
-                // An upgrade may give the shared hold up while it waits: the cache is not to be
-                // used until it returns (no local fast path runs now: the caller holds the
-                // inode's write lock).
+                // An upgrade may give the shared hold up while it waits (and if it then fails,
+                // nothing is held): the cache is not to be used until a grant (no local fast
+                // path runs now: the caller holds the inode's write lock).
                 dl.ready.store(false, Ordering::Release);
+                s.held = Held::Nothing;
                 s.handoffs
             };
             let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Exclusive, seen, abort)?
@@ -262,6 +279,7 @@ impl InodeLocks {
         seen: u64,
         abort: Abort<'_>,
     ) -> Result<Option<(Grant, MutexGuard<'d, DlState>)>> {
+        self.check_open()?;
         let grant = {
             let _one = dl.acquiring.lock().or_panic();
             self.timed(|| self.locks.acquire(self.me, obj, mode, abort))?
@@ -302,11 +320,22 @@ impl InodeLocks {
     }
 
     /// At unmount, after the last metadata is home: give back every inode lock of this node.
+    /// No lock is taken afterwards, and fast-path I/O admitted before is waited for first.
     pub fn release_all(&self) -> Result<()> {
-        self.locks.scrub_slot(self.me.slot, Some(self.me.gen))?;
-        for dl in self.table.lock().or_panic().values() {
+        self.closed.store(true, Ordering::Release);
+        let all: Vec<Arc<DataLock>> = self.table.lock().or_panic().values().cloned().collect();
+        for dl in &all {
             dl.ready.store(false, Ordering::Release);
+            drop(dl.gate.write().or_panic());
             dl.state.lock().or_panic().held = Held::Nothing;
+        }
+        self.locks.scrub_slot(self.me.slot, Some(self.me.gen))?;
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<()> {
+        if self.closed.load(Ordering::Acquire) {
+            crate::bail!(Io, "volume is unmounted: its inode locks were given back");
         }
         Ok(())
     }

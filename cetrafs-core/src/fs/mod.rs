@@ -360,7 +360,9 @@ impl Volume {
             self.unmounted.store(true, Ordering::SeqCst);
             if !self.member.is_fenced() {
                 let mut meta = self.lock_meta();
-                let _ = self.leave_cluster(&mut meta);
+                // Locks that could not be given back stay with the slot, which the others
+                // recover once its heartbeat stops: it is not released as if clean.
+                self.leave_cluster(&mut meta)?;
             }
             self.member.release()?;
             return r;
@@ -486,8 +488,18 @@ impl Volume {
 
     /// Write an inode (and its changed extents) into the transaction.
     fn save(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
-        // Other nodes' fast paths stop trusting their cached copy first (v3).
-        self.own_inode(inner.inode.ino)?;
+        // Other nodes' fast paths stop trusting their cached copy first (v3). Operations that
+        // free, allocate or rewrite blocks took it already, before doing so; for the rest this
+        // is the first time. A failure here leaves a half-made change in the running
+        // transaction (which commits even on error): fence, so that it never reaches the LUN
+        // and the others recover this node from its last commit.
+        if let Err(e) = self.own_inode(inner.inode.ino) {
+            self.member.fence(format!(
+                "the cluster lock of inode {} could not be taken in the middle of a metadata change: {e}",
+                inner.inode.ino
+            ));
+            return Err(e);
+        }
         if inner.inode.is_reg() {
             let d = inner.extents.persist(tx, &mut inner.inode)?;
             inner.inode.blocks = inner.inode.blocks.saturating_add_signed(d);
@@ -526,6 +538,9 @@ impl Volume {
     /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
+        // Nodes whose copy of the inode is still marked valid must drop it before its blocks
+        // and its number can be reused (v3).
+        self.own_inode(ino)?;
         // Every bitmap this frees into is loaded first: a read that fails leaves the inode
         // (and its orphan entry) as it was, instead of freeing half its blocks.
         if inner.inode.is_reg() {
@@ -665,6 +680,8 @@ impl Volume {
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
+            // A truncate frees blocks and zeroes a partial one: own the inode before either.
+            self.own_inode(ino)?;
             Self::fold_pending(&st, &mut inner);
             let fl = inner.inode.flags;
             let changes_content = set.size.is_some();
