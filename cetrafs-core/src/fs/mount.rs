@@ -94,7 +94,9 @@ impl Volume {
         for line in locks.scrub_stale(&|| membership::lives(&*dev, &sb))? {
             tracing::warn!("{line} (not held by any mounted node)");
         }
-        if let (Some(o), false) = (&objects, read_only) {
+        // Read-only mounts too: they take inode locks, and their slot's older generations may
+        // have left mentions (a slot that is dead but not recovered is not stale: it is kept).
+        if let Some(o) = &objects {
             for line in o.drop_stale(&|| membership::lives(&*dev, &sb))? {
                 tracing::warn!("{line} (not held by any mounted node)");
             }
