@@ -167,7 +167,6 @@ impl InodeLocks {
         &self.locks
     }
 
-    /// The local state of inode `ino`'s lock (created on first use).
     /// Log the counters at debug level if they moved since `last`.
     pub fn report(&self, last: &mut (u64, u64, u64)) {
         let now = self.stats.snapshot();
@@ -184,6 +183,7 @@ impl InodeLocks {
         }
     }
 
+    /// The local state of inode `ino`'s lock (created on first use).
     pub fn lock_of(&self, ino: u64) -> Arc<DataLock> {
         self.table.lock().or_panic().entry(ino).or_default().clone()
     }
