@@ -156,3 +156,39 @@ fn a_dead_node_blocks_only_what_it_held() {
     let report = crate::check::check_volume(&*dev).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
+
+#[test]
+fn a_read_only_node_reads_through_its_inode_lock_and_hands_it_over() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &[3u8; 4096]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    let ro = Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: "ro".into(),
+            read_only: true,
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let rfh = ro.open(f.ino, false, false).unwrap();
+    assert_eq!(read_all(&ro, &rfh, 8192), vec![3u8; 4096]);
+    // a extends the file: the read-only node's mailbox thread gives its shared hold up.
+    within(Duration::from_secs(5), {
+        let (a, fh) = (a.clone(), fh.clone());
+        move || a.write(&fh, 4096, &[4u8; 4096]).unwrap()
+    });
+    a.fsync(f.ino, false).unwrap();
+    let mut want = vec![3u8; 4096];
+    want.extend_from_slice(&[4u8; 4096]);
+    assert_eq!(read_all(&ro, &rfh, 8192), want);
+    ro.release(&rfh).unwrap();
+    ro.unmount().unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
