@@ -197,6 +197,11 @@ impl Volume {
                     break;
                 }
                 if let Err(e) = v.commit_if_pending() {
+                    if v.member.is_fenced() {
+                        // The fence was the error, logged as such: this follows from it.
+                        tracing::warn!("metadata commit refused on a fenced node: {e}");
+                        break;
+                    }
                     tracing::error!("metadata commit failed, the volume now refuses changes: {e}");
                 }
             });
