@@ -2,7 +2,7 @@
 //! the data path of one node does not depend on the global lock, changes by another node
 //! drain it and are seen, and a dead node blocks only what it held.
 
-use super::multinode_tests::{node, read_all, volume};
+use super::multinode_tests::{assert_fsck_clean, node, read_all, volume};
 use super::*;
 use std::time::{Duration, Instant};
 
@@ -58,8 +58,7 @@ fn reads_and_overwrites_go_on_while_another_node_holds_the_global_lock() {
     a.release(&fh).unwrap();
     a.unmount().unwrap();
     b.unmount().unwrap();
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
@@ -107,8 +106,7 @@ fn a_change_by_another_node_drains_the_fast_path_and_is_seen() {
     a.release(&fh).unwrap();
     a.unmount().unwrap();
     b.unmount().unwrap();
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
@@ -153,8 +151,7 @@ fn a_dead_node_blocks_only_what_it_held() {
     b.release(&fh).unwrap();
     b.unmount().unwrap();
     std::thread::sleep(Duration::from_millis(10));
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
@@ -189,6 +186,5 @@ fn a_read_only_node_reads_through_its_inode_lock_and_hands_it_over() {
     ro.unmount().unwrap();
     a.release(&fh).unwrap();
     a.unmount().unwrap();
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }

@@ -34,6 +34,12 @@ pub(super) fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     .unwrap()
 }
 
+/// fsck of the shared device finds nothing (every node unmounted or dead).
+pub(super) fn assert_fsck_clean(dev: &MemDevice) {
+    let report = crate::check::check_volume(dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
 pub(super) fn read_all(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
     v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
@@ -70,8 +76,7 @@ fn changes_on_one_node_are_seen_by_the_other() {
     a.release(&fh).unwrap();
     a.unmount().unwrap();
     b.unmount().unwrap();
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
@@ -212,8 +217,7 @@ fn appends_from_two_nofilelock_nodes_never_overlap() {
     assert_eq!(next, [PER_NODE; 2]);
     c.release(&fc).unwrap();
     c.unmount().unwrap();
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
@@ -289,8 +293,7 @@ fn a_dead_node_is_recovered_by_a_survivor() {
     drop(fh);
     b.unmount().unwrap();
     std::thread::sleep(Duration::from_millis(10));
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
@@ -322,8 +325,7 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
     assert!(got.is_some(), "b never got a group back from a");
     a.unmount().unwrap();
     b.unmount().unwrap();
-    let report = crate::check::check_volume(&*dev).unwrap();
-    assert!(report.is_clean(), "{:?}", report.findings);
+    assert_fsck_clean(&dev);
 }
 
 #[test]
