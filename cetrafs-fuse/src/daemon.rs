@@ -530,6 +530,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             inode_cache_bytes: args.opts.inode_cache_bytes,
             meta_cache_bytes: args.opts.meta_cache_bytes,
             bitmap_cache_bytes: args.opts.bitmap_cache_bytes,
+            inode_locks: args.opts.inode_locks,
             ..MountOptions::default()
         },
     ) {

@@ -26,8 +26,8 @@ const MAX_CACHE_MIB: usize = 1 << 20;
 pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
-    "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, nosuid, nodev, noexec,\n",
-    "           noatime (and the generic fstab options)\n",
+    "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, inode_locks=N, nosuid, nodev,\n",
+    "           noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
 
@@ -67,6 +67,9 @@ pub struct Options {
     pub meta_cache_bytes: usize,
     /// `bitmap_cache=MIB`: memory budget of the allocator's bitmap cache, in bytes.
     pub bitmap_cache_bytes: usize,
+    /// `inode_locks=N`: most inode locks this node keeps cached (format v3; default: its share
+    /// of the volume's lock area).
+    pub inode_locks: Option<usize>,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -88,6 +91,7 @@ impl Default for Options {
             inode_cache_bytes: cetrafs_core::fs::DEFAULT_INODE_CACHE,
             meta_cache_bytes: cetrafs_core::fs::DEFAULT_META_CACHE,
             bitmap_cache_bytes: cetrafs_core::fs::DEFAULT_BITMAP_CACHE,
+            inode_locks: None,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -122,6 +126,7 @@ impl Options {
                 ("inode_cache", Some(v)) => self.inode_cache_bytes = parse_mib(key, v)?,
                 ("meta_cache", Some(v)) => self.meta_cache_bytes = parse_mib(key, v)?,
                 ("bitmap_cache", Some(v)) => self.bitmap_cache_bytes = parse_mib(key, v)?,
+                ("inode_locks", Some(v)) => self.inode_locks = Some(parse_count(key, v)?),
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -150,6 +155,7 @@ impl Options {
                             | "inode_cache"
                             | "meta_cache"
                             | "bitmap_cache"
+                            | "inode_locks"
                     ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))
@@ -219,6 +225,18 @@ fn parse_mib(key: &str, v: &str) -> Result<usize, UsageError> {
         .ok_or_else(|| {
             usage(format!(
                 "{key}={v:?}: expected whole MiB between 0 and {MAX_CACHE_MIB}, e.g. 32"
+            ))
+        })
+}
+
+fn parse_count(key: &str, v: &str) -> Result<usize, UsageError> {
+    v.parse::<usize>()
+        .ok()
+        .filter(|n| (1..=cetrafs_core::fs::MAX_CACHED_INODE_LOCKS).contains(n))
+        .ok_or_else(|| {
+            usage(format!(
+                "{key}={v:?}: expected a count between 1 and {}, e.g. 4096",
+                cetrafs_core::fs::MAX_CACHED_INODE_LOCKS
             ))
         })
 }
@@ -416,6 +434,26 @@ mod tests {
             assert!(e.0.contains("expected whole MiB"), "{bad}: {e}");
         }
         assert!(p(&["d", "m", "-o", "meta_cache"])
+            .unwrap_err()
+            .0
+            .contains("needs a value"));
+    }
+
+    #[test]
+    fn inode_locks() {
+        assert_eq!(mount(&["d", "m"]).opts.inode_locks, None);
+        let o = mount(&["d", "m", "-o", "inode_locks=64"]).opts;
+        assert_eq!(o.inode_locks, Some(64));
+        for bad in [
+            "inode_locks=0",
+            "inode_locks=-3",
+            "inode_locks=x",
+            "inode_locks=99999999",
+        ] {
+            let e = p(&["d", "m", "-o", bad]).unwrap_err();
+            assert!(e.0.contains("expected a count"), "{bad}: {e}");
+        }
+        assert!(p(&["d", "m", "-o", "inode_locks"])
             .unwrap_err()
             .0
             .contains("needs a value"));

@@ -307,9 +307,11 @@ pub trait Handoff {
     /// = not yet (nothing changes; the request is seen again next tick); Err = failed
     /// (nothing is released: the node should fence, and recovery releases after replay).
     fn flush(&mut self, obj: ObjectId, to: LockMode) -> Result<bool>;
-    /// After `flush` said Ok(true): the result of the handoff CAW. On Ok the hold is gone (or
-    /// shared), and local users must acquire again before using the object.
-    fn handed(&mut self, obj: ObjectId, to: LockMode, result: &Result<()>);
+    /// After `flush` said Ok(true): the result of the handoff CAW. On Ok, `now` is what this
+    /// node holds of `obj` from here on: the `to` of the flush, or, if the bucket no longer
+    /// showed the hold the flush was for (nothing was written), what it shows (Free if
+    /// nothing). Local users must acquire again before using the object beyond `now`.
+    fn handed(&mut self, obj: ObjectId, now: LockMode, result: &Result<()>);
 }
 
 /// What one [`ObjectLocks::serve_mailbox`] did.
@@ -505,6 +507,17 @@ impl ObjectLocks {
     /// The bucket `obj` hashes to.
     pub fn bucket_of(&self, obj: ObjectId) -> u64 {
         self.area.bucket_of(obj)
+    }
+
+    /// How many entries with one mention the area holds (each bucket: as many as fit in its
+    /// logical block): what the nodes may keep cached at once, together, before acquires
+    /// start to wait for room (module doc, eviction).
+    pub fn capacity(&self) -> u64 {
+        use crate::format::object_lock::{ENTRY_BYTES, HEADER_BYTES, MENTION_BYTES};
+        let per = self.lbs.saturating_sub(HEADER_BYTES + 4) / (ENTRY_BYTES + MENTION_BYTES);
+        self.area
+            .buckets
+            .saturating_mul(u64::try_from(per).unwrap_or(0))
     }
 
     fn offset(&self, index: u64) -> u64 {
@@ -941,8 +954,11 @@ impl ObjectLocks {
                     out.deferred += rs.len();
                     continue;
                 }
-                let r = self.hand_over(me, obj, seen, to);
-                h.handed(obj, to, &r);
+                let (now, r) = match self.hand_over(me, obj, seen, to) {
+                    Ok(now) => (now, Ok(())),
+                    Err(e) => (to, Err(e)),
+                };
+                h.handed(obj, now, &r);
                 r?;
                 out.handed += 1;
             }
@@ -953,14 +969,26 @@ impl ObjectLocks {
         Ok(out)
     }
 
-    /// The handoff CAW of [`Self::serve_mailbox`]: release (`to` Free) or downgrade `obj`,
-    /// only if the bucket still shows me holding it in `seen` (otherwise nothing is written).
-    fn hand_over(&self, me: Me, obj: ObjectId, seen: LockMode, to: LockMode) -> Result<()> {
+    /// The handoff CAW of [`Self::serve_mailbox`] (also a holder's own give-back): release
+    /// (`to` Free) or downgrade `obj`, only if the bucket still shows me holding it in `seen`.
+    /// Returns what I hold now: `to`, or what the bucket shows (Free if nothing) when it did
+    /// not show `seen` and nothing was written.
+    pub fn hand_over(
+        &self,
+        me: Me,
+        obj: ObjectId,
+        seen: LockMode,
+        to: LockMode,
+    ) -> Result<LockMode> {
         crate::failpoint!("objlock::handoff_after_flush");
         let o = obj.raw();
-        self.update(self.bucket_of(obj), |b| {
-            let e = b.entry(o)?;
-            if held(e, me) != Some(seen) {
+        let mut shown = LockMode::Free;
+        let written = self.update(self.bucket_of(obj), |b| {
+            shown = b
+                .entry(o)
+                .and_then(|e| held(e, me))
+                .unwrap_or(LockMode::Free);
+            if shown != seen {
                 return None;
             }
             let mut n = b.clone();
@@ -972,7 +1000,7 @@ impl ObjectLocks {
             }
             Some(n)
         })?;
-        Ok(())
+        Ok(if written.is_some() { to } else { shown })
     }
 
     /// Every bucket that is not empty, with its index, in reads of up to 64 records (a record

@@ -790,7 +790,7 @@ impl Volume {
             .spawn(move || {
                 let mut pacer = PollPacer::default();
                 pacer.busy = MAILBOX_BUSY_POLL;
-                let (mut reported, mut last) = (Instant::now(), (0, 0, 0));
+                let (mut reported, mut last) = (Instant::now(), (0, 0, 0, 0));
                 loop {
                     std::thread::sleep(pacer.interval(Instant::now()));
                     let Some(v) = weak.upgrade() else { break };
@@ -800,6 +800,9 @@ impl Volume {
                     let Some(il) = &v.cl.ilocks else { break };
                     if let Err(e) = v.mailbox_tick(il) {
                         tracing::warn!("serving lock requests of other nodes failed: {e}");
+                    }
+                    if let Err(e) = il.sweep() {
+                        tracing::warn!("giving idle inode locks back failed: {e}");
                     }
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);

@@ -48,8 +48,30 @@
 //! node);
 //! `handoffs` counts completed handoffs, so an acquire that raced one starts again;
 //! `acquiring` serializes this node's own acquires of one inode (two concurrent acquires
-//! would rewrite each other's mention). Entries live in [`InodeLocks`]'s table for the life of
-//! the mount (one per inode this node ever locked: a few dozen bytes each).
+//! would rewrite each other's mention); `used` is when this node last used the lock (for the
+//! sweep below).
+//!
+//! # The bound: giving cached locks back ([`InodeLocks::sweep`])
+//! A lock nobody asks for stays cached (so a node's next use costs no I/O), but not without
+//! bound: held entries fill the buckets (the area holds [`ObjectLocks::capacity`] entries for
+//! all nodes together, e.g. 229,376 for 16,384 buckets of 512 bytes), and once a bucket has no
+//! idle entry to evict every acquire there waits for a room request's round trip. The
+//! `cetra-mailbox` thread therefore sweeps at every tick, like GFS2's glock shrinker:
+//! * **count**: while this node holds more than its limit (the area's capacity shared by
+//!   twice the volume's `max_nodes`, at least [`MIN_CACHED`] and at most [`MAX_CACHED`]), it
+//!   gives back the least recently used locks not used in the last [`IDLE_AFTER`], down to
+//!   7/8 of the limit;
+//! * **forgotten inodes**: once per [`IDLE_AFTER`], every lock whose inode's state this node
+//!   no longer has loaded (only the table refers to its `DataLock`: the inode table evicted
+//!   the state, or none was made) and that was not used for [`IDLE_AFTER`] is given back, and
+//!   its entry dropped. The memory of an entry a state refers to is charged to that state in
+//!   the inode table's budget (`fs/inode_table.rs`); the rest live at most about two sweeps.
+//!
+//! A give-back is a handoff nobody asked for: the same drain (`ready` cleared, `handing` set,
+//! the gate taken exclusively), then the release CAW, then the same bookkeeping, so a local
+//! acquire that races it starts again exactly as after a requested handoff; nothing needs
+//! writing home for the reason of rule 3. At most [`SWEEP_BATCH`] locks are given back per
+//! tick, so the thread serves other nodes' requests in between.
 //!
 //! A v2 volume has no lock area: the data path keeps using the global lock (fs/cluster.rs).
 
@@ -60,9 +82,18 @@ use crate::format::lock_record::LockMode;
 use crate::format::mailbox::Request;
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// The fewest inode locks a node may keep cached, whatever the area's size.
+pub const MIN_CACHED: usize = 256;
+/// The most inode locks a node keeps cached.
+pub const MAX_CACHED: usize = 65_536;
+/// A lock not used for this long may be given back (module doc, the bound).
+pub const IDLE_AFTER: Duration = Duration::from_secs(1);
+/// Most locks one sweep gives back.
+pub const SWEEP_BATCH: usize = 256;
 
 /// One inode's lock as this node sees it (module doc).
 #[derive(Debug, Default)]
@@ -72,6 +103,8 @@ pub(crate) struct DataLock {
     acquiring: Mutex<()>,
     gate: RwLock<()>,
     ready: AtomicBool,
+    /// [`InodeLocks`]'s clock when this node last used the lock.
+    used: AtomicU64,
 }
 
 #[derive(Debug, Default)]
@@ -100,6 +133,14 @@ impl Held {
             LockMode::Exclusive => Self::Exclusive,
         }
     }
+
+    fn mode(self) -> LockMode {
+        match self {
+            Self::Nothing => LockMode::Free,
+            Self::Shared => LockMode::Shared,
+            Self::Exclusive => LockMode::Exclusive,
+        }
+    }
 }
 
 impl DataLock {
@@ -122,17 +163,29 @@ pub(crate) struct InodeLockStats {
     pub reloads: AtomicU64,
     /// Locks this node handed to another (released or downgraded).
     pub handed: AtomicU64,
+    /// Locks the sweep gave back (module doc, the bound).
+    pub given_back: AtomicU64,
 }
 
 impl InodeLockStats {
-    /// (acquires, reloads, handed) now.
-    pub fn snapshot(&self) -> (u64, u64, u64) {
+    /// (acquires, reloads, handed, given back) now.
+    pub fn snapshot(&self) -> (u64, u64, u64, u64) {
         (
             self.acquires.load(Ordering::Relaxed),
             self.reloads.load(Ordering::Relaxed),
             self.handed.load(Ordering::Relaxed),
+            self.given_back.load(Ordering::Relaxed),
         )
     }
+}
+
+/// What one [`InodeLocks::sweep`] did.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Swept {
+    /// Locks given back.
+    pub given_back: usize,
+    /// Entries dropped from the table.
+    pub forgotten: usize,
 }
 
 /// This node's inode locks.
@@ -145,6 +198,15 @@ pub(crate) struct InodeLocks {
     exchange: Mutex<Option<Instant>>,
     /// Set by [`release_all`](Self::release_all): no lock may be taken afterwards.
     closed: AtomicBool,
+    /// How many entries of the table hold their lock (shared or exclusive).
+    holding: AtomicUsize,
+    /// Most locks held before the sweep gives the least recently used back.
+    limit: usize,
+    /// Milliseconds since `started`, advanced by the sweep: the `used` stamps' clock.
+    clock: AtomicU64,
+    started: Instant,
+    /// When the sweep last looked for the locks of forgotten inodes.
+    last_sweep: Mutex<Instant>,
     pub stats: InodeLockStats,
 }
 
@@ -152,15 +214,54 @@ pub(crate) struct InodeLocks {
 pub(crate) type Abort<'a> = &'a dyn Fn() -> Option<Error>;
 
 impl InodeLocks {
-    pub fn new(locks: ObjectLocks, me: Me) -> Self {
+    /// This node's inode locks; `max_nodes` (the superblock's) shares the area's capacity
+    /// out into the limit of the sweep (module doc, the bound).
+    pub fn new(locks: ObjectLocks, me: Me, max_nodes: u32) -> Self {
+        let share = locks.capacity() / (2 * u64::from(max_nodes.max(1)));
+        let limit = usize::try_from(share)
+            .unwrap_or(MAX_CACHED)
+            .clamp(MIN_CACHED, MAX_CACHED);
+        Self::with_limit(locks, me, limit)
+    }
+
+    /// Like [`new`](Self::new) with the limit given (tests).
+    pub fn with_limit(locks: ObjectLocks, me: Me, limit: usize) -> Self {
+        let started = Instant::now();
         Self {
             locks,
             me,
             table: Mutex::new(HashMap::new()),
             exchange: Mutex::new(None),
             closed: AtomicBool::new(false),
+            holding: AtomicUsize::new(0),
+            limit: limit.max(1),
+            clock: AtomicU64::new(0),
+            started,
+            last_sweep: Mutex::new(started),
             stats: InodeLockStats::default(),
         }
+    }
+
+    /// The most locks this node keeps cached.
+    pub fn limit(&self) -> usize {
+        self.limit
+    }
+
+    /// How many locks this node holds now (shared or exclusive).
+    pub fn holding(&self) -> usize {
+        self.holding.load(Ordering::Relaxed)
+    }
+
+    /// How many inodes the table knows now.
+    pub fn known(&self) -> usize {
+        self.table.lock().or_panic().len()
+    }
+
+    /// The memory one entry of the table costs (its `Arc`'s allocation and its map slot at
+    /// the map's typical load), charged to the inode state that refers to it.
+    pub fn entry_charge() -> usize {
+        super::heap::alloc(2 * std::mem::size_of::<usize>() + std::mem::size_of::<DataLock>())
+            + 2 * std::mem::size_of::<(u64, Arc<DataLock>)>()
     }
 
     pub fn object_locks(&self) -> &ObjectLocks {
@@ -168,16 +269,18 @@ impl InodeLocks {
     }
 
     /// Log the counters at debug level if they moved since `last`.
-    pub fn report(&self, last: &mut (u64, u64, u64)) {
+    pub fn report(&self, last: &mut (u64, u64, u64, u64)) {
         let now = self.stats.snapshot();
         if now != *last {
-            let held = self.table.lock().or_panic().len();
             tracing::debug!(
-                "inode locks: {} known, {} acquires, {} reloads after another node's change, {} handed to other nodes",
-                held,
+                "inode locks: {} held of at most {}, {} known, {} acquires, {} reloads after another node's change, {} handed to other nodes, {} given back idle",
+                self.holding(),
+                self.limit,
+                self.known(),
                 now.0,
                 now.1,
-                now.2
+                now.2,
+                now.3
             );
             *last = now;
         }
@@ -185,7 +288,31 @@ impl InodeLocks {
 
     /// The local state of inode `ino`'s lock (created on first use).
     pub fn lock_of(&self, ino: u64) -> Arc<DataLock> {
-        self.table.lock().or_panic().entry(ino).or_default().clone()
+        let dl = self.table.lock().or_panic().entry(ino).or_default().clone();
+        self.stamp(&dl);
+        dl
+    }
+
+    /// Note that `dl` is being used now.
+    fn stamp(&self, dl: &DataLock) {
+        let now = self.clock.load(Ordering::Relaxed);
+        if dl.used.load(Ordering::Relaxed) != now {
+            dl.used.store(now, Ordering::Relaxed);
+        }
+    }
+
+    /// Record what this node holds of `dl`'s lock (keeps `holding` in step).
+    fn set_held(&self, s: &mut DlState, h: Held) {
+        match (s.held == Held::Nothing, h == Held::Nothing) {
+            (true, false) => {
+                self.holding.fetch_add(1, Ordering::Relaxed);
+            }
+            (false, true) => {
+                self.holding.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        s.held = h;
     }
 
     fn existing(&self, ino: u64) -> Option<Arc<DataLock>> {
@@ -201,6 +328,7 @@ impl InodeLocks {
     /// if [`share`](Self::share) must run first. Take it after the inode's read lock.
     pub fn fast<'a>(&self, dl: &'a DataLock) -> Option<RwLockReadGuard<'a, ()>> {
         let g = dl.gate.read().or_panic();
+        self.stamp(dl);
         dl.ready.load(Ordering::Acquire).then_some(g)
     }
 
@@ -256,7 +384,7 @@ impl InodeLocks {
                 // nothing is held): the cache is not to be used until a grant (no local fast
                 // path runs now: the caller holds the inode's write lock).
                 dl.ready.store(false, Ordering::Release);
-                s.held = Held::Nothing;
+                self.set_held(&mut s, Held::Nothing);
                 s.handoffs
             };
             let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Exclusive, seen, abort)?
@@ -289,7 +417,7 @@ impl InodeLocks {
         if s.handoffs != seen {
             return Ok(None);
         }
-        s.held = Held::of(grant.mode);
+        self.set_held(&mut s, Held::of(grant.mode));
         s.version = grant.version;
         Ok(Some((grant, s)))
     }
@@ -327,10 +455,156 @@ impl InodeLocks {
         for dl in &all {
             dl.ready.store(false, Ordering::Release);
             drop(dl.gate.write().or_panic());
-            dl.state.lock().or_panic().held = Held::Nothing;
+            self.set_held(&mut dl.state.lock().or_panic(), Held::Nothing);
         }
         self.locks.scrub_slot(self.me.slot, Some(self.me.gen))?;
         Ok(())
+    }
+
+    /// A handoff's first half: no new fast-path I/O on `dl`, no local acquire trusts the
+    /// bucket until [`handed_to`](Self::handed_to), and the fast-path I/O admitted before has
+    /// finished. Returns what this node held when it began.
+    fn drain(&self, dl: &DataLock) -> Held {
+        let held = {
+            let mut s = dl.settled();
+            dl.ready.store(false, Ordering::Release);
+            s.handing = true;
+            s.held
+        };
+        drop(dl.gate.write().or_panic());
+        held
+    }
+
+    /// A handoff's second half: this node holds `now` if the handoff CAW's `result` is Ok,
+    /// and is not sure what it holds otherwise (the next acquire reads the bucket). Local
+    /// acquires that raced the handoff start again. False if no handoff was in progress.
+    fn handed_to(&self, dl: &DataLock, now: LockMode, result: &Result<()>) -> bool {
+        let mut s = dl.state.lock().or_panic();
+        let was = s.handing;
+        if was {
+            s.handing = false;
+            s.handoffs += 1;
+            let h = if result.is_ok() {
+                Held::of(now)
+            } else {
+                Held::Nothing
+            };
+            self.set_held(&mut s, h);
+        }
+        dl.changed.notify_all();
+        was
+    }
+
+    /// Give back this node's hold of `ino` (a handoff nobody asked for: module doc, the
+    /// bound). True if a lock was given back.
+    fn give_back(&self, ino: u64, dl: &DataLock) -> Result<bool> {
+        let obj = ObjectId::inode(ino)?;
+        crate::failpoint!("inode_lock::before_give_back");
+        let seen = self.drain(dl);
+        let r = if seen == Held::Nothing {
+            Ok(LockMode::Free)
+        } else {
+            self.locks
+                .hand_over(self.me, obj, seen.mode(), LockMode::Free)
+        };
+        let (now, r) = match r {
+            Ok(now) => (now, Ok(())),
+            Err(e) => (LockMode::Free, Err(e)),
+        };
+        self.handed_to(dl, now, &r);
+        r?;
+        let given = seen != Held::Nothing && now == LockMode::Free;
+        if given {
+            self.stats.given_back.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(given)
+    }
+
+    /// Keep the locks this node caches within the bound (module doc): called at every tick
+    /// of the `cetra-mailbox` thread. Gives back at most [`SWEEP_BATCH`] locks; an error of
+    /// a give-back returns at once (the lock stays as it was, or is given back next time).
+    pub fn sweep(&self) -> Result<Swept> {
+        let mut out = Swept::default();
+        if self.closed.load(Ordering::Acquire) {
+            return Ok(out);
+        }
+        let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.clock.store(now, Ordering::Relaxed);
+        let idle_ms = u64::try_from(IDLE_AFTER.as_millis()).unwrap_or(u64::MAX);
+        let idle = |dl: &DataLock| dl.used.load(Ordering::Relaxed).saturating_add(idle_ms) <= now;
+        let holding = self.holding();
+        let over = holding > self.limit;
+        let due = self.last_sweep.lock().or_panic().elapsed() >= IDLE_AFTER;
+        if !over && !due {
+            return Ok(out);
+        }
+        let mut victims: Vec<(u64, Arc<DataLock>)> = Vec::new();
+        {
+            let t = self.table.lock().or_panic();
+            if over {
+                let excess = holding - self.limit * 7 / 8;
+                let mut held: Vec<(u64, u64, &Arc<DataLock>)> = t
+                    .iter()
+                    .filter(|(_, dl)| idle(dl))
+                    .filter(|(_, dl)| {
+                        dl.state
+                            .try_lock()
+                            .is_ok_and(|s| s.held != Held::Nothing && !s.handing)
+                    })
+                    .map(|(ino, dl)| (dl.used.load(Ordering::Relaxed), *ino, dl))
+                    .collect();
+                let n = excess.min(SWEEP_BATCH).min(held.len());
+                if n < held.len() {
+                    held.select_nth_unstable_by_key(n, |x| (x.0, x.1));
+                }
+                victims.extend(held[..n].iter().map(|x| (x.1, Arc::clone(x.2))));
+            }
+            if due {
+                // Only the table refers to these: their inode's state is gone (or was never
+                // made), and nobody is between `lock_of` and the end of its use.
+                let chosen: std::collections::HashSet<u64> = victims.iter().map(|v| v.0).collect();
+                let room = SWEEP_BATCH.saturating_sub(victims.len());
+                let forgotten: Vec<(u64, Arc<DataLock>)> = t
+                    .iter()
+                    .filter(|(ino, dl)| {
+                        Arc::strong_count(dl) == 1 && idle(dl) && !chosen.contains(ino)
+                    })
+                    .take(room + 1)
+                    .map(|(ino, dl)| (*ino, Arc::clone(dl)))
+                    .collect();
+                if forgotten.len() <= room {
+                    // All found: the next look is due after IDLE_AFTER.
+                    *self.last_sweep.lock().or_panic() = Instant::now();
+                }
+                victims.extend(forgotten.into_iter().take(room));
+            }
+        }
+        let mut inos = Vec::with_capacity(victims.len());
+        for (ino, dl) in victims {
+            let held = dl.state.lock().or_panic().held;
+            if held != Held::Nothing && self.give_back(ino, &dl)? {
+                out.given_back += 1;
+            }
+            inos.push(ino);
+        }
+        let mut t = self.table.lock().or_panic();
+        for ino in inos {
+            let gone = t.get(&ino).is_some_and(|dl| {
+                Arc::strong_count(dl) == 1
+                    && dl
+                        .state
+                        .try_lock()
+                        .is_ok_and(|s| s.held == Held::Nothing && !s.handing)
+            });
+            if gone {
+                t.remove(&ino);
+                out.forgotten += 1;
+            }
+        }
+        if t.capacity() > 1024 && t.capacity() > 4 * t.len() {
+            t.shrink_to_fit();
+        }
+        Ok(out)
     }
 
     fn check_open(&self) -> Result<()> {
@@ -357,34 +631,16 @@ impl Handoff for Server<'_> {
         };
         // A failure here changes nothing: the request stays for the next tick.
         crate::failpoint!("inode_lock::before_drain");
-        {
-            let mut s = dl.settled();
-            dl.ready.store(false, Ordering::Release);
-            s.handing = true;
-        }
-        // Wait out the fast-path I/O that was admitted before `ready` was cleared.
-        drop(dl.gate.write().or_panic());
+        self.locks.drain(&dl);
         Ok(true)
     }
 
-    fn handed(&mut self, obj: ObjectId, to: LockMode, result: &Result<()>) {
+    fn handed(&mut self, obj: ObjectId, now: LockMode, result: &Result<()>) {
         let Some(dl) = self.locks.existing(obj.number()) else {
             return;
         };
-        let mut s = dl.state.lock().or_panic();
-        if s.handing {
-            s.handing = false;
-            s.handoffs += 1;
-            s.held = if result.is_ok() {
-                Held::of(to)
-            } else {
-                // Unknown: the next acquire reads the bucket.
-                Held::Nothing
-            };
-            if result.is_ok() {
-                self.locks.stats.handed.fetch_add(1, Ordering::Relaxed);
-            }
+        if self.locks.handed_to(&dl, now, result) && result.is_ok() {
+            self.locks.stats.handed.fetch_add(1, Ordering::Relaxed);
         }
-        dl.changed.notify_all();
     }
 }

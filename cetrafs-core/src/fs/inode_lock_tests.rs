@@ -188,3 +188,100 @@ fn a_read_only_node_reads_through_its_inode_lock_and_hands_it_over() {
     a.unmount().unwrap();
     assert_fsck_clean(&dev);
 }
+
+/// Poll `cond` every 10 ms; panics with `what` if it does not hold within 10 s.
+fn eventually(what: &str, cond: impl Fn() -> bool) {
+    let t = Instant::now();
+    while !cond() {
+        assert!(
+            t.elapsed() < Duration::from_secs(10),
+            "{what}: not within 10 s"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+#[test]
+fn idle_locks_are_given_back_beyond_the_limit_and_once_their_inode_is_forgotten() {
+    const LIMIT: usize = 16;
+    let dev = volume(4);
+    let a = Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: "a".into(),
+            inode_locks: Some(LIMIT),
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let mut inos = Vec::new();
+    for i in 0..48u8 {
+        let (f, fh) = a
+            .create(r, format!("f{i}").as_bytes(), 0o644, C, true)
+            .unwrap();
+        a.write(&fh, 0, &[i; 4096]).unwrap();
+        a.release(&fh).unwrap();
+        inos.push(f.ino);
+    }
+    a.sync().unwrap();
+    // Reading through the data path ties each file's lock to its (cached) inode state.
+    let il = a.cl.ilocks.as_ref().unwrap();
+    let handles: Vec<_> = inos
+        .iter()
+        .map(|&i| a.open(i, false, false).unwrap())
+        .collect();
+    for (i, fh) in (0u8..).zip(&handles) {
+        assert_eq!(read_all(&a, fh, 4096), vec![i; 4096]);
+    }
+    eventually("the held locks come down to the limit", || {
+        il.holding() <= LIMIT
+    });
+    assert!(il.stats.given_back.load(Ordering::Relaxed) >= 48 - 16);
+    // What the buckets say, not only the local count.
+    let on_disk = |v: &Volume| {
+        let ol = v.cl.ilocks.as_ref().unwrap().object_locks();
+        inos.iter()
+            .filter(|&&i| {
+                let obj = crate::cluster::object_lock::ObjectId::inode(i).unwrap();
+                let (_, bucket) = ol.read_bucket(ol.bucket_of(obj)).unwrap();
+                bucket
+                    .entry(obj.raw())
+                    .and_then(|e| e.mention(v.cl.me.slot))
+                    .is_some_and(|m| m.role.holds())
+            })
+            .count()
+    };
+    assert!(on_disk(&a) <= LIMIT, "{} held on disk", on_disk(&a));
+    // A file whose lock a gave back: b changes it without asking a, and a sees the change.
+    let handed = il.stats.handed.load(Ordering::Relaxed);
+    let bfh = b.open(inos[0], true, false).unwrap();
+    b.write(&bfh, 0, &[0xEE; 4096]).unwrap();
+    b.fsync(inos[0], false).unwrap();
+    b.release(&bfh).unwrap();
+    assert_eq!(read_all(&a, &handles[0], 4096), vec![0xEE; 4096]);
+    for (i, fh) in (0u8..).zip(&handles).skip(1) {
+        assert_eq!(read_all(&a, fh, 4096), vec![i; 4096], "file {i}");
+    }
+    assert!(
+        il.stats.handed.load(Ordering::Relaxed) <= handed + 1,
+        "at most file 0's lock (if a still held it) was asked for"
+    );
+    // Closed and evicted from the inode table: their locks go back and the entries go.
+    for fh in &handles {
+        a.release(fh).unwrap();
+    }
+    drop(handles);
+    for &i in &inos {
+        a.inodes.evict_idle(i);
+    }
+    eventually("the locks of forgotten inodes are given back", || {
+        il.holding() <= 2
+    });
+    eventually("their entries are dropped", || il.known() <= 4);
+    assert_eq!(on_disk(&a), 0);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}

@@ -137,6 +137,12 @@ fn try_inner(st: &InodeState) -> Option<RwLockReadGuard<'_, InodeInner>> {
 fn footprint(st: &InodeState) -> Option<usize> {
     // The Arc's allocation: its two counts and the state.
     let fixed = heap::alloc(2 * size_of::<usize>() + size_of::<InodeState>());
+    // Its inode lock's local state, once the data path has used it (fs/inode_lock.rs).
+    let lock = st
+        .dl
+        .get()
+        .map_or(0, |_| super::inode_lock::InodeLocks::entry_charge());
+    let fixed = fixed + lock;
     let i = try_inner(st)?;
     Some(
         fixed

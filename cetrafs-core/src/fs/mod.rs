@@ -27,6 +27,7 @@ pub(crate) mod txn;
 
 pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
+pub use inode_lock::MAX_CACHED as MAX_CACHED_INODE_LOCKS;
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
 pub use types::*;

@@ -102,7 +102,17 @@ impl Volume {
             }
         }
         let timing = Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms);
-        let ilocks = objects.map(|o| InodeLocks::new(o, me));
+        let ilocks = objects.map(|o| match opts.inode_locks {
+            Some(n) => InodeLocks::with_limit(o, me, n),
+            None => InodeLocks::new(o, me, sb.max_nodes),
+        });
+        if let Some(il) = &ilocks {
+            tracing::info!(
+                "per-inode locks: this node keeps at most {} cached (the lock area holds {} for all nodes)",
+                il.limit(),
+                il.object_locks().capacity()
+            );
+        }
         let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks, ilocks);
         let granted = take_global_shared(&cl, me, &member, timing)?;
         let loaded = Allocator::new(dev.clone(), &sb, opts.bitmap_cache_bytes);

@@ -245,6 +245,9 @@ pub struct MountOptions {
     pub meta_cache_bytes: usize,
     /// Memory budget of the allocator's bitmap cache, bytes (`bitmap_cache=MiB`; alloc.rs).
     pub bitmap_cache_bytes: usize,
+    /// Most inode locks this node keeps cached on a v3 volume (`inode_locks=N`; None: its
+    /// share of the lock area, fs/inode_lock.rs).
+    pub inode_locks: Option<usize>,
 }
 
 impl Default for MountOptions {
@@ -258,6 +261,7 @@ impl Default for MountOptions {
             inode_cache_bytes: super::inode_table::DEFAULT_BUDGET,
             meta_cache_bytes: super::block_cache::DEFAULT_BUDGET,
             bitmap_cache_bytes: crate::alloc::DEFAULT_BITMAP_CACHE,
+            inode_locks: None,
         }
     }
 }
