@@ -1,18 +1,24 @@
 //! A failed step of an inode-lock handoff (the `failpoints` feature; run with
 //! `cargo test -p cetrafs-core --features failpoints --test inode_lock_failpoints`; its own
-//! test binary, so no other test disarms the point while it is armed). Two nodes on one v3
+//! test binary, whose tests take turns, so no other test disarms a point while it is armed). Two nodes on one v3
 //! volume: node b reads a file through its cached map (inode lock shared); node a extends the
 //! file, which takes the lock exclusively. While b's handoff fails, b keeps its lock and keeps
 //! reading the old contents, a waits; once the step works again, the next mailbox tick hands
-//! the lock over, a's write completes and b reads the new contents.
+//! the lock over, a's write completes and b reads the new contents. A failed give-back of an
+//! idle lock (the sweep beyond the node's limit) keeps the lock held, and the next sweep gives
+//! it back.
 #![cfg(feature = "failpoints")]
 
+use cetrafs_core::cluster::object_lock::{ObjectId, ObjectLocks};
 use cetrafs_core::dev::mem::MemDevice;
 use cetrafs_core::failpoint;
 use cetrafs_core::fs::{Caller, MountOptions, OpenFile, Volume};
 use cetrafs_core::mkfs::{format, MkfsOptions};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+/// The failpoints are process-wide: the tests of this binary take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
@@ -23,6 +29,9 @@ fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
 
 #[test]
 fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
     let dev = Arc::new(MemDevice::new(256 << 20, 512));
     let mk = MkfsOptions {
         max_nodes: 4,
@@ -82,6 +91,79 @@ fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
     a.release(&fh).unwrap();
     a.unmount().unwrap();
     b.unmount().unwrap();
+    let report = cetrafs_core::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+#[test]
+fn a_failed_give_back_keeps_the_lock_and_the_next_sweep_gives_it_back() {
+    let _turn = SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let dev = Arc::new(MemDevice::new(256 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 4,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let a = Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: "a".into(),
+            inode_locks: Some(1),
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let area = a.superblock().object_lock_area().unwrap();
+    let locks = ObjectLocks::new(dev.clone(), area, Duration::from_secs(1)).unwrap();
+    // Does any node hold inode `ino`'s lock, by the bucket on the device?
+    let held = |ino: u64| {
+        let obj = ObjectId::inode(ino).unwrap();
+        let (_, b) = locks.read_bucket(locks.bucket_of(obj)).unwrap();
+        b.entry(obj.raw())
+            .is_some_and(|e| e.holders().next().is_some())
+    };
+    let r = a.root_ino();
+    let mut files = Vec::new();
+    for name in [b"f1", b"f2"] {
+        let (f, fh) = a.create(r, name, 0o644, Caller::ROOT, true).unwrap();
+        a.write(&fh, 0, &[3u8; 4096]).unwrap();
+        files.push((f.ino, fh));
+    }
+    failpoint::arm("inode_lock::before_give_back");
+    for (_, fh) in &files {
+        assert_eq!(read(&a, fh, 4096), vec![3u8; 4096]);
+    }
+    // Two locks held, the limit is one: the sweep tries, its give-back fails, nothing changes.
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        files.iter().all(|(i, _)| held(*i)),
+        "a failed give-back released a lock"
+    );
+    for (_, fh) in &files {
+        assert_eq!(read(&a, fh, 4096), vec![3u8; 4096]);
+    }
+    failpoint::disarm_all();
+    let t = Instant::now();
+    while files.iter().all(|(i, _)| held(*i)) {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the give-back was not retried"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // The lock given back is taken again on the next read.
+    for (_, fh) in &files {
+        assert_eq!(read(&a, fh, 4096), vec![3u8; 4096]);
+    }
+    for (_, fh) in &files {
+        a.release(fh).unwrap();
+    }
+    a.unmount().unwrap();
     let report = cetrafs_core::check::check_volume(&*dev).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
