@@ -960,6 +960,12 @@ impl ObjectLocks {
                 };
                 h.handed(obj, now, &r);
                 r?;
+                if now.rank() > to.rank() {
+                    // Nothing moved (the hold became stronger meanwhile, e.g. a local upgrade):
+                    // the requests stay for the next tick.
+                    out.deferred += rs.len();
+                    continue;
+                }
                 out.handed += 1;
             }
             done.extend(rs);

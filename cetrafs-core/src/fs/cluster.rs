@@ -801,9 +801,7 @@ impl Volume {
                     if let Err(e) = v.mailbox_tick(il) {
                         tracing::warn!("serving lock requests of other nodes failed: {e}");
                     }
-                    if let Err(e) = il.sweep() {
-                        tracing::warn!("giving idle inode locks back failed: {e}");
-                    }
+                    il.sweep();
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);
                     }

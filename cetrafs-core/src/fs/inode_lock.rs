@@ -61,17 +61,29 @@
 //!   twice the volume's `max_nodes`, at least [`MIN_CACHED`] and at most [`MAX_CACHED`]), it
 //!   gives back the least recently used locks not used in the last [`IDLE_AFTER`], down to
 //!   7/8 of the limit;
-//! * **forgotten inodes**: once per [`IDLE_AFTER`], every lock whose inode's state this node
-//!   no longer has loaded (only the table refers to its `DataLock`: the inode table evicted
-//!   the state, or none was made) and that was not used for [`IDLE_AFTER`] is given back, and
-//!   its entry dropped. The memory of an entry a state refers to is charged to that state in
-//!   the inode table's budget (`fs/inode_table.rs`); the rest live at most about two sweeps.
+//! * **forgotten inodes**: once per [`IDLE_AFTER`], every lock whose local entry only the
+//!   table refers to (no loaded inode state uses it: the inode table evicted the state, or
+//!   the state never used its lock for the data path) and that was not used for
+//!   [`IDLE_AFTER`] is given back, and its entry dropped. The memory of an entry a state
+//!   refers to is charged to that state in the inode table's budget (`fs/inode_table.rs`);
+//!   the rest live at most about two sweeps.
+//!
+//! "Not used for [`IDLE_AFTER`]" is judged against the clock of the sweep's previous tick, so
+//! a lock used while the thread was late (slow CAWs, a long drain) is not taken for idle.
 //!
 //! A give-back is a handoff nobody asked for: the same drain (`ready` cleared, `handing` set,
 //! the gate taken exclusively), then the release CAW, then the same bookkeeping, so a local
 //! acquire that races it starts again exactly as after a requested handoff; nothing needs
-//! writing home for the reason of rule 3. At most [`SWEEP_BATCH`] locks are given back per
-//! tick, so the thread serves other nodes' requests in between.
+//! writing home for the reason of rule 3. **A give-back in the middle of a metadata change**
+//! (an operation that called [`InodeLocks::own`] and runs on for more than [`IDLE_AFTER`]
+//! under the global lock) is safe for the same reason a room request at that moment is: the
+//! exclusive grant moved the version past every other node's validator, so any other node
+//! must reload the inode under the global lock, which this node holds until the change is
+//! home; the change's `save` takes the lock again (one more CAW and version). At most
+//! [`SWEEP_BATCH`] locks and [`SWEEP_BUDGET`] of work per tick, so the thread serves other
+//! nodes' requests in between; when too few locks are idle to reach the limit, the count pass
+//! waits 100 ms before scanning the table again; a give-back that fails is skipped (warned
+//! about at most once a minute) and met again at the next pass.
 //!
 //! A v2 volume has no lock area: the data path keeps using the global lock (fs/cluster.rs).
 
@@ -94,6 +106,13 @@ pub const MAX_CACHED: usize = 65_536;
 pub const IDLE_AFTER: Duration = Duration::from_secs(1);
 /// Most locks one sweep gives back.
 pub const SWEEP_BATCH: usize = 256;
+/// Most time one sweep spends giving locks back before the thread serves its mailbox again.
+pub const SWEEP_BUDGET: Duration = Duration::from_millis(5);
+/// When too few locks are idle to come down to the limit, the count pass waits this long
+/// (ms) before it scans the table again.
+const COUNT_RETRY_MS: u64 = 100;
+/// A failing give-back is warned about at most this often.
+const FAILURE_WARN_EVERY: Duration = Duration::from_secs(60);
 
 /// One inode's lock as this node sees it (module doc).
 #[derive(Debug, Default)]
@@ -186,6 +205,8 @@ pub(crate) struct Swept {
     pub given_back: usize,
     /// Entries dropped from the table.
     pub forgotten: usize,
+    /// Give-backs that failed (skipped until the next pass).
+    pub failed: usize,
 }
 
 /// This node's inode locks.
@@ -207,6 +228,10 @@ pub(crate) struct InodeLocks {
     started: Instant,
     /// When the sweep last looked for the locks of forgotten inodes.
     last_sweep: Mutex<Instant>,
+    /// The clock before which the count pass does not scan again.
+    count_retry: AtomicU64,
+    /// When a failed give-back was last warned about.
+    last_warn: Mutex<Option<Instant>>,
     pub stats: InodeLockStats,
 }
 
@@ -238,6 +263,8 @@ impl InodeLocks {
             clock: AtomicU64::new(0),
             started,
             last_sweep: Mutex::new(started),
+            count_retry: AtomicU64::new(0),
+            last_warn: Mutex::new(None),
             stats: InodeLockStats::default(),
         }
     }
@@ -443,8 +470,14 @@ impl InodeLocks {
 
     /// Hand over what these requests (read from this node's mailbox) ask for.
     pub fn serve(&self, reqs: Vec<Request>) -> Result<Served> {
-        self.locks
-            .serve_requests(self.me, reqs, &mut Server { locks: self })
+        self.locks.serve_requests(
+            self.me,
+            reqs,
+            &mut Server {
+                locks: self,
+                to: LockMode::Free,
+            },
+        )
     }
 
     /// At unmount, after the last metadata is home: give back every inode lock of this node.
@@ -475,17 +508,19 @@ impl InodeLocks {
         held
     }
 
-    /// A handoff's second half: this node holds `now` if the handoff CAW's `result` is Ok,
-    /// and is not sure what it holds otherwise (the next acquire reads the bucket). Local
-    /// acquires that raced the handoff start again. False if no handoff was in progress.
-    fn handed_to(&self, dl: &DataLock, now: LockMode, result: &Result<()>) -> bool {
+    /// A handoff's second half, after the CAW that was to leave this node holding `to`: it
+    /// holds `to` if the CAW's `result` is Ok and it wrote (`now == to`); otherwise it is not
+    /// sure what it holds (the bucket showed another hold, or the CAW failed), and the next
+    /// acquire reads the bucket. Local acquires that raced the handoff start again. False if
+    /// no handoff was in progress.
+    fn handed_to(&self, dl: &DataLock, to: LockMode, now: LockMode, result: &Result<()>) -> bool {
         let mut s = dl.state.lock().or_panic();
         let was = s.handing;
         if was {
             s.handing = false;
             s.handoffs += 1;
-            let h = if result.is_ok() {
-                Held::of(now)
+            let h = if result.is_ok() && now == to {
+                Held::of(to)
             } else {
                 Held::Nothing
             };
@@ -511,7 +546,7 @@ impl InodeLocks {
             Ok(now) => (now, Ok(())),
             Err(e) => (LockMode::Free, Err(e)),
         };
-        self.handed_to(dl, now, &r);
+        self.handed_to(dl, LockMode::Free, now, &r);
         r?;
         let given = seen != Held::Nothing && now == LockMode::Free;
         if given {
@@ -521,22 +556,26 @@ impl InodeLocks {
     }
 
     /// Keep the locks this node caches within the bound (module doc): called at every tick
-    /// of the `cetra-mailbox` thread. Gives back at most [`SWEEP_BATCH`] locks; an error of
-    /// a give-back returns at once (the lock stays as it was, or is given back next time).
-    pub fn sweep(&self) -> Result<Swept> {
+    /// of the `cetra-mailbox` thread. Gives back at most [`SWEEP_BATCH`] locks and works at
+    /// most [`SWEEP_BUDGET`] (then the thread serves its mailbox again); a give-back that
+    /// fails is skipped (its lock stays, or is known again at its next acquire) and counted.
+    pub fn sweep(&self) -> Swept {
         let mut out = Swept::default();
         if self.closed.load(Ordering::Acquire) {
-            return Ok(out);
+            return out;
         }
+        let began = Instant::now();
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.clock.store(now, Ordering::Relaxed);
+        // Idle means unused since before the previous tick's clock: a lock used while this
+        // thread was late (slow CAWs, a long drain) carries that clock, so it is not idle.
+        let prev = self.clock.swap(now, Ordering::Relaxed);
         let idle_ms = u64::try_from(IDLE_AFTER.as_millis()).unwrap_or(u64::MAX);
-        let idle = |dl: &DataLock| dl.used.load(Ordering::Relaxed).saturating_add(idle_ms) <= now;
+        let idle = |dl: &DataLock| dl.used.load(Ordering::Relaxed).saturating_add(idle_ms) <= prev;
         let holding = self.holding();
-        let over = holding > self.limit;
+        let over = holding > self.limit && now >= self.count_retry.load(Ordering::Relaxed);
         let due = self.last_sweep.lock().or_panic().elapsed() >= IDLE_AFTER;
         if !over && !due {
-            return Ok(out);
+            return out;
         }
         let mut victims: Vec<(u64, Arc<DataLock>)> = Vec::new();
         {
@@ -553,6 +592,12 @@ impl InodeLocks {
                     })
                     .map(|(ino, dl)| (dl.used.load(Ordering::Relaxed), *ino, dl))
                     .collect();
+                if held.len() < excess {
+                    // Too few idle now (more than the limit in use): look again in a while
+                    // rather than scanning the whole table at every tick.
+                    self.count_retry
+                        .store(now + COUNT_RETRY_MS, Ordering::Relaxed);
+                }
                 let n = excess.min(SWEEP_BATCH).min(held.len());
                 if n < held.len() {
                     held.select_nth_unstable_by_key(n, |x| (x.0, x.1));
@@ -560,8 +605,9 @@ impl InodeLocks {
                 victims.extend(held[..n].iter().map(|x| (x.1, Arc::clone(x.2))));
             }
             if due {
-                // Only the table refers to these: their inode's state is gone (or was never
-                // made), and nobody is between `lock_of` and the end of its use.
+                // Only the table refers to these: no loaded inode state uses them (it was
+                // evicted, or never used its lock for the data path), and nobody is between
+                // `lock_of` and the end of its use.
                 let chosen: std::collections::HashSet<u64> = victims.iter().map(|v| v.0).collect();
                 let room = SWEEP_BATCH.saturating_sub(victims.len());
                 let forgotten: Vec<(u64, Arc<DataLock>)> = t
@@ -579,16 +625,27 @@ impl InodeLocks {
                 victims.extend(forgotten.into_iter().take(room));
             }
         }
-        let mut inos = Vec::with_capacity(victims.len());
+        let mut looked = Vec::with_capacity(victims.len());
         for (ino, dl) in victims {
-            let held = dl.state.lock().or_panic().held;
-            if held != Held::Nothing && self.give_back(ino, &dl)? {
-                out.given_back += 1;
+            if began.elapsed() >= SWEEP_BUDGET {
+                break;
             }
-            inos.push(ino);
+            let held = dl.state.lock().or_panic().held;
+            if held != Held::Nothing {
+                match self.give_back(ino, &dl) {
+                    Ok(true) => out.given_back += 1,
+                    Ok(false) => {}
+                    Err(e) => {
+                        out.failed += 1;
+                        self.note_failure(ino, &e);
+                        continue;
+                    }
+                }
+            }
+            looked.push(ino);
         }
         let mut t = self.table.lock().or_panic();
-        for ino in inos {
+        for ino in looked {
             let gone = t.get(&ino).is_some_and(|dl| {
                 Arc::strong_count(dl) == 1
                     && dl
@@ -604,7 +661,19 @@ impl InodeLocks {
         if t.capacity() > 1024 && t.capacity() > 4 * t.len() {
             t.shrink_to_fit();
         }
-        Ok(out)
+        out
+    }
+
+    /// A give-back failed: warn, at most once per [`FAILURE_WARN_EVERY`] (the sweep meets the
+    /// same lock again at its next pass).
+    fn note_failure(&self, ino: u64, e: &Error) {
+        let mut last = self.last_warn.lock().or_panic();
+        if last.is_none_or(|t| t.elapsed() >= FAILURE_WARN_EVERY) {
+            *last = Some(Instant::now());
+            tracing::warn!("giving the idle lock of inode {ino} back failed (retried later): {e}");
+        } else {
+            tracing::debug!("giving the idle lock of inode {ino} back failed: {e}");
+        }
     }
 
     fn check_open(&self) -> Result<()> {
@@ -618,10 +687,13 @@ impl InodeLocks {
 /// The handoff side, called by [`ObjectLocks::serve_mailbox`] (module doc, rule 3).
 struct Server<'a> {
     locks: &'a InodeLocks,
+    /// What the last flush was for.
+    to: LockMode,
 }
 
 impl Handoff for Server<'_> {
-    fn flush(&mut self, obj: ObjectId, _to: LockMode) -> Result<bool> {
+    fn flush(&mut self, obj: ObjectId, to: LockMode) -> Result<bool> {
+        self.to = to;
         if obj.class() != Class::Inode {
             // Nothing else is taken on this volume yet: nothing cached under it.
             return Ok(true);
@@ -639,7 +711,7 @@ impl Handoff for Server<'_> {
         let Some(dl) = self.locks.existing(obj.number()) else {
             return;
         };
-        if self.locks.handed_to(&dl, now, result) && result.is_ok() {
+        if self.locks.handed_to(&dl, self.to, now, result) && result.is_ok() && now == self.to {
             self.locks.stats.handed.fetch_add(1, Ordering::Relaxed);
         }
     }

@@ -334,14 +334,14 @@ impl Handoff for Server<'_> {
         Ok(true)
     }
 
-    fn handed(&mut self, obj: ObjectId, to: LockMode, result: &Result<()>) {
+    fn handed(&mut self, obj: ObjectId, now: LockMode, result: &Result<()>) {
         let n = self.0;
         let mut st = n.st.lock().unwrap();
         assert!(result.is_ok(), "{result:?}");
-        if to == LockMode::Free {
+        if now == LockMode::Free {
             st.held.remove(&obj);
         } else if let Some(h) = st.held.get_mut(&obj) {
-            h.0 = LockMode::Shared;
+            h.0 = now;
         }
         st.busy.remove(&obj);
         n.cv.notify_all();
