@@ -12,6 +12,12 @@
 //! allocated or converted blocks are always
 //! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
 //! so no stale device bytes can ever be read through a file.
+//!
+//! **Allocation granule.** In a sparse file of [`GRANULE_MIN_SIZE`] or more (a VM disk image
+//! made with `truncate` or `qemu-img create`), the first write into an aligned
+//! [`ALLOC_GRANULE`] that holds no allocated block allocates and writes (zero-padded) the whole
+//! granule, clipped to the file's size (`Volume::granule`); smaller files, and granules
+//! already partly allocated, allocate exactly the blocks written.
 
 use super::suid::{self, Credentials};
 use super::txn::{Meta, Tx};
@@ -26,6 +32,12 @@ use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
+
+/// The allocation granule of image-sized sparse files, bytes (module doc).
+pub const ALLOC_GRANULE: u64 = 64 << 10;
+const GRANULE_BLOCKS: u64 = ALLOC_GRANULE / FS_BLOCK;
+/// Sparse files at least this large allocate by granule (module doc).
+pub const GRANULE_MIN_SIZE: u64 = 16 << 20;
 
 thread_local! {
     /// One reusable aligned I/O buffer per FUSE worker thread.
@@ -379,11 +391,17 @@ impl Volume {
                     .write_under_lock(tx, st, offset, data, who)
                     .map(|dropped| (offset, dropped));
             }
-            let plan = self.plan_write(&mut tx, &inner, b0, b1)?;
+            // A granule must not take blocks of another write in flight (its blocks are not
+            // mapped yet, so they look like a hole): then only the write's own blocks.
+            let (p0, p1) = match Self::granule(&inner, b0, b1) {
+                (p0, p1) if tx.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
+                wide => wide,
+            };
+            let plan = self.plan_write(&mut tx, &inner, p0, p1)?;
             drop(inner);
             // Nothing to commit: the held blocks are in memory only.
             drop(tx);
-            let id = meta.inflight_mut().begin(st.ino, b0, b1);
+            let id = meta.inflight_mut().begin(st.ino, p0, p1);
             break (plan, id, offset);
         };
         let written = plan.iter().try_for_each(|s| {
@@ -396,6 +414,35 @@ impl Volume {
         });
         self.map_written(st, plan, id, written, offset + len)
             .map(|dropped| (offset, dropped))
+    }
+
+    /// The file blocks a write of blocks [b0, b1) allocates: the whole aligned
+    /// [`ALLOC_GRANULE`] around it when the file is an image-sized sparse file
+    /// ([`GRANULE_MIN_SIZE`] or more) and nothing in that granule is allocated yet, clipped to
+    /// the file's size (the write's own blocks always); otherwise just [b0, b1). The blocks the
+    /// write does not cover are written with zeros before the granule is mapped, so the file's
+    /// contents are what a 4 KiB allocation gives; later writes into the granule are
+    /// overwrites of written blocks, which take the fast path (no metadata, no global lock).
+    /// This is VMFS's thin-provisioning unit (1 MiB file blocks zeroed on first write) and
+    /// qcow2's 64 KiB cluster, at qcow2's size: a guest's random 4 KiB writes into a fresh
+    /// image otherwise each allocate a block and change the extent tree under the metadata
+    /// mutex, at about a fifth of the speed of the same writes into a written image.
+    fn granule(inner: &InodeInner, b0: u64, b1: u64) -> (u64, u64) {
+        let size_blocks = inner.inode.size.div_ceil(FS_BLOCK);
+        if inner.inode.size < GRANULE_MIN_SIZE || b1 - b0 >= GRANULE_BLOCKS {
+            return (b0, b1);
+        }
+        let g0 = b0 - b0 % GRANULE_BLOCKS;
+        let g1 = (g0 + GRANULE_BLOCKS).min(size_blocks).max(b1);
+        if g1 > g0 + GRANULE_BLOCKS {
+            return (b0, b1);
+        }
+        let hole = inner.extents.next_from(g0).is_none_or(|e| e.logical >= g1);
+        if hole {
+            (g0, g1)
+        } else {
+            (b0, b1)
+        }
     }
 
     /// Write preconditions checked under the inode's write lock.
@@ -793,8 +840,9 @@ impl Volume {
     ) -> Result<()> {
         let seg_start = b0 * FS_BLOCK;
         let seg_end = b1 * FS_BLOCK;
-        let d0 = offset.max(seg_start);
-        let d1 = (offset + data.len() as u64).min(seg_end);
+        // A segment of an allocation granule may lie wholly before or after the data.
+        let d0 = offset.clamp(seg_start, seg_end);
+        let d1 = (offset + data.len() as u64).clamp(d0, seg_end);
         let len = seg_end - seg_start;
         with_buf(us(len), |buf| {
             let head = us(d0 - seg_start);
@@ -816,7 +864,9 @@ impl Volume {
                     }
                 }
             }
-            buf[head..tail].copy_from_slice(&data[us(d0 - offset)..us(d1 - offset)]);
+            if tail > head {
+                buf[head..tail].copy_from_slice(&data[us(d0 - offset)..us(d1 - offset)]);
+            }
             self.dev.write_at(phys * FS_BLOCK, buf)
         })
     }

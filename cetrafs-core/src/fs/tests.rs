@@ -692,3 +692,73 @@ fn a_truncate_that_cannot_read_a_bitmap_frees_nothing() {
     let r = crate::check::check_volume(&*d2).unwrap();
     assert!(r.findings.is_empty(), "{:?}", r.findings);
 }
+
+#[test]
+fn an_image_sized_sparse_file_allocates_by_granule() {
+    use super::data::{ALLOC_GRANULE, GRANULE_MIN_SIZE};
+    let (dev, v) = fresh(256 << 20);
+    let root = v.root_ino();
+    let sectors = |ino: Ino| v.getattr(ino).unwrap().blocks;
+    let granule_sectors = ALLOC_GRANULE / 512;
+    let (img, fh) = v.create(root, b"disk.raw", 0o644, C, true).unwrap();
+    let size = GRANULE_MIN_SIZE + 8192;
+    let truncate = SetAttr {
+        size: Some(size),
+        ..SetAttr::default()
+    };
+    v.setattr(img.ino, &truncate, C).unwrap();
+    // First write into an untouched granule: the whole granule is allocated, zero-filled.
+    let g = 5 * ALLOC_GRANULE;
+    v.write(&fh, g + 8192, &[7u8; 4096]).unwrap();
+    assert_eq!(sectors(img.ino), granule_sectors);
+    let mut want = vec![0u8; usize::try_from(ALLOC_GRANULE).unwrap()];
+    want[8192..12288].fill(7);
+    let granule_len = u32::try_from(ALLOC_GRANULE).unwrap();
+    assert_eq!(read_all(&v, &fh, g, granule_len), want);
+    // Writes into it, aligned or not, allocate nothing more.
+    v.write(&fh, g, &[8u8; 4096]).unwrap();
+    v.write(&fh, g + 20_000, &[9u8; 100]).unwrap();
+    assert_eq!(sectors(img.ino), granule_sectors);
+    want[..4096].fill(8);
+    want[20_000..20_100].fill(9);
+    assert_eq!(read_all(&v, &fh, g, granule_len), want);
+    // An unaligned first write: its head and tail are zeros, the rest of the granule too.
+    let g2 = 9 * ALLOC_GRANULE;
+    v.write(&fh, g2 + 5000, &[3u8; 3000]).unwrap();
+    assert_eq!(sectors(img.ino), 2 * granule_sectors);
+    let mut want2 = vec![0u8; usize::try_from(ALLOC_GRANULE).unwrap()];
+    want2[5000..8000].fill(3);
+    assert_eq!(read_all(&v, &fh, g2, granule_len), want2);
+    // The granule at EOF is clipped to the file's size.
+    let last = size - 4096;
+    v.write(&fh, last, &[4u8; 4096]).unwrap();
+    let tail_blocks = (size - GRANULE_MIN_SIZE) / 4096;
+    assert_eq!(sectors(img.ino), 2 * granule_sectors + tail_blocks * 8);
+    // A granule partly allocated by a write before the file was image-sized (or a punch)
+    // allocates only the blocks written.
+    let (small, sfh) = v.create(root, b"small", 0o644, C, true).unwrap();
+    v.write(&sfh, 0, &[1u8; 4096]).unwrap();
+    assert_eq!(
+        sectors(small.ino),
+        8,
+        "a small file allocates exactly what is written"
+    );
+    v.setattr(small.ino, &truncate, C).unwrap();
+    v.write(&sfh, 4096 * 3, &[2u8; 4096]).unwrap();
+    assert_eq!(
+        sectors(small.ino),
+        16,
+        "a granule partly allocated is not widened"
+    );
+    v.release(&fh).unwrap();
+    v.release(&sfh).unwrap();
+    // All of it survives a remount, and fsck finds the blocks accounted for.
+    let (dev2, v2) = remount(&dev, &v);
+    let fh = v2.open(img.ino, false, false).unwrap();
+    assert_eq!(read_all(&v2, &fh, g, granule_len), want);
+    assert_eq!(read_all(&v2, &fh, g2, granule_len), want2);
+    v2.release(&fh).unwrap();
+    v2.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev2).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
