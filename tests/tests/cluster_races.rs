@@ -1813,6 +1813,14 @@ fn verify_mixed(p: &Path) -> (Vec<String>, usize) {
             bad.push(format!("node1's append {s} lost"));
             continue;
         };
+        let k = jumps_before_append(s);
+        if k > 0 && o < jump_base(k) + JUMP_RECS * REC as u64 {
+            bad.push(format!(
+                "node1's append {s} at {o}: below the end of node2's jump {k} ({}), made before \
+                 the append was issued (O_APPEND did not write at the file's end)",
+                jump_base(k) + JUMP_RECS * REC as u64
+            ));
+        }
         if jump_ends.contains(&o) && o != prev_end {
             after_jump += 1;
         } else if o != prev_end {
