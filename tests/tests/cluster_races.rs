@@ -1306,6 +1306,8 @@ fn sigkill_with_100_open_writers_and_two_groups() {
 // node2 moves its own into node1's. Then both rename one contested file (only one may win,
 // the other gets ENOENT) and their own file onto a common target (overwriting). Each round's
 // directories are new, so every move acts on locks and directory blocks no node has cached.
+// A move may fail only with an errno of MOVE_REFUSALS and only in a round where the other
+// node's move succeeded; any other error of any operation fails the test.
 
 /// Rounds (bounded further by FRESH_TIME).
 const FRESH_ROUNDS: usize = 400;
@@ -1324,6 +1326,8 @@ struct FreshOut {
     /// Rounds in which this node's move of its directory into the other's succeeded.
     won: BTreeSet<usize>,
     refused: BTreeMap<String, usize>,
+    /// Rounds in which this node's move was refused.
+    refused_in: BTreeSet<usize>,
     /// Rounds in which this node's rename of the contested file succeeded.
     contested: BTreeSet<usize>,
     /// Renames onto a shared target that succeeded: (round, target index, file id).
@@ -1371,6 +1375,7 @@ fn fresh_round(
         }
         Err(e) if MOVE_REFUSALS.contains(&errno_of(&e)) => {
             *out.refused.entry(errno_name(errno_of(&e))).or_default() += 1;
+            out.refused_in.insert(round);
         }
         Err(e) => out.errors.push(io_err(
             &format!("{}: round {round}: mv {own} {other}/", NODES[k]),
@@ -1543,6 +1548,17 @@ fn cross_node_fresh_directories_moved_into_each_other() {
         both.is_empty(),
         "in rounds {both:?} both directories moved into each other (a loop)"
     );
+    // A move may be refused only because the other one went first (it would close a loop, or
+    // its target moved away): never both refused in one round.
+    for k in 0..2 {
+        let spurious: Vec<&usize> = outs[k].refused_in.difference(&outs[1 - k].won).collect();
+        assert!(
+            spurious.is_empty(),
+            "{}'s move was refused in rounds {spurious:?} although {}'s move did not happen",
+            NODES[k],
+            NODES[1 - k]
+        );
+    }
     let contested_both: Vec<&usize> = outs[0].contested.intersection(&outs[1].contested).collect();
     let contested_none: Vec<usize> = (0..rounds)
         .filter(|r| !outs[0].contested.contains(r) && !outs[1].contested.contains(r))
