@@ -2145,6 +2145,40 @@ fn foreign_tail(i: usize, chunks: usize, tail: &[u8]) -> Option<String> {
     ))
 }
 
+impl Cluster {
+    /// Run `f` (file operations on the mounts) on its own thread for at most `limit`. If it
+    /// blocks longer (a lock nobody will hand over), every daemon is SIGKILLed, so that the
+    /// blocked calls fail and the test fails instead of hanging, and the test panics.
+    fn bounded<T: Send + 'static>(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        if let Ok(v) = rx.recv_timeout(limit) {
+            return v;
+        }
+        let logs = self.logs();
+        for (node, m) in NODES.iter().zip(&mut self.nodes) {
+            if let Some(m) = m.take() {
+                if let Err(e) = m.abandon(Some(libc::SIGKILL)) {
+                    eprintln!("{}: abandoning {node}: {e}", self.test);
+                }
+            }
+        }
+        panic!(
+            "{}: {what} did not finish within {} (a lock still held by a dead node?); the \
+             daemons were SIGKILLed. Their logs before that:\n{logs}",
+            self.test,
+            secs(limit)
+        );
+    }
+}
+
 #[test]
 fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
     require_fuse!();
@@ -2332,45 +2366,46 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
 
     // node2's fsync'd data, read on node3; what survived of the rest is node2's own.
     let m3 = c.n(2).path().to_path_buf();
-    let mut bad = Vec::new();
-    for i in 0..HELD_FILES {
-        let got = fs::read(m3.join(format!("w/f{i}"))).unwrap_or_default();
-        if got.len() < DURABLE_BYTES {
-            bad.push(format!(
-                "w/f{i}: size {} < fsync'd {DURABLE_BYTES}",
-                got.len()
-            ));
-            continue;
-        }
-        for ch in 0..chunks {
-            if got[ch * WRITE_CHUNK..(ch + 1) * WRITE_CHUNK]
-                != pattern(file_key(i, ch), WRITE_CHUNK)[..]
-            {
-                bad.push(format!("w/f{i} chunk {ch} (fsync'd) differs"));
+    let (bad, big_len) = c.bounded("node3 reading node2's files", SURVIVOR_TIME, move || {
+        let mut bad = Vec::new();
+        for i in 0..HELD_FILES {
+            let got = fs::read(m3.join(format!("w/f{i}"))).unwrap_or_default();
+            if got.len() < DURABLE_BYTES {
+                bad.push(format!(
+                    "w/f{i}: size {} < fsync'd {DURABLE_BYTES}",
+                    got.len()
+                ));
+                continue;
+            }
+            for ch in 0..chunks {
+                if got[ch * WRITE_CHUNK..(ch + 1) * WRITE_CHUNK]
+                    != pattern(file_key(i, ch), WRITE_CHUNK)[..]
+                {
+                    bad.push(format!("w/f{i} chunk {ch} (fsync'd) differs"));
+                }
+            }
+            if let Some(p) = foreign_tail(i, chunks, &got[DURABLE_BYTES..]) {
+                bad.push(format!("w/f{i}: unsynced tail: {p}"));
             }
         }
-        if let Some(p) = foreign_tail(i, chunks, &got[DURABLE_BYTES..]) {
-            bad.push(format!("w/f{i}: unsynced tail: {p}"));
+        let got = fs::read(m3.join("big")).unwrap_or_default();
+        for ch in 0..BIG_DURABLE {
+            let want = pattern(held_key(999, ch, 0), BIG_CHUNK);
+            if got.get(ch * BIG_CHUNK..(ch + 1) * BIG_CHUNK) != Some(&want[..]) {
+                bad.push(format!("big chunk {ch} (fsync'd) differs"));
+            }
         }
-    }
-    let got = fs::read(m3.join("big")).unwrap_or_default();
-    for ch in 0..BIG_DURABLE {
-        let want = pattern(held_key(999, ch, 0), BIG_CHUNK);
-        if got.get(ch * BIG_CHUNK..(ch + 1) * BIG_CHUNK) != Some(&want[..]) {
-            bad.push(format!("big chunk {ch} (fsync'd) differs"));
-        }
-    }
+        (bad, got.len().div_ceil(BIG_CHUNK))
+    });
     assert!(
         bad.is_empty(),
         "node2's data read on node3: {:#?}",
         &bad[..bad.len().min(10)]
     );
-    let big_len = got.len().div_ceil(BIG_CHUNK);
 
     // The survivors take the 100 files' locks and allocate, at once, within a bound.
-    let (tx, rx) = std::sync::mpsc::channel();
     let t = Instant::now();
-    for (node, files, big, from) in [
+    let work = [
         (
             0usize,
             (0..HELD_FILES / 2).collect::<Vec<_>>(),
@@ -2378,21 +2413,22 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
             big_len,
         ),
         (2, (HELD_FILES / 2..HELD_FILES).collect(), "big-node3", 0),
-    ] {
-        let (tx, mp) = (tx.clone(), c.n(node).path().to_path_buf());
-        std::thread::spawn(move || {
-            let _ = tx.send((node, survivor_work(mp, node, files, big.to_string(), from)));
-        });
-    }
-    for _ in 0..2 {
-        let (node, r) = rx
-            .recv_timeout(SURVIVOR_TIME.saturating_sub(t.elapsed()))
-            .unwrap_or_else(|_| {
-                panic!(
-                    "the survivors did not finish within {} (a lock still held by node2?)",
-                    secs(SURVIVOR_TIME)
-                )
-            });
+    ]
+    .map(|(node, files, big, from)| (node, c.n(node).path().to_path_buf(), files, big, from));
+    let results = c.bounded("the survivors' writes", SURVIVOR_TIME, move || {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = work
+                .into_iter()
+                .map(|(node, mp, files, big, from)| {
+                    s.spawn(move || (node, survivor_work(mp, node, files, big.to_string(), from)))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("survivor panicked"))
+                .collect::<Vec<_>>()
+        })
+    });
+    for (node, r) in results {
         r.unwrap_or_else(|e| panic!("{}: {e}", NODES[node]));
     }
     eprintln!(
@@ -2401,22 +2437,31 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
         secs(t.elapsed())
     );
     // Each reads the other's files.
-    let mut bad = Vec::new();
-    for i in 0..HELD_FILES {
-        let (writer, reader) = if i < HELD_FILES / 2 { (0, 2) } else { (2, 0) };
-        if let Err(e) = check_survivor_file(c.n(reader).path(), i, writer) {
-            bad.push(format!("read on {}: {e}", NODES[reader]));
-        }
-    }
-    for (big, from, writer) in [("big", big_len, 0usize), ("big-node3", 0, 2)] {
-        let got = fs::read(c.n(2 - writer).p(big)).unwrap_or_default();
-        for ch in from..from + 24 {
-            let want = pattern(held_key(999, ch, 1 + writer as u64), BIG_CHUNK);
-            if got.get(ch * BIG_CHUNK..(ch + 1) * BIG_CHUNK) != Some(&want[..]) {
-                bad.push(format!("{big} chunk {ch} (by {}) differs", NODES[writer]));
+    let mps = [0, 2].map(|i| c.n(i).path().to_path_buf());
+    let bad = c.bounded(
+        "the survivors reading each other's files",
+        SURVIVOR_TIME,
+        move || {
+            let mp = |i: usize| &mps[i / 2];
+            let mut bad = Vec::new();
+            for i in 0..HELD_FILES {
+                let (writer, reader) = if i < HELD_FILES / 2 { (0, 2) } else { (2, 0) };
+                if let Err(e) = check_survivor_file(mp(reader), i, writer) {
+                    bad.push(format!("read on {}: {e}", NODES[reader]));
+                }
             }
-        }
-    }
+            for (big, from, writer) in [("big", big_len, 0usize), ("big-node3", 0, 2)] {
+                let got = fs::read(mp(2 - writer).join(big)).unwrap_or_default();
+                for ch in from..from + 24 {
+                    let want = pattern(held_key(999, ch, 1 + writer as u64), BIG_CHUNK);
+                    if got.get(ch * BIG_CHUNK..(ch + 1) * BIG_CHUNK) != Some(&want[..]) {
+                        bad.push(format!("{big} chunk {ch} (by {}) differs", NODES[writer]));
+                    }
+                }
+            }
+            bad
+        },
+    );
     assert!(bad.is_empty(), "{:#?}", &bad[..bad.len().min(10)]);
     c.mount(1, &[], &[]);
     fs::write(c.n(1).p("after-node2"), b"back").expect("node2 after remount");
