@@ -14,6 +14,19 @@
 //!    global metadata lock exclusively with 100 files open for writing and a running
 //!    transaction that frees in one allocation group and allocates in another; the others
 //!    recover it within the dead time + margin and carry on; the recovery time is printed.
+//! 4. `cross_node_fresh_directories_moved_into_each_other`: every round two new directories,
+//!    node1 moves the first into the second while node2 moves the second into the first, and
+//!    both rename the same file inside one shared directory (one wins, the other gets ENOENT)
+//!    and their own files onto common targets there. node3, and a fresh mount, find every
+//!    entry created exactly once where the outcomes say; fsck -n clean.
+//! 5. `nofilelock_append_and_extend_one_file`: two `nofilelock` nodes extend one file at once,
+//!    node1 with O_APPEND, node2 with pwrites beyond EOF and into the holes that leaves; node3
+//!    and a fresh mount verify every byte (lost, torn, duplicated or misplaced records).
+//! 6. `sigkill_holding_100_inode_locks_then_survivors_take_them`: node2 is SIGKILLed while the
+//!    lock area shows it owning the inode locks of 100 files it keeps extending and truncating
+//!    (and the global lock, which covers the groups its running transaction allocates in);
+//!    after the recovery the area names it nowhere, its fsync'd data is intact, and node1 and
+//!    node3 overwrite, truncate and grow those files and allocate, within a bound.
 //!
 //! Written against today's design (one global metadata lock) so that they hold as well when
 //! per-object locks replace it: they assert on what applications and fsck see, not on which
@@ -1279,6 +1292,1177 @@ fn sigkill_with_100_open_writers_and_two_groups() {
         &bad[..bad.len().min(10)]
     );
     // node2 comes back and works too.
+    c.mount(1, &[], &[]);
+    fs::write(c.n(1).p("after-node2"), b"back").expect("node2 after remount");
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 4. Fresh directories moved into each other from two nodes, and renames inside one shared
+//    directory (same source from both nodes; both onto the same target)
+//
+// Every round each node makes a new directory (with a file in it) at the root and two files in
+// the shared directory; then, released together, node1 moves its directory into node2's while
+// node2 moves its own into node1's. Then both rename one contested file (only one may win,
+// the other gets ENOENT) and their own file onto a common target (overwriting). Each round's
+// directories are new, so every move acts on locks and directory blocks no node has cached.
+// A move may fail only with an errno of MOVE_REFUSALS and only in a round where the other
+// node's move succeeded; any other error of any operation fails the test.
+
+/// Rounds (bounded further by FRESH_TIME).
+const FRESH_ROUNDS: usize = 400;
+const FRESH_TIME: Duration = Duration::from_secs(12);
+const SHARED_DIR: &str = "S";
+/// What a refused move into the other's directory may report: EINVAL (a loop, as the kernel
+/// says on one node), ENOENT (the target's parent moved away), EBUSY, ESTALE.
+const MOVE_REFUSALS: [i32; 4] = [libc::EINVAL, libc::ENOENT, libc::EBUSY, libc::ESTALE];
+
+fn fresh_dir(k: usize, round: usize) -> String {
+    format!("r{round}-{}", MOVERS[k].to_lowercase())
+}
+
+#[derive(Debug, Default)]
+struct FreshOut {
+    /// Rounds in which this node's move of its directory into the other's succeeded.
+    won: BTreeSet<usize>,
+    refused: BTreeMap<String, usize>,
+    /// Rounds in which this node's move was refused.
+    refused_in: BTreeSet<usize>,
+    /// Rounds in which this node's rename of the contested file succeeded.
+    contested: BTreeSet<usize>,
+    /// Renames onto a shared target that succeeded: (round, target index, file id).
+    renamed: Vec<(usize, usize, String)>,
+    /// Entries this node created.
+    created: usize,
+    errors: Vec<String>,
+}
+
+/// Node `k`'s part of one round of `cross_node_fresh_directories_moved_into_each_other`.
+fn fresh_round(
+    k: usize,
+    mp: &Path,
+    round: usize,
+    sync: (&Barrier, &AtomicBool, Instant),
+    out: &mut FreshOut,
+) -> bool {
+    let (barrier, stop, t0) = sync;
+    let own = fresh_dir(k, round);
+    let other = fresh_dir(1 - k, round);
+    let s = mp.join(SHARED_DIR);
+    let mine = format!("{}-r{round}", NODES[k]);
+    let contested = format!("c-r{round}");
+    let mut made = vec![
+        fs::create_dir(mp.join(&own)),
+        fs::write(mp.join(&own).join("f"), id_content(&own)),
+        fs::write(s.join(&mine), id_content(&mine)),
+    ];
+    if k == 0 {
+        made.push(fs::write(s.join(&contested), id_content(&contested)));
+    }
+    for (i, r) in made.into_iter().enumerate() {
+        match r {
+            Ok(()) => out.created += 1,
+            Err(e) => out.errors.push(io_err(
+                &format!("{}: round {round}: create #{i}", NODES[k]),
+                &e,
+            )),
+        }
+    }
+    barrier.wait();
+    match fs::rename(mp.join(&own), mp.join(&other).join(&own)) {
+        Ok(()) => {
+            out.won.insert(round);
+        }
+        Err(e) if MOVE_REFUSALS.contains(&errno_of(&e)) => {
+            *out.refused.entry(errno_name(errno_of(&e))).or_default() += 1;
+            out.refused_in.insert(round);
+        }
+        Err(e) => out.errors.push(io_err(
+            &format!("{}: round {round}: mv {own} {other}/", NODES[k]),
+            &e,
+        )),
+    }
+    barrier.wait();
+    match fs::rename(
+        s.join(&contested),
+        s.join(format!("{contested}-{}", NODES[k])),
+    ) {
+        Ok(()) => {
+            out.contested.insert(round);
+        }
+        Err(e) if errno_of(&e) == libc::ENOENT => {}
+        Err(e) => out.errors.push(io_err(
+            &format!("{}: round {round}: contested rename", NODES[k]),
+            &e,
+        )),
+    }
+    let t = round % TARGETS;
+    match fs::rename(s.join(&mine), s.join(format!("t{t}"))) {
+        Ok(()) => out.renamed.push((round, t, mine)),
+        Err(e) => out.errors.push(io_err(
+            &format!("{}: round {round}: rename {mine} onto t{t}", NODES[k]),
+            &e,
+        )),
+    }
+    if !out.errors.is_empty() || t0.elapsed() > FRESH_TIME {
+        stop.store(true, Ordering::SeqCst);
+    }
+    barrier.wait();
+    stop.load(Ordering::SeqCst)
+}
+
+/// The tree the rounds must leave: relative path -> is a directory.
+fn fresh_model(rounds: usize, outs: &[FreshOut]) -> BTreeMap<String, bool> {
+    let mut m = BTreeMap::new();
+    m.insert(SHARED_DIR.to_string(), true);
+    for t in 0..TARGETS {
+        m.insert(format!("{SHARED_DIR}/t{t}"), false);
+    }
+    for r in 0..rounds {
+        let (a, b) = (fresh_dir(0, r), fresh_dir(1, r));
+        let (pa, pb) = match (outs[0].won.contains(&r), outs[1].won.contains(&r)) {
+            (true, false) => (format!("{b}/{a}"), b.clone()),
+            (false, true) => (a.clone(), format!("{a}/{b}")),
+            // Both refused (both moved would be a loop, asserted before).
+            _ => (a.clone(), b.clone()),
+        };
+        for p in [pa, pb] {
+            m.insert(format!("{p}/f"), false);
+            m.insert(p, true);
+        }
+        for (k, o) in outs.iter().enumerate() {
+            if o.contested.contains(&r) {
+                m.insert(format!("{SHARED_DIR}/c-r{r}-{}", NODES[k]), false);
+            }
+        }
+    }
+    m
+}
+
+/// Compare a walk with the model: missing, unexpected, wrong type, wrong link count, an inode
+/// under two names, a directory's file with foreign content.
+fn fresh_check(root: &Path, model: &BTreeMap<String, bool>) -> Vec<String> {
+    let (found, mut bad) = walk(root);
+    for (p, is_dir) in model {
+        match found.get(p) {
+            None => bad.push(format!("{p} missing")),
+            Some((_, d, _)) if d != is_dir => {
+                bad.push(format!("{p}: is_dir {d}, expected {is_dir}"))
+            }
+            Some(_) => {}
+        }
+    }
+    for p in found.keys().filter(|p| !model.contains_key(*p)) {
+        bad.push(format!("{p} unexpected"));
+    }
+    let mut inodes: BTreeMap<u64, Vec<&String>> = BTreeMap::new();
+    for (p, (ino, is_dir, nlink)) in &found {
+        inodes.entry(*ino).or_default().push(p);
+        let want = if *is_dir {
+            2 + found
+                .iter()
+                .filter(|(q, (_, d, _))| *d && Path::new(q).parent() == Some(Path::new(p)))
+                .count() as u64
+        } else {
+            1
+        };
+        if *nlink != want {
+            bad.push(format!("{p}: nlink {nlink}, expected {want}"));
+        }
+        if !is_dir && p.ends_with("/f") {
+            let dir = Path::new(p)
+                .parent()
+                .and_then(Path::file_name)
+                .map(|n| n.to_string_lossy().into_owned())
+                .unwrap_or_default();
+            match fs::read(root.join(p)) {
+                Ok(b) if b == id_content(&dir) => {}
+                Ok(b) => bad.push(format!("{p} holds {:?}", String::from_utf8_lossy(&b))),
+                Err(e) => bad.push(io_err(&format!("read {p}"), &e)),
+            }
+        }
+    }
+    for (ino, names) in inodes.iter().filter(|(_, n)| n.len() > 1) {
+        bad.push(format!(
+            "inode {ino} under {} names: {names:?}",
+            names.len()
+        ));
+    }
+    bad
+}
+
+#[test]
+fn cross_node_fresh_directories_moved_into_each_other() {
+    require_fuse!();
+    let _serial = serial();
+    let test = "cross_node_fresh_directories_moved_into_each_other";
+    let mut c = Cluster::formatted(test, &[]);
+    for i in 0..NODES.len() {
+        c.mount(i, &[], &[]);
+    }
+    let m1 = c.n(0).path().to_path_buf();
+    fs::create_dir(m1.join(SHARED_DIR)).expect("mkdir S");
+    for t in 0..TARGETS {
+        let p = format!("{SHARED_DIR}/t{t}");
+        fs::write(m1.join(&p), id_content(&p)).expect("create target");
+    }
+    fsync_dir(&m1.join(SHARED_DIR)).expect("fsync S");
+    wait_exists(&c.n(1).p(format!("{SHARED_DIR}/t{}", TARGETS - 1)));
+
+    let barrier = Barrier::new(2);
+    let stop = AtomicBool::new(false);
+    let t0 = Instant::now();
+    let outs: Vec<(FreshOut, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|k| {
+                let mp = c.n(k).path().to_path_buf();
+                let sync = (&barrier, &stop, t0);
+                s.spawn(move || {
+                    let mut out = FreshOut::default();
+                    let mut rounds = 0;
+                    while rounds < FRESH_ROUNDS {
+                        rounds += 1;
+                        if fresh_round(k, &mp, rounds - 1, sync, &mut out) {
+                            break;
+                        }
+                    }
+                    (out, rounds)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("race thread panicked"))
+            .collect()
+    });
+    assert_eq!(outs[0].1, outs[1].1, "both nodes ran the same rounds");
+    let rounds = outs[0].1;
+    let outs: Vec<FreshOut> = outs.into_iter().map(|(o, _)| o).collect();
+    let raced = t0.elapsed();
+    let errors: Vec<&String> = outs.iter().flat_map(|o| &o.errors).collect();
+    assert!(
+        errors.is_empty(),
+        "unexpected errors during the race:\n  {errors:#?}"
+    );
+    let both: Vec<&usize> = outs[0].won.intersection(&outs[1].won).collect();
+    assert!(
+        both.is_empty(),
+        "in rounds {both:?} both directories moved into each other (a loop)"
+    );
+    // A move may be refused only because the other one went first (it would close a loop, or
+    // its target moved away): never both refused in one round.
+    for k in 0..2 {
+        let spurious: Vec<&usize> = outs[k].refused_in.difference(&outs[1 - k].won).collect();
+        assert!(
+            spurious.is_empty(),
+            "{}'s move was refused in rounds {spurious:?} although {}'s move did not happen",
+            NODES[k],
+            NODES[1 - k]
+        );
+    }
+    let contested_both: Vec<&usize> = outs[0].contested.intersection(&outs[1].contested).collect();
+    let contested_none: Vec<usize> = (0..rounds)
+        .filter(|r| !outs[0].contested.contains(r) && !outs[1].contested.contains(r))
+        .collect();
+    assert!(
+        contested_both.is_empty() && contested_none.is_empty(),
+        "one rename of the same file from two nodes must win: both won in rounds \
+         {contested_both:?}, none in {contested_none:?}"
+    );
+    let won = outs[0].won.len() + outs[1].won.len();
+    let created: usize = outs.iter().map(|o| o.created).sum();
+    eprintln!(
+        "{test}: {rounds} rounds in {}; moves won by node1 {} / node2 {}, refused: {:?} / {:?}; \
+         contested renames won by node1 {} / node2 {}; {created} entries created",
+        secs(raced),
+        outs[0].won.len(),
+        outs[1].won.len(),
+        outs[0].refused,
+        outs[1].refused,
+        outs[0].contested.len(),
+        outs[1].contested.len()
+    );
+    assert!(won > 0, "no move ever succeeded in {rounds} rounds");
+
+    // Each target holds the file of one of the last renames onto it.
+    let last: BTreeMap<usize, usize> = outs
+        .iter()
+        .flat_map(|o| o.renamed.iter().map(|(r, t, _)| (*t, *r)))
+        .fold(BTreeMap::new(), |mut m, (t, r)| {
+            let e = m.entry(t).or_insert(r);
+            *e = (*e).max(r);
+            m
+        });
+    let model = fresh_model(rounds, &outs);
+    // Entries: created + the initial S and targets, minus the targets overwritten and the
+    // contested files' losers (none: a rename keeps the count).
+    let overwritten: usize = outs.iter().map(|o| o.renamed.len()).sum();
+    assert_eq!(
+        model.len(),
+        created + 1 + TARGETS - overwritten,
+        "the model counts every entry created once"
+    );
+    let check_targets = |root: &Path| -> Vec<String> {
+        let mut bad = Vec::new();
+        for t in 0..TARGETS {
+            let p = format!("{SHARED_DIR}/t{t}");
+            let got = fs::read(root.join(&p)).unwrap_or_default();
+            let ok =
+                outs.iter().flat_map(|o| &o.renamed).any(|(r, tt, id)| {
+                    *tt == t && last.get(&t) == Some(r) && id_content(id) == got
+                }) || (!last.contains_key(&t) && got == id_content(&p));
+            if !ok {
+                bad.push(format!("{p} holds {:?}", String::from_utf8_lossy(&got)));
+            }
+        }
+        bad
+    };
+    // node3 (which never looked at these directories) walks from the root.
+    let m3 = c.n(2).path().to_path_buf();
+    let mut bad = Vec::new();
+    let settled = poll_until(Duration::from_secs(5), || {
+        bad = fresh_check(&m3, &model);
+        bad.extend(check_targets(&m3));
+        bad.is_empty()
+    });
+    assert!(
+        settled.is_some(),
+        "node3's tree ({} entries expected): {:#?}",
+        model.len(),
+        &bad[..bad.len().min(20)]
+    );
+    eprintln!("{test}: node3 found all {} entries, each once", model.len());
+    c.unmount_all_and_fsck();
+    // What is on disk: a fresh mount walks it again.
+    c.mount(2, &[], &[]);
+    let m3 = c.n(2).path().to_path_buf();
+    let mut bad = fresh_check(&m3, &model);
+    bad.extend(check_targets(&m3));
+    assert!(
+        bad.is_empty(),
+        "after remount: {:#?}",
+        &bad[..bad.len().min(20)]
+    );
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 5. Two nofilelock nodes extend one file at once: O_APPEND on one, pwrite beyond EOF and into
+//    the holes that leaves on the other
+//
+// node1 appends MIX_APPENDS records with O_APPEND. node2 jumps: for k = 1..=JUMPS it writes 16
+// records (4 KiB, not block-aligned) at about k MiB — beyond EOF, so the file grows and node1's
+// later appends must land after them — and then fills the hole below that jump (HOLE_BYTES,
+// 16 KiB pwrites that are not block-aligned either). node2 waits for its share of node1's
+// appends before jump k, and node1 waits for jump k half a share later, so each jump races
+// some appends and is followed by at least one, however fast either node runs. The layout
+// keeps the two apart by construction (all appends together are shorter than the gap between
+// one jump and the hole below the next), so every byte has exactly one expected writer: node3
+// finds every record once, whole, node2's where they were written, each append right after
+// the previous one or right after one of node2's jumps, and zeros everywhere else.
+
+const MIX_APPENDS: u32 = 600;
+const JUMPS: u64 = 24;
+const JUMP_STRIDE: u64 = 1 << 20;
+const JUMP_RECS: u64 = 16;
+const HOLE_BYTES: u64 = 64 << 10;
+const HOLE_WRITE: u64 = 16 << 10;
+const HOLE_RECS: u64 = HOLE_BYTES / REC as u64;
+const RECS_PER_JUMP: u64 = JUMP_RECS + HOLE_RECS;
+
+/// Where jump `k`'s 16 records start: about k MiB, off block alignment by k x 256 bytes.
+fn jump_base(k: u64) -> u64 {
+    k * JUMP_STRIDE + (k % 16) * REC as u64
+}
+
+/// node1's appends before node2's jump `k` (1..=JUMPS) may start.
+fn append_share(k: u64) -> u32 {
+    u32::try_from(k * u64::from(MIX_APPENDS) / (JUMPS + 1)).unwrap_or(MIX_APPENDS)
+}
+
+/// Append `seq` waits for this many of node2's jumps.
+fn jumps_before_append(seq: u32) -> u64 {
+    let half = append_share(1) / 2;
+    (1..=JUMPS)
+        .filter(|&k| seq >= append_share(k) + half)
+        .max()
+        .unwrap_or(0)
+}
+
+/// The offset node2's record `seq` belongs at.
+fn node2_offset(seq: u32) -> u64 {
+    let s = u64::from(seq);
+    let k = s / RECS_PER_JUMP + 1;
+    let i = s % RECS_PER_JUMP;
+    if i < JUMP_RECS {
+        jump_base(k) + i * REC as u64
+    } else {
+        jump_base(k) - HOLE_BYTES + (i - JUMP_RECS) * REC as u64
+    }
+}
+
+fn records(writer: u8, seqs: std::ops::Range<u64>) -> Vec<u8> {
+    seqs.flat_map(|s| record_bytes(writer, u32::try_from(s).unwrap_or(u32::MAX)))
+        .collect()
+}
+
+/// node2's side: JUMPS jumps beyond EOF, each followed by the fill of the hole below it.
+fn jump_writer(
+    p: &Path,
+    appended: &std::sync::atomic::AtomicU32,
+    jumped: &std::sync::atomic::AtomicU64,
+    barrier: &Barrier,
+) -> Result<(), String> {
+    let r = jumps(p, appended, jumped, barrier);
+    // node1 must not wait for jumps that will never come.
+    jumped.store(JUMPS, Ordering::SeqCst);
+    r
+}
+
+fn jumps(
+    p: &Path,
+    appended: &std::sync::atomic::AtomicU32,
+    jumped: &std::sync::atomic::AtomicU64,
+    barrier: &Barrier,
+) -> Result<(), String> {
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .open(p)
+        .map_err(|e| io_err("node2 open", &e))?;
+    barrier.wait();
+    for k in 1..=JUMPS {
+        // Let node1 append its share first (it stops early only if it failed).
+        let share = append_share(k);
+        if poll_until(Duration::from_secs(30), || {
+            appended.load(Ordering::SeqCst) >= share
+        })
+        .is_none()
+        {
+            return Err(format!(
+                "node2: node1 did not reach {share} appends within 30 s"
+            ));
+        }
+        let first = (k - 1) * RECS_PER_JUMP;
+        let off = jump_base(k);
+        f.write_all_at(&records(2, first..first + JUMP_RECS), off)
+            .map_err(|e| io_err(&format!("node2 pwrite beyond EOF at {off}"), &e))?;
+        jumped.store(k, Ordering::SeqCst);
+        let per = HOLE_WRITE / REC as u64;
+        for h in 0..HOLE_BYTES / HOLE_WRITE {
+            let s0 = first + JUMP_RECS + h * per;
+            let off = off - HOLE_BYTES + h * HOLE_WRITE;
+            f.write_all_at(&records(2, s0..s0 + per), off)
+                .map_err(|e| io_err(&format!("node2 pwrite into the hole at {off}"), &e))?;
+        }
+    }
+    f.sync_all().map_err(|e| io_err("node2 fsync", &e))
+}
+
+/// Every byte of the file as node3 (or a fresh mount) reads it; what is wrong, and how many
+/// appends landed right after one of node2's jumps.
+fn verify_mixed(p: &Path) -> (Vec<String>, usize) {
+    let data = match fs::read(p) {
+        Ok(d) => d,
+        Err(e) => return (vec![io_err("read", &e)], 0),
+    };
+    let mut bad = Vec::new();
+    let size = fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    if size != data.len() as u64 {
+        bad.push(format!("size {size}, read {} bytes", data.len()));
+    }
+    if !data.len().is_multiple_of(REC) {
+        bad.push(format!(
+            "size {} is not a whole number of records",
+            data.len()
+        ));
+    }
+    let n2 = u32::try_from(JUMPS * RECS_PER_JUMP).unwrap_or(u32::MAX);
+    let mut seen: BTreeMap<(u8, u32), Vec<u64>> = BTreeMap::new();
+    let mut last_nonzero = None;
+    for (i, r) in data.chunks(REC).enumerate() {
+        let off = (i * REC) as u64;
+        if r.iter().all(|&b| b == 0) {
+            continue;
+        }
+        last_nonzero = Some(off);
+        match (r.len() == REC).then(|| parse_record(r)).flatten() {
+            Some((w, s)) if (w == 1 && s < MIX_APPENDS) || (w == 2 && s < n2) => {
+                seen.entry((w, s)).or_default().push(off);
+            }
+            Some(id) => bad.push(format!("byte {off}: record {id:?} nobody wrote")),
+            None => bad.push(format!("byte {off}: torn or foreign 256 bytes")),
+        }
+    }
+    if let Some(off) = last_nonzero {
+        if off + REC as u64 != data.len() as u64 {
+            bad.push(format!(
+                "size {} but the last record ends at {}",
+                data.len(),
+                off + REC as u64
+            ));
+        }
+    }
+    for ((w, s), offs) in seen.iter().filter(|(_, o)| o.len() > 1) {
+        bad.push(format!(
+            "node{w}'s record {s} present {} times at {offs:?}",
+            offs.len()
+        ));
+    }
+    for s in 0..n2 {
+        match seen.get(&(2, s)).map(Vec::as_slice) {
+            None => bad.push(format!("node2's record {s} (at {}) lost", node2_offset(s))),
+            Some([o]) if *o != node2_offset(s) => {
+                bad.push(format!(
+                    "node2's record {s} at {o}, written at {}",
+                    node2_offset(s)
+                ));
+            }
+            _ => {}
+        }
+    }
+    let jump_ends: BTreeSet<u64> = (1..=JUMPS)
+        .map(|k| jump_base(k) + JUMP_RECS * REC as u64)
+        .collect();
+    let mut after_jump = 0;
+    let mut prev_end = 0u64;
+    for s in 0..MIX_APPENDS {
+        let Some(&o) = seen.get(&(1, s)).and_then(|v| v.first()) else {
+            bad.push(format!("node1's append {s} lost"));
+            continue;
+        };
+        let k = jumps_before_append(s);
+        if k > 0 && o < jump_base(k) + JUMP_RECS * REC as u64 {
+            bad.push(format!(
+                "node1's append {s} at {o}: below the end of node2's jump {k} ({}), made before \
+                 the append was issued (O_APPEND did not write at the file's end)",
+                jump_base(k) + JUMP_RECS * REC as u64
+            ));
+        }
+        if jump_ends.contains(&o) && o != prev_end {
+            after_jump += 1;
+        } else if o != prev_end {
+            bad.push(format!(
+                "node1's append {s} at {o}: neither right after its append {} (ends at \
+                 {prev_end}) nor right after a jump of node2",
+                s.saturating_sub(1)
+            ));
+        }
+        prev_end = o + REC as u64;
+    }
+    (bad, after_jump)
+}
+
+#[test]
+fn nofilelock_append_and_extend_one_file() {
+    require_fuse!();
+    let _serial = serial();
+    let test = "nofilelock_append_and_extend_one_file";
+    const {
+        assert!(
+            (MIX_APPENDS as u64) * (REC as u64) + JUMP_RECS * (REC as u64) + 16 * (REC as u64)
+                < JUMP_STRIDE - HOLE_BYTES,
+            "the appends fit between one jump and the hole below the next"
+        );
+    }
+    let mut c = Cluster::formatted(test, &[]);
+    mount_nofilelock_pair(&mut c);
+    let name = "grow";
+    fs::File::create_new(c.n(0).p(name))
+        .and_then(|f| f.sync_all())
+        .expect("create the shared file");
+    wait_exists(&c.n(1).p(name));
+    let appended = std::sync::atomic::AtomicU32::new(0);
+    let jumped = std::sync::atomic::AtomicU64::new(0);
+    let barrier = Barrier::new(2);
+    let t0 = Instant::now();
+    let (r1, r2) = std::thread::scope(|s| {
+        let p1 = c.n(0).p(name);
+        let p2 = c.n(1).p(name);
+        let (appended, jumped, barrier) = (&appended, &jumped, &barrier);
+        let h2 = s.spawn(move || jump_writer(&p2, appended, jumped, barrier));
+        let h1 = s.spawn(move || -> Result<(), String> {
+            let r = (|| {
+                let mut f = fs::OpenOptions::new()
+                    .append(true)
+                    .open(&p1)
+                    .map_err(|e| io_err("node1 open O_APPEND", &e))?;
+                barrier.wait();
+                for seq in 0..MIX_APPENDS {
+                    let k = jumps_before_append(seq);
+                    if poll_until(Duration::from_secs(30), || {
+                        jumped.load(Ordering::SeqCst) >= k
+                    })
+                    .is_none()
+                    {
+                        return Err(format!("node1: node2 did not make jump {k} within 30 s"));
+                    }
+                    f.write_all(&record_bytes(1, seq))
+                        .map_err(|e| io_err(&format!("node1 append {seq}"), &e))?;
+                    appended.fetch_add(1, Ordering::SeqCst);
+                }
+                f.sync_all().map_err(|e| io_err("node1 fsync", &e))
+            })();
+            // node2 must not wait for appends that will never come.
+            appended.store(MIX_APPENDS, Ordering::SeqCst);
+            r
+        });
+        (
+            h1.join().expect("appender panicked"),
+            h2.join().expect("jump writer panicked"),
+        )
+    });
+    let took = t0.elapsed();
+    r1.unwrap_or_else(|e| panic!("{e}"));
+    r2.unwrap_or_else(|e| panic!("{e}"));
+    std::thread::sleep(Duration::from_secs(1));
+    let (bad, after_jump) = verify_mixed(&c.n(2).p(name));
+    let size = fs::metadata(c.n(2).p(name)).map(|m| m.len()).unwrap_or(0);
+    eprintln!(
+        "{test}: node1 {MIX_APPENDS} appends, node2 {JUMPS} jumps beyond EOF + {} hole writes \
+         in {}; node3 reads {size} bytes: {} problems, {after_jump} appends landed right after \
+         a jump of node2",
+        JUMPS * (HOLE_BYTES / HOLE_WRITE),
+        secs(took),
+        bad.len()
+    );
+    assert!(
+        bad.is_empty(),
+        "node3 reads: {:#?}",
+        &bad[..bad.len().min(20)]
+    );
+    assert_eq!(
+        after_jump,
+        usize::try_from(JUMPS).unwrap_or(0),
+        "appends right after a jump of node2 (each jump is followed by appends)"
+    );
+    c.unmount_all_and_fsck();
+    c.mount(2, &[], &[]);
+    let (bad, _) = verify_mixed(&c.n(2).p(name));
+    assert!(
+        bad.is_empty(),
+        "after remount: {:#?}",
+        &bad[..bad.len().min(20)]
+    );
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
+// 6. SIGKILL while holding 100 inode locks exclusively and allocating in two groups; the
+//    survivors then take those locks: write, truncate and grow the 100 files, and allocate
+//
+// node2 writes and fsyncs 100 files and a big file, then keeps extending and truncating the
+// 100 files (each change takes the file's inode lock exclusively, and the node keeps it) while
+// a second thread grows the big file megabyte by megabyte across allocation groups. Just before
+// the SIGKILL the test reads the object-lock area from the LUN: node2 must own all 100 inode
+// locks, and either two group locks or the global lock (which covers every group until group
+// locks exist) exclusively; node2's write log must show its running transaction writing data
+// into two groups. After a survivor logs the recovery, the area must name node2 nowhere, node2's
+// fsync'd data must be intact, and node1 and node3 each overwrite, truncate and grow 50 of the
+// files and allocate (node1 grows node2's big file, node3 a new one), within a time bound; node3
+// then reads node1's files and node1 node3's. fsck -n clean after all unmount.
+
+const HELD_FILES: usize = 100;
+const BIG_CHUNK: usize = 1 << 20;
+/// The big file's fsync'd part.
+const BIG_DURABLE: usize = 8;
+/// How long the survivors may take for their part (a lock left to the dead node blocks forever).
+const SURVIVOR_TIME: Duration = Duration::from_secs(40);
+
+fn held_key(i: usize, chunk: usize, round: u64) -> u64 {
+    0xBEEF_0000_0000_0000 | (round << 40) | ((i as u64) << 24) | chunk as u64
+}
+
+/// What the object-lock area says `slot` owns: inode numbers owned exclusively, group locks
+/// owned exclusively, entries naming the slot at all.
+fn owned_by(c: &Cluster, sb: &Superblock, slot: u32) -> (BTreeSet<u64>, usize, usize) {
+    use cetrafs_core::cluster::object_lock::{Class, ObjectId};
+    use cetrafs_core::format::object_lock::{Bucket, Role};
+    let area = sb
+        .object_lock_area()
+        .expect("a v3 volume has an object-lock area");
+    let lbs = usize::try_from(sb.logical_block_size).expect("lbs fits");
+    let raw = c.lun.peek(
+        area.bucket_offset,
+        usize::try_from(area.buckets).expect("buckets fit") * lbs,
+    );
+    let (mut inodes, mut groups, mut named) = (BTreeSet::new(), 0, 0);
+    for (i, b) in raw.chunks_exact(lbs).enumerate() {
+        let Ok(bucket) = Bucket::decode(b, i as u64) else {
+            continue;
+        };
+        for e in &bucket.entries {
+            let Some(m) = e.mention(slot) else {
+                continue;
+            };
+            named += 1;
+            if m.role != Role::Owner {
+                continue;
+            }
+            match ObjectId::from_raw(e.object).map(ObjectId::class) {
+                Ok(Class::Inode) => {
+                    inodes.insert(e.object);
+                }
+                Ok(Class::Group) => groups += 1,
+                _ => {}
+            }
+        }
+    }
+    (inodes, groups, named)
+}
+
+/// A survivor's part: overwrite, truncate and grow each of `files`, allocate BIG_CHUNKs in
+/// `big`, fsync everything. Runs on its own thread so that a hang is reported, not waited for.
+fn survivor_work(
+    mp: PathBuf,
+    node: usize,
+    files: Vec<usize>,
+    big: String,
+    big_from: usize,
+) -> Result<(), String> {
+    let who = NODES[node];
+    let round = 1 + node as u64;
+    for i in files {
+        let p = mp.join(format!("w/f{i}"));
+        let f = fs::OpenOptions::new()
+            .write(true)
+            .open(&p)
+            .map_err(|e| io_err(&format!("{who}: open w/f{i}"), &e))?;
+        f.write_all_at(&pattern(held_key(i, 0, round), WRITE_CHUNK), 0)
+            .map_err(|e| io_err(&format!("{who}: overwrite w/f{i}"), &e))?;
+        f.set_len(100_000)
+            .map_err(|e| io_err(&format!("{who}: truncate w/f{i}"), &e))?;
+        f.write_all_at(
+            &pattern(held_key(i, 5, round), WRITE_CHUNK),
+            (5 * WRITE_CHUNK) as u64,
+        )
+        .map_err(|e| io_err(&format!("{who}: grow w/f{i}"), &e))?;
+        f.sync_all()
+            .map_err(|e| io_err(&format!("{who}: fsync w/f{i}"), &e))?;
+    }
+    let f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(mp.join(&big))
+        .map_err(|e| io_err(&format!("{who}: open {big}"), &e))?;
+    for ch in big_from..big_from + 24 {
+        f.write_all_at(
+            &pattern(held_key(999, ch, round), BIG_CHUNK),
+            (ch * BIG_CHUNK) as u64,
+        )
+        .map_err(|e| io_err(&format!("{who}: allocate in {big} chunk {ch}"), &e))?;
+    }
+    f.sync_all()
+        .map_err(|e| io_err(&format!("{who}: fsync {big}"), &e))
+}
+
+/// What a file written by `survivor_work` of `node` must hold.
+fn check_survivor_file(mp: &Path, i: usize, node: usize) -> Result<(), String> {
+    let round = 1 + node as u64;
+    let got = fs::read(mp.join(format!("w/f{i}"))).map_err(|e| io_err("read", &e))?;
+    let mut want = pattern(held_key(i, 0, round), WRITE_CHUNK);
+    want.extend_from_slice(&pattern(file_key(i, 1), WRITE_CHUNK)[..100_000 - WRITE_CHUNK]);
+    want.resize(5 * WRITE_CHUNK, 0);
+    want.extend_from_slice(&pattern(held_key(i, 5, round), WRITE_CHUNK));
+    if got.len() != want.len() {
+        return Err(format!(
+            "w/f{i}: size {}, expected {}",
+            got.len(),
+            want.len()
+        ));
+    }
+    match got.iter().zip(&want).position(|(a, b)| a != b) {
+        Some(b) => Err(format!(
+            "w/f{i} (written by {}): byte {b} differs",
+            NODES[node]
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Each 4 KiB block of a file's unsynced tail is zeros or one of node2's phase-2 writes of that
+/// file (a crash may leave any mix of them, and a truncation's zeros); else say what it holds.
+fn foreign_tail(i: usize, chunks: usize, tail: &[u8]) -> Option<String> {
+    const B: usize = FS_BLOCK_SIZE;
+    let rounds: Vec<Vec<u8>> = (1..200u64)
+        .step_by(2)
+        .map(|r| pattern(held_key(i, chunks, r), WRITE_CHUNK))
+        .collect();
+    let foreign: Vec<usize> = tail
+        .chunks(B)
+        .enumerate()
+        .filter(|(b, blk)| {
+            blk.iter().any(|&x| x != 0)
+                && !rounds
+                    .iter()
+                    .any(|w| blk.iter().zip(&w[b * B..]).all(|(x, y)| x == y || *x == 0))
+        })
+        .map(|(b, _)| b)
+        .collect();
+    let &first = foreign.first()?;
+    // Whose data is it? The first 8 bytes of every 4 KiB piece this test wrote.
+    let mut whose: BTreeMap<[u8; 8], String> = BTreeMap::new();
+    let mut add = |what: String, data: &[u8]| {
+        for (o, piece) in data.chunks(B).enumerate() {
+            if let Ok(k) = piece[..8].try_into() {
+                whose
+                    .entry(k)
+                    .or_insert_with(|| format!("{what} at +{}", o * B));
+            }
+        }
+    };
+    for ch in 0..512 {
+        add(
+            format!("big chunk {ch}"),
+            &pattern(held_key(999, ch, 0), BIG_CHUNK),
+        );
+    }
+    for j in 0..HELD_FILES {
+        for ch in 0..chunks {
+            add(
+                format!("w/f{j} fsync'd chunk {ch}"),
+                &pattern(file_key(j, ch), WRITE_CHUNK),
+            );
+        }
+        for r in (1..40u64).step_by(2) {
+            add(
+                format!("w/f{j} round {r}"),
+                &pattern(held_key(j, chunks, r), WRITE_CHUNK),
+            );
+        }
+    }
+    let blk = &tail[first * B..(first * B + B).min(tail.len())];
+    let src = blk
+        .get(..8)
+        .and_then(|k| <[u8; 8]>::try_from(k).ok())
+        .and_then(|k| whose.get(&k).cloned())
+        .unwrap_or_else(|| "unknown".to_string());
+    Some(format!(
+        "{} of {} blocks of {} bytes hold foreign data; block {first} (file byte {}) holds {src}",
+        foreign.len(),
+        tail.len().div_ceil(B),
+        tail.len(),
+        DURABLE_BYTES + first * B
+    ))
+}
+
+impl Cluster {
+    /// Run `f` (file operations on the mounts) on its own thread for at most `limit`. If it
+    /// blocks longer (a lock nobody will hand over), every daemon is SIGKILLed, so that the
+    /// blocked calls fail and the test fails instead of hanging, and the test panics.
+    fn bounded<T: Send + 'static>(
+        &mut self,
+        what: &str,
+        limit: Duration,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        if let Ok(v) = rx.recv_timeout(limit) {
+            return v;
+        }
+        let logs = self.logs();
+        for (node, m) in NODES.iter().zip(&mut self.nodes) {
+            if let Some(m) = m.take() {
+                if let Err(e) = m.abandon(Some(libc::SIGKILL)) {
+                    eprintln!("{}: abandoning {node}: {e}", self.test);
+                }
+            }
+        }
+        panic!(
+            "{}: {what} did not finish within {} (a lock still held by a dead node?); the \
+             daemons were SIGKILLed. Their logs before that:\n{logs}",
+            self.test,
+            secs(limit)
+        );
+    }
+}
+
+#[test]
+fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
+    require_fuse!();
+    let _serial = serial();
+    let test = "sigkill_holding_100_inode_locks_then_survivors_take_them";
+    let seed = seed(test);
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut c = Cluster::formatted(test, &["--group-size", GROUP_SIZE]);
+    let wlog = c.lun.dir().join("writes-node2.txt");
+    let wlog_s = wlog.to_string_lossy().into_owned();
+    c.mount(0, &[], &[]);
+    c.mount(1, &[], &[("CETRA_WRITE_LOG", &wlog_s)]);
+    c.mount(2, &[], &[]);
+    let sb = c.superblock();
+    assert!(
+        sb.object_lock_area().is_some(),
+        "mkfs made a volume without inode locks"
+    );
+    let m2 = c.n(1).path().to_path_buf();
+    fs::create_dir(m2.join("w")).expect("mkdir w");
+    // Phase 1 (durable): 100 files of DURABLE_BYTES and a big file of BIG_DURABLE MiB.
+    let chunks = DURABLE_BYTES / WRITE_CHUNK;
+    let files: Vec<fs::File> = (0..HELD_FILES)
+        .map(|i| fs::File::create_new(m2.join(format!("w/f{i}"))).expect("create file"))
+        .collect();
+    for (i, f) in files.iter().enumerate() {
+        for ch in 0..chunks {
+            f.write_all_at(
+                &pattern(file_key(i, ch), WRITE_CHUNK),
+                (ch * WRITE_CHUNK) as u64,
+            )
+            .expect("phase 1 write");
+        }
+    }
+    let big = fs::File::create_new(m2.join("big")).expect("create big");
+    for ch in 0..BIG_DURABLE {
+        big.write_all_at(
+            &pattern(held_key(999, ch, 0), BIG_CHUNK),
+            (ch * BIG_CHUNK) as u64,
+        )
+        .expect("phase 1 big write");
+    }
+    for f in files.iter().chain([&big]) {
+        f.sync_all().expect("fsync");
+    }
+    fsync_dir(&m2.join("w")).expect("fsync w");
+    let inos: BTreeSet<u64> = (0..HELD_FILES)
+        .map(|i| {
+            fs::metadata(m2.join(format!("w/f{i}")))
+                .expect("stat")
+                .ino()
+        })
+        .collect();
+    let slot2 = slot_of(&c, &sb, "node2");
+
+    // Phase 2 (unsynced): extend + truncate the 100 files; grow the big file; then SIGKILL.
+    let stop = AtomicBool::new(false);
+    let kill_after = Duration::from_millis(rng.gen_range(1500..=2500));
+    let node2 = c.take(1);
+    let (kill_ns, t_kill, owned_at_kill, global_excl) = std::thread::scope(|s| {
+        let _g = StopGuard(&stop);
+        let (files, big, stop) = (&files, &big, &stop);
+        s.spawn(move || {
+            for round in 1u64.. {
+                for (i, f) in files.iter().enumerate() {
+                    if stop.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let off = DURABLE_BYTES as u64;
+                    let r = if round % 2 == 1 {
+                        f.write_all_at(&pattern(held_key(i, chunks, round), WRITE_CHUNK), off)
+                    } else {
+                        f.set_len(off + 1000)
+                    };
+                    if r.is_err() {
+                        return;
+                    }
+                }
+            }
+        });
+        s.spawn(move || {
+            for ch in BIG_DURABLE.. {
+                if stop.load(Ordering::SeqCst)
+                    || big
+                        .write_all_at(
+                            &pattern(held_key(999, ch, 0), BIG_CHUNK),
+                            (ch * BIG_CHUNK) as u64,
+                        )
+                        .is_err()
+                {
+                    return;
+                }
+            }
+        });
+        std::thread::sleep(kill_after);
+        let owned = owned_by(&c, &sb, slot2);
+        let global = locks_of(&c, &sb, slot2).0;
+        node2.signal(libc::SIGKILL).expect("SIGKILL node2");
+        let kill_ns = now_ns();
+        let t_kill = Instant::now();
+        stop.store(true, Ordering::SeqCst);
+        (kill_ns, t_kill, owned, global)
+    });
+    drop(files);
+    drop(big);
+    let st = node2
+        .abandon(None)
+        .unwrap_or_else(|e| panic!("reaping node2: {e}"));
+    let held: BTreeSet<u64> = owned_at_kill.0.intersection(&inos).copied().collect();
+    // The running transaction: data written since node2's last journal commit.
+    let lines: Vec<WriteLogLine> = read_lossy(&wlog)
+        .lines()
+        .filter_map(WriteLogLine::parse)
+        .collect();
+    let tx_at = (sb.journal_start + u64::from(slot2) * sb.journal_blocks + 1) * FS_BLOCK;
+    let last_commit = lines
+        .iter()
+        .filter(|l| l.kind == WriteKind::Write && l.offset == tx_at && l.len > FS_BLOCK)
+        .map(|l| l.time_ns)
+        .filter(|&t| t < kill_ns)
+        .max()
+        .unwrap_or(0);
+    let tx_groups: BTreeSet<u64> = lines
+        .iter()
+        .filter(|l| l.kind == WriteKind::Write && l.len > FS_BLOCK)
+        .filter(|l| (last_commit..kill_ns).contains(&l.time_ns))
+        .filter_map(|l| sb.group_of(l.offset / FS_BLOCK))
+        .collect();
+    eprintln!(
+        "{test}: node2 SIGKILLed after {} of extending/truncating ({st:?}); just before, the \
+         lock area showed it owning {} of the 100 files' inode locks ({} inode locks in all), \
+         {} group locks, global lock exclusive = {global_excl}; its running transaction \
+         (since {} ms before the kill) wrote data into groups {tx_groups:?}",
+        secs(kill_after),
+        held.len(),
+        owned_at_kill.0.len(),
+        owned_at_kill.1,
+        kill_ns.saturating_sub(last_commit) / 1_000_000
+    );
+    assert_eq!(
+        held, inos,
+        "node2 did not own every file's inode lock when killed"
+    );
+    assert!(
+        owned_at_kill.1 >= 2 || global_excl,
+        "node2 held neither two group locks nor the global lock exclusively when killed"
+    );
+    assert!(
+        last_commit > 0 && tx_groups.len() >= 2,
+        "node2's running transaction at the kill did not allocate in two groups ({tx_groups:?})"
+    );
+
+    // Recovery, logged by a survivor.
+    let limit = DEAD_TIME + RECOVERY_SLACK;
+    let mut line = None;
+    poll_until(limit + Duration::from_secs(10), || {
+        line = [0, 2].iter().find_map(|&i| {
+            c.log_of(i)
+                .lines()
+                .find(|l| l.contains("recovered") && l.contains("node2"))
+                .map(|l| (i, l.to_string()))
+        });
+        line.is_some()
+    });
+    let took = t_kill.elapsed();
+    let (by, line) = line
+        .unwrap_or_else(|| panic!("no survivor logged recovering node2 within {}", secs(limit)));
+    eprintln!(
+        "{test}: {} recovered node2 {} after the kill: {line}",
+        NODES[by],
+        secs(took)
+    );
+    assert!(
+        took <= limit,
+        "recovery took {} > {}",
+        secs(took),
+        secs(limit)
+    );
+    let after = owned_by(&c, &sb, slot2);
+    assert_eq!(
+        after.2, 0,
+        "after recovery the lock area still names node2's slot in {} entries",
+        after.2
+    );
+
+    // node2's fsync'd data, read on node3; what survived of the rest is node2's own.
+    let m3 = c.n(2).path().to_path_buf();
+    let (bad, big_len) = c.bounded("node3 reading node2's files", SURVIVOR_TIME, move || {
+        let mut bad = Vec::new();
+        for i in 0..HELD_FILES {
+            let got = fs::read(m3.join(format!("w/f{i}"))).unwrap_or_default();
+            if got.len() < DURABLE_BYTES {
+                bad.push(format!(
+                    "w/f{i}: size {} < fsync'd {DURABLE_BYTES}",
+                    got.len()
+                ));
+                continue;
+            }
+            for ch in 0..chunks {
+                if got[ch * WRITE_CHUNK..(ch + 1) * WRITE_CHUNK]
+                    != pattern(file_key(i, ch), WRITE_CHUNK)[..]
+                {
+                    bad.push(format!("w/f{i} chunk {ch} (fsync'd) differs"));
+                }
+            }
+            if let Some(p) = foreign_tail(i, chunks, &got[DURABLE_BYTES..]) {
+                bad.push(format!("w/f{i}: unsynced tail: {p}"));
+            }
+        }
+        let got = fs::read(m3.join("big")).unwrap_or_default();
+        for ch in 0..BIG_DURABLE {
+            let want = pattern(held_key(999, ch, 0), BIG_CHUNK);
+            if got.get(ch * BIG_CHUNK..(ch + 1) * BIG_CHUNK) != Some(&want[..]) {
+                bad.push(format!("big chunk {ch} (fsync'd) differs"));
+            }
+        }
+        (bad, got.len().div_ceil(BIG_CHUNK))
+    });
+    assert!(
+        bad.is_empty(),
+        "node2's data read on node3: {:#?}",
+        &bad[..bad.len().min(10)]
+    );
+
+    // The survivors take the 100 files' locks and allocate, at once, within a bound.
+    let t = Instant::now();
+    let work = [
+        (
+            0usize,
+            (0..HELD_FILES / 2).collect::<Vec<_>>(),
+            "big",
+            big_len,
+        ),
+        (2, (HELD_FILES / 2..HELD_FILES).collect(), "big-node3", 0),
+    ]
+    .map(|(node, files, big, from)| (node, c.n(node).path().to_path_buf(), files, big, from));
+    let results = c.bounded("the survivors' writes", SURVIVOR_TIME, move || {
+        std::thread::scope(|s| {
+            let hs: Vec<_> = work
+                .into_iter()
+                .map(|(node, mp, files, big, from)| {
+                    s.spawn(move || (node, survivor_work(mp, node, files, big.to_string(), from)))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| h.join().expect("survivor panicked"))
+                .collect::<Vec<_>>()
+        })
+    });
+    for (node, r) in results {
+        r.unwrap_or_else(|e| panic!("{}: {e}", NODES[node]));
+    }
+    eprintln!(
+        "{test}: node1 and node3 overwrote, truncated and grew 50 files each and allocated 24 MiB \
+         each in {}",
+        secs(t.elapsed())
+    );
+    // Each reads the other's files.
+    let mps = [0, 2].map(|i| c.n(i).path().to_path_buf());
+    let bad = c.bounded(
+        "the survivors reading each other's files",
+        SURVIVOR_TIME,
+        move || {
+            let mp = |i: usize| &mps[i / 2];
+            let mut bad = Vec::new();
+            for i in 0..HELD_FILES {
+                let (writer, reader) = if i < HELD_FILES / 2 { (0, 2) } else { (2, 0) };
+                if let Err(e) = check_survivor_file(mp(reader), i, writer) {
+                    bad.push(format!("read on {}: {e}", NODES[reader]));
+                }
+            }
+            for (big, from, writer) in [("big", big_len, 0usize), ("big-node3", 0, 2)] {
+                let got = fs::read(mp(2 - writer).join(big)).unwrap_or_default();
+                for ch in from..from + 24 {
+                    let want = pattern(held_key(999, ch, 1 + writer as u64), BIG_CHUNK);
+                    if got.get(ch * BIG_CHUNK..(ch + 1) * BIG_CHUNK) != Some(&want[..]) {
+                        bad.push(format!("{big} chunk {ch} (by {}) differs", NODES[writer]));
+                    }
+                }
+            }
+            bad
+        },
+    );
+    assert!(bad.is_empty(), "{:#?}", &bad[..bad.len().min(10)]);
     c.mount(1, &[], &[]);
     fs::write(c.n(1).p("after-node2"), b"back").expect("node2 after remount");
     c.unmount_all_and_fsck();
