@@ -531,6 +531,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             meta_cache_bytes: args.opts.meta_cache_bytes,
             bitmap_cache_bytes: args.opts.bitmap_cache_bytes,
             inode_locks: args.opts.inode_locks,
+            alloc_granule: args.opts.alloc_granule,
             ..MountOptions::default()
         },
     ) {

@@ -26,8 +26,8 @@ const MAX_CACHE_MIB: usize = 1 << 20;
 pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
-    "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, inode_locks=N, nosuid, nodev,\n",
-    "           noexec, noatime (and the generic fstab options)\n",
+    "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, inode_locks=N, granule=KIB,\n",
+    "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
 
@@ -70,6 +70,8 @@ pub struct Options {
     /// `inode_locks=N`: most inode locks this node keeps cached (format v3; default: its share
     /// of the volume's lock area).
     pub inode_locks: Option<usize>,
+    /// `granule=KIB`: allocation granule of image-sized sparse files, in bytes.
+    pub alloc_granule: u64,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -92,6 +94,7 @@ impl Default for Options {
             meta_cache_bytes: cetrafs_core::fs::DEFAULT_META_CACHE,
             bitmap_cache_bytes: cetrafs_core::fs::DEFAULT_BITMAP_CACHE,
             inode_locks: None,
+            alloc_granule: cetrafs_core::fs::DEFAULT_ALLOC_GRANULE,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -127,6 +130,7 @@ impl Options {
                 ("meta_cache", Some(v)) => self.meta_cache_bytes = parse_mib(key, v)?,
                 ("bitmap_cache", Some(v)) => self.bitmap_cache_bytes = parse_mib(key, v)?,
                 ("inode_locks", Some(v)) => self.inode_locks = Some(parse_count(key, v)?),
+                ("granule", Some(v)) => self.alloc_granule = parse_granule(key, v)?,
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -156,6 +160,7 @@ impl Options {
                             | "meta_cache"
                             | "bitmap_cache"
                             | "inode_locks"
+                            | "granule"
                     ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))
@@ -237,6 +242,19 @@ fn parse_count(key: &str, v: &str) -> Result<usize, UsageError> {
             usage(format!(
                 "{key}={v:?}: expected a count between 1 and {}, e.g. 4096",
                 cetrafs_core::fs::MAX_CACHED_INODE_LOCKS
+            ))
+        })
+}
+
+fn parse_granule(key: &str, v: &str) -> Result<u64, UsageError> {
+    let max = cetrafs_core::fs::MAX_ALLOC_GRANULE >> 10;
+    v.parse::<u64>()
+        .ok()
+        .filter(|k| (4..=max).contains(k) && k % 4 == 0)
+        .map(|k| k << 10)
+        .ok_or_else(|| {
+            usage(format!(
+                "{key}={v:?}: expected KiB, a multiple of 4 from 4 (allocate exactly what is written) to {max}, e.g. 64"
             ))
         })
 }
@@ -437,6 +455,23 @@ mod tests {
             .unwrap_err()
             .0
             .contains("needs a value"));
+    }
+
+    #[test]
+    fn granule() {
+        assert_eq!(mount(&["d", "m"]).opts.alloc_granule, 4096);
+        assert_eq!(
+            mount(&["d", "m", "-o", "granule=64"]).opts.alloc_granule,
+            64 << 10
+        );
+        assert_eq!(
+            mount(&["d", "m", "-o", "granule=1024"]).opts.alloc_granule,
+            1 << 20
+        );
+        for bad in ["granule=0", "granule=6", "granule=2048", "granule=x"] {
+            let e = p(&["d", "m", "-o", bad]).unwrap_err();
+            assert!(e.0.contains("expected KiB"), "{bad}: {e}");
+        }
     }
 
     #[test]

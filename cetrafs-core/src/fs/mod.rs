@@ -27,6 +27,7 @@ pub(crate) mod txn;
 
 pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
+pub use data::{ALLOC_GRANULE, DEFAULT_ALLOC_GRANULE, MAX_ALLOC_GRANULE};
 pub use inode_lock::MAX_CACHED as MAX_CACHED_INODE_LOCKS;
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
@@ -158,6 +159,8 @@ pub struct Volume {
     /// Loaded inode states and the kernel's references to inode numbers (fs/inode_table.rs).
     inodes: InodeTable,
     unmounted: AtomicBool,
+    /// The allocation granule of image-sized sparse files, in fs blocks (fs/data.rs).
+    granule_blocks: u64,
 }
 
 /// [`Superblock::locate`] on a device: the primary superblock, else the backup in the

@@ -136,6 +136,8 @@ impl Volume {
             to_map: Mutex::new(Vec::new()),
             inodes: InodeTable::new(opts.inode_cache_bytes),
             unmounted: AtomicBool::new(false),
+            granule_blocks: (opts.alloc_granule / FS_BLOCK)
+                .clamp(1, crate::fs::MAX_ALLOC_GRANULE / FS_BLOCK),
         });
         if let Err(e) = vol.start(opts, &recovered) {
             vol.unmounted.store(true, Ordering::SeqCst);

@@ -696,9 +696,16 @@ fn a_truncate_that_cannot_read_a_bitmap_frees_nothing() {
 #[test]
 fn an_image_sized_sparse_file_allocates_by_granule() {
     use super::data::{ALLOC_GRANULE, GRANULE_MIN_SIZE};
-    let (dev, v) = fresh(256 << 20);
+    let (dev, v0) = fresh(256 << 20);
+    v0.unmount().unwrap();
+    let granule = MountOptions {
+        alloc_granule: ALLOC_GRANULE,
+        ..MountOptions::default()
+    };
+    let v = Volume::mount(dev.clone(), &granule).unwrap();
     let root = v.root_ino();
     let sectors = |ino: Ino| v.getattr(ino).unwrap().blocks;
+    let sectors2 = |v: &Volume, ino: Ino| v.getattr(ino).unwrap().blocks;
     let granule_sectors = ALLOC_GRANULE / 512;
     let (img, fh) = v.create(root, b"disk.raw", 0o644, C, true).unwrap();
     let size = GRANULE_MIN_SIZE + 8192;
@@ -754,6 +761,12 @@ fn an_image_sized_sparse_file_allocates_by_granule() {
     v.release(&sfh).unwrap();
     // All of it survives a remount, and fsck finds the blocks accounted for.
     let (dev2, v2) = remount(&dev, &v);
+    // The default allocates exactly what is written.
+    let (plain, pfh) = v2.create(root, b"plain.raw", 0o644, C, true).unwrap();
+    v2.setattr(plain.ino, &truncate, C).unwrap();
+    v2.write(&pfh, g, &[5u8; 4096]).unwrap();
+    assert_eq!(sectors2(&v2, plain.ino), 8);
+    v2.release(&pfh).unwrap();
     let fh = v2.open(img.ino, false, false).unwrap();
     assert_eq!(read_all(&v2, &fh, g, granule_len), want);
     assert_eq!(read_all(&v2, &fh, g2, granule_len), want2);

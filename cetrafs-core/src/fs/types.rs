@@ -248,6 +248,9 @@ pub struct MountOptions {
     /// Most inode locks this node keeps cached on a v3 volume (`inode_locks=N`; None: its
     /// share of the lock area, fs/inode_lock.rs).
     pub inode_locks: Option<usize>,
+    /// Allocation granule of image-sized sparse files, bytes (`granule=KiB`): a multiple of
+    /// 4096 up to 1 MiB; 4096 (the default) allocates exactly the blocks written (fs/data.rs).
+    pub alloc_granule: u64,
 }
 
 impl Default for MountOptions {
@@ -262,6 +265,7 @@ impl Default for MountOptions {
             meta_cache_bytes: super::block_cache::DEFAULT_BUDGET,
             bitmap_cache_bytes: crate::alloc::DEFAULT_BITMAP_CACHE,
             inode_locks: None,
+            alloc_granule: super::data::DEFAULT_ALLOC_GRANULE,
         }
     }
 }
