@@ -94,7 +94,7 @@ trap cleanup EXIT
 # Inode blocks (4 KiB a file), directory trees and 16 journals of 64 MiB.
 truncate -s $(((DIRS * FILES * 4096 * 3 / 2) + (3 << 30))) "$LUN"
 "$BIN_DIR/mkfs-cetra" -q --force -L stat-tree "$LUN"
-RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug,cetrafs_core::fs::block_cache=debug,cetrafs_core::fs::heap=debug \
+RUST_LOG=info,fuser::session=error,cetrafs_core::fs::inode_table=debug,cetrafs_core::fs::block_cache=debug,cetrafs_core::fs::heap=debug,cetrafs_core::fs::inode_lock=debug \
     CETRA_LOG_FILE=$LOG "$BIN_DIR/mount-cetra" "$LUN" "$MNT" -o "host=bench,inode_cache=$BUDGET_MIB,meta_cache=$META_MIB,bitmap_cache=$BITMAP_MIB"
 MOUNTED=1
 PID=$(pgrep -f "^$BIN_DIR/mount-cetra $LUN $MNT " | head -1)

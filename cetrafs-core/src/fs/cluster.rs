@@ -791,8 +791,13 @@ impl Volume {
                 let mut pacer = PollPacer::default();
                 pacer.busy = MAILBOX_BUSY_POLL;
                 let (mut reported, mut last) = (Instant::now(), (0, 0, 0, 0));
+                let mut more = false;
                 loop {
-                    std::thread::sleep(pacer.interval(Instant::now()));
+                    // With give-backs left over, the next round starts at once (the mailbox is
+                    // still read first): the sweep keeps up with a create storm.
+                    if !more {
+                        std::thread::sleep(pacer.interval(Instant::now()));
+                    }
                     let Some(v) = weak.upgrade() else { break };
                     if v.unmounted.load(Ordering::Acquire) || v.member.is_fenced() {
                         break;
@@ -801,7 +806,7 @@ impl Volume {
                     if let Err(e) = v.mailbox_tick(il) {
                         tracing::warn!("serving lock requests of other nodes failed: {e}");
                     }
-                    il.sweep();
+                    more = il.sweep().more;
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);
                     }

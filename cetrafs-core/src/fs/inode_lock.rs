@@ -81,7 +81,8 @@
 //! must reload the inode under the global lock, which this node holds until the change is
 //! home; the change's `save` takes the lock again (one more CAW and version). At most
 //! [`SWEEP_BATCH`] locks and [`SWEEP_BUDGET`] of work per tick, so the thread serves other
-//! nodes' requests in between (with work left over it ticks at its busy pace, 5 ms); when too few locks are idle to reach the limit, the count pass
+//! nodes' requests in between (with work left over its next round starts at once, after it
+//! has read its mailbox); when too few locks are idle to reach the limit, the count pass
 //! waits 100 ms before scanning the table again; a give-back that fails is skipped (warned
 //! about at most once a minute) and met again at the next pass.
 //!
@@ -207,6 +208,8 @@ pub(crate) struct Swept {
     pub forgotten: usize,
     /// Give-backs that failed (skipped until the next pass).
     pub failed: usize,
+    /// Work was left for the next round (the budget or the batch ran out).
+    pub more: bool,
 }
 
 /// This node's inode locks.
@@ -599,6 +602,7 @@ impl InodeLocks {
                         .store(now + COUNT_RETRY_MS, Ordering::Relaxed);
                 }
                 let n = excess.min(SWEEP_BATCH).min(held.len());
+                out.more |= n == SWEEP_BATCH;
                 if n < held.len() {
                     held.select_nth_unstable_by_key(n, |x| (x.0, x.1));
                 }
@@ -621,6 +625,8 @@ impl InodeLocks {
                 if forgotten.len() <= room {
                     // All found: the next look is due after IDLE_AFTER.
                     *self.last_sweep.lock().or_panic() = Instant::now();
+                } else {
+                    out.more = true;
                 }
                 victims.extend(forgotten.into_iter().take(room));
             }
@@ -628,8 +634,8 @@ impl InodeLocks {
         let mut looked = Vec::with_capacity(victims.len());
         for (ino, dl) in victims {
             if began.elapsed() >= SWEEP_BUDGET {
-                // More to do: the mailbox thread ticks at its busy pace until it is done.
-                self.note_exchange();
+                // More to do: the mailbox thread comes back at once, after its mailbox.
+                out.more = true;
                 break;
             }
             let held = dl.state.lock().or_panic().held;
