@@ -20,18 +20,15 @@ use std::time::{Duration, Instant};
 /// The failpoints are process-wide: the tests of this binary take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
-    let mut out = Vec::new();
-    v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
-        .unwrap();
-    out
+/// This test's turn with the failpoints.
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-#[test]
-fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
-    let _turn = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
+/// A v3 volume for up to four nodes, with short timings.
+fn volume() -> Arc<MemDevice> {
     let dev = Arc::new(MemDevice::new(256 << 20, 512));
     let mk = MkfsOptions {
         max_nodes: 4,
@@ -41,6 +38,20 @@ fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
         ..Default::default()
     };
     format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    dev
+}
+
+fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
+        .unwrap();
+    out
+}
+
+#[test]
+fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
+    let _turn = take_turn();
+    let dev = volume();
     let mount = |host: &str| {
         Volume::mount(
             dev.clone(),
@@ -97,18 +108,8 @@ fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
 
 #[test]
 fn a_failed_give_back_keeps_the_lock_and_the_next_sweep_gives_it_back() {
-    let _turn = SERIAL
-        .lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner);
-    let dev = Arc::new(MemDevice::new(256 << 20, 512));
-    let mk = MkfsOptions {
-        max_nodes: 4,
-        journal_bytes: 1 << 20,
-        heartbeat_interval_ms: 50,
-        io_timeout_ms: 100,
-        ..Default::default()
-    };
-    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let _turn = take_turn();
+    let dev = volume();
     let a = Volume::mount(
         dev.clone(),
         &MountOptions {

@@ -270,6 +270,47 @@ const SRC_DIR: &str = "P";
 const DST_DIR: &str = "Q";
 const TARGETS: usize = 4;
 /// Race rounds (bounded further by RACE_TIME).
+/// One round of a two-node race: node `k` on its mountpoint, round number, the shared
+/// (barrier, stop flag, start); true = stop.
+type Round<O> = fn(usize, &Path, usize, (&Barrier, &AtomicBool, Instant), &mut O) -> bool;
+
+/// Run `round` on nodes 0 and 1 at once, one thread each, for at most `limit` rounds or until
+/// one says stop; each node's output, and the rounds both ran (asserted equal).
+fn race_on_two_nodes<O: Default + Send>(
+    c: &Cluster,
+    limit: usize,
+    t0: Instant,
+    round: Round<O>,
+) -> (Vec<O>, usize) {
+    let barrier = Barrier::new(2);
+    let stop = AtomicBool::new(false);
+    let outs: Vec<(O, usize)> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..2)
+            .map(|k| {
+                let mp = c.n(k).path().to_path_buf();
+                let sync = (&barrier, &stop, t0);
+                s.spawn(move || {
+                    let mut out = O::default();
+                    let mut rounds = 0;
+                    while rounds < limit {
+                        rounds += 1;
+                        if round(k, &mp, rounds - 1, sync, &mut out) {
+                            break;
+                        }
+                    }
+                    (out, rounds)
+                })
+            })
+            .collect();
+        hs.into_iter()
+            .map(|h| h.join().expect("race thread panicked"))
+            .collect()
+    });
+    assert_eq!(outs[0].1, outs[1].1, "both nodes ran the same rounds");
+    let rounds = outs[0].1;
+    (outs.into_iter().map(|(o, _)| o).collect(), rounds)
+}
+
 const ROUNDS: usize = 400;
 const RACE_TIME: Duration = Duration::from_secs(15);
 
@@ -469,34 +510,8 @@ fn cross_node_directory_moves_never_loop() {
         "move of A into A/a1 on one node: {e}"
     );
 
-    let barrier = Barrier::new(2);
-    let stop = AtomicBool::new(false);
     let t0 = Instant::now();
-    let outs: Vec<(RaceOut, usize)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|k| {
-                let mp = c.n(k).path().to_path_buf();
-                let sync = (&barrier, &stop, t0);
-                s.spawn(move || {
-                    let mut out = RaceOut::default();
-                    let mut rounds = 0;
-                    while rounds < ROUNDS {
-                        rounds += 1;
-                        if race_round(k, &mp, rounds - 1, sync, &mut out) {
-                            break;
-                        }
-                    }
-                    (out, rounds)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("race thread panicked"))
-            .collect()
-    });
-    assert_eq!(outs[0].1, outs[1].1, "both nodes ran the same rounds");
-    let rounds = outs[0].1;
-    let outs: Vec<RaceOut> = outs.into_iter().map(|(o, _)| o).collect();
+    let (outs, rounds) = race_on_two_nodes(&c, ROUNDS, t0, race_round);
     let raced = t0.elapsed();
     let errors: Vec<String> = outs.iter().flat_map(|o| o.errors.clone()).collect();
     assert!(
@@ -1509,34 +1524,8 @@ fn cross_node_fresh_directories_moved_into_each_other() {
     fsync_dir(&m1.join(SHARED_DIR)).expect("fsync S");
     wait_exists(&c.n(1).p(format!("{SHARED_DIR}/t{}", TARGETS - 1)));
 
-    let barrier = Barrier::new(2);
-    let stop = AtomicBool::new(false);
     let t0 = Instant::now();
-    let outs: Vec<(FreshOut, usize)> = std::thread::scope(|s| {
-        let hs: Vec<_> = (0..2)
-            .map(|k| {
-                let mp = c.n(k).path().to_path_buf();
-                let sync = (&barrier, &stop, t0);
-                s.spawn(move || {
-                    let mut out = FreshOut::default();
-                    let mut rounds = 0;
-                    while rounds < FRESH_ROUNDS {
-                        rounds += 1;
-                        if fresh_round(k, &mp, rounds - 1, sync, &mut out) {
-                            break;
-                        }
-                    }
-                    (out, rounds)
-                })
-            })
-            .collect();
-        hs.into_iter()
-            .map(|h| h.join().expect("race thread panicked"))
-            .collect()
-    });
-    assert_eq!(outs[0].1, outs[1].1, "both nodes ran the same rounds");
-    let rounds = outs[0].1;
-    let outs: Vec<FreshOut> = outs.into_iter().map(|(o, _)| o).collect();
+    let (outs, rounds) = race_on_two_nodes(&c, FRESH_ROUNDS, t0, fresh_round);
     let raced = t0.elapsed();
     let errors: Vec<&String> = outs.iter().flat_map(|o| &o.errors).collect();
     assert!(
