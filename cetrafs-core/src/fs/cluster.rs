@@ -806,7 +806,7 @@ impl Volume {
                     if let Err(e) = v.mailbox_tick(il) {
                         tracing::warn!("serving lock requests of other nodes failed: {e}");
                     }
-                    more = il.sweep().more;
+                    more = il.sweep();
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);
                     }

@@ -199,19 +199,6 @@ impl InodeLockStats {
     }
 }
 
-/// What one [`InodeLocks::sweep`] did.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Swept {
-    /// Locks given back.
-    pub given_back: usize,
-    /// Entries dropped from the table.
-    pub forgotten: usize,
-    /// Give-backs that failed (skipped until the next pass).
-    pub failed: usize,
-    /// Work was left for the next round (the budget or the batch ran out).
-    pub more: bool,
-}
-
 /// This node's inode locks.
 #[derive(Debug)]
 pub(crate) struct InodeLocks {
@@ -534,8 +521,8 @@ impl InodeLocks {
     }
 
     /// Give back this node's hold of `ino` (a handoff nobody asked for: module doc, the
-    /// bound). True if a lock was given back.
-    fn give_back(&self, ino: u64, dl: &DataLock) -> Result<bool> {
+    /// bound), counted in `stats.given_back`.
+    fn give_back(&self, ino: u64, dl: &DataLock) -> Result<()> {
         let obj = ObjectId::inode(ino)?;
         crate::failpoint!("inode_lock::before_give_back");
         let seen = self.drain(dl);
@@ -551,21 +538,22 @@ impl InodeLocks {
         };
         self.handed_to(dl, LockMode::Free, now, &r);
         r?;
-        let given = seen != Held::Nothing && now == LockMode::Free;
-        if given {
+        if seen != Held::Nothing && now == LockMode::Free {
             self.stats.given_back.fetch_add(1, Ordering::Relaxed);
         }
-        Ok(given)
+        Ok(())
     }
 
     /// Keep the locks this node caches within the bound (module doc): called at every tick
     /// of the `cetra-mailbox` thread. Gives back at most [`SWEEP_BATCH`] locks and works at
     /// most [`SWEEP_BUDGET`] (then the thread serves its mailbox again); a give-back that
-    /// fails is skipped (its lock stays, or is known again at its next acquire) and counted.
-    pub fn sweep(&self) -> Swept {
-        let mut out = Swept::default();
+    /// fails is skipped (its lock stays, or is known again at its next acquire). True if work
+    /// is left for the next round.
+    pub fn sweep(&self) -> bool {
+        // Work left for the next round (the budget or the batch ran out).
+        let mut more = false;
         if self.closed.load(Ordering::Acquire) {
-            return out;
+            return more;
         }
         let began = Instant::now();
         let now = u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX);
@@ -578,7 +566,7 @@ impl InodeLocks {
         let over = holding > self.limit && now >= self.count_retry.load(Ordering::Relaxed);
         let due = self.last_sweep.lock().or_panic().elapsed() >= IDLE_AFTER;
         if !over && !due {
-            return out;
+            return more;
         }
         let mut victims: Vec<(u64, Arc<DataLock>)> = Vec::new();
         {
@@ -602,7 +590,7 @@ impl InodeLocks {
                         .store(now + COUNT_RETRY_MS, Ordering::Relaxed);
                 }
                 let n = excess.min(SWEEP_BATCH).min(held.len());
-                out.more |= n == SWEEP_BATCH;
+                more |= n == SWEEP_BATCH;
                 if n < held.len() {
                     held.select_nth_unstable_by_key(n, |x| (x.0, x.1));
                 }
@@ -626,7 +614,7 @@ impl InodeLocks {
                     // All found: the next look is due after IDLE_AFTER.
                     *self.last_sweep.lock().or_panic() = Instant::now();
                 } else {
-                    out.more = true;
+                    more = true;
                 }
                 victims.extend(forgotten.into_iter().take(room));
             }
@@ -635,16 +623,14 @@ impl InodeLocks {
         for (ino, dl) in victims {
             if began.elapsed() >= SWEEP_BUDGET {
                 // More to do: the mailbox thread comes back at once, after its mailbox.
-                out.more = true;
+                more = true;
                 break;
             }
             let held = dl.state.lock().or_panic().held;
             if held != Held::Nothing {
                 match self.give_back(ino, &dl) {
-                    Ok(true) => out.given_back += 1,
-                    Ok(false) => {}
+                    Ok(()) => {}
                     Err(e) => {
-                        out.failed += 1;
                         self.note_failure(ino, &e);
                         continue;
                     }
@@ -663,13 +649,12 @@ impl InodeLocks {
             });
             if gone {
                 t.remove(&ino);
-                out.forgotten += 1;
             }
         }
         if t.capacity() > 1024 && t.capacity() > 4 * t.len() {
             t.shrink_to_fit();
         }
-        out
+        more
     }
 
     /// A give-back failed: warn, at most once per [`FAILURE_WARN_EVERY`] (the sweep meets the
