@@ -5,12 +5,23 @@
 //! move into two new children and it becomes their parent. Internal entry keys are lower
 //! bounds of their subtree (entry 0 covers everything below entry 1). Deletion frees empty
 //! nodes but does not rebalance; lookups stay O(height) and height only grows on inserts.
+//!
+//! Changed nodes stay decoded in the running transaction until its commit point
+//! ([`Tx::put_node`]): a change takes the node out of it ([`Tx::take_node`]), or decodes its
+//! block if it is not there, and always puts it back, on error paths too (a node taken and not
+//! put back would be missing from the transaction). So a leaf that a VM's first writes or a
+//! directory's creates change a thousand times between two commit points is decoded once and
+//! encoded once, not a thousand times (that was most of the CPU of an allocating write).
+//! A block is allocated before any node's entries are moved into it, so a failed allocation
+//! leaves every node as it was.
 
 use super::txn::Tx;
 use crate::error::{Error, Result};
 use crate::format::block::check_owner;
 use crate::format::layout::PointerKind;
-use crate::format::tree_node::{NodeEntries, TreeNode, MAX_VALUE, NODE_CAP};
+use crate::format::tree_node::{
+    NodeEntries, TreeNode, INTERNAL_ENTRY, LEAF_ENTRY_OVERHEAD, MAX_VALUE, NODE_CAP,
+};
 
 #[derive(Debug)]
 pub(crate) struct Tree<'t, 'a> {
@@ -19,6 +30,8 @@ pub(crate) struct Tree<'t, 'a> {
     pub owner: u64,
     /// Nodes allocated minus nodes freed by this handle (for the inode's block count).
     pub delta: i64,
+    /// Blocks allocated for the splits of the insert in progress ([`Tree::insert`]).
+    spare: Vec<TreeNode>,
 }
 
 /// Which child of an internal node covers `key`.
@@ -35,6 +48,7 @@ impl<'t, 'a> Tree<'t, 'a> {
             root,
             owner,
             delta: 0,
+            spare: Vec::new(),
         }
     }
 
@@ -48,25 +62,55 @@ impl<'t, 'a> Tree<'t, 'a> {
             level: 0,
             entries: NodeEntries::Leaf(Vec::new()),
         };
-        tx.write(b, n.encode());
+        tx.put_node(n);
         Ok(b)
     }
 
-    /// Every node is reached through a pointer from disk (the inode's root, a parent's child
-    /// entry): it must name a data block (format/layout.rs) and the node must be this tree's.
+    /// A copy of node `b`, to read. Every node is reached through a pointer from disk (the
+    /// inode's root, a parent's child entry): it must name a data block (format/layout.rs) and
+    /// the node must be this tree's.
     fn read(&mut self, b: u64) -> Result<TreeNode> {
         self.tx
             .sb()
             .check_data_block(b, PointerKind::TreeNode, self.owner)?;
-        let raw = self.tx.read(b)?;
-        let n = TreeNode::decode(&raw, b)?;
+        let n = match self.tx.node_copy(b) {
+            Some(n) => n,
+            None => TreeNode::decode(&self.tx.read(b)?, b)?,
+        };
         check_owner("tree node", b, n.owner, self.owner)?;
         Ok(n)
     }
 
+    /// Node `b`, to change (checked as [`Tree::read`] does), and whether it was taken out of
+    /// the transaction's decoded nodes: then the caller must give it back ([`Tree::write`] if
+    /// changed, [`Tree::untouched`] if not) on every path, errors included.
+    fn take(&mut self, b: u64) -> Result<(TreeNode, bool)> {
+        self.tx
+            .sb()
+            .check_data_block(b, PointerKind::TreeNode, self.owner)?;
+        let (n, moved) = match self.tx.take_node(b) {
+            Some(n) => (n, true),
+            None => (TreeNode::decode(&self.tx.read(b)?, b)?, false),
+        };
+        if let Err(e) = check_owner("tree node", b, n.owner, self.owner) {
+            self.untouched(n, moved);
+            return Err(e);
+        }
+        Ok((n, moved))
+    }
+
+    /// Give back a node [`Tree::take`] returned without changing it: only a node taken out of
+    /// the transaction goes back (one decoded from its encoded image leaves that image as it
+    /// was).
+    fn untouched(&mut self, n: TreeNode, moved: bool) {
+        if moved {
+            self.tx.put_node(n);
+        }
+    }
+
     fn write(&mut self, mut n: TreeNode) {
         n.seq += 1;
-        self.tx.write(n.blockno, n.encode());
+        self.tx.put_node(n);
     }
 
     fn alloc_node(&mut self, level: u16, entries: NodeEntries) -> Result<TreeNode> {
@@ -204,26 +248,75 @@ impl<'t, 'a> Tree<'t, 'a> {
                 "tree value too large",
             ));
         }
-        if let Some((sep, right)) = self.insert_in(self.root, key, value, 0)? {
-            // Root split: move the root's (left) contents into a new child, keep the block.
-            let mut root = self.read(self.root)?;
-            let left = self.alloc_node(
-                root.level,
-                std::mem::replace(&mut root.entries, NodeEntries::Internal(Vec::new())),
-            )?;
-            let left_key = first_key(&left).unwrap_or(0);
-            root.entries =
-                NodeEntries::Internal(vec![(left_key.min(sep), left.blockno), (sep, right)]);
-            root.level = left.level + 1;
-            let lb = left.blockno;
-            self.write(left);
-            self.write(root);
-            debug_assert_ne!(lb, right);
+        // Every block a split needs is allocated before anything changes, so a failed
+        // allocation (a full volume) leaves the tree as it was.
+        let need = self.splits_needed(key, value.len())?;
+        debug_assert!(self.spare.is_empty());
+        for _ in 0..need {
+            match self.alloc_node(0, NodeEntries::Leaf(Vec::new())) {
+                Ok(n) => self.spare.push(n),
+                Err(e) => {
+                    for n in std::mem::take(&mut self.spare) {
+                        self.free_node(n.blockno)?;
+                    }
+                    return Err(e);
+                }
+            }
         }
-        Ok(())
+        let r = self.insert_in(self.root, key, value, 0).map(|_| ());
+        debug_assert!(
+            r.is_err() || self.spare.is_empty(),
+            "split blocks left over"
+        );
+        for n in std::mem::take(&mut self.spare) {
+            self.free_node(n.blockno)?;
+        }
+        r
     }
 
-    /// Returns Some((first key of new right sibling, its block)) if the node split.
+    /// How many new nodes inserting `key` with a value of `len` bytes takes: one per node on
+    /// the path that splits (the leaf if it overflows, then each full parent up the path),
+    /// plus one when the root splits (both its halves move into new children). Every node on
+    /// the path is written by the insert anyway, so looking at them here costs no I/O more.
+    fn splits_needed(&mut self, key: u64, len: usize) -> Result<usize> {
+        let mut full_above: Vec<bool> = Vec::new();
+        let mut b = self.root;
+        for _ in 0..=crate::format::tree_node::MAX_LEVEL {
+            // Put back decoded: the insert that follows writes every node of the path anyway.
+            let (n, _) = self.take(b)?;
+            let used = n.used_bytes();
+            let next = match &n.entries {
+                NodeEntries::Leaf(v) => {
+                    let after = match v.binary_search_by_key(&key, |(k, _)| *k) {
+                        Ok(i) => used - v[i].1.len() + len,
+                        Err(_) => used + LEAF_ENTRY_OVERHEAD + len,
+                    };
+                    self.tx.put_node(n);
+                    if after <= NODE_CAP {
+                        return Ok(0);
+                    }
+                    let splits = 1 + full_above.iter().rev().take_while(|f| **f).count();
+                    let root_splits = splits > full_above.len();
+                    return Ok(splits + usize::from(root_splits));
+                }
+                NodeEntries::Internal(v) if !v.is_empty() => v[child_index(v, key)].1,
+                NodeEntries::Internal(_) => {
+                    self.tx.put_node(n);
+                    return Err(Error::corrupted(format!("empty internal tree node {b}")));
+                }
+            };
+            full_above.push(used + INTERNAL_ENTRY > NODE_CAP);
+            self.tx.put_node(n);
+            b = next;
+        }
+        Err(Error::corrupted(format!(
+            "tree of inode {} is deeper than possible",
+            self.owner
+        )))
+    }
+
+    /// Returns Some((first key of new right sibling, its block)) if the node split. The root
+    /// never does: its contents move into two new children and it becomes their parent.
     fn insert_in(
         &mut self,
         b: u64,
@@ -237,7 +330,23 @@ impl<'t, 'a> Tree<'t, 'a> {
                 self.owner
             )));
         }
-        let mut n = self.read(b)?;
+        let (mut n, _) = self.take(b)?;
+        // Written even on error: the insert changes nothing before its allocations are done,
+        // so a node is changed or as it was, and writing it costs a block image at most.
+        let r = self.insert_into(&mut n, key, value, depth);
+        self.write(n);
+        r
+    }
+
+    /// [`Tree::insert_in`] on the taken node `n` (its caller gives it back whatever happens).
+    fn insert_into(
+        &mut self,
+        n: &mut TreeNode,
+        key: u64,
+        value: &[u8],
+        depth: u16,
+    ) -> Result<Option<(u64, u64)>> {
+        let b = n.blockno;
         match &mut n.entries {
             NodeEntries::Leaf(v) => match v.binary_search_by_key(&key, |(k, _)| *k) {
                 Ok(i) => v[i].1 = value.to_vec(),
@@ -261,16 +370,40 @@ impl<'t, 'a> Tree<'t, 'a> {
             }
         }
         if n.used_bytes() <= NODE_CAP {
-            self.write(n);
             return Ok(None);
         }
-        let right_entries = split_off_half(&mut n.entries);
-        let right = self.alloc_node(n.level, right_entries)?;
+        let mut right = self.split_node(n.level)?;
+        right.entries = split_off_half(&mut n.entries);
         let sep = first_key(&right).unwrap_or(0);
-        let rb = right.blockno;
+        if b != self.root {
+            let rb = right.blockno;
+            self.write(right);
+            return Ok(Some((sep, rb)));
+        }
+        let mut left = self.split_node(n.level)?;
+        left.entries = std::mem::replace(&mut n.entries, NodeEntries::Internal(Vec::new()));
+        let left_key = first_key(&left).unwrap_or(0);
+        n.entries = NodeEntries::Internal(vec![
+            (left_key.min(sep), left.blockno),
+            (sep, right.blockno),
+        ]);
+        n.level += 1;
+        self.write(left);
         self.write(right);
-        self.write(n);
-        Ok(Some((sep, rb)))
+        Ok(None)
+    }
+
+    /// A node for a split, from the blocks [`Tree::insert`] allocated beforehand.
+    fn split_node(&mut self, level: u16) -> Result<TreeNode> {
+        let mut n = match self.spare.pop() {
+            Some(n) => n,
+            None => {
+                debug_assert!(false, "a split that splits_needed did not count");
+                self.alloc_node(level, NodeEntries::Leaf(Vec::new()))?
+            }
+        };
+        n.level = level;
+        Ok(n)
     }
 
     /// Remove a key; returns its value if it was present.
@@ -279,6 +412,7 @@ impl<'t, 'a> Tree<'t, 'a> {
         Ok(old)
     }
 
+    /// Returns the removed value and whether the (non-root) node became empty and was freed.
     fn remove_in(
         &mut self,
         b: u64,
@@ -292,11 +426,45 @@ impl<'t, 'a> Tree<'t, 'a> {
                 self.owner
             )));
         }
-        let mut n = self.read(b)?;
-        let old = match &mut n.entries {
+        let (mut n, moved) = self.take(b)?;
+        let (old, changed) = match self.remove_from(&mut n, key, depth) {
+            Ok(r) => r,
+            Err(e) => {
+                self.untouched(n, moved);
+                return Err(e);
+            }
+        };
+        if !changed {
+            self.untouched(n, moved);
+            return Ok((old, false));
+        }
+        if n.is_empty() && !is_root {
+            // Its image left the transaction with the take; freeing it drops any other copy.
+            if let Err(e) = self.free_node(b) {
+                self.tx.put_node(n);
+                return Err(e);
+            }
+            return Ok((old, true));
+        }
+        if n.is_empty() && is_root {
+            n.level = 0;
+            n.entries = NodeEntries::Leaf(Vec::new());
+        }
+        self.write(n);
+        Ok((old, false))
+    }
+
+    /// [`Tree::remove_in`] on the taken node `n`: the removed value, and whether `n` changed.
+    fn remove_from(
+        &mut self,
+        n: &mut TreeNode,
+        key: u64,
+        depth: u16,
+    ) -> Result<(Option<Vec<u8>>, bool)> {
+        match &mut n.entries {
             NodeEntries::Leaf(v) => match v.binary_search_by_key(&key, |(k, _)| *k) {
-                Ok(i) => Some(v.remove(i).1),
-                Err(_) => return Ok((None, false)),
+                Ok(i) => Ok((Some(v.remove(i).1), true)),
+                Err(_) => Ok((None, false)),
             },
             NodeEntries::Internal(v) => {
                 if v.is_empty() {
@@ -312,19 +480,9 @@ impl<'t, 'a> Tree<'t, 'a> {
                     unreachable!()
                 };
                 v.remove(i);
-                old
+                Ok((old, true))
             }
-        };
-        if n.is_empty() && !is_root {
-            self.free_node(b)?;
-            return Ok((old, true));
         }
-        if n.is_empty() && is_root {
-            n.level = 0;
-            n.entries = NodeEntries::Leaf(Vec::new());
-        }
-        self.write(n);
-        Ok((old, false))
     }
 
     /// Free every node including the root (the owner is going away).
@@ -391,7 +549,7 @@ mod tests {
     use proptest::prelude::*;
     use std::collections::BTreeMap;
 
-    fn with_tree(f: impl FnOnce(&mut Tx<'_>)) {
+    fn volume() -> (std::sync::Arc<crate::dev::mem::MemDevice>, Meta) {
         let dev = std::sync::Arc::new(crate::dev::mem::MemDevice::new(256 << 20, 512));
         let opts = crate::mkfs::MkfsOptions {
             max_nodes: 2,
@@ -399,15 +557,128 @@ mod tests {
             ..Default::default()
         };
         let sb = crate::mkfs::format(&*dev, &opts, &mut |_, _| {}).unwrap();
-        let mut meta = Meta::new(
+        let meta = Meta::new(
             crate::alloc::tests::load(&(dev.clone() as crate::dev::SharedDevice), &sb),
             crate::journal::JournalArea::for_slot(&sb, 0),
             sb.clone(),
             crate::fs::DEFAULT_META_CACHE,
         );
+        (dev, meta)
+    }
+
+    fn with_tree(f: impl FnOnce(&mut Tx<'_>)) {
+        let (dev, mut meta) = volume();
         let mut tx = Tx::new(&*dev, &mut meta);
         f(&mut tx);
         tx.commit().unwrap();
+    }
+
+    /// Every entry of the tree rooted at `root`, read from the device alone (a fresh Meta
+    /// without cache or transaction): what the commit points wrote home.
+    fn on_disk(
+        dev: &std::sync::Arc<crate::dev::mem::MemDevice>,
+        root: u64,
+        owner: u64,
+    ) -> Vec<(u64, Vec<u8>)> {
+        let sb = crate::fs::read_superblock(&**dev).unwrap();
+        let mut fresh = Meta::new(
+            crate::alloc::tests::load(&(dev.clone() as crate::dev::SharedDevice), &sb),
+            crate::journal::JournalArea::for_slot(&sb, 0),
+            sb,
+            crate::fs::DEFAULT_META_CACHE,
+        );
+        let mut tx = Tx::new(&**dev, &mut fresh);
+        let mut out = Vec::new();
+        Tree::new(&mut tx, root, owner)
+            .scan_from(0, &mut |k, v| {
+                out.push((k, v.to_vec()));
+                Ok(true)
+            })
+            .unwrap();
+        out
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(16))]
+        /// Nodes kept decoded across operations and commit points (the running transaction's
+        /// `nodes`): after every few operations a commit point encodes them and writes them
+        /// home, and what is home is the model.
+        #[test]
+        fn decoded_nodes_survive_commit_points(ops in proptest::collection::vec((0u64..4000, 0usize..200, 0u8..5), 1..1200), every in 1usize..300) {
+            let (dev, mut meta) = volume();
+            let root = {
+                let mut tx = Tx::new(&*dev, &mut meta);
+                let r = Tree::create(&mut tx, 77).unwrap();
+                tx.commit().unwrap();
+                r
+            };
+            let mut model = BTreeMap::new();
+            for chunk in ops.chunks(every) {
+                let mut tx = Tx::new(&*dev, &mut meta);
+                let mut t = Tree::new(&mut tx, root, 77);
+                for &(k, len, op) in chunk {
+                    if op == 0 {
+                        prop_assert_eq!(t.remove(k).unwrap(), model.remove(&k));
+                    } else {
+                        let v = vec![u8::try_from(k % 251).unwrap(); len];
+                        t.insert(k, &v).unwrap();
+                        model.insert(k, v);
+                    }
+                }
+                tx.commit().unwrap();
+                if chunk.len() % 2 == 0 {
+                    meta.commit_point(&*dev).unwrap();
+                }
+            }
+            meta.commit_point(&*dev).unwrap();
+            let expect: Vec<_> = model.into_iter().collect();
+            prop_assert_eq!(on_disk(&dev, root, 77), expect);
+        }
+    }
+
+    /// A split on a full volume fails before it changes anything: the tree keeps every entry
+    /// (none half-moved into a node that no parent points at), and the same insert succeeds
+    /// once there is room.
+    #[test]
+    fn a_split_without_space_changes_nothing() {
+        let (dev, mut meta) = volume();
+        let big = |k: u64| vec![u8::try_from(k).unwrap(); MAX_VALUE];
+        let mut tx = Tx::new(&*dev, &mut meta);
+        let root = Tree::create(&mut tx, 9).unwrap();
+        let mut t = Tree::new(&mut tx, root, 9);
+        for k in 1..=4 {
+            t.insert(k, &big(k)).unwrap();
+        }
+        // Take every free block, then give one back: a root split needs two.
+        let mut taken = Vec::new();
+        while let Ok(b) = tx.alloc_one(0) {
+            taken.push(b);
+        }
+        let spare = taken.pop().unwrap();
+        tx.free_one(spare).unwrap();
+        tx.commit().unwrap();
+        meta.commit_point(&*dev).unwrap();
+
+        let mut tx = Tx::new(&*dev, &mut meta);
+        let mut t = Tree::new(&mut tx, root, 9);
+        let e = t.insert(5, &big(5)).unwrap_err();
+        assert_eq!(e.kind(), crate::ErrorKind::NoSpace, "{e}");
+        for k in 1..=4 {
+            assert_eq!(t.get(k).unwrap(), Some(big(k)));
+        }
+        assert_eq!(t.get(5).unwrap(), None);
+        let freed = taken.pop().unwrap();
+        tx.free_one(freed).unwrap();
+        tx.commit().unwrap();
+        meta.commit_point(&*dev).unwrap();
+        // Both blocks free again (the one the failed insert took and gave back included).
+        let mut tx = Tx::new(&*dev, &mut meta);
+        let mut t = Tree::new(&mut tx, root, 9);
+        t.insert(5, &big(5)).unwrap();
+        tx.commit().unwrap();
+        meta.commit_point(&*dev).unwrap();
+        let expect: Vec<_> = (1..=5).map(|k| (k, big(k))).collect();
+        assert_eq!(on_disk(&dev, root, 9), expect);
     }
 
     proptest! {

@@ -53,9 +53,10 @@ use crate::error::{Error, ErrorKind, Result};
 use crate::format::block::BlockHeader;
 use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
+use crate::format::tree_node::TreeNode;
 use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 
 #[derive(Debug)]
 pub(crate) struct Meta {
@@ -67,6 +68,12 @@ pub(crate) struct Meta {
     cache: BlockCache,
     /// Latest image of every block changed since the last commit point.
     pending: BTreeMap<u64, Vec<u8>>,
+    /// Tree-node blocks changed since the last commit point, kept decoded (fs/btree.rs): a
+    /// node an operation changes again before the commit point (an extent tree's leaf under a
+    /// VM's first writes, a directory's leaf under creates) is neither decoded nor encoded
+    /// again. Part of the running transaction as much as `pending` (a block is in one of the
+    /// two, never both); encoded into `pending` when a commit point begins.
+    nodes: HashMap<u64, TreeNode>,
     journal: JournalArea,
     next_seq: u64,
     /// A commit point failed (with this kind): what is on disk is unknown, so no more metadata
@@ -97,6 +104,7 @@ impl Meta {
             sb,
             cache: BlockCache::new(cache_budget),
             pending: BTreeMap::new(),
+            nodes: HashMap::new(),
             journal,
             next_seq: 1,
             failed: None,
@@ -166,7 +174,7 @@ impl Meta {
     /// cached; the running transaction is empty whenever this node did not hold the lock.
     pub fn drop_cache(&mut self) {
         debug_assert!(
-            self.pending.is_empty(),
+            self.pending.is_empty() && self.nodes.is_empty(),
             "dropping the cache with pending metadata"
         );
         self.cache.clear();
@@ -189,7 +197,12 @@ impl Meta {
     }
 
     pub fn has_pending(&self) -> bool {
-        !self.pending.is_empty() || self.alloc.has_quarantine()
+        !self.pending.is_empty() || !self.nodes.is_empty() || self.alloc.has_quarantine()
+    }
+
+    /// Blocks in the running transaction.
+    fn pending_blocks(&self) -> usize {
+        self.pending.len() + self.nodes.len()
     }
 
     /// Make the running compound transaction durable (see the module docs).
@@ -203,6 +216,9 @@ impl Meta {
     }
 
     fn commit_point_inner(&mut self, dev: &dyn BlockDevice) -> Result<()> {
+        for (b, n) in self.nodes.drain() {
+            self.pending.insert(b, n.encode());
+        }
         dev.flush()?;
         if self.pending.is_empty() {
             self.alloc.committed();
@@ -417,11 +433,13 @@ impl<'a> Tx<'a> {
     /// Read a metadata block: this transaction's copy, the running compound transaction's,
     /// the cache, else the device.
     pub fn read(&mut self, block: u64) -> Result<Vec<u8>> {
-        if let Some(b) = self
-            .dirty
-            .get(&block)
-            .or_else(|| self.meta.pending.get(&block))
-        {
+        if let Some(b) = self.dirty.get(&block) {
+            return Ok(b.clone());
+        }
+        if let Some(n) = self.meta.nodes.get(&block) {
+            return Ok(n.encode());
+        }
+        if let Some(b) = self.meta.pending.get(&block) {
             return Ok(b.clone());
         }
         if let Some(b) = self.meta.cache.get(block) {
@@ -470,13 +488,43 @@ impl<'a> Tx<'a> {
     }
 
     pub fn write(&mut self, block: u64, data: Vec<u8>) {
+        self.meta.nodes.remove(&block);
         self.dirty.insert(block, data);
+    }
+
+    /// The running transaction's decoded image of tree-node block `block`, taken out of it:
+    /// the caller changes it and gives it back with [`Tx::put_node`] (on every path, errors
+    /// included: until then the transaction lacks the block). `None` when the block's latest
+    /// image is encoded (read it with [`Tx::read`]).
+    pub fn take_node(&mut self, block: u64) -> Option<TreeNode> {
+        if self.dirty.contains_key(&block) {
+            return None;
+        }
+        self.meta.nodes.remove(&block)
+    }
+
+    /// A copy of the running transaction's decoded image of `block`, if it has one.
+    pub fn node_copy(&self, block: u64) -> Option<TreeNode> {
+        if self.dirty.contains_key(&block) {
+            return None;
+        }
+        self.meta.nodes.get(&block).cloned()
+    }
+
+    /// Write a tree node, kept decoded until the commit point. Unlike [`Tx::write`] this goes
+    /// straight into the running transaction: an operation that changes a tree commits (as
+    /// every metadata operation does, even on error).
+    pub fn put_node(&mut self, n: TreeNode) {
+        self.dirty.remove(&n.blockno);
+        self.meta.pending.remove(&n.blockno);
+        self.meta.nodes.insert(n.blockno, n);
     }
 
     /// A block that was freed must not be written later in this transaction.
     fn forget(&mut self, block: u64) {
         self.dirty.remove(&block);
         self.meta.pending.remove(&block);
+        self.meta.nodes.remove(&block);
         self.meta.cache.invalidate(block);
     }
 
@@ -489,7 +537,7 @@ impl<'a> Tx<'a> {
         let dirty = std::mem::take(&mut self.dirty);
         self.meta.pending.extend(dirty);
         // Keep one transaction well inside the journal so a single large operation still fits.
-        if self.meta.pending.len() > self.meta.journal.capacity() / 2 {
+        if self.meta.pending_blocks() > self.meta.journal.capacity() / 2 {
             self.meta.commit_point(self.dev)?;
         }
         Ok(())
