@@ -1,9 +1,9 @@
 #!/bin/bash
 # CetraFS cluster benchmark (issue 9): three nodes (mount-cetra daemons host=node1..3, one
-# mountpoint each) on one volume on a sparse-file LUN, measuring in ONE run what stops nodes from
-# working side by side, and printing a table with the ratios computed here, each line marked
-# PASS/MISS against issue 9's target. The exit status is 0 unless the run itself broke (a
-# MISS is a result, not a failure).
+# mountpoint each) on one volume on a LUN file (written full first: BENCH_LUN), measuring in
+# ONE run what stops nodes from working side by side, and printing a table with the ratios
+# computed here, each line marked PASS/MISS against issue 9's target. The exit status is 0
+# unless the run itself broke (a MISS is a result, not a failure).
 #
 #   1. fio randwrite 4k QD32 (libaio, direct=1) into a FRESH sparse image (made with truncate,
 #      never written: a thin VM disk) vs the same job on a PREFILLED image; 1 node, then 3 nodes
@@ -34,7 +34,10 @@
 #
 # Usage: sudo bench/cluster.sh
 # Environment: BENCH_RUNTIME (seconds per fio job, default 8, plus fio's 2 s ramp), BENCH_SIZE
-#   (every image, fresh and prefilled, default 2G; the LUN file is 9 images + 2 GiB, sparse),
+#   (every image, fresh and prefilled, default 2G; the LUN file is 9 images + 2 GiB),
+#   BENCH_LUN (written: the LUN file is written full before mkfs, as a SAN LUN has every block
+#   already, so that a fresh image's first writes do not also pay the host filesystem's own
+#   allocation; sparse: left sparse, as before 2026-12-01; default written),
 #   BENCH_META_SECONDS (per section-3 run, default BENCH_RUNTIME), BENCH_BOUNCES (handoffs per
 #   section-4 variant, default 200), BENCH_KILL_AT (seconds into the section-5 reads when node 1
 #   is killed, default 4), BENCH_KILL_RUNTIME (section-5 reads, default 20), BENCH_SECTIONS
@@ -57,6 +60,8 @@ BOUNCES=${BENCH_BOUNCES:-200}
 KILL_AT=${BENCH_KILL_AT:-4}
 KILL_RUNTIME=${BENCH_KILL_RUNTIME:-20}
 SECTIONS=" ${BENCH_SECTIONS:-1 2 3 4 5} "
+LUN_MODE=${BENCH_LUN:-written}
+[[ $LUN_MODE == written || $LUN_MODE == sparse ]] || { echo "cluster: BENCH_LUN must be written or sparse" >&2; exit 1; }
 BENCH_DIR=${BENCH_DIR:-$REPO/.cache/bench}
 BIN_DIR=$(realpath -m "${CETRA_BIN_DIR:-$REPO/target/release}")
 PY=$REPO/bench/cluster.py
@@ -201,7 +206,7 @@ meta_bg() { # name node dir seconds mode start
 start_at() { python3 -c 'import time; print(f"{time.time() + 1.5:.3f}")'; }
 
 LUN_B=$((9 * SIZE_B + (2 << 30)))
-LUN_KIND="sparse file on $(df --output=fstype "$WORK" | tail -1) ($WORK)"
+LUN_KIND="$LUN_MODE file on $(df --output=fstype "$WORK" | tail -1) ($WORK)"
 TIMINGS="mkfs-cetra --heartbeat-interval $HB_MS --io-timeout $IO_TIMEOUT_MS (short test timings: dead time 5.2 s; production defaults 2000/8000 ms give 84 s)"
 COMMIT=$(git -C "$REPO" rev-parse --short HEAD 2>/dev/null || echo unknown)
 [[ -z $(git -C "$REPO" status --porcelain --untracked-files=no 2>/dev/null) ]] || COMMIT+="+dirty"
@@ -250,9 +255,10 @@ fi
 
 # ---- CetraFS: one volume, three nodes ------------------------------------------------------------
 truncate -s "$LUN_B" "$LUN"
+[[ $LUN_MODE == sparse ]] || prefill "$LUN" "$LUN_B"
 "$BIN_DIR/mkfs-cetra" -q --force -L cluster --heartbeat-interval "$HB_MS" --io-timeout "$IO_TIMEOUT_MS" "$LUN"
 for i in 1 2 3; do mount_node "$i"; done
-echo "[+$((SECONDS))s] CetraFS on $LUN ($((LUN_B >> 30)) GiB sparse): node1..3 daemons ${PIDS[1]} ${PIDS[2]} ${PIDS[3]}"
+echo "[+$((SECONDS))s] CetraFS on $LUN ($((LUN_B >> 30)) GiB, $LUN_MODE): node1..3 daemons ${PIDS[1]} ${PIDS[2]} ${PIDS[3]}"
 PRE=()
 if want 1 || want 2 || want 5; then
     for i in 1 2 3; do

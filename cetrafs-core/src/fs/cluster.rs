@@ -113,6 +113,14 @@ impl HoldWindow {
         self.used.store(self.now(), Ordering::Release);
     }
 
+    /// How long the lock has been held since it was taken.
+    fn held(&self) -> Duration {
+        Duration::from_nanos(
+            self.now()
+                .saturating_sub(self.since.load(Ordering::Acquire)),
+        )
+    }
+
     /// A handoff took `cost`.
     fn handed_over(&self, cost: Duration) {
         let ns = u64::try_from(cost.as_nanos()).unwrap_or(u64::MAX);
@@ -521,8 +529,16 @@ impl Volume {
             }
             self.publish_groups(m);
         }
+        let held = self.cl.hold.held();
         self.release_gml(m)?;
-        self.cl.hold.handed_over(start.elapsed());
+        let cost = start.elapsed();
+        self.cl.hold.handed_over(cost);
+        tracing::debug!(
+            "global lock handed over after holding it {} ms (handoff {} ms; next window {} ms)",
+            held.as_millis(),
+            cost.as_millis(),
+            self.cl.hold.window().as_millis()
+        );
         Ok(())
     }
 
@@ -652,6 +668,18 @@ impl Volume {
         let epoch = self.cl.epoch.load(Ordering::Acquire);
         if st.epoch.load(Ordering::Acquire) == epoch {
             return Ok(());
+        }
+        // v3: a state validated under this node's hold of the inode's own lock is current
+        // whatever the global lock did meanwhile. Every change of the inode's block takes that
+        // lock exclusively (fs/inode_lock.rs rule 1), which clears `ready` here first, and it
+        // is made under the global lock, which the caller holds now. Without this, every
+        // return of the global lock reloaded each inode touched, a thin image's whole extent
+        // tree included, from a block cache the version change had just dropped.
+        if let (Some(il), Some(dl)) = (&self.cl.ilocks, st.dl.get()) {
+            if il.is_ready(dl) && !st.read().freed {
+                st.epoch.store(epoch, Ordering::Release);
+                return Ok(());
+            }
         }
         let mut inner = st.write();
         if inner.freed {
@@ -846,6 +874,9 @@ impl Volume {
             if m.inflight().is_empty() {
                 match self.handoff(&mut m) {
                     Ok(()) => return true,
+                    // Fenced between the loop's check and here: the FENCED line said it all,
+                    // and the others recover this node instead.
+                    Err(e) if e.kind() == ErrorKind::Fenced => return true,
                     Err(e) => tracing::error!("handing the metadata lock over failed: {e}"),
                 }
             }

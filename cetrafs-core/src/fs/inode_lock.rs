@@ -24,6 +24,9 @@
 //!    N reloaded *i* under the global lock after the grant. It does **not** need the global
 //!    lock: another node's metadata work on other files, including a global-lock handoff or
 //!    the death of the node holding the global lock, never pauses it.
+//!    The metadata path trusts such a copy too (`Volume::refresh`): while `ready`, no other
+//!    node can have changed *i* (rule 1 would have cleared it), so taking the global lock back
+//!    does not make this node re-read *i* and its extent map.
 //! 3. **Handoff** ([`Server`], run by the `cetra-mailbox` thread on a request): stop new
 //!    fast-path I/O on *i* (`ready` cleared), wait for the fast-path I/O in flight (the
 //!    `gate`), then release or downgrade. Nothing needs writing home here: the change that
