@@ -133,16 +133,18 @@ impl HoldWindow {
             .clamp(HOLD_MIN, HOLD_MAX)
     }
 
-    /// May the lock be handed over now?
-    fn over(&self) -> bool {
-        self.over_at(self.now())
+    /// May the lock be handed over now? `in_flight`: allocating writes are between their plan
+    /// and map steps (their device I/O may well take longer than [`HOLD_IDLE`]): the node is
+    /// busy, not idle.
+    fn over(&self, in_flight: bool) -> bool {
+        self.over_at(self.now(), in_flight)
     }
 
     /// [`HoldWindow::over`] at time `t` (nanoseconds since `base`).
-    fn over_at(&self, t: u64) -> bool {
+    fn over_at(&self, t: u64, in_flight: bool) -> bool {
         let held = Duration::from_nanos(t.saturating_sub(self.since.load(Ordering::Acquire)));
         let idle = Duration::from_nanos(t.saturating_sub(self.used.load(Ordering::Acquire)));
-        idle >= HOLD_IDLE || held >= self.window()
+        (!in_flight && idle >= HOLD_IDLE) || held >= self.window()
     }
 }
 
@@ -256,6 +258,12 @@ impl Cluster {
 }
 
 impl Volume {
+    /// This node used the global lock (for its hold window) without going through
+    /// [`Volume::meta_in`]: the map step of an allocating write.
+    pub(super) fn note_lock_use(&self) {
+        self.cl.hold.used();
+    }
+
     /// The metadata mutex with the global lock held exclusively (metadata changes).
     pub(super) fn meta_ex(&self) -> Result<MutexGuard<'_, Meta>> {
         self.meta_in(LockMode::Exclusive)
@@ -297,7 +305,9 @@ impl Volume {
             bail!(Io, "volume is unmounted");
         }
         let cl = &self.cl;
-        if cl.handoff_wanted.load(Ordering::Acquire) && m.gml() != LockMode::Free && cl.hold.over()
+        if cl.handoff_wanted.load(Ordering::Acquire)
+            && m.gml() != LockMode::Free
+            && cl.hold.over(!m.inflight().is_empty())
         {
             // Allocating writes in flight hold blocks only this node knows of: they are mapped
             // first (fs/inflight.rs). Meanwhile another thread may have handed over already.
@@ -861,11 +871,11 @@ impl Volume {
             return true;
         }
         cl.handoff_wanted.store(true, Ordering::Release);
-        if !cl.hold.over() {
-            // Asked again at the next tick (the request stays in the mailbox until then).
-            return false;
-        }
         if let Some(mut m) = self.meta.try_lock().or_panic() {
+            if !cl.hold.over(!m.inflight().is_empty()) {
+                // Asked again at the next tick (the request stays in the mailbox until then).
+                return false;
+            }
             // With allocating writes in flight, the next tick (or metadata operation)
             // hands over once they are mapped.
             if m.gml() == LockMode::Free {
@@ -1100,18 +1110,22 @@ mod tests {
         assert_eq!(w.window(), HOLD_MIN, "no handoff measured yet");
         let t0 = ns(Duration::from_secs(10));
         w.taken_at(t0);
-        assert!(!w.over_at(t0 + ns(HOLD_IDLE) / 2), "just taken");
-        assert!(w.over_at(t0 + ns(HOLD_IDLE)), "idle for HOLD_IDLE");
+        assert!(!w.over_at(t0 + ns(HOLD_IDLE) / 2, false), "just taken");
+        assert!(w.over_at(t0 + ns(HOLD_IDLE), false), "idle for HOLD_IDLE");
+        assert!(
+            !w.over_at(t0 + ns(HOLD_IDLE), true),
+            "writes in flight: busy, not idle"
+        );
         // Used every millisecond: kept until the window, then given up although busy.
         let mut t = t0;
         while t < t0 + ns(HOLD_MIN) - ns(Duration::from_millis(1)) {
             t += ns(Duration::from_millis(1));
             w.used.store(t, std::sync::atomic::Ordering::Release);
-            assert!(!w.over_at(t), "busy inside the window");
+            assert!(!w.over_at(t, false), "busy inside the window");
         }
         w.used
             .store(t0 + ns(HOLD_MIN), std::sync::atomic::Ordering::Release);
-        assert!(w.over_at(t0 + ns(HOLD_MIN)), "busy past the window");
+        assert!(w.over_at(t0 + ns(HOLD_MIN), true), "busy past the window");
         w.handed_over(Duration::from_millis(60));
         assert_eq!(w.window(), Duration::from_millis(240));
         w.handed_over(Duration::from_millis(5));

@@ -564,6 +564,9 @@ impl Volume {
         // Not meta_ex: a handoff waits for these very writes, and the lock is held exclusively
         // for as long as anything is in flight (fs/inflight.rs).
         let meta = self.lock_meta();
+        // A use of the global lock for its hold window: a writer whose data I/O takes longer
+        // than the window's idle time is still busy.
+        self.note_lock_use();
         let mine = take_slot(&slot);
         let r = match mine {
             Some(r) => r,
