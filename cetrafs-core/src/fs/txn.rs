@@ -216,7 +216,8 @@ impl Meta {
     }
 
     fn commit_point_inner(&mut self, dev: &dyn BlockDevice) -> Result<()> {
-        for (b, n) in self.nodes.drain() {
+        // Taken, not drained: a drained map keeps the table a write storm grew.
+        for (b, n) in std::mem::take(&mut self.nodes) {
             self.pending.insert(b, n.encode());
         }
         dev.flush()?;
