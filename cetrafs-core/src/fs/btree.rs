@@ -557,13 +557,21 @@ mod tests {
             ..Default::default()
         };
         let sb = crate::mkfs::format(&*dev, &opts, &mut |_, _| {}).unwrap();
-        let meta = Meta::new(
+        let meta = meta_on(&dev, sb);
+        (dev, meta)
+    }
+
+    /// Slot 0's metadata context on `dev`: nothing cached, nothing pending.
+    fn meta_on(
+        dev: &std::sync::Arc<crate::dev::mem::MemDevice>,
+        sb: crate::format::superblock::Superblock,
+    ) -> Meta {
+        Meta::new(
             crate::alloc::tests::load(&(dev.clone() as crate::dev::SharedDevice), &sb),
             crate::journal::JournalArea::for_slot(&sb, 0),
-            sb.clone(),
+            sb,
             crate::fs::DEFAULT_META_CACHE,
-        );
-        (dev, meta)
+        )
     }
 
     fn with_tree(f: impl FnOnce(&mut Tx<'_>)) {
@@ -580,13 +588,7 @@ mod tests {
         root: u64,
         owner: u64,
     ) -> Vec<(u64, Vec<u8>)> {
-        let sb = crate::fs::read_superblock(&**dev).unwrap();
-        let mut fresh = Meta::new(
-            crate::alloc::tests::load(&(dev.clone() as crate::dev::SharedDevice), &sb),
-            crate::journal::JournalArea::for_slot(&sb, 0),
-            sb,
-            crate::fs::DEFAULT_META_CACHE,
-        );
+        let mut fresh = meta_on(dev, crate::fs::read_superblock(&**dev).unwrap());
         let mut tx = Tx::new(&**dev, &mut fresh);
         let mut out = Vec::new();
         Tree::new(&mut tx, root, owner)
