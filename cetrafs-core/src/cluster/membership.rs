@@ -430,6 +430,22 @@ impl Membership {
         h.nonce = rand::random();
         let next = h.encode(lbs);
         let lba = lba_of(&self.sb, self.slot);
+        // The check above and the re-read took time (an I/O): a node paused in between (SIGSTOP,
+        // a VM freeze) may resume after survivors declared it dead and cleared its slot, and a
+        // plain write would then put our image back over theirs. Look at the lease again at
+        // the last moment; what remains is the instant between this check and the write
+        // itself (docs/locking.md §14).
+        if !self.lease_valid() {
+            drop(image);
+            self.fence(format!(
+                "the heartbeat lease ran out while renewing it ({} ms since the last renewal, \
+                 fail time {} ms)",
+                self.now_ms()
+                    .saturating_sub(self.last_ok_ms.load(Ordering::Acquire)),
+                self.timing.fail_time().as_millis()
+            ));
+            return;
+        }
         let written = if caw {
             match self.dev.compare_and_write(lba, &image, &next) {
                 Ok(CawOutcome::Written) => Ok(()),
@@ -804,6 +820,33 @@ mod tests {
             ErrorKind::Fenced
         );
         assert!(guard.flush().is_err());
+    }
+
+    /// A node paused while its renewal re-reads the slot (SIGSTOP between the lease check and
+    /// the write) must not write its heartbeat when it resumes with an expired lease: a
+    /// survivor may have cleared that slot meanwhile. Fails if the lease is only looked at
+    /// before the re-read.
+    #[test]
+    fn a_renewal_that_outlasts_the_lease_fences_instead_of_writing() {
+        let (dev, sb) = volume(10, 20); // fail time 160 ms
+        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        m.stop.store(true, Ordering::Release);
+        std::thread::sleep(Duration::from_millis(40)); // the renewer thread has ended
+        let before = read_slot(&*dev, &sb, m.slot).unwrap();
+        let writes = dev.writes.load(Ordering::SeqCst);
+        // Refresh the lease, then let the re-read take longer than the whole fail time.
+        m.last_ok_ms.store(m.now_ms(), Ordering::Release);
+        dev.faults.latency_us.store(250_000, Ordering::SeqCst);
+        m.renew_once();
+        dev.faults.latency_us.store(0, Ordering::SeqCst);
+        assert!(m.is_fenced(), "the renewal fenced the node");
+        assert!(m.fence_reason().unwrap().contains("ran out while renewing"));
+        assert_eq!(
+            dev.writes.load(Ordering::SeqCst),
+            writes,
+            "nothing was written"
+        );
+        assert_eq!(read_slot(&*dev, &sb, m.slot).unwrap(), before);
     }
 
     /// Another node (wrongly, or after declaring us dead) overwrites our slot; wait (up to
