@@ -20,7 +20,8 @@
 //! we won (arrays have reported false miscompares for writes that did land — the VMware ATS
 //! lesson). A record that fails its checksum is re-read a few times before it is reported as
 //! corrupted: a target may return a torn block while another initiator's CAW is running.
-//! Contended loops back off with jitter: 1 ms doubling to 8 ms, each sleep ±50 %.
+//! Contended loops back off with jitter: 0.5 ms doubling to 2 ms for the first 20 ms of a
+//! wait, then on to 8 ms, each sleep ±50 % ([`BACKOFF_QUICK_MAX`]).
 //!
 //! # The global lock (record 0)
 //! `acquire_global(me, mode)` loops:
@@ -77,8 +78,15 @@ use std::time::{Duration, Instant};
 /// How often a record that fails validation is re-read before it counts as corrupted.
 const TORN_READ_RETRIES: u32 = 5;
 /// Contention backoff: first sleep and cap (each sleep is jittered ±50 %).
-pub const BACKOFF_FIRST: Duration = Duration::from_millis(1);
+pub const BACKOFF_FIRST: Duration = Duration::from_micros(500);
 pub const BACKOFF_MAX: Duration = Duration::from_millis(8);
+/// For the first [`BACKOFF_QUICK_SPAN`] of a wait the sleeps stop doubling at
+/// [`BACKOFF_QUICK_MAX`]: most waits are one handoff (a holder's mailbox poll, its hold
+/// window, its commit: 5–15 ms), and a waiter that slept 8 ms just after the grant landed
+/// added that to every handoff. About ten reads in those 20 ms, then at most one per 8 ms.
+pub const BACKOFF_QUICK_MAX: Duration = Duration::from_millis(2);
+/// See [`BACKOFF_QUICK_MAX`].
+pub const BACKOFF_QUICK_SPAN: Duration = Duration::from_millis(20);
 
 /// This node as lock records name it: its heartbeat slot and the slot's claim generation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -87,22 +95,39 @@ pub struct Me {
     pub gen: u64,
 }
 
-/// Jittered exponential backoff.
+/// Jittered exponential backoff, doubling only up to [`BACKOFF_QUICK_MAX`] during the first
+/// [`BACKOFF_QUICK_SPAN`] of the wait.
 #[derive(Debug)]
 pub(crate) struct Backoff {
     cur: Duration,
     max: Duration,
+    slept: Duration,
 }
 
 impl Backoff {
     pub(crate) fn new(first: Duration, max: Duration) -> Self {
-        Self { cur: first, max }
+        Self {
+            cur: first,
+            max,
+            slept: Duration::ZERO,
+        }
+    }
+
+    /// The next sleep after one of `cur`, having slept `slept` in all (before jitter).
+    fn next(cur: Duration, max: Duration, slept: Duration) -> Duration {
+        let cap = if slept < BACKOFF_QUICK_SPAN {
+            max.min(BACKOFF_QUICK_MAX)
+        } else {
+            max
+        };
+        (cur * 2).min(cap).max(cur.min(cap))
     }
 
     pub(crate) fn sleep(&mut self) {
         let f: f64 = rand::thread_rng().gen_range(0.5..1.5);
         std::thread::sleep(self.cur.mul_f64(f));
-        self.cur = (self.cur * 2).min(self.max);
+        self.slept += self.cur;
+        self.cur = Self::next(self.cur, self.max, self.slept);
     }
 }
 
@@ -1117,6 +1142,29 @@ mod tests {
     use std::collections::HashMap;
     use std::sync::atomic::{AtomicI32, AtomicU32, Ordering};
     use std::sync::{Arc, Mutex};
+
+    /// The waits between polls: doubling from the first to the quick cap during the quick
+    /// span, then on to the cap.
+    #[test]
+    fn backoff_stays_quick_for_the_first_span() {
+        let (mut cur, mut slept, mut seq) = (BACKOFF_FIRST, Duration::ZERO, Vec::new());
+        while slept < Duration::from_millis(60) {
+            seq.push(cur.as_micros());
+            slept += cur;
+            cur = Backoff::next(cur, BACKOFF_MAX, slept);
+        }
+        assert_eq!(&seq[..4], &[500, 1000, 2000, 2000]);
+        let quick = seq.iter().take_while(|&&us| us <= 2000).count();
+        assert!(
+            (10..=12).contains(&quick),
+            "quick polls in the first 20 ms: {seq:?}"
+        );
+        assert_eq!(seq.last(), Some(&8000), "then up to the cap: {seq:?}");
+        // A cap below the quick one (tests on memory devices) is kept throughout.
+        let small = Duration::from_micros(500);
+        assert_eq!(Backoff::next(small, small, Duration::ZERO), small);
+        assert_eq!(Backoff::next(small, small, Duration::from_secs(1)), small);
+    }
 
     const FAST_FIRST: Duration = Duration::from_micros(20);
     const FAST_MAX: Duration = Duration::from_micros(500);

@@ -24,7 +24,7 @@
 //! locks have no block of their own either. **What false sharing costs:** two objects in one
 //! bucket never conflict logically (their entries are separate); they only share a CAW
 //! target, so simultaneous changes of both make one CAW miscompare and retry after a re-read
-//! (one extra read + CAW each, plus a backoff sleep of 1–8 ms). `object_lock_false_sharing_cost`
+//! (one extra read + CAW each, plus a backoff sleep of 0.5–8 ms). `object_lock_false_sharing_cost`
 //! measures it (4 threads, private objects, 300 changes each, memory LUN): with one bucket
 //! 44 of 1,244 CAWs (3.5 %) miscompared, with 64 buckets 2 of 1,202. Capacity: with one
 //! mention per entry a 512-byte bucket holds 14 entries, a 4096-byte one 126; the area should
@@ -60,7 +60,7 @@
 //!    request ([`Want::Shared`] / [`Want::Exclusive`]) into the mailbox of every holder that
 //!    blocks me (the owner; for exclusive also every shared holder), again every `refresh`
 //!    while that holder still blocks me (a full mailbox, a lost request or a holder that
-//!    re-took the lock is retried that way). Back off (1 ms doubling to 8 ms, ±50 %), poll
+//!    re-took the lock is retried that way). Back off (`cluster/lock.rs`: 0.5 ms doubling to 2 ms for 20 ms, then to 8 ms, ±50 %), poll
 //!    `abort` (a fenced node stops waiting and leaves the waiters, best effort), repeat.
 //!
 //! # Cached at the holder; handing over ([`ObjectLocks::serve_mailbox`])

@@ -54,6 +54,27 @@ const KEEPER_POLL_V3: Duration = Duration::from_millis(500);
 const MAILBOX_BUSY_POLL: Duration = Duration::from_millis(5);
 /// A waiter for the global lock re-posts its request to a holder at most this often.
 const GLOBAL_ASK_EVERY: Duration = Duration::from_millis(50);
+/// After handing the global lock over, the mailbox is read this often for [`FOLLOW_UP_SPAN`]:
+/// the new holder's next step is mostly a request for an inode lock this node caches (the
+/// inode it is about to change), which otherwise waited up to a whole [`MAILBOX_BUSY_POLL`].
+/// Ten reads per global handoff.
+const FOLLOW_UP_POLL: Duration = Duration::from_millis(1);
+/// See [`FOLLOW_UP_POLL`].
+const FOLLOW_UP_SPAN: Duration = Duration::from_millis(10);
+/// What a mailbox tick did with requests for the global lock.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum GlobalAsk {
+    /// There were none.
+    None,
+    /// Not settled yet (the hold window runs, or the lock is in use): look again then.
+    Pending(Duration),
+    /// Handed over, or nothing to hand over: the requests were cleared.
+    Settled,
+}
+
+/// A global-lock request that found the lock in use (an operation running, allocating writes
+/// being mapped) is looked at again this soon.
+const KEEPER_RETRY: Duration = Duration::from_millis(1);
 
 /// The global lock's hold window: a node that waiters ask for the lock hands it over once it
 /// has not used it for [`HOLD_IDLE`], or once it has held it for [`HOLD_COST_FACTOR`] times
@@ -142,9 +163,26 @@ impl HoldWindow {
 
     /// [`HoldWindow::over`] at time `t` (nanoseconds since `base`).
     fn over_at(&self, t: u64, in_flight: bool) -> bool {
+        self.left_at(t, in_flight).is_zero()
+    }
+
+    /// How long until [`HoldWindow::over`] becomes true if the lock is not used meanwhile
+    /// (zero: it is over now). A request that arrives 1 ms after the last use is served 2 ms
+    /// later, not at the next mailbox poll.
+    fn left(&self, in_flight: bool) -> Duration {
+        self.left_at(self.now(), in_flight)
+    }
+
+    /// [`HoldWindow::left`] at time `t` (nanoseconds since `base`).
+    fn left_at(&self, t: u64, in_flight: bool) -> Duration {
         let held = Duration::from_nanos(t.saturating_sub(self.since.load(Ordering::Acquire)));
         let idle = Duration::from_nanos(t.saturating_sub(self.used.load(Ordering::Acquire)));
-        (!in_flight && idle >= HOLD_IDLE) || held >= self.window()
+        let busy_left = self.window().saturating_sub(held);
+        if in_flight {
+            busy_left
+        } else {
+            busy_left.min(HOLD_IDLE.saturating_sub(idle))
+        }
     }
 }
 
@@ -330,6 +368,10 @@ impl Volume {
             m.set_gml(LockMode::Free);
             cl.held.store(0, Ordering::Release);
         }
+        // Each acquire asks the holders at once; only its own re-posts are rate-limited. (A
+        // limit across acquires held back every other request of two nodes trading the lock
+        // every 25 ms until the 50 ms were up: handoffs of 20-40 ms instead of 5.)
+        cl.global_asked.lock().or_panic().clear();
         let rec = cl.locks.acquire_global_notify(
             cl.me,
             mode,
@@ -853,66 +895,81 @@ impl Volume {
     }
 
     /// Read record 0: note a version move; hand the lock over if others wait and the
-    /// metadata mutex is free. Returns true when nothing is left to do (this node does not hold
-    /// the lock, nobody else waits, or it was just handed over).
-    fn keeper_tick(&self) -> bool {
+    /// metadata mutex is free. Returns None when nothing is left to do (this node does not
+    /// hold the lock, nobody else waits, or it was just handed over), else how soon to look
+    /// again: when the hold window ends, or [`KEEPER_RETRY`] while an operation or allocating
+    /// writes still use the lock.
+    fn keeper_tick(&self) -> Option<Duration> {
         let cl = &self.cl;
         let rec = match cl.locks.read(LockTable::GLOBAL) {
             Ok((_, rec)) => rec,
             Err(e) => {
                 tracing::warn!("reading the global lock failed: {e}");
-                return false;
+                return Some(MAILBOX_BUSY_POLL);
             }
         };
         if rec.version != cl.seen_version.swap(rec.version, Ordering::AcqRel) {
             cl.epoch.fetch_add(1, Ordering::AcqRel);
         }
         if cl.held.load(Ordering::Acquire) == 0 || !LockTable::others_waiting(&rec, cl.me) {
-            return true;
+            return None;
         }
         cl.handoff_wanted.store(true, Ordering::Release);
-        if let Some(mut m) = self.meta.try_lock().or_panic() {
-            if !cl.hold.over(!m.inflight().is_empty()) {
-                // Asked again at the next tick (the request stays in the mailbox until then).
-                return false;
-            }
-            // With allocating writes in flight, the next tick (or metadata operation)
-            // hands over once they are mapped.
-            if m.gml() == LockMode::Free {
-                return true;
-            }
-            if m.inflight().is_empty() {
-                match self.handoff(&mut m) {
-                    Ok(()) => return true,
-                    // Fenced between the loop's check and here: the FENCED line said it all,
-                    // and the others recover this node instead.
-                    Err(e) if e.kind() == ErrorKind::Fenced => return true,
-                    Err(e) => tracing::error!("handing the metadata lock over failed: {e}"),
-                }
+        let Some(mut m) = self.meta.try_lock().or_panic() else {
+            // An operation runs (it just marked the lock used); the next one hands over
+            // itself once the window is over, else this is asked again when it ends.
+            return Some(cl.hold.left(false).max(KEEPER_RETRY));
+        };
+        let left = cl.hold.left(!m.inflight().is_empty());
+        if !left.is_zero() {
+            // Asked again then (the request stays in the mailbox until settled).
+            return Some(left.max(KEEPER_RETRY));
+        }
+        if m.gml() == LockMode::Free {
+            return None;
+        }
+        if !m.inflight().is_empty() {
+            // Handed over once the allocating writes in flight are mapped.
+            return Some(KEEPER_RETRY);
+        }
+        match self.handoff(&mut m) {
+            // Fenced between the loop's check and here: the FENCED line said it all, and the
+            // others recover this node instead.
+            Ok(()) => None,
+            Err(e) if e.kind() == ErrorKind::Fenced => None,
+            Err(e) => {
+                tracing::error!("handing the metadata lock over failed: {e}");
+                Some(MAILBOX_BUSY_POLL)
             }
         }
-        false
     }
 
     /// One mailbox tick (v3): requests for the global lock are handled as the keeper does
     /// (and cleared once settled); the rest are inode-lock requests (fs/inode_lock.rs).
-    fn mailbox_tick(&self, il: &InodeLocks) -> Result<()> {
+    fn mailbox_tick(&self, il: &InodeLocks) -> Result<GlobalAsk> {
         let me = self.cl.me;
         let reqs = il.object_locks().poll_mailbox(me)?;
         if reqs.is_empty() {
-            return Ok(());
+            return Ok(GlobalAsk::None);
         }
         il.note_exchange();
         let global = ObjectId::volume(VolumeLock::Global).raw();
         let (g, rest): (Vec<Request>, Vec<Request>) =
             reqs.into_iter().partition(|r| r.object == global);
-        if !g.is_empty() && self.keeper_tick() {
-            il.object_locks().clear_requests(me, &g)?;
+        let mut ask = GlobalAsk::None;
+        if !g.is_empty() {
+            ask = match self.keeper_tick() {
+                Some(again) => GlobalAsk::Pending(again),
+                None => {
+                    il.object_locks().clear_requests(me, &g)?;
+                    GlobalAsk::Settled
+                }
+            };
         }
         if !rest.is_empty() {
             il.serve(rest)?;
         }
-        Ok(())
+        Ok(ask)
     }
 
     /// The mailbox server (v3 volumes): reads this node's mailbox at the pace of
@@ -929,21 +986,41 @@ impl Volume {
                 let mut pacer = PollPacer::default();
                 pacer.busy = MAILBOX_BUSY_POLL;
                 let (mut reported, mut last) = (Instant::now(), (0, 0, 0, 0));
-                let mut more = false;
+                let (mut more, mut again) = (false, None::<Duration>);
+                let mut quick_until = None::<Instant>;
                 loop {
                     // With give-backs left over, the next round starts at once (the mailbox is
-                    // still read first): the sweep keeps up with a create storm.
+                    // still read first): the sweep keeps up with a create storm. A global
+                    // lock request waiting for the hold window is looked at when it ends;
+                    // after a global handoff the mailbox is read every FOLLOW_UP_POLL for
+                    // FOLLOW_UP_SPAN.
                     if !more {
-                        std::thread::sleep(pacer.interval(Instant::now()));
+                        let now = Instant::now();
+                        let mut pace = pacer.interval(now);
+                        if quick_until.is_some_and(|t| now < t) {
+                            pace = pace.min(FOLLOW_UP_POLL);
+                        }
+                        std::thread::sleep(again.map_or(pace, |d| d.min(pace)));
                     }
                     let Some(v) = weak.upgrade() else { break };
                     if v.unmounted.load(Ordering::Acquire) || v.member.is_fenced() {
                         break;
                     }
                     let Some(il) = &v.cl.ilocks else { break };
-                    if let Err(e) = v.mailbox_tick(il) {
-                        tracing::warn!("serving lock requests of other nodes failed: {e}");
-                    }
+                    again = match v.mailbox_tick(il) {
+                        Ok(GlobalAsk::Pending(d)) => Some(d),
+                        Ok(GlobalAsk::Settled) => {
+                            // The new holder's next request is mostly for an inode lock
+                            // this node caches: look for it at once.
+                            quick_until = Some(Instant::now() + FOLLOW_UP_SPAN);
+                            None
+                        }
+                        Ok(GlobalAsk::None) => None,
+                        Err(e) => {
+                            tracing::warn!("serving lock requests of other nodes failed: {e}");
+                            None
+                        }
+                    };
                     more = il.sweep();
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);
@@ -1111,6 +1188,16 @@ mod tests {
         let t0 = ns(Duration::from_secs(10));
         w.taken_at(t0);
         assert!(!w.over_at(t0 + ns(HOLD_IDLE) / 2, false), "just taken");
+        assert_eq!(
+            w.left_at(t0 + ns(HOLD_IDLE) / 2, false),
+            HOLD_IDLE - HOLD_IDLE / 2,
+            "idle: over when the idle time is reached"
+        );
+        assert_eq!(
+            w.left_at(t0 + ns(HOLD_IDLE) / 2, true),
+            HOLD_MIN - HOLD_IDLE / 2,
+            "busy: over when the window ends"
+        );
         assert!(w.over_at(t0 + ns(HOLD_IDLE), false), "idle for HOLD_IDLE");
         assert!(
             !w.over_at(t0 + ns(HOLD_IDLE), true),
@@ -1126,6 +1213,7 @@ mod tests {
         w.used
             .store(t0 + ns(HOLD_MIN), std::sync::atomic::Ordering::Release);
         assert!(w.over_at(t0 + ns(HOLD_MIN), true), "busy past the window");
+        assert_eq!(w.left_at(t0 + ns(HOLD_MIN), true), Duration::ZERO);
         w.handed_over(Duration::from_millis(60));
         assert_eq!(w.window(), Duration::from_millis(240));
         w.handed_over(Duration::from_millis(5));
