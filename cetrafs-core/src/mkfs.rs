@@ -21,7 +21,7 @@ pub const DEFAULT_IO_TIMEOUT_MS: u32 = 8000;
 /// Target group size: 1 GiB, so an 8 GiB image needs only ~9 extents.
 pub const MAX_GROUP_BLOCKS: u64 = 1 << 18;
 pub const MIN_GROUP_BLOCKS: u64 = 1 << 12;
-/// Groups are shrunk (down to MIN_GROUP_BLOCKS) until there are at least this many.
+/// Groups are shrunk (down to `MIN_GROUP_BLOCKS`) until there are at least this many.
 pub const MIN_GROUPS: u64 = 8;
 /// Object-lock buckets (format v3): one per 64 fs blocks (256 KiB) of volume, at least
 /// `MIN_OBJLOCK_BUCKETS` and at most `MAX_OBJLOCK_BUCKETS` (8 MiB of 512-byte records; room

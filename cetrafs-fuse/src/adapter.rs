@@ -26,29 +26,29 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, error, info, warn};
 
-/// The kernel always calls the root directory nodeid 1 (FUSE_ROOT_ID). CetraFS inode numbers
-/// are fs block numbers, and block 1 is never an inode, so 1 <-> root_ino is a bijection.
+/// The kernel always calls the root directory nodeid 1 (`FUSE_ROOT_ID`). CetraFS inode numbers
+/// are fs block numbers, and block 1 is never an inode, so 1 <-> `root_ino` is a bijection.
 const FUSE_ROOT_ID: u64 = 1;
-/// What stat(2) reports as st_blksize: the fs block, the unit in which writes avoid read-modify-write.
+/// What stat(2) reports as `st_blksize`: the fs block, the unit in which writes avoid read-modify-write.
 const BLKSIZE: u32 = 4096;
-/// max_write: one 1 MiB O_DIRECT write arrives as one FUSE_WRITE (measured, facts §1.3 #4).
+/// `max_write`: one 1 MiB `O_DIRECT` write arrives as one `FUSE_WRITE` (measured, facts §1.3 #4).
 const MAX_WRITE: u32 = 1 << 20;
 /// Async DIO requests count as background requests; several VMs share one mount (facts §1.3 #2).
 const MAX_BACKGROUND: u16 = 512;
 const CONGESTION_THRESHOLD: u16 = 384;
-/// ioctl numbers of FS_IOC_{GET,SET}FLAGS (`_IOR('f', 1, long)` / `_IOW('f', 2, long)`) and
+/// ioctl numbers of `FS_IOC_{GET,SET}FLAGS` (`_IOR('f', 1, long)` / `_IOW('f', 2, long)`) and
 /// their 32-bit compat variants. The kernel's FUSE fileattr code sends the native ones.
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
 const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 /// `_IOR/_IOW('X', 31/32, struct fsxattr)`: the kernel asks with FSGETXATTR when it needs the
-/// old attributes before a SETFLAGS (vfs_fileattr_set), and xfs_io uses both.
+/// old attributes before a SETFLAGS (`vfs_fileattr_set`), and `xfs_io` uses both.
 const FS_IOC_FSGETXATTR: u32 = 0x801C_581F;
 const FS_IOC_FSSETXATTR: u32 = 0x401C_5820;
 /// sizeof(struct fsxattr): xflags, extsize, nextents, projid, cowextsize, 8 pad bytes.
 const FSXATTR_SIZE: usize = 28;
-/// FS_*_FL inode flag <-> FS_XFLAG_* pairs for the flags CetraFS stores.
+/// `FS_*_FL` inode flag <-> `FS_XFLAG_*` pairs for the flags CetraFS stores.
 const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 
 /// Result of `Volume::unmount` from `destroy`, for the daemon's exit status.
@@ -57,7 +57,7 @@ pub type UnmountOutcome = Arc<Mutex<Option<Result<(), String>>>>;
 /// FUSE worker threads unless `CETRA_FUSE_THREADS` says otherwise.
 const DEFAULT_THREADS: usize = 32;
 
-/// Session configuration (threads, clone_fd, mount options) for this device and options.
+/// Session configuration (threads, `clone_fd`, mount options) for this device and options.
 pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     let mut mount_options = vec![
         // The device shows as the source in /proc/mounts and `findmnt`, like any block fs.
@@ -201,7 +201,7 @@ impl Adapter {
 
     /// The kernel caches attributes for `attr_timeout` and learns of a change only from a
     /// reply that carries attributes. After a change made inside a request whose reply does
-    /// not (setuid/setgid bits removed by a write or an O_TRUNC open), drop its cached copy,
+    /// not (setuid/setgid bits removed by a write or an `O_TRUNC` open), drop its cached copy,
     /// or it would still exec the file setuid until the cache expires.
     fn invalidate_attrs(&self, ino: Ino) {
         let Some(n) = self.notifier.get() else {
@@ -226,10 +226,10 @@ impl Adapter {
         errno(e)
     }
 
-    /// O_CREAT. The volume is always asked for an exclusive create, so that inherited ACLs are
+    /// `O_CREAT`. The volume is always asked for an exclusive create, so that inherited ACLs are
     /// applied to new files only; if the name exists (created by another node since the
-    /// kernel's lookup) and O_EXCL was not given, the existing file is opened instead, with
-    /// O_TRUNC honoured.
+    /// kernel's lookup) and `O_EXCL` was not given, the existing file is opened instead, with
+    /// `O_TRUNC` honoured.
     #[allow(clippy::too_many_arguments)]
     fn create_or_open(
         &self,
@@ -334,7 +334,7 @@ fn caller(req: &Request) -> Caller {
 }
 
 /// The caller of a create, mkdir or mknod with the umask the kernel passed along. With
-/// FUSE_DONT_MASK (negotiated with POSIX ACLs) the kernel leaves the umask to us; without it, it
+/// `FUSE_DONT_MASK` (negotiated with POSIX ACLs) the kernel leaves the umask to us; without it, it
 /// has applied it already and applying it again changes nothing.
 fn caller_masked(req: &Request, umask: u32) -> Caller {
     Caller {

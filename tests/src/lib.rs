@@ -1,7 +1,7 @@
 //! Shared harness for the end-to-end tests: real daemons (`mount-cetra`) on real FUSE mounts of
 //! sparse file-backed LUNs, plus the mkfs and fsck binaries.
 //!
-//! * [`Lun`]: a sparse file in a temporary directory on a filesystem that supports O_DIRECT.
+//! * [`Lun`]: a sparse file in a temporary directory on a filesystem that supports `O_DIRECT`.
 //! * [`Mount`]: the daemon started in daemon mode; `Drop` unmounts, waits for the daemon and
 //!   insists that it exits 0 (the test process is a child subreaper so it can reap the daemon),
 //!   and that its log has no ERROR line other than those the test allowed
@@ -144,7 +144,7 @@ fn probe_o_direct(dir: &Path) -> bool {
 }
 
 /// Base directory for LUN files: `$CETRA_TEST_TMP`, `<workspace>/.cache/tmp`, or the system temp
-/// dir, whichever first supports O_DIRECT (tmpfs does not).
+/// dir, whichever first supports `O_DIRECT` (tmpfs does not).
 pub fn scratch_base() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -799,7 +799,7 @@ impl Mount {
     }
 }
 
-/// Detach a (possibly dead) FUSE mount lazily: umount2(MNT_DETACH), else `fusermount3 -uz`.
+/// Detach a (possibly dead) FUSE mount lazily: `umount2(MNT_DETACH)`, else `fusermount3 -uz`.
 /// Ok if nothing is mounted there afterwards.
 pub fn lazy_unmount(p: &Path) -> Result<(), String> {
     if mount_fstype(p).is_none() {
@@ -878,7 +878,7 @@ pub fn read_lossy(p: &Path) -> String {
 // ---------------------------------------------------------------------------------------------
 // Small utilities
 
-/// A heap buffer aligned for O_DIRECT.
+/// A heap buffer aligned for `O_DIRECT`.
 #[derive(Debug)]
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
@@ -925,7 +925,7 @@ impl std::ops::DerefMut for AlignedBuf {
     }
 }
 
-/// errno of an io::Error (0 if it has none).
+/// errno of an `io::Error` (0 if it has none).
 pub fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
@@ -935,7 +935,7 @@ pub fn errno_name(e: i32) -> String {
     format!("{:?}", nix::errno::Errno::from_raw(e))
 }
 
-/// Result of a libc call returning -1 on error, as io::Result.
+/// Result of a libc call returning -1 on error, as `io::Result`.
 pub fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -1139,7 +1139,7 @@ pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) -> 
         .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting until {what}"))
 }
 
-/// CLOCK_REALTIME in nanoseconds (the clock of device write logs, `CETRA_WRITE_LOG`).
+/// `CLOCK_REALTIME` in nanoseconds (the clock of device write logs, `CETRA_WRITE_LOG`).
 pub use cetrafs_core::dev::write_log::realtime_ns;
 
 /// Format a duration compactly for test reports.

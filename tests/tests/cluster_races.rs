@@ -20,7 +20,7 @@
 //!    and their own files onto common targets there. node3, and a fresh mount, find every
 //!    entry created exactly once where the outcomes say; fsck -n clean.
 //! 5. `nofilelock_append_and_extend_one_file`: two `nofilelock` nodes extend one file at once,
-//!    node1 with O_APPEND, node2 with pwrites beyond EOF and into the holes that leaves; node3
+//!    node1 with `O_APPEND`, node2 with pwrites beyond EOF and into the holes that leaves; node3
 //!    and a fresh mount verify every byte (lost, torn, duplicated or misplaced records).
 //! 6. `sigkill_holding_100_inode_locks_then_survivors_take_them`: node2 is SIGKILLed while the
 //!    lock area shows it owning the inode locks of 100 files it keeps extending and truncating
@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 const HEARTBEAT_MS: u64 = 100;
 const IO_TIMEOUT_MS: u64 = 500;
 /// Others call a node dead after its slot did not change for this long
-/// (8 x io_timeout + 2 x io_timeout + 2 x interval = 5.2 s; docs/locking.md §2).
+/// (8 x `io_timeout` + 2 x `io_timeout` + 2 x interval = 5.2 s; docs/locking.md §2).
 const DEAD_TIME: Duration =
     Duration::from_millis(8 * IO_TIMEOUT_MS + 2 * IO_TIMEOUT_MS + 2 * HEARTBEAT_MS);
 /// Recovery may take this long beyond the dead time (journal replay, lock release).
@@ -269,7 +269,7 @@ const MOVER_FILES: usize = 5;
 const SRC_DIR: &str = "P";
 const DST_DIR: &str = "Q";
 const TARGETS: usize = 4;
-/// Race rounds (bounded further by RACE_TIME).
+/// Race rounds (bounded further by `RACE_TIME`).
 /// One round of a two-node race: node `k` on its mountpoint, round number, the shared
 /// (barrier, stop flag, start); true = stop.
 type Round<O> = fn(usize, &Path, usize, (&Barrier, &AtomicBool, Instant), &mut O) -> bool;
@@ -725,7 +725,7 @@ fn own_records_seen(f: &fs::File, p: &Path, k: usize, w: u8) -> Result<(), Strin
     ))
 }
 
-/// Every appended record once, whole, nothing else in the file: O_APPEND atomic across nodes.
+/// Every appended record once, whole, nothing else in the file: `O_APPEND` atomic across nodes.
 /// Fails without the daemon's own placement of appends (about half the records lost).
 #[test]
 fn nofilelock_appenders_share_one_file() {
@@ -1324,7 +1324,7 @@ fn sigkill_with_100_open_writers_and_two_groups() {
 // A move may fail only with an errno of MOVE_REFUSALS and only in a round where the other
 // node's move succeeded; any other error of any operation fails the test.
 
-/// Rounds (bounded further by FRESH_TIME).
+/// Rounds (bounded further by `FRESH_TIME`).
 const FRESH_ROUNDS: usize = 400;
 const FRESH_TIME: Duration = Duration::from_secs(12);
 const SHARED_DIR: &str = "S";
@@ -1998,7 +1998,7 @@ fn owned_by(c: &Cluster, sb: &Superblock, slot: u32) -> (BTreeSet<u64>, usize, u
     (inodes, groups, named)
 }
 
-/// A survivor's part: overwrite, truncate and grow each of `files`, allocate BIG_CHUNKs in
+/// A survivor's part: overwrite, truncate and grow each of `files`, allocate `BIG_CHUNK`s in
 /// `big`, fsync everything. Runs on its own thread so that a hang is reported, not waited for.
 fn survivor_work(
     mp: PathBuf,

@@ -142,7 +142,7 @@ fn read_bytes(f: &File, off: u64, len: usize) -> Vec<u8> {
     v
 }
 
-/// Copy a sparse file keeping its holes (SEEK_DATA / SEEK_HOLE): the 256 MiB LUN holds a few MiB.
+/// Copy a sparse file keeping its holes (`SEEK_DATA` / `SEEK_HOLE`): the 256 MiB LUN holds a few MiB.
 fn sparse_copy(from: &Path, to: &Path) {
     use std::os::fd::AsRawFd;
     let src = File::open(from).expect("open source image");

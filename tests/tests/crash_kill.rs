@@ -8,10 +8,10 @@
 //!   inode number. After the crash each byte of a file must be 0 or its own pattern byte:
 //!   the marker is stale data, another inode's pattern is foreign data.
 //! * Durable files (`D/`): recorded only after `fsync`/`fdatasync` of the file and `fsync` of
-//!   `D/` returned (or, for the O_SYNC variant, after each O_SYNC write returned); their
+//!   `D/` returned (or, for the `O_SYNC` variant, after each `O_SYNC` write returned); their
 //!   content must survive exactly. Deleting one first moves it to a "maybe deleted" set; once
 //!   unlink and `fsync(D/)` returned the name must stay gone.
-//! * A preallocated 64 MiB image (`I/disk.raw`) gets O_DIRECT 4 KiB writes of per-(block,
+//! * A preallocated 64 MiB image (`I/disk.raw`) gets `O_DIRECT` 4 KiB writes of per-(block,
 //!   version) patterns with periodic fdatasync: after the crash each block must hold its last
 //!   synced version (zeros if none) or a version written after that sync — nothing else.
 //! * Scratch namespace (`S/`): create/write/rename/unlink/link/symlink/mkdir/rmdir/truncate/
@@ -138,7 +138,7 @@ fn diagnose(off: u64, data: &[u8], known_inos: &HashSet<u64>) -> String {
 #[derive(Debug, Clone)]
 struct DFile {
     ino: u64,
-    /// Final size once complete; None while O_SYNC writes are still being added.
+    /// Final size once complete; None while `O_SYNC` writes are still being added.
     exact_len: Option<u64>,
     /// Ranges whose content must be exactly the pattern.
     ranges: Vec<(u64, u64)>,

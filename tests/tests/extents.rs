@@ -15,7 +15,7 @@ use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 
-/// Write `mib` MiB sequentially with 1 MiB O_DIRECT writes; each MiB carries its index.
+/// Write `mib` MiB sequentially with 1 MiB `O_DIRECT` writes; each MiB carries its index.
 fn write_sequential(path: &Path, mib: u64) {
     let f = OpenOptions::new()
         .write(true)
@@ -37,7 +37,7 @@ fn write_sequential(path: &Path, mib: u64) {
     f.sync_all().expect("fsync");
 }
 
-/// Spot-check some MiBs of a file written by `write_sequential`.
+/// Spot-check some MiB of a file written by `write_sequential`.
 fn spot_check(path: &Path, mib: u64) {
     let f = OpenOptions::new()
         .read(true)
@@ -161,7 +161,7 @@ fn thin_byte(offset: u64) -> u8 {
     (offset.wrapping_mul(0x9e37_79b9) >> 13).to_le_bytes()[0] ^ 0xa5
 }
 
-/// Read the whole file with O_DIRECT and compare every byte with `thin_byte`.
+/// Read the whole file with `O_DIRECT` and compare every byte with `thin_byte`.
 fn verify_thin(path: &Path, bytes: u64, what: &str) {
     let f = OpenOptions::new()
         .read(true)
@@ -178,7 +178,7 @@ fn verify_thin(path: &Path, bytes: u64, what: &str) {
     }
 }
 
-/// A thin (sparse) image written at a deep queue: 16 threads with their own O_DIRECT
+/// A thin (sparse) image written at a deep queue: 16 threads with their own `O_DIRECT`
 /// descriptors write every 4 KiB block of a fresh sparse file once, in shuffled order; every
 /// eighth block is written as two 2 KiB halves by two different threads, so writers race for
 /// the same unmapped block. Every byte is checked, before and after a remount, and fsck is

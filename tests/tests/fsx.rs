@@ -1,5 +1,5 @@
 //! fsx-style randomized data-path exerciser: one file, ≥100,000 operations mixing buffered and
-//! O_DIRECT opens, every read checked byte-for-byte against an in-memory model, then umount,
+//! `O_DIRECT` opens, every read checked byte-for-byte against an in-memory model, then umount,
 //! remount, full verification and `fsck -n`.
 //!
 //! Environment: `CETRA_SEED` replays a run, `CETRA_FSX_OPS` changes the number of operations.

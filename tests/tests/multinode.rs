@@ -46,10 +46,10 @@ use std::time::{Duration, Instant};
 const HEARTBEAT_MS: u64 = 100;
 /// mkfs --io-timeout (ms).
 const IO_TIMEOUT_MS: u64 = 500;
-/// A node that could not renew for this long fences itself (cluster/timing.rs: 8 × io_timeout).
+/// A node that could not renew for this long fences itself (cluster/timing.rs: 8 × `io_timeout`).
 const FAIL_TIME: Duration = Duration::from_millis(8 * IO_TIMEOUT_MS);
 /// Others call a node dead after its slot did not change for this long
-/// (fail + 2 × io_timeout + 2 × interval = 5.2 s).
+/// (fail + 2 × `io_timeout` + 2 × interval = 5.2 s).
 const DEAD_TIME: Duration =
     Duration::from_millis(8 * IO_TIMEOUT_MS + 2 * IO_TIMEOUT_MS + 2 * HEARTBEAT_MS);
 /// Recovery may take this long beyond the dead time (journal replay, lock release).
@@ -374,7 +374,7 @@ fn wait_visible_everywhere(c: &Cluster, rel: &str) {
 // 1. Cross-node visibility
 
 /// Poll `observers` until `check` passes on each; returns the slowest node's delay. Panics if a
-/// node never sees the change within VISIBILITY_GIVE_UP.
+/// node never sees the change within `VISIBILITY_GIVE_UP`.
 fn observe(
     c: &Cluster,
     step: &str,
@@ -799,7 +799,7 @@ fn storm(
     out
 }
 
-/// What one node lists: (dir, name) → (is_dir, inode, nlink).
+/// What one node lists: (dir, name) → (`is_dir`, inode, nlink).
 type Listing = BTreeMap<(String, String), (bool, u64, u64)>;
 
 fn list_storm_dirs(mp: &Path) -> Result<Listing, String> {
@@ -1031,7 +1031,7 @@ fn concurrent_namespace_storm() {
 struct ImageOut {
     /// Iteration of the last write of every block (0 = the sequential pass).
     last: Vec<u32>,
-    /// CLOCK_REALTIME window of the overwrite phase.
+    /// `CLOCK_REALTIME` window of the overwrite phase.
     overwrite_ns: (u128, u128),
     alloc_time: Duration,
     overwrite_time: Duration,

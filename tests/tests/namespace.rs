@@ -171,7 +171,7 @@ impl Model {
         }
     }
 
-    /// rename / renameat2 following the order of checks in fs/namei.c do_renameat2 + vfs_rename.
+    /// rename / renameat2 following the order of checks in fs/namei.c `do_renameat2` + `vfs_rename`.
     fn rename(
         &mut self,
         old: &str,

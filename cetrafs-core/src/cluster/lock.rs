@@ -25,7 +25,7 @@
 //! # The global lock (record 0)
 //! `acquire_global(me, mode)` loops:
 //! 1. Read record 0. If it already shows `me` holding it in `mode` (or stronger), return it.
-//! 2. **Eligible** if `next` is NO_SLOT, or `next` is me, or the record's raw image has not
+//! 2. **Eligible** if `next` is `NO_SLOT`, or `next` is me, or the record's raw image has not
 //!    changed for `handoff_grace`, timed on this process's monotonic clock (clocks are never
 //!    compared across nodes). The last releaser names `next`; the grace bounds the wait for a
 //!    `next` that is dead or slow.
@@ -34,7 +34,7 @@
 //!    stream of shared holders cannot starve an exclusive waiter).
 //! 4. If eligible and compatible, CAW the grant — Exclusive: mode Exclusive, owner = me (slot
 //!    and generation), holders cleared, `version + 1`; Shared: mode Shared, holders += me, no
-//!    owner; both: waiters −= me, next = NO_SLOT. Won: return the granted record; its `version`
+//!    owner; both: waiters −= me, next = `NO_SLOT`. Won: return the granted record; its `version`
 //!    is the fencing token and cache validator (it changes on every exclusive grant, so a node
 //!    that sees the version it cached knows nobody else wrote metadata in between).
 //! 5. Otherwise, if I am not in waiters, CAW a copy with waiters += me (a lost race is ignored:
@@ -43,7 +43,7 @@
 //!
 //! `release_global(me)`: if I am the owner, mode Free and no owner; otherwise I leave the
 //! holders (mode Free when none remain). I leave the waiters, and — if I held it — name as
-//! `next` the first waiter after my slot in ascending order, wrapping around (NO_SLOT if none).
+//! `next` the first waiter after my slot in ascending order, wrapping around (`NO_SLOT` if none).
 //! A node that was only waiting changes `next` only if `next` named it. Because every release
 //! hands over round-robin and the releaser itself is not eligible while `next` names someone
 //! else, a waiter gets the lock within (number of waiting slots) grants, unless the named
@@ -245,7 +245,7 @@ pub struct LockTable {
     backoff_max: Duration,
 }
 
-/// The first slot of `set` after `slot` in ascending order, wrapping; NO_SLOT if none.
+/// The first slot of `set` after `slot` in ascending order, wrapping; `NO_SLOT` if none.
 fn next_after(set: &SlotSet, slot: u32) -> u32 {
     set.iter()
         .find(|&s| s > slot)
@@ -1027,7 +1027,7 @@ impl LockTable {
         Ok(())
     }
 
-    /// For every group: its exclusive owner (NO_SLOT if none) and the free count in its LVB.
+    /// For every group: its exclusive owner (`NO_SLOT` if none) and the free count in its LVB.
     pub fn group_owners(&self) -> Result<Vec<(u32, Option<u64>)>> {
         Ok(self
             .read_range(1, self.groups)?

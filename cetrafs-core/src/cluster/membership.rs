@@ -2,7 +2,7 @@
 //!
 //! Claim: read the slot, COMPARE AND WRITE it from exactly what was read to a live record with
 //! generation + 1 and a fresh nonce; on a miscompare re-read (our image there means the CAW did
-//! land — the ATS false-miscompare lesson); then wait 2 × io_timeout and re-read to catch a
+//! land — the ATS false-miscompare lesson); then wait 2 × `io_timeout` and re-read to catch a
 //! concurrent claimer. Renewal: read our slot (a foreign image means someone took it: fence at
 //! once), then write the next counter. Every write this node makes goes through [`LeaseGuard`],
 //! which refuses it once the last successful renewal is older than the fail time — checked at
@@ -131,8 +131,8 @@ pub struct Membership {
     pub slot: u32,
     pub host: String,
     timing: Timing,
-    /// CLOCK_BOOTTIME milliseconds at the *start* of the last successful renewal (boot time,
-    /// unlike CLOCK_MONOTONIC, keeps counting while the host is suspended).
+    /// `CLOCK_BOOTTIME` milliseconds at the *start* of the last successful renewal (boot time,
+    /// unlike `CLOCK_MONOTONIC`, keeps counting while the host is suspended).
     last_ok_ms: AtomicU64,
     image: Mutex<Vec<u8>>,
     fenced: AtomicBool,
@@ -156,7 +156,7 @@ impl Drop for Membership {
     }
 }
 
-/// Milliseconds of CLOCK_BOOTTIME: monotonic, and advancing across suspend.
+/// Milliseconds of `CLOCK_BOOTTIME`: monotonic, and advancing across suspend.
 fn boottime_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,

@@ -1,6 +1,6 @@
-//! A regular file or a block device opened with O_DIRECT: the embedded default LUN.
+//! A regular file or a block device opened with `O_DIRECT`: the embedded default LUN.
 //!
-//! compare_and_write is emulated by taking an OFD write lock (F_OFD_SETLKW) on the block's
+//! `compare_and_write` is emulated by taking an OFD write lock (`F_OFD_SETLKW`) on the block's
 //! byte range around read-compare-write. OFD locks exclude other *open file descriptions*, i.e.
 //! other processes (and other opens) **on this host only**; two machines sharing a LUN through
 //! this backend get no atomicity at all. An in-process stripe of mutexes covers threads that
@@ -29,7 +29,7 @@ pub struct FileDeviceOptions {
     pub read_only: bool,
     /// Logical block size to present for a regular file (block devices report their own).
     pub file_logical_block_size: u32,
-    /// Open with O_DIRECT (true in production; tests on tmpfs may need false).
+    /// Open with `O_DIRECT` (true in production; tests on tmpfs may need false).
     pub direct: bool,
 }
 
@@ -160,8 +160,8 @@ impl FileDevice {
     }
 }
 
-/// O_DIRECT needs the buffer address aligned to the logical block size; our callers pass
-/// AlignedBuf (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
+/// `O_DIRECT` needs the buffer address aligned to the logical block size; our callers pass
+/// `AlignedBuf` (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
 fn aligned(buf: &[u8], lbs: u32) -> bool {
     (buf.as_ptr() as usize).is_multiple_of((lbs as usize).min(IO_ALIGN))
 }

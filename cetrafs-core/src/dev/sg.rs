@@ -1,5 +1,5 @@
-//! A SCSI LUN driven through the SG_IO ioctl: `/dev/sdX`, `/dev/sgN`, or a whole-device
-//! dm-multipath map (dm passes SG_IO to the current path when the map covers the whole LUN).
+//! A SCSI LUN driven through the `SG_IO` ioctl: `/dev/sdX`, `/dev/sgN`, or a whole-device
+//! dm-multipath map (dm passes `SG_IO` to the current path when the map covers the whole LUN).
 //!
 //! This is the backend whose COMPARE AND WRITE is atomic across hosts ([`CawKind::Scsi`]): the
 //! target executes compare-then-write as one command. Data goes through READ(16)/WRITE(16)
@@ -38,7 +38,7 @@ pub struct SgDeviceOptions {
     pub read_only: bool,
     /// Timeout of READ/WRITE/SYNCHRONIZE CACHE/UNMAP/INQUIRY.
     pub data_timeout: Duration,
-    /// Timeout of COMPARE AND WRITE: the lock layer's I/O deadline (T_io), much shorter than
+    /// Timeout of COMPARE AND WRITE: the lock layer's I/O deadline (`T_io`), much shorter than
     /// the data timeout so a stalled path is noticed before leases expire.
     pub io_timeout: Duration,
     /// Upper bound of one READ/WRITE command; further limited by the path's
@@ -96,7 +96,7 @@ impl DataBuf<'_> {
     }
 }
 
-/// The raw result of one SG_IO call.
+/// The raw result of one `SG_IO` call.
 #[derive(Debug, Clone)]
 pub struct CommandResult {
     pub completion: Completion,
@@ -148,7 +148,7 @@ fn ms(d: Duration) -> u32 {
 
 impl SgDevice {
     /// Open a SCSI LUN. Fails with `Unsupported` (and the ioctl's errno as source, ENOTTY or
-    /// EINVAL) when `path` does not accept SG_IO, so callers can fall back to
+    /// EINVAL) when `path` does not accept `SG_IO`, so callers can fall back to
     /// [`super::file::FileDevice`].
     pub fn open(path: &Path, opts: &SgDeviceOptions) -> Result<Self> {
         let file = OpenOptions::new()
@@ -345,7 +345,7 @@ impl SgDevice {
         &self.stats
     }
 
-    /// One SG_IO call, no retries, no classification: for diagnostics and conformance tests.
+    /// One `SG_IO` call, no retries, no classification: for diagnostics and conformance tests.
     /// `Err` only when the ioctl itself failed.
     pub fn execute(
         &self,
@@ -935,7 +935,7 @@ pub enum WholeLun {
         dm_uuid: String,
         paths: Vec<String>,
     },
-    /// A whole block device that is not SCSI (loop, NVMe, virtio-blk): no SG_IO, use the file
+    /// A whole block device that is not SCSI (loop, NVMe, virtio-blk): no `SG_IO`, use the file
     /// backend (which gives only host-local CAW).
     OtherDisk { name: String },
     /// A regular file: the file backend.
@@ -1303,8 +1303,8 @@ mod tests {
         assert!(real.components().any(|c| c.as_os_str() == "scsi_generic"));
     }
 
-    /// SG_IO on something that is not a SCSI device must fail cleanly with Unsupported and the
-    /// errno (ENOTTY, or EINVAL from some drivers), so callers can fall back to FileDevice.
+    /// `SG_IO` on something that is not a SCSI device must fail cleanly with Unsupported and the
+    /// errno (ENOTTY, or EINVAL from some drivers), so callers can fall back to `FileDevice`.
     fn assert_not_scsi(path: &Path) {
         let e = SgDevice::open(path, &SgDeviceOptions::default()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");

@@ -213,7 +213,7 @@ impl Bucket {
     }
 
     /// Exactly `lbs` bytes, entries by ascending object id and mentions by ascending slot.
-    /// Err (InvalidInput) if the bucket does not [`fit`](Self::fits) or names a slot outside
+    /// Err (`InvalidInput`) if the bucket does not [`fit`](Self::fits) or names a slot outside
     /// 0..1024; nothing is encoded then.
     pub fn encode(&self, lbs: usize) -> Result<Vec<u8>> {
         if !self.fits(lbs) || (lbs != 512 && lbs != 4096) {

@@ -642,7 +642,7 @@ mod tests {
         v2.unmount().unwrap();
     }
 
-    /// A volume of format version 1 (no INCOMPAT_OVERFLOW) mounts and keeps v1 limits and
+    /// A volume of format version 1 (no `INCOMPAT_OVERFLOW`) mounts and keeps v1 limits and
     /// encodings, so a v1 binary can still use it.
     #[test]
     fn version_1_volume_keeps_its_limits() {

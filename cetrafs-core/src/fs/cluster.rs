@@ -183,7 +183,7 @@ pub(crate) struct Cluster {
     /// whose (slot, generation) is no longer in use is stale.
     live: Mutex<HashMap<u32, (SlotState, u64)>>,
     /// Per-inode locks for the data path (format v3 volumes; None on v2: the data path then
-    /// depends on the global lock). See fs/inode_lock.rs.
+    /// depends on the global lock). See `fs/inode_lock.rs`.
     pub ilocks: Option<InodeLocks>,
 }
 
@@ -603,7 +603,7 @@ impl Volume {
     /// block map may be used without the metadata mutex. On a v2 volume that needs the global
     /// lock (the data gate, with the inode current at this node's epoch): a stale inode is
     /// reloaded under the lock when `wait`, else None ("take the metadata path"). On a v3
-    /// volume it needs the inode's own lock (fs/inode_lock.rs), taken and validated here with
+    /// volume it needs the inode's own lock (`fs/inode_lock.rs`), taken and validated here with
     /// no lock held; then the inode's read lock is taken **before** its gate, so a fast path
     /// that holds a gate never waits for the inode's write lock (a metadata operation holding
     /// it may be waiting for the handoff that drains that gate).
@@ -649,7 +649,7 @@ impl Volume {
     }
 
     /// Before inode `ino`'s block changes (caller: the global lock exclusive, the inode's
-    /// write lock): on a v3 volume, hold its inode lock exclusively (fs/inode_lock.rs rule 1).
+    /// write lock): on a v3 volume, hold its inode lock exclusively (`fs/inode_lock.rs` rule 1).
     pub(super) fn own_inode(&self, ino: u64) -> Result<()> {
         match &self.cl.ilocks {
             Some(il) => il.own(ino, &|| self.lock_abort()),
@@ -673,7 +673,7 @@ impl Volume {
 
     /// Reload a loaded inode that another node may have changed (caller holds the global lock
     /// through `tx`). An inode that is gone, or whose block now holds another inode, becomes a
-    /// tombstone and NotFound.
+    /// tombstone and `NotFound`.
     pub(super) fn refresh(&self, tx: &mut Tx<'_>, st: &InodeState) -> Result<()> {
         let epoch = self.cl.epoch.load(Ordering::Acquire);
         if st.epoch.load(Ordering::Acquire) == epoch {
@@ -895,7 +895,7 @@ impl Volume {
     }
 
     /// One mailbox tick (v3): requests for the global lock are handled as the keeper does
-    /// (and cleared once settled); the rest are inode-lock requests (fs/inode_lock.rs).
+    /// (and cleared once settled); the rest are inode-lock requests (`fs/inode_lock.rs`).
     fn mailbox_tick(&self, il: &InodeLocks) -> Result<()> {
         let me = self.cl.me;
         let reqs = il.object_locks().poll_mailbox(me)?;
@@ -917,7 +917,7 @@ impl Volume {
 
     /// The mailbox server (v3 volumes): reads this node's mailbox at the pace of
     /// [`PollPacer`] ([`MAILBOX_BUSY_POLL`] during a lock exchange, 40 ms otherwise) and hands over the inode
-    /// locks other nodes ask for (fs/inode_lock.rs).
+    /// locks other nodes ask for (`fs/inode_lock.rs`).
     pub(super) fn spawn_mailbox(vol: &Arc<Volume>) {
         if vol.cl.ilocks.is_none() {
             return;

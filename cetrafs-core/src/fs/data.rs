@@ -145,12 +145,12 @@ impl Volume {
         })
     }
 
-    /// Open as a privileged caller (O_TRUNC keeps setuid/setgid bits); see [`Volume::open_by`].
+    /// Open as a privileged caller (`O_TRUNC` keeps setuid/setgid bits); see [`Volume::open_by`].
     pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> {
         self.open_by(ino, writable, truncate, &Caller::ROOT)
     }
 
-    /// Open `ino`; with `truncate` (O_TRUNC on a writable open) the file is emptied and, as
+    /// Open `ino`; with `truncate` (`O_TRUNC` on a writable open) the file is emptied and, as
     /// any truncate by `who`, loses the setuid/setgid bits [`suid`] says (even when already
     /// empty, as on a local filesystem).
     pub fn open_by(

@@ -1,4 +1,4 @@
-//! Per-inode locks on a v3 volume (fs/inode_lock.rs), several `Volume`s on one memory device:
+//! Per-inode locks on a v3 volume (`fs/inode_lock.rs`), several `Volume`s on one memory device:
 //! the data path of one node does not depend on the global lock, changes by another node
 //! drain it and are seen, and a dead node blocks only what it held.
 

@@ -484,7 +484,7 @@ fn rename_whiteout_leaves_a_char_device_0_0_at_the_source() {
     assert!(report.is_clean(), "{:?}", report.findings);
 }
 
-/// A caller without CAP_FSETID, in group 100 only.
+/// A caller without `CAP_FSETID`, in group 100 only.
 struct Unprivileged;
 impl Credentials for Unprivileged {
     fn has_fsetid(&self) -> bool {

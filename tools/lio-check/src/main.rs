@@ -1,6 +1,6 @@
 //! Guest-side checks of `cetrafs_core::dev::sg::SgDevice` against a real SCSI target.
 //!
-//! `tests/lio/run` boots a qemu guest whose kernel exports LIO backstores through tcm_loop and
+//! `tests/lio/run` boots a qemu guest whose kernel exports LIO backstores through `tcm_loop` and
 //! runs `lio-check all ...` there. Every check prints one `PASS`/`FAIL` line; the last line is
 //! `LIO-CHECK-RESULT PASS|FAIL` and the exit status is 0 only if everything passed.
 //!
@@ -182,7 +182,7 @@ fn run_all(m: &HashMap<String, String>) -> Result<bool, String> {
     Ok(ok)
 }
 
-/// (a) SgDevice against one LUN, through its sg node and its sd node.
+/// (a) `SgDevice` against one LUN, through its sg node and its sd node.
 fn conformance(
     rep: &mut Report,
     tag: &str,
@@ -589,7 +589,7 @@ fn decode(block: &[u8]) -> Result<u64, String> {
 }
 
 /// One contention process: `count` successful CAW(counter → counter+1) on `dev`.
-/// Writes (value, latency_ns) pairs of its successful CAWs to `out`.
+/// Writes (value, `latency_ns`) pairs of its successful CAWs to `out`.
 fn worker(m: &HashMap<String, String>) -> Result<(), String> {
     let dev = open(get(m, "dev")?)?;
     let lba = num(m, "lba")?;
@@ -764,7 +764,7 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
     rep.check("multi", "CAW counter contention", r);
 }
 
-/// (c) A LUN with emulate_caw=0: probe_caw must fail with the clear Unsupported message.
+/// (c) A LUN with `emulate_caw=0`: `probe_caw` must fail with the clear Unsupported message.
 fn nocaw(rep: &mut Report, sg: &str) {
     let dev = match open(sg) {
         Ok(d) => d,
@@ -828,7 +828,7 @@ fn dmsetup(args: &[&str]) -> Result<(), String> {
 }
 
 /// (d) A COMPARE AND WRITE that outlives its timeout: the dm device under the LUN's iblock
-/// backstore is suspended, so the target cannot finish the command; SG_IO times out and the
+/// backstore is suspended, so the target cannot finish the command; `SG_IO` times out and the
 /// error must say "outcome unknown". After resuming, re-reading the block resolves it, which
 /// is what the lock layer does.
 fn stall(rep: &mut Report, sg: &str, dm: &str) {
