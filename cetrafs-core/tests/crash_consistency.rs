@@ -587,7 +587,7 @@ fn crash_during_replay_converges() {
                 v.readdir(v.root_ino(), 0, &mut |e| {
                     m.insert(
                         e.name.clone(),
-                        v.getattr(e.ino).map(|a| a.size).unwrap_or(u64::MAX),
+                        v.getattr(e.ino).map_or(u64::MAX, |a| a.size),
                     );
                     true
                 })

@@ -863,7 +863,7 @@ impl Filesystem for Adapter {
         // Still check that it is a directory the volume knows, so opendir fails early.
         match self.vol.getattr(self.ino(ino)) {
             Ok(a) if a.kind == FileKind::Directory => {
-                reply.opened(FileHandle(0), FopenFlags::empty())
+                reply.opened(FileHandle(0), FopenFlags::empty());
             }
             Ok(_) => reply.error(Errno::ENOTDIR),
             Err(e) => reply.error(self.fail("opendir", &e)),

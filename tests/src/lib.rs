@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 pub use rand;
 
 /// How long a daemon gets to mount or to exit after umount.
-const DAEMON_TIMEOUT: Duration = Duration::from_secs(120);
+const DAEMON_TIMEOUT: Duration = Duration::from_mins(2);
 
 // ---------------------------------------------------------------------------------------------
 // Locating things
@@ -870,9 +870,10 @@ pub fn umount_path(p: &Path) -> Result<(), String> {
 }
 
 pub fn read_lossy(p: &Path) -> String {
-    fs::read(p)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_else(|e| format!("<{}: {e}>", p.display()))
+    fs::read(p).map_or_else(
+        |e| format!("<{}: {e}>", p.display()),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -1284,7 +1284,7 @@ fn sigkill_with_100_open_writers_and_two_groups() {
                 continue;
             }
         };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let len = f.metadata().map_or(0, |m| m.len());
         if len < DURABLE_BYTES as u64 {
             bad.push(format!("w/f{i}: size {len} < fsync'd {DURABLE_BYTES}"));
         }
@@ -1462,7 +1462,7 @@ fn fresh_check(root: &Path, model: &BTreeMap<String, bool>) -> Vec<String> {
         match found.get(p) {
             None => bad.push(format!("{p} missing")),
             Some((_, d, _)) if d != is_dir => {
-                bad.push(format!("{p}: is_dir {d}, expected {is_dir}"))
+                bad.push(format!("{p}: is_dir {d}, expected {is_dir}"));
             }
             Some(_) => {}
         }
@@ -1754,7 +1754,7 @@ fn verify_mixed(p: &Path) -> (Vec<String>, usize) {
         Err(e) => return (vec![io_err("read", &e)], 0),
     };
     let mut bad = Vec::new();
-    let size = fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let size = fs::metadata(p).map_or(0, |m| m.len());
     if size != data.len() as u64 {
         bad.push(format!("size {size}, read {} bytes", data.len()));
     }
@@ -1904,7 +1904,7 @@ fn nofilelock_append_and_extend_one_file() {
     r2.unwrap_or_else(|e| panic!("{e}"));
     std::thread::sleep(Duration::from_secs(1));
     let (bad, after_jump) = verify_mixed(&c.n(2).p(name));
-    let size = fs::metadata(c.n(2).p(name)).map(|m| m.len()).unwrap_or(0);
+    let size = fs::metadata(c.n(2).p(name)).map_or(0, |m| m.len());
     eprintln!(
         "{test}: node1 {MIX_APPENDS} appends, node2 {JUMPS} jumps beyond EOF + {} hole writes \
          in {}; node3 reads {size} bytes: {} problems, {after_jump} appends landed right after \

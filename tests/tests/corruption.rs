@@ -70,7 +70,7 @@ const LUN_SIZE: u64 = 256 << 20;
 /// Same host name for populating and for every case: the case mount claims the same slot (0).
 const HOST: &str = "corrupt";
 const MOUNT_BOUND: Duration = Duration::from_secs(30);
-const FSCK_BOUND: Duration = Duration::from_secs(60);
+const FSCK_BOUND: Duration = Duration::from_mins(1);
 /// Walk + writes + fsync of one case.
 const OPS_BOUND: Duration = Duration::from_secs(30);
 const LBS: u64 = 512;
@@ -300,8 +300,7 @@ impl Model {
             .own
             .iter()
             .find(|(_, r)| *r == Role::Data { logical })
-            .map(|(b, _)| *b)
-            .unwrap_or_else(|| panic!("{path} has no data block {logical}"))
+            .map_or_else(|| panic!("{path} has no data block {logical}"), |(b, _)| *b)
     }
     /// Human name of a block: its area, or the inode that owns it.
     fn describe_block(&self, b: u64) -> String {
@@ -1447,7 +1446,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             |i| i.tree_root = sb.journal_start + 3,
         );
         let c = b.put_inode("inode.size.huge", "d1/small2", "size -> 2^40", |i| {
-            i.size = 1 << 40
+            i.size = 1 << 40;
         });
         c.extra_write = Some(("d1/small2".into(), 1 << 30));
         b.put_inode(
@@ -2405,9 +2404,7 @@ fn check_writes(
                     // Record 0, the group records and the buckets change by CAW, always to a
                     // valid record; the unused records between groups and buckets never.
                     changed_records(sb.lock_start).find_map(|(i, r)| {
-                        if !(i <= sb.group_count || (i >= bucket0 && i < sb.lock_count)) {
-                            Some(format!("lock record {i} (unused) changed"))
-                        } else {
+                        if i <= sb.group_count || (i >= bucket0 && i < sb.lock_count) {
                             LockRecord::decode(&bz[r * lbs..(r + 1) * lbs], i)
                                 .err()
                                 .map(|_| {
@@ -2416,6 +2413,8 @@ fn check_writes(
                                         describe_chunk(bz)
                                     )
                                 })
+                        } else {
+                            Some(format!("lock record {i} (unused) changed"))
                         }
                     })
                 } else if b >= sb.objlock_start && b < sb.objlock_start + sb.objlock_blocks() {
@@ -2579,7 +2578,10 @@ fn run_case(ctx: &Ctx<'_>, case: &Case) -> (Outcome, Duration) {
         Command::new(bin("fsck-cetra")).arg("-n").arg(&img),
         FSCK_BOUND,
     );
-    let fsck_out = fsck.as_ref().map(|r| r.output()).unwrap_or_default();
+    let fsck_out = fsck
+        .as_ref()
+        .map(cetrafs_tests::CmdResult::output)
+        .unwrap_or_default();
     let fsck_code = match &fsck {
         None => {
             out.failures.push(format!(

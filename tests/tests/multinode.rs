@@ -361,12 +361,12 @@ fn wait_visible_everywhere(c: &Cluster, rel: &str) {
             continue;
         }
         let p = c.n(i).p(rel);
-        if poll_until(VISIBILITY_GIVE_UP, || fs::symlink_metadata(&p).is_ok()).is_none() {
-            panic!(
-                "{}: {rel} is not visible on {} after {VISIBILITY_GIVE_UP:?}",
-                c.test, NODES[i]
-            );
-        }
+        assert!(
+            poll_until(VISIBILITY_GIVE_UP, || fs::symlink_metadata(&p).is_ok()).is_some(),
+            "{}: {rel} is not visible on {} after {VISIBILITY_GIVE_UP:?}",
+            c.test,
+            NODES[i]
+        );
     }
 }
 
@@ -831,7 +831,7 @@ fn compare_listing(
     let mut v = Vec::new();
     let mut want: BTreeMap<(String, String), (usize, Obj)> = BTreeMap::new();
     for (n, m) in models.iter().enumerate() {
-        for (k, o) in m.iter() {
+        for (k, o) in *m {
             want.insert(k.clone(), (n, *o));
         }
     }
@@ -1329,7 +1329,7 @@ fn sigkill_recovery() {
     let durables = Mutex::new(Vec::new());
     let dur_errors = Mutex::new(Vec::new());
     let node2_pid = c.n(1).pid();
-    let far = Instant::now() + Duration::from_secs(3600);
+    let far = Instant::now() + Duration::from_hours(1);
     let mut recovery: Option<(Duration, usize, String)> = None;
     let mut node2 = Some(c.take(1));
     let node2_mp = node2.as_ref().expect("node2").path().to_path_buf();

@@ -38,7 +38,7 @@ fn assert_clean(r: &Report) {
         "unexpected findings:\n{}",
         r.findings
             .iter()
-            .map(|f| f.to_string())
+            .map(std::string::ToString::to_string)
             .collect::<Vec<_>>()
             .join("\n")
     );
@@ -553,7 +553,7 @@ fn corrupted_synthetic_structures() {
             "{what}: expected {want:?}, got:\n{}",
             r.findings
                 .iter()
-                .map(|f| f.to_string())
+                .map(std::string::ToString::to_string)
                 .collect::<Vec<_>>()
                 .join("\n")
         );

@@ -163,7 +163,7 @@ fn boottime_ms() -> u64 {
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec to a valid pointer.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
     if r != 0 {
         return u64::MAX; // makes every lease look expired: fail safe
     }

@@ -83,9 +83,9 @@ impl FileDevice {
             let mut pbs: libc::c_uint = 0;
             // SAFETY: fd is an open block device and the out-pointers are valid for the ioctl.
             unsafe {
-                blk_getsize64(fd, &mut size).map_err(|e| Error::io(ctx(), e.into()))?;
-                blk_sszget(fd, &mut lbs).map_err(|e| Error::io(ctx(), e.into()))?;
-                blk_pbszget(fd, &mut pbs).map_err(|e| Error::io(ctx(), e.into()))?;
+                blk_getsize64(fd, &raw mut size).map_err(|e| Error::io(ctx(), e.into()))?;
+                blk_sszget(fd, &raw mut lbs).map_err(|e| Error::io(ctx(), e.into()))?;
+                blk_pbszget(fd, &raw mut pbs).map_err(|e| Error::io(ctx(), e.into()))?;
             }
             let rdev = meta.rdev();
             let lbs = u32::try_from(lbs).unwrap_or(512);
@@ -254,7 +254,7 @@ impl BlockDevice for FileDevice {
         if self.is_block {
             let range = [offset, len];
             // SAFETY: valid fd, pointer to a [u64; 2] as BLKDISCARD expects.
-            let r = unsafe { blk_discard(self.file.as_raw_fd(), &range) };
+            let r = unsafe { blk_discard(self.file.as_raw_fd(), &raw const range) };
             // Devices without discard support simply keep the data: discard is a hint.
             if let Err(e) = r {
                 tracing::debug!("BLKDISCARD on {} failed: {e}", self.path.display());

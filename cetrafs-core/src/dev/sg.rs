@@ -379,7 +379,7 @@ impl SgDevice {
         // SAFETY: the header points at `cdb`, at `data` (valid for `len` bytes, writable when the
         // direction is FROM_DEV because it came from a `&mut [u8]`) and at `sense`; all three
         // outlive this synchronous ioctl, which returns only when the command has completed.
-        let r = unsafe { sgio::sg_io(self.file.as_raw_fd(), &mut hdr) };
+        let r = unsafe { sgio::sg_io(self.file.as_raw_fd(), &raw mut hdr) };
         if let Err(errno) = r {
             return Err(ScsiFailure::from_errno(cmd, errno as i32));
         }
@@ -666,7 +666,7 @@ impl SgDevice {
         match self.caw_once(scratch_lba, &marked, &orig) {
             Ok(CawOutcome::Written) => {}
             Ok(CawOutcome::Miscompare) => {
-                tracing::warn!("{who}: scratch LBA {scratch_lba} changed during the CAW probe")
+                tracing::warn!("{who}: scratch LBA {scratch_lba} changed during the CAW probe");
             }
             Err(Ok(f)) => {
                 return Err(f.into_error(format!(

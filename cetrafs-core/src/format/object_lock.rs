@@ -197,7 +197,7 @@ impl Bucket {
     /// Does the bucket encode into one block of `lbs` bytes (space, entry and mention counts)?
     pub fn fits(&self, lbs: usize) -> bool {
         self.bytes() + 4 <= lbs
-            && self.entries.len() <= usize::from(u16::MAX)
+            && u16::try_from(self.entries.len()).is_ok()
             && self
                 .entries
                 .iter()

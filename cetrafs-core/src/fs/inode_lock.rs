@@ -116,7 +116,7 @@ pub const SWEEP_BUDGET: Duration = Duration::from_millis(5);
 /// (ms) before it scans the table again.
 const COUNT_RETRY_MS: u64 = 100;
 /// A failing give-back is warned about at most this often.
-const FAILURE_WARN_EVERY: Duration = Duration::from_secs(60);
+const FAILURE_WARN_EVERY: Duration = Duration::from_mins(1);
 
 /// One inode's lock as this node sees it (module doc).
 #[derive(Debug, Default)]

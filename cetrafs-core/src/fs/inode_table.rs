@@ -336,7 +336,7 @@ impl InodeTable {
                 t.drop_entry(&e);
                 t.tidy();
             }
-        })
+        });
     }
 
     /// The kernel took one more reference to `ino`.
@@ -344,7 +344,7 @@ impl InodeTable {
         self.change(|t| {
             let c = t.refs.entry(ino).or_insert(0);
             *c = c.saturating_add(1);
-        })
+        });
     }
 
     /// The kernel dropped `nlookup` references to `ino` (never below zero). Returns the loaded
@@ -378,7 +378,7 @@ impl InodeTable {
                     t.tidy();
                 }
             }
-        })
+        });
     }
 
     /// The loaded states for which `pred` holds. `pred` runs under the table's mutex and must

@@ -372,7 +372,7 @@ mod control_damage {
     /// Mount time on this memory volume when nothing has to be waited for is milliseconds;
     /// the dead time of its timing (50 ms / 100 ms) is 1.1 s and the old failure came after
     /// the lock wait's patience (3 × dead time).
-    const QUICK: Duration = Duration::from_millis(1000);
+    const QUICK: Duration = Duration::from_secs(1);
 
     fn put_lock(dev: &MemDevice, sb: &Superblock, rec: &LockRecord) {
         dev.write_at(sb.lock_start * FS_BLOCK + rec.index * 512, &rec.encode(512))

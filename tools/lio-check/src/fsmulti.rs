@@ -224,7 +224,7 @@ fn daemon_pid(mp: &Path) -> Option<i32> {
 fn reap(pid: i32) -> Option<String> {
     let mut st = 0;
     // SAFETY: waitpid on a child (or orphaned descendant reparented to us) with WNOHANG.
-    let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+    let r = unsafe { libc::waitpid(pid, &raw mut st, libc::WNOHANG) };
     if r == pid {
         return Some(if libc::WIFEXITED(st) {
             format!("exit {}", libc::WEXITSTATUS(st))
@@ -513,7 +513,7 @@ fn run(
         ],
         &[],
     )
-    .and_then(|c| wait_child(c, Duration::from_secs(60)))
+    .and_then(|c| wait_child(c, Duration::from_mins(1)))
     .and_then(|(st, out)| {
         for l in out.lines() {
             println!("OUT {} mkfs: {l}", s.tag);
@@ -665,7 +665,7 @@ fn run(
             });
         }
         drop(tx);
-        let limit = Duration::from_secs(120);
+        let limit = Duration::from_mins(2);
         let mut res: Vec<Option<Result<Duration, String>>> = vec![None, None, None];
         while let Ok((i, r)) = rx.recv_timeout(limit.saturating_sub(t0.elapsed())) {
             res[i] = Some(r);
@@ -981,7 +981,7 @@ fn run(
     }
     let dev = devs[2].clone();
     let r = spawn_merged("fsck.cetra", &["-n", &dev], &[])
-        .and_then(|c| wait_child(c, Duration::from_secs(120)))
+        .and_then(|c| wait_child(c, Duration::from_mins(2)))
         .and_then(|(st, out)| {
             for l in out.lines() {
                 println!("OUT {} fsck: {l}", s.tag);
