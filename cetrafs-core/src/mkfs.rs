@@ -103,15 +103,14 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     let rough_avail = total.saturating_sub(
         after_hb + objlock_blocks + mailbox_blocks + journal_blocks * u64::from(opts.max_nodes) + 1,
     );
-    let group_blocks = match opts.group_bytes {
-        Some(b) => (b / FS_BLOCK).max(MIN_GROUP_BLOCKS),
-        None => {
-            let mut g = MAX_GROUP_BLOCKS;
-            while g > MIN_GROUP_BLOCKS && rough_avail / g < MIN_GROUPS {
-                g /= 2;
-            }
-            g
+    let group_blocks = if let Some(b) = opts.group_bytes {
+        (b / FS_BLOCK).max(MIN_GROUP_BLOCKS)
+    } else {
+        let mut g = MAX_GROUP_BLOCKS;
+        while g > MIN_GROUP_BLOCKS && rough_avail / g < MIN_GROUPS {
+            g /= 2;
         }
+        g
     };
     let rough_groups = rough_avail / group_blocks;
     let lock_count = 1 + rough_groups + u64::from(opts.inode_lock_slots);

@@ -721,15 +721,16 @@ impl Filesystem for Adapter {
         // Volume::read hands the bytes to its callback once (short at EOF); reply from there so
         // the data is not copied again.
         let mut reply = Some(reply);
-        let r = self
-            .vol
-            .read(of, offset, size, &mut |bytes| match reply.take() {
-                Some(rp) => rp.data(bytes),
-                None => error!(
+        let r = self.vol.read(of, offset, size, &mut |bytes| {
+            if let Some(rp) = reply.take() {
+                rp.data(bytes);
+            } else {
+                error!(
                     "read of inode {}: the volume delivered data twice; extra data dropped",
                     of.ino
-                ),
-            });
+                );
+            }
+        });
         if let Some(rp) = reply {
             match r {
                 Ok(()) => rp.data(&[]),

@@ -793,20 +793,19 @@ fn nofilelock_appenders_share_one_file() {
         ));
     }
     for (i, r) in data.chunks(REC).enumerate() {
-        match (r.len() == REC).then(|| parse_record(r)).flatten() {
-            Some(id) => *count.entry(id).or_default() += 1,
-            None => {
-                let zeros = r.iter().all(|&b| b == 0);
-                bad.push(format!(
-                    "record slot {i} (byte {}) is {}",
-                    i * REC,
-                    if zeros {
-                        "all zeros (a hole)"
-                    } else {
-                        "torn or foreign"
-                    }
-                ));
-            }
+        if let Some(id) = (r.len() == REC).then(|| parse_record(r)).flatten() {
+            *count.entry(id).or_default() += 1;
+        } else {
+            let zeros = r.iter().all(|&b| b == 0);
+            bad.push(format!(
+                "record slot {i} (byte {}) is {}",
+                i * REC,
+                if zeros {
+                    "all zeros (a hole)"
+                } else {
+                    "torn or foreign"
+                }
+            ));
         }
     }
     // How often the file changes hands from one writer's record to the other's: the race.

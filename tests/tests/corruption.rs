@@ -2678,20 +2678,17 @@ fn run_case(ctx: &Ctx<'_>, case: &Case) -> (Outcome, Duration) {
                     do_writes(root, writes, &mut o);
                     let _ = tx.send(o);
                 });
-                match rx.recv_timeout(OPS_BOUND) {
-                    Ok(o) => {
-                        out.checked = o.checked;
-                        out.refusals.extend(o.refusals);
-                        out.failures.extend(o.failures);
-                        out.notes.extend(o.notes);
-                    }
-                    Err(_) => {
-                        out.refusals.push("operations hung".into());
-                        out.failures.push(format!(
-                            "walk + writes did not finish within {OPS_BOUND:?} (daemon killed)"
-                        ));
-                        let _ = mnt.signal(libc::SIGKILL);
-                    }
+                if let Ok(o) = rx.recv_timeout(OPS_BOUND) {
+                    out.checked = o.checked;
+                    out.refusals.extend(o.refusals);
+                    out.failures.extend(o.failures);
+                    out.notes.extend(o.notes);
+                } else {
+                    out.refusals.push("operations hung".into());
+                    out.failures.push(format!(
+                        "walk + writes did not finish within {OPS_BOUND:?} (daemon killed)"
+                    ));
+                    let _ = mnt.signal(libc::SIGKILL);
                 }
             });
             // the scope joined the worker: after a SIGKILL its calls failed with ENOTCONN.

@@ -953,39 +953,36 @@ fn check_image(mp: &Path, img: &mut Image, v: &mut Vec<String>, c: &mut Checked)
             if img.durable[b] != 0 || !img.since[b].is_empty() {
                 c.image_written_blocks += 1;
             }
-            match found {
-                Some(ver) => {
-                    img.durable[b] = ver;
-                    img.since[b].clear();
-                }
-                None => {
-                    bad += 1;
-                    if bad <= 8 {
-                        // Which version (if any) does each sector hold?
-                        let sectors: Vec<String> = (0..8)
-                            .map(|s| {
-                                let g = &got[s * 512..(s + 1) * 512];
-                                if g.iter().all(|x| *x == 0) {
-                                    return "0".to_string();
+            if let Some(ver) = found {
+                img.durable[b] = ver;
+                img.since[b].clear();
+            } else {
+                bad += 1;
+                if bad <= 8 {
+                    // Which version (if any) does each sector hold?
+                    let sectors: Vec<String> = (0..8)
+                        .map(|s| {
+                            let g = &got[s * 512..(s + 1) * 512];
+                            if g.iter().all(|x| *x == 0) {
+                                return "0".to_string();
+                            }
+                            for ver in 1..=img.next[b] {
+                                fill(image_key(b, ver), 0, &mut exp);
+                                if g == &exp[s * 512..(s + 1) * 512] {
+                                    return format!("v{ver}");
                                 }
-                                for ver in 1..=img.next[b] {
-                                    fill(image_key(b, ver), 0, &mut exp);
-                                    if g == &exp[s * 512..(s + 1) * 512] {
-                                        return format!("v{ver}");
-                                    }
-                                }
-                                "?".to_string()
-                            })
-                            .collect();
-                        v.push(format!(
-                            "image block {b}: holds none of the allowed versions (last synced v{}, \
-                             written since {:?}, latest written v{}); sectors: {sectors:?}; {}",
-                            img.durable[b],
-                            img.since[b],
-                            img.next[b],
-                            diagnose(0, got, &HashSet::new())
-                        ));
-                    }
+                            }
+                            "?".to_string()
+                        })
+                        .collect();
+                    v.push(format!(
+                        "image block {b}: holds none of the allowed versions (last synced v{}, \
+                         written since {:?}, latest written v{}); sectors: {sectors:?}; {}",
+                        img.durable[b],
+                        img.since[b],
+                        img.next[b],
+                        diagnose(0, got, &HashSet::new())
+                    ));
                 }
             }
         }

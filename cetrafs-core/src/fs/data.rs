@@ -568,23 +568,22 @@ impl Volume {
         // than the window's idle time is still busy.
         self.note_lock_use();
         let mine = take_slot(&slot);
-        let r = match mine {
-            Some(r) => r,
-            None => {
-                let batch = std::mem::take(
-                    &mut *self
-                        .to_map
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                );
-                self.map_batch(meta, batch);
-                take_slot(&slot).unwrap_or_else(|| {
-                    Err(crate::Error::new(
-                        crate::ErrorKind::Io,
-                        "an allocating write was not mapped",
-                    ))
-                })
-            }
+        let r = if let Some(r) = mine {
+            r
+        } else {
+            let batch = std::mem::take(
+                &mut *self
+                    .to_map
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            self.map_batch(meta, batch);
+            take_slot(&slot).unwrap_or_else(|| {
+                Err(crate::Error::new(
+                    crate::ErrorKind::Io,
+                    "an allocating write was not mapped",
+                ))
+            })
         };
         r.map(|()| 0)
     }
@@ -802,39 +801,36 @@ impl Volume {
         let fb1 = end.div_ceil(FS_BLOCK);
         let mut b = offset / FS_BLOCK;
         while b < fb1 {
-            match inner.extents.find(b) {
-                Some(e) => {
-                    let seg_end = fb1.min(e.end());
-                    let phys = e.physical + (b - e.logical);
-                    if e.unwritten() {
-                        self.write_segment(phys, b, seg_end, offset, data, Fill::Zero)?;
-                        inner.extents.set_unwritten(b, seg_end, false);
-                    } else {
-                        self.write_segment(phys, b, seg_end, offset, data, Fill::Existing)?;
-                    }
-                    b = seg_end;
+            if let Some(e) = inner.extents.find(b) {
+                let seg_end = fb1.min(e.end());
+                let phys = e.physical + (b - e.logical);
+                if e.unwritten() {
+                    self.write_segment(phys, b, seg_end, offset, data, Fill::Zero)?;
+                    inner.extents.set_unwritten(b, seg_end, false);
+                } else {
+                    self.write_segment(phys, b, seg_end, offset, data, Fill::Existing)?;
                 }
-                None => {
-                    let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
-                    let seg_end = fb1.min(next);
-                    let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-                    let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
-                    let mut lb = b;
-                    for (p, l) in runs {
-                        inner.inode.blocks += l;
-                        // Map only after the data is on the device.
-                        let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
-                        if let Err(e) = w {
-                            // Just allocated: its group is loaded, so this reads nothing.
-                            let _ = tx.free(p, l);
-                            inner.inode.blocks -= l;
-                            return Err(e);
-                        }
-                        inner.extents.insert(lb, p, l, false);
-                        lb += l;
+                b = seg_end;
+            } else {
+                let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
+                let seg_end = fb1.min(next);
+                let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
+                let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
+                let mut lb = b;
+                for (p, l) in runs {
+                    inner.inode.blocks += l;
+                    // Map only after the data is on the device.
+                    let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
+                    if let Err(e) = w {
+                        // Just allocated: its group is loaded, so this reads nothing.
+                        let _ = tx.free(p, l);
+                        inner.inode.blocks -= l;
+                        return Err(e);
                     }
-                    b = seg_end;
+                    inner.extents.insert(lb, p, l, false);
+                    lb += l;
                 }
+                b = seg_end;
             }
         }
         Ok(())

@@ -287,17 +287,14 @@ impl InodeTable {
     /// The loaded state of `ino`, if any (a hit marks it recently used).
     pub fn get(&self, ino: Ino) -> Option<Arc<InodeState>> {
         let mut t = self.lock();
-        match t.states.get_mut(&ino) {
-            Some(e) => {
-                e.hot = true;
-                let s = e.state.clone();
-                t.hits += 1;
-                Some(s)
-            }
-            None => {
-                t.misses += 1;
-                None
-            }
+        if let Some(e) = t.states.get_mut(&ino) {
+            e.hot = true;
+            let s = e.state.clone();
+            t.hits += 1;
+            Some(s)
+        } else {
+            t.misses += 1;
+            None
         }
     }
 
