@@ -126,6 +126,7 @@ fn probe_o_direct(dir: &Path) -> bool {
     }
     let p = dir.join(format!(".odirect-probe-{}", std::process::id()));
     let ok = (|| -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
         let f = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -134,7 +135,6 @@ fn probe_o_direct(dir: &Path) -> bool {
             .custom_flags(libc::O_DIRECT)
             .open(&p)?;
         let buf = AlignedBuf::new(4096);
-        use std::os::unix::fs::FileExt;
         f.write_all_at(&buf, 0)?;
         Ok(())
     })()

@@ -902,6 +902,7 @@ fn check_durable(mp: &Path, dm: &mut Durable, v: &mut Vec<String>, c: &mut Check
 }
 
 fn check_image(mp: &Path, img: &mut Image, v: &mut Vec<String>, c: &mut Checked) {
+    const CHUNK: usize = 256;
     let p = mp.join("I").join("disk.raw");
     let f = match fs::OpenOptions::new()
         .read(true)
@@ -923,7 +924,6 @@ fn check_image(mp: &Path, img: &mut Image, v: &mut Vec<String>, c: &mut Checked)
         }
         Err(e) => return v.push(format!("stat image: {e}")),
     }
-    const CHUNK: usize = 256;
     let mut buf = AlignedBuf::new(CHUNK * BLK);
     let mut exp = vec![0u8; BLK];
     let mut bad = 0;

@@ -124,8 +124,8 @@ fn big_sequential_file_has_few_extents() {
 
 #[test]
 fn concurrent_growth_does_not_interleave() {
-    require_fuse!();
     const MIBS: u64 = 256;
+    require_fuse!();
     let lun = Lun::new(4 << 30);
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "interleave");
@@ -185,9 +185,9 @@ fn verify_thin(path: &Path, bytes: u64, what: &str) {
 /// clean (no block allocated twice or leaked).
 #[test]
 fn thin_image_takes_concurrent_direct_writers() {
-    require_fuse!();
     const BYTES: u64 = 64 * MIB;
     const THREADS: usize = 16;
+    require_fuse!();
     let lun = Lun::new(2 << 30);
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "thin");

@@ -930,6 +930,7 @@ mod control_areas {
         use crate::cluster::object_lock::{ObjectId, ObjectLockArea};
         use crate::format::mailbox::{Request, Want};
         use crate::format::object_lock::{Entry, Mention};
+        use FindingKind::{Mailbox as Mb, ObjectLock as Ol};
         let (dev, sb) = fresh(64 << 20, 512);
         let area: ObjectLockArea = sb.object_lock_area().unwrap();
         put_hb(&dev, &sb, &hb(&sb, 0, SlotState::Live, 4));
@@ -990,7 +991,6 @@ mod control_areas {
             f.iter()
                 .any(|(fk, s, m)| *fk == k && *s == sev && words.iter().all(|w| m.contains(w)))
         };
-        use FindingKind::{Mailbox as Mb, ObjectLock as Ol};
         assert!(
             has(
                 Ol,

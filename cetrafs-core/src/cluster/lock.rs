@@ -1423,11 +1423,11 @@ mod tests {
 
     #[test]
     fn lock_fairness_round_robin_bounds_the_wait() {
-        const SLOTS: u32 = 3;
-        let (dev, sb) = volume(512);
         // (grants so far, grant number at which each slot was first seen waiting, worst wait,
         // grant order)
         type State = (u64, HashMap<u32, u64>, u64, Vec<u32>);
+        const SLOTS: u32 = 3;
+        let (dev, sb) = volume(512);
         let state: Arc<Mutex<State>> = Arc::new(Mutex::new((0, HashMap::new(), 0, Vec::new())));
         let threads: Vec<_> = (0..SLOTS)
             .map(|slot| {

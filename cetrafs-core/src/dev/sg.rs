@@ -529,6 +529,8 @@ impl SgDevice {
     /// Rejection by the target gives `Unsupported` "LUN ... does not support COMPARE AND
     /// WRITE (...)", whatever VPD 0xB0 advertises (targets exist that advertise it and reject it).
     pub fn probe_caw(&self, scratch_lba: u64) -> Result<CawProbe> {
+        /// Whole-probe attempts when other nodes probe the same block (the retry loop below).
+        const ATTEMPTS: u32 = 6;
         self.check_writable("COMPARE AND WRITE probe")?;
         let lbs = self.geo.logical_block_size as usize;
         let vpd_max = self
@@ -564,7 +566,6 @@ impl SgDevice {
         // Several nodes mounting at once probe the same block: an image that is neither ours
         // nor our garbage image is another prober's, and the whole probe is retried after a
         // random pause. A target that is really broken fails every attempt the same way.
-        const ATTEMPTS: u32 = 6;
         let mut last = String::new();
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {

@@ -317,6 +317,7 @@ fn a_failed_allocating_write_gives_its_blocks_back() {
 
 #[test]
 fn many_concurrent_writers_into_a_sparse_file() {
+    const SPAN: u64 = 2 << 20;
     let (mem, _g, v) = gated();
     let root = v.root_ino();
     let (f, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
@@ -325,7 +326,6 @@ fn many_concurrent_writers_into_a_sparse_file() {
         .store(300, std::sync::atomic::Ordering::Relaxed);
     // 8 threads, interleaved 4 KiB and odd-sized writes over one 2 MiB region, each byte
     // written exactly once; several writers land in the same blocks.
-    const SPAN: u64 = 2 << 20;
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let (v, fh) = (v.clone(), fh.clone());
