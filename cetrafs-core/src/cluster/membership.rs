@@ -98,9 +98,8 @@ pub fn life_of(v: &SlotView, sb: &Superblock) -> SlotLife {
     match &v.record {
         Some(h) if h.state == SlotState::Live => SlotLife::Live(h.generation),
         Some(h) if h.state == SlotState::Recovering => SlotLife::Unknown,
-        Some(_) => SlotLife::Gone,
         None if v.is_damaged() => SlotLife::Unknown,
-        None => SlotLife::Gone,
+        Some(_) | None => SlotLife::Gone,
     }
 }
 
@@ -374,10 +373,6 @@ impl Membership {
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        boottime_ms()
-    }
-
     fn spawn_renewer(m: &Arc<Self>) -> Result<()> {
         let weak = Arc::downgrade(m);
         let interval = m.timing.interval;
@@ -397,7 +392,7 @@ impl Membership {
 
     /// One renewal; fences on a foreign image or when the lease ran out.
     fn renew_once(&self) {
-        let started = self.now_ms();
+        let started = boottime_ms();
         if !self.lease_valid() {
             self.fence(format!(
                 "could not renew the heartbeat for {} ms (fail time {} ms)",
@@ -440,8 +435,7 @@ impl Membership {
             self.fence(format!(
                 "the heartbeat lease ran out while renewing it ({} ms since the last renewal, \
                  fail time {} ms)",
-                self.now_ms()
-                    .saturating_sub(self.last_ok_ms.load(Ordering::Acquire)),
+                boottime_ms().saturating_sub(self.last_ok_ms.load(Ordering::Acquire)),
                 self.timing.fail_time().as_millis()
             ));
             return;
@@ -492,9 +486,7 @@ impl Membership {
         if self.fenced.load(Ordering::Acquire) {
             return false;
         }
-        let age = self
-            .now_ms()
-            .saturating_sub(self.last_ok_ms.load(Ordering::Acquire));
+        let age = boottime_ms().saturating_sub(self.last_ok_ms.load(Ordering::Acquire));
         u128::from(age) < self.timing.fail_time().as_millis()
     }
 
@@ -835,7 +827,7 @@ mod tests {
         let before = read_slot(&*dev, &sb, m.slot).unwrap();
         let writes = dev.writes.load(Ordering::SeqCst);
         // Refresh the lease, then let the re-read take longer than the whole fail time.
-        m.last_ok_ms.store(m.now_ms(), Ordering::Release);
+        m.last_ok_ms.store(boottime_ms(), Ordering::Release);
         dev.faults.latency_us.store(250_000, Ordering::SeqCst);
         m.renew_once();
         dev.faults.latency_us.store(0, Ordering::SeqCst);

@@ -1202,7 +1202,7 @@ mod tests {
             symlink(&real, self.root().join("dev").join(kind).join(majmin)).unwrap();
             real
         }
-        fn write(&self, p: &Path, s: &str) {
+        fn write(p: &Path, s: &str) {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, s).unwrap();
         }
@@ -1223,7 +1223,7 @@ mod tests {
         std::fs::create_dir_all(disk.join("device/scsi_disk")).unwrap();
         let part = disk.join("sdb1");
         std::fs::create_dir_all(&part).unwrap();
-        sys.write(&part.join("partition"), "1\n");
+        FakeSys::write(&part.join("partition"), "1\n");
         assert_eq!(
             classify_fake(&sys, &disk).unwrap(),
             WholeLun::ScsiDisk { name: "sdb".into() }
@@ -1243,8 +1243,8 @@ mod tests {
         symlink(&sdb, sys.root().join("class/block/sdb")).unwrap();
         symlink(&sdc, sys.root().join("class/block/sdc")).unwrap();
         let dm = sys.add("block", "253:0", "virtual/block/dm-0");
-        sys.write(&dm.join("dm/uuid"), "mpath-36001405aaaa\n");
-        sys.write(&dm.join("dm/name"), "mpatha\n");
+        FakeSys::write(&dm.join("dm/uuid"), "mpath-36001405aaaa\n");
+        FakeSys::write(&dm.join("dm/name"), "mpatha\n");
         std::fs::create_dir_all(dm.join("slaves/sdc")).unwrap();
         std::fs::create_dir_all(dm.join("slaves/sdb")).unwrap();
         match classify_fake(&sys, &dm).unwrap() {
@@ -1261,19 +1261,19 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // the same map over a partition is refused
-        sys.write(&sdc.join("partition"), "2\n");
+        FakeSys::write(&sdc.join("partition"), "2\n");
         let e = classify_fake(&sys, &dm).unwrap_err();
         assert!(e.to_string().contains("over a partition (sdc)"), "{e}");
 
         let lv = sys.add("block", "253:1", "virtual/block/dm-1");
-        sys.write(&lv.join("dm/uuid"), "LVM-Xyz\n");
-        sys.write(&lv.join("dm/name"), "pve-data\n");
+        FakeSys::write(&lv.join("dm/uuid"), "LVM-Xyz\n");
+        FakeSys::write(&lv.join("dm/name"), "pve-data\n");
         let e = classify_fake(&sys, &lv).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput);
         assert!(e.to_string().contains("LVM logical volume"), "{e}");
 
         let kp = sys.add("block", "253:2", "virtual/block/dm-2");
-        sys.write(&kp.join("dm/uuid"), "part1-mpath-36001405aaaa\n");
+        FakeSys::write(&kp.join("dm/uuid"), "part1-mpath-36001405aaaa\n");
         assert!(classify_fake(&sys, &kp)
             .unwrap_err()
             .to_string()

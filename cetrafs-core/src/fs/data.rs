@@ -133,7 +133,7 @@ enum Fill {
 }
 
 impl Volume {
-    pub(super) fn open_state(&self, st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
+    pub(super) fn open_state(st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
         st.opens.fetch_add(1, Ordering::AcqRel);
         if writable {
             st.writers.fetch_add(1, Ordering::AcqRel);
@@ -192,7 +192,7 @@ impl Volume {
                 }
             }
         }
-        Ok(self.open_state(st, writable))
+        Ok(Self::open_state(st, writable))
     }
 
     pub fn release(&self, fh: &Arc<OpenFile>) -> Result<()> {
@@ -406,7 +406,7 @@ impl Volume {
                 (p0, p1) if tx.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
                 wide => wide,
             };
-            let plan = self.plan_write(&mut tx, &inner, p0, p1)?;
+            let plan = Self::plan_write(&mut tx, &inner, p0, p1)?;
             drop(inner);
             // Nothing to commit: the held blocks are in memory only.
             drop(tx);
@@ -478,13 +478,7 @@ impl Volume {
 
     /// Split file blocks [b0, b1) into segments by what backs them; holes get new blocks, held
     /// in the allocator until [`Volume::map_written`]. All or nothing.
-    fn plan_write(
-        &self,
-        tx: &mut Tx<'_>,
-        inner: &InodeInner,
-        b0: u64,
-        b1: u64,
-    ) -> Result<Vec<Seg>> {
+    fn plan_write(tx: &mut Tx<'_>, inner: &InodeInner, b0: u64, b1: u64) -> Result<Vec<Seg>> {
         let mut plan = Vec::new();
         let mut b = b0;
         while b < b1 {

@@ -284,7 +284,7 @@ impl Volume {
                         set.map.insert(name.to_vec(), v);
                     }
                 }
-                super::attrs::store_xattrs(tx, &self.sb, &mut inode, set)?;
+                super::attrs::store_xattrs(tx, &self.sb, &mut inode, &set)?;
             }
         }
         let st = Arc::new(super::InodeState::new(
@@ -389,7 +389,7 @@ impl Volume {
         match r {
             Ok((a, st)) => {
                 self.register_open(&st, true)?;
-                Ok((a, self.open_state(st, true)))
+                Ok((a, Self::open_state(st, true)))
             }
             Err(e) if e.kind() == ErrorKind::Exists && !excl => {
                 let a = self.lookup(parent, name)?;

@@ -301,7 +301,7 @@ fn a_failed_allocating_write_gives_its_blocks_back() {
     v.write(&fh, 0, &[0x55; 100]).unwrap();
     let free0 = v.statfs().unwrap().bfree;
     g.shut(0xA6, true);
-    let e = v.write(&fh, 1 << 20, &[0xA6; 65536]).unwrap_err();
+    let e = v.write(&fh, 1 << 20, &vec![0xA6; 65536]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Io);
     assert_eq!(held(&v), 0);
     assert_eq!(free0, v.statfs().unwrap().bfree);
@@ -309,7 +309,7 @@ fn a_failed_allocating_write_gives_its_blocks_back() {
     assert_eq!(v.extents(f.ino).unwrap().len(), 1);
     // The space is usable again, and the volume is consistent.
     g.open();
-    v.write(&fh, 1 << 20, &[0xA6; 65536]).unwrap();
+    v.write(&fh, 1 << 20, &vec![0xA6; 65536]).unwrap();
     assert_eq!(read(&v, &fh, 1 << 20, 65536), vec![0xA6; 65536]);
     v.release(&fh).unwrap();
     check_clean(&v, &mem);

@@ -882,7 +882,7 @@ impl Volume {
         };
         a.chmod(mode);
         set.map.insert(acl::ACCESS.to_vec(), a.encode());
-        attrs::store_xattrs(tx, &self.sb, inode, set)
+        attrs::store_xattrs(tx, &self.sb, inode, &set)
     }
 
     /// Change an inode's xattr set (and, through `f`'s second argument, its mode) in one
@@ -900,7 +900,7 @@ impl Volume {
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
             f(&mut set.map, &mut inner.inode)?;
-            attrs::store_xattrs(tx, &self.sb, &mut inner.inode, set)?;
+            attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set)?;
             inner.inode.ctime = now();
             self.save(tx, &mut inner)
         })

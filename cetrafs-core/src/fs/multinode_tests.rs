@@ -227,7 +227,7 @@ fn a_file_unlinked_on_one_node_lives_while_open_on_another() {
     let b = node(&dev, "b");
     let r = a.root_ino();
     let (f, fh) = a.create(r, b"tmp", 0o644, C, true).unwrap();
-    a.write(&fh, 0, &[7u8; 20000]).unwrap();
+    a.write(&fh, 0, &vec![7u8; 20000]).unwrap();
     a.release(&fh).unwrap();
     let bfh = b.open(f.ino, false, false).unwrap();
     a.unlink(r, b"tmp").unwrap();
@@ -236,7 +236,7 @@ fn a_file_unlinked_on_one_node_lives_while_open_on_another() {
         let (_, h) = a
             .create(r, format!("n{i}").as_bytes(), 0o644, C, true)
             .unwrap();
-        a.write(&h, 0, &[9u8; 20000]).unwrap();
+        a.write(&h, 0, &vec![9u8; 20000]).unwrap();
         a.release(&h).unwrap();
     }
     assert_eq!(read_all(&b, &bfh, 20000), vec![7u8; 20000]);
