@@ -26,6 +26,10 @@ const EXIT_USAGE: u8 = 16;
     version,
     about = "Check a CetraFS volume (read-only)"
 )]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one field per command-line flag"
+)]
 struct Cli {
     /// Check only, change nothing (the only mode implemented).
     #[arg(short = 'n')]

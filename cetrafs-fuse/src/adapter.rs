@@ -218,7 +218,7 @@ impl Adapter {
     /// The errno for a failed operation; unexpected failures are logged where the sysadmin looks.
     /// A fenced node's requests all fail with EIO; the fencing itself was logged once (ERROR
     /// "FENCED: ..."), so each request's failure is not repeated there.
-    fn fail(&self, op: &str, e: &Error) -> Errno {
+    fn fail(op: &str, e: &Error) -> Errno {
         match e.kind() {
             ErrorKind::Io | ErrorKind::Corrupted => error!("{op}: {e}"),
             _ => debug!("{op}: {e}"),
@@ -241,7 +241,7 @@ impl Adapter {
         flags: i32,
         writable: bool,
     ) -> Result<(Attr, Arc<OpenFile>), Errno> {
-        let fail = |e: Error| self.fail("create", &e);
+        let fail = |e: Error| Self::fail("create", &e);
         let mut last = None;
         // Another node may remove the name between our attempts; a few rounds settle it.
         for _ in 0..3 {
@@ -497,7 +497,7 @@ impl Filesystem for Adapter {
         match self.vol.lookup(self.ino(parent), name.as_bytes()) {
             Ok(a) => self.entry(reply, &a),
             // No negative entry caching: another node may create the name at any moment.
-            Err(e) => reply.error(self.fail("lookup", &e)),
+            Err(e) => reply.error(Self::fail("lookup", &e)),
         }
     }
 
@@ -510,7 +510,7 @@ impl Filesystem for Adapter {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vol.getattr(self.ino(ino)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(self.fail("getattr", &e)),
+            Err(e) => reply.error(Self::fail("getattr", &e)),
         }
     }
 
@@ -546,14 +546,14 @@ impl Filesystem for Adapter {
         };
         match self.vol.setattr_by(ino, &set, &creds(req)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(self.fail("setattr", &e)),
+            Err(e) => reply.error(Self::fail("setattr", &e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.vol.readlink(self.ino(ino)) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(self.fail("readlink", &e)),
+            Err(e) => reply.error(Self::fail("readlink", &e)),
         }
     }
 
@@ -576,7 +576,7 @@ impl Filesystem for Adapter {
         );
         match r {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("mknod", &e)),
+            Err(e) => reply.error(Self::fail("mknod", &e)),
         }
     }
 
@@ -597,21 +597,21 @@ impl Filesystem for Adapter {
         );
         match r {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("mkdir", &e)),
+            Err(e) => reply.error(Self::fail("mkdir", &e)),
         }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.vol.unlink(self.ino(parent), name.as_bytes()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("unlink", &e)),
+            Err(e) => reply.error(Self::fail("unlink", &e)),
         }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.vol.rmdir(self.ino(parent), name.as_bytes()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("rmdir", &e)),
+            Err(e) => reply.error(Self::fail("rmdir", &e)),
         }
     }
 
@@ -630,7 +630,7 @@ impl Filesystem for Adapter {
             caller(req),
         ) {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("symlink", &e)),
+            Err(e) => reply.error(Self::fail("symlink", &e)),
         }
     }
 
@@ -664,7 +664,7 @@ impl Filesystem for Adapter {
             f,
         ) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("rename", &e)),
+            Err(e) => reply.error(Self::fail("rename", &e)),
         }
     }
 
@@ -681,7 +681,7 @@ impl Filesystem for Adapter {
             .link(self.ino(ino), self.ino(newparent), newname.as_bytes())
         {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("link", &e)),
+            Err(e) => reply.error(Self::fail("link", &e)),
         }
     }
 
@@ -701,7 +701,7 @@ impl Filesystem for Adapter {
                     Self::create_reply_flags(FileKind::Regular),
                 );
             }
-            Err(e) => reply.error(self.fail("open", &e)),
+            Err(e) => reply.error(Self::fail("open", &e)),
         }
     }
 
@@ -734,7 +734,7 @@ impl Filesystem for Adapter {
         if let Some(rp) = reply {
             match r {
                 Ok(()) => rp.data(&[]),
-                Err(e) => rp.error(self.fail("read", &e)),
+                Err(e) => rp.error(Self::fail("read", &e)),
             }
         } else if let Err(e) = r {
             error!("read of inode {}: failed after replying: {e}", of.ino);
@@ -782,7 +782,7 @@ impl Filesystem for Adapter {
                 }
                 w.bytes
             }
-            Err(e) => return reply.error(self.fail("write", &e)),
+            Err(e) => return reply.error(Self::fail("write", &e)),
         };
         // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
         // (it only does for page-cache writes): the write must be durable before we answer.
@@ -792,7 +792,7 @@ impl Filesystem for Adapter {
                 .vol
                 .fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC)
             {
-                return reply.error(self.fail("write (O_SYNC)", &e));
+                return reply.error(Self::fail("write (O_SYNC)", &e));
             }
         }
         reply.written(n);
@@ -841,7 +841,7 @@ impl Filesystem for Adapter {
         let of = unsafe { fh_release(fh) };
         match self.vol.release(&of) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("release", &e)),
+            Err(e) => reply.error(Self::fail("release", &e)),
         }
     }
 
@@ -855,7 +855,7 @@ impl Filesystem for Adapter {
     ) {
         match self.vol.fsync(self.ino(ino), datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("fsync", &e)),
+            Err(e) => reply.error(Self::fail("fsync", &e)),
         }
     }
 
@@ -867,7 +867,7 @@ impl Filesystem for Adapter {
                 reply.opened(FileHandle(0), FopenFlags::empty());
             }
             Ok(_) => reply.error(Errno::ENOTDIR),
-            Err(e) => reply.error(self.fail("opendir", &e)),
+            Err(e) => reply.error(Self::fail("opendir", &e)),
         }
     }
 
@@ -892,7 +892,7 @@ impl Filesystem for Adapter {
             });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("readdir", &e)),
+            Err(e) => reply.error(Self::fail("readdir", &e)),
         }
     }
 
@@ -949,7 +949,7 @@ impl Filesystem for Adapter {
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("readdirplus", &e)),
+            Err(e) => reply.error(Self::fail("readdirplus", &e)),
         }
     }
 
@@ -974,7 +974,7 @@ impl Filesystem for Adapter {
     ) {
         match self.vol.fsync(self.ino(ino), datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("fsyncdir", &e)),
+            Err(e) => reply.error(Self::fail("fsyncdir", &e)),
         }
     }
 
@@ -983,7 +983,7 @@ impl Filesystem for Adapter {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
             ),
-            Err(e) => reply.error(self.fail("statfs", &e)),
+            Err(e) => reply.error(Self::fail("statfs", &e)),
         }
     }
 
@@ -1007,14 +1007,14 @@ impl Filesystem for Adapter {
         let replace = flags & libc::XATTR_REPLACE != 0;
         match self.vol.setxattr(ino, name, value, create, replace) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("setxattr", &e)),
+            Err(e) => reply.error(Self::fail("setxattr", &e)),
         }
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match self.vol.getxattr(self.ino(ino), name.as_bytes()) {
             Ok(v) => xattr_reply(reply, size, &v),
-            Err(e) => reply.error(self.fail("getxattr", &e)),
+            Err(e) => reply.error(Self::fail("getxattr", &e)),
         }
     }
 
@@ -1028,14 +1028,14 @@ impl Filesystem for Adapter {
                 }
                 xattr_reply(reply, size, &buf);
             }
-            Err(e) => reply.error(self.fail("listxattr", &e)),
+            Err(e) => reply.error(Self::fail("listxattr", &e)),
         }
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.vol.removexattr(self.ino(ino), name.as_bytes()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("removexattr", &e)),
+            Err(e) => reply.error(Self::fail("removexattr", &e)),
         }
     }
 
@@ -1101,7 +1101,7 @@ impl Filesystem for Adapter {
         };
         match self.vol.fallocate(self.ino(ino), offset, length, m) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("fallocate", &e)),
+            Err(e) => reply.error(Self::fail("fallocate", &e)),
         }
     }
 
@@ -1136,7 +1136,7 @@ impl Filesystem for Adapter {
                 Ok(p) => reply.offset(p),
                 Err(_) => reply.error(Errno::EOVERFLOW),
             },
-            Err(e) => reply.error(self.fail("lseek", &e)),
+            Err(e) => reply.error(Self::fail("lseek", &e)),
         }
     }
 
@@ -1159,7 +1159,7 @@ impl Filesystem for Adapter {
         match cmd {
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match self.vol.get_flags(ino) {
                 Ok(f) => reply.ioctl(0, &f.to_ne_bytes()[..out_len]),
-                Err(e) => reply.error(self.fail("ioctl(FS_IOC_GETFLAGS)", &e)),
+                Err(e) => reply.error(Self::fail("ioctl(FS_IOC_GETFLAGS)", &e)),
             },
             FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
                 let Some(raw) = in_data.first_chunk::<4>() else {
@@ -1169,7 +1169,7 @@ impl Filesystem for Adapter {
                 let f = u32::from_ne_bytes(*raw);
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &raw[..out_len]),
-                    Err(e) => reply.error(self.fail("ioctl(FS_IOC_SETFLAGS)", &e)),
+                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_SETFLAGS)", &e)),
                 }
             }
             FS_IOC_FSGETXATTR => match self.vol.get_flags(ino) {
@@ -1185,7 +1185,7 @@ impl Filesystem for Adapter {
                         .min(FSXATTR_SIZE);
                     reply.ioctl(0, &fsx[..n]);
                 }
-                Err(e) => reply.error(self.fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
+                Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
             },
             FS_IOC_FSSETXATTR => {
                 let Some(fsx) = in_data.first_chunk::<FSXATTR_SIZE>() else {
@@ -1207,7 +1207,7 @@ impl Filesystem for Adapter {
                     .fold(0, |f, (fl, _)| f | fl);
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(self.fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
+                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
                 }
             }
             _ => reply.error(Errno::ENOTTY),

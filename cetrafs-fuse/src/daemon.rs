@@ -376,7 +376,7 @@ impl tracing::field::Visit for TargetAndMessage {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         match field.name() {
             "log.target" => self.log_target = Some(value.to_owned()),
-            "message" => self.message = value.to_owned(),
+            "message" => value.clone_into(&mut self.message),
             _ => {}
         }
     }
@@ -579,8 +579,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             info!("{dev_name}: unmounted from {}", args.mountpoint.display());
             EXIT_OK
         }
-        Some(Ok(())) => EXIT_UNMOUNT_FAILURE,
-        Some(Err(_)) => EXIT_UNMOUNT_FAILURE,
+        Some(Ok(()) | Err(_)) => EXIT_UNMOUNT_FAILURE,
         None => {
             error!("{dev_name}: the session ended without unmounting the volume");
             EXIT_UNMOUNT_FAILURE
@@ -615,8 +614,8 @@ fn spawn_signal_thread(sigs: SigSet, mountpoint: PathBuf) {
             let Ok(sig) = sigs.wait() else { continue };
             info!("received {sig:?}: unmounting {}", mountpoint.display());
             match nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()) {
-                Ok(()) => return,
-                Err(nix::errno::Errno::EINVAL) => return, // not mounted any more
+                // Unmounted, or not mounted any more.
+                Ok(()) | Err(nix::errno::Errno::EINVAL) => return,
                 Err(e) => warn!(
                     "cannot unmount {}: {e}; still serving it (close its users, or `umount -l` it)",
                     mountpoint.display()

@@ -13,6 +13,7 @@
 //! that has all three and the newest `mount-cetra`. Build them first: `cargo build --release --bins`.
 
 use std::ffi::{CString, OsStr};
+use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -583,11 +584,12 @@ impl Mount {
             }),
         };
         if r.code != 0 {
-            r.stderr.push_str(&format!(
+            let _ = write!(
+                r.stderr,
                 "--- daemon log {} ---\n{}",
                 log.display(),
                 read_lossy(&log)
-            ));
+            );
             // A failed mount must not leave a daemon behind.
             for pid in daemon_pids(&mountpoint) {
                 // SAFETY: signalling a pid we found serving our private mountpoint.
@@ -596,7 +598,7 @@ impl Mount {
             }
             // A daemon killed after it mounted (a timed-out mount) leaves a dead mount point.
             if let Err(e) = lazy_unmount(&mountpoint) {
-                r.stderr.push_str(&format!("--- cleanup: {e}\n"));
+                let _ = writeln!(r.stderr, "--- cleanup: {e}");
             }
             return Err(r);
         }

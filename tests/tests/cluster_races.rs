@@ -2000,10 +2000,10 @@ fn owned_by(c: &Cluster, sb: &Superblock, slot: u32) -> (BTreeSet<u64>, usize, u
 /// A survivor's part: overwrite, truncate and grow each of `files`, allocate `BIG_CHUNK`s in
 /// `big`, fsync everything. Runs on its own thread so that a hang is reported, not waited for.
 fn survivor_work(
-    mp: PathBuf,
+    mp: &Path,
     node: usize,
     files: Vec<usize>,
-    big: String,
+    big: &str,
     big_from: usize,
 ) -> Result<(), String> {
     let who = NODES[node];
@@ -2030,7 +2030,7 @@ fn survivor_work(
         .write(true)
         .create(true)
         .truncate(false)
-        .open(mp.join(&big))
+        .open(mp.join(big))
         .map_err(|e| io_err(&format!("{who}: open {big}"), &e))?;
     for ch in big_from..big_from + 24 {
         f.write_all_at(
@@ -2408,7 +2408,7 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
             let hs: Vec<_> = work
                 .into_iter()
                 .map(|(node, mp, files, big, from)| {
-                    s.spawn(move || (node, survivor_work(mp, node, files, big.to_string(), from)))
+                    s.spawn(move || (node, survivor_work(&mp, node, files, big, from)))
                 })
                 .collect();
             hs.into_iter()

@@ -224,7 +224,10 @@ fn describe_chunk(c: &[u8]) -> String {
             }
         }
     }
-    let head: String = c.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let head = c.iter().take(12).fold(String::new(), |mut h, b| {
+        let _ = write!(h, "{b:02x}");
+        h
+    });
     format!("unknown bytes ({head}..)")
 }
 

@@ -110,10 +110,11 @@ fn big_sequential_file_has_few_extents() {
     let ino = st.st_ino;
     m.unmount();
     let (n, runs) = check_extents(lun.path(), ino, gib << 30, "big file");
+    #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
+    let rate = (gib << 10) as f64 / elapsed.as_secs_f64();
     eprintln!(
-        "extents: {gib} GiB written with 1 MiB O_DIRECT writes in {} ({:.0} MiB/s): {n} extents, {runs} physical runs",
+        "extents: {gib} GiB written with 1 MiB O_DIRECT writes in {} ({rate:.0} MiB/s): {n} extents, {runs} physical runs",
         secs(elapsed),
-        (gib << 10) as f64 / elapsed.as_secs_f64()
     );
     assert!(
         n <= 16,
@@ -245,10 +246,11 @@ fn thin_image_takes_concurrent_direct_writers() {
     });
     let elapsed = t.elapsed();
     let writes: usize = work.iter().map(Vec::len).sum();
+    #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
+    let rate = writes as f64 / elapsed.as_secs_f64();
     eprintln!(
-        "extents: {writes} O_DIRECT writes from {THREADS} threads into a fresh sparse file in {} ({:.0} writes/s)",
+        "extents: {writes} O_DIRECT writes from {THREADS} threads into a fresh sparse file in {} ({rate:.0} writes/s)",
         secs(elapsed),
-        writes as f64 / elapsed.as_secs_f64()
     );
     verify_thin(&path, BYTES, "before remount");
     let st = lstat(&path).expect("stat");

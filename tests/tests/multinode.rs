@@ -997,12 +997,13 @@ fn concurrent_namespace_storm() {
     });
     let took = t0.elapsed();
     for (i, o) in outs.iter().enumerate() {
+        #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
+        let rate = o.ops as f64 / took.as_secs_f64();
         eprintln!(
-            "concurrent_namespace_storm: {}: {} ops in {} ({:.0}/s), {} names at the end",
+            "concurrent_namespace_storm: {}: {} ops in {} ({rate:.0}/s), {} names at the end",
             NODES[i],
             o.ops,
             secs(took),
-            o.ops as f64 / took.as_secs_f64(),
             o.model.len()
         );
     }

@@ -108,7 +108,12 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // rounded index in 0..len
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a rounded index in 0..len"
+    )]
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -300,6 +305,7 @@ fn conformance(
             if v[1..] != data[lbsz..lbsz * 4] {
                 return Err("unaligned read differs".into());
             }
+            #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
             let mb = len as f64 / 1e6;
             Ok(format!(
                 "{len} B in {} commands: write {:.1} MB/s, read {:.1} MB/s, unaligned read ok",
@@ -744,6 +750,7 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
             .map_err(|e| e.to_string())?;
         let fin = decode(&b)?;
         lat.sort();
+        #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
         let rate = values.len() as f64 / elapsed.as_secs_f64();
         let s = format!(
             "{} successful CAWs by {n} processes in {:.2}s ({rate:.0}/s); final counter {fin}; duplicates {dups}; lost updates {}; CAW latency p50 {} p99 {} max {}",
