@@ -141,7 +141,8 @@ struct Bitmap {
     used: Vec<u64>,
     /// Reserved bits (reservation windows, quarantined frees); empty when none ever was.
     resv: Vec<u64>,
-    bitmap_seq: Vec<u64>,
+    /// Sequence of each bitmap block (its change counter).
+    block_seq: Vec<u64>,
     dirty_bitmaps: BTreeSet<usize>,
     header_dirty: bool,
     /// Handed to a transaction since the last commit point: the disk may not have it yet.
@@ -234,7 +235,7 @@ impl Bitmap {
         heap::at_most(std::mem::size_of::<Self>())
             + words(&self.used)
             + words(&self.resv)
-            + words(&self.bitmap_seq)
+            + words(&self.block_seq)
             + heap::btree::<usize, ()>(self.dirty_bitmaps.len())
     }
 
@@ -398,7 +399,7 @@ impl Allocator {
             header_seq: h.seq,
             used,
             resv: Vec::new(),
-            bitmap_seq: seqs,
+            block_seq: seqs,
             dirty_bitmaps: BTreeSet::new(),
             header_dirty: false,
             unsaved: false,
@@ -1043,12 +1044,12 @@ impl Allocator {
                 continue;
             };
             for bi in std::mem::take(&mut bm.dirty_bitmaps) {
-                bm.bitmap_seq[bi] += 1;
+                bm.block_seq[bi] += 1;
                 let words =
                     &bm.used[bi * WORDS_PER_BITMAP_BLOCK..(bi + 1) * WORDS_PER_BITMAP_BLOCK];
                 let bytes: Vec<u8> = words.iter().flat_map(|w| w.to_le_bytes()).collect();
                 let at = first + 1 + bi as u64;
-                out.push((at, encode_bitmap(at, bm.bitmap_seq[bi], &bytes)));
+                out.push((at, encode_bitmap(at, bm.block_seq[bi], &bytes)));
             }
             if std::mem::take(&mut bm.header_dirty) {
                 bm.header_seq += 1;
@@ -1058,7 +1059,7 @@ impl Allocator {
                     first_block: first,
                     block_count: self.group_blocks,
                     free_blocks: free,
-                    bitmap_blocks: u32::try_from(bm.bitmap_seq.len()).unwrap_or(u32::MAX),
+                    bitmap_blocks: u32::try_from(bm.block_seq.len()).unwrap_or(u32::MAX),
                 };
                 out.push((first, h.encode()));
             }

@@ -32,7 +32,7 @@ pub enum ErrorKind {
     TooBig,
     CrossDevice,
     TooManyLinks,
-    /// SEEK_DATA/SEEK_HOLE past the end, or no more data.
+    /// `SEEK_DATA`/`SEEK_HOLE` past the end, or no more data.
     NoSuchOffset,
 }
 

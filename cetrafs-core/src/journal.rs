@@ -258,12 +258,11 @@ impl<'a> ReplayedView<'a> {
         let mut home = AlignedBuf::new(FS_BLOCK_SIZE);
         for (_, tx) in txs {
             for (b, img) in &tx.blocks {
-                let cur = match overlay.get(b) {
-                    Some(v) => v.clone(),
-                    None => {
-                        dev.read_at(b * FS_BLOCK, &mut home)?;
-                        home.to_vec()
-                    }
+                let cur = if let Some(v) = overlay.get(b) {
+                    v.clone()
+                } else {
+                    dev.read_at(b * FS_BLOCK, &mut home)?;
+                    home.to_vec()
                 };
                 if replay_wins(&cur, img) {
                     overlay.insert(*b, img.clone());

@@ -21,7 +21,7 @@ pub const DEFAULT_IO_TIMEOUT_MS: u32 = 8000;
 /// Target group size: 1 GiB, so an 8 GiB image needs only ~9 extents.
 pub const MAX_GROUP_BLOCKS: u64 = 1 << 18;
 pub const MIN_GROUP_BLOCKS: u64 = 1 << 12;
-/// Groups are shrunk (down to MIN_GROUP_BLOCKS) until there are at least this many.
+/// Groups are shrunk (down to `MIN_GROUP_BLOCKS`) until there are at least this many.
 pub const MIN_GROUPS: u64 = 8;
 /// Object-lock buckets (format v3): one per 64 fs blocks (256 KiB) of volume, at least
 /// `MIN_OBJLOCK_BUCKETS` and at most `MAX_OBJLOCK_BUCKETS` (8 MiB of 512-byte records; room
@@ -103,15 +103,14 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     let rough_avail = total.saturating_sub(
         after_hb + objlock_blocks + mailbox_blocks + journal_blocks * u64::from(opts.max_nodes) + 1,
     );
-    let group_blocks = match opts.group_bytes {
-        Some(b) => (b / FS_BLOCK).max(MIN_GROUP_BLOCKS),
-        None => {
-            let mut g = MAX_GROUP_BLOCKS;
-            while g > MIN_GROUP_BLOCKS && rough_avail / g < MIN_GROUPS {
-                g /= 2;
-            }
-            g
+    let group_blocks = if let Some(b) = opts.group_bytes {
+        (b / FS_BLOCK).max(MIN_GROUP_BLOCKS)
+    } else {
+        let mut g = MAX_GROUP_BLOCKS;
+        while g > MIN_GROUP_BLOCKS && rough_avail / g < MIN_GROUPS {
+            g /= 2;
         }
+        g
     };
     let rough_groups = rough_avail / group_blocks;
     let lock_count = 1 + rough_groups + u64::from(opts.inode_lock_slots);

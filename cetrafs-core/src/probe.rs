@@ -191,6 +191,8 @@ fn add(
 
 /// Match every known signature in `s`. Never panics, whatever the bytes.
 pub fn probe_sample(s: &Sample<'_>) -> Vec<Finding> {
+    /// The ZFS uberblock magic (ZFS case below).
+    const UB_MAGIC: u64 = 0x00ba_b10c;
     let mut out = Vec::new();
     let head = s.head;
 
@@ -213,14 +215,14 @@ pub fn probe_sample(s: &Sample<'_>) -> Vec<Finding> {
 
     // ext2/3/4: superblock at 1024, s_magic at +56.
     if le16(head, 1080) == Some(0xEF53) {
-        let compat = le32(head, 1024 + 0x5C).unwrap_or(0);
-        let incompat = le32(head, 1024 + 0x60).unwrap_or(0);
-        let ro_compat = le32(head, 1024 + 0x64).unwrap_or(0);
         // The classification blkid uses: beyond ext3's feature set means ext4.
         const HAS_JOURNAL: u32 = 0x4;
         const JOURNAL_DEV: u32 = 0x8;
         const EXT3_INCOMPAT: u32 = 0x2 | 0x4 | 0x10;
         const EXT3_RO_COMPAT: u32 = 0x1 | 0x2 | 0x4;
+        let compat = le32(head, 1024 + 0x5C).unwrap_or(0);
+        let incompat = le32(head, 1024 + 0x60).unwrap_or(0);
+        let ro_compat = le32(head, 1024 + 0x64).unwrap_or(0);
         let kind = if incompat & JOURNAL_DEV != 0 {
             SignatureKind::ExtJournal
         } else if incompat & !EXT3_INCOMPAT != 0 || ro_compat & !EXT3_RO_COMPAT != 0 {
@@ -349,7 +351,6 @@ pub fn probe_sample(s: &Sample<'_>) -> Vec<Finding> {
     }
 
     // ZFS: uberblock ring at 128 KiB of vdev label 0, 1 KiB slots; magic in either byte order.
-    const UB_MAGIC: u64 = 0x00ba_b10c;
     let ub = (0..128)
         .map(|i| (128 << 10) + i * 1024)
         .find(|&o| le64(head, o).is_some_and(|m| m == UB_MAGIC || m.swap_bytes() == UB_MAGIC));

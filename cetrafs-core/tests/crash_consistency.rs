@@ -441,7 +441,7 @@ fn crash_states_are_consistent_and_keep_fsynced_data() {
         w.durable.len() > 10 && w.img_durable.len() > 10,
         "workload too small to prove anything"
     );
-    let mut rng = StdRng::seed_from_u64(seed ^ 0xabcdef);
+    let mut rng = StdRng::seed_from_u64(seed ^ 0x00ab_cdef);
     // (a) every flush point, everything before it persisted;
     // (b) random points between flushes, random subsets, sometimes a torn write.
     let mut plan: Vec<(usize, Unflushed, usize)> = flushes
@@ -587,7 +587,7 @@ fn crash_during_replay_converges() {
                 v.readdir(v.root_ino(), 0, &mut |e| {
                     m.insert(
                         e.name.clone(),
-                        v.getattr(e.ino).map(|a| a.size).unwrap_or(u64::MAX),
+                        v.getattr(e.ino).map_or(u64::MAX, |a| a.size),
                     );
                     true
                 })

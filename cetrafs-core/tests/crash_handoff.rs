@@ -54,7 +54,7 @@ const STEPS: usize = 8;
 const RANDOM_STATES: usize = 2000;
 /// Crash states recovered by real mounts (each waits out the other node's dead time).
 const MOUNTED_STATES: usize = 12;
-/// The test timings of fs/multinode_tests.rs (dead time 1.1 s).
+/// The test timings of `fs/multinode_tests.rs` (dead time 1.1 s).
 const HEARTBEAT_MS: u32 = 50;
 const IO_TIMEOUT_MS: u32 = 100;
 

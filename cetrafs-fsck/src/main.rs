@@ -26,6 +26,10 @@ const EXIT_USAGE: u8 = 16;
     version,
     about = "Check a CetraFS volume (read-only)"
 )]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one field per command-line flag"
+)]
 struct Cli {
     /// Check only, change nothing (the only mode implemented).
     #[arg(short = 'n')]
@@ -233,10 +237,10 @@ fn print_summary(dev: &str, r: &Report) {
     }
 }
 
-/// Open read-only through the backend the device needs (`cetrafs_core::dev::open`): SG_IO for
-/// a whole SCSI LUN (partitions and LVs are refused), O_DIRECT otherwise. A regular file has no
+/// Open read-only through the backend the device needs (`cetrafs_core::dev::open`): `SG_IO` for
+/// a whole SCSI LUN (partitions and LVs are refused), `O_DIRECT` otherwise. A regular file has no
 /// logical block size of its own, so it is opened with the one its superblock records (the
-/// checker compares the two); files on filesystems without O_DIRECT (tmpfs) fall back to
+/// checker compares the two); files on filesystems without `O_DIRECT` (tmpfs) fall back to
 /// buffered reads. No COMPARE AND WRITE probe: fsck only reads (and replays journals, which
 /// are plain writes), and it refuses volumes that any node has mounted.
 fn open(path: &Path) -> Result<SharedDevice, String> {

@@ -26,29 +26,29 @@ use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, error, info, warn};
 
-/// The kernel always calls the root directory nodeid 1 (FUSE_ROOT_ID). CetraFS inode numbers
-/// are fs block numbers, and block 1 is never an inode, so 1 <-> root_ino is a bijection.
+/// The kernel always calls the root directory nodeid 1 (`FUSE_ROOT_ID`). CetraFS inode numbers
+/// are fs block numbers, and block 1 is never an inode, so 1 <-> `root_ino` is a bijection.
 const FUSE_ROOT_ID: u64 = 1;
-/// What stat(2) reports as st_blksize: the fs block, the unit in which writes avoid read-modify-write.
+/// What stat(2) reports as `st_blksize`: the fs block, the unit in which writes avoid read-modify-write.
 const BLKSIZE: u32 = 4096;
-/// max_write: one 1 MiB O_DIRECT write arrives as one FUSE_WRITE (measured, facts §1.3 #4).
+/// `max_write`: one 1 MiB `O_DIRECT` write arrives as one `FUSE_WRITE` (measured, facts §1.3 #4).
 const MAX_WRITE: u32 = 1 << 20;
 /// Async DIO requests count as background requests; several VMs share one mount (facts §1.3 #2).
 const MAX_BACKGROUND: u16 = 512;
 const CONGESTION_THRESHOLD: u16 = 384;
-/// ioctl numbers of FS_IOC_{GET,SET}FLAGS (`_IOR('f', 1, long)` / `_IOW('f', 2, long)`) and
+/// ioctl numbers of `FS_IOC_{GET,SET}FLAGS` (`_IOR('f', 1, long)` / `_IOW('f', 2, long)`) and
 /// their 32-bit compat variants. The kernel's FUSE fileattr code sends the native ones.
 const FS_IOC_GETFLAGS: u32 = 0x8008_6601;
 const FS_IOC_SETFLAGS: u32 = 0x4008_6602;
 const FS_IOC32_GETFLAGS: u32 = 0x8004_6601;
 const FS_IOC32_SETFLAGS: u32 = 0x4004_6602;
 /// `_IOR/_IOW('X', 31/32, struct fsxattr)`: the kernel asks with FSGETXATTR when it needs the
-/// old attributes before a SETFLAGS (vfs_fileattr_set), and xfs_io uses both.
+/// old attributes before a SETFLAGS (`vfs_fileattr_set`), and `xfs_io` uses both.
 const FS_IOC_FSGETXATTR: u32 = 0x801C_581F;
 const FS_IOC_FSSETXATTR: u32 = 0x401C_5820;
 /// sizeof(struct fsxattr): xflags, extsize, nextents, projid, cowextsize, 8 pad bytes.
 const FSXATTR_SIZE: usize = 28;
-/// FS_*_FL inode flag <-> FS_XFLAG_* pairs for the flags CetraFS stores.
+/// `FS_*_FL` inode flag <-> `FS_XFLAG_*` pairs for the flags CetraFS stores.
 const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 
 /// Result of `Volume::unmount` from `destroy`, for the daemon's exit status.
@@ -57,7 +57,7 @@ pub type UnmountOutcome = Arc<Mutex<Option<Result<(), String>>>>;
 /// FUSE worker threads unless `CETRA_FUSE_THREADS` says otherwise.
 const DEFAULT_THREADS: usize = 32;
 
-/// Session configuration (threads, clone_fd, mount options) for this device and options.
+/// Session configuration (threads, `clone_fd`, mount options) for this device and options.
 pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     let mut mount_options = vec![
         // The device shows as the source in /proc/mounts and `findmnt`, like any block fs.
@@ -201,7 +201,7 @@ impl Adapter {
 
     /// The kernel caches attributes for `attr_timeout` and learns of a change only from a
     /// reply that carries attributes. After a change made inside a request whose reply does
-    /// not (setuid/setgid bits removed by a write or an O_TRUNC open), drop its cached copy,
+    /// not (setuid/setgid bits removed by a write or an `O_TRUNC` open), drop its cached copy,
     /// or it would still exec the file setuid until the cache expires.
     fn invalidate_attrs(&self, ino: Ino) {
         let Some(n) = self.notifier.get() else {
@@ -218,7 +218,7 @@ impl Adapter {
     /// The errno for a failed operation; unexpected failures are logged where the sysadmin looks.
     /// A fenced node's requests all fail with EIO; the fencing itself was logged once (ERROR
     /// "FENCED: ..."), so each request's failure is not repeated there.
-    fn fail(&self, op: &str, e: &Error) -> Errno {
+    fn fail(op: &str, e: &Error) -> Errno {
         match e.kind() {
             ErrorKind::Io | ErrorKind::Corrupted => error!("{op}: {e}"),
             _ => debug!("{op}: {e}"),
@@ -226,10 +226,10 @@ impl Adapter {
         errno(e)
     }
 
-    /// O_CREAT. The volume is always asked for an exclusive create, so that inherited ACLs are
+    /// `O_CREAT`. The volume is always asked for an exclusive create, so that inherited ACLs are
     /// applied to new files only; if the name exists (created by another node since the
-    /// kernel's lookup) and O_EXCL was not given, the existing file is opened instead, with
-    /// O_TRUNC honoured.
+    /// kernel's lookup) and `O_EXCL` was not given, the existing file is opened instead, with
+    /// `O_TRUNC` honoured.
     #[allow(clippy::too_many_arguments)]
     fn create_or_open(
         &self,
@@ -241,7 +241,7 @@ impl Adapter {
         flags: i32,
         writable: bool,
     ) -> Result<(Attr, Arc<OpenFile>), Errno> {
-        let fail = |e: Error| self.fail("create", &e);
+        let fail = |e: Error| Self::fail("create", &e);
         let mut last = None;
         // Another node may remove the name between our attempts; a few rounds settle it.
         for _ in 0..3 {
@@ -334,7 +334,7 @@ fn caller(req: &Request) -> Caller {
 }
 
 /// The caller of a create, mkdir or mknod with the umask the kernel passed along. With
-/// FUSE_DONT_MASK (negotiated with POSIX ACLs) the kernel leaves the umask to us; without it, it
+/// `FUSE_DONT_MASK` (negotiated with POSIX ACLs) the kernel leaves the umask to us; without it, it
 /// has applied it already and applying it again changes nothing.
 fn caller_masked(req: &Request, umask: u32) -> Caller {
     Caller {
@@ -497,7 +497,7 @@ impl Filesystem for Adapter {
         match self.vol.lookup(self.ino(parent), name.as_bytes()) {
             Ok(a) => self.entry(reply, &a),
             // No negative entry caching: another node may create the name at any moment.
-            Err(e) => reply.error(self.fail("lookup", &e)),
+            Err(e) => reply.error(Self::fail("lookup", &e)),
         }
     }
 
@@ -510,7 +510,7 @@ impl Filesystem for Adapter {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         match self.vol.getattr(self.ino(ino)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(self.fail("getattr", &e)),
+            Err(e) => reply.error(Self::fail("getattr", &e)),
         }
     }
 
@@ -546,14 +546,14 @@ impl Filesystem for Adapter {
         };
         match self.vol.setattr_by(ino, &set, &creds(req)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(self.fail("setattr", &e)),
+            Err(e) => reply.error(Self::fail("setattr", &e)),
         }
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
         match self.vol.readlink(self.ino(ino)) {
             Ok(t) => reply.data(&t),
-            Err(e) => reply.error(self.fail("readlink", &e)),
+            Err(e) => reply.error(Self::fail("readlink", &e)),
         }
     }
 
@@ -576,7 +576,7 @@ impl Filesystem for Adapter {
         );
         match r {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("mknod", &e)),
+            Err(e) => reply.error(Self::fail("mknod", &e)),
         }
     }
 
@@ -597,21 +597,21 @@ impl Filesystem for Adapter {
         );
         match r {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("mkdir", &e)),
+            Err(e) => reply.error(Self::fail("mkdir", &e)),
         }
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.vol.unlink(self.ino(parent), name.as_bytes()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("unlink", &e)),
+            Err(e) => reply.error(Self::fail("unlink", &e)),
         }
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.vol.rmdir(self.ino(parent), name.as_bytes()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("rmdir", &e)),
+            Err(e) => reply.error(Self::fail("rmdir", &e)),
         }
     }
 
@@ -630,7 +630,7 @@ impl Filesystem for Adapter {
             caller(req),
         ) {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("symlink", &e)),
+            Err(e) => reply.error(Self::fail("symlink", &e)),
         }
     }
 
@@ -664,7 +664,7 @@ impl Filesystem for Adapter {
             f,
         ) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("rename", &e)),
+            Err(e) => reply.error(Self::fail("rename", &e)),
         }
     }
 
@@ -681,7 +681,7 @@ impl Filesystem for Adapter {
             .link(self.ino(ino), self.ino(newparent), newname.as_bytes())
         {
             Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(self.fail("link", &e)),
+            Err(e) => reply.error(Self::fail("link", &e)),
         }
     }
 
@@ -701,7 +701,7 @@ impl Filesystem for Adapter {
                     Self::create_reply_flags(FileKind::Regular),
                 );
             }
-            Err(e) => reply.error(self.fail("open", &e)),
+            Err(e) => reply.error(Self::fail("open", &e)),
         }
     }
 
@@ -721,19 +721,20 @@ impl Filesystem for Adapter {
         // Volume::read hands the bytes to its callback once (short at EOF); reply from there so
         // the data is not copied again.
         let mut reply = Some(reply);
-        let r = self
-            .vol
-            .read(of, offset, size, &mut |bytes| match reply.take() {
-                Some(rp) => rp.data(bytes),
-                None => error!(
+        let r = self.vol.read(of, offset, size, &mut |bytes| {
+            if let Some(rp) = reply.take() {
+                rp.data(bytes);
+            } else {
+                error!(
                     "read of inode {}: the volume delivered data twice; extra data dropped",
                     of.ino
-                ),
-            });
+                );
+            }
+        });
         if let Some(rp) = reply {
             match r {
                 Ok(()) => rp.data(&[]),
-                Err(e) => rp.error(self.fail("read", &e)),
+                Err(e) => rp.error(Self::fail("read", &e)),
             }
         } else if let Err(e) = r {
             error!("read of inode {}: failed after replying: {e}", of.ino);
@@ -781,7 +782,7 @@ impl Filesystem for Adapter {
                 }
                 w.bytes
             }
-            Err(e) => return reply.error(self.fail("write", &e)),
+            Err(e) => return reply.error(Self::fail("write", &e)),
         };
         // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
         // (it only does for page-cache writes): the write must be durable before we answer.
@@ -791,7 +792,7 @@ impl Filesystem for Adapter {
                 .vol
                 .fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC)
             {
-                return reply.error(self.fail("write (O_SYNC)", &e));
+                return reply.error(Self::fail("write (O_SYNC)", &e));
             }
         }
         reply.written(n);
@@ -840,7 +841,7 @@ impl Filesystem for Adapter {
         let of = unsafe { fh_release(fh) };
         match self.vol.release(&of) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("release", &e)),
+            Err(e) => reply.error(Self::fail("release", &e)),
         }
     }
 
@@ -854,7 +855,7 @@ impl Filesystem for Adapter {
     ) {
         match self.vol.fsync(self.ino(ino), datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("fsync", &e)),
+            Err(e) => reply.error(Self::fail("fsync", &e)),
         }
     }
 
@@ -863,10 +864,10 @@ impl Filesystem for Adapter {
         // Still check that it is a directory the volume knows, so opendir fails early.
         match self.vol.getattr(self.ino(ino)) {
             Ok(a) if a.kind == FileKind::Directory => {
-                reply.opened(FileHandle(0), FopenFlags::empty())
+                reply.opened(FileHandle(0), FopenFlags::empty());
             }
             Ok(_) => reply.error(Errno::ENOTDIR),
-            Err(e) => reply.error(self.fail("opendir", &e)),
+            Err(e) => reply.error(Self::fail("opendir", &e)),
         }
     }
 
@@ -891,7 +892,7 @@ impl Filesystem for Adapter {
             });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("readdir", &e)),
+            Err(e) => reply.error(Self::fail("readdir", &e)),
         }
     }
 
@@ -948,7 +949,7 @@ impl Filesystem for Adapter {
         });
         match r {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("readdirplus", &e)),
+            Err(e) => reply.error(Self::fail("readdirplus", &e)),
         }
     }
 
@@ -973,7 +974,7 @@ impl Filesystem for Adapter {
     ) {
         match self.vol.fsync(self.ino(ino), datasync) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("fsyncdir", &e)),
+            Err(e) => reply.error(Self::fail("fsyncdir", &e)),
         }
     }
 
@@ -982,7 +983,7 @@ impl Filesystem for Adapter {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
             ),
-            Err(e) => reply.error(self.fail("statfs", &e)),
+            Err(e) => reply.error(Self::fail("statfs", &e)),
         }
     }
 
@@ -1006,14 +1007,14 @@ impl Filesystem for Adapter {
         let replace = flags & libc::XATTR_REPLACE != 0;
         match self.vol.setxattr(ino, name, value, create, replace) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("setxattr", &e)),
+            Err(e) => reply.error(Self::fail("setxattr", &e)),
         }
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
         match self.vol.getxattr(self.ino(ino), name.as_bytes()) {
             Ok(v) => xattr_reply(reply, size, &v),
-            Err(e) => reply.error(self.fail("getxattr", &e)),
+            Err(e) => reply.error(Self::fail("getxattr", &e)),
         }
     }
 
@@ -1027,14 +1028,14 @@ impl Filesystem for Adapter {
                 }
                 xattr_reply(reply, size, &buf);
             }
-            Err(e) => reply.error(self.fail("listxattr", &e)),
+            Err(e) => reply.error(Self::fail("listxattr", &e)),
         }
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         match self.vol.removexattr(self.ino(ino), name.as_bytes()) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("removexattr", &e)),
+            Err(e) => reply.error(Self::fail("removexattr", &e)),
         }
     }
 
@@ -1100,7 +1101,7 @@ impl Filesystem for Adapter {
         };
         match self.vol.fallocate(self.ino(ino), offset, length, m) {
             Ok(()) => reply.ok(),
-            Err(e) => reply.error(self.fail("fallocate", &e)),
+            Err(e) => reply.error(Self::fail("fallocate", &e)),
         }
     }
 
@@ -1135,7 +1136,7 @@ impl Filesystem for Adapter {
                 Ok(p) => reply.offset(p),
                 Err(_) => reply.error(Errno::EOVERFLOW),
             },
-            Err(e) => reply.error(self.fail("lseek", &e)),
+            Err(e) => reply.error(Self::fail("lseek", &e)),
         }
     }
 
@@ -1158,7 +1159,7 @@ impl Filesystem for Adapter {
         match cmd {
             FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match self.vol.get_flags(ino) {
                 Ok(f) => reply.ioctl(0, &f.to_ne_bytes()[..out_len]),
-                Err(e) => reply.error(self.fail("ioctl(FS_IOC_GETFLAGS)", &e)),
+                Err(e) => reply.error(Self::fail("ioctl(FS_IOC_GETFLAGS)", &e)),
             },
             FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
                 let Some(raw) = in_data.first_chunk::<4>() else {
@@ -1168,7 +1169,7 @@ impl Filesystem for Adapter {
                 let f = u32::from_ne_bytes(*raw);
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &raw[..out_len]),
-                    Err(e) => reply.error(self.fail("ioctl(FS_IOC_SETFLAGS)", &e)),
+                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_SETFLAGS)", &e)),
                 }
             }
             FS_IOC_FSGETXATTR => match self.vol.get_flags(ino) {
@@ -1184,7 +1185,7 @@ impl Filesystem for Adapter {
                         .min(FSXATTR_SIZE);
                     reply.ioctl(0, &fsx[..n]);
                 }
-                Err(e) => reply.error(self.fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
+                Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
             },
             FS_IOC_FSSETXATTR => {
                 let Some(fsx) = in_data.first_chunk::<FSXATTR_SIZE>() else {
@@ -1206,7 +1207,7 @@ impl Filesystem for Adapter {
                     .fold(0, |f, (fl, _)| f | fl);
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(self.fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
+                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
                 }
             }
             _ => reply.error(Errno::ENOTTY),

@@ -4,7 +4,7 @@
 //! A FUSE request carries the caller's fsuid, fsgid and thread id, nothing more. What else
 //! the rules need is read from `/proc/<tid>/status` — only when asked, which the core does
 //! only for a file that has a setuid or setgid bit:
-//! * CAP_FSETID: the `CapEff` mask, counted only for a caller in this daemon's user namespace
+//! * `CAP_FSETID`: the `CapEff` mask, counted only for a caller in this daemon's user namespace
 //!   (the kernel's FUSE asks `capable(CAP_FSETID)` in the initial namespace when it flags a
 //!   write, and this is the same test);
 //! * group membership: the fsgid, else the `Groups` list.
@@ -15,7 +15,7 @@
 use cetrafs_core::fs::Credentials;
 use std::cell::OnceCell;
 
-/// Bit of CAP_FSETID in the capability masks (linux/capability.h).
+/// Bit of `CAP_FSETID` in the capability masks (linux/capability.h).
 const CAP_FSETID: u32 = 4;
 
 /// What `/proc/<tid>/status` says about the caller.
@@ -30,7 +30,7 @@ pub struct RequestCreds {
     pid: u32,
     uid: u32,
     gid: u32,
-    /// Set when the request itself says (FUSE_WRITE_KILL_SUIDGID: the caller lacks it).
+    /// Set when the request itself says (`FUSE_WRITE_KILL_SUIDGID`: the caller lacks it).
     fsetid: Option<bool>,
     status: OnceCell<Status>,
 }
@@ -46,7 +46,7 @@ impl RequestCreds {
         }
     }
 
-    /// The kernel has already decided whether the caller holds CAP_FSETID.
+    /// The kernel has already decided whether the caller holds `CAP_FSETID`.
     pub fn with_fsetid(mut self, has: bool) -> Self {
         self.fsetid = Some(has);
         self

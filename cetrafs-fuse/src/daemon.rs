@@ -70,7 +70,7 @@ const ARENA_MAX: libc::c_int = 1;
 /// (setting them turns the adjustment off) and one arena bound that: buffers of 256 KiB and
 /// more (journal writes, the metadata block cache's slab chunks, the inode table's maps, the
 /// data path's per-thread I/O buffers) are mapped on their own and unmapped when freed, the
-/// arena keeps at most 256 KiB free at its top, and `malloc_trim` (fs/inode_table.rs) reaches
+/// arena keeps at most 256 KiB free at its top, and `malloc_trim` (`fs/inode_table.rs`) reaches
 /// all of it. One arena costs little: metadata work is serialized by the volume's mutex
 /// anyway, the data path does its I/O in per-thread buffers, and glibc's
 /// per-thread caches serve small allocations without the arena's lock. Measured with
@@ -239,7 +239,7 @@ fn child_main(args: &Args, pipe: File) -> i32 {
     serve(args, notifier)
 }
 
-/// stdin from /dev/null; stdout and stderr to $CETRA_LOG_FILE, else left alone when they are
+/// stdin from /dev/null; stdout and stderr to $`CETRA_LOG_FILE`, else left alone when they are
 /// the systemd journal (mount units run helpers with stderr on the journal), else /dev/null.
 fn redirect_stdio() -> Result<(), String> {
     let devnull = OpenOptions::new()
@@ -272,7 +272,7 @@ fn redirect_stdio() -> Result<(), String> {
     Ok(())
 }
 
-/// systemd sets JOURNAL_STREAM=<dev>:<ino> of the journal socket it connected stderr to.
+/// systemd sets `JOURNAL_STREAM`=<dev>:<ino> of the journal socket it connected stderr to.
 fn stderr_is_journal() -> bool {
     let Some(v) = std::env::var_os("JOURNAL_STREAM") else {
         return false;
@@ -356,7 +356,7 @@ fn install_panic_hook() {
 }
 
 /// fuser logs `Failed to send FUSE reply: No such file or directory` at ERROR whenever the
-/// kernel no longer waits for an answer: the caller was interrupted (FUSE_INTERRUPT; QEMU and
+/// kernel no longer waits for an answer: the caller was interrupted (`FUSE_INTERRUPT`; QEMU and
 /// other AIO users cancel requests routinely) or the connection was aborted. That is normal
 /// operation, not a storage fault, so those lines are dropped (shown with `-v`). Every other
 /// reply failure is still logged as fuser logs it.
@@ -376,7 +376,7 @@ impl tracing::field::Visit for TargetAndMessage {
     fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
         match field.name() {
             "log.target" => self.log_target = Some(value.to_owned()),
-            "message" => self.message = value.to_owned(),
+            "message" => value.clone_into(&mut self.message),
             _ => {}
         }
     }
@@ -422,8 +422,8 @@ fn hostname() -> String {
         .unwrap_or_else(|| "localhost".into())
 }
 
-/// Open the device through the backend it needs (`cetrafs_core::dev::open`): SG_IO for a
-/// whole SCSI LUN, O_DIRECT file backend otherwise (a regular file gets the logical block size
+/// Open the device through the backend it needs (`cetrafs_core::dev::open`): `SG_IO` for a
+/// whole SCSI LUN, `O_DIRECT` file backend otherwise (a regular file gets the logical block size
 /// its superblock records). A SCSI LUN must pass the COMPARE AND WRITE probe on the
 /// superblock's probe block at every read-write mount; anything else is a single-host volume.
 fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<SharedDevice> {
@@ -579,8 +579,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             info!("{dev_name}: unmounted from {}", args.mountpoint.display());
             EXIT_OK
         }
-        Some(Ok(())) => EXIT_UNMOUNT_FAILURE,
-        Some(Err(_)) => EXIT_UNMOUNT_FAILURE,
+        Some(Ok(()) | Err(_)) => EXIT_UNMOUNT_FAILURE,
         None => {
             error!("{dev_name}: the session ended without unmounting the volume");
             EXIT_UNMOUNT_FAILURE
@@ -592,7 +591,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
 /// gone"); Linux 6.18 sometimes answers a worker's read with ECONNABORTED instead when the
 /// connection is torn down after an ordinary umount (about 1 in 60 unmounts of a 32-thread
 /// session here, after DESTROY was answered and the volume flushed). Mainline returns
-/// ECONNABORTED only after a fusectl abort on a connection that negotiated FUSE_ABORT_ERROR,
+/// ECONNABORTED only after a fusectl abort on a connection that negotiated `FUSE_ABORT_ERROR`,
 /// which this daemon never does, so it means what ENODEV means: the kernel ended the
 /// connection. Whether the volume was flushed is judged separately, from destroy's outcome.
 fn connection_ended(run: std::io::Result<()>) -> std::io::Result<()> {
@@ -615,8 +614,8 @@ fn spawn_signal_thread(sigs: SigSet, mountpoint: PathBuf) {
             let Ok(sig) = sigs.wait() else { continue };
             info!("received {sig:?}: unmounting {}", mountpoint.display());
             match nix::mount::umount2(&mountpoint, nix::mount::MntFlags::empty()) {
-                Ok(()) => return,
-                Err(nix::errno::Errno::EINVAL) => return, // not mounted any more
+                // Unmounted, or not mounted any more.
+                Ok(()) | Err(nix::errno::Errno::EINVAL) => return,
                 Err(e) => warn!(
                     "cannot unmount {}: {e}; still serving it (close its users, or `umount -l` it)",
                     mountpoint.display()

@@ -49,6 +49,10 @@ fn usage(msg: impl Into<String>) -> UsageError {
 
 /// Mount options after parsing `-o`.
 #[derive(Debug, Clone, PartialEq)]
+#[expect(
+    clippy::struct_excessive_bools,
+    reason = "one field per on/off mount option"
+)]
 pub struct Options {
     /// Node identity for the heartbeat slot; `None` means "use the host name".
     pub host: Option<String>,

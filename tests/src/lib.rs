@@ -1,7 +1,7 @@
 //! Shared harness for the end-to-end tests: real daemons (`mount-cetra`) on real FUSE mounts of
 //! sparse file-backed LUNs, plus the mkfs and fsck binaries.
 //!
-//! * [`Lun`]: a sparse file in a temporary directory on a filesystem that supports O_DIRECT.
+//! * [`Lun`]: a sparse file in a temporary directory on a filesystem that supports `O_DIRECT`.
 //! * [`Mount`]: the daemon started in daemon mode; `Drop` unmounts, waits for the daemon and
 //!   insists that it exits 0 (the test process is a child subreaper so it can reap the daemon),
 //!   and that its log has no ERROR line other than those the test allowed
@@ -13,6 +13,7 @@
 //! that has all three and the newest `mount-cetra`. Build them first: `cargo build --release --bins`.
 
 use std::ffi::{CString, OsStr};
+use std::fmt::Write as _;
 use std::fs;
 use std::io::{self, Write};
 use std::os::unix::ffi::OsStrExt;
@@ -25,7 +26,7 @@ use std::time::{Duration, Instant};
 pub use rand;
 
 /// How long a daemon gets to mount or to exit after umount.
-const DAEMON_TIMEOUT: Duration = Duration::from_secs(120);
+const DAEMON_TIMEOUT: Duration = Duration::from_mins(2);
 
 // ---------------------------------------------------------------------------------------------
 // Locating things
@@ -126,6 +127,7 @@ fn probe_o_direct(dir: &Path) -> bool {
     }
     let p = dir.join(format!(".odirect-probe-{}", std::process::id()));
     let ok = (|| -> io::Result<()> {
+        use std::os::unix::fs::FileExt;
         let f = fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -134,7 +136,6 @@ fn probe_o_direct(dir: &Path) -> bool {
             .custom_flags(libc::O_DIRECT)
             .open(&p)?;
         let buf = AlignedBuf::new(4096);
-        use std::os::unix::fs::FileExt;
         f.write_all_at(&buf, 0)?;
         Ok(())
     })()
@@ -144,7 +145,7 @@ fn probe_o_direct(dir: &Path) -> bool {
 }
 
 /// Base directory for LUN files: `$CETRA_TEST_TMP`, `<workspace>/.cache/tmp`, or the system temp
-/// dir, whichever first supports O_DIRECT (tmpfs does not).
+/// dir, whichever first supports `O_DIRECT` (tmpfs does not).
 pub fn scratch_base() -> PathBuf {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
@@ -583,11 +584,12 @@ impl Mount {
             }),
         };
         if r.code != 0 {
-            r.stderr.push_str(&format!(
+            let _ = write!(
+                r.stderr,
                 "--- daemon log {} ---\n{}",
                 log.display(),
                 read_lossy(&log)
-            ));
+            );
             // A failed mount must not leave a daemon behind.
             for pid in daemon_pids(&mountpoint) {
                 // SAFETY: signalling a pid we found serving our private mountpoint.
@@ -596,7 +598,7 @@ impl Mount {
             }
             // A daemon killed after it mounted (a timed-out mount) leaves a dead mount point.
             if let Err(e) = lazy_unmount(&mountpoint) {
-                r.stderr.push_str(&format!("--- cleanup: {e}\n"));
+                let _ = writeln!(r.stderr, "--- cleanup: {e}");
             }
             return Err(r);
         }
@@ -799,7 +801,7 @@ impl Mount {
     }
 }
 
-/// Detach a (possibly dead) FUSE mount lazily: umount2(MNT_DETACH), else `fusermount3 -uz`.
+/// Detach a (possibly dead) FUSE mount lazily: `umount2(MNT_DETACH)`, else `fusermount3 -uz`.
 /// Ok if nothing is mounted there afterwards.
 pub fn lazy_unmount(p: &Path) -> Result<(), String> {
     if mount_fstype(p).is_none() {
@@ -870,15 +872,16 @@ pub fn umount_path(p: &Path) -> Result<(), String> {
 }
 
 pub fn read_lossy(p: &Path) -> String {
-    fs::read(p)
-        .map(|b| String::from_utf8_lossy(&b).into_owned())
-        .unwrap_or_else(|e| format!("<{}: {e}>", p.display()))
+    fs::read(p).map_or_else(
+        |e| format!("<{}: {e}>", p.display()),
+        |b| String::from_utf8_lossy(&b).into_owned(),
+    )
 }
 
 // ---------------------------------------------------------------------------------------------
 // Small utilities
 
-/// A heap buffer aligned for O_DIRECT.
+/// A heap buffer aligned for `O_DIRECT`.
 #[derive(Debug)]
 pub struct AlignedBuf {
     ptr: std::ptr::NonNull<u8>,
@@ -925,7 +928,7 @@ impl std::ops::DerefMut for AlignedBuf {
     }
 }
 
-/// errno of an io::Error (0 if it has none).
+/// errno of an `io::Error` (0 if it has none).
 pub fn errno_of(e: &io::Error) -> i32 {
     e.raw_os_error().unwrap_or(0)
 }
@@ -935,7 +938,7 @@ pub fn errno_name(e: i32) -> String {
     format!("{:?}", nix::errno::Errno::from_raw(e))
 }
 
-/// Result of a libc call returning -1 on error, as io::Result.
+/// Result of a libc call returning -1 on error, as `io::Result`.
 pub fn cvt(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
         Err(io::Error::last_os_error())
@@ -1139,7 +1142,7 @@ pub fn wait_until(timeout: Duration, what: &str, cond: impl FnMut() -> bool) -> 
         .unwrap_or_else(|| panic!("timed out after {timeout:?} waiting until {what}"))
 }
 
-/// CLOCK_REALTIME in nanoseconds (the clock of device write logs, `CETRA_WRITE_LOG`).
+/// `CLOCK_REALTIME` in nanoseconds (the clock of device write logs, `CETRA_WRITE_LOG`).
 pub use cetrafs_core::dev::write_log::realtime_ns;
 
 /// Format a duration compactly for test reports.

@@ -20,7 +20,7 @@
 //!    and their own files onto common targets there. node3, and a fresh mount, find every
 //!    entry created exactly once where the outcomes say; fsck -n clean.
 //! 5. `nofilelock_append_and_extend_one_file`: two `nofilelock` nodes extend one file at once,
-//!    node1 with O_APPEND, node2 with pwrites beyond EOF and into the holes that leaves; node3
+//!    node1 with `O_APPEND`, node2 with pwrites beyond EOF and into the holes that leaves; node3
 //!    and a fresh mount verify every byte (lost, torn, duplicated or misplaced records).
 //! 6. `sigkill_holding_100_inode_locks_then_survivors_take_them`: node2 is SIGKILLed while the
 //!    lock area shows it owning the inode locks of 100 files it keeps extending and truncating
@@ -60,7 +60,7 @@ use std::time::{Duration, Instant};
 const HEARTBEAT_MS: u64 = 100;
 const IO_TIMEOUT_MS: u64 = 500;
 /// Others call a node dead after its slot did not change for this long
-/// (8 x io_timeout + 2 x io_timeout + 2 x interval = 5.2 s; docs/locking.md §2).
+/// (8 x `io_timeout` + 2 x `io_timeout` + 2 x interval = 5.2 s; docs/locking.md §2).
 const DEAD_TIME: Duration =
     Duration::from_millis(8 * IO_TIMEOUT_MS + 2 * IO_TIMEOUT_MS + 2 * HEARTBEAT_MS);
 /// Recovery may take this long beyond the dead time (journal replay, lock release).
@@ -269,7 +269,7 @@ const MOVER_FILES: usize = 5;
 const SRC_DIR: &str = "P";
 const DST_DIR: &str = "Q";
 const TARGETS: usize = 4;
-/// Race rounds (bounded further by RACE_TIME).
+/// Race rounds (bounded further by `RACE_TIME`).
 /// One round of a two-node race: node `k` on its mountpoint, round number, the shared
 /// (barrier, stop flag, start); true = stop.
 type Round<O> = fn(usize, &Path, usize, (&Barrier, &AtomicBool, Instant), &mut O) -> bool;
@@ -725,7 +725,7 @@ fn own_records_seen(f: &fs::File, p: &Path, k: usize, w: u8) -> Result<(), Strin
     ))
 }
 
-/// Every appended record once, whole, nothing else in the file: O_APPEND atomic across nodes.
+/// Every appended record once, whole, nothing else in the file: `O_APPEND` atomic across nodes.
 /// Fails without the daemon's own placement of appends (about half the records lost).
 #[test]
 fn nofilelock_appenders_share_one_file() {
@@ -793,20 +793,19 @@ fn nofilelock_appenders_share_one_file() {
         ));
     }
     for (i, r) in data.chunks(REC).enumerate() {
-        match (r.len() == REC).then(|| parse_record(r)).flatten() {
-            Some(id) => *count.entry(id).or_default() += 1,
-            None => {
-                let zeros = r.iter().all(|&b| b == 0);
-                bad.push(format!(
-                    "record slot {i} (byte {}) is {}",
-                    i * REC,
-                    if zeros {
-                        "all zeros (a hole)"
-                    } else {
-                        "torn or foreign"
-                    }
-                ));
-            }
+        if let Some(id) = (r.len() == REC).then(|| parse_record(r)).flatten() {
+            *count.entry(id).or_default() += 1;
+        } else {
+            let zeros = r.iter().all(|&b| b == 0);
+            bad.push(format!(
+                "record slot {i} (byte {}) is {}",
+                i * REC,
+                if zeros {
+                    "all zeros (a hole)"
+                } else {
+                    "torn or foreign"
+                }
+            ));
         }
     }
     // How often the file changes hands from one writer's record to the other's: the race.
@@ -1284,7 +1283,7 @@ fn sigkill_with_100_open_writers_and_two_groups() {
                 continue;
             }
         };
-        let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+        let len = f.metadata().map_or(0, |m| m.len());
         if len < DURABLE_BYTES as u64 {
             bad.push(format!("w/f{i}: size {len} < fsync'd {DURABLE_BYTES}"));
         }
@@ -1324,7 +1323,7 @@ fn sigkill_with_100_open_writers_and_two_groups() {
 // A move may fail only with an errno of MOVE_REFUSALS and only in a round where the other
 // node's move succeeded; any other error of any operation fails the test.
 
-/// Rounds (bounded further by FRESH_TIME).
+/// Rounds (bounded further by `FRESH_TIME`).
 const FRESH_ROUNDS: usize = 400;
 const FRESH_TIME: Duration = Duration::from_secs(12);
 const SHARED_DIR: &str = "S";
@@ -1462,7 +1461,7 @@ fn fresh_check(root: &Path, model: &BTreeMap<String, bool>) -> Vec<String> {
         match found.get(p) {
             None => bad.push(format!("{p} missing")),
             Some((_, d, _)) if d != is_dir => {
-                bad.push(format!("{p}: is_dir {d}, expected {is_dir}"))
+                bad.push(format!("{p}: is_dir {d}, expected {is_dir}"));
             }
             Some(_) => {}
         }
@@ -1754,7 +1753,7 @@ fn verify_mixed(p: &Path) -> (Vec<String>, usize) {
         Err(e) => return (vec![io_err("read", &e)], 0),
     };
     let mut bad = Vec::new();
-    let size = fs::metadata(p).map(|m| m.len()).unwrap_or(0);
+    let size = fs::metadata(p).map_or(0, |m| m.len());
     if size != data.len() as u64 {
         bad.push(format!("size {size}, read {} bytes", data.len()));
     }
@@ -1904,7 +1903,7 @@ fn nofilelock_append_and_extend_one_file() {
     r2.unwrap_or_else(|e| panic!("{e}"));
     std::thread::sleep(Duration::from_secs(1));
     let (bad, after_jump) = verify_mixed(&c.n(2).p(name));
-    let size = fs::metadata(c.n(2).p(name)).map(|m| m.len()).unwrap_or(0);
+    let size = fs::metadata(c.n(2).p(name)).map_or(0, |m| m.len());
     eprintln!(
         "{test}: node1 {MIX_APPENDS} appends, node2 {JUMPS} jumps beyond EOF + {} hole writes \
          in {}; node3 reads {size} bytes: {} problems, {after_jump} appends landed right after \
@@ -1998,13 +1997,13 @@ fn owned_by(c: &Cluster, sb: &Superblock, slot: u32) -> (BTreeSet<u64>, usize, u
     (inodes, groups, named)
 }
 
-/// A survivor's part: overwrite, truncate and grow each of `files`, allocate BIG_CHUNKs in
+/// A survivor's part: overwrite, truncate and grow each of `files`, allocate `BIG_CHUNK`s in
 /// `big`, fsync everything. Runs on its own thread so that a hang is reported, not waited for.
 fn survivor_work(
-    mp: PathBuf,
+    mp: &Path,
     node: usize,
     files: Vec<usize>,
-    big: String,
+    big: &str,
     big_from: usize,
 ) -> Result<(), String> {
     let who = NODES[node];
@@ -2031,7 +2030,7 @@ fn survivor_work(
         .write(true)
         .create(true)
         .truncate(false)
-        .open(mp.join(&big))
+        .open(mp.join(big))
         .map_err(|e| io_err(&format!("{who}: open {big}"), &e))?;
     for ch in big_from..big_from + 24 {
         f.write_all_at(
@@ -2409,7 +2408,7 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
             let hs: Vec<_> = work
                 .into_iter()
                 .map(|(node, mp, files, big, from)| {
-                    s.spawn(move || (node, survivor_work(mp, node, files, big.to_string(), from)))
+                    s.spawn(move || (node, survivor_work(&mp, node, files, big, from)))
                 })
                 .collect();
             hs.into_iter()

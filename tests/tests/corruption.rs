@@ -70,7 +70,7 @@ const LUN_SIZE: u64 = 256 << 20;
 /// Same host name for populating and for every case: the case mount claims the same slot (0).
 const HOST: &str = "corrupt";
 const MOUNT_BOUND: Duration = Duration::from_secs(30);
-const FSCK_BOUND: Duration = Duration::from_secs(60);
+const FSCK_BOUND: Duration = Duration::from_mins(1);
 /// Walk + writes + fsync of one case.
 const OPS_BOUND: Duration = Duration::from_secs(30);
 const LBS: u64 = 512;
@@ -142,7 +142,7 @@ fn read_bytes(f: &File, off: u64, len: usize) -> Vec<u8> {
     v
 }
 
-/// Copy a sparse file keeping its holes (SEEK_DATA / SEEK_HOLE): the 256 MiB LUN holds a few MiB.
+/// Copy a sparse file keeping its holes (`SEEK_DATA` / `SEEK_HOLE`): the 256 MiB LUN holds a few MiB.
 fn sparse_copy(from: &Path, to: &Path) {
     use std::os::fd::AsRawFd;
     let src = File::open(from).expect("open source image");
@@ -224,7 +224,10 @@ fn describe_chunk(c: &[u8]) -> String {
             }
         }
     }
-    let head: String = c.iter().take(12).map(|b| format!("{b:02x}")).collect();
+    let head = c.iter().take(12).fold(String::new(), |mut h, b| {
+        let _ = write!(h, "{b:02x}");
+        h
+    });
     format!("unknown bytes ({head}..)")
 }
 
@@ -300,8 +303,7 @@ impl Model {
             .own
             .iter()
             .find(|(_, r)| *r == Role::Data { logical })
-            .map(|(b, _)| *b)
-            .unwrap_or_else(|| panic!("{path} has no data block {logical}"))
+            .map_or_else(|| panic!("{path} has no data block {logical}"), |(b, _)| *b)
     }
     /// Human name of a block: its area, or the inode that owns it.
     fn describe_block(&self, b: u64) -> String {
@@ -1447,7 +1449,7 @@ fn build_cases(m: &Model, pristine: &Path, seed: u64, random: usize) -> Vec<Case
             |i| i.tree_root = sb.journal_start + 3,
         );
         let c = b.put_inode("inode.size.huge", "d1/small2", "size -> 2^40", |i| {
-            i.size = 1 << 40
+            i.size = 1 << 40;
         });
         c.extra_write = Some(("d1/small2".into(), 1 << 30));
         b.put_inode(
@@ -2405,9 +2407,7 @@ fn check_writes(
                     // Record 0, the group records and the buckets change by CAW, always to a
                     // valid record; the unused records between groups and buckets never.
                     changed_records(sb.lock_start).find_map(|(i, r)| {
-                        if !(i <= sb.group_count || (i >= bucket0 && i < sb.lock_count)) {
-                            Some(format!("lock record {i} (unused) changed"))
-                        } else {
+                        if i <= sb.group_count || (i >= bucket0 && i < sb.lock_count) {
                             LockRecord::decode(&bz[r * lbs..(r + 1) * lbs], i)
                                 .err()
                                 .map(|_| {
@@ -2416,6 +2416,8 @@ fn check_writes(
                                         describe_chunk(bz)
                                     )
                                 })
+                        } else {
+                            Some(format!("lock record {i} (unused) changed"))
                         }
                     })
                 } else if b >= sb.objlock_start && b < sb.objlock_start + sb.objlock_blocks() {
@@ -2579,7 +2581,10 @@ fn run_case(ctx: &Ctx<'_>, case: &Case) -> (Outcome, Duration) {
         Command::new(bin("fsck-cetra")).arg("-n").arg(&img),
         FSCK_BOUND,
     );
-    let fsck_out = fsck.as_ref().map(|r| r.output()).unwrap_or_default();
+    let fsck_out = fsck
+        .as_ref()
+        .map(cetrafs_tests::CmdResult::output)
+        .unwrap_or_default();
     let fsck_code = match &fsck {
         None => {
             out.failures.push(format!(
@@ -2676,20 +2681,17 @@ fn run_case(ctx: &Ctx<'_>, case: &Case) -> (Outcome, Duration) {
                     do_writes(root, writes, &mut o);
                     let _ = tx.send(o);
                 });
-                match rx.recv_timeout(OPS_BOUND) {
-                    Ok(o) => {
-                        out.checked = o.checked;
-                        out.refusals.extend(o.refusals);
-                        out.failures.extend(o.failures);
-                        out.notes.extend(o.notes);
-                    }
-                    Err(_) => {
-                        out.refusals.push("operations hung".into());
-                        out.failures.push(format!(
-                            "walk + writes did not finish within {OPS_BOUND:?} (daemon killed)"
-                        ));
-                        let _ = mnt.signal(libc::SIGKILL);
-                    }
+                if let Ok(o) = rx.recv_timeout(OPS_BOUND) {
+                    out.checked = o.checked;
+                    out.refusals.extend(o.refusals);
+                    out.failures.extend(o.failures);
+                    out.notes.extend(o.notes);
+                } else {
+                    out.refusals.push("operations hung".into());
+                    out.failures.push(format!(
+                        "walk + writes did not finish within {OPS_BOUND:?} (daemon killed)"
+                    ));
+                    let _ = mnt.signal(libc::SIGKILL);
                 }
             });
             // the scope joined the worker: after a SIGKILL its calls failed with ENOTCONN.

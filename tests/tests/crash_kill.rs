@@ -8,10 +8,10 @@
 //!   inode number. After the crash each byte of a file must be 0 or its own pattern byte:
 //!   the marker is stale data, another inode's pattern is foreign data.
 //! * Durable files (`D/`): recorded only after `fsync`/`fdatasync` of the file and `fsync` of
-//!   `D/` returned (or, for the O_SYNC variant, after each O_SYNC write returned); their
+//!   `D/` returned (or, for the `O_SYNC` variant, after each `O_SYNC` write returned); their
 //!   content must survive exactly. Deleting one first moves it to a "maybe deleted" set; once
 //!   unlink and `fsync(D/)` returned the name must stay gone.
-//! * A preallocated 64 MiB image (`I/disk.raw`) gets O_DIRECT 4 KiB writes of per-(block,
+//! * A preallocated 64 MiB image (`I/disk.raw`) gets `O_DIRECT` 4 KiB writes of per-(block,
 //!   version) patterns with periodic fdatasync: after the crash each block must hold its last
 //!   synced version (zeros if none) or a version written after that sync — nothing else.
 //! * Scratch namespace (`S/`): create/write/rename/unlink/link/symlink/mkdir/rmdir/truncate/
@@ -138,7 +138,7 @@ fn diagnose(off: u64, data: &[u8], known_inos: &HashSet<u64>) -> String {
 #[derive(Debug, Clone)]
 struct DFile {
     ino: u64,
-    /// Final size once complete; None while O_SYNC writes are still being added.
+    /// Final size once complete; None while `O_SYNC` writes are still being added.
     exact_len: Option<u64>,
     /// Ranges whose content must be exactly the pattern.
     ranges: Vec<(u64, u64)>,
@@ -902,6 +902,7 @@ fn check_durable(mp: &Path, dm: &mut Durable, v: &mut Vec<String>, c: &mut Check
 }
 
 fn check_image(mp: &Path, img: &mut Image, v: &mut Vec<String>, c: &mut Checked) {
+    const CHUNK: usize = 256;
     let p = mp.join("I").join("disk.raw");
     let f = match fs::OpenOptions::new()
         .read(true)
@@ -923,7 +924,6 @@ fn check_image(mp: &Path, img: &mut Image, v: &mut Vec<String>, c: &mut Checked)
         }
         Err(e) => return v.push(format!("stat image: {e}")),
     }
-    const CHUNK: usize = 256;
     let mut buf = AlignedBuf::new(CHUNK * BLK);
     let mut exp = vec![0u8; BLK];
     let mut bad = 0;
@@ -953,39 +953,36 @@ fn check_image(mp: &Path, img: &mut Image, v: &mut Vec<String>, c: &mut Checked)
             if img.durable[b] != 0 || !img.since[b].is_empty() {
                 c.image_written_blocks += 1;
             }
-            match found {
-                Some(ver) => {
-                    img.durable[b] = ver;
-                    img.since[b].clear();
-                }
-                None => {
-                    bad += 1;
-                    if bad <= 8 {
-                        // Which version (if any) does each sector hold?
-                        let sectors: Vec<String> = (0..8)
-                            .map(|s| {
-                                let g = &got[s * 512..(s + 1) * 512];
-                                if g.iter().all(|x| *x == 0) {
-                                    return "0".to_string();
+            if let Some(ver) = found {
+                img.durable[b] = ver;
+                img.since[b].clear();
+            } else {
+                bad += 1;
+                if bad <= 8 {
+                    // Which version (if any) does each sector hold?
+                    let sectors: Vec<String> = (0..8)
+                        .map(|s| {
+                            let g = &got[s * 512..(s + 1) * 512];
+                            if g.iter().all(|x| *x == 0) {
+                                return "0".to_string();
+                            }
+                            for ver in 1..=img.next[b] {
+                                fill(image_key(b, ver), 0, &mut exp);
+                                if g == &exp[s * 512..(s + 1) * 512] {
+                                    return format!("v{ver}");
                                 }
-                                for ver in 1..=img.next[b] {
-                                    fill(image_key(b, ver), 0, &mut exp);
-                                    if g == &exp[s * 512..(s + 1) * 512] {
-                                        return format!("v{ver}");
-                                    }
-                                }
-                                "?".to_string()
-                            })
-                            .collect();
-                        v.push(format!(
-                            "image block {b}: holds none of the allowed versions (last synced v{}, \
-                             written since {:?}, latest written v{}); sectors: {sectors:?}; {}",
-                            img.durable[b],
-                            img.since[b],
-                            img.next[b],
-                            diagnose(0, got, &HashSet::new())
-                        ));
-                    }
+                            }
+                            "?".to_string()
+                        })
+                        .collect();
+                    v.push(format!(
+                        "image block {b}: holds none of the allowed versions (last synced v{}, \
+                         written since {:?}, latest written v{}); sectors: {sectors:?}; {}",
+                        img.durable[b],
+                        img.since[b],
+                        img.next[b],
+                        diagnose(0, got, &HashSet::new())
+                    ));
                 }
             }
         }

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 const MIB: u64 = 1 << 20;
 
-/// Write `mib` MiB sequentially with 1 MiB O_DIRECT writes; each MiB carries its index.
+/// Write `mib` MiB sequentially with 1 MiB `O_DIRECT` writes; each MiB carries its index.
 fn write_sequential(path: &Path, mib: u64) {
     let f = OpenOptions::new()
         .write(true)
@@ -37,7 +37,7 @@ fn write_sequential(path: &Path, mib: u64) {
     f.sync_all().expect("fsync");
 }
 
-/// Spot-check some MiBs of a file written by `write_sequential`.
+/// Spot-check some MiB of a file written by `write_sequential`.
 fn spot_check(path: &Path, mib: u64) {
     let f = OpenOptions::new()
         .read(true)
@@ -110,10 +110,11 @@ fn big_sequential_file_has_few_extents() {
     let ino = st.st_ino;
     m.unmount();
     let (n, runs) = check_extents(lun.path(), ino, gib << 30, "big file");
+    #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
+    let rate = (gib << 10) as f64 / elapsed.as_secs_f64();
     eprintln!(
-        "extents: {gib} GiB written with 1 MiB O_DIRECT writes in {} ({:.0} MiB/s): {n} extents, {runs} physical runs",
+        "extents: {gib} GiB written with 1 MiB O_DIRECT writes in {} ({rate:.0} MiB/s): {n} extents, {runs} physical runs",
         secs(elapsed),
-        (gib << 10) as f64 / elapsed.as_secs_f64()
     );
     assert!(
         n <= 16,
@@ -124,8 +125,8 @@ fn big_sequential_file_has_few_extents() {
 
 #[test]
 fn concurrent_growth_does_not_interleave() {
-    require_fuse!();
     const MIBS: u64 = 256;
+    require_fuse!();
     let lun = Lun::new(4 << 30);
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "interleave");
@@ -161,7 +162,7 @@ fn thin_byte(offset: u64) -> u8 {
     (offset.wrapping_mul(0x9e37_79b9) >> 13).to_le_bytes()[0] ^ 0xa5
 }
 
-/// Read the whole file with O_DIRECT and compare every byte with `thin_byte`.
+/// Read the whole file with `O_DIRECT` and compare every byte with `thin_byte`.
 fn verify_thin(path: &Path, bytes: u64, what: &str) {
     let f = OpenOptions::new()
         .read(true)
@@ -178,16 +179,16 @@ fn verify_thin(path: &Path, bytes: u64, what: &str) {
     }
 }
 
-/// A thin (sparse) image written at a deep queue: 16 threads with their own O_DIRECT
+/// A thin (sparse) image written at a deep queue: 16 threads with their own `O_DIRECT`
 /// descriptors write every 4 KiB block of a fresh sparse file once, in shuffled order; every
 /// eighth block is written as two 2 KiB halves by two different threads, so writers race for
 /// the same unmapped block. Every byte is checked, before and after a remount, and fsck is
 /// clean (no block allocated twice or leaked).
 #[test]
 fn thin_image_takes_concurrent_direct_writers() {
-    require_fuse!();
     const BYTES: u64 = 64 * MIB;
     const THREADS: usize = 16;
+    require_fuse!();
     let lun = Lun::new(2 << 30);
     lun.mkfs(&["-q"]);
     let m = Mount::new(&lun, "thin");
@@ -245,10 +246,11 @@ fn thin_image_takes_concurrent_direct_writers() {
     });
     let elapsed = t.elapsed();
     let writes: usize = work.iter().map(Vec::len).sum();
+    #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
+    let rate = writes as f64 / elapsed.as_secs_f64();
     eprintln!(
-        "extents: {writes} O_DIRECT writes from {THREADS} threads into a fresh sparse file in {} ({:.0} writes/s)",
+        "extents: {writes} O_DIRECT writes from {THREADS} threads into a fresh sparse file in {} ({rate:.0} writes/s)",
         secs(elapsed),
-        writes as f64 / elapsed.as_secs_f64()
     );
     verify_thin(&path, BYTES, "before remount");
     let st = lstat(&path).expect("stat");

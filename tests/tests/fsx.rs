@@ -1,5 +1,5 @@
 //! fsx-style randomized data-path exerciser: one file, ≥100,000 operations mixing buffered and
-//! O_DIRECT opens, every read checked byte-for-byte against an in-memory model, then umount,
+//! `O_DIRECT` opens, every read checked byte-for-byte against an in-memory model, then umount,
 //! remount, full verification and `fsck -n`.
 //!
 //! Environment: `CETRA_SEED` replays a run, `CETRA_FSX_OPS` changes the number of operations.
@@ -7,7 +7,8 @@
 use cetrafs_tests::{require_fuse, secs, seed, AlignedBuf, Lun, Mount};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::collections::VecDeque;
+use std::collections::{BTreeMap, VecDeque};
+use std::fmt::Write as _;
 use std::fs::{File, OpenOptions};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, OpenOptionsExt};
@@ -39,7 +40,7 @@ struct Fsx {
     /// Recent operations, for the failure report.
     log: VecDeque<String>,
     op_no: u64,
-    counts: std::collections::BTreeMap<&'static str, u64>,
+    counts: BTreeMap<&'static str, u64>,
 }
 
 fn open(path: &Path, direct: bool) -> File {
@@ -66,11 +67,11 @@ impl Fsx {
             direct,
             log: VecDeque::new(),
             op_no: 0,
-            counts: Default::default(),
+            counts: BTreeMap::default(),
         }
     }
 
-    fn note(&mut self, what: String) {
+    fn note(&mut self, what: &str) {
         if self.log.len() == 200 {
             self.log.pop_front();
         }
@@ -175,7 +176,7 @@ impl Fsx {
         if len >= 8 {
             data[..8].copy_from_slice(&tag.to_le_bytes());
         }
-        self.note(format!(
+        self.note(&format!(
             "write {via:?} off {off:#x} len {len:#x} (end {:#x})",
             off + len
         ));
@@ -231,10 +232,10 @@ impl Fsx {
                 .unwrap_or(0);
             let at = ix(off) + first;
             let show = |s: &[u8]| {
-                s.iter()
-                    .take(16)
-                    .map(|b| format!("{b:02x}"))
-                    .collect::<String>()
+                s.iter().take(16).fold(String::new(), |mut h, b| {
+                    let _ = write!(h, "{b:02x}");
+                    h
+                })
             };
             self.fail(&format!(
                 "{what}: DATA MISMATCH reading {via:?} off {off:#x} len {len:#x}: first bad byte at file offset {at:#x}, \
@@ -256,7 +257,7 @@ impl Fsx {
         let max = self.size().max(1) + 4096;
         let off = self.rand_off(max);
         let (off, len) = Self::align_for(via, off, len);
-        self.note(format!("read {via:?} off {off:#x} len {len:#x}"));
+        self.note(&format!("read {via:?} off {off:#x} len {len:#x}"));
         self.read_and_check(via, off, len, "read");
         self.bump("read");
     }
@@ -273,7 +274,7 @@ impl Fsx {
         } else {
             Via::Buffered
         };
-        self.note(format!(
+        self.note(&format!(
             "truncate {via:?} from {:#x} to {new:#x}",
             self.size()
         ));
@@ -308,7 +309,7 @@ impl Fsx {
         } else {
             Via::Buffered
         };
-        self.note(format!(
+        self.note(&format!(
             "fallocate {name} {via:?} off {off:#x} len {len:#x} (end {:#x})",
             off + len
         ));
@@ -354,7 +355,7 @@ impl Fsx {
         } else {
             self.rand_off(size)
         };
-        self.note(format!("seek data/hole from {off:#x} (size {size:#x})"));
+        self.note(&format!("seek data/hole from {off:#x} (size {size:#x})"));
         let data = self.lseek(libc::SEEK_DATA, off);
         let hole = self.lseek(libc::SEEK_HOLE, off);
         if off >= size {
@@ -419,7 +420,7 @@ impl Fsx {
             Via::Buffered
         };
         let datasync = self.rng.gen_bool(0.5);
-        self.note(format!(
+        self.note(&format!(
             "{} {via:?}",
             if datasync { "fdatasync" } else { "fsync" }
         ));
@@ -435,14 +436,14 @@ impl Fsx {
     }
 
     fn op_reopen(&mut self) {
-        self.note("close and reopen both descriptors".into());
+        self.note("close and reopen both descriptors");
         self.buffered = open(&self.path, false);
         self.direct = open(&self.path, true);
         self.bump("reopen");
     }
 
     fn verify_all(&mut self, what: &str) {
-        self.note(format!("verify whole file ({what})"));
+        self.note(&format!("verify whole file ({what})"));
         self.check_size(what);
         let size = self.size();
         let mut off = 0;
@@ -519,7 +520,7 @@ fn fsx_random_data_path() {
         direct: open(&path, true),
         log: VecDeque::new(),
         op_no: ops,
-        counts: Default::default(),
+        counts: BTreeMap::default(),
     };
     fsx2.verify_all("after remount");
     drop(fsx2);

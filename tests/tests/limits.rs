@@ -1,5 +1,5 @@
-//! Size limits as Linux has them, through a real mount: symlink targets up to PATH_MAX - 1
-//! (4095 bytes), xattr values up to XATTR_SIZE_MAX (64 KiB), several values that together span
+//! Size limits as Linux has them, through a real mount: symlink targets up to `PATH_MAX` - 1
+//! (4095 bytes), xattr values up to `XATTR_SIZE_MAX` (64 KiB), several values that together span
 //! more than one block; blocks come back when they go, and fsck is clean after unmount.
 
 use cetrafs_tests::{

@@ -46,10 +46,10 @@ use std::time::{Duration, Instant};
 const HEARTBEAT_MS: u64 = 100;
 /// mkfs --io-timeout (ms).
 const IO_TIMEOUT_MS: u64 = 500;
-/// A node that could not renew for this long fences itself (cluster/timing.rs: 8 × io_timeout).
+/// A node that could not renew for this long fences itself (cluster/timing.rs: 8 × `io_timeout`).
 const FAIL_TIME: Duration = Duration::from_millis(8 * IO_TIMEOUT_MS);
 /// Others call a node dead after its slot did not change for this long
-/// (fail + 2 × io_timeout + 2 × interval = 5.2 s).
+/// (fail + 2 × `io_timeout` + 2 × interval = 5.2 s).
 const DEAD_TIME: Duration =
     Duration::from_millis(8 * IO_TIMEOUT_MS + 2 * IO_TIMEOUT_MS + 2 * HEARTBEAT_MS);
 /// Recovery may take this long beyond the dead time (journal replay, lock release).
@@ -361,12 +361,12 @@ fn wait_visible_everywhere(c: &Cluster, rel: &str) {
             continue;
         }
         let p = c.n(i).p(rel);
-        if poll_until(VISIBILITY_GIVE_UP, || fs::symlink_metadata(&p).is_ok()).is_none() {
-            panic!(
-                "{}: {rel} is not visible on {} after {VISIBILITY_GIVE_UP:?}",
-                c.test, NODES[i]
-            );
-        }
+        assert!(
+            poll_until(VISIBILITY_GIVE_UP, || fs::symlink_metadata(&p).is_ok()).is_some(),
+            "{}: {rel} is not visible on {} after {VISIBILITY_GIVE_UP:?}",
+            c.test,
+            NODES[i]
+        );
     }
 }
 
@@ -374,7 +374,7 @@ fn wait_visible_everywhere(c: &Cluster, rel: &str) {
 // 1. Cross-node visibility
 
 /// Poll `observers` until `check` passes on each; returns the slowest node's delay. Panics if a
-/// node never sees the change within VISIBILITY_GIVE_UP.
+/// node never sees the change within `VISIBILITY_GIVE_UP`.
 fn observe(
     c: &Cluster,
     step: &str,
@@ -799,7 +799,7 @@ fn storm(
     out
 }
 
-/// What one node lists: (dir, name) → (is_dir, inode, nlink).
+/// What one node lists: (dir, name) → (`is_dir`, inode, nlink).
 type Listing = BTreeMap<(String, String), (bool, u64, u64)>;
 
 fn list_storm_dirs(mp: &Path) -> Result<Listing, String> {
@@ -831,7 +831,7 @@ fn compare_listing(
     let mut v = Vec::new();
     let mut want: BTreeMap<(String, String), (usize, Obj)> = BTreeMap::new();
     for (n, m) in models.iter().enumerate() {
-        for (k, o) in m.iter() {
+        for (k, o) in *m {
             want.insert(k.clone(), (n, *o));
         }
     }
@@ -997,12 +997,13 @@ fn concurrent_namespace_storm() {
     });
     let took = t0.elapsed();
     for (i, o) in outs.iter().enumerate() {
+        #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
+        let rate = o.ops as f64 / took.as_secs_f64();
         eprintln!(
-            "concurrent_namespace_storm: {}: {} ops in {} ({:.0}/s), {} names at the end",
+            "concurrent_namespace_storm: {}: {} ops in {} ({rate:.0}/s), {} names at the end",
             NODES[i],
             o.ops,
             secs(took),
-            o.ops as f64 / took.as_secs_f64(),
             o.model.len()
         );
     }
@@ -1031,7 +1032,7 @@ fn concurrent_namespace_storm() {
 struct ImageOut {
     /// Iteration of the last write of every block (0 = the sequential pass).
     last: Vec<u32>,
-    /// CLOCK_REALTIME window of the overwrite phase.
+    /// `CLOCK_REALTIME` window of the overwrite phase.
     overwrite_ns: (u128, u128),
     alloc_time: Duration,
     overwrite_time: Duration,
@@ -1329,7 +1330,7 @@ fn sigkill_recovery() {
     let durables = Mutex::new(Vec::new());
     let dur_errors = Mutex::new(Vec::new());
     let node2_pid = c.n(1).pid();
-    let far = Instant::now() + Duration::from_secs(3600);
+    let far = Instant::now() + Duration::from_hours(1);
     let mut recovery: Option<(Duration, usize, String)> = None;
     let mut node2 = Some(c.take(1));
     let node2_mp = node2.as_ref().expect("node2").path().to_path_buf();

@@ -12,6 +12,7 @@ use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::fmt::Write as _;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::{Path, PathBuf};
@@ -171,7 +172,7 @@ impl Model {
         }
     }
 
-    /// rename / renameat2 following the order of checks in fs/namei.c do_renameat2 + vfs_rename.
+    /// rename / renameat2 following the order of checks in fs/namei.c `do_renameat2` + `vfs_rename`.
     fn rename(
         &mut self,
         old: &str,
@@ -369,7 +370,7 @@ impl Runner {
             .join("/")
     }
 
-    fn check(&mut self, what: String, model: Result<(), Errno>, real: Result<(), Errno>) {
+    fn check(&mut self, what: &str, model: Result<(), Errno>, real: Result<(), Errno>) {
         let tag = match (&model, &real) {
             (Ok(()), Ok(())) => "ok".to_string(),
             (Err(e), Err(r)) if e == r => errno_name(*e),
@@ -387,7 +388,7 @@ impl Runner {
                     show(&real)
                 );
                 for l in &self.log {
-                    s.push_str(&format!("  {l}\n"));
+                    let _ = writeln!(s, "  {l}");
                 }
                 panic!("{s}");
             }
@@ -417,14 +418,14 @@ impl Runner {
                         .and_then(|mut f| f.write_all(&content)),
                 );
                 let model = self.model.create(&a, Kind::File, content).map(|_| ());
-                self.check(format!("create {a}"), model, real);
+                self.check(&format!("create {a}"), model, real);
             }
             15..=26 => {
                 let c = cstr(&pa);
                 // SAFETY: valid C string.
                 let real = errno_result(unsafe { libc::mkdir(c.as_ptr(), 0o755) });
                 let model = self.model.create(&a, Kind::Dir, Vec::new()).map(|_| ());
-                self.check(format!("mkdir {a}"), model, real);
+                self.check(&format!("mkdir {a}"), model, real);
             }
             27..=31 => {
                 self.next_target += 1;
@@ -438,7 +439,7 @@ impl Runner {
                     .model
                     .create(&a, Kind::Symlink(target), Vec::new())
                     .map(|_| ());
-                self.check(format!("symlink {a}"), model, real);
+                self.check(&format!("symlink {a}"), model, real);
             }
             32..=38 => {
                 let (co, cn) = (cstr(&pa), cstr(&pb));
@@ -447,17 +448,17 @@ impl Runner {
                     libc::linkat(libc::AT_FDCWD, co.as_ptr(), libc::AT_FDCWD, cn.as_ptr(), 0)
                 });
                 let model = self.model.link(&a, &b);
-                self.check(format!("link {a} {b}"), model, real);
+                self.check(&format!("link {a} {b}"), model, real);
             }
             39..=47 => {
                 let real = io_result(std::fs::remove_file(&pa));
                 let model = self.model.unlink(&a);
-                self.check(format!("unlink {a}"), model, real);
+                self.check(&format!("unlink {a}"), model, real);
             }
             48..=54 => {
                 let real = io_result(std::fs::remove_dir(&pa));
                 let model = self.model.rmdir(&a);
-                self.check(format!("rmdir {a}"), model, real);
+                self.check(&format!("rmdir {a}"), model, real);
             }
             55..=79 => {
                 let (noreplace, exchange, name) = match self.rng.gen_range(0..4) {
@@ -484,7 +485,7 @@ impl Runner {
                     )
                 });
                 let model = self.model.rename(&a, &b, noreplace, exchange);
-                self.check(format!("{name} {a} {b}"), model, real);
+                self.check(&format!("{name} {a} {b}"), model, real);
             }
             80..=91 => {
                 let name = *XATTR_NAMES.choose(&mut self.rng).expect("names");
@@ -497,13 +498,13 @@ impl Runner {
                 };
                 let real = io_result(set_xattr(&pa, name.as_bytes(), &value, flags));
                 let model = self.model.setxattr(&a, name, &value, flags);
-                self.check(format!("{fname} {a} {name} ({len} bytes)"), model, real);
+                self.check(&format!("{fname} {a} {name} ({len} bytes)"), model, real);
             }
             _ => {
                 let name = *XATTR_NAMES.choose(&mut self.rng).expect("names");
                 let real = io_result(remove_xattr(&pa, name.as_bytes()));
                 let model = self.model.removexattr(&a, name);
-                self.check(format!("removexattr {a} {name}"), model, real);
+                self.check(&format!("removexattr {a} {name}"), model, real);
             }
         }
     }

@@ -425,8 +425,8 @@ fn everything_survives_remount() {
 /// readdir again, remount, readdir again. Reports timings.
 #[test]
 fn large_directory() {
-    require_fuse!();
     const N: usize = 100_000;
+    require_fuse!();
     let seed = seed("large_directory");
     let mut rng = StdRng::seed_from_u64(seed);
     let lun = Lun::new(4 << 30);

@@ -1,4 +1,4 @@
-//! POSIX semantics through the mount: open-unlinked files, truncate, O_APPEND, rename rules,
+//! POSIX semantics through the mount: open-unlinked files, truncate, `O_APPEND`, rename rules,
 //! link counts, statfs, and POSIX ACL enforcement for a non-root user.
 
 use cetrafs_tests::{cstr, have_command, lstat, require_fuse, run, statvfs, Lun, Mount};
@@ -21,7 +21,7 @@ fn pattern(len: usize, salt: u8) -> Vec<u8> {
         .collect()
 }
 
-/// Free blocks (in f_frsize units) of a mount.
+/// Free blocks (in `f_frsize` units) of a mount.
 fn free_blocks(p: &Path) -> u64 {
     statvfs(p).f_bfree
 }

@@ -1030,37 +1030,34 @@ impl Checker<'_> {
     fn check_namespace(&mut self) -> Result<()> {
         let root = self.sb.root_ino;
         let mut queue = VecDeque::new();
-        match self.visit_inode(root, "/")? {
-            Some(p) => {
-                queue.push_back(p);
-                if let Ok(i) = Inode::decode(&read_block(self.dev, root)?, root) {
-                    if i.parent != root {
-                        self.push(
-                            FindingKind::DirParent,
-                            Some(root),
-                            Some(root),
-                            format!("/: root's parent field is {}, not itself", i.parent),
-                        );
-                    }
-                }
-            }
-            None => {
-                if self.inodes.get(&root).is_some_and(|s| s.kind.is_some()) {
+        if let Some(p) = self.visit_inode(root, "/")? {
+            queue.push_back(p);
+            if let Ok(i) = Inode::decode(&read_block(self.dev, root)?, root) {
+                if i.parent != root {
                     self.push(
-                        FindingKind::BadInode,
+                        FindingKind::DirParent,
                         Some(root),
                         Some(root),
-                        "/: the root inode is not a directory".into(),
+                        format!("/: root's parent field is {}, not itself", i.parent),
                     );
                 }
+            }
+        } else {
+            if self.inodes.get(&root).is_some_and(|s| s.kind.is_some()) {
                 self.push(
                     FindingKind::BadInode,
                     Some(root),
                     Some(root),
-                    "/: no usable root directory; the namespace was not checked".into(),
+                    "/: the root inode is not a directory".into(),
                 );
-                return Ok(());
             }
+            self.push(
+                FindingKind::BadInode,
+                Some(root),
+                Some(root),
+                "/: no usable root directory; the namespace was not checked".into(),
+            );
+            return Ok(());
         }
         while let Some(dir) = queue.pop_front() {
             for (key, value) in &dir.leaves {

@@ -206,7 +206,7 @@ impl SynthVolume {
         Ok(ino)
     }
 
-    /// A fifo, socket or device node (`mode` includes the S_IF* type).
+    /// A fifo, socket or device node (`mode` includes the `S_IF*` type).
     pub fn mknod(&mut self, parent: u64, name: &str, mode: u32, rdev: u64) -> Result<u64> {
         let ino = self.new_inode(parent, name, mode)?;
         if let Some(i) = self.inodes.get_mut(&ino) {

@@ -26,7 +26,7 @@
 //! # The global lock (record 0)
 //! `acquire_global(me, mode)` loops:
 //! 1. Read record 0. If it already shows `me` holding it in `mode` (or stronger), return it.
-//! 2. **Eligible** if `next` is NO_SLOT, or `next` is me, or the record's raw image has not
+//! 2. **Eligible** if `next` is `NO_SLOT`, or `next` is me, or the record's raw image has not
 //!    changed for `handoff_grace`, timed on this process's monotonic clock (clocks are never
 //!    compared across nodes). The last releaser names `next`; the grace bounds the wait for a
 //!    `next` that is dead or slow.
@@ -35,7 +35,7 @@
 //!    stream of shared holders cannot starve an exclusive waiter).
 //! 4. If eligible and compatible, CAW the grant — Exclusive: mode Exclusive, owner = me (slot
 //!    and generation), holders cleared, `version + 1`; Shared: mode Shared, holders += me, no
-//!    owner; both: waiters −= me, next = NO_SLOT. Won: return the granted record; its `version`
+//!    owner; both: waiters −= me, next = `NO_SLOT`. Won: return the granted record; its `version`
 //!    is the fencing token and cache validator (it changes on every exclusive grant, so a node
 //!    that sees the version it cached knows nobody else wrote metadata in between).
 //! 5. Otherwise, if I am not in waiters, CAW a copy with waiters += me (a lost race is ignored:
@@ -44,7 +44,7 @@
 //!
 //! `release_global(me)`: if I am the owner, mode Free and no owner; otherwise I leave the
 //! holders (mode Free when none remain). I leave the waiters, and — if I held it — name as
-//! `next` the first waiter after my slot in ascending order, wrapping around (NO_SLOT if none).
+//! `next` the first waiter after my slot in ascending order, wrapping around (`NO_SLOT` if none).
 //! A node that was only waiting changes `next` only if `next` named it. Because every release
 //! hands over round-robin and the releaser itself is not eligible while `next` names someone
 //! else, a waiter gets the lock within (number of waiting slots) grants, unless the named
@@ -270,7 +270,7 @@ pub struct LockTable {
     backoff_max: Duration,
 }
 
-/// The first slot of `set` after `slot` in ascending order, wrapping; NO_SLOT if none.
+/// The first slot of `set` after `slot` in ascending order, wrapping; `NO_SLOT` if none.
 fn next_after(set: &SlotSet, slot: u32) -> u32 {
     set.iter()
         .find(|&s| s > slot)
@@ -1052,7 +1052,7 @@ impl LockTable {
         Ok(())
     }
 
-    /// For every group: its exclusive owner (NO_SLOT if none) and the free count in its LVB.
+    /// For every group: its exclusive owner (`NO_SLOT` if none) and the free count in its LVB.
     pub fn group_owners(&self) -> Result<Vec<(u32, Option<u64>)>> {
         Ok(self
             .read_range(1, self.groups)?
@@ -1471,11 +1471,11 @@ mod tests {
 
     #[test]
     fn lock_fairness_round_robin_bounds_the_wait() {
-        const SLOTS: u32 = 3;
-        let (dev, sb) = volume(512);
         // (grants so far, grant number at which each slot was first seen waiting, worst wait,
         // grant order)
         type State = (u64, HashMap<u32, u64>, u64, Vec<u32>);
+        const SLOTS: u32 = 3;
+        let (dev, sb) = volume(512);
         let state: Arc<Mutex<State>> = Arc::new(Mutex::new((0, HashMap::new(), 0, Vec::new())));
         let threads: Vec<_> = (0..SLOTS)
             .map(|slot| {
@@ -1599,6 +1599,10 @@ mod tests {
     }
 
     /// Two different inodes whose open entries share a bucket.
+    #[expect(
+        clippy::maybe_infinite_iter,
+        reason = "the hash spreads consecutive numbers over every bucket: found within a few bucket counts"
+    )]
     fn colliding(t: &LockTable, a: u64) -> u64 {
         (a + 1..)
             .find(|&b| t.bucket_of(b) == t.bucket_of(a))
@@ -1625,6 +1629,10 @@ mod tests {
         t.publish_group_free(0, 1234).unwrap();
         assert!(t.claim_group(1, me(3)).unwrap());
         let a = 1000;
+        #[expect(
+            clippy::maybe_infinite_iter,
+            reason = "the hash spreads consecutive numbers over every bucket: found within a few bucket counts"
+        )]
         let b = (a + 1..)
             .find(|&b| t.bucket_of(b) != t.bucket_of(a))
             .unwrap();

@@ -2,7 +2,7 @@
 //!
 //! Claim: read the slot, COMPARE AND WRITE it from exactly what was read to a live record with
 //! generation + 1 and a fresh nonce; on a miscompare re-read (our image there means the CAW did
-//! land — the ATS false-miscompare lesson); then wait 2 × io_timeout and re-read to catch a
+//! land — the ATS false-miscompare lesson); then wait 2 × `io_timeout` and re-read to catch a
 //! concurrent claimer. Renewal: read our slot (a foreign image means someone took it: fence at
 //! once), then write the next counter. Every write this node makes goes through [`LeaseGuard`],
 //! which refuses it once the last successful renewal is older than the fail time — checked at
@@ -98,9 +98,8 @@ pub fn life_of(v: &SlotView, sb: &Superblock) -> SlotLife {
     match &v.record {
         Some(h) if h.state == SlotState::Live => SlotLife::Live(h.generation),
         Some(h) if h.state == SlotState::Recovering => SlotLife::Unknown,
-        Some(_) => SlotLife::Gone,
         None if v.is_damaged() => SlotLife::Unknown,
-        None => SlotLife::Gone,
+        Some(_) | None => SlotLife::Gone,
     }
 }
 
@@ -131,8 +130,8 @@ pub struct Membership {
     pub slot: u32,
     pub host: String,
     timing: Timing,
-    /// CLOCK_BOOTTIME milliseconds at the *start* of the last successful renewal (boot time,
-    /// unlike CLOCK_MONOTONIC, keeps counting while the host is suspended).
+    /// `CLOCK_BOOTTIME` milliseconds at the *start* of the last successful renewal (boot time,
+    /// unlike `CLOCK_MONOTONIC`, keeps counting while the host is suspended).
     last_ok_ms: AtomicU64,
     image: Mutex<Vec<u8>>,
     fenced: AtomicBool,
@@ -156,14 +155,14 @@ impl Drop for Membership {
     }
 }
 
-/// Milliseconds of CLOCK_BOOTTIME: monotonic, and advancing across suspend.
+/// Milliseconds of `CLOCK_BOOTTIME`: monotonic, and advancing across suspend.
 fn boottime_ms() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
         tv_nsec: 0,
     };
     // SAFETY: clock_gettime writes one timespec to a valid pointer.
-    let r = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &mut ts) };
+    let r = unsafe { libc::clock_gettime(libc::CLOCK_BOOTTIME, &raw mut ts) };
     if r != 0 {
         return u64::MAX; // makes every lease look expired: fail safe
     }
@@ -374,10 +373,6 @@ impl Membership {
         }
     }
 
-    fn now_ms(&self) -> u64 {
-        boottime_ms()
-    }
-
     fn spawn_renewer(m: &Arc<Self>) -> Result<()> {
         let weak = Arc::downgrade(m);
         let interval = m.timing.interval;
@@ -397,7 +392,7 @@ impl Membership {
 
     /// One renewal; fences on a foreign image or when the lease ran out.
     fn renew_once(&self) {
-        let started = self.now_ms();
+        let started = boottime_ms();
         if !self.lease_valid() {
             self.fence(format!(
                 "could not renew the heartbeat for {} ms (fail time {} ms)",
@@ -440,8 +435,7 @@ impl Membership {
             self.fence(format!(
                 "the heartbeat lease ran out while renewing it ({} ms since the last renewal, \
                  fail time {} ms)",
-                self.now_ms()
-                    .saturating_sub(self.last_ok_ms.load(Ordering::Acquire)),
+                boottime_ms().saturating_sub(self.last_ok_ms.load(Ordering::Acquire)),
                 self.timing.fail_time().as_millis()
             ));
             return;
@@ -492,9 +486,7 @@ impl Membership {
         if self.fenced.load(Ordering::Acquire) {
             return false;
         }
-        let age = self
-            .now_ms()
-            .saturating_sub(self.last_ok_ms.load(Ordering::Acquire));
+        let age = boottime_ms().saturating_sub(self.last_ok_ms.load(Ordering::Acquire));
         u128::from(age) < self.timing.fail_time().as_millis()
     }
 
@@ -835,7 +827,7 @@ mod tests {
         let before = read_slot(&*dev, &sb, m.slot).unwrap();
         let writes = dev.writes.load(Ordering::SeqCst);
         // Refresh the lease, then let the re-read take longer than the whole fail time.
-        m.last_ok_ms.store(m.now_ms(), Ordering::Release);
+        m.last_ok_ms.store(boottime_ms(), Ordering::Release);
         dev.faults.latency_us.store(250_000, Ordering::SeqCst);
         m.renew_once();
         dev.faults.latency_us.store(0, Ordering::SeqCst);

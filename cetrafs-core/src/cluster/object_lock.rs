@@ -1,6 +1,6 @@
 //! Per-object cluster locks, cached at the holder (issue 9 points 1, 2 and 5). On format v3
 //! volumes mkfs places the area (`Superblock::object_lock_area`) and the filesystem uses inode
-//! locks for its data path (fs/inode_lock.rs); metadata changes still take the one global lock
+//! locks for its data path (`fs/inode_lock.rs`); metadata changes still take the one global lock
 //! of `cluster/lock.rs` as well.
 //!
 //! # Objects
@@ -441,7 +441,7 @@ fn compatible(e: &Entry, me: Me, mode: LockMode) -> bool {
 
 impl ObjectLocks {
     /// The area must lie inside the device, on logical-block boundaries, without overlap;
-    /// `handoff_grace` (2 × io_timeout in production) bounds the wait for a named `next`.
+    /// `handoff_grace` (2 × `io_timeout` in production) bounds the wait for a named `next`.
     pub fn new(dev: SharedDevice, area: ObjectLockArea, handoff_grace: Duration) -> Result<Self> {
         let geo = dev.geometry();
         let lbs = geo.lbs();
@@ -853,7 +853,7 @@ impl ObjectLocks {
     }
 
     /// Exclusive → shared, naming the first shared waiter after me as `next`. Err
-    /// (InvalidInput) if I do not hold `obj` exclusively.
+    /// (`InvalidInput`) if I do not hold `obj` exclusively.
     pub fn downgrade(&self, me: Me, obj: ObjectId) -> Result<Grant> {
         check_slot(me.slot)?;
         let o = obj.raw();

@@ -1,6 +1,6 @@
 //! Heartbeat timing, derived from the two parameters mkfs stores in the superblock (and every
 //! node republishes in its own heartbeat): the renewal interval and the I/O timeout.
-//! Numbers follow the design lessons (sanlock's 8 × io_timeout, VMFS's multi-second ATS stalls):
+//! Numbers follow the design lessons (sanlock's 8 × `io_timeout`, VMFS's multi-second ATS stalls):
 //! production defaults 2 s / 8 s give fail 64 s and dead 84 s; with `mkfs.cetra
 //! --heartbeat-interval 100 --io-timeout 500` (fast test volumes) they are 4 s and 5.2 s.
 
@@ -26,7 +26,7 @@ impl Timing {
     }
 
     /// Others consider a node dead once its heartbeat has not changed for this long. The margin
-    /// over fail_time covers writes the node issued just before it fenced (I/O cannot be
+    /// over `fail_time` covers writes the node issued just before it fenced (I/O cannot be
     /// cancelled, so they may still land) and one missed observation.
     pub fn dead_time(&self) -> Duration {
         self.fail_time() + self.io_timeout * 2 + self.interval * 2

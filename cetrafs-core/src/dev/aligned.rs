@@ -1,4 +1,4 @@
-//! A heap buffer aligned for O_DIRECT (address, and therefore every block inside it).
+//! A heap buffer aligned for `O_DIRECT` (address, and therefore every block inside it).
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::ops::{Deref, DerefMut};
@@ -19,7 +19,7 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes (rounded up to a multiple of IO_ALIGN, at least one).
+    /// A zeroed buffer of `len` bytes (rounded up to a multiple of `IO_ALIGN`, at least one).
     pub fn new(len: usize) -> Self {
         let cap = len.div_ceil(IO_ALIGN).max(1) * IO_ALIGN;
         let layout = Layout::from_size_align(cap, IO_ALIGN).expect("buffer size overflows isize");

@@ -1,6 +1,6 @@
-//! A regular file or a block device opened with O_DIRECT: the embedded default LUN.
+//! A regular file or a block device opened with `O_DIRECT`: the embedded default LUN.
 //!
-//! compare_and_write is emulated by taking an OFD write lock (F_OFD_SETLKW) on the block's
+//! `compare_and_write` is emulated by taking an OFD write lock (`F_OFD_SETLKW`) on the block's
 //! byte range around read-compare-write. OFD locks exclude other *open file descriptions*, i.e.
 //! other processes (and other opens) **on this host only**; two machines sharing a LUN through
 //! this backend get no atomicity at all. An in-process stripe of mutexes covers threads that
@@ -29,7 +29,7 @@ pub struct FileDeviceOptions {
     pub read_only: bool,
     /// Logical block size to present for a regular file (block devices report their own).
     pub file_logical_block_size: u32,
-    /// Open with O_DIRECT (true in production; tests on tmpfs may need false).
+    /// Open with `O_DIRECT` (true in production; tests on tmpfs may need false).
     pub direct: bool,
 }
 
@@ -83,9 +83,9 @@ impl FileDevice {
             let mut pbs: libc::c_uint = 0;
             // SAFETY: fd is an open block device and the out-pointers are valid for the ioctl.
             unsafe {
-                blk_getsize64(fd, &mut size).map_err(|e| Error::io(ctx(), e.into()))?;
-                blk_sszget(fd, &mut lbs).map_err(|e| Error::io(ctx(), e.into()))?;
-                blk_pbszget(fd, &mut pbs).map_err(|e| Error::io(ctx(), e.into()))?;
+                blk_getsize64(fd, &raw mut size).map_err(|e| Error::io(ctx(), e.into()))?;
+                blk_sszget(fd, &raw mut lbs).map_err(|e| Error::io(ctx(), e.into()))?;
+                blk_pbszget(fd, &raw mut pbs).map_err(|e| Error::io(ctx(), e.into()))?;
             }
             let rdev = meta.rdev();
             let lbs = u32::try_from(lbs).unwrap_or(512);
@@ -160,8 +160,8 @@ impl FileDevice {
     }
 }
 
-/// O_DIRECT needs the buffer address aligned to the logical block size; our callers pass
-/// AlignedBuf (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
+/// `O_DIRECT` needs the buffer address aligned to the logical block size; our callers pass
+/// `AlignedBuf` (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
 fn aligned(buf: &[u8], lbs: u32) -> bool {
     (buf.as_ptr() as usize).is_multiple_of((lbs as usize).min(IO_ALIGN))
 }
@@ -254,7 +254,7 @@ impl BlockDevice for FileDevice {
         if self.is_block {
             let range = [offset, len];
             // SAFETY: valid fd, pointer to a [u64; 2] as BLKDISCARD expects.
-            let r = unsafe { blk_discard(self.file.as_raw_fd(), &range) };
+            let r = unsafe { blk_discard(self.file.as_raw_fd(), &raw const range) };
             // Devices without discard support simply keep the data: discard is a hint.
             if let Err(e) = r {
                 tracing::debug!("BLKDISCARD on {} failed: {e}", self.path.display());

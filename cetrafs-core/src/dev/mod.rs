@@ -1,7 +1,7 @@
 //! The shared-LUN seam. Everything above this module sees a [`BlockDevice`]: whole logical
 //! blocks read and written at byte offsets, a one-block COMPARE AND WRITE, a flush barrier,
-//! discard, and geometry. Backends: [`file::FileDevice`] (regular file or block device, O_DIRECT,
-//! host-local CAW emulation) and [`mem::MemDevice`] (unit tests, fault injection). The SG_IO
+//! discard, and geometry. Backends: [`file::FileDevice`] (regular file or block device, `O_DIRECT`,
+//! host-local CAW emulation) and [`mem::MemDevice`] (unit tests, fault injection). The `SG_IO`
 //! backend plugs in here too; its CAW is one logical block, which is all this trait asks for.
 
 pub mod aligned;
@@ -30,11 +30,11 @@ pub enum CawKind {
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Geometry {
-    /// Unit of addressing and of compare_and_write: 512 or 4096.
+    /// Unit of addressing and of `compare_and_write`: 512 or 4096.
     pub logical_block_size: u32,
-    /// Preferred alignment of I/O (the physical block), >= logical_block_size.
+    /// Preferred alignment of I/O (the physical block), >= `logical_block_size`.
     pub physical_block_size: u32,
-    /// Usable size in bytes (a multiple of logical_block_size).
+    /// Usable size in bytes (a multiple of `logical_block_size`).
     pub size_bytes: u64,
     /// A stable identity of the LUN (path-independent where the backend can tell).
     pub identity: String,
@@ -47,7 +47,7 @@ impl Geometry {
     }
 }
 
-/// Result of a compare_and_write that reached the device.
+/// Result of a `compare_and_write` that reached the device.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CawOutcome {
     /// The block matched `expected` and now holds `new`.

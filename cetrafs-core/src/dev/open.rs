@@ -2,7 +2,7 @@
 //! turn a device name into a [`SharedDevice`].
 //!
 //! * A SCSI LUN — `/dev/sdX`, a whole-device dm-multipath map, `/dev/disk/by-id/…` links to
-//!   either, or `/dev/sgN` — is driven through SG_IO ([`SgDevice`]): its COMPARE AND WRITE is
+//!   either, or `/dev/sgN` — is driven through `SG_IO` ([`SgDevice`]): its COMPARE AND WRITE is
 //!   executed by the target and therefore atomic across hosts ([`CawKind::Scsi`]). Before
 //!   that, [`is_whole_lun`] must accept the path: SCSI commands carry absolute LUN addresses, so
 //!   a partition, an LVM LV or any other device-mapper device is refused.
@@ -10,17 +10,17 @@
 //!   [`FileDevice`] whose COMPARE AND WRITE is emulated with host-local locks: such a volume is
 //!   **single-host**.
 //!
-//! Data path of a SCSI LUN. [`SgDevice`] issues every READ/WRITE as one synchronous SG_IO
+//! Data path of a SCSI LUN. [`SgDevice`] issues every READ/WRITE as one synchronous `SG_IO`
 //! ioctl per chunk of at most the path's transfer limit: functionally fine, but it bypasses
 //! the block layer, so on a dm-multipath map each command goes to whichever path dm picked
 //! for the ioctl and is not retried on another path by dm-multipath, and the block layer's
 //! request merging and queueing are lost. So for a *block* node (`/dev/sdX`, multipath map)
-//! the data path (read, write, flush, discard) goes through a plain O_DIRECT descriptor of the
+//! the data path (read, write, flush, discard) goes through a plain `O_DIRECT` descriptor of the
 //! same node ([`FileDevice`]), and only COMPARE AND WRITE (heartbeats, locks, the probe) goes
-//! through SG_IO; geometry and identity come from the SCSI side (READ CAPACITY(16), VPD 0x83).
+//! through `SG_IO`; geometry and identity come from the SCSI side (READ CAPACITY(16), VPD 0x83).
 //! Both descriptors address the same LUN, and callers wait for a write to complete before
 //! they issue a COMPARE AND WRITE that depends on it, so no ordering is lost between them.
-//! A `/dev/sgN` node has no block interface: everything goes through SG_IO there.
+//! A `/dev/sgN` node has no block interface: everything goes through `SG_IO` there.
 
 use super::file::{FileDevice, FileDeviceOptions};
 use super::sg::{is_whole_lun, CawProbe, SgDevice, SgDeviceOptions, WholeLun};
@@ -40,26 +40,26 @@ pub struct LunOptions {
     /// backup in the last fs block) records, 512 when neither decodes. Ignored for devices,
     /// which report their own.
     pub file_logical_block_size: Option<u32>,
-    /// A regular file on a filesystem without O_DIRECT (tmpfs) is opened buffered instead of
+    /// A regular file on a filesystem without `O_DIRECT` (tmpfs) is opened buffered instead of
     /// failing. Callers that flush at every ordering point (mkfs, fsck) may allow this.
     pub buffered_file_fallback: bool,
-    /// SG_IO options for SCSI LUNs (`read_only` is taken from above).
+    /// `SG_IO` options for SCSI LUNs (`read_only` is taken from above).
     pub sg: SgDeviceOptions,
 }
 
 /// Where the data I/O of a SCSI LUN goes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum DataPath {
-    /// O_DIRECT on the block node; SG_IO only for COMPARE AND WRITE.
+    /// `O_DIRECT` on the block node; `SG_IO` only for COMPARE AND WRITE.
     BlockDirect,
-    /// Everything through SG_IO (`/dev/sgN`).
+    /// Everything through `SG_IO` (`/dev/sgN`).
     SgIo,
 }
 
 /// What [`open_lun`] found at the path.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum LunKind {
-    /// A whole SCSI LUN driven through SG_IO: multi-node capable once
+    /// A whole SCSI LUN driven through `SG_IO`: multi-node capable once
     /// [`Lun::check_sharing`] has verified COMPARE AND WRITE.
     Scsi {
         node: WholeLun,
@@ -141,7 +141,7 @@ impl Lun {
         &self.path
     }
 
-    /// The SG_IO handle of a SCSI LUN.
+    /// The `SG_IO` handle of a SCSI LUN.
     pub fn scsi(&self) -> Option<&SgDevice> {
         self.scsi.as_deref()
     }
@@ -258,7 +258,7 @@ fn file_opts(opts: &LunOptions, lbs: u32, direct: bool) -> FileDeviceOptions {
     }
 }
 
-/// A regular file: O_DIRECT (buffered if allowed and needed), logical block size as asked or
+/// A regular file: `O_DIRECT` (buffered if allowed and needed), logical block size as asked or
 /// as the superblock records.
 fn open_file(path: &Path, opts: &LunOptions) -> Result<FileDevice> {
     let first_lbs = opts.file_logical_block_size.unwrap_or(512);
@@ -294,7 +294,7 @@ fn superblock_lbs(dev: &dyn BlockDevice) -> Option<u32> {
     .map(|l| l.sb.logical_block_size)
 }
 
-/// A SCSI block node: data through O_DIRECT, COMPARE AND WRITE through SG_IO (module docs).
+/// A SCSI block node: data through `O_DIRECT`, COMPARE AND WRITE through `SG_IO` (module docs).
 #[derive(Debug)]
 struct ScsiLun {
     sg: Arc<SgDevice>,

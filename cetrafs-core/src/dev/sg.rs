@@ -1,5 +1,5 @@
-//! A SCSI LUN driven through the SG_IO ioctl: `/dev/sdX`, `/dev/sgN`, or a whole-device
-//! dm-multipath map (dm passes SG_IO to the current path when the map covers the whole LUN).
+//! A SCSI LUN driven through the `SG_IO` ioctl: `/dev/sdX`, `/dev/sgN`, or a whole-device
+//! dm-multipath map (dm passes `SG_IO` to the current path when the map covers the whole LUN).
 //!
 //! This is the backend whose COMPARE AND WRITE is atomic across hosts ([`CawKind::Scsi`]): the
 //! target executes compare-then-write as one command. Data goes through READ(16)/WRITE(16)
@@ -38,7 +38,7 @@ pub struct SgDeviceOptions {
     pub read_only: bool,
     /// Timeout of READ/WRITE/SYNCHRONIZE CACHE/UNMAP/INQUIRY.
     pub data_timeout: Duration,
-    /// Timeout of COMPARE AND WRITE: the lock layer's I/O deadline (T_io), much shorter than
+    /// Timeout of COMPARE AND WRITE: the lock layer's I/O deadline (`T_io`), much shorter than
     /// the data timeout so a stalled path is noticed before leases expire.
     pub io_timeout: Duration,
     /// Upper bound of one READ/WRITE command; further limited by the path's
@@ -96,7 +96,7 @@ impl DataBuf<'_> {
     }
 }
 
-/// The raw result of one SG_IO call.
+/// The raw result of one `SG_IO` call.
 #[derive(Debug, Clone)]
 pub struct CommandResult {
     pub completion: Completion,
@@ -148,7 +148,7 @@ fn ms(d: Duration) -> u32 {
 
 impl SgDevice {
     /// Open a SCSI LUN. Fails with `Unsupported` (and the ioctl's errno as source, ENOTTY or
-    /// EINVAL) when `path` does not accept SG_IO, so callers can fall back to
+    /// EINVAL) when `path` does not accept `SG_IO`, so callers can fall back to
     /// [`super::file::FileDevice`].
     pub fn open(path: &Path, opts: &SgDeviceOptions) -> Result<Self> {
         let file = OpenOptions::new()
@@ -345,7 +345,7 @@ impl SgDevice {
         &self.stats
     }
 
-    /// One SG_IO call, no retries, no classification: for diagnostics and conformance tests.
+    /// One `SG_IO` call, no retries, no classification: for diagnostics and conformance tests.
     /// `Err` only when the ioctl itself failed.
     pub fn execute(
         &self,
@@ -379,7 +379,7 @@ impl SgDevice {
         // SAFETY: the header points at `cdb`, at `data` (valid for `len` bytes, writable when the
         // direction is FROM_DEV because it came from a `&mut [u8]`) and at `sense`; all three
         // outlive this synchronous ioctl, which returns only when the command has completed.
-        let r = unsafe { sgio::sg_io(self.file.as_raw_fd(), &mut hdr) };
+        let r = unsafe { sgio::sg_io(self.file.as_raw_fd(), &raw mut hdr) };
         if let Err(errno) = r {
             return Err(ScsiFailure::from_errno(cmd, errno as i32));
         }
@@ -529,6 +529,8 @@ impl SgDevice {
     /// Rejection by the target gives `Unsupported` "LUN ... does not support COMPARE AND
     /// WRITE (...)", whatever VPD 0xB0 advertises (targets exist that advertise it and reject it).
     pub fn probe_caw(&self, scratch_lba: u64) -> Result<CawProbe> {
+        /// Whole-probe attempts when other nodes probe the same block (the retry loop below).
+        const ATTEMPTS: u32 = 6;
         self.check_writable("COMPARE AND WRITE probe")?;
         let lbs = self.geo.logical_block_size as usize;
         let vpd_max = self
@@ -564,7 +566,6 @@ impl SgDevice {
         // Several nodes mounting at once probe the same block: an image that is neither ours
         // nor our garbage image is another prober's, and the whole probe is retried after a
         // random pause. A target that is really broken fails every attempt the same way.
-        const ATTEMPTS: u32 = 6;
         let mut last = String::new();
         for attempt in 0..ATTEMPTS {
             if attempt > 0 {
@@ -666,7 +667,7 @@ impl SgDevice {
         match self.caw_once(scratch_lba, &marked, &orig) {
             Ok(CawOutcome::Written) => {}
             Ok(CawOutcome::Miscompare) => {
-                tracing::warn!("{who}: scratch LBA {scratch_lba} changed during the CAW probe")
+                tracing::warn!("{who}: scratch LBA {scratch_lba} changed during the CAW probe");
             }
             Err(Ok(f)) => {
                 return Err(f.into_error(format!(
@@ -935,7 +936,7 @@ pub enum WholeLun {
         dm_uuid: String,
         paths: Vec<String>,
     },
-    /// A whole block device that is not SCSI (loop, NVMe, virtio-blk): no SG_IO, use the file
+    /// A whole block device that is not SCSI (loop, NVMe, virtio-blk): no `SG_IO`, use the file
     /// backend (which gives only host-local CAW).
     OtherDisk { name: String },
     /// A regular file: the file backend.
@@ -1201,7 +1202,7 @@ mod tests {
             symlink(&real, self.root().join("dev").join(kind).join(majmin)).unwrap();
             real
         }
-        fn write(&self, p: &Path, s: &str) {
+        fn write(p: &Path, s: &str) {
             std::fs::create_dir_all(p.parent().unwrap()).unwrap();
             std::fs::write(p, s).unwrap();
         }
@@ -1222,7 +1223,7 @@ mod tests {
         std::fs::create_dir_all(disk.join("device/scsi_disk")).unwrap();
         let part = disk.join("sdb1");
         std::fs::create_dir_all(&part).unwrap();
-        sys.write(&part.join("partition"), "1\n");
+        FakeSys::write(&part.join("partition"), "1\n");
         assert_eq!(
             classify_fake(&sys, &disk).unwrap(),
             WholeLun::ScsiDisk { name: "sdb".into() }
@@ -1242,8 +1243,8 @@ mod tests {
         symlink(&sdb, sys.root().join("class/block/sdb")).unwrap();
         symlink(&sdc, sys.root().join("class/block/sdc")).unwrap();
         let dm = sys.add("block", "253:0", "virtual/block/dm-0");
-        sys.write(&dm.join("dm/uuid"), "mpath-36001405aaaa\n");
-        sys.write(&dm.join("dm/name"), "mpatha\n");
+        FakeSys::write(&dm.join("dm/uuid"), "mpath-36001405aaaa\n");
+        FakeSys::write(&dm.join("dm/name"), "mpatha\n");
         std::fs::create_dir_all(dm.join("slaves/sdc")).unwrap();
         std::fs::create_dir_all(dm.join("slaves/sdb")).unwrap();
         match classify_fake(&sys, &dm).unwrap() {
@@ -1260,19 +1261,19 @@ mod tests {
             other => panic!("{other:?}"),
         }
         // the same map over a partition is refused
-        sys.write(&sdc.join("partition"), "2\n");
+        FakeSys::write(&sdc.join("partition"), "2\n");
         let e = classify_fake(&sys, &dm).unwrap_err();
         assert!(e.to_string().contains("over a partition (sdc)"), "{e}");
 
         let lv = sys.add("block", "253:1", "virtual/block/dm-1");
-        sys.write(&lv.join("dm/uuid"), "LVM-Xyz\n");
-        sys.write(&lv.join("dm/name"), "pve-data\n");
+        FakeSys::write(&lv.join("dm/uuid"), "LVM-Xyz\n");
+        FakeSys::write(&lv.join("dm/name"), "pve-data\n");
         let e = classify_fake(&sys, &lv).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::InvalidInput);
         assert!(e.to_string().contains("LVM logical volume"), "{e}");
 
         let kp = sys.add("block", "253:2", "virtual/block/dm-2");
-        sys.write(&kp.join("dm/uuid"), "part1-mpath-36001405aaaa\n");
+        FakeSys::write(&kp.join("dm/uuid"), "part1-mpath-36001405aaaa\n");
         assert!(classify_fake(&sys, &kp)
             .unwrap_err()
             .to_string()
@@ -1303,8 +1304,8 @@ mod tests {
         assert!(real.components().any(|c| c.as_os_str() == "scsi_generic"));
     }
 
-    /// SG_IO on something that is not a SCSI device must fail cleanly with Unsupported and the
-    /// errno (ENOTTY, or EINVAL from some drivers), so callers can fall back to FileDevice.
+    /// `SG_IO` on something that is not a SCSI device must fail cleanly with Unsupported and the
+    /// errno (ENOTTY, or EINVAL from some drivers), so callers can fall back to `FileDevice`.
     fn assert_not_scsi(path: &Path) {
         let e = SgDevice::open(path, &SgDeviceOptions::default()).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported, "{e}");

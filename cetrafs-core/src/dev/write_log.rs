@@ -7,15 +7,15 @@
 //!
 //! * The timestamp is taken immediately **before** the write is issued (issue time), so a write
 //!   that was already inside the kernel when the process was SIGSTOPped is logged with a time
-//!   before the stop, and a write issued after SIGCONT has a time after the resume. CLOCK_REALTIME
+//!   before the stop, and a write issued after SIGCONT has a time after the resume. `CLOCK_REALTIME`
 //!   is used because the observer (the test) is another process.
-//! * A line is appended only for a write that succeeded, and for a compare_and_write only when it
+//! * A line is appended only for a write that succeeded, and for a `compare_and_write` only when it
 //!   wrote (`Written`); miscompares and failed writes write nothing to the device.
 //! * The pid is the writing process's (`getpid`), read at every write, so the log stays right
 //!   across a fork.
 //!
 //! The daemon installs it when `CETRA_WRITE_LOG` names a file (opened in append mode; several
-//! processes may share one log, each line is one `write(2)` of an O_APPEND file).
+//! processes may share one log, each line is one `write(2)` of an `O_APPEND` file).
 //!
 //! A write whose line cannot be appended is reported as failed: the log is evidence for a test,
 //! and a silently missing line could hide a write after fencing.
@@ -56,7 +56,7 @@ impl WriteKind {
 /// One parsed line of a write log.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteLogLine {
-    /// CLOCK_REALTIME nanoseconds at issue time.
+    /// `CLOCK_REALTIME` nanoseconds at issue time.
     pub time_ns: u128,
     pub pid: u32,
     pub kind: WriteKind,
@@ -90,7 +90,7 @@ impl WriteLogLine {
     }
 }
 
-/// CLOCK_REALTIME in nanoseconds since the epoch.
+/// `CLOCK_REALTIME` in nanoseconds since the epoch.
 pub fn realtime_ns() -> u128 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)

@@ -1,7 +1,7 @@
 //! Allocation group ("resource group") header and bitmap blocks.
 //!
 //! A group is `group_blocks` consecutive fs blocks: block 0 is the header, blocks
-//! 1..=bitmap_blocks hold the free-space bitmap (bit set = block in use) covering every block of
+//! `1..=bitmap_blocks` hold the free-space bitmap (bit set = block in use) covering every block of
 //! the group (its own header and bitmap blocks are marked used at mkfs), the rest hold inodes,
 //! tree nodes and file data. Groups are the unit a node takes ownership of for allocation in
 //! multi-node operation, so each has its own free count.

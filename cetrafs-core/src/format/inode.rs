@@ -30,11 +30,11 @@ pub const INLINE_OFF: usize = 256;
 pub const INLINE_CAP: usize = FS_BLOCK_SIZE - INLINE_OFF;
 pub const INLINE_EXTENT_SIZE: usize = 24;
 pub const INLINE_EXTENTS_MAX: usize = INLINE_CAP / INLINE_EXTENT_SIZE;
-/// Longest symlink target on a v2 volume: Linux's PATH_MAX - 1 (inline part + overflow block).
+/// Longest symlink target on a v2 volume: Linux's `PATH_MAX` - 1 (inline part + overflow block).
 pub const SYMLINK_MAX: usize = 4095;
 
 /// Inode flags. The low bits mirror Linux FS_*_FL where a counterpart exists, so
-/// FS_IOC_GETFLAGS/SETFLAGS can pass them through.
+/// `FS_IOC_GETFLAGS`/`SETFLAGS` can pass them through.
 pub mod flags {
     pub const IMMUTABLE: u32 = 0x10; // FS_IMMUTABLE_FL
     pub const APPEND: u32 = 0x20; // FS_APPEND_FL
@@ -77,7 +77,7 @@ pub struct Inode {
     pub overflow_block: u64,
     /// Symlink target, or its first `INLINE_CAP` bytes when `overflow_block` holds the rest.
     pub inline_data: Vec<u8>,
-    /// Extents stored inline (files with INLINE_EXTENTS).
+    /// Extents stored inline (files with `INLINE_EXTENTS`).
     pub inline_extents: Vec<Extent>,
 }
 

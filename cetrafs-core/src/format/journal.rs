@@ -7,13 +7,13 @@
 //! block d+1 .. d+n    the logged blocks, byte-for-byte images of their home blocks
 //! block d+n+1         commit block: crc32c over descriptors and images
 //! ```
-//! Descriptor (after the 40-byte block header; type JournalRecord, owner = tx sequence):
+//! Descriptor (after the 40-byte block header; type `JournalRecord`, owner = tx sequence):
 //! ```text
 //! 40 u32 kind (1 = descriptor)   44 u32 index of this descriptor   48 u32 descriptor count (d)
 //! 52 u32 logged block count (n)  56 u32 entries in this descriptor 60 u32 reserved
 //! 64 u64 home block numbers ...  (504 per descriptor)
 //! ```
-//! Commit (type JournalRecord, owner = tx sequence):
+//! Commit (type `JournalRecord`, owner = tx sequence):
 //! ```text
 //! 40 u32 kind (2 = commit)  44 u32 d  48 u32 n  52 u32 crc32c(descriptors ++ images)
 //! ```

@@ -89,7 +89,7 @@ const LVB_VALID: usize = 8;
 pub enum LockKind {
     /// Record 0: the global metadata lock.
     Global,
-    /// Records 1..=group_count: allocation-group ownership.
+    /// Records `1..=group_count`: allocation-group ownership.
     Group,
     /// The last `inode_lock_slots` records: open-file registrations hashed by inode.
     OpenBucket,
@@ -216,7 +216,7 @@ pub struct LockRecord {
     pub waiters: SlotSet,
     /// Kinds Global and Group only.
     pub lvb: [u8; LVB_LEN],
-    /// Kind OpenBucket only; at most [`BUCKET_ENTRIES`].
+    /// Kind `OpenBucket` only; at most [`BUCKET_ENTRIES`].
     pub entries: Vec<OpenEntry>,
 }
 

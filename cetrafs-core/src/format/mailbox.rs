@@ -107,7 +107,7 @@ impl Mailbox {
         }
     }
 
-    /// Exactly `lbs` bytes, requests in ascending (object, slot) order. Err (InvalidInput) if
+    /// Exactly `lbs` bytes, requests in ascending (object, slot) order. Err (`InvalidInput`) if
     /// the requests do not fit, two share an (object, slot), or a slot is out of range.
     pub fn encode(&self, lbs: usize) -> Result<Vec<u8>> {
         if (lbs != 512 && lbs != 4096) || self.requests.len() > capacity(lbs) {

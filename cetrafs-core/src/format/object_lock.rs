@@ -197,7 +197,7 @@ impl Bucket {
     /// Does the bucket encode into one block of `lbs` bytes (space, entry and mention counts)?
     pub fn fits(&self, lbs: usize) -> bool {
         self.bytes() + 4 <= lbs
-            && self.entries.len() <= usize::from(u16::MAX)
+            && u16::try_from(self.entries.len()).is_ok()
             && self
                 .entries
                 .iter()
@@ -213,7 +213,7 @@ impl Bucket {
     }
 
     /// Exactly `lbs` bytes, entries by ascending object id and mentions by ascending slot.
-    /// Err (InvalidInput) if the bucket does not [`fit`](Self::fits) or names a slot outside
+    /// Err (`InvalidInput`) if the bucket does not [`fit`](Self::fits) or names a slot outside
     /// 0..1024; nothing is encoded then.
     pub fn encode(&self, lbs: usize) -> Result<Vec<u8>> {
         if !self.fits(lbs) || (lbs != 512 && lbs != 4096) {

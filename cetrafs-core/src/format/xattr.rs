@@ -6,7 +6,7 @@
 //!   one block): at most 4048 bytes of entries, value lengths are u16.
 //! * **v2** (`INCOMPAT_OVERFLOW`): values up to 64 KiB (`XATTR_SIZE_MAX`, u32 lengths), and a
 //!   set larger than the head continues in up to [`MAX_MORE`] overflow blocks
-//!   (`format/overflow.rs`, role XattrSet) whose numbers the head lists. A set that fits one
+//!   (`format/overflow.rs`, role `XattrSet`) whose numbers the head lists. A set that fits one
 //!   block (ACLs, a few small attributes: the common case) is still one block, one read.
 //!
 //! ```text
@@ -34,9 +34,9 @@ pub const XATTR_HDR: usize = 48;
 pub const XATTR_CAP: usize = FS_BLOCK_SIZE - XATTR_HDR;
 /// Most overflow blocks one set may have (v2): 32 blocks in all.
 pub const MAX_MORE: usize = 31;
-/// Linux's XATTR_SIZE_MAX: the largest value (v2).
+/// Linux's `XATTR_SIZE_MAX`: the largest value (v2).
 pub const XATTR_SIZE_MAX: usize = 65536;
-/// Linux's XATTR_LIST_MAX: the largest listxattr reply (names, each NUL-terminated).
+/// Linux's `XATTR_LIST_MAX`: the largest listxattr reply (names, each NUL-terminated).
 pub const XATTR_LIST_MAX: usize = 65536;
 const PTR: usize = 8;
 

@@ -129,7 +129,7 @@ pub(super) fn store_xattrs(
     tx: &mut Tx<'_>,
     sb: &Superblock,
     inode: &mut Inode,
-    set: XattrSet,
+    set: &XattrSet,
 ) -> Result<()> {
     let ino = inode.ino;
     let layout = Layout::of(sb);
@@ -392,7 +392,7 @@ mod tests {
         v.setxattr(f.ino, b"user.big", &big, true, false).unwrap();
         assert_eq!(v.getxattr(f.ino, b"user.big").unwrap(), big);
         let e = v
-            .setxattr(f.ino, b"user.bigger", &[0; 65537], false, false)
+            .setxattr(f.ino, b"user.bigger", &vec![0; 65537], false, false)
             .unwrap_err();
         assert_eq!((e.kind(), e.errno()), (ErrorKind::TooBig, libc::E2BIG));
         // Several values that together exceed a block, and the common small ones.
@@ -470,7 +470,7 @@ mod tests {
         let mut n = 0;
         let e = loop {
             let name = format!("user.{n}");
-            match v.setxattr(r, name.as_bytes(), &[7; 60_000], false, false) {
+            match v.setxattr(r, name.as_bytes(), &vec![7; 60_000], false, false) {
                 Ok(()) => n += 1,
                 Err(e) => break e,
             }
@@ -642,7 +642,7 @@ mod tests {
         v2.unmount().unwrap();
     }
 
-    /// A volume of format version 1 (no INCOMPAT_OVERFLOW) mounts and keeps v1 limits and
+    /// A volume of format version 1 (no `INCOMPAT_OVERFLOW`) mounts and keeps v1 limits and
     /// encodings, so a v1 binary can still use it.
     #[test]
     fn version_1_volume_keeps_its_limits() {

@@ -154,16 +154,15 @@ impl BlockCache {
             self.invalidate(block);
             return;
         }
-        let s = match self.index.get(&block) {
-            Some(&s) => s,
-            None => {
-                let Some(s) = self.take_slot() else {
-                    return; // a budget of zero
-                };
-                self.slots[s as usize] = Slot { block, hot: false };
-                self.index.insert(block, s);
-                s
-            }
+        let s = if let Some(&s) = self.index.get(&block) {
+            s
+        } else {
+            let Some(s) = self.take_slot() else {
+                return; // a budget of zero
+            };
+            self.slots[s as usize] = Slot { block, hot: false };
+            self.index.insert(block, s);
+            s
         };
         self.image_mut(s).copy_from_slice(data);
     }

@@ -395,12 +395,11 @@ impl<'t, 'a> Tree<'t, 'a> {
 
     /// A node for a split, from the blocks [`Tree::insert`] allocated beforehand.
     fn split_node(&mut self, level: u16) -> Result<TreeNode> {
-        let mut n = match self.spare.pop() {
-            Some(n) => n,
-            None => {
-                debug_assert!(false, "a split that splits_needed did not count");
-                self.alloc_node(level, NodeEntries::Leaf(Vec::new()))?
-            }
+        let mut n = if let Some(n) = self.spare.pop() {
+            n
+        } else {
+            debug_assert!(false, "a split that splits_needed did not count");
+            self.alloc_node(level, NodeEntries::Leaf(Vec::new()))?
         };
         n.level = level;
         Ok(n)

@@ -221,7 +221,7 @@ pub(crate) struct Cluster {
     /// whose (slot, generation) is no longer in use is stale.
     live: Mutex<HashMap<u32, (SlotState, u64)>>,
     /// Per-inode locks for the data path (format v3 volumes; None on v2: the data path then
-    /// depends on the global lock). See fs/inode_lock.rs.
+    /// depends on the global lock). See `fs/inode_lock.rs`.
     pub ilocks: Option<InodeLocks>,
 }
 
@@ -454,6 +454,10 @@ impl Volume {
     /// block, mark every allocation group unchecked (each is revalidated by its header's
     /// change counter at its next use, alloc.rs), re-read the group owners and their published
     /// free counts, and make loaded inodes stale.
+    #[expect(
+        clippy::unnecessary_wraps,
+        reason = "infallible today; its caller still has a release-on-failure path to remove with it"
+    )]
     fn invalidate(&self, m: &mut Meta) -> Result<()> {
         m.drop_cache();
         m.groups().invalidate();
@@ -645,7 +649,7 @@ impl Volume {
     /// block map may be used without the metadata mutex. On a v2 volume that needs the global
     /// lock (the data gate, with the inode current at this node's epoch): a stale inode is
     /// reloaded under the lock when `wait`, else None ("take the metadata path"). On a v3
-    /// volume it needs the inode's own lock (fs/inode_lock.rs), taken and validated here with
+    /// volume it needs the inode's own lock (`fs/inode_lock.rs`), taken and validated here with
     /// no lock held; then the inode's read lock is taken **before** its gate, so a fast path
     /// that holds a gate never waits for the inode's write lock (a metadata operation holding
     /// it may be waiting for the handoff that drains that gate).
@@ -691,7 +695,7 @@ impl Volume {
     }
 
     /// Before inode `ino`'s block changes (caller: the global lock exclusive, the inode's
-    /// write lock): on a v3 volume, hold its inode lock exclusively (fs/inode_lock.rs rule 1).
+    /// write lock): on a v3 volume, hold its inode lock exclusively (`fs/inode_lock.rs` rule 1).
     pub(super) fn own_inode(&self, ino: u64) -> Result<()> {
         match &self.cl.ilocks {
             Some(il) => il.own(ino, &|| self.lock_abort()),
@@ -715,7 +719,7 @@ impl Volume {
 
     /// Reload a loaded inode that another node may have changed (caller holds the global lock
     /// through `tx`). An inode that is gone, or whose block now holds another inode, becomes a
-    /// tombstone and NotFound.
+    /// tombstone and `NotFound`.
     pub(super) fn refresh(&self, tx: &mut Tx<'_>, st: &InodeState) -> Result<()> {
         let epoch = self.cl.epoch.load(Ordering::Acquire);
         if st.epoch.load(Ordering::Acquire) == epoch {
@@ -945,7 +949,7 @@ impl Volume {
     }
 
     /// One mailbox tick (v3): requests for the global lock are handled as the keeper does
-    /// (and cleared once settled); the rest are inode-lock requests (fs/inode_lock.rs).
+    /// (and cleared once settled); the rest are inode-lock requests (`fs/inode_lock.rs`).
     fn mailbox_tick(&self, il: &InodeLocks) -> Result<GlobalAsk> {
         let me = self.cl.me;
         let reqs = il.object_locks().poll_mailbox(me)?;
@@ -958,12 +962,11 @@ impl Volume {
             reqs.into_iter().partition(|r| r.object == global);
         let mut ask = GlobalAsk::None;
         if !g.is_empty() {
-            ask = match self.keeper_tick() {
-                Some(again) => GlobalAsk::Pending(again),
-                None => {
-                    il.object_locks().clear_requests(me, &g)?;
-                    GlobalAsk::Settled
-                }
+            ask = if let Some(again) = self.keeper_tick() {
+                GlobalAsk::Pending(again)
+            } else {
+                il.object_locks().clear_requests(me, &g)?;
+                GlobalAsk::Settled
             };
         }
         if !rest.is_empty() {
@@ -974,7 +977,7 @@ impl Volume {
 
     /// The mailbox server (v3 volumes): reads this node's mailbox at the pace of
     /// [`PollPacer`] ([`MAILBOX_BUSY_POLL`] during a lock exchange, 40 ms otherwise) and hands over the inode
-    /// locks other nodes ask for (fs/inode_lock.rs).
+    /// locks other nodes ask for (`fs/inode_lock.rs`).
     pub(super) fn spawn_mailbox(vol: &Arc<Volume>) {
         if vol.cl.ilocks.is_none() {
             return;
@@ -1190,12 +1193,12 @@ mod tests {
         assert!(!w.over_at(t0 + ns(HOLD_IDLE) / 2, false), "just taken");
         assert_eq!(
             w.left_at(t0 + ns(HOLD_IDLE) / 2, false),
-            HOLD_IDLE - HOLD_IDLE / 2,
+            HOLD_IDLE / 2,
             "idle: over when the idle time is reached"
         );
         assert_eq!(
             w.left_at(t0 + ns(HOLD_IDLE) / 2, true),
-            HOLD_MIN - HOLD_IDLE / 2,
+            HOLD_MIN.saturating_sub(HOLD_IDLE / 2),
             "busy: over when the window ends"
         );
         assert!(w.over_at(t0 + ns(HOLD_IDLE), false), "idle for HOLD_IDLE");

@@ -133,7 +133,7 @@ enum Fill {
 }
 
 impl Volume {
-    pub(super) fn open_state(&self, st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
+    pub(super) fn open_state(st: Arc<InodeState>, writable: bool) -> Arc<OpenFile> {
         st.opens.fetch_add(1, Ordering::AcqRel);
         if writable {
             st.writers.fetch_add(1, Ordering::AcqRel);
@@ -145,12 +145,12 @@ impl Volume {
         })
     }
 
-    /// Open as a privileged caller (O_TRUNC keeps setuid/setgid bits); see [`Volume::open_by`].
+    /// Open as a privileged caller (`O_TRUNC` keeps setuid/setgid bits); see [`Volume::open_by`].
     pub fn open(&self, ino: Ino, writable: bool, truncate: bool) -> Result<Arc<OpenFile>> {
         self.open_by(ino, writable, truncate, &Caller::ROOT)
     }
 
-    /// Open `ino`; with `truncate` (O_TRUNC on a writable open) the file is emptied and, as
+    /// Open `ino`; with `truncate` (`O_TRUNC` on a writable open) the file is emptied and, as
     /// any truncate by `who`, loses the setuid/setgid bits [`suid`] says (even when already
     /// empty, as on a local filesystem).
     pub fn open_by(
@@ -192,7 +192,7 @@ impl Volume {
                 }
             }
         }
-        Ok(self.open_state(st, writable))
+        Ok(Self::open_state(st, writable))
     }
 
     pub fn release(&self, fh: &Arc<OpenFile>) -> Result<()> {
@@ -406,7 +406,7 @@ impl Volume {
                 (p0, p1) if tx.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
                 wide => wide,
             };
-            let plan = self.plan_write(&mut tx, &inner, p0, p1)?;
+            let plan = Self::plan_write(&mut tx, &inner, p0, p1)?;
             drop(inner);
             // Nothing to commit: the held blocks are in memory only.
             drop(tx);
@@ -478,13 +478,7 @@ impl Volume {
 
     /// Split file blocks [b0, b1) into segments by what backs them; holes get new blocks, held
     /// in the allocator until [`Volume::map_written`]. All or nothing.
-    fn plan_write(
-        &self,
-        tx: &mut Tx<'_>,
-        inner: &InodeInner,
-        b0: u64,
-        b1: u64,
-    ) -> Result<Vec<Seg>> {
+    fn plan_write(tx: &mut Tx<'_>, inner: &InodeInner, b0: u64, b1: u64) -> Result<Vec<Seg>> {
         let mut plan = Vec::new();
         let mut b = b0;
         while b < b1 {
@@ -568,23 +562,22 @@ impl Volume {
         // than the window's idle time is still busy.
         self.note_lock_use();
         let mine = take_slot(&slot);
-        let r = match mine {
-            Some(r) => r,
-            None => {
-                let batch = std::mem::take(
-                    &mut *self
-                        .to_map
-                        .lock()
-                        .unwrap_or_else(std::sync::PoisonError::into_inner),
-                );
-                self.map_batch(meta, batch);
-                take_slot(&slot).unwrap_or_else(|| {
-                    Err(crate::Error::new(
-                        crate::ErrorKind::Io,
-                        "an allocating write was not mapped",
-                    ))
-                })
-            }
+        let r = if let Some(r) = mine {
+            r
+        } else {
+            let batch = std::mem::take(
+                &mut *self
+                    .to_map
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            self.map_batch(meta, batch);
+            take_slot(&slot).unwrap_or_else(|| {
+                Err(crate::Error::new(
+                    crate::ErrorKind::Io,
+                    "an allocating write was not mapped",
+                ))
+            })
         };
         r.map(|()| 0)
     }
@@ -802,39 +795,36 @@ impl Volume {
         let fb1 = end.div_ceil(FS_BLOCK);
         let mut b = offset / FS_BLOCK;
         while b < fb1 {
-            match inner.extents.find(b) {
-                Some(e) => {
-                    let seg_end = fb1.min(e.end());
-                    let phys = e.physical + (b - e.logical);
-                    if e.unwritten() {
-                        self.write_segment(phys, b, seg_end, offset, data, Fill::Zero)?;
-                        inner.extents.set_unwritten(b, seg_end, false);
-                    } else {
-                        self.write_segment(phys, b, seg_end, offset, data, Fill::Existing)?;
-                    }
-                    b = seg_end;
+            if let Some(e) = inner.extents.find(b) {
+                let seg_end = fb1.min(e.end());
+                let phys = e.physical + (b - e.logical);
+                if e.unwritten() {
+                    self.write_segment(phys, b, seg_end, offset, data, Fill::Zero)?;
+                    inner.extents.set_unwritten(b, seg_end, false);
+                } else {
+                    self.write_segment(phys, b, seg_end, offset, data, Fill::Existing)?;
                 }
-                None => {
-                    let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
-                    let seg_end = fb1.min(next);
-                    let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-                    let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
-                    let mut lb = b;
-                    for (p, l) in runs {
-                        inner.inode.blocks += l;
-                        // Map only after the data is on the device.
-                        let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
-                        if let Err(e) = w {
-                            // Just allocated: its group is loaded, so this reads nothing.
-                            let _ = tx.free(p, l);
-                            inner.inode.blocks -= l;
-                            return Err(e);
-                        }
-                        inner.extents.insert(lb, p, l, false);
-                        lb += l;
+                b = seg_end;
+            } else {
+                let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
+                let seg_end = fb1.min(next);
+                let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
+                let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
+                let mut lb = b;
+                for (p, l) in runs {
+                    inner.inode.blocks += l;
+                    // Map only after the data is on the device.
+                    let w = self.write_segment(p, lb, lb + l, offset, data, Fill::Zero);
+                    if let Err(e) = w {
+                        // Just allocated: its group is loaded, so this reads nothing.
+                        let _ = tx.free(p, l);
+                        inner.inode.blocks -= l;
+                        return Err(e);
                     }
-                    b = seg_end;
+                    inner.extents.insert(lb, p, l, false);
+                    lb += l;
                 }
+                b = seg_end;
             }
         }
         Ok(())

@@ -81,8 +81,8 @@ fn dir_is_empty(tx: &mut Tx<'_>, dir: &Inode) -> Result<bool> {
     Tree::new(tx, dir.tree_root, dir.ino).is_empty()
 }
 
-/// A whiteout (overlayfs, RENAME_WHITEOUT): a character device with device number 0/0 and
-/// no permission bits, as the kernel's vfs_whiteout makes it.
+/// A whiteout (overlayfs, `RENAME_WHITEOUT)`: a character device with device number 0/0 and
+/// no permission bits, as the kernel's `vfs_whiteout` makes it.
 const WHITEOUT_MODE: u32 = libc::S_IFCHR;
 
 fn kind_of(inode: &Inode) -> FileKind {
@@ -284,7 +284,7 @@ impl Volume {
                         set.map.insert(name.to_vec(), v);
                     }
                 }
-                super::attrs::store_xattrs(tx, &self.sb, &mut inode, set)?;
+                super::attrs::store_xattrs(tx, &self.sb, &mut inode, &set)?;
             }
         }
         let st = Arc::new(super::InodeState::new(
@@ -328,7 +328,7 @@ impl Volume {
         })
     }
 
-    /// Regular files, fifos, sockets and device nodes (mode includes the S_IF* type).
+    /// Regular files, fifos, sockets and device nodes (mode includes the `S_IF*` type).
     pub fn mknod(
         &self,
         parent: Ino,
@@ -364,7 +364,7 @@ impl Volume {
         self.make(parent, name, libc::S_IFLNK | 0o777, 0, caller, target)
     }
 
-    /// Create and open a regular file in one step (O_CREAT); `excl` gives EEXIST if it exists.
+    /// Create and open a regular file in one step (`O_CREAT`); `excl` gives EEXIST if it exists.
     pub fn create(
         &self,
         parent: Ino,
@@ -389,7 +389,7 @@ impl Volume {
         match r {
             Ok((a, st)) => {
                 self.register_open(&st, true)?;
-                Ok((a, self.open_state(st, true)))
+                Ok((a, Self::open_state(st, true)))
             }
             Err(e) if e.kind() == ErrorKind::Exists && !excl => {
                 let a = self.lookup(parent, name)?;

@@ -1,5 +1,5 @@
 //! A file's extent map in memory (loaded whole when the inode is loaded: lookups on the data
-//! path are a BTreeMap search, O(log n), with no I/O) plus the list of changed keys, which
+//! path are a `BTreeMap` search, O(log n), with no I/O) plus the list of changed keys, which
 //! [`ExtentMap::persist`] applies to the on-disk form: inline in the inode while it fits
 //! (up to 160 extents), an extent B+tree beyond that.
 

@@ -1,5 +1,5 @@
-//! What in-memory structures really cost, for the caches' byte budgets (fs/inode_table.rs,
-//! fs/block_cache.rs): the allocator's rounding and headers, and the allocated capacity of
+//! What in-memory structures really cost, for the caches' byte budgets (`fs/inode_table.rs`,
+//! `fs/block_cache.rs)`: the allocator's rounding and headers, and the allocated capacity of
 //! hash maps and vectors rather than their length. A budget is only honest if what it charges
 //! is what the process holds; these are upper estimates of glibc's malloc, which the daemon
 //! uses:

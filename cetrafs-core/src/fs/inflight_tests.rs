@@ -301,7 +301,7 @@ fn a_failed_allocating_write_gives_its_blocks_back() {
     v.write(&fh, 0, &[0x55; 100]).unwrap();
     let free0 = v.statfs().unwrap().bfree;
     g.shut(0xA6, true);
-    let e = v.write(&fh, 1 << 20, &[0xA6; 65536]).unwrap_err();
+    let e = v.write(&fh, 1 << 20, &vec![0xA6; 65536]).unwrap_err();
     assert_eq!(e.kind(), ErrorKind::Io);
     assert_eq!(held(&v), 0);
     assert_eq!(free0, v.statfs().unwrap().bfree);
@@ -309,7 +309,7 @@ fn a_failed_allocating_write_gives_its_blocks_back() {
     assert_eq!(v.extents(f.ino).unwrap().len(), 1);
     // The space is usable again, and the volume is consistent.
     g.open();
-    v.write(&fh, 1 << 20, &[0xA6; 65536]).unwrap();
+    v.write(&fh, 1 << 20, &vec![0xA6; 65536]).unwrap();
     assert_eq!(read(&v, &fh, 1 << 20, 65536), vec![0xA6; 65536]);
     v.release(&fh).unwrap();
     check_clean(&v, &mem);
@@ -317,6 +317,7 @@ fn a_failed_allocating_write_gives_its_blocks_back() {
 
 #[test]
 fn many_concurrent_writers_into_a_sparse_file() {
+    const SPAN: u64 = 2 << 20;
     let (mem, _g, v) = gated();
     let root = v.root_ino();
     let (f, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
@@ -325,7 +326,6 @@ fn many_concurrent_writers_into_a_sparse_file() {
         .store(300, std::sync::atomic::Ordering::Relaxed);
     // 8 threads, interleaved 4 KiB and odd-sized writes over one 2 MiB region, each byte
     // written exactly once; several writers land in the same blocks.
-    const SPAN: u64 = 2 << 20;
     let threads: Vec<_> = (0..8u64)
         .map(|t| {
             let (v, fh) = (v.clone(), fh.clone());

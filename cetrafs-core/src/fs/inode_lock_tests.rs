@@ -1,4 +1,4 @@
-//! Per-inode locks on a v3 volume (fs/inode_lock.rs), several `Volume`s on one memory device:
+//! Per-inode locks on a v3 volume (`fs/inode_lock.rs`), several `Volume`s on one memory device:
 //! the data path of one node does not depend on the global lock, changes by another node
 //! drain it and are seen, and a dead node blocks only what it held.
 
@@ -34,7 +34,7 @@ fn reads_and_overwrites_go_on_while_another_node_holds_the_global_lock() {
     let b = node(&dev, "b");
     let r = a.root_ino();
     let (f, fh) = a.create(r, b"image", 0o644, C, true).unwrap();
-    a.write(&fh, 0, &[7u8; 65536]).unwrap();
+    a.write(&fh, 0, &vec![7u8; 65536]).unwrap();
     a.fsync(f.ino, false).unwrap();
     assert_eq!(read_all(&a, &fh, 65536), vec![7u8; 65536]);
     // b takes the global lock exclusively and keeps it (a metadata operation that lasts).

@@ -287,17 +287,14 @@ impl InodeTable {
     /// The loaded state of `ino`, if any (a hit marks it recently used).
     pub fn get(&self, ino: Ino) -> Option<Arc<InodeState>> {
         let mut t = self.lock();
-        match t.states.get_mut(&ino) {
-            Some(e) => {
-                e.hot = true;
-                let s = e.state.clone();
-                t.hits += 1;
-                Some(s)
-            }
-            None => {
-                t.misses += 1;
-                None
-            }
+        if let Some(e) = t.states.get_mut(&ino) {
+            e.hot = true;
+            let s = e.state.clone();
+            t.hits += 1;
+            Some(s)
+        } else {
+            t.misses += 1;
+            None
         }
     }
 
@@ -336,7 +333,7 @@ impl InodeTable {
                 t.drop_entry(&e);
                 t.tidy();
             }
-        })
+        });
     }
 
     /// The kernel took one more reference to `ino`.
@@ -344,7 +341,7 @@ impl InodeTable {
         self.change(|t| {
             let c = t.refs.entry(ino).or_insert(0);
             *c = c.saturating_add(1);
-        })
+        });
     }
 
     /// The kernel dropped `nlookup` references to `ino` (never below zero). Returns the loaded
@@ -378,7 +375,7 @@ impl InodeTable {
                     t.tidy();
                 }
             }
-        })
+        });
     }
 
     /// The loaded states for which `pred` holds. `pred` runs under the table's mutex and must

@@ -3,7 +3,7 @@
 //!
 //! Concurrency: metadata operations serialize on one per-volume mutex (`meta`, which also owns
 //! the allocator and the metadata block cache) and, across nodes, on the cluster's global
-//! metadata lock (`cluster.rs`); each inode has its own RwLock. Lock order is global lock →
+//! metadata lock (`cluster.rs`); each inode has its own `RwLock`. Lock order is global lock →
 //! meta → inode table → inode. The data path (read/write inside already-written extents) takes
 //! only the inode's lock in shared mode and does one device I/O per contiguous run.
 
@@ -87,7 +87,7 @@ pub(crate) struct InodeState {
     has_pending: AtomicBool,
     /// The cluster epoch (fs/cluster.rs) this state was loaded at: older means reload.
     epoch: AtomicU64,
-    /// This inode's cluster lock as this node holds it (v3 volumes, fs/inode_lock.rs).
+    /// This inode's cluster lock as this node holds it (v3 volumes, `fs/inode_lock.rs`).
     dl: std::sync::OnceLock<Arc<inode_lock::DataLock>>,
 }
 
@@ -156,7 +156,7 @@ pub struct Volume {
     inflight_done: Condvar,
     /// Allocating writes whose data is written, waiting to be mapped (fs/data.rs).
     to_map: Mutex<Vec<data::ToMap>>,
-    /// Loaded inode states and the kernel's references to inode numbers (fs/inode_table.rs).
+    /// Loaded inode states and the kernel's references to inode numbers (`fs/inode_table.rs`).
     inodes: InodeTable,
     unmounted: AtomicBool,
     /// The allocation granule of image-sized sparse files, in fs blocks (fs/data.rs).
@@ -269,12 +269,12 @@ impl Volume {
         }
     }
 
-    /// What the inode table holds and has done (fs/inode_table.rs).
+    /// What the inode table holds and has done (`fs/inode_table.rs`).
     pub fn inode_table_stats(&self) -> InodeTableStats {
         self.inodes.stats()
     }
 
-    /// What the metadata block cache holds and has done (fs/block_cache.rs).
+    /// What the metadata block cache holds and has done (`fs/block_cache.rs`).
     pub fn block_cache_stats(&self) -> BlockCacheStats {
         self.lock_meta().cache_stats()
     }
@@ -800,7 +800,7 @@ impl Volume {
             .collect())
     }
 
-    /// flags: XATTR_CREATE / XATTR_REPLACE semantics.
+    /// flags: `XATTR_CREATE` / `XATTR_REPLACE` semantics.
     pub fn setxattr(
         &self,
         ino: Ino,
@@ -882,7 +882,7 @@ impl Volume {
         };
         a.chmod(mode);
         set.map.insert(acl::ACCESS.to_vec(), a.encode());
-        attrs::store_xattrs(tx, &self.sb, inode, set)
+        attrs::store_xattrs(tx, &self.sb, inode, &set)
     }
 
     /// Change an inode's xattr set (and, through `f`'s second argument, its mode) in one
@@ -900,18 +900,18 @@ impl Volume {
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
             f(&mut set.map, &mut inner.inode)?;
-            attrs::store_xattrs(tx, &self.sb, &mut inner.inode, set)?;
+            attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set)?;
             inner.inode.ctime = now();
             self.save(tx, &mut inner)
         })
     }
 
-    /// FS_IOC_GETFLAGS.
+    /// `FS_IOC_GETFLAGS`.
     pub fn get_flags(&self, ino: Ino) -> Result<u32> {
         Ok(self.getattr(ino)?.flags)
     }
 
-    /// FS_IOC_SETFLAGS (immutable, append-only, noatime).
+    /// `FS_IOC_SETFLAGS` (immutable, append-only, noatime).
     pub fn set_flags(&self, ino: Ino, new_flags: u32) -> Result<()> {
         self.check_writable()?;
         if new_flags & !flags::USER_VISIBLE != 0 {

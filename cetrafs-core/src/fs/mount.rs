@@ -301,7 +301,7 @@ fn replay_own_journal(
 /// Step 5: nothing of ours is held yet, so every lock naming this slot is stale (our own
 /// previous incarnation taken back, or a leftover of an earlier owner). Corrupted lock records
 /// are reset only if no other node can hold a lock: every other slot is free, beyond
-/// max_nodes, or one of the dead found in step 2, unchanged. A corrupted record 0 fails the
+/// `max_nodes`, or one of the dead found in step 2, unchanged. A corrupted record 0 fails the
 /// mount when not alone; others stay unusable with a warning.
 fn repair_locks(
     dev: &dyn BlockDevice,

@@ -227,7 +227,7 @@ fn a_file_unlinked_on_one_node_lives_while_open_on_another() {
     let b = node(&dev, "b");
     let r = a.root_ino();
     let (f, fh) = a.create(r, b"tmp", 0o644, C, true).unwrap();
-    a.write(&fh, 0, &[7u8; 20000]).unwrap();
+    a.write(&fh, 0, &vec![7u8; 20000]).unwrap();
     a.release(&fh).unwrap();
     let bfh = b.open(f.ino, false, false).unwrap();
     a.unlink(r, b"tmp").unwrap();
@@ -236,7 +236,7 @@ fn a_file_unlinked_on_one_node_lives_while_open_on_another() {
         let (_, h) = a
             .create(r, format!("n{i}").as_bytes(), 0o644, C, true)
             .unwrap();
-        a.write(&h, 0, &[9u8; 20000]).unwrap();
+        a.write(&h, 0, &vec![9u8; 20000]).unwrap();
         a.release(&h).unwrap();
     }
     assert_eq!(read_all(&b, &bfh, 20000), vec![7u8; 20000]);
@@ -372,7 +372,7 @@ mod control_damage {
     /// Mount time on this memory volume when nothing has to be waited for is milliseconds;
     /// the dead time of its timing (50 ms / 100 ms) is 1.1 s and the old failure came after
     /// the lock wait's patience (3 × dead time).
-    const QUICK: Duration = Duration::from_millis(1000);
+    const QUICK: Duration = Duration::from_secs(1);
 
     fn put_lock(dev: &MemDevice, sb: &Superblock, rec: &LockRecord) {
         dev.write_at(sb.lock_start * FS_BLOCK + rec.index * 512, &rec.encode(512))

@@ -4,14 +4,14 @@
 //! change that triggers it.
 //!
 //! * **Write or truncate** of a regular file (write(2), truncate(2), ftruncate(2),
-//!   open(O_TRUNC)) by a caller *without* CAP_FSETID removes S_ISUID, and S_ISGID when the
+//!   `open(O_TRUNC)`) by a caller *without* `CAP_FSETID` removes `S_ISUID`, and `S_ISGID` when the
 //!   group-execute bit is set or the caller is not in the file's group. A caller with
-//!   CAP_FSETID keeps both.
-//! * **Change of owner or group** (chown(2)) of anything but a directory removes S_ISUID
-//!   always (even for root), and S_ISGID when the group-execute bit is set (even for root) or
-//!   when the caller neither is in the file's group nor holds CAP_FSETID. The group is the
+//!   `CAP_FSETID` keeps both.
+//! * **Change of owner or group** (chown(2)) of anything but a directory removes `S_ISUID`
+//!   always (even for root), and `S_ISGID` when the group-execute bit is set (even for root) or
+//!   when the caller neither is in the file's group nor holds `CAP_FSETID`. The group is the
 //!   file's group *before* the change.
-//! * S_ISGID without group-execute on a file a group member writes is the old mandatory-locking
+//! * `S_ISGID` without group-execute on a file a group member writes is the old mandatory-locking
 //!   marker and is kept; directories keep their bits.
 //!
 //! What the caller holds is asked through [`Credentials`] only when the file has one of the
@@ -21,7 +21,7 @@ use super::Caller;
 
 /// What the rules need to know about whoever changes a file.
 pub trait Credentials {
-    /// The caller holds CAP_FSETID (may keep setuid/setgid bits across a write).
+    /// The caller holds `CAP_FSETID` (may keep setuid/setgid bits across a write).
     fn has_fsetid(&self) -> bool;
     /// `gid` is the caller's filesystem gid or one of its supplementary groups.
     fn in_group(&self, gid: u32) -> bool;

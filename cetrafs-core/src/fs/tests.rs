@@ -396,7 +396,7 @@ fn rmdir_of_a_referenced_directory_at_a_crash_checks_clean() {
 
 #[test]
 fn inode_numbers_are_not_reused_while_the_kernel_holds_them() {
-    let (_dev, v) = fresh(256 << 20);
+    let (dev, v) = fresh(256 << 20);
     let r = v.root_ino();
     let d = v.mkdir(r, b"a", 0o755, C).unwrap();
     v.note_lookup(d.ino); // the kernel got an entry for it
@@ -418,7 +418,7 @@ fn inode_numbers_are_not_reused_while_the_kernel_holds_them() {
     assert_eq!(v.getattr(d.ino).unwrap_err().kind(), ErrorKind::NotFound);
     let report = {
         v.unmount().unwrap();
-        crate::check::check_volume(&*_dev).unwrap()
+        crate::check::check_volume(&*dev).unwrap()
     };
     assert!(report.is_clean(), "{:?}", report.findings);
 }
@@ -477,14 +477,14 @@ fn rename_whiteout_leaves_a_char_device_0_0_at_the_source() {
     assert_eq!(v.lookup(r, b"h").unwrap().ino, f.ino);
     assert_eq!(v.lookup(r, b"g").unwrap().kind, FileKind::CharDevice);
     assert_eq!(names(&v, r), [".", "..", "d", "g", "h"]);
-    let (_d2, v2) = remount(&dev, &v);
+    let (d2, v2) = remount(&dev, &v);
     assert_eq!(v2.lookup(d.ino, b"f").unwrap().kind, FileKind::CharDevice);
     v2.unmount().unwrap();
-    let report = crate::check::check_volume(&*_d2).unwrap();
+    let report = crate::check::check_volume(&*d2).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
 
-/// A caller without CAP_FSETID, in group 100 only.
+/// A caller without `CAP_FSETID`, in group 100 only.
 struct Unprivileged;
 impl Credentials for Unprivileged {
     fn has_fsetid(&self) -> bool {

@@ -64,7 +64,7 @@ pub(crate) struct Meta {
     /// The volume's layout: every block pointer decoded from disk is checked against it
     /// (format/layout.rs) before it is followed.
     sb: Superblock,
-    /// Clean copies of metadata blocks as they are at home (fs/block_cache.rs).
+    /// Clean copies of metadata blocks as they are at home (`fs/block_cache.rs`).
     cache: BlockCache,
     /// Latest image of every block changed since the last commit point.
     pending: BTreeMap<u64, Vec<u8>>,

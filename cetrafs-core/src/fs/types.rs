@@ -68,7 +68,7 @@ pub struct Attr {
     pub gid: u32,
     pub rdev: u64,
     pub size: u64,
-    /// 512-byte units, as st_blocks.
+    /// 512-byte units, as `st_blocks`.
     pub blocks: u64,
     pub atime: Timespec,
     pub mtime: Timespec,
@@ -79,7 +79,7 @@ pub struct Attr {
     pub generation: u32,
 }
 
-/// A time to set: a given value, or "now" (UTIME_NOW).
+/// A time to set: a given value, or "now" (`UTIME_NOW`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum SetTime {
     Now,
@@ -123,7 +123,7 @@ impl Caller {
 pub enum WriteAt {
     /// At this byte offset (pwrite, or write at the file position).
     Offset(u64),
-    /// At the end of the file (O_APPEND): the volume reads the file's size under the metadata
+    /// At the end of the file (`O_APPEND)`: the volume reads the file's size under the metadata
     /// lock held exclusively, so appends from any number of nodes never overlap. Whatever
     /// offset the caller's kernel computed from its cached size is not used.
     End,
@@ -143,7 +143,7 @@ pub struct Written {
 pub struct RenameFlags {
     pub noreplace: bool,
     pub exchange: bool,
-    /// RENAME_WHITEOUT: leave a whiteout (a character device 0/0, mode 0, owned by this
+    /// `RENAME_WHITEOUT`: leave a whiteout (a character device 0/0, mode 0, owned by this
     /// caller) at the source name, in the same transaction as the rename.
     pub whiteout: Option<Caller>,
 }
@@ -151,11 +151,11 @@ pub struct RenameFlags {
 /// fallocate(2) modes we support.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FallocMode {
-    /// Mode 0 (or KEEP_SIZE when `keep_size`): allocate unwritten extents that read as zeros.
+    /// Mode 0 (or `KEEP_SIZE` when `keep_size`): allocate unwritten extents that read as zeros.
     Allocate { keep_size: bool },
-    /// PUNCH_HOLE | KEEP_SIZE: free the blocks; the range reads as zeros.
+    /// `PUNCH_HOLE` | `KEEP_SIZE`: free the blocks; the range reads as zeros.
     PunchHole,
-    /// ZERO_RANGE (optionally KEEP_SIZE): the range reads as zeros, and stays allocated.
+    /// `ZERO_RANGE` (optionally `KEEP_SIZE`): the range reads as zeros, and stays allocated.
     ZeroRange { keep_size: bool },
 }
 
@@ -238,15 +238,15 @@ pub struct MountOptions {
     /// Renew the heartbeat with COMPARE AND WRITE (`renew=caw`) instead of write + re-read.
     pub caw_renewal: bool,
     /// Memory budget of the inode table's idle states, bytes (`inode_cache=MiB`;
-    /// fs/inode_table.rs).
+    /// `fs/inode_table.rs`).
     pub inode_cache_bytes: usize,
     /// Memory budget of the metadata block cache, bytes (`meta_cache=MiB`;
-    /// fs/block_cache.rs).
+    /// `fs/block_cache.rs`).
     pub meta_cache_bytes: usize,
     /// Memory budget of the allocator's bitmap cache, bytes (`bitmap_cache=MiB`; alloc.rs).
     pub bitmap_cache_bytes: usize,
     /// Most inode locks this node keeps cached on a v3 volume (`inode_locks=N`; None: its
-    /// share of the lock area, fs/inode_lock.rs).
+    /// share of the lock area, `fs/inode_lock.rs`).
     pub inode_locks: Option<usize>,
     /// Allocation granule of image-sized sparse files, bytes (`granule=KiB`): a multiple of
     /// 4096 up to 1 MiB; 4096 (the default) allocates exactly the blocks written (fs/data.rs).

@@ -3,7 +3,7 @@
 //! Every multi-byte field is big-endian. Byte offsets below follow the standards' tables so a
 //! reader can check them against SBC-3 §5 / SPC-4 §6 directly.
 
-/// Operation codes used by the SG_IO backend.
+/// Operation codes used by the `SG_IO` backend.
 pub mod op {
     pub const TEST_UNIT_READY: u8 = 0x00;
     pub const INQUIRY: u8 = 0x12;
@@ -162,7 +162,7 @@ mod tests {
         assert_eq!(write16(5, 8, true)[1], 0x08);
     }
 
-    /// Same bytes as libiscsi's scsi_cdb_compareandwrite(lba, xferlen = 2*bs, bs, 0, 0, 0, 0, 0).
+    /// Same bytes as libiscsi's `scsi_cdb_compareandwrite(lba, xferlen = 2*bs, bs, 0, 0, 0, 0, 0)`.
     #[test]
     fn caw_cdb_matches_libiscsi_layout() {
         let c = compare_and_write(0x1234, 1);

@@ -1,4 +1,4 @@
-//! SCSI building blocks for the SG_IO backend ([`crate::dev::sg`]): the `sg_io_hdr` ABI,
+//! SCSI building blocks for the `SG_IO` backend ([`crate::dev::sg`]): the `sg_io_hdr` ABI,
 //! CDB builders, sense/VPD/READ CAPACITY parsers and the completion classifier.
 //! Everything here is pure (no file descriptors, no retry policy) and unit-tested on bytes.
 

@@ -1,4 +1,4 @@
-//! Classifying a completed SG_IO command: what happened, and whether the caller may retry.
+//! Classifying a completed `SG_IO` command: what happened, and whether the caller may retry.
 //!
 //! The classifier only reads status bytes and sense data; retry counts, back-off and timeouts
 //! are the device backend's business. The one thing it is strict about is the *outcome
@@ -52,7 +52,7 @@ impl CommandKind {
     }
 }
 
-/// What the SG_IO header reported, copied out of it.
+/// What the `SG_IO` header reported, copied out of it.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Completion {
     pub status: u8,
@@ -66,7 +66,7 @@ pub struct Completion {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum FailureKind {
     /// ILLEGAL REQUEST / INVALID COMMAND OPERATION CODE, or INVALID FIELD IN CDB on COMPARE
-    /// AND WRITE (e.g. NoLB above the target's maximum): the target does not do this command.
+    /// AND WRITE (e.g. `NoLB` above the target's maximum): the target does not do this command.
     NotSupported,
     /// Any other ILLEGAL REQUEST.
     InvalidRequest,
@@ -78,7 +78,7 @@ pub enum FailureKind {
     Busy,
     /// The command timed out: outcome unknown.
     Timeout,
-    /// host_status/driver_status error (path, HBA, midlayer): outcome unknown.
+    /// `host_status`/`driver_status` error (path, HBA, midlayer): outcome unknown.
     Transport,
     /// ABORTED COMMAND sense or TASK ABORTED status: outcome unknown.
     Aborted,
@@ -103,7 +103,7 @@ pub struct ScsiFailure {
     /// The command may have been executed by the target: re-read before concluding anything.
     pub outcome_unknown: bool,
     pub sense: Option<Sense>,
-    /// Set when the SG_IO ioctl itself failed with this errno.
+    /// Set when the `SG_IO` ioctl itself failed with this errno.
     pub errno: Option<i32>,
     pub detail: String,
 }
@@ -205,7 +205,7 @@ pub fn outcome_unknown(e: &Error) -> bool {
     scsi_failure(e).is_some_and(|f| f.outcome_unknown)
 }
 
-/// The SCSI failure behind an error, if it came from the SG_IO backend.
+/// The SCSI failure behind an error, if it came from the `SG_IO` backend.
 pub fn scsi_failure(e: &Error) -> Option<&ScsiFailure> {
     std::error::Error::source(e).and_then(|s| s.downcast_ref::<ScsiFailure>())
 }

@@ -1,4 +1,4 @@
-//! The Linux SG_IO interface: `struct sg_io_hdr` from `<scsi/sg.h>` and the ioctl itself.
+//! The Linux `SG_IO` interface: `struct sg_io_hdr` from `<scsi/sg.h>` and the ioctl itself.
 //!
 //! libc does not carry `sg_io_hdr` or `SG_IO`, so the header is declared here by hand and its
 //! layout pinned by compile-time assertions. `SG_IO` (0x2285) is a legacy ioctl number that is
@@ -14,10 +14,10 @@ pub const SG_DXFER_NONE: c_int = -1;
 pub const SG_DXFER_TO_DEV: c_int = -2;
 /// Data-in: device to host (READ, INQUIRY, READ CAPACITY).
 pub const SG_DXFER_FROM_DEV: c_int = -3;
-/// `info` bit: set when status, host_status or driver_status is not clean.
+/// `info` bit: set when status, `host_status` or `driver_status` is not clean.
 pub const SG_INFO_CHECK: c_uint = 0x1;
 
-/// Data direction of one command, as the SG_IO header encodes it.
+/// Data direction of one command, as the `SG_IO` header encodes it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Direction {
     None,

@@ -179,7 +179,7 @@ pub struct BlockLimits {
     /// In blocks; 0 = no limit reported.
     pub max_transfer_length: Option<u32>,
     pub optimal_transfer_length: Option<u32>,
-    /// In blocks; 0 = UNMAP not supported, 0xFFFF_FFFF = unlimited.
+    /// In blocks; 0 = UNMAP not supported, `0xFFFF_FFFF` = unlimited.
     pub max_unmap_lba_count: Option<u32>,
     pub max_unmap_block_descriptor_count: Option<u32>,
     /// In blocks.

@@ -6,7 +6,7 @@
 //!   (the daemon logs without timestamps), or the second after a timestamp (foreground
 //!   format). A message that merely contains the word `ERROR` at another level does not count.
 //! - A panic is the `thread '…' panicked at …` line Rust writes to stderr, which the daemon's
-//!   log file ($CETRA_LOG_FILE) collects as well. A panic is never allowed.
+//!   log file ($`CETRA_LOG_FILE`) collects as well. A panic is never allowed.
 //! - An allowed entry is a fixed substring of the ERROR line; each caller keeps its list
 //!   explicit and narrow, and the allowed lines are still printed (`INFO`), never hidden.
 //!

@@ -1,13 +1,13 @@
 //! `lio-check fs-multi`: the multi-node filesystem scenarios of issue 5 on real SCSI
-//! initiators. One LUN exported through several tcm_loop nexuses (= several independent
+//! initiators. One LUN exported through several `tcm_loop` nexuses (= several independent
 //! initiators, `/dev/sdX` each) is formatted once and mounted by one `mount.cetra` daemon per
 //! nexus (`-o host=node1..3`), then:
 //!
-//! 1. every daemon must log that it drives COMPARE AND WRITE through SG_IO (multi-node);
+//! 1. every daemon must log that it drives COMPARE AND WRITE through `SG_IO` (multi-node);
 //! 2. cross-node visibility: write+fsync on node1 read on node2/node3, rename on node2 seen on
 //!    node1, unlink on node3 seen on node1 and node2 (each poll reports how long it took);
 //! 3. concurrent writers: every node creates files in one shared directory at once and writes
-//!    a small image into each with O_DIRECT; every node lists the same set afterwards and each
+//!    a small image into each with `O_DIRECT`; every node lists the same set afterwards and each
 //!    image verifies from another node;
 //! 4. SIGKILL node2's daemon and detach its mount: a survivor must log "recovered ... node2"
 //!    within the dead time plus slack; the survivors keep working; node2 mounts again;
@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 type CheckResult = Result<String, String>;
 
 const IMAGE_BLOCK: usize = 4096;
-/// One image per file: two 4 KiB blocks written with one O_DIRECT write.
+/// One image per file: two 4 KiB blocks written with one `O_DIRECT` write.
 const IMAGE_LEN: usize = 2 * IMAGE_BLOCK;
 /// How long a visibility poll keeps looking (to report how late a change was).
 const VISIBILITY_GIVE_UP: Duration = Duration::from_secs(15);
@@ -41,7 +41,7 @@ const VISIBILITY_GIVE_UP: Duration = Duration::from_secs(15);
 const STEP_LIMIT: Duration = Duration::from_secs(30);
 /// Beyond the dead time, recovery (journal replay, lock release) may take this long.
 const RECOVERY_SLACK: Duration = Duration::from_secs(20);
-/// How long a mount or a daemon's exit after umount may take (mount waits 2 × io_timeout).
+/// How long a mount or a daemon's exit after umount may take (mount waits 2 × `io_timeout`).
 const DAEMON_LIMIT: Duration = Duration::from_secs(40);
 /// ERROR lines the scenarios provoke on purpose (fixed substrings, `daemonlog.rs`): none.
 /// SIGKILL gives node2's daemon no chance to log (its log just ends, perhaps mid-line), and
@@ -224,7 +224,7 @@ fn daemon_pid(mp: &Path) -> Option<i32> {
 fn reap(pid: i32) -> Option<String> {
     let mut st = 0;
     // SAFETY: waitpid on a child (or orphaned descendant reparented to us) with WNOHANG.
-    let r = unsafe { libc::waitpid(pid, &mut st, libc::WNOHANG) };
+    let r = unsafe { libc::waitpid(pid, &raw mut st, libc::WNOHANG) };
     if r == pid {
         return Some(if libc::WIFEXITED(st) {
             format!("exit {}", libc::WEXITSTATUS(st))
@@ -300,7 +300,7 @@ impl Scenario<'_> {
         self.nodes[i].mp.clone()
     }
 
-    /// One /proc/PID/status field (VmRSS:, VmHWM:) of every running daemon.
+    /// One /proc/PID/status field (`VmRSS:`, `VmHWM:`) of every running daemon.
     fn rss(&self, field: &str) -> String {
         let v: Vec<String> = self
             .nodes
@@ -513,7 +513,7 @@ fn run(
         ],
         &[],
     )
-    .and_then(|c| wait_child(c, Duration::from_secs(60)))
+    .and_then(|c| wait_child(c, Duration::from_mins(1)))
     .and_then(|(st, out)| {
         for l in out.lines() {
             println!("OUT {} mkfs: {l}", s.tag);
@@ -665,7 +665,7 @@ fn run(
             });
         }
         drop(tx);
-        let limit = Duration::from_secs(120);
+        let limit = Duration::from_mins(2);
         let mut res: Vec<Option<Result<Duration, String>>> = vec![None, None, None];
         while let Ok((i, r)) = rx.recv_timeout(limit.saturating_sub(t0.elapsed())) {
             res[i] = Some(r);
@@ -981,7 +981,7 @@ fn run(
     }
     let dev = devs[2].clone();
     let r = spawn_merged("fsck.cetra", &["-n", &dev], &[])
-        .and_then(|c| wait_child(c, Duration::from_secs(120)))
+        .and_then(|c| wait_child(c, Duration::from_mins(2)))
         .and_then(|(st, out)| {
             for l in out.lines() {
                 println!("OUT {} fsck: {l}", s.tag);

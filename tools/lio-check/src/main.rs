@@ -1,6 +1,6 @@
 //! Guest-side checks of `cetrafs_core::dev::sg::SgDevice` against a real SCSI target.
 //!
-//! `tests/lio/run` boots a qemu guest whose kernel exports LIO backstores through tcm_loop and
+//! `tests/lio/run` boots a qemu guest whose kernel exports LIO backstores through `tcm_loop` and
 //! runs `lio-check all ...` there. Every check prints one `PASS`/`FAIL` line; the last line is
 //! `LIO-CHECK-RESULT PASS|FAIL` and the exit status is 0 only if everything passed.
 //!
@@ -108,7 +108,12 @@ fn pct(sorted: &[Duration], p: f64) -> Duration {
     if sorted.is_empty() {
         return Duration::ZERO;
     }
-    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)] // rounded index in 0..len
+    #[allow(
+        clippy::cast_possible_truncation,
+        clippy::cast_sign_loss,
+        clippy::cast_precision_loss,
+        reason = "a rounded index in 0..len"
+    )]
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
     sorted[i.min(sorted.len() - 1)]
 }
@@ -182,7 +187,7 @@ fn run_all(m: &HashMap<String, String>) -> Result<bool, String> {
     Ok(ok)
 }
 
-/// (a) SgDevice against one LUN, through its sg node and its sd node.
+/// (a) `SgDevice` against one LUN, through its sg node and its sd node.
 fn conformance(
     rep: &mut Report,
     tag: &str,
@@ -300,6 +305,7 @@ fn conformance(
             if v[1..] != data[lbsz..lbsz * 4] {
                 return Err("unaligned read differs".into());
             }
+            #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
             let mb = len as f64 / 1e6;
             Ok(format!(
                 "{len} B in {} commands: write {:.1} MB/s, read {:.1} MB/s, unaligned read ok",
@@ -589,7 +595,7 @@ fn decode(block: &[u8]) -> Result<u64, String> {
 }
 
 /// One contention process: `count` successful CAW(counter → counter+1) on `dev`.
-/// Writes (value, latency_ns) pairs of its successful CAWs to `out`.
+/// Writes (value, `latency_ns`) pairs of its successful CAWs to `out`.
 fn worker(m: &HashMap<String, String>) -> Result<(), String> {
     let dev = open(get(m, "dev")?)?;
     let lba = num(m, "lba")?;
@@ -744,6 +750,7 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
             .map_err(|e| e.to_string())?;
         let fin = decode(&b)?;
         lat.sort();
+        #[expect(clippy::cast_precision_loss, reason = "a rate for the log")]
         let rate = values.len() as f64 / elapsed.as_secs_f64();
         let s = format!(
             "{} successful CAWs by {n} processes in {:.2}s ({rate:.0}/s); final counter {fin}; duplicates {dups}; lost updates {}; CAW latency p50 {} p99 {} max {}",
@@ -764,7 +771,7 @@ fn contention(rep: &mut Report, paths: &[String], total: u64, summary: &mut Vec<
     rep.check("multi", "CAW counter contention", r);
 }
 
-/// (c) A LUN with emulate_caw=0: probe_caw must fail with the clear Unsupported message.
+/// (c) A LUN with `emulate_caw=0`: `probe_caw` must fail with the clear Unsupported message.
 fn nocaw(rep: &mut Report, sg: &str) {
     let dev = match open(sg) {
         Ok(d) => d,
@@ -828,7 +835,7 @@ fn dmsetup(args: &[&str]) -> Result<(), String> {
 }
 
 /// (d) A COMPARE AND WRITE that outlives its timeout: the dm device under the LUN's iblock
-/// backstore is suspended, so the target cannot finish the command; SG_IO times out and the
+/// backstore is suspended, so the target cannot finish the command; `SG_IO` times out and the
 /// error must say "outcome unknown". After resuming, re-reading the block resolves it, which
 /// is what the lock layer does.
 fn stall(rep: &mut Report, sg: &str, dm: &str) {

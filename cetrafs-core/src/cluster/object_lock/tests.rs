@@ -574,18 +574,6 @@ fn object_lock_eviction_floor_never_validates_a_stale_cache() {
 
 #[test]
 fn object_lock_full_bucket_waits_until_a_holder_gives_room() {
-    let dev = mem(512);
-    let t = Arc::new(locks_on(dev.clone(), 1, Duration::from_secs(1)));
-    let objs = same_bucket(&t, 15);
-    for &o in &objs[..14] {
-        t.acquire(me(1), o, LockMode::Exclusive, &never).unwrap();
-    }
-    let t2 = t.clone();
-    let want = objs[14];
-    let waiter = std::thread::spawn(move || {
-        t2.acquire(me(2), want, LockMode::Exclusive, &never)
-            .unwrap()
-    });
     // Slot 1 sees a Room request for one of its idle locks and gives it up.
     struct Yield(u32);
     impl Handoff for Yield {
@@ -598,6 +586,18 @@ fn object_lock_full_bucket_waits_until_a_holder_gives_room() {
             assert!(r.is_ok());
         }
     }
+    let dev = mem(512);
+    let t = Arc::new(locks_on(dev.clone(), 1, Duration::from_secs(1)));
+    let objs = same_bucket(&t, 15);
+    for &o in &objs[..14] {
+        t.acquire(me(1), o, LockMode::Exclusive, &never).unwrap();
+    }
+    let t2 = t.clone();
+    let want = objs[14];
+    let waiter = std::thread::spawn(move || {
+        t2.acquire(me(2), want, LockMode::Exclusive, &never)
+            .unwrap()
+    });
     let mut y = Yield(0);
     let start = Instant::now();
     while !waiter.is_finished() {
@@ -677,9 +677,9 @@ fn object_lock_fairness_round_robin() {
     // Three slots want one object exclusively over and over, releasing after each use: no slot
     // waits more than 2 × slots grants once it is registered.
     const N: u32 = 3;
+    type State = (u64, HashMap<u32, u64>, u64);
     let dev: SharedDevice = mem(512);
     let x = ino(9);
-    type State = (u64, HashMap<u32, u64>, u64);
     let state: Arc<Mutex<State>> = Arc::default();
     let threads: Vec<_> = (0..N)
         .map(|s| {
@@ -721,6 +721,14 @@ fn object_lock_fairness_round_robin() {
 
 #[test]
 fn object_lock_scrub_dead_slot_after_replay() {
+    // Slot 3 drops the dead waiter's request without handing z over.
+    struct Never;
+    impl Handoff for Never {
+        fn flush(&mut self, o: ObjectId, _: LockMode) -> Result<bool> {
+            panic!("handed {o:?} over for a dead requester");
+        }
+        fn handed(&mut self, _: ObjectId, _: LockMode, _: &Result<()>) {}
+    }
     let dev = mem(512);
     let t = locks_on(dev.clone(), 2, Duration::from_millis(50));
     let dead = me(2);
@@ -778,14 +786,6 @@ fn object_lock_scrub_dead_slot_after_replay() {
         t.poll_mailbox(dead).unwrap().is_empty(),
         "its mailbox is emptied"
     );
-    // Slot 3 drops the dead waiter's request without handing z over.
-    struct Never;
-    impl Handoff for Never {
-        fn flush(&mut self, o: ObjectId, _: LockMode) -> Result<bool> {
-            panic!("handed {o:?} over for a dead requester");
-        }
-        fn handed(&mut self, _: ObjectId, _: LockMode, _: &Result<()>) {}
-    }
     let s = t.serve_mailbox(me(3), &mut Never).unwrap();
     assert_eq!((s.handed, s.deferred), (0, 0));
     assert!(t.poll_mailbox(me(3)).unwrap().is_empty());
