@@ -34,6 +34,7 @@ use crate::error::Result;
 use crate::format::inode::flags;
 use crate::format::lock_record::LockMode;
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+use crate::sync::LockPolicy;
 use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
@@ -100,9 +101,7 @@ pub(super) struct ToMap {
 type MapSlot = Arc<std::sync::Mutex<Option<Result<()>>>>;
 
 fn take_slot(slot: &MapSlot) -> Option<Result<()>> {
-    slot.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .take()
+    slot.lock().or_panic().take()
 }
 
 /// One error reported to each write of a group.
@@ -544,17 +543,14 @@ impl Volume {
         end: u64,
     ) -> Result<u32> {
         let slot: MapSlot = Arc::new(std::sync::Mutex::new(None));
-        self.to_map
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(ToMap {
-                st: st.clone(),
-                plan,
-                id,
-                written,
-                end,
-                slot: slot.clone(),
-            });
+        self.to_map.lock().or_panic().push(ToMap {
+            st: st.clone(),
+            plan,
+            id,
+            written,
+            end,
+            slot: slot.clone(),
+        });
         // Not meta_ex: a handoff waits for these very writes, and the lock is held exclusively
         // for as long as anything is in flight (fs/inflight.rs).
         let meta = self.lock_meta();
@@ -565,12 +561,7 @@ impl Volume {
         let r = if let Some(r) = mine {
             r
         } else {
-            let batch = std::mem::take(
-                &mut *self
-                    .to_map
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            );
+            let batch = std::mem::take(&mut *self.to_map.lock().or_panic());
             self.map_batch(meta, batch);
             take_slot(&slot).unwrap_or_else(|| {
                 Err(crate::Error::new(
@@ -654,9 +645,7 @@ impl Volume {
         }
         self.inflight_done.notify_all();
         for (w, r) in batch.into_iter().zip(results) {
-            *w.slot
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(r);
+            *w.slot.lock().or_panic() = Some(r);
         }
     }
 
@@ -705,9 +694,7 @@ impl Volume {
 
     /// Wait (releasing the metadata mutex) until an allocating write in flight or a drain ends.
     pub(super) fn wait_inflight<'a>(&self, m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
-        self.inflight_done
-            .wait(m)
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        self.inflight_done.wait(m).or_panic()
     }
 
     /// Wait (releasing the metadata mutex meanwhile) until no allocating write is in flight.
