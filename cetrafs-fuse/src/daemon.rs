@@ -532,6 +532,11 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             bitmap_cache_bytes: args.opts.bitmap_cache_bytes,
             inode_locks: args.opts.inode_locks,
             alloc_granule: args.opts.alloc_granule,
+            watchdog: args.opts.watchdog.clone(),
+            // As /proc shows the paths of open files (before the FUSE mount covers it).
+            mountpoint: Some(
+                std::fs::canonicalize(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone()),
+            ),
             ..MountOptions::default()
         },
     ) {

@@ -27,6 +27,7 @@ pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
     "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, inode_locks=N, granule=KIB,\n",
+    "           watchdog=auto|none|PATH,\n",
     "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
@@ -76,6 +77,8 @@ pub struct Options {
     pub inode_locks: Option<usize>,
     /// `granule=KIB`: allocation granule of image-sized sparse files, in bytes.
     pub alloc_granule: u64,
+    /// `watchdog=auto|none|PATH`: the host watchdog petted while the lease is valid.
+    pub watchdog: cetrafs_core::cluster::watchdog::WatchdogSpec,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -99,6 +102,7 @@ impl Default for Options {
             bitmap_cache_bytes: cetrafs_core::fs::DEFAULT_BITMAP_CACHE,
             inode_locks: None,
             alloc_granule: cetrafs_core::fs::DEFAULT_ALLOC_GRANULE,
+            watchdog: cetrafs_core::cluster::watchdog::WatchdogSpec::Auto,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -135,6 +139,10 @@ impl Options {
                 ("bitmap_cache", Some(v)) => self.bitmap_cache_bytes = parse_mib(key, v)?,
                 ("inode_locks", Some(v)) => self.inode_locks = Some(parse_count(key, v)?),
                 ("granule", Some(v)) => self.alloc_granule = parse_granule(key, v)?,
+                ("watchdog", Some(v)) => {
+                    self.watchdog =
+                        cetrafs_core::cluster::watchdog::WatchdogSpec::parse(v).map_err(usage)?;
+                }
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -165,6 +173,7 @@ impl Options {
                             | "bitmap_cache"
                             | "inode_locks"
                             | "granule"
+                            | "watchdog"
                     ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))

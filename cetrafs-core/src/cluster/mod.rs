@@ -9,6 +9,7 @@ pub mod membership;
 pub mod object_lock;
 pub mod recovery;
 pub mod timing;
+pub mod watchdog;
 
 pub use membership::{LeaseGuard, Membership, SlotView};
 pub use timing::Timing;

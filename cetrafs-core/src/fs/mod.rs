@@ -161,6 +161,8 @@ pub struct Volume {
     unmounted: AtomicBool,
     /// The allocation granule of image-sized sparse files, in fs blocks (fs/data.rs).
     granule_blocks: u64,
+    /// The host watchdog this node pets while its lease is valid (`cluster/watchdog.rs`).
+    watchdog: std::sync::OnceLock<Arc<crate::cluster::watchdog::Watchdog>>,
 }
 
 /// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
@@ -411,6 +413,9 @@ impl Volume {
         self.leave_cluster(&mut meta)?;
         drop(meta);
         self.member.release()?;
+        if let Some(wd) = self.watchdog.get() {
+            wd.close_clean();
+        }
         r
     }
 

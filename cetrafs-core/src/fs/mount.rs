@@ -138,6 +138,7 @@ impl Volume {
             unmounted: AtomicBool::new(false),
             granule_blocks: (opts.alloc_granule / FS_BLOCK)
                 .clamp(1, crate::fs::MAX_ALLOC_GRANULE / FS_BLOCK),
+            watchdog: std::sync::OnceLock::new(),
         });
         if let Err(e) = vol.start(opts, &recovered) {
             vol.unmounted.store(true, Ordering::SeqCst);
@@ -191,6 +192,46 @@ impl Volume {
         Self::spawn_watcher(self);
         Self::spawn_mailbox(self);
         Self::spawn_reporter(self);
+        self.start_watchdog(opts)
+    }
+
+    /// Step 9, last (nothing may fail after it: a watchdog left without its magic close resets
+    /// the host): open the watchdog `watchdog=` names and start petting it while the lease is
+    /// valid (`cluster/watchdog.rs`). Read-only mounts write nothing and take none.
+    fn start_watchdog(&self, opts: &MountOptions) -> Result<()> {
+        use crate::cluster::watchdog::{self, Watchdog};
+        if self.read_only {
+            return Ok(());
+        }
+        let Some(wd) = Watchdog::open(&opts.watchdog)? else {
+            tracing::info!(
+                "no host watchdog (watchdog=none, or auto without watchdog-mux at {}): a node \
+                 that loses its lease fences itself in software only",
+                watchdog::MUX_SOCKET
+            );
+            return Ok(());
+        };
+        let t = self.cl.timing;
+        if let Some(w) = watchdog::too_slow_for(&wd, t.fail_time(), t.dead_time()) {
+            tracing::warn!("{w}");
+        }
+        let member = self.member.clone();
+        if let Err(e) = wd.spawn(
+            Box::new(move || member.lease_valid()),
+            opts.mountpoint.clone(),
+        ) {
+            wd.close_clean();
+            return Err(e);
+        }
+        tracing::info!(
+            "host watchdog: {}, petted while this node's lease is valid; once it is not, the \
+             processes using {} are stopped, then the watchdog",
+            wd.describe(),
+            opts.mountpoint
+                .as_deref()
+                .map_or_else(|| "the mount".to_string(), |p| p.display().to_string())
+        );
+        let _ = self.watchdog.set(wd);
         Ok(())
     }
 }

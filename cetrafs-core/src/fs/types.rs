@@ -251,6 +251,11 @@ pub struct MountOptions {
     /// Allocation granule of image-sized sparse files, bytes (`granule=KiB`): a multiple of
     /// 4096 up to 1 MiB; 4096 (the default) allocates exactly the blocks written (fs/data.rs).
     pub alloc_granule: u64,
+    /// The host watchdog (`watchdog=auto|none|PATH`; `cluster/watchdog.rs`).
+    pub watchdog: crate::cluster::watchdog::WatchdogSpec,
+    /// Where the volume is mounted: the processes using files under it are stopped when the
+    /// node loses its lease (None: nobody is stopped).
+    pub mountpoint: Option<std::path::PathBuf>,
 }
 
 impl Default for MountOptions {
@@ -266,6 +271,8 @@ impl Default for MountOptions {
             bitmap_cache_bytes: crate::alloc::DEFAULT_BITMAP_CACHE,
             inode_locks: None,
             alloc_granule: super::data::DEFAULT_ALLOC_GRANULE,
+            watchdog: crate::cluster::watchdog::WatchdogSpec::Auto,
+            mountpoint: None,
         }
     }
 }
