@@ -388,10 +388,7 @@ impl Volume {
         cl.held.store(mode_code(mode), Ordering::Release);
         cl.hold.taken();
         if rec.version != expected {
-            if let Err(e) = self.invalidate(&mut m) {
-                let _ = self.release_gml(&mut m);
-                return Err(e.wrap("reloading metadata changed by another node"));
-            }
+            self.invalidate(&mut m);
         }
         m.set_gml_version(rec.version);
         cl.seen_version.store(rec.version, Ordering::Release);
@@ -454,16 +451,11 @@ impl Volume {
     /// block, mark every allocation group unchecked (each is revalidated by its header's
     /// change counter at its next use, alloc.rs), re-read the group owners and their published
     /// free counts, and make loaded inodes stale.
-    #[expect(
-        clippy::unnecessary_wraps,
-        reason = "infallible today; its caller still has a release-on-failure path to remove with it"
-    )]
-    fn invalidate(&self, m: &mut Meta) -> Result<()> {
+    fn invalidate(&self, m: &mut Meta) {
         m.drop_cache();
         m.groups().invalidate();
         self.refresh_group_classes(m);
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
-        Ok(())
     }
 
     /// Learn who owns which group and the free counts other nodes published; give back groups
