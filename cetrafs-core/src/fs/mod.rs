@@ -974,4 +974,6 @@ mod multinode_tests;
 #[cfg(test)]
 mod pointer_tests;
 #[cfg(test)]
+mod sharing_tests;
+#[cfg(test)]
 mod tests;
