@@ -8,7 +8,9 @@ use crate::format::group::{
 use crate::format::inode::{Inode, Timespec};
 use crate::format::mailbox::Mailbox;
 use crate::format::object_lock::Bucket;
-use crate::format::superblock::{Superblock, INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW};
+use crate::format::superblock::{
+    SharingMode, Superblock, INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW, INCOMPAT_SHARING_MODE,
+};
 use crate::format::FS_BLOCK;
 
 pub const DEFAULT_MAX_NODES: u32 = 16;
@@ -45,6 +47,12 @@ pub struct MkfsOptions {
     /// mailboxes (`INCOMPAT_OBJECT_LOCKS`). false makes a version-2 volume (global lock only),
     /// mountable by version-2 binaries.
     pub object_locks: bool,
+    /// Format version 4 (the default): record how the volume may be shared
+    /// (`INCOMPAT_SHARING_MODE`); `mkfs.cetra` passes what its probe of the device found
+    /// (`dev/open.rs`). None records nothing (format 3). Format 4 builds on format 3, so this is
+    /// ignored without `object_locks` (format 2). The default, single-host, is the mode that
+    /// refuses a second machine.
+    pub sharing: Option<SharingMode>,
 }
 
 impl Default for MkfsOptions {
@@ -58,6 +66,7 @@ impl Default for MkfsOptions {
             io_timeout_ms: DEFAULT_IO_TIMEOUT_MS,
             inode_lock_slots: DEFAULT_INODE_LOCK_SLOTS,
             object_locks: true,
+            sharing: Some(SharingMode::SingleHost),
         }
     }
 }
@@ -151,6 +160,12 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     } else {
         (INCOMPAT_OVERFLOW, 0, 0)
     };
+    let sharing = opts.sharing.filter(|_| opts.object_locks);
+    let incompat = if sharing.is_some() {
+        incompat | INCOMPAT_SHARING_MODE
+    } else {
+        incompat
+    };
     Ok(Superblock {
         compat: 0,
         ro_compat: 0,
@@ -183,6 +198,7 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
         objlock_start,
         objlock_buckets,
         mailbox_start,
+        sharing,
     })
 }
 
@@ -395,7 +411,11 @@ mod tests {
                 ..Default::default()
             };
             let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
-            assert_eq!(sb.format_version(), 3);
+            assert_eq!(sb.format_version(), 4);
+            assert_eq!(
+                sb.sharing,
+                Some(crate::format::superblock::SharingMode::SingleHost)
+            );
             assert!(sb.has_object_locks());
             // 65,536 fs blocks / 64.
             assert_eq!(sb.objlock_buckets, 1024);
@@ -509,17 +529,25 @@ mod tests {
             lbs in proptest::sample::select(vec![512u32, 4096]),
             nodes in 1u32..40,
             object_locks: bool,
+            record_sharing: bool,
         ) {
             let opts = MkfsOptions {
                 max_nodes: nodes,
                 journal_bytes: 1 << 20,
                 object_locks,
+                sharing: record_sharing.then_some(SharingMode::MultiNode),
                 ..Default::default()
             };
             if let Ok(sb) = plan(mib << 20, lbs, &opts) {
                 let back = Superblock::decode(&sb.encode()).unwrap();
                 proptest::prop_assert_eq!(&back, &sb);
-                proptest::prop_assert_eq!(back.format_version(), if object_locks { 3 } else { 2 });
+                let want = match (object_locks, record_sharing) {
+                    (false, _) => 2,
+                    (true, false) => 3,
+                    (true, true) => 4,
+                };
+                proptest::prop_assert_eq!(back.format_version(), want);
+                proptest::prop_assert_eq!(back.sharing.is_some(), want == 4);
                 proptest::prop_assert!(back.object_lock_area().is_some() == object_locks);
             }
         }

@@ -63,7 +63,7 @@ fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
         .unwrap()
     };
     let (a, b) = (mount("a"), mount("b"));
-    assert_eq!(a.superblock().format_version(), 3);
+    assert_eq!(a.superblock().format_version(), 4);
     let r = a.root_ino();
     let (f, fh) = a.create(r, b"f", 0o644, Caller::ROOT, true).unwrap();
     a.write(&fh, 0, &[1u8; 4096]).unwrap();

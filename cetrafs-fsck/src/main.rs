@@ -215,6 +215,15 @@ fn print_summary(dev: &str, r: &Report) {
         "{dev}{label}: {} inodes ({} directories, {} files, {} symlinks, {} other), {}/{} blocks used",
         s.inodes, s.directories, s.regular_files, s.symlinks, s.special_files, s.used_blocks, s.group_area_blocks
     );
+    if let Some(sb) = &r.superblock {
+        println!(
+            "{dev}: format version {}, sharing mode {}",
+            sb.format_version(),
+            sb.sharing
+                .map_or("not recorded (format 1 to 3)".to_string(), |m| m
+                    .to_string())
+        );
+    }
     if errors == 0 {
         println!(
             "{dev}: clean{}",

@@ -8,7 +8,7 @@ use anyhow::anyhow;
 use cetrafs_core::dev::open::{open_lun, LunKind, LunOptions, Sharing};
 use cetrafs_core::dev::sg::SgDeviceOptions;
 use cetrafs_core::dev::BlockDevice;
-use cetrafs_core::format::superblock::Superblock;
+use cetrafs_core::format::superblock::{SharingMode, Superblock};
 use cetrafs_core::format::FS_BLOCK;
 use cetrafs_core::mkfs::{self, MkfsOptions};
 use cetrafs_core::{probe, ErrorKind};
@@ -51,9 +51,10 @@ struct Cli {
     /// Logical block size to use for a regular file (block devices report their own).
     #[arg(long = "logical-block-size", value_parser = ["512", "4096"])]
     logical_block_size: Option<String>,
-    /// On-disk format version: 3 (default) has per-object locks; 2 has the global lock only
-    /// and stays mountable by version-2 binaries.
-    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3"], default_value = "3")]
+    /// On-disk format version: 4 (default) records the sharing mode (single-host or
+    /// multi-node, from the COMPARE AND WRITE probe) and enforces it at mount; 3 has per-object
+    /// locks and stays mountable by version-3 binaries; 2 has the global lock only.
+    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4"], default_value = "4")]
     format_version: String,
     /// Overwrite existing filesystems, partition tables or volume labels.
     #[arg(short = 'f', long)]
@@ -173,13 +174,15 @@ fn validate(cli: &Cli) -> Result<MkfsOptions, Failure> {
         group_bytes: cli.group_size,
         heartbeat_interval_ms: cli.heartbeat_interval,
         io_timeout_ms: cli.io_timeout,
-        object_locks: cli.format_version == "3",
+        object_locks: cli.format_version != "2",
+        // Format 4: replaced by what the probe finds, before anything is written (`run`).
+        sharing: (cli.format_version == "4").then_some(SharingMode::SingleHost),
         ..MkfsOptions::default()
     })
 }
 
 fn run(cli: &Cli) -> Result<(), Failure> {
-    let opts = validate(cli)?;
+    let mut opts = validate(cli)?;
     let path = &cli.device;
     let shown = path.display();
     let meta = std::fs::metadata(path).map_err(|e| {
@@ -274,10 +277,18 @@ fn run(cli: &Cli) -> Result<(), Failure> {
         };
         f(anyhow!("refusing to format {shown}: {e}"))
     })?;
+    if opts.sharing.is_some() {
+        opts.sharing = Some(sharing.mode());
+    }
     if !cli.quiet && !lun.kind.is_scsi() {
         eprintln!(
-            "mkfs.cetra: {shown} is a {}: the volume will be single-host (no SCSI COMPARE AND WRITE)",
-            lun.kind
+            "mkfs.cetra: {shown} is a {}: the volume will be single-host (no SCSI COMPARE AND WRITE){}",
+            lun.kind,
+            if opts.sharing.is_some() {
+                "; a mount from a second machine is refused"
+            } else {
+                ""
+            }
         );
     }
     let sb = format_with_progress(dev, &opts, cli.quiet)
@@ -365,7 +376,13 @@ fn print_summary(dev: &str, sb: &Superblock, size: u64, kind: &LunKind, sharing:
             &sb.label
         }
     );
-    println!("  sharing:            {sharing}");
+    match sb.sharing {
+        Some(mode) => println!("  sharing:            {sharing}; recorded: {mode}"),
+        None => println!(
+            "  sharing:            {sharing}; not recorded (format {} does not; a second machine is not refused)",
+            sb.format_version()
+        ),
+    }
     if let Sharing::MultiNode { probe } = sharing {
         println!(
             "  COMPARE AND WRITE:  {} us (probe){}",

@@ -646,6 +646,7 @@ pub mod seeds {
             pid: 4242,
             recoverer: u32::MAX,
             recoverer_gen: 0,
+            machine: cetrafs_core::cluster::machine::MachineId([0x3d; 16]),
         };
         vec![h.encode(512), h.encode(4096)]
     }

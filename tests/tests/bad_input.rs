@@ -290,21 +290,33 @@ fn damaged_inodes_stay_listed_and_bad_extents_are_eio() {
     assert!(f.output().contains("superblock"), "{f}");
 }
 
-/// Format version 3: mkfs places the object-lock buckets and mailboxes (and says so), fsck of
-/// the fresh volume is clean, a damaged bucket and a stale lock are errors (exit 4), and
-/// `--format-version 2` still makes a version-2 volume without them.
+/// Format version 4 (3's object-lock buckets and mailboxes, and the sharing mode): mkfs places
+/// them (and says so), fsck of the fresh volume is clean, a damaged bucket and a stale lock
+/// are errors (exit 4), `--format-version 3` makes a version-3 volume that records no sharing
+/// mode, and `--format-version 2` still makes a version-2 volume without object locks.
 #[test]
 fn fsck_checks_the_object_lock_area() {
     use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role};
     let lun = Lun::new(LUN_SIZE);
     let out = lun.mkfs(&[]);
-    assert!(out.stdout.contains("format version:     3"), "{out}");
+    assert!(out.stdout.contains("format version:     4"), "{out}");
     assert!(
         out.stdout.contains("object locks:       8192 buckets"),
         "{out}"
     );
+    assert!(out.stdout.contains("recorded: single-host"), "{out}");
     let sb = superblock(&lun, 0).expect("superblock");
-    assert_eq!(sb.format_version(), 3);
+    assert_eq!(sb.format_version(), 4);
+    assert_eq!(
+        sb.sharing,
+        Some(cetrafs_core::format::superblock::SharingMode::SingleHost)
+    );
+    assert!(
+        lun.fsck()
+            .stdout
+            .contains("format version 4, sharing mode single-host"),
+        "fsck prints the recorded mode"
+    );
     let area = sb.object_lock_area().expect("v3 has an object-lock area");
     assert_eq!(area.buckets, 8192, "2 GiB / 256 KiB");
     lun.assert_fsck_clean();
@@ -348,6 +360,21 @@ fn fsck_checks_the_object_lock_area() {
     lun.poke(at, &good);
     lun.assert_fsck_clean();
 
+    // Version 3 on request: the object-lock area, no sharing mode; still clean.
+    let out = lun.mkfs(&["-f", "--format-version", "3"]);
+    assert!(out.stdout.contains("format version:     3"), "{out}");
+    assert!(out.stdout.contains("not recorded (format 3"), "{out}");
+    let sb = superblock(&lun, 0).expect("superblock");
+    assert_eq!((sb.format_version(), sb.sharing), (3, None));
+    assert!(sb.object_lock_area().is_some());
+    lun.assert_fsck_clean();
+    let f = lun.fsck();
+    assert!(
+        f.stdout
+            .contains("format version 3, sharing mode not recorded"),
+        "{f}"
+    );
+
     // Version 2 on request: no object-lock area, and still clean.
     let out = lun.mkfs(&["-f", "--format-version", "2"]);
     assert!(out.stdout.contains("format version:     2"), "{out}");
@@ -356,6 +383,6 @@ fn fsck_checks_the_object_lock_area() {
     assert_eq!(sb.format_version(), 2);
     assert!(sb.object_lock_area().is_none());
     lun.assert_fsck_clean();
-    let bad = lun.try_mkfs(&["-f", "--format-version", "4"]);
+    let bad = lun.try_mkfs(&["-f", "--format-version", "5"]);
     assert_ne!(bad.code, 0, "{bad}");
 }

@@ -836,6 +836,7 @@ impl Builder<'_> {
             pid: 999_999,
             recoverer: u32::MAX,
             recoverer_gen: 0,
+            machine: cetrafs_core::cluster::machine::MachineId::UNKNOWN,
         }
     }
     fn put_hb(&mut self, name: &str, change: &str, hb: &Heartbeat) -> &mut Case {

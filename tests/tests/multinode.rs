@@ -1978,6 +1978,149 @@ fn duplicate_identity_refused() {
     c.unmount_all_and_fsck();
 }
 
+/// Machine identities for `CETRA_MACHINE_ID` (cetrafs-core/src/cluster/machine.rs).
+const MACHINE_A: &str = "aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa";
+const MACHINE_B: &str = "bbbbbbbbbbbbbbbbbbbbbbbbbbbbbbbb";
+
+/// The heartbeat slots of `lun`, raw, as the superblock places them.
+fn heartbeat_slots(lun: &Lun) -> Vec<Vec<u8>> {
+    use cetrafs_core::format::superblock::Superblock;
+    let sb = Superblock::decode(&lun.peek(0, BLK)).expect("superblock");
+    let lbs = usize::try_from(sb.logical_block_size).expect("lbs");
+    let area = lun.peek(
+        sb.hb_start * BLK as u64,
+        usize::try_from(sb.hb_blocks).expect("hb blocks") * BLK,
+    );
+    area.chunks(lbs)
+        .take(usize::try_from(sb.hb_slots).expect("slots"))
+        .map(<[u8]>::to_vec)
+        .collect()
+}
+
+/// Who holds each decodable slot: (slot, host, state, machine id).
+fn slot_holders(
+    lun: &Lun,
+) -> Vec<(
+    usize,
+    String,
+    cetrafs_core::format::heartbeat::SlotState,
+    String,
+)> {
+    use cetrafs_core::format::heartbeat::Heartbeat;
+    heartbeat_slots(lun)
+        .iter()
+        .enumerate()
+        .filter_map(|(i, raw)| {
+            Heartbeat::decode(raw)
+                .ok()
+                .flatten()
+                .map(|h| (i, h.host, h.state, h.machine.to_string()))
+        })
+        .collect()
+}
+
+/// A single-host volume (made on a file: no SCSI COMPARE AND WRITE) is mounted from one
+/// machine at a time (issue 10 item 3): with node1 mounted as machine A, node2 as machine B is
+/// refused with a message naming node1 and machine A and saying why and what to do, and writes
+/// nothing; node2 as machine A mounts; once both unmount cleanly, node3 as machine B mounts.
+#[test]
+fn single_host_volume_refuses_a_second_machine() {
+    require_fuse!();
+    let _serial = serial();
+    let mut c = Cluster::formatted("single_host_volume_refuses_a_second_machine", "8");
+    {
+        use cetrafs_core::format::superblock::{SharingMode, Superblock};
+        let sb = Superblock::decode(&c.lun.peek(0, BLK)).expect("superblock");
+        assert_eq!(sb.format_version(), 4);
+        assert_eq!(sb.sharing, Some(SharingMode::SingleHost), "mkfs on a file");
+    }
+    let on = |m: &'static str| [("CETRA_MACHINE_ID", m)];
+    c.mount(0, &[], &on(MACHINE_A));
+    assert!(
+        slot_holders(&c.lun)
+            .iter()
+            .any(|(_, h, _, m)| h == "node1" && m == MACHINE_A),
+        "node1's slot carries machine A: {:?}",
+        slot_holders(&c.lun)
+    );
+
+    let refuse = |c: &mut Cluster, i: usize, holders: &[&str]| {
+        let before = heartbeat_slots(&c.lun);
+        let t = Instant::now();
+        let e = match c.try_mount(i, &[], &on(MACHINE_B)) {
+            Ok(()) => panic!(
+                "{} mounted as machine B while {holders:?} (machine A) hold the single-host volume",
+                NODES[i]
+            ),
+            Err(e) => e,
+        };
+        eprintln!(
+            "single_host_volume_refuses_a_second_machine: {} as machine B refused after {}",
+            NODES[i],
+            secs(t.elapsed())
+        );
+        for want in [
+            "single-host volume is mounted on another machine",
+            MACHINE_A,
+            MACHINE_B,
+            "without SCSI COMPARE AND WRITE",
+            "Unmount it there",
+            "docs/san.md",
+        ] {
+            assert!(e.contains(want), "the refusal does not say {want:?}: {e}");
+        }
+        for h in holders {
+            assert!(
+                e.contains(&format!("node \"{h}\"")),
+                "the refusal does not name {h}: {e}"
+            );
+        }
+        // Nothing written: every slot but the holders' (which renew) is byte-identical, and
+        // no slot names the refused node or machine B.
+        let after = heartbeat_slots(&c.lun);
+        let holding: Vec<usize> = slot_holders(&c.lun)
+            .into_iter()
+            .filter(|(_, h, _, _)| holders.contains(&h.as_str()))
+            .map(|(s, ..)| s)
+            .collect();
+        for (s, (b, a)) in before.iter().zip(&after).enumerate() {
+            assert!(
+                holding.contains(&s) || b == a,
+                "heartbeat slot {s} changed during the refused mount"
+            );
+        }
+        assert!(
+            !slot_holders(&c.lun)
+                .iter()
+                .any(|(_, h, _, m)| h == NODES[i] || m == MACHINE_B),
+            "the refused mount left a slot: {:?}",
+            slot_holders(&c.lun)
+        );
+    };
+    refuse(&mut c, 1, &["node1"]);
+    // The same machine: welcome.
+    c.mount(1, &[], &on(MACHINE_A));
+    fs::write(c.n(1).p("from-node2"), b"same machine").expect("node2 writes");
+    refuse(&mut c, 2, &["node1", "node2"]);
+
+    // Both unmount cleanly: machine B may have the volume now.
+    c.unmount_all();
+    c.mount(2, &[], &on(MACHINE_B));
+    assert_eq!(
+        fs::read(c.n(2).p("from-node2")).expect("read on machine B"),
+        b"same machine"
+    );
+    assert!(slot_holders(&c.lun).iter().any(|(_, h, st, m)| h == "node3"
+        && *st == cetrafs_core::format::heartbeat::SlotState::Live
+        && m == MACHINE_B));
+    // And now machine A is the second machine.
+    let e = c
+        .try_mount(0, &[], &on(MACHINE_A))
+        .expect_err("node1 as machine A mounted while node3 (machine B) holds the volume");
+    assert!(e.contains("\"node3\"") && e.contains(MACHINE_B), "{e}");
+    c.unmount_all_and_fsck();
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. Per-file open locks
 

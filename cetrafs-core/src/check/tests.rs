@@ -605,6 +605,7 @@ mod control_areas {
             pid: 1,
             recoverer: u32::MAX,
             recoverer_gen: 0,
+            machine: crate::cluster::machine::MachineId::UNKNOWN,
         }
     }
 

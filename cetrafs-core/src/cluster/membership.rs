@@ -9,6 +9,7 @@
 //! the write itself, so a node resuming from SIGSTOP fences before any worker thread can write.
 
 use super::lock::SlotLife;
+use super::machine::MachineId;
 use super::Timing;
 use crate::dev::{AlignedBuf, BlockDevice, CawOutcome, Geometry, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -279,12 +280,13 @@ pub fn observe(
 }
 
 impl Membership {
-    /// Claim a slot for `host`; `prefer` is a dead slot of this host's that the caller has
-    /// recovered and wants reused.
+    /// Claim a slot for `host` on `machine` (recorded in the record: `cluster/machine.rs`);
+    /// `prefer` is a dead slot of this host's that the caller has recovered and wants reused.
     pub fn claim(
         dev: SharedDevice,
         sb: &Superblock,
         host: &str,
+        machine: MachineId,
         prefer: Option<u32>,
     ) -> Result<Arc<Self>> {
         let lbs = dev.geometry().logical_block_size as usize;
@@ -330,6 +332,7 @@ impl Membership {
                 pid: u64::from(std::process::id()),
                 recoverer: u32::MAX,
                 recoverer_gen: 0,
+                machine,
             };
             let image = mine.encode(lbs);
             // The lease runs from the moment the claim was issued, not from when we learn it
@@ -755,7 +758,7 @@ mod tests {
     #[test]
     fn claim_renew_release_and_reclaim() {
         let (dev, sb) = volume(10, 200);
-        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let m = Membership::claim(dev.clone(), &sb, "n1", MachineId::UNKNOWN, None).unwrap();
         let first = read_slot(&*dev, &sb, m.slot).unwrap();
         let deadline = Instant::now() + Duration::from_secs(1);
         while read_slot(&*dev, &sb, m.slot).unwrap() == first && Instant::now() < deadline {
@@ -768,7 +771,7 @@ mod tests {
         );
         assert!(m.lease_valid());
         // A second node takes another slot.
-        let m2 = Membership::claim(dev.clone(), &sb, "n2", None).unwrap();
+        let m2 = Membership::claim(dev.clone(), &sb, "n2", MachineId::UNKNOWN, None).unwrap();
         assert_ne!(m.slot, m2.slot);
         m.release().unwrap();
         let v = scan(&*dev, &sb).unwrap();
@@ -782,7 +785,7 @@ mod tests {
     #[test]
     fn a_paused_node_is_fenced_at_its_next_write() {
         let (dev, sb) = volume(10, 20); // fail time 160 ms
-        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let m = Membership::claim(dev.clone(), &sb, "n1", MachineId::UNKNOWN, None).unwrap();
         let guard = LeaseGuard::new(dev.clone(), m.clone());
         let hooked = Arc::new(Mutex::new(None::<String>));
         let h2 = hooked.clone();
@@ -821,7 +824,7 @@ mod tests {
     #[test]
     fn a_renewal_that_outlasts_the_lease_fences_instead_of_writing() {
         let (dev, sb) = volume(10, 20); // fail time 160 ms
-        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let m = Membership::claim(dev.clone(), &sb, "n1", MachineId::UNKNOWN, None).unwrap();
         m.stop.store(true, Ordering::Release);
         std::thread::sleep(Duration::from_millis(40)); // the renewer thread has ended
         let before = read_slot(&*dev, &sb, m.slot).unwrap();
@@ -860,7 +863,7 @@ mod tests {
     #[test]
     fn a_foreign_image_in_our_slot_fences_us() {
         let (dev, sb) = volume(10, 50);
-        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let m = Membership::claim(dev.clone(), &sb, "n1", MachineId::UNKNOWN, None).unwrap();
         overwrite_and_wait_for_fence(&dev, &sb, &m);
         assert!(m.is_fenced(), "renewal must notice the foreign image");
         assert!(m.fence_reason().unwrap().contains("taken over"));
@@ -869,7 +872,7 @@ mod tests {
     #[test]
     fn caw_renewal_advances_and_detects_a_takeover() {
         let (dev, sb) = volume(10, 50);
-        let m = Membership::claim(dev.clone(), &sb, "n1", None).unwrap();
+        let m = Membership::claim(dev.clone(), &sb, "n1", MachineId::UNKNOWN, None).unwrap();
         m.set_caw_renewal(true);
         let counter = || {
             Heartbeat::decode(&read_slot(&*dev, &sb, m.slot).unwrap())
@@ -891,8 +894,8 @@ mod tests {
     #[test]
     fn liveness_is_judged_by_change() {
         let (dev, sb) = volume(10, 60); // dead time 480 + 120 + 20 ms
-        let alive = Membership::claim(dev.clone(), &sb, "alive", None).unwrap();
-        let dead = Membership::claim(dev.clone(), &sb, "dead", None).unwrap();
+        let alive = Membership::claim(dev.clone(), &sb, "alive", MachineId::UNKNOWN, None).unwrap();
+        let dead = Membership::claim(dev.clone(), &sb, "dead", MachineId::UNKNOWN, None).unwrap();
         dead.stop.store(true, Ordering::Release); // stops renewing, like a crashed node
         std::thread::sleep(Duration::from_millis(30));
         let live: Vec<SlotView> = scan(&*dev, &sb)

@@ -4,6 +4,7 @@
 //! use of them is in `fs/cluster.rs`. See docs/locking.md and docs/recovery.md.
 
 pub mod lock;
+pub mod machine;
 pub mod mailbox;
 pub mod membership;
 pub mod object_lock;

@@ -85,6 +85,7 @@ pub fn claim_and_release(
             pid: 0,
             recoverer: u32::MAX,
             recoverer_gen: 0,
+            machine: crate::cluster::machine::MachineId::UNKNOWN,
         },
         None => return Ok(None),
     };

@@ -26,7 +26,7 @@ use super::file::{FileDevice, FileDeviceOptions};
 use super::sg::{is_whole_lun, CawProbe, SgDevice, SgDeviceOptions, WholeLun};
 use super::{AlignedBuf, BlockDevice, CawOutcome, Geometry, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
-use crate::format::superblock::Superblock;
+use crate::format::superblock::{SharingMode, Superblock};
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use std::fmt;
 use std::path::{Path, PathBuf};
@@ -116,6 +116,16 @@ pub enum Sharing {
     MultiNode { probe: CawProbe },
     /// Host-local COMPARE AND WRITE only; the reason says why.
     SingleHost { reason: String },
+}
+
+impl Sharing {
+    /// What mkfs records in the superblock (format 4) for a volume made on this LUN.
+    pub fn mode(&self) -> SharingMode {
+        match self {
+            Self::MultiNode { .. } => SharingMode::MultiNode,
+            Self::SingleHost { .. } => SharingMode::SingleHost,
+        }
+    }
 }
 
 impl fmt::Display for Sharing {
@@ -375,6 +385,7 @@ mod tests {
         assert_eq!(lun.dev.geometry().logical_block_size, 512);
         let s = lun.check_sharing(1).unwrap();
         assert!(matches!(s, Sharing::SingleHost { .. }));
+        assert_eq!(s.mode(), SharingMode::SingleHost);
         assert!(
             s.to_string().starts_with("single-host (regular file"),
             "{s}"

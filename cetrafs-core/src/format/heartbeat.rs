@@ -14,10 +14,18 @@
 //! 128  8 owner pid (diagnostics only)
 //! 136  8 recoverer generation (state 2): with the recoverer slot, who claimed the recovery;
 //!        the claim is void once that slot no longer holds that generation alive
-//! 144 .. zero
+//! 144 16 machine id        the owner's machine (`cluster/machine.rs`); all zero in records
+//!                          written before format 4 (those bytes were zero), read as unknown
+//! 160 .. zero
 //! lbs-4 4 crc32c of bytes 0..lbs-4
 //! ```
 //! An all-zero block is a free slot that was never used.
+//!
+//! The machine id went into bytes that every earlier release wrote as zero and never read,
+//! so the record version stays 1: an older binary decodes a record carrying it (the crc covers
+//! the whole block either way), and a record of an older binary decodes here with
+//! [`MachineId::UNKNOWN`]. What it is used for is decided by the superblock's sharing mode
+//! (format 4, `format/superblock.rs`).
 //!
 //! The timing fields must satisfy [`check_timing`] (1 ≤ interval ≤ 60 000 ms, interval ≤
 //! io timeout ≤ 300 000 ms): the same rule mkfs and the superblock decoder apply, so every
@@ -25,11 +33,15 @@
 //! years before calling its node dead) does not decode.
 
 use super::codec::{Reader, Writer};
+use crate::cluster::machine::MachineId;
 use crate::error::{Error, Result};
 
 pub const HB_MAGIC: u32 = u32::from_le_bytes(*b"CTHB");
 pub const HB_VERSION: u16 = 1;
 pub const HOST_LEN: usize = 64;
+/// Where the owner's machine id sits (16 bytes).
+const MACHINE: usize = 144;
+const _: () = assert!(MACHINE + 16 + 4 <= 512);
 
 /// Longest legal heartbeat renewal interval (ms).
 pub const MAX_INTERVAL_MS: u32 = 60_000;
@@ -76,6 +88,8 @@ pub struct Heartbeat {
     pub pid: u64,
     pub recoverer: u32,
     pub recoverer_gen: u64,
+    /// The owner's machine; [`MachineId::UNKNOWN`] in records of releases before format 4.
+    pub machine: MachineId,
 }
 
 impl Heartbeat {
@@ -97,6 +111,7 @@ impl Heartbeat {
         let h = self.host.as_bytes();
         w.bytes(64, &h[..h.len().min(HOST_LEN)]);
         w.u64(128, self.pid);
+        w.bytes(MACHINE, &self.machine.0);
         let crc = crc32c::crc32c(&b[..lbs - 4]);
         Writer::new(&mut b).u32(lbs - 4, crc);
         b
@@ -135,6 +150,8 @@ impl Heartbeat {
         let end = raw.iter().position(|&c| c == 0).unwrap_or(HOST_LEN);
         let mut uuid = [0u8; 16];
         uuid.copy_from_slice(r.bytes(32, 16)?);
+        let mut machine = MachineId::UNKNOWN;
+        machine.0.copy_from_slice(r.bytes(MACHINE, 16)?);
         Ok(Some(Self {
             state,
             generation: r.u64(8)?,
@@ -150,6 +167,7 @@ impl Heartbeat {
             pid: r.u64(128)?,
             recoverer: r.u32(60)?,
             recoverer_gen: r.u64(136)?,
+            machine,
         }))
     }
 }
@@ -174,6 +192,7 @@ mod tests {
             pid: 1,
             recoverer: 0,
             recoverer_gen: 0,
+            machine: MachineId::UNKNOWN,
         };
         let mut b = h.encode(512);
         b[64] = 0xff;
@@ -196,6 +215,7 @@ mod tests {
             pid: 7,
             recoverer: NO_RECOVERER,
             recoverer_gen: 0,
+            machine: MachineId([0xaa; 16]),
         }
     }
     const NO_RECOVERER: u32 = u32::MAX;
@@ -226,6 +246,37 @@ mod tests {
         }
     }
 
+    /// A record as a release before format 4 wrote it (bytes 144.. zero) decodes, with the
+    /// machine unknown; this release's record differs from it only in bytes 144..160 (and
+    /// the crc), so an older decoder, which reads nothing there, accepts it too.
+    #[test]
+    fn records_without_a_machine_id_decode_as_unknown() {
+        for lbs in [512, 4096] {
+            let mut old = live(100, 500).encode(lbs);
+            old[144..160].fill(0);
+            let crc = crc32c::crc32c(&old[..lbs - 4]);
+            old[lbs - 4..].copy_from_slice(&crc.to_le_bytes());
+            let h = Heartbeat::decode(&old).unwrap().unwrap();
+            assert!(h.machine.is_unknown());
+            assert_eq!(
+                h,
+                Heartbeat {
+                    machine: MachineId::UNKNOWN,
+                    ..live(100, 500)
+                }
+            );
+            let new = live(100, 500).encode(lbs);
+            let differ: Vec<usize> = (0..lbs).filter(|&i| old[i] != new[i]).collect();
+            assert!(
+                differ
+                    .iter()
+                    .all(|&i| (144..160).contains(&i) || i >= lbs - 4),
+                "{differ:?}"
+            );
+            assert_eq!(&new[144..160], &[0xaa; 16]);
+        }
+    }
+
     proptest! {
         #[test]
         fn timing_rule_matches_its_definition(i: u32, t: u32) {
@@ -234,10 +285,12 @@ mod tests {
             prop_assert_eq!(Heartbeat::decode(&live(i, t).encode(512)).is_ok(), legal);
         }
         #[test]
-        fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8) {
+        fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8, machine: [u8; 16]) {
             let lbs = if big { 4096 } else { 512 };
-            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42, recoverer: 5, recoverer_gen: gen ^ 1 };
+            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42, recoverer: 5, recoverer_gen: gen ^ 1, machine: MachineId(machine) };
             let mut b = h.encode(lbs);
+            prop_assert_eq!(&b[144..160], &machine[..]);
+            prop_assert!(b[160..lbs - 4].iter().all(|&x| x == 0));
             prop_assert_eq!(Heartbeat::decode(&b).unwrap(), Some(h));
             let bit = flip % (lbs * 8);
             b[bit / 8] ^= 1 << (bit % 8);

@@ -258,6 +258,7 @@ mod tests {
             objlock_start: 0,
             objlock_buckets: 0,
             mailbox_start: 0,
+            sharing: None,
             probe_block: 2, // block 1 unused
             hb_start: 3,
             hb_blocks: 4, // 3..7, 7 unused

@@ -5,7 +5,8 @@
 //! off  size field                     why
 //!   0     8 magic "CETRAFS\0"         identifies the volume (also what mkfs/blkid look for)
 //!   8     4 format_version            the oldest version that knows the incompat bits: 1 without
-//!                                     any, 2 with INCOMPAT_OVERFLOW, 3 with INCOMPAT_OBJECT_LOCKS
+//!                                     any, 2 with INCOMPAT_OVERFLOW, 3 with INCOMPAT_OBJECT_LOCKS,
+//!                                     4 with INCOMPAT_SHARING_MODE
 //!  12     4 compat features           unknown bits: ignore
 //!  16     4 ro_compat features        unknown bits: mount read-only only
 //!  20     4 incompat features         unknown bits: refuse to mount
@@ -31,7 +32,8 @@
 //! 272     8 objlock_buckets           bucket records, one logical block each     (v3, else 0)
 //! 280     8 mailbox_start             fs block of the first mailbox: hb_slots     (v3, else 0)
 //!                                     mailboxes of one logical block each
-//! 288  3804 zero
+//! 288     4 sharing_mode              1 single-host, 2 multi-node                 (v4, else 0)
+//! 292  3800 zero
 //! 4092    4 crc32c of bytes 0..4092
 //! ```
 //!
@@ -45,6 +47,16 @@
 //! mailboxes, journals, groups), at least one bucket, and the regions inside the volume.
 //! Without the bit the three fields are ignored (decoded as 0) and the volume has no
 //! object-lock area ([`Superblock::object_lock_area`] is None).
+//!
+//! **Sharing mode (v4, [`INCOMPAT_SHARING_MODE`]).** What mkfs found the device to be
+//! ([`SharingMode`]): multi-node when the target executed SCSI COMPARE AND WRITE correctly,
+//! single-host otherwise (regular file, loop, virtio-blk, NVMe, NBD, RBD: COMPARE AND WRITE
+//! emulated with locks of one machine). Mount enforces it (`fs/mount.rs`): a single-host
+//! volume refuses a second machine, a multi-node volume refuses a path without SCSI COMPARE
+//! AND WRITE. Any other value than 1 or 2 does not decode, nor does the bit without
+//! [`INCOMPAT_OBJECT_LOCKS`] (format 4 is format 3 plus this field). Without the bit the field is
+//! ignored and the mode is unknown ([`Superblock::sharing`] is None): volumes of format 1 to 3
+//! mount as before.
 
 use super::codec::{Reader, Writer};
 use super::FS_BLOCK_SIZE;
@@ -53,11 +65,11 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
 /// The newest format version this release reads and writes. A volume's version follows from
 /// its incompat features ([`Superblock::format_version`]): 1 without any, 2 with
-/// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`]. Version-1 and version-2 volumes
-/// keep working with their version's features and stay mountable by the binaries of their
-/// version; those refuse a newer volume (by the version, and by the incompat bit they do not
-/// know).
-pub const FORMAT_VERSION: u32 = 3;
+/// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`], 4 with [`INCOMPAT_SHARING_MODE`].
+/// Volumes of versions 1 to 3 keep working with their version's features and stay mountable
+/// by the binaries of their version; those refuse a newer volume (by the version, and by the
+/// incompat bit they do not know).
+pub const FORMAT_VERSION: u32 = 4;
 pub const LABEL_LEN: usize = 64;
 
 /// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
@@ -72,10 +84,51 @@ pub const INCOMPAT_OVERFLOW: u32 = 0x1;
 /// with [`INCOMPAT_OVERFLOW`].
 pub const INCOMPAT_OBJECT_LOCKS: u32 = 0x2;
 
+/// Incompat (v4): the superblock records the volume's [`SharingMode`] (`sharing_mode`), and
+/// every node mounting it enforces it; a binary that does not know it would mount a
+/// single-host volume from a second machine, whose locks are not atomic with the first's, so
+/// it must refuse the volume. mkfs sets it together with the two bits above.
+pub const INCOMPAT_SHARING_MODE: u32 = 0x4;
+
 /// Feature bits known to this release.
 pub const COMPAT_KNOWN: u32 = 0;
 pub const RO_COMPAT_KNOWN: u32 = 0;
-pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE;
+
+/// How a volume may be shared (format v4, [`INCOMPAT_SHARING_MODE`]): recorded by mkfs from
+/// the probe of the device it formatted (`dev/open.rs`, `Lun::check_sharing`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SharingMode {
+    /// Made on a device without SCSI COMPARE AND WRITE: its lock records are atomic only
+    /// among the processes of one machine, so only one machine may mount it at a time.
+    SingleHost = 1,
+    /// Made on a SCSI LUN whose COMPARE AND WRITE the target executes: any number of
+    /// machines, each through a path where COMPARE AND WRITE works.
+    MultiNode = 2,
+}
+
+impl SharingMode {
+    fn code(self) -> u32 {
+        self as u32
+    }
+
+    fn from_code(code: u32) -> Option<Self> {
+        match code {
+            1 => Some(Self::SingleHost),
+            2 => Some(Self::MultiNode),
+            _ => None,
+        }
+    }
+}
+
+impl std::fmt::Display for SharingMode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::SingleHost => "single-host",
+            Self::MultiNode => "multi-node",
+        })
+    }
+}
 
 const MAGIC: usize = 0;
 const VERSION: usize = MAGIC + 8;
@@ -111,8 +164,9 @@ const INODE_LOCKS: usize = BITMAP_BLOCKS + 4;
 const OBJLOCK_START: usize = INODE_LOCKS + 4;
 const OBJLOCK_BUCKETS: usize = OBJLOCK_START + 8;
 const MAILBOX_START: usize = OBJLOCK_BUCKETS + 8;
+const SHARING: usize = MAILBOX_START + 8;
 const CRC: usize = FS_BLOCK_SIZE - 4;
-const _: () = assert!(INODE_LOCKS + 4 == 264 && MAILBOX_START + 8 == 288);
+const _: () = assert!(INODE_LOCKS + 4 == 264 && MAILBOX_START + 8 == 288 && SHARING == 288);
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Superblock {
@@ -150,6 +204,9 @@ pub struct Superblock {
     pub objlock_buckets: u64,
     /// v3: fs block of the first of `hb_slots` mailboxes (one logical block each); else 0.
     pub mailbox_start: u64,
+    /// v4 ([`INCOMPAT_SHARING_MODE`]): how the volume may be shared; None without the bit
+    /// (unknown: volumes of format 1 to 3). Some exactly when the bit is set.
+    pub sharing: Option<SharingMode>,
 }
 
 /// The superblock [`Superblock::locate`] chose, and why.
@@ -204,6 +261,9 @@ impl Superblock {
             w.u64(OBJLOCK_BUCKETS, self.objlock_buckets);
             w.u64(MAILBOX_START, self.mailbox_start);
         }
+        if self.incompat & INCOMPAT_SHARING_MODE != 0 {
+            w.u32(SHARING, self.sharing.map_or(0, SharingMode::code));
+        }
         let crc = crc32c::crc32c(&b[..CRC]);
         Writer::new(&mut b).u32(CRC, crc);
         b
@@ -251,6 +311,16 @@ impl Superblock {
                 0
             })
         };
+        let sharing = if incompat & INCOMPAT_SHARING_MODE == 0 {
+            None
+        } else {
+            let code = r.u32(SHARING)?;
+            Some(SharingMode::from_code(code).ok_or_else(|| {
+                Error::corrupted(format!(
+                    "superblock: unknown sharing mode {code} (1 single-host, 2 multi-node)"
+                ))
+            })?)
+        };
         let sb = Self {
             compat: r.u32(COMPAT)?,
             ro_compat: r.u32(RO_COMPAT)?,
@@ -286,6 +356,7 @@ impl Superblock {
             objlock_start: v3(OBJLOCK_START)?,
             objlock_buckets: v3(OBJLOCK_BUCKETS)?,
             mailbox_start: v3(MAILBOX_START)?,
+            sharing,
         };
         if r.u32(FSBS)? as usize != FS_BLOCK_SIZE {
             return Err(Error::corrupted(format!(
@@ -326,6 +397,10 @@ impl Superblock {
         let objlocks = self.has_object_locks();
         if objlocks && self.objlock_buckets == 0 {
             return bad("object-lock area without buckets");
+        }
+        // Versions stay a line: format 4 is format 3 and the sharing mode.
+        if self.incompat & INCOMPAT_SHARING_MODE != 0 && !objlocks {
+            return bad("sharing mode (format 4) without the object-lock area (format 3)");
         }
         // Absent regions (v2: no object locks) are empty and sit where they would be.
         let (objlock_start, mailbox_start) = if objlocks {
@@ -408,7 +483,9 @@ impl Superblock {
 
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
-        if self.incompat & INCOMPAT_OBJECT_LOCKS != 0 {
+        if self.incompat & INCOMPAT_SHARING_MODE != 0 {
+            4
+        } else if self.incompat & INCOMPAT_OBJECT_LOCKS != 0 {
             3
         } else if self.incompat & INCOMPAT_OVERFLOW != 0 {
             2
@@ -638,11 +715,11 @@ mod tests {
     #[test]
     fn object_lock_geometry_is_checked() {
         let sb = planned();
-        assert_eq!(sb.format_version(), 3);
-        assert_eq!(FORMAT_VERSION, 3);
+        assert_eq!(sb.format_version(), 4);
+        assert_eq!(FORMAT_VERSION, 4);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         let raw = sb.encode();
-        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 3);
+        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 4);
         assert_eq!(
             u64::from_le_bytes(raw[264..272].try_into().unwrap()),
             sb.objlock_start
@@ -655,7 +732,8 @@ mod tests {
             u64::from_le_bytes(raw[280..288].try_into().unwrap()),
             sb.mailbox_start
         );
-        assert!(raw[288..CRC].iter().all(|&b| b == 0));
+        assert_eq!(u32::from_le_bytes(raw[288..292].try_into().unwrap()), 1);
+        assert!(raw[292..CRC].iter().all(|&b| b == 0));
 
         let with = |f: &dyn Fn(&mut Superblock)| {
             let mut s = sb.clone();
@@ -712,7 +790,8 @@ mod tests {
     fn version_follows_the_object_lock_bit() {
         let sb = planned();
         let mut v2 = sb.clone();
-        v2.incompat &= !INCOMPAT_OBJECT_LOCKS;
+        v2.incompat &= !(INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE);
+        v2.sharing = None;
         assert_eq!(v2.format_version(), 2);
         assert!(v2.object_lock_area().is_none());
         // Its fields still hold v3 values in memory: encoded as 0 without the bit...
@@ -743,13 +822,82 @@ mod tests {
         }
         // A version this release does not know.
         let mut raw = sb.encode();
-        raw[8..12].copy_from_slice(&4u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&5u32.to_le_bytes());
         let crc = crc32c::crc32c(&raw[..CRC]);
         raw[CRC..].copy_from_slice(&crc.to_le_bytes());
         let e = Superblock::decode(&raw).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().contains("knows 1 to 3"), "{e}");
+        assert!(e.to_string().contains("knows 1 to 4"), "{e}");
         assert!(sb.check_features().is_ok());
+    }
+
+    /// Re-seal a hand-edited superblock.
+    fn reseal(raw: &mut [u8]) {
+        let crc = crc32c::crc32c(&raw[..CRC]);
+        raw[CRC..].copy_from_slice(&crc.to_le_bytes());
+    }
+
+    /// Version 4: the sharing mode round-trips at byte 288; without the bit (versions 1 to 3)
+    /// it is unknown and the field is ignored; impossible values do not decode; an older
+    /// binary refuses the volume by its version and by the bit.
+    #[test]
+    fn sharing_mode_is_recorded_in_version_4() {
+        let sb = planned();
+        assert_eq!(sb.sharing, Some(SharingMode::SingleHost));
+        for (mode, code) in [(SharingMode::SingleHost, 1u32), (SharingMode::MultiNode, 2)] {
+            let s = Superblock {
+                sharing: Some(mode),
+                ..sb.clone()
+            };
+            let raw = s.encode();
+            assert_eq!(u32::from_le_bytes(raw[288..292].try_into().unwrap()), code);
+            let back = Superblock::decode(&raw).unwrap();
+            assert_eq!(back.sharing, Some(mode));
+            assert_eq!(back.format_version(), 4);
+        }
+        assert_eq!(SharingMode::SingleHost.to_string(), "single-host");
+        assert_eq!(SharingMode::MultiNode.to_string(), "multi-node");
+
+        // A version-3 volume: no bit, the mode is unknown, and byte 288 is not read.
+        let mut v3 = sb.clone();
+        v3.incompat &= !INCOMPAT_SHARING_MODE;
+        v3.sharing = None;
+        assert_eq!(v3.format_version(), 3);
+        let mut raw = v3.encode();
+        assert!(raw[288..CRC].iter().all(|&b| b == 0));
+        raw[288..292].copy_from_slice(&7u32.to_le_bytes());
+        reseal(&mut raw);
+        let back = Superblock::decode(&raw).unwrap();
+        assert_eq!((back.sharing, back.format_version()), (None, 3));
+        assert!(back.check_features().is_ok());
+
+        // Unknown codes, the bit without the object-lock area, a version that does not match.
+        for code in [0u32, 3, u32::MAX] {
+            let mut raw = sb.encode();
+            raw[288..292].copy_from_slice(&code.to_le_bytes());
+            reseal(&mut raw);
+            let e = Superblock::decode(&raw).unwrap_err();
+            assert_eq!(e.kind(), ErrorKind::Corrupted);
+            assert!(e.to_string().contains("unknown sharing mode"), "{e}");
+        }
+        let mut no_objlocks = sb.clone();
+        no_objlocks.incompat &= !INCOMPAT_OBJECT_LOCKS;
+        let e = Superblock::decode(&no_objlocks.encode()).unwrap_err();
+        assert!(
+            e.to_string().contains("without the object-lock area"),
+            "{e}"
+        );
+        let mut raw = sb.encode();
+        raw[8..12].copy_from_slice(&3u32.to_le_bytes());
+        reseal(&mut raw);
+        let e = Superblock::decode(&raw).unwrap_err();
+        assert!(e.to_string().contains("does not match its incompat"), "{e}");
+
+        // What a version-3 binary does with this volume: its decoder stops at the version
+        // (FORMAT_VERSION 3 there), and its feature check at the bit it does not know.
+        let old_known = INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS;
+        assert_ne!(sb.incompat & !old_known, 0);
+        assert!(sb.format_version() > 3);
     }
 
     #[test]

@@ -648,9 +648,10 @@ mod tests {
     fn version_1_volume_keeps_its_limits() {
         let (dev, v) = fresh(64 << 20);
         let mut sb = v.superblock().clone();
-        assert_eq!(sb.format_version(), 3);
+        assert_eq!(sb.format_version(), 4);
         v.unmount().unwrap();
         sb.incompat = 0;
+        sb.sharing = None;
         let raw = sb.encode();
         assert_eq!(&raw[8..12], &1u32.to_le_bytes(), "written as version 1");
         let d = Arc::new(MemDevice::from_image(dev.snapshot(), 512));

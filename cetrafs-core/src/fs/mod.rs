@@ -979,4 +979,6 @@ mod multinode_tests;
 #[cfg(test)]
 mod pointer_tests;
 #[cfg(test)]
+mod sharing_tests;
+#[cfg(test)]
 mod tests;

@@ -1,9 +1,12 @@
 //! Mounting a volume: the sequence of `docs/locking.md` §10, one named step per function.
 //!
-//! 1. [`check_device`]: superblock (primary, else backup), logical block size, features.
+//! 1. [`check_device`]: superblock (primary, else backup), logical block size, features, and
+//!    the sharing mode against the path: a multi-node volume needs SCSI COMPARE AND WRITE.
 //! 2. [`Others::find`]: who else holds the volume — live nodes are welcome, a live node of our
 //!    own identity is refused, slots silent for their dead time are dead; a read-only mount
-//!    refuses dead journals that need replay.
+//!    refuses dead journals that need replay. A single-host volume refuses while a slot of
+//!    another machine is alive ([`Others::refuse_other_machines`]). Nothing is written before
+//!    this step has passed.
 //! 3. [`Others::claim_slot`]: claim a heartbeat slot (our own dead incarnation first, any dead
 //!    slot when none is free). From here every failure gives the slot back.
 //! 4. [`replay_own_journal`], before any lock naming the slot is released (lesson 6).
@@ -20,14 +23,16 @@ use super::inode_lock::InodeLocks;
 use super::{cluster, read_superblock, InodeTable, Meta, MountOptions, Tx, Volume};
 use crate::alloc::Allocator;
 use crate::cluster::lock::{LockTable, Me, Repaired};
+use crate::cluster::machine::MachineId;
 use crate::cluster::membership::{self, SlotView};
 use crate::cluster::object_lock::ObjectLocks;
 use crate::cluster::recovery::{self, Claimed};
 use crate::cluster::{LeaseGuard, Membership, Timing};
-use crate::dev::{BlockDevice, SharedDevice};
+use crate::dev::{BlockDevice, CawKind, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
+use crate::format::heartbeat::SlotState;
 use crate::format::lock_record::{LockMode, LockRecord};
-use crate::format::superblock::Superblock;
+use crate::format::superblock::{SharingMode, Superblock};
 use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,8 +45,12 @@ impl Volume {
     /// sysadmin can act on.
     pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
         let (sb, read_only) = check_device(&*dev, opts)?;
-        let others = Others::find(&*dev, &sb, opts, read_only)?;
-        let member = others.claim_slot(&dev, &sb, opts)?;
+        let machine = match opts.machine {
+            Some(m) => m,
+            None => MachineId::local()?,
+        };
+        let others = Others::find(&*dev, &sb, opts, machine, read_only)?;
+        let member = others.claim_slot(&dev, &sb, opts, machine)?;
         let claimed = member.clone();
         let result = Self::mount_as(dev, sb, opts, read_only, &others.dead, member);
         if result.is_err() {
@@ -251,7 +260,30 @@ fn check_device(dev: &dyn BlockDevice, opts: &MountOptions) -> Result<(Superbloc
         ));
     }
     let ro_only = sb.check_features()?;
+    check_path_sharing(&sb, dev.geometry().caw)?;
     Ok((sb, opts.read_only || ro_only))
+}
+
+/// Step 1b: the sharing mode mkfs recorded (format 4) against what this path can do. A
+/// multi-node volume is refused through a path whose COMPARE AND WRITE is not executed by a
+/// SCSI target (`dev/open.rs` decides that per path: a regular file, loop, NBD, a copy of the
+/// LUN...): its locks would not be atomic with the other nodes'. A volume of format 1 to 3
+/// does not record its mode and mounts as before, with a warning.
+fn check_path_sharing(sb: &Superblock, caw: CawKind) -> Result<()> {
+    match sb.sharing {
+        None => tracing::warn!(
+            "format version {} volume: it does not record its sharing mode (format 4 does), so a mount from a second machine is not refused; if it lives on a device without SCSI COMPARE AND WRITE (regular file, NBD, RBD, NVMe...), mount it from one machine at a time",
+            sb.format_version()
+        ),
+        Some(SharingMode::MultiNode) if caw != CawKind::Scsi => {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                "this is a multi-node volume (made on a SCSI LUN with COMPARE AND WRITE), but this path has no SCSI COMPARE AND WRITE (a regular file, a loop, NBD or NVMe device, or a copy of the LUN): its heartbeats and locks would not be atomic with the other nodes'; mount it through the LUN itself, /dev/sdX or its dm-multipath map (docs/san.md)",
+            ));
+        }
+        Some(mode) => tracing::info!("sharing mode recorded by mkfs.cetra: {mode}"),
+    }
+    Ok(())
 }
 
 /// Step 2's findings: the slots silent for their dead time.
@@ -266,10 +298,14 @@ impl Others {
         dev: &dyn BlockDevice,
         sb: &Superblock,
         opts: &MountOptions,
+        machine: MachineId,
         read_only: bool,
     ) -> Result<Others> {
-        let (alive, dead) =
+        let (alive, mut dead) =
             membership::find_holders(dev, sb, &opts.host, membership::Patience::Dead)?;
+        if sb.sharing == Some(SharingMode::SingleHost) {
+            Self::refuse_other_machines(dev, sb, machine, &alive, &mut dead)?;
+        }
         if let Some(a) = alive
             .iter()
             .find(|a| a.record.as_ref().is_some_and(|h| h.host == opts.host))
@@ -292,6 +328,65 @@ impl Others {
         Ok(Others { dead })
     }
 
+    /// Step 2b, single-host volumes: their COMPARE AND WRITE is emulated with locks of one
+    /// machine, so a node of another machine must not be mounted at the same time. Every
+    /// live-state slot of another machine (or of no recorded machine) that `find_holders` did
+    /// not find dead is watched for its dead time: alive, the mount is refused, naming who
+    /// holds the volume; silent for its dead time, it is dead and recovered by this mount like
+    /// any dead slot. Runs before the claim: a refused mount writes nothing.
+    fn refuse_other_machines(
+        dev: &dyn BlockDevice,
+        sb: &Superblock,
+        machine: MachineId,
+        alive: &[SlotView],
+        dead: &mut Vec<SlotView>,
+    ) -> Result<()> {
+        let foreign = |v: &SlotView| {
+            v.slot < sb.max_nodes
+                && v.record
+                    .as_ref()
+                    .is_some_and(|h| h.state == SlotState::Live && h.machine != machine)
+        };
+        let views = membership::scan(dev, sb)?;
+        let unsettled: Vec<SlotView> = views
+            .iter()
+            .filter(|v| foreign(v) && !dead.iter().any(|d| d.slot == v.slot && d.raw == v.raw))
+            .cloned()
+            .collect();
+        if unsettled.is_empty() {
+            return Ok(());
+        }
+        let proven_alive = alive.iter().any(foreign)
+            || {
+                tracing::info!(
+                "single-host volume: watching {} node slot(s) of other machines to tell whether they are alive",
+                unsettled.len()
+            );
+                // Stops at the first that changes; one that turns Free was unmounted meanwhile.
+                let (now_alive, now_dead) = membership::observe(dev, sb, &unsettled, None)?;
+                dead.extend(now_dead);
+                !now_alive.is_empty()
+            };
+        if !proven_alive {
+            return Ok(());
+        }
+        let holders: Vec<String> = unsettled
+            .iter()
+            .filter(|v| !dead.iter().any(|d| d.slot == v.slot))
+            .map(|v| {
+                let m = v.record.as_ref().map_or(MachineId::UNKNOWN, |h| h.machine);
+                format!("{} on machine {m}", membership::describe(v))
+            })
+            .collect();
+        Err(Error::new(
+            ErrorKind::Busy,
+            format!(
+                "this single-host volume is mounted on another machine: {} (this machine is {machine}). It was made on a device without SCSI COMPARE AND WRITE, so its heartbeats and locks are atomic only within one machine, and two machines mounting it at once would corrupt it. Unmount it there first; to share a volume between machines, make it with mkfs.cetra on a SCSI LUN that supports COMPARE AND WRITE (docs/san.md)",
+                holders.join(", ")
+            ),
+        ))
+    }
+
     /// Step 3: claim a slot. A dead slot of this node's own identity is taken back, and so
     /// is any dead slot when no slot is free; recovering it (journal, locks, orphans) is then
     /// this mount's job.
@@ -300,6 +395,7 @@ impl Others {
         dev: &SharedDevice,
         sb: &Superblock,
         opts: &MountOptions,
+        machine: MachineId,
     ) -> Result<Arc<Membership>> {
         let free_slot = membership::scan(&**dev, sb)?
             .iter()
@@ -310,12 +406,12 @@ impl Others {
             .filter(|d| {
                 d.record
                     .as_ref()
-                    .is_some_and(|h| h.state == crate::format::heartbeat::SlotState::Live)
+                    .is_some_and(|h| h.state == SlotState::Live)
             })
             .find(|d| d.record.as_ref().is_some_and(|h| h.host == opts.host))
             .or_else(|| self.dead.first().filter(|_| !free_slot))
             .map(|d| d.slot);
-        let member = Membership::claim(dev.clone(), sb, &opts.host, prefer)?;
+        let member = Membership::claim(dev.clone(), sb, &opts.host, machine, prefer)?;
         member.set_caw_renewal(opts.caw_renewal);
         Ok(member)
     }

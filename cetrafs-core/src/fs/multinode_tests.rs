@@ -473,6 +473,7 @@ mod control_damage {
             pid: 1,
             recoverer: u32::MAX,
             recoverer_gen: 0,
+            machine: crate::cluster::machine::MachineId::UNKNOWN,
         };
         dev.write_at(lba_of(&sb, 2) * 512, &h.encode(512)).unwrap();
         let mut g = record(&sb, 0);

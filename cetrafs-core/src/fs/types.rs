@@ -229,6 +229,10 @@ pub struct MountOptions {
     pub read_only: bool,
     /// Node identity (host name), recorded in the node's heartbeat slot.
     pub host: String,
+    /// The machine this node runs on, recorded in its heartbeat slot too; None: this
+    /// machine's, as `cluster::machine::MachineId::local` reads it (`CETRA_MACHINE_ID`, else
+    /// `/etc/machine-id`). In-process tests set it to play several machines.
+    pub machine: Option<crate::cluster::machine::MachineId>,
     /// How often pending metadata is committed without an fsync (zero: only on fsync, sync,
     /// unmount and journal pressure — deterministic, for crash tests).
     pub commit_interval: std::time::Duration,
@@ -263,6 +267,7 @@ impl Default for MountOptions {
         Self {
             read_only: false,
             host: "localhost".into(),
+            machine: None,
             commit_interval: std::time::Duration::from_secs(1),
             file_locks: true,
             caw_renewal: false,
