@@ -647,6 +647,7 @@ pub mod seeds {
             recoverer: u32::MAX,
             recoverer_gen: 0,
             machine: cetrafs_core::cluster::machine::MachineId([0x3d; 16]),
+            watchdog_ms: 0,
         };
         vec![h.encode(512), h.encode(4096)]
     }

@@ -837,6 +837,7 @@ impl Builder<'_> {
             recoverer: u32::MAX,
             recoverer_gen: 0,
             machine: cetrafs_core::cluster::machine::MachineId::UNKNOWN,
+            watchdog_ms: 0,
         }
     }
     fn put_hb(&mut self, name: &str, change: &str, hb: &Heartbeat) -> &mut Case {

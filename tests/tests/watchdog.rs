@@ -6,6 +6,9 @@
 //!    resumed, it stops the process that uses the mount (SIGTERM; the process ignores it, so
 //!    SIGKILL after the grace) and only then closes the watchdog connection, without the magic
 //!    `V`: watchdog-mux would reset the host.
+//!    Node 2 (no watchdog) watches: node 1's heartbeat advertises the watchdog, so node 2
+//!    does not recover it after the plain dead time (5.2 s with these timings) but only after
+//!    fail time + the watchdog's bound + two intervals (4 + 16 + 0.2 s).
 //! 2. `a_clean_unmount_is_a_magic_close`: unmounting ends the connection with `V`.
 
 use cetrafs_tests::{require_fuse, Lun, Mount};
@@ -66,6 +69,7 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
     let sock = lun.dir().join("watchdog-mux.sock");
     let pets = serve_one(UnixListener::bind(&sock).expect("bind the fake watchdog-mux"));
     let m = mount_with(&lun, &sock);
+    let watcher = Mount::new(&lun, "node2");
     assert!(
         std::fs::read_to_string(m.log_path())
             .unwrap_or_default()
@@ -87,9 +91,22 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
     std::thread::sleep(Duration::from_millis(300));
     assert!(user.try_wait().expect("user").is_none());
 
-    // Paused past the fail time (4 s), then resumed: its lease is gone.
+    // Paused past the fail time (4 s) and the plain dead time (5.2 s), then resumed: its
+    // lease is gone, but node 2 waits for its watchdog.
+    let recovered = || {
+        std::fs::read_to_string(watcher.log_path())
+            .unwrap_or_default()
+            .lines()
+            .any(|l| l.contains("recovered") && l.contains("node1"))
+    };
     m.signal(libc::SIGSTOP).expect("SIGSTOP");
-    std::thread::sleep(Duration::from_secs(5));
+    let stopped = Instant::now();
+    std::thread::sleep(Duration::from_secs(7));
+    assert!(
+        !recovered(),
+        "node 2 recovered node 1 after the plain dead time although its heartbeat advertises a \
+         watchdog"
+    );
     let resumed = Instant::now();
     m.signal(libc::SIGCONT).expect("SIGCONT");
 
@@ -110,7 +127,15 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
     };
     assert!(!saw_v, "a fenced node must not magic-close its watchdog");
     // The user was stopped before: SIGTERM ignored, SIGKILL after the 5 s grace.
-    let status = user.try_wait().expect("user");
+    // (The daemon saw it gone from /proc; its parent, this test, reaps it.)
+    let mut status = None;
+    for _ in 0..100 {
+        status = user.try_wait().expect("user");
+        if status.is_some() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let status = status.unwrap_or_else(|| {
         let _ = user.kill();
         panic!("the user of the mount was still running when the watchdog closed")
@@ -130,6 +155,19 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
         took >= Duration::from_secs(5) && took < Duration::from_secs(10),
         "closed {took:?} after the resume: the user's 5 s grace first, then at once"
     );
+    // Node 2 recovers node 1 once fail time + bound + two intervals have passed since its
+    // last heartbeat (just before the SIGSTOP).
+    let deadline = stopped + Duration::from_secs(40);
+    while !recovered() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    let after = stopped.elapsed();
+    assert!(recovered(), "node 2 never recovered node 1");
+    eprintln!("watchdog: node 2 recovered node 1 {after:?} after the SIGSTOP");
+    assert!(
+        after >= Duration::from_secs(20),
+        "recovered {after:?} after the SIGSTOP: before the advertised bound ran out"
+    );
     let log = std::fs::read_to_string(m.log_path()).unwrap_or_default();
     assert!(log.contains("FENCED") || log.contains("lease"), "{log}");
     // The shell and whichever `sleep` it runs: both have their working directory there.
@@ -137,6 +175,7 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
     assert!(log.contains("did not exit after SIGTERM; SIGKILL"), "{log}");
     assert!(log.contains("this host resets"), "{log}");
     let _ = m.unmount_any_status();
+    watcher.unmount();
 }
 
 #[test]

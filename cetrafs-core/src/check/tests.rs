@@ -606,6 +606,7 @@ mod control_areas {
             recoverer: u32::MAX,
             recoverer_gen: 0,
             machine: crate::cluster::machine::MachineId::UNKNOWN,
+            watchdog_ms: 0,
         }
     }
 

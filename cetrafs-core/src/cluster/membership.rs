@@ -142,6 +142,8 @@ pub struct Membership {
     /// Renew with COMPARE AND WRITE instead of read + compare + write (mount option
     /// `renew=caw`): one command, and a takeover is detected by the array itself.
     caw_renewal: AtomicBool,
+    /// The host watchdog's bound this node advertises in its heartbeat (ms, 0: none).
+    watchdog_ms: std::sync::atomic::AtomicU32,
     fence_hooks: FenceHooks,
 }
 
@@ -242,11 +244,11 @@ pub fn observe(
     let mut pending: Vec<(SlotView, Duration)> = live
         .iter()
         .map(|v| {
-            let h = v.record.as_ref().map_or(
-                Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms),
-                |h| Timing::from_ms(h.interval_ms, h.io_timeout_ms),
+            let dead = v.record.as_ref().map_or_else(
+                || Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms).dead_time(),
+                Heartbeat::dead_time,
             );
-            (v.clone(), limit.unwrap_or_else(|| h.dead_time()))
+            (v.clone(), limit.unwrap_or(dead))
         })
         .collect();
     let mut alive = Vec::new();
@@ -333,6 +335,7 @@ impl Membership {
                 recoverer: u32::MAX,
                 recoverer_gen: 0,
                 machine,
+                watchdog_ms: 0,
             };
             let image = mine.encode(lbs);
             // The lease runs from the moment the claim was issued, not from when we learn it
@@ -363,6 +366,7 @@ impl Membership {
                 stop: AtomicBool::new(false),
                 generation: AtomicU64::new(0),
                 caw_renewal: AtomicBool::new(false),
+                watchdog_ms: std::sync::atomic::AtomicU32::new(0),
                 fence_hooks: FenceHooks::default(),
             });
             set_held(sb.uuid, v.slot, generation, true);
@@ -426,6 +430,7 @@ impl Membership {
         };
         h.counter += 1;
         h.nonce = rand::random();
+        h.watchdog_ms = self.watchdog_ms.load(Ordering::Acquire);
         let next = h.encode(lbs);
         let lba = lba_of(&self.sb, self.slot);
         // The check above and the re-read took time (an I/O): a node paused in between (SIGSTOP,
@@ -472,6 +477,16 @@ impl Membership {
             }
             Err(e) => tracing::warn!("heartbeat write failed: {e}"),
         }
+    }
+
+    /// From the next renewal on, the heartbeat says that this node's host is certainly reset
+    /// `bound` after its lease ran out (`cluster/watchdog.rs`): the others wait that much
+    /// longer before they recover it ([`Heartbeat::dead_time`]). Capped at the record's limit.
+    pub fn advertise_watchdog(&self, bound: Duration) {
+        let ms = u32::try_from(bound.as_millis())
+            .unwrap_or(u32::MAX)
+            .min(crate::format::heartbeat::MAX_WATCHDOG_MS);
+        self.watchdog_ms.store(ms, Ordering::Release);
     }
 
     /// Renew the heartbeat with COMPARE AND WRITE from now on (mount option `renew=caw`).
@@ -617,6 +632,10 @@ impl BlockDevice for LeaseGuard {
 /// without waiting out the dead time (the common case of a crashed or killed local daemon).
 pub fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
     if h.host != local_host {
+        return false;
+    }
+    // Two machines given the same node name: a pid of that other machine says nothing here.
+    if !h.machine.is_unknown() && MachineId::local().ok() != Some(h.machine) {
         return false;
     }
     let Ok(pid) = i32::try_from(h.pid) else {

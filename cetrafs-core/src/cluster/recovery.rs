@@ -86,6 +86,7 @@ pub fn claim_and_release(
             recoverer: u32::MAX,
             recoverer_gen: 0,
             machine: crate::cluster::machine::MachineId::UNKNOWN,
+            watchdog_ms: 0,
         },
         None => return Ok(None),
     };

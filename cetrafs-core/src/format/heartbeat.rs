@@ -16,7 +16,10 @@
 //!        the claim is void once that slot no longer holds that generation alive
 //! 144 16 machine id        the owner's machine (`cluster/machine.rs`); all zero in records
 //!                          written before format 4 (those bytes were zero), read as unknown
-//! 160 .. zero
+//! 160  4 watchdog (ms)     format 4: 0 = none; else how long after its lease ran out the
+//!                          owner's host is certainly reset (`cluster/watchdog.rs`); observers
+//!                          wait that much longer before they call it dead
+//! 164 .. zero
 //! lbs-4 4 crc32c of bytes 0..lbs-4
 //! ```
 //! An all-zero block is a free slot that was never used.
@@ -41,7 +44,12 @@ pub const HB_VERSION: u16 = 1;
 pub const HOST_LEN: usize = 64;
 /// Where the owner's machine id sits (16 bytes).
 const MACHINE: usize = 144;
-const _: () = assert!(MACHINE + 16 + 4 <= 512);
+/// Where the owner's watchdog bound sits (u32 ms).
+const WATCHDOG: usize = 160;
+const _: () = assert!(WATCHDOG + 4 + 4 <= 512);
+/// Longest legal watchdog bound (ms): a record claiming more does not decode (observers would
+/// wait for it before recovering the node).
+pub const MAX_WATCHDOG_MS: u32 = 600_000;
 
 /// Longest legal heartbeat renewal interval (ms).
 pub const MAX_INTERVAL_MS: u32 = 60_000;
@@ -90,6 +98,9 @@ pub struct Heartbeat {
     pub recoverer_gen: u64,
     /// The owner's machine; [`MachineId::UNKNOWN`] in records of releases before format 4.
     pub machine: MachineId,
+    /// How long after its lease ran out the owner's host watchdog has certainly reset it, ms
+    /// (0: it has none).
+    pub watchdog_ms: u32,
 }
 
 impl Heartbeat {
@@ -112,6 +123,7 @@ impl Heartbeat {
         w.bytes(64, &h[..h.len().min(HOST_LEN)]);
         w.u64(128, self.pid);
         w.bytes(MACHINE, &self.machine.0);
+        w.u32(WATCHDOG, self.watchdog_ms);
         let crc = crc32c::crc32c(&b[..lbs - 4]);
         Writer::new(&mut b).u32(lbs - 4, crc);
         b
@@ -152,6 +164,12 @@ impl Heartbeat {
         uuid.copy_from_slice(r.bytes(32, 16)?);
         let mut machine = MachineId::UNKNOWN;
         machine.0.copy_from_slice(r.bytes(MACHINE, 16)?);
+        let watchdog_ms = r.u32(WATCHDOG)?;
+        if watchdog_ms > MAX_WATCHDOG_MS {
+            return Err(Error::corrupted(format!(
+                "heartbeat record: watchdog bound {watchdog_ms} ms is over {MAX_WATCHDOG_MS} ms"
+            )));
+        }
         Ok(Some(Self {
             state,
             generation: r.u64(8)?,
@@ -168,7 +186,24 @@ impl Heartbeat {
             recoverer: r.u32(60)?,
             recoverer_gen: r.u64(136)?,
             machine,
+            watchdog_ms,
         }))
+    }
+
+    /// How long observers wait for this record to change before they call its owner dead:
+    /// its own timing's dead time, or, when it advertises a host watchdog, at least its fail
+    /// time + the watchdog's bound + two intervals (one missed observation) — by then its host
+    /// has been reset, so nothing it issued can land any more.
+    pub fn dead_time(&self) -> std::time::Duration {
+        let t = crate::cluster::Timing::from_ms(self.interval_ms, self.io_timeout_ms);
+        let reset = t.fail_time()
+            + std::time::Duration::from_millis(u64::from(self.watchdog_ms))
+            + t.interval * 2;
+        if self.watchdog_ms == 0 {
+            t.dead_time()
+        } else {
+            t.dead_time().max(reset)
+        }
     }
 }
 
@@ -193,6 +228,7 @@ mod tests {
             recoverer: 0,
             recoverer_gen: 0,
             machine: MachineId::UNKNOWN,
+            watchdog_ms: 0,
         };
         let mut b = h.encode(512);
         b[64] = 0xff;
@@ -216,9 +252,33 @@ mod tests {
             recoverer: NO_RECOVERER,
             recoverer_gen: 0,
             machine: MachineId([0xaa; 16]),
+            watchdog_ms: 0,
         }
     }
     const NO_RECOVERER: u32 = u32::MAX;
+
+    /// An advertised watchdog stretches the dead time to fail time + its bound + two
+    /// intervals when that is longer; an absurd bound does not decode.
+    #[test]
+    fn an_advertised_watchdog_stretches_the_dead_time() {
+        use std::time::Duration;
+        let mut h = live(100, 500); // fail 4 s, dead 4 + 1 + 0.2 = 5.2 s
+        assert_eq!(h.dead_time(), Duration::from_millis(5_200));
+        h.watchdog_ms = 16_000;
+        assert_eq!(h.dead_time(), Duration::from_millis(20_200));
+        let mut prod = live(2_000, 8_000); // fail 64 s, dead 84 s
+        prod.watchdog_ms = 16_000;
+        assert_eq!(
+            prod.dead_time(),
+            Duration::from_secs(84),
+            "production timing already covers watchdog-mux's bound"
+        );
+        let back = Heartbeat::decode(&h.encode(512)).unwrap().unwrap();
+        assert_eq!(back.watchdog_ms, 16_000);
+        h.watchdog_ms = MAX_WATCHDOG_MS + 1;
+        let e = Heartbeat::decode(&h.encode(512)).unwrap_err();
+        assert!(e.to_string().contains("watchdog"), "{e}");
+    }
 
     #[test]
     fn timing_bounds_are_enforced_by_the_decoder() {
@@ -285,12 +345,12 @@ mod tests {
             prop_assert_eq!(Heartbeat::decode(&live(i, t).encode(512)).is_ok(), legal);
         }
         #[test]
-        fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8, machine: [u8; 16]) {
+        fn roundtrip(gen: u64, counter: u64, nonce: u64, host in "[a-z0-9.-]{1,64}", big: bool, flip in 0usize..4096*8, machine: [u8; 16], watchdog_ms in 0..=MAX_WATCHDOG_MS) {
             let lbs = if big { 4096 } else { 512 };
-            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42, recoverer: 5, recoverer_gen: gen ^ 1, machine: MachineId(machine) };
+            let h = Heartbeat { state: SlotState::Live, generation: gen, counter, nonce, uuid: [7; 16], interval_ms: 100, io_timeout_ms: 500, slot: 3, host, pid: 42, recoverer: 5, recoverer_gen: gen ^ 1, machine: MachineId(machine), watchdog_ms };
             let mut b = h.encode(lbs);
             prop_assert_eq!(&b[144..160], &machine[..]);
-            prop_assert!(b[160..lbs - 4].iter().all(|&x| x == 0));
+            prop_assert!(b[164..lbs - 4].iter().all(|&x| x == 0));
             prop_assert_eq!(Heartbeat::decode(&b).unwrap(), Some(h));
             let bit = flip % (lbs * 8);
             b[bit / 8] ^= 1 << (bit % 8);

@@ -1090,7 +1090,7 @@ impl Volume {
             }
             let Some(h) = &v.record else { continue };
             let silent = now.duration_since(changed_at);
-            let dead_time = Timing::from_ms(h.interval_ms, h.io_timeout_ms).dead_time();
+            let dead_time = h.dead_time();
             let is_due = match h.state {
                 SlotState::Free => false,
                 SlotState::Live => {
@@ -1103,10 +1103,7 @@ impl Volume {
                         .iter()
                         .find(|r| r.slot == h.recoverer)
                         .and_then(|r| r.record.as_ref().zip(seen.get(&r.slot)))
-                        .is_some_and(|(rh, (_, at))| {
-                            now.duration_since(*at)
-                                >= Timing::from_ms(rh.interval_ms, rh.io_timeout_ms).dead_time()
-                        });
+                        .is_some_and(|(rh, (_, at))| now.duration_since(*at) >= rh.dead_time());
                     recovery::claim_is_stale(v, &views, self.cl.me) || recoverer_silent_too_long
                 }
             };

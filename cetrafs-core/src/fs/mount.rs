@@ -220,9 +220,20 @@ impl Volume {
             );
             return Ok(());
         };
-        let t = self.cl.timing;
-        if let Some(w) = watchdog::too_slow_for(&wd, t.fail_time(), t.dead_time()) {
-            tracing::warn!("{w}");
+        // The others wait for the reset before they recover this node (Heartbeat::dead_time),
+        // on a format-4 volume, whose every node knows the field. On an older one a node of an
+        // older release would not wait.
+        if self.sb.format_version() >= 4 {
+            self.member.advertise_watchdog(wd.fires_within());
+        } else {
+            tracing::warn!(
+                "{}: this format-{} volume's heartbeats do not advertise the watchdog, so the \
+                 others may recover this node before its host is reset when the volume's dead \
+                 time is shorter than the fail time + {} s",
+                wd.describe(),
+                self.sb.format_version(),
+                wd.fires_within().as_secs()
+            );
         }
         let member = self.member.clone();
         if let Err(e) = wd.spawn(
@@ -234,11 +245,13 @@ impl Volume {
         }
         tracing::info!(
             "host watchdog: {}, petted while this node's lease is valid; once it is not, the \
-             processes using {} are stopped, then the watchdog",
+             processes using {} are stopped, then the watchdog; the heartbeat advertises the \
+             reset {} s after the lease, so the others wait for it before recovering this node",
             wd.describe(),
             opts.mountpoint
                 .as_deref()
-                .map_or_else(|| "the mount".to_string(), |p| p.display().to_string())
+                .map_or_else(|| "the mount".to_string(), |p| p.display().to_string()),
+            wd.fires_within().as_secs()
         );
         let _ = self.watchdog.set(wd);
         Ok(())

@@ -474,6 +474,7 @@ mod control_damage {
             recoverer: u32::MAX,
             recoverer_gen: 0,
             machine: crate::cluster::machine::MachineId::UNKNOWN,
+            watchdog_ms: 0,
         };
         dev.write_at(lba_of(&sb, 2) * 512, &h.encode(512)).unwrap();
         let mut g = record(&sb, 0);
