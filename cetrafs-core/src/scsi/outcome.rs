@@ -231,15 +231,22 @@ pub fn outcome_unknown(e: &Error) -> bool {
 }
 
 /// Whether `e`, or any error in its source chain, is a command the target refused with status
-/// RESERVATION CONFLICT. On a data write under the Write Exclusive – Registrants Only
-/// reservation this is the hardware fence: the node's key was preempted and no write of its
-/// will land again, so the caller must fence itself (stop writing, no retry). The error's kind
-/// stays [`ErrorKind::Io`] (errno EIO); this predicate is what tells it apart from other EIOs.
+/// RESERVATION CONFLICT: a [`ScsiFailure`] of that kind (SG_IO), or an I/O error with errno
+/// `EBADE`, which is how Linux reports the same status for a read or write through a block
+/// node (`/dev/sdX` or a multipath map over it: the SCSI midlayer turns RESERVATION CONFLICT
+/// into `BLK_STS_NEXUS`, "critical nexus error", errno EBADE, which dm-multipath does not retry
+/// on another path; seen on LIO by `lio-check pr`). On a data write under the Write Exclusive –
+/// Registrants Only reservation this is the hardware fence: the node's key was preempted and no
+/// write of its will land again, so the caller must fence itself (stop writing, no retry). The
+/// error's kind stays [`ErrorKind::Io`] (errno EIO); this predicate is what tells it apart from
+/// other EIOs.
 pub fn reservation_conflict(e: &Error) -> bool {
     let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(c) = cur {
         if c.downcast_ref::<ScsiFailure>()
             .is_some_and(|f| f.kind == FailureKind::ReservationConflict)
+            || c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.raw_os_error() == Some(libc::EBADE))
         {
             return true;
         }
@@ -560,6 +567,18 @@ mod tests {
             ErrorKind::Io,
             "plain EIO"
         )));
+        // the block layer's form of the same status (O_DIRECT pwrite on /dev/sdX)
+        let blk = Error::io(
+            "write of 512 bytes",
+            std::io::Error::from_raw_os_error(libc::EBADE),
+        );
+        assert!(reservation_conflict(&blk));
+        assert_eq!(blk.errno(), libc::EIO);
+        let eio = Error::io(
+            "write of 512 bytes",
+            std::io::Error::from_raw_os_error(libc::EIO),
+        );
+        assert!(!reservation_conflict(&eio));
         let busy = failed(classify(CommandKind::Write, &st(status::BUSY))).into_error("w");
         assert!(!reservation_conflict(&busy));
         for k in [

@@ -290,11 +290,17 @@ fn sequence(
             let r = f.write_at(&image(lbs, 0xC1), PR_LBA * lbs as u64);
             let detail = match r {
                 Ok(n) => return Err(format!("pwrite through {} wrote {n} bytes", sd.display())),
-                Err(e) => format!(
-                    "pwrite through {} failed: {e} (errno {:?})",
-                    sd.display(),
-                    e.raw_os_error()
-                ),
+                Err(e) => {
+                    let errno = e.raw_os_error();
+                    let err =
+                        cetrafs_core::Error::io(format!("pwrite through {}", sd.display()), e);
+                    if !reservation_conflict(&err) {
+                        return Err(format!(
+                            "{err} (errno {errno:?}): reservation_conflict() false"
+                        ));
+                    }
+                    format!("{err} (errno {errno:?}), reservation_conflict() true")
+                }
             };
             holds(a, lbs, 0xB0, "B's")?;
             Ok(format!("{detail}; block unchanged"))
@@ -340,11 +346,11 @@ fn sequence(
         })(),
     ) && step(
         "preempted nexus B cannot preempt back",
-        (|| match b.dev.pr_preempt(b.key, a.key, WERO) {
+        match b.dev.pr_preempt(b.key, a.key, WERO) {
             Ok(()) => Err("PREEMPT from the preempted nexus succeeded".into()),
             Err(e) if reservation_conflict(&e) => Ok(e.to_string()),
             Err(e) => Err(format!("wrong error ({:?}): {e}", e.kind())),
-        })(),
+        },
     ) && step(
         "READ RESERVATION after the preempt",
         (|| {
