@@ -7,7 +7,7 @@
 # stays on ttyS0 (console.log).
 # Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.stall=0
 #   lio.multinode=1 lio.mninterval=200 lio.mniotimeout=1000 lio.mnfiles=50 (fs-multi scenarios)
-#   lio.prabort=0 (1: the pr check also runs PREEMPT AND ABORT, which deadlocks Debian 6.1's LIO)
+#   lio.prabort=0 (1: the pr check also runs PREEMPT AND ABORT, which deadlocks Debian's LIO (6.1 and 6.12))
 export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys

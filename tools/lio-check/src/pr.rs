@@ -13,10 +13,11 @@
 //!    WRITE fails with RESERVATION CONFLICT, the block holds C's image, and B cannot preempt
 //!    back (unregistered: RESERVATION CONFLICT); READ RESERVATION: A, type 5;
 //!    6b. only with `--pr-abort 1`: B registers a new key and writes, A does PREEMPT AND ABORT
-//!    of it, B's key is gone and its next WRITE conflicts. Off by default: Debian 6.1's LIO
-//!    deadlocks there (tcm_loop runs the PR OUT in the LUN's submission work, and
-//!    `core_tmr_lun_reset` flushes that same work); every PR command runs with a 20 s deadline,
-//!    after which the blocked tasks (sysrq w) are printed and the LUN is left alone;
+//!    of it, B's key is gone and its next WRITE conflicts. Off by default: Debian's LIO (6.1
+//!    and 6.12) deadlocks there (tcm_loop runs the PR OUT in the LUN's submission work, and
+//!    `core_tmr_lun_reset` flushes that same work); PREEMPT and PREEMPT AND ABORT run with a
+//!    20 s deadline, after which the blocked tasks (sysrq w) are printed and the LUN is left
+//!    alone;
 //! 7. cleanup, whatever failed before: A registers (ignoring any key) and CLEARs; READ KEYS
 //!    and READ RESERVATION are empty and B writes again, so later checks see a free LUN.
 
@@ -142,7 +143,8 @@ fn holds(reader: &Nexus, lbs: usize, who: u8, whose: &str) -> Result<(), String>
     }
 }
 
-/// The whole check; `abort`: also PREEMPT AND ABORT (step 6b), which hangs Debian 6.1's LIO.
+/// The whole check; `abort`: also PREEMPT AND ABORT (step 6b), which hangs Debian's LIO
+/// (6.1 and 6.12) over tcm_loop.
 pub fn pr(rep: &mut Report, paths: &[String], abort: bool) {
     let nexuses: Result<Vec<Nexus>, String> = paths
         .iter()
@@ -174,7 +176,7 @@ pub fn pr(rep: &mut Report, paths: &[String], abort: bool) {
     let mut wedged = false;
     let ok = sequence(rep, &nx, lbs, sd_c, abort, &mut wedged);
     if !abort {
-        println!("SKIP pr PREEMPT AND ABORT: deadlocks Debian 6.1's LIO over tcm_loop (tests/lio/README.md); PR_ABORT=1 runs it");
+        println!("SKIP pr PREEMPT AND ABORT: deadlocks Debian's LIO (6.1 and 6.12) over tcm_loop (tests/lio/README.md); PR_ABORT=1 runs it");
     }
     if wedged {
         // every further command to this LUN would hang the same way
@@ -385,7 +387,7 @@ fn sequence(
 }
 
 /// A (nexus `by`) preempts `victim` (PREEMPT, or PREEMPT AND ABORT), on its own thread with
-/// a deadline: Debian 6.1's LIO deadlocks in PREEMPT AND ABORT over tcm_loop (see
+/// a deadline: Debian's LIO (6.1 and 6.12) deadlocks in PREEMPT AND ABORT over tcm_loop (see
 /// tests/lio/README.md), and the blocked tasks are then in the results.
 fn preempt(by: &Nexus, victim: u64, abort: bool, wedged: &mut bool) -> Result<(), String> {
     let (path, my) = (by.dev.path().to_path_buf(), by.key);
