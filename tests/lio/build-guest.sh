@@ -29,8 +29,11 @@ if [ ${#need[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends "${need[@]}" >/dev/null
 fi
 
-KPKG=$(apt-cache depends linux-image-amd64 | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
-[ -n "$KPKG" ] || { echo "cannot resolve the kernel package behind linux-image-amd64" >&2; exit 1; }
+# KMETA: the kernel meta-package (default Debian 12's 6.1; e.g. linux-image-6.12-amd64 with
+# CACHE=<repo>/.cache/lio-6.12 keeps a second guest kernel beside the default one)
+KMETA=${KMETA:-linux-image-amd64}
+KPKG=$(apt-cache depends "$KMETA" | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+[ -n "$KPKG" ] || { echo "cannot resolve the kernel package behind $KMETA" >&2; exit 1; }
 KVER=${KPKG#linux-image-}
 # cache key: kernel ABI + this script's content (mtimes change with every checkout)
 STAMP="$KVER $(sha256sum < "$HERE/build-guest.sh" | cut -c1-16)"
@@ -57,7 +60,7 @@ fi
 cp "$KROOT/boot/vmlinuz-$KVER" "$CACHE/vmlinuz"
 # Uncompressed ELF vmlinux (the scripts/extract-vmlinux method): qemu boots it through the
 # PVH entry note and skips the in-guest xz decompression, which halves the boot under TCG.
-off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$CACHE/vmlinuz" | head -1 | cut -d: -f1)
+off=$(LC_ALL=C grep -obUaP '\xfd7zXZ\x00' "$CACHE/vmlinuz" | head -1 | cut -d: -f1 || true)
 rm -f "$CACHE/vmlinux"
 tail -c +$((off + 1)) "$CACHE/vmlinuz" | xz -dc > "$CACHE/vmlinux" 2>/dev/null || true
 [ "$(head -c 4 "$CACHE/vmlinux" | od -An -c | tr -d ' ')" = '177ELF' ] ||

@@ -7,6 +7,7 @@
 # stays on ttyS0 (console.log).
 # Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.stall=0
 #   lio.multinode=1 lio.mninterval=200 lio.mniotimeout=1000 lio.mnfiles=50 (fs-multi scenarios)
+#   lio.prabort=0 (1: the pr check also runs PREEMPT AND ABORT, which deadlocks Debian's LIO (6.1 and 6.12))
 export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -18,7 +19,7 @@ say() { echo "lio-guest: $*"; echo "GUEST $*" > $R; }
 die() { say "FATAL: $*"; dmesg | tail -30 > $R; echo "LIO-CHECK-RESULT FAIL (guest setup: $*)" > $R; sync; poweroff -f; sleep 5; }
 
 SIZE=64M; CAWTOTAL=10200; NPATHS=3; STALLTEST=0
-MULTINODE=1; MNINTERVAL=200; MNIOTIMEOUT=1000; MNFILES=50
+MULTINODE=1; MNINTERVAL=200; MNIOTIMEOUT=1000; MNFILES=50; PRABORT=0
 for a in $(cat /proc/cmdline); do
     case $a in
         lio.size=*) SIZE=${a#*=} ;;
@@ -29,6 +30,7 @@ for a in $(cat /proc/cmdline); do
         lio.mninterval=*) MNINTERVAL=${a#*=} ;;
         lio.mniotimeout=*) MNIOTIMEOUT=${a#*=} ;;
         lio.mnfiles=*) MNFILES=${a#*=} ;;
+        lio.prabort=*) PRABORT=${a#*=} ;;
     esac
 done
 case $SIZE in
@@ -112,8 +114,11 @@ fi
 say "LIO ready at $(cut -d' ' -f1 /proc/uptime)s; memory $(free -m | awk '/Mem:/{print "total="$2"M used="$3"M"}')"
 echo "LIO-READY"
 
+# lio-check all: conformance on d512/d4k, CAW contention and then the persistent reservation
+# check (`pr`: register/reserve/RESERVATION CONFLICT/PREEMPT AND ABORT, ends with CLEAR) on the
+# d512 nexuses in $PATHS, the no-CAW LUN, the stall LUN.
 /bin/lio-check all --d512 $D512 --d512-sd $D512SD --d4k $D4K --d4k-sd $D4KSD \
-    --paths "$PATHS" --nocaw $NOCAW --size $BYTES --caw-total $CAWTOTAL $STALL > $R 2>&1
+    --paths "$PATHS" --nocaw $NOCAW --size $BYTES --caw-total $CAWTOTAL --pr-abort $PRABORT $STALL > $R 2>&1
 rc=$?
 say "lio-check exit $rc at $(cut -d' ' -f1 /proc/uptime)s"
 

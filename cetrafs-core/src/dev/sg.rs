@@ -18,6 +18,7 @@
 use super::{check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry};
 use crate::error::{Error, ErrorKind, Result};
 use crate::scsi::cdb::{self, vpd_page};
+use crate::scsi::pr::{self, InAction, OutAction, OutParams, PrType};
 use crate::scsi::vpd::{self, BlockLimits, Capacity, Provisioning, StandardInquiry};
 use crate::scsi::{
     classify, sgio, CommandKind, Completion, Direction, FailureKind, Outcome, ScsiFailure, SgIoHdr,
@@ -449,10 +450,13 @@ impl SgDevice {
                     busy += 1;
                 }
                 // Transport trouble on an idempotent command: resending is harmless and gives
-                // dm-multipath the chance to move to another path. Never for CAW (see docs).
+                // dm-multipath the chance to move to another path. Never for CAW (see docs),
+                // nor PERSISTENT RESERVE OUT (a resent PREEMPT conflicts with its own success).
                 Outcome::Failed(f)
-                    if cmd != CommandKind::CompareAndWrite
-                        && matches!(f.kind, FailureKind::Transport | FailureKind::Aborted)
+                    if !matches!(
+                        cmd,
+                        CommandKind::CompareAndWrite | CommandKind::PersistentReserveOut
+                    ) && matches!(f.kind, FailureKind::Transport | FailureKind::Aborted)
                         && transport < 2 =>
                 {
                     transport += 1;
@@ -700,6 +704,218 @@ impl SgDevice {
             Ok(Done::Miscompare) => Ok(CawOutcome::Miscompare),
             Err(f) => Err(Ok(f)),
         }
+    }
+}
+
+/// SCSI-3 persistent reservations on this I_T nexus (SPC-4; see [`crate::scsi::pr`]). Each
+/// method is one PERSISTENT RESERVE IN/OUT command, retried only where the target did not
+/// execute it (UNIT ATTENTION, BUSY): a PR OUT whose outcome is unknown is never resent. A
+/// target without persistent reservations fails with `Unsupported`; a refused PR OUT (wrong
+/// key, unregistered path) with `Io` and [`crate::scsi::reservation_conflict`] true.
+/// Registrations are per path: a host registers its key on every path of a multipath map.
+/// Nothing in mount or recovery calls these yet.
+impl SgDevice {
+    fn pr_in(&self, action: InAction, what: &str) -> Result<Vec<u8>> {
+        let mut alloc: usize = match action {
+            InAction::ReportCapabilities => usize::from(pr::REPORT_CAPABILITIES_LEN),
+            _ => 8 + 8 * 32,
+        };
+        loop {
+            let mut buf = vec![0u8; alloc];
+            let alloc16 = u16::try_from(alloc).unwrap_or(u16::MAX);
+            let done = self
+                .submit(
+                    CommandKind::PersistentReserveIn,
+                    &pr::pr_in(action, alloc16),
+                    DataBuf::In(&mut buf),
+                    self.opts.data_timeout,
+                )
+                .map_err(|f| self.pr_error(f, what))?;
+            buf.truncate(received(alloc, done));
+            if action == InAction::ReportCapabilities {
+                return Ok(buf);
+            }
+            match pr::pr_in_claimed_len(&buf) {
+                Some(claimed) if claimed > alloc && alloc < usize::from(u16::MAX) => {
+                    alloc = claimed.min(usize::from(u16::MAX));
+                }
+                _ => return Ok(buf),
+            }
+        }
+    }
+
+    fn pr_error(&self, f: ScsiFailure, what: &str) -> Error {
+        let ctx = format!("{what} on {}", self.path.display());
+        if f.kind == FailureKind::NotSupported {
+            return Error::with_source(
+                ErrorKind::Unsupported,
+                format!("{ctx}: the LUN does not support SCSI-3 persistent reservations"),
+                f,
+            );
+        }
+        f.into_error(ctx)
+    }
+
+    fn pr_out(&self, action: OutAction, ty: Option<PrType>, params: &OutParams) -> Result<()> {
+        let list = params.encode();
+        let what = match ty.filter(|_| action.uses_type()) {
+            Some(t) => format!("PERSISTENT RESERVE OUT {} ({t})", action.name()),
+            None => format!("PERSISTENT RESERVE OUT {}", action.name()),
+        };
+        self.submit(
+            CommandKind::PersistentReserveOut,
+            &pr::pr_out(action, ty),
+            DataBuf::Out(&list),
+            self.opts.data_timeout,
+        )
+        .map(|_| ())
+        .map_err(|f| self.pr_error(f, &what))
+    }
+
+    /// REPORT CAPABILITIES: which reservation types and options the LUN supports.
+    pub fn pr_capabilities(&self) -> Result<pr::Capabilities> {
+        let d = self.pr_in(
+            InAction::ReportCapabilities,
+            "PERSISTENT RESERVE IN REPORT CAPABILITIES",
+        )?;
+        pr::Capabilities::parse(&d).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "PERSISTENT RESERVE IN REPORT CAPABILITIES on {}: unusable reply ({} bytes)",
+                    self.path.display(),
+                    d.len()
+                ),
+            )
+        })
+    }
+
+    /// READ KEYS: the PR generation and every registered key (one entry per registered path).
+    pub fn pr_read_keys(&self) -> Result<pr::Keys> {
+        let d = self.pr_in(InAction::ReadKeys, "PERSISTENT RESERVE IN READ KEYS")?;
+        pr::Keys::parse(&d).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "PERSISTENT RESERVE IN READ KEYS on {}: reply shorter than its header ({} bytes)",
+                    self.path.display(),
+                    d.len()
+                ),
+            )
+        })
+    }
+
+    /// READ RESERVATION: the holder's key and the type, if the LUN is reserved.
+    pub fn pr_read_reservation(&self) -> Result<pr::Reservation> {
+        let d = self.pr_in(
+            InAction::ReadReservation,
+            "PERSISTENT RESERVE IN READ RESERVATION",
+        )?;
+        pr::Reservation::parse(&d).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!(
+                    "PERSISTENT RESERVE IN READ RESERVATION on {}: unusable reply ({} bytes)",
+                    self.path.display(),
+                    d.len()
+                ),
+            )
+        })
+    }
+
+    /// REGISTER: replace this path's key `old_key` (0 when unregistered) by `new_key`
+    /// (0 unregisters). RESERVATION CONFLICT when `old_key` is not this path's key.
+    pub fn pr_register(&self, old_key: u64, new_key: u64, aptpl: bool) -> Result<()> {
+        self.pr_out(
+            OutAction::Register,
+            None,
+            &OutParams {
+                key: old_key,
+                service_action_key: new_key,
+                aptpl,
+                ..OutParams::default()
+            },
+        )
+    }
+
+    /// REGISTER AND IGNORE EXISTING KEY: register `new_key` on this path whatever it had
+    /// (0 unregisters). What a node does at mount on each path.
+    pub fn pr_register_and_ignore(&self, new_key: u64, aptpl: bool) -> Result<()> {
+        self.pr_out(
+            OutAction::RegisterAndIgnoreExistingKey,
+            None,
+            &OutParams {
+                service_action_key: new_key,
+                aptpl,
+                ..OutParams::default()
+            },
+        )
+    }
+
+    /// RESERVE with type `ty`; this path must be registered with `key`. Reserving again with
+    /// the same key and type is GOOD; any other reservation present is a RESERVATION CONFLICT.
+    pub fn pr_reserve(&self, key: u64, ty: PrType) -> Result<()> {
+        self.pr_out(
+            OutAction::Reserve,
+            Some(ty),
+            &OutParams {
+                key,
+                ..OutParams::default()
+            },
+        )
+    }
+
+    /// RELEASE the reservation of type `ty` this path holds with `key`.
+    pub fn pr_release(&self, key: u64, ty: PrType) -> Result<()> {
+        self.pr_out(
+            OutAction::Release,
+            Some(ty),
+            &OutParams {
+                key,
+                ..OutParams::default()
+            },
+        )
+    }
+
+    /// CLEAR: drop the reservation and every registration of every path (this path must be
+    /// registered with `key`).
+    pub fn pr_clear(&self, key: u64) -> Result<()> {
+        self.pr_out(
+            OutAction::Clear,
+            None,
+            &OutParams {
+                key,
+                ..OutParams::default()
+            },
+        )
+    }
+
+    /// PREEMPT: remove every registration of `victim_key` (taking the reservation, with type
+    /// `ty`, if the victim held it); this path must be registered with `my_key`.
+    pub fn pr_preempt(&self, my_key: u64, victim_key: u64, ty: PrType) -> Result<()> {
+        self.pr_out(
+            OutAction::Preempt,
+            Some(ty),
+            &OutParams {
+                key: my_key,
+                service_action_key: victim_key,
+                ..OutParams::default()
+            },
+        )
+    }
+
+    /// PREEMPT AND ABORT: [`Self::pr_preempt`], and the target aborts every command the
+    /// victim's paths still have queued: after GOOD, no write of the victim lands any more.
+    pub fn pr_preempt_and_abort(&self, my_key: u64, victim_key: u64, ty: PrType) -> Result<()> {
+        self.pr_out(
+            OutAction::PreemptAndAbort,
+            Some(ty),
+            &OutParams {
+                key: my_key,
+                service_action_key: victim_key,
+                ..OutParams::default()
+            },
+        )
     }
 }
 

@@ -37,6 +37,11 @@ pub enum CommandKind {
     Unmap,
     /// INQUIRY, READ CAPACITY, TEST UNIT READY.
     Query,
+    /// PERSISTENT RESERVE IN (READ KEYS, READ RESERVATION, REPORT CAPABILITIES).
+    PersistentReserveIn,
+    /// PERSISTENT RESERVE OUT (REGISTER, RESERVE, PREEMPT AND ABORT, ...). Not idempotent:
+    /// a resent PREEMPT or REGISTER can conflict with its own first execution.
+    PersistentReserveOut,
 }
 
 impl CommandKind {
@@ -48,6 +53,23 @@ impl CommandKind {
             CommandKind::SynchronizeCache => "SYNCHRONIZE CACHE",
             CommandKind::Unmap => "UNMAP",
             CommandKind::Query => "INQUIRY/READ CAPACITY",
+            CommandKind::PersistentReserveIn => "PERSISTENT RESERVE IN",
+            CommandKind::PersistentReserveOut => "PERSISTENT RESERVE OUT",
+        }
+    }
+
+    /// What RESERVATION CONFLICT means for this command, for the message.
+    fn conflict_meaning(self) -> &'static str {
+        match self {
+            CommandKind::PersistentReserveOut => {
+                "the key given does not match this path's registration, or this path is not registered (inspect with sg_persist -i -k -r)"
+            }
+            CommandKind::Write | CommandKind::CompareAndWrite | CommandKind::Unmap | CommandKind::SynchronizeCache => {
+                "the LUN is reserved and this path is not registered: its key was removed (PREEMPT AND ABORT by a node recovering this one) or another host holds a reservation (inspect with sg_persist -i -k -r)"
+            }
+            CommandKind::Read | CommandKind::Query | CommandKind::PersistentReserveIn => {
+                "another initiator holds a SCSI reservation on this LUN that excludes this path (inspect with sg_persist -i -k -r)"
+            }
         }
     }
 }
@@ -72,7 +94,10 @@ pub enum FailureKind {
     InvalidRequest,
     /// ILLEGAL REQUEST / LOGICAL BLOCK ADDRESS OUT OF RANGE.
     OutOfRange,
-    /// RESERVATION CONFLICT: another initiator holds a SCSI reservation.
+    /// Status RESERVATION CONFLICT (0x18): the target refused the command because of a SCSI
+    /// reservation. Not executed (outcome known). On a write under a Write Exclusive –
+    /// Registrants Only reservation it means this path's key was preempted: the node is
+    /// fenced ([`reservation_conflict`]).
     ReservationConflict,
     /// BUSY or TASK SET FULL: not executed, try again later.
     Busy,
@@ -205,6 +230,31 @@ pub fn outcome_unknown(e: &Error) -> bool {
     scsi_failure(e).is_some_and(|f| f.outcome_unknown)
 }
 
+/// Whether `e`, or any error in its source chain, is a command the target refused with status
+/// RESERVATION CONFLICT: a [`ScsiFailure`] of that kind (`SG_IO`), or an I/O error with errno
+/// `EBADE`, which is how Linux reports the same status for a read or write through a block
+/// node (`/dev/sdX` or a multipath map over it: the SCSI midlayer turns RESERVATION CONFLICT
+/// into `BLK_STS_NEXUS`, "critical nexus error", errno EBADE, which dm-multipath does not retry
+/// on another path; seen on LIO by `lio-check pr`). On a data write under the Write Exclusive –
+/// Registrants Only reservation this is the hardware fence: the node's key was preempted and no
+/// write of its will land again, so the caller must fence itself (stop writing, no retry). The
+/// error's kind stays [`ErrorKind::Io`] (errno EIO); this predicate is what tells it apart from
+/// other EIOs.
+pub fn reservation_conflict(e: &Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(c) = cur {
+        if c.downcast_ref::<ScsiFailure>()
+            .is_some_and(|f| f.kind == FailureKind::ReservationConflict)
+            || c.downcast_ref::<std::io::Error>()
+                .is_some_and(|io| io.raw_os_error() == Some(libc::EBADE))
+        {
+            return true;
+        }
+        cur = c.source();
+    }
+    false
+}
+
 /// The SCSI failure behind an error, if it came from the `SG_IO` backend.
 pub fn scsi_failure(e: &Error) -> Option<&ScsiFailure> {
     std::error::Error::source(e).and_then(|s| s.downcast_ref::<ScsiFailure>())
@@ -313,18 +363,34 @@ pub fn classify(cmd: CommandKind, c: &Completion) -> Outcome {
         status::GOOD | status::CONDITION_MET => Outcome::Good,
         status::CHECK_CONDITION => classify_sense(cmd, &c.sense),
         status::BUSY => fail(F::Busy, false, None, format!("{}: target BUSY", cmd.name())),
-        status::TASK_SET_FULL => fail(F::Busy, false, None, format!("{}: target TASK SET FULL (queue full)", cmd.name())),
+        status::TASK_SET_FULL => fail(
+            F::Busy,
+            false,
+            None,
+            format!("{}: target TASK SET FULL (queue full)", cmd.name()),
+        ),
         status::RESERVATION_CONFLICT => fail(
             F::ReservationConflict,
             false,
             None,
             format!(
-                "{}: RESERVATION CONFLICT, another initiator holds a SCSI reservation on this LUN (inspect with sg_persist -i -k)",
-                cmd.name()
+                "{}: RESERVATION CONFLICT, {}",
+                cmd.name(),
+                cmd.conflict_meaning()
             ),
         ),
-        status::TASK_ABORTED => fail(F::Aborted, true, None, format!("{}: TASK ABORTED by the target", cmd.name())),
-        s => fail(F::Other, true, None, format!("{}: unexpected SCSI status 0x{s:02x}", cmd.name())),
+        status::TASK_ABORTED => fail(
+            F::Aborted,
+            true,
+            None,
+            format!("{}: TASK ABORTED by the target", cmd.name()),
+        ),
+        s => fail(
+            F::Other,
+            true,
+            None,
+            format!("{}: unexpected SCSI status 0x{s:02x}", cmd.name()),
+        ),
     }
 }
 
@@ -490,6 +556,40 @@ mod tests {
             (FailureKind::ReservationConflict, ErrorKind::Io, false)
         );
         assert!(f.to_string().contains("RESERVATION CONFLICT"));
+        assert!(f.to_string().contains("PREEMPT AND ABORT"), "{f}");
+        let e = f.into_error("COMPARE AND WRITE of LBA 3 on /dev/sg1");
+        assert!(reservation_conflict(&e));
+        assert!(!outcome_unknown(&e));
+        // found through a wrapping error too, and context kept
+        let outer = Error::with_source(ErrorKind::Io, "journal write", e);
+        assert!(reservation_conflict(&outer));
+        assert!(!reservation_conflict(&Error::new(
+            ErrorKind::Io,
+            "plain EIO"
+        )));
+        // the block layer's form of the same status (O_DIRECT pwrite on /dev/sdX)
+        let blk = Error::io(
+            "write of 512 bytes",
+            std::io::Error::from_raw_os_error(libc::EBADE),
+        );
+        assert!(reservation_conflict(&blk));
+        assert_eq!(blk.errno(), libc::EIO);
+        let eio = Error::io(
+            "write of 512 bytes",
+            std::io::Error::from_raw_os_error(libc::EIO),
+        );
+        assert!(!reservation_conflict(&eio));
+        let busy = failed(classify(CommandKind::Write, &st(status::BUSY))).into_error("w");
+        assert!(!reservation_conflict(&busy));
+        for k in [
+            CommandKind::PersistentReserveOut,
+            CommandKind::Read,
+            CommandKind::Write,
+        ] {
+            let f = failed(classify(k, &st(status::RESERVATION_CONFLICT)));
+            assert_eq!(f.kind, FailureKind::ReservationConflict);
+            assert!(f.to_string().starts_with(k.name()), "{f}");
+        }
         for s in [status::BUSY, status::TASK_SET_FULL] {
             let f = failed(classify(CommandKind::CompareAndWrite, &st(s)));
             assert_eq!(

@@ -6,7 +6,11 @@
 //!
 //! Subcommands:
 //! - `all --d512 SG --d512-sd SD --d4k SG --d4k-sd SD --paths SG,SG,SG --nocaw SG --size BYTES
-//!   [--caw-total N] [--stall SG --stall-dm NAME]`: everything below.
+//!   [--caw-total N] [--stall SG --stall-dm NAME] [--pr-abort 1]`: everything below.
+//! - `pr --paths SG,SG,SG [--pr-abort 1]`: SCSI-3 persistent reservations through three nexuses of one LUN
+//!   (register, reserve Write Exclusive – Registrants Only, RESERVATION CONFLICT of an
+//!   unregistered and of a preempted nexus, PREEMPT AND ABORT, CLEAR; see `pr.rs`); `all`
+//!   runs it on its `--paths` after the contention check.
 //! - `fs-multi --tag TAG --devs SD,SD,SD --interval MS --io-timeout MS [--files N]`: the
 //!   multi-node filesystem scenarios with the real mkfs.cetra / mount.cetra / fsck.cetra on
 //!   three nexuses of one LUN (see `fsmulti.rs`).
@@ -17,6 +21,7 @@
 
 mod daemonlog;
 mod fsmulti;
+mod pr;
 
 use cetrafs_core::dev::sg::{is_whole_lun, DataBuf, SgDevice, SgDeviceOptions, WholeLun};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice, CawKind, CawOutcome};
@@ -77,11 +82,21 @@ fn num(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: lio-check all|worker|fs-multi|daemon-log --key value ...");
+        eprintln!("usage: lio-check all|pr|worker|fs-multi|daemon-log --key value ...");
         return ExitCode::from(2);
     };
     let r = args_map(rest).and_then(|m| match cmd.as_str() {
         "all" => run_all(&m),
+        "pr" => {
+            let paths: Vec<String> = get(&m, "paths")?.split(',').map(str::to_string).collect();
+            let mut rep = Report { pass: 0, fail: 0 };
+            pr::pr(
+                &mut rep,
+                &paths,
+                m.get("pr-abort").is_some_and(|v| v == "1"),
+            );
+            Ok(rep.fail == 0 && rep.pass > 0)
+        }
         "worker" => worker(&m).map(|()| true),
         "fs-multi" => fsmulti::fs_multi(&m),
         "daemon-log" => daemonlog::daemon_log(&m),
@@ -160,6 +175,18 @@ fn run_all(m: &HashMap<String, String>) -> Result<bool, String> {
     let t = Instant::now();
     contention(&mut rep, &paths, caw_total, &mut summary);
     summary.push(format!("contention: {:.2}s", t.elapsed().as_secs_f64()));
+
+    // persistent reservations on the same nexuses; leaves the LUN unreserved (CLEAR)
+    let t = Instant::now();
+    pr::pr(
+        &mut rep,
+        &paths,
+        m.get("pr-abort").is_some_and(|v| v == "1"),
+    );
+    summary.push(format!(
+        "persistent reservations: {:.2}s",
+        t.elapsed().as_secs_f64()
+    ));
 
     nocaw(&mut rep, get(m, "nocaw")?);
 
