@@ -14,7 +14,6 @@
 use cetrafs_tests::{require_fuse, Lun, Mount};
 use std::io::Read;
 use std::os::unix::net::UnixListener;
-use std::path::Path;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -57,18 +56,21 @@ fn formatted() -> Lun {
     lun
 }
 
-fn mount_with(lun: &Lun, sock: &Path) -> Mount {
+/// A fresh volume, a fake watchdog-mux next to it, and node1 mounted with `watchdog=` that
+/// socket; what the mux receives comes through the returned channel.
+fn node1_with_fake_mux() -> (Lun, Mount, mpsc::Receiver<(Instant, u8)>) {
+    let lun = formatted();
+    let sock = lun.dir().join("watchdog-mux.sock");
+    let pets = serve_one(UnixListener::bind(&sock).expect("bind the fake watchdog-mux"));
     let opt = format!("watchdog={}", sock.display());
-    Mount::with_opts(lun, "node1", &[opt.as_str()])
+    let m = Mount::with_opts(&lun, "node1", &[opt.as_str()]);
+    (lun, m, pets)
 }
 
 #[test]
 fn a_paused_node_stops_its_users_then_its_watchdog() {
     require_fuse!();
-    let lun = formatted();
-    let sock = lun.dir().join("watchdog-mux.sock");
-    let pets = serve_one(UnixListener::bind(&sock).expect("bind the fake watchdog-mux"));
-    let m = mount_with(&lun, &sock);
+    let (lun, m, pets) = node1_with_fake_mux();
     let watcher = Mount::new(&lun, "node2");
     assert!(
         std::fs::read_to_string(m.log_path())
@@ -181,10 +183,7 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
 #[test]
 fn a_clean_unmount_is_a_magic_close() {
     require_fuse!();
-    let lun = formatted();
-    let sock = lun.dir().join("watchdog-mux.sock");
-    let pets = serve_one(UnixListener::bind(&sock).expect("bind the fake watchdog-mux"));
-    let m = mount_with(&lun, &sock);
+    let (_lun, m, pets) = node1_with_fake_mux();
     std::fs::write(m.p("f"), b"x").expect("write through the mount");
     m.unmount();
     let bytes: Vec<u8> = pets.iter().map(|(_, b)| b).collect();

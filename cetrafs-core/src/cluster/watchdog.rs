@@ -2,8 +2,10 @@
 //! for certain, graded as sanlock/wdmd and Proxmox's HA stack do it.
 //!
 //! # The watchdog ([`Watchdog`], mount option `watchdog=`)
-//! * `auto` (the default): Proxmox's `watchdog-mux` when its socket [`MUX_SOCKET`] exists,
-//!   otherwise none. A node never opens a watchdog device nobody asked for.
+//! * `auto` (the daemon's default): Proxmox's `watchdog-mux` when its socket [`MUX_SOCKET`]
+//!   exists and the volume is shared through SCSI COMPARE AND WRITE, otherwise none (on a
+//!   single-host volume every node is on this host: a reset protects nobody, and tests and
+//!   demos on file LUNs never arm it). A node never opens a watchdog device nobody asked for.
 //! * `none`: no watchdog.
 //! * a path: a Unix socket speaks the watchdog-mux protocol; anything else (`/dev/watchdog0`,
 //!   or a regular file in tests) is a watchdog device.
@@ -85,6 +87,17 @@ impl WatchdogSpec {
                 "watchdog= takes auto, none or an absolute path (a watchdog-mux socket or a \
                  watchdog device such as /dev/watchdog0), not {other:?}"
             )),
+        }
+    }
+
+    /// What to open on a volume that other machines share through SCSI COMPARE AND WRITE
+    /// (`shared`) or not: `auto` is nothing on a single-host volume (module doc); an explicit
+    /// choice stands.
+    #[must_use]
+    pub fn for_volume(&self, shared: bool) -> Self {
+        match self {
+            Self::Auto if !shared => Self::Off,
+            other => other.clone(),
         }
     }
 }
@@ -365,6 +378,12 @@ mod tests {
         assert!(WatchdogSpec::parse("watchdog0")
             .unwrap_err()
             .contains("absolute"));
+        // auto arms nothing on a single-host volume; explicit choices stand everywhere.
+        assert_eq!(WatchdogSpec::Auto.for_volume(false), WatchdogSpec::Off);
+        assert_eq!(WatchdogSpec::Auto.for_volume(true), WatchdogSpec::Auto);
+        let p = WatchdogSpec::Path("/run/x.sock".into());
+        assert_eq!(p.for_volume(false), p);
+        assert_eq!(WatchdogSpec::Off.for_volume(true), WatchdogSpec::Off);
     }
 
     #[test]

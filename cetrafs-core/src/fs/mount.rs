@@ -212,10 +212,15 @@ impl Volume {
         if self.read_only {
             return Ok(());
         }
-        let Some(wd) = Watchdog::open(&opts.watchdog)? else {
+        // `auto` only where a host reset protects anyone: a volume other machines share
+        // through SCSI COMPARE AND WRITE. On a single-host volume every node is on this host
+        // (a reset would take them all down, and nobody else takes over), and a test or demo
+        // on a file LUN never arms the host's watchdog-mux.
+        let shared = self.dev.geometry().caw == crate::dev::CawKind::Scsi;
+        let Some(wd) = Watchdog::open(&opts.watchdog.for_volume(shared))? else {
             tracing::info!(
-                "no host watchdog (watchdog=none, or auto without watchdog-mux at {}): a node \
-                 that loses its lease fences itself in software only",
+                "no host watchdog (watchdog=none, or auto on a single-host volume or without \
+                 watchdog-mux at {}): a node that loses its lease fences itself in software only",
                 watchdog::MUX_SOCKET
             );
             return Ok(());

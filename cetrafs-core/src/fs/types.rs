@@ -255,7 +255,9 @@ pub struct MountOptions {
     /// Allocation granule of image-sized sparse files, bytes (`granule=KiB`): a multiple of
     /// 4096 up to 1 MiB; 4096 (the default) allocates exactly the blocks written (fs/data.rs).
     pub alloc_granule: u64,
-    /// The host watchdog (`watchdog=auto|none|PATH`; `cluster/watchdog.rs`).
+    /// The host watchdog (`watchdog=auto|none|PATH`; `cluster/watchdog.rs`). Off unless asked
+    /// for: a library user or a test that drops a mounted volume without unmounting must not
+    /// leave an armed watchdog behind. The daemon's default is `auto`.
     pub watchdog: crate::cluster::watchdog::WatchdogSpec,
     /// Where the volume is mounted: the processes using files under it are stopped when the
     /// node loses its lease (None: nobody is stopped).
@@ -276,7 +278,7 @@ impl Default for MountOptions {
             bitmap_cache_bytes: crate::alloc::DEFAULT_BITMAP_CACHE,
             inode_locks: None,
             alloc_granule: super::data::DEFAULT_ALLOC_GRANULE,
-            watchdog: crate::cluster::watchdog::WatchdogSpec::Auto,
+            watchdog: crate::cluster::watchdog::WatchdogSpec::Off,
             mountpoint: None,
         }
     }
