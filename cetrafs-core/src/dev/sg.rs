@@ -772,55 +772,55 @@ impl SgDevice {
         .map_err(|f| self.pr_error(f, &what))
     }
 
-    /// REPORT CAPABILITIES: which reservation types and options the LUN supports.
-    pub fn pr_capabilities(&self) -> Result<pr::Capabilities> {
-        let d = self.pr_in(
-            InAction::ReportCapabilities,
-            "PERSISTENT RESERVE IN REPORT CAPABILITIES",
-        )?;
-        pr::Capabilities::parse(&d).ok_or_else(|| {
+    /// A PR IN reply parsed by `parse`; `unusable` says what is wrong with a reply it refuses.
+    fn pr_in_parsed<T>(
+        &self,
+        action: InAction,
+        what: &str,
+        unusable: &str,
+        parse: fn(&[u8]) -> Option<T>,
+    ) -> Result<T> {
+        let d = self.pr_in(action, what)?;
+        parse(&d).ok_or_else(|| {
             Error::new(
                 ErrorKind::Io,
                 format!(
-                    "PERSISTENT RESERVE IN REPORT CAPABILITIES on {}: unusable reply ({} bytes)",
+                    "{what} on {}: {unusable} ({} bytes)",
                     self.path.display(),
                     d.len()
                 ),
             )
         })
+    }
+
+    /// REPORT CAPABILITIES: which reservation types and options the LUN supports.
+    pub fn pr_capabilities(&self) -> Result<pr::Capabilities> {
+        self.pr_in_parsed(
+            InAction::ReportCapabilities,
+            "PERSISTENT RESERVE IN REPORT CAPABILITIES",
+            "unusable reply",
+            pr::Capabilities::parse,
+        )
     }
 
     /// READ KEYS: the PR generation and every registered key (one entry per registered path).
     pub fn pr_read_keys(&self) -> Result<pr::Keys> {
-        let d = self.pr_in(InAction::ReadKeys, "PERSISTENT RESERVE IN READ KEYS")?;
-        pr::Keys::parse(&d).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Io,
-                format!(
-                    "PERSISTENT RESERVE IN READ KEYS on {}: reply shorter than its header ({} bytes)",
-                    self.path.display(),
-                    d.len()
-                ),
-            )
-        })
+        self.pr_in_parsed(
+            InAction::ReadKeys,
+            "PERSISTENT RESERVE IN READ KEYS",
+            "reply shorter than its header",
+            pr::Keys::parse,
+        )
     }
 
     /// READ RESERVATION: the holder's key and the type, if the LUN is reserved.
     pub fn pr_read_reservation(&self) -> Result<pr::Reservation> {
-        let d = self.pr_in(
+        self.pr_in_parsed(
             InAction::ReadReservation,
             "PERSISTENT RESERVE IN READ RESERVATION",
-        )?;
-        pr::Reservation::parse(&d).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Io,
-                format!(
-                    "PERSISTENT RESERVE IN READ RESERVATION on {}: unusable reply ({} bytes)",
-                    self.path.display(),
-                    d.len()
-                ),
-            )
-        })
+            "unusable reply",
+            pr::Reservation::parse,
+        )
     }
 
     /// REGISTER: replace this path's key `old_key` (0 when unregistered) by `new_key`
