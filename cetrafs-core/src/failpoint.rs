@@ -5,10 +5,18 @@
 //! Process failpoints ([`process`]) are compiled into every build, for the end-to-end tests of
 //! real daemons: `CETRA_FAILPOINT=<name>=exit` makes the process exit with status 99 when it
 //! reaches `<name>`, `CETRA_FAILPOINT=<name>=panic` makes the thread that reaches it panic
-//! (which, under the panic policy, aborts the process). The variable is read once.
+//! (which, under the panic policy, aborts the process), `CETRA_FAILPOINT=<name>=stop` makes it
+//! stop the whole process with SIGSTOP (a paused node, resumed by SIGCONT). The variable is
+//! read once. A failpoint reached through [`process_at`] (a write of a byte range) fires only
+//! once and only for the write covering the offset written in the file `CETRA_FAILPOINT_AT`
+//! names, once that file exists (a test writes it when the moment has come).
 
 /// The environment variable naming the one armed process failpoint.
 pub const PROCESS_ENV: &str = "CETRA_FAILPOINT";
+
+/// The environment variable naming the file that holds the byte offset a [`process_at`]
+/// failpoint waits for.
+pub const PROCESS_AT_ENV: &str = "CETRA_FAILPOINT_AT";
 
 /// Exit status of a process stopped by an `=exit` process failpoint.
 pub const PROCESS_EXIT_CODE: i32 = 99;
@@ -17,23 +25,65 @@ pub const PROCESS_EXIT_CODE: i32 = 99;
 /// nothing (one comparison after the first call). A panic names the caller's location.
 #[track_caller]
 pub fn process(name: &str) {
+    let Some(action) = armed_action(name) else {
+        return;
+    };
+    match action {
+        "exit" => {
+            tracing::error!("failpoint {name}: exiting as requested by {PROCESS_ENV}");
+            std::process::exit(PROCESS_EXIT_CODE);
+        }
+        "panic" => panic!("failpoint {name}: panicking as requested by {PROCESS_ENV}"),
+        "stop" => {
+            tracing::warn!(
+                "failpoint {name}: stopping this process (SIGSTOP) as requested by {PROCESS_ENV}"
+            );
+            // SAFETY: raise only sends a signal to this process; SIGSTOP stops every thread
+            // until a SIGCONT, and no memory is touched.
+            unsafe {
+                libc::raise(libc::SIGSTOP);
+            }
+            tracing::warn!("failpoint {name}: continued (SIGCONT)");
+        }
+        other => tracing::warn!("{PROCESS_ENV}: unknown action {other:?} for {name}, ignored"),
+    }
+}
+
+/// The action `CETRA_FAILPOINT` names for `name`, if it names `name`.
+fn armed_action(name: &str) -> Option<&'static str> {
     static ARMED: std::sync::OnceLock<Option<(String, String)>> = std::sync::OnceLock::new();
     let armed = ARMED.get_or_init(|| {
         let v = std::env::var(PROCESS_ENV).ok()?;
         let (point, action) = v.rsplit_once('=')?;
         Some((point.to_string(), action.to_string()))
     });
-    let Some((point, action)) = armed else { return };
-    if point != name {
+    armed
+        .as_ref()
+        .filter(|(point, _)| point == name)
+        .map(|(_, action)| action.as_str())
+}
+
+/// Reached process failpoint `name` with a write of `len` bytes at byte `offset`: like
+/// [`process`], but when `CETRA_FAILPOINT_AT` is set it fires once, for the first write that
+/// covers the offset the file it names holds (read only while `name` is armed).
+#[track_caller]
+pub fn process_at(name: &str, offset: u64, len: u64) {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    static FIRED: AtomicBool = AtomicBool::new(false);
+    if armed_action(name).is_none() || FIRED.load(Ordering::Acquire) {
         return;
     }
-    match action.as_str() {
-        "exit" => {
-            tracing::error!("failpoint {name}: exiting as requested by {PROCESS_ENV}");
-            std::process::exit(PROCESS_EXIT_CODE);
-        }
-        "panic" => panic!("failpoint {name}: panicking as requested by {PROCESS_ENV}"),
-        other => tracing::warn!("{PROCESS_ENV}: unknown action {other:?} for {name}, ignored"),
+    let Some(file) = std::env::var_os(PROCESS_AT_ENV) else {
+        return process(name);
+    };
+    let Some(at) = std::fs::read_to_string(file)
+        .ok()
+        .and_then(|s| s.trim().parse::<u64>().ok())
+    else {
+        return;
+    };
+    if at >= offset && at - offset < len && !FIRED.swap(true, Ordering::AcqRel) {
+        process(name);
     }
 }
 

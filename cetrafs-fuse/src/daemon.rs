@@ -8,6 +8,8 @@
 
 use crate::adapter::{self, Adapter, UnmountOutcome};
 use crate::options::Args;
+use cetrafs_core::cluster::reservation::Fencing;
+use cetrafs_core::cluster::watchdog::WatchdogSpec;
 use cetrafs_core::dev::open::{open_lun, LunOptions, Sharing};
 use cetrafs_core::dev::SharedDevice;
 use cetrafs_core::fs::{MountOptions, Volume};
@@ -426,7 +428,15 @@ fn hostname() -> String {
 /// whole SCSI LUN, `O_DIRECT` file backend otherwise (a regular file gets the logical block size
 /// its superblock records). A SCSI LUN must pass the COMPARE AND WRITE probe on the
 /// superblock's probe block at every read-write mount; anything else is a single-host volume.
-fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<SharedDevice> {
+///
+/// Fencing is chosen here too (`fence=`, [`reservation::choose`]), before the probe writes:
+/// with persistent reservations the node registers a joining key on every path first, so its
+/// probe and slot claim may write to a LUN the other nodes have reserved.
+fn open_device(
+    path: &Path,
+    read_only: bool,
+    opts: &crate::options::Options,
+) -> cetrafs_core::Result<(SharedDevice, Option<Fencing>)> {
     let mut lo = LunOptions {
         read_only,
         ..LunOptions::default()
@@ -445,8 +455,20 @@ fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<SharedDevic
             lun = open_lun(path, &lo)?;
         }
     }
+    let fencing = match (&sb, read_only) {
+        (Ok(sb), false) => {
+            let f = Fencing::decide(opts.fence, &lun, &sb.uuid, opts.pr_preempt, &opts.watchdog)?;
+            info!("{shown}: {}", f.describe());
+            Some(f)
+        }
+        _ => None,
+    };
     match (sb, read_only) {
-        (Ok(sb), false) => match lun.check_sharing(sb.probe_block)? {
+        (Ok(sb), false) => match lun.check_sharing(sb.probe_block).inspect_err(|_| {
+            if let Some(f) = &fencing {
+                f.abandon();
+            }
+        })? {
             s @ Sharing::MultiNode { .. } => info!("{shown}: {}; {s}", lun.kind),
             s => info!("{shown}: single-host volume: {}; {s}", lun.kind),
         },
@@ -457,7 +479,7 @@ fn open_device(path: &Path, read_only: bool) -> cetrafs_core::Result<SharedDevic
         (_, _) if !lun.kind.is_scsi() => info!("{shown}: single-host volume ({})", lun.kind),
         _ => {}
     }
-    Ok(lun.dev)
+    Ok((lun.dev, fencing))
 }
 
 /// Mount and serve until unmounted. Returns the exit status.
@@ -499,7 +521,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
     };
 
     let ro = args.opts.read_only;
-    let dev = match open_device(&args.device, ro) {
+    let (dev, fencing) = match open_device(&args.device, ro, &args.opts) {
         Ok(d) => d,
         Err(e) => return fail(&mut notifier, e.to_string()),
     };
@@ -532,7 +554,11 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             bitmap_cache_bytes: args.opts.bitmap_cache_bytes,
             inode_locks: args.opts.inode_locks,
             alloc_granule: args.opts.alloc_granule,
-            watchdog: args.opts.watchdog.clone(),
+            // fence=none: software fencing only, so no watchdog either (Fencing::decide).
+            watchdog: fencing
+                .as_ref()
+                .map_or(WatchdogSpec::Off, |f| f.watchdog.clone()),
+            reservations: fencing.and_then(|f| f.reservations),
             // As /proc shows the paths of open files (before the FUSE mount covers it).
             mountpoint: Some(
                 std::fs::canonicalize(&args.mountpoint).unwrap_or_else(|_| args.mountpoint.clone()),

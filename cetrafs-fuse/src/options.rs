@@ -27,7 +27,7 @@ pub const USAGE: &str = concat!(
     "usage: mount.cetra DEVICE MOUNTPOINT [-o OPTIONS] [-f] [-v]\n",
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
     "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, inode_locks=N, granule=KIB,\n",
-    "           watchdog=auto|none|PATH,\n",
+    "           watchdog=auto|none|PATH, fence=auto|pr|watchdog|none, pr_preempt=abort|plain,\n",
     "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
@@ -79,6 +79,11 @@ pub struct Options {
     pub alloc_granule: u64,
     /// `watchdog=auto|none|PATH`: the host watchdog petted while the lease is valid.
     pub watchdog: cetrafs_core::cluster::watchdog::WatchdogSpec,
+    /// `fence=auto|pr|watchdog|none`: how a node that lost its lease is kept from writing
+    /// (`cluster/reservation.rs`).
+    pub fence: cetrafs_core::cluster::reservation::FenceMode,
+    /// `pr_preempt=abort|plain`: PREEMPT AND ABORT (default) or PREEMPT of a dead node's key.
+    pub pr_preempt: cetrafs_core::cluster::reservation::Preempt,
     // Kernel mount flags. Unlike a FUSE mount made by an unprivileged user, a root-mounted
     // CetraFS defaults to suid and dev like any block filesystem (container root filesystems
     // need both); fstab can still say nosuid/nodev.
@@ -103,6 +108,8 @@ impl Default for Options {
             inode_locks: None,
             alloc_granule: cetrafs_core::fs::DEFAULT_ALLOC_GRANULE,
             watchdog: cetrafs_core::cluster::watchdog::WatchdogSpec::Auto,
+            fence: cetrafs_core::cluster::reservation::FenceMode::Auto,
+            pr_preempt: cetrafs_core::cluster::reservation::Preempt::Abort,
             nosuid: false,
             nodev: false,
             noexec: false,
@@ -143,6 +150,14 @@ impl Options {
                     self.watchdog =
                         cetrafs_core::cluster::watchdog::WatchdogSpec::parse(v).map_err(usage)?;
                 }
+                ("fence", Some(v)) => {
+                    self.fence =
+                        cetrafs_core::cluster::reservation::FenceMode::parse(v).map_err(usage)?;
+                }
+                ("pr_preempt", Some(v)) => {
+                    self.pr_preempt =
+                        cetrafs_core::cluster::reservation::Preempt::parse(v).map_err(usage)?;
+                }
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -174,6 +189,8 @@ impl Options {
                             | "inode_locks"
                             | "granule"
                             | "watchdog"
+                            | "fence"
+                            | "pr_preempt"
                     ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))

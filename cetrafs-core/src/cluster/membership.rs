@@ -597,6 +597,28 @@ impl LeaseGuard {
             ),
         ))
     }
+
+    /// An error of the device below: RESERVATION CONFLICT means a survivor preempted this
+    /// node's reservation key (it was given up for dead and recovered, `fence=pr`), so the
+    /// node fences itself at once instead of waiting for its lease to show it.
+    fn seen<T>(&self, r: Result<T>) -> Result<T> {
+        r.map_err(|e| {
+            if !crate::scsi::reservation_conflict(&e) {
+                return e;
+            }
+            if self.member.is_fenced() {
+                // Its lease ran out first (a paused node that resumed): the target refusing
+                // what it still had in flight is the proof that fence=pr worked.
+                tracing::warn!(
+                    "RESERVATION CONFLICT: the LUN refused an I/O of this fenced node ({e})"
+                );
+            }
+            self.member.fence(format!(
+                "RESERVATION CONFLICT: the LUN refused this node's I/O ({e}): another node preempted its reservation key after giving it up for dead"
+            ));
+            Error::with_source(ErrorKind::Fenced, "node is fenced: RESERVATION CONFLICT", e)
+        })
+    }
 }
 
 impl BlockDevice for LeaseGuard {
@@ -607,23 +629,31 @@ impl BlockDevice for LeaseGuard {
         // A fenced node reads nothing either: its block maps may point at blocks that the
         // survivors have reused since they recovered it.
         self.check()?;
-        self.inner.read_at(offset, buf)
+        self.seen(self.inner.read_at(offset, buf))
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         self.check()?;
-        self.inner.write_at(offset, buf)
+        // Between the lease check and the write: where a node that is paused (SIGSTOP, a VM
+        // migration, a long GC) resumes with a write its lease no longer covers. The LIO
+        // fencing scenario stops a daemon here (`=stop`, armed for one byte offset).
+        crate::failpoint::process_at(
+            "lease::write_checked",
+            offset,
+            u64::try_from(buf.len()).unwrap_or(u64::MAX),
+        );
+        self.seen(self.inner.write_at(offset, buf))
     }
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         self.check()?;
-        self.inner.compare_and_write(lba, expected, new)
+        self.seen(self.inner.compare_and_write(lba, expected, new))
     }
     fn flush(&self) -> Result<()> {
         self.check()?;
-        self.inner.flush()
+        self.seen(self.inner.flush())
     }
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.check()?;
-        self.inner.discard(offset, len)
+        self.seen(self.inner.discard(offset, len))
     }
 }
 
@@ -834,6 +864,77 @@ mod tests {
             ErrorKind::Fenced
         );
         assert!(guard.flush().is_err());
+    }
+
+    /// A device whose writes come back RESERVATION CONFLICT (as EBADE, what the block layer
+    /// reports) once `refuse` is set: the LUN after a survivor preempted this node's key.
+    #[derive(Debug)]
+    struct Preempted {
+        inner: Arc<MemDevice>,
+        refuse: AtomicBool,
+    }
+
+    impl BlockDevice for Preempted {
+        fn geometry(&self) -> &Geometry {
+            self.inner.geometry()
+        }
+        fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+            self.inner.read_at(offset, buf)
+        }
+        fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+            if self.refuse.load(Ordering::Acquire) {
+                return Err(Error::io(
+                    "write",
+                    std::io::Error::from_raw_os_error(libc::EBADE),
+                ));
+            }
+            self.inner.write_at(offset, buf)
+        }
+        fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
+            self.inner.compare_and_write(lba, expected, new)
+        }
+        fn flush(&self) -> Result<()> {
+            self.inner.flush()
+        }
+        fn discard(&self, offset: u64, len: u64) -> Result<()> {
+            self.inner.discard(offset, len)
+        }
+    }
+
+    /// fence=pr: a write the LUN refuses with RESERVATION CONFLICT fences the node at once,
+    /// with its lease still valid, and nothing more is issued; other errors do not fence.
+    #[test]
+    fn a_reservation_conflict_fences_at_once() {
+        let (mem, sb) = volume(10, 200);
+        let m = Membership::claim(mem.clone(), &sb, "n1", MachineId::UNKNOWN, None).unwrap();
+        let dev = Arc::new(Preempted {
+            inner: mem.clone(),
+            refuse: AtomicBool::new(false),
+        });
+        let guard = LeaseGuard::new(dev.clone(), m.clone());
+        guard.write_at(0, &[0u8; 512]).unwrap();
+        mem.faults.fail_reads.store(true, Ordering::SeqCst);
+        let mut b = [0u8; 512];
+        assert!(guard.read_at(0, &mut b).is_err());
+        mem.faults.fail_reads.store(false, Ordering::SeqCst);
+        assert!(!m.is_fenced(), "a plain EIO does not fence");
+        dev.refuse.store(true, Ordering::Release);
+        let e = guard.write_at(0, &[1u8; 512]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Fenced);
+        assert!(m.is_fenced());
+        assert!(
+            m.fence_reason()
+                .is_some_and(|r| r.contains("RESERVATION CONFLICT")),
+            "{:?}",
+            m.fence_reason()
+        );
+        dev.refuse.store(false, Ordering::Release);
+        assert_eq!(
+            guard.write_at(0, &[2u8; 512]).unwrap_err().kind(),
+            ErrorKind::Fenced,
+            "nothing more reaches the LUN"
+        );
+        let _ = m.release();
     }
 
     /// A node paused while its renewal re-reads the slot (SIGSTOP between the lease check and

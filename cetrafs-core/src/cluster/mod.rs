@@ -9,6 +9,7 @@ pub mod mailbox;
 pub mod membership;
 pub mod object_lock;
 pub mod recovery;
+pub mod reservation;
 pub mod timing;
 pub mod watchdog;
 

@@ -4,6 +4,9 @@
 //!    `Recovering {recoverer: me}`. Only one survivor wins; the write also fences the dead node
 //!    should it resume (its renewal sees a foreign image). A claim whose recoverer is no longer
 //!    that live node is taken over the same way, and the steps are redone.
+//!
+//!    Then, with `fence=pr`, **preempt**: PREEMPT AND ABORT of the dead slot's reservation
+//!    keys (`reservation.rs`): from here the target refuses whatever the dead node still sends.
 //! 2. **replay** its journal (sequence-guarded, so replaying twice changes nothing). Safe while
 //!    others run: a node's journal is non-empty only while it holds the global metadata lock
 //!    exclusively — nobody else can have changed those blocks since.
@@ -19,6 +22,7 @@
 use super::lock::{LockTable, Me};
 use super::membership::{self, SlotView};
 use super::object_lock::ObjectLocks;
+use super::reservation::Reservations;
 use crate::dev::BlockDevice;
 use crate::error::Result;
 use crate::format::heartbeat::{Heartbeat, SlotState};
@@ -62,6 +66,7 @@ pub fn claim_and_release(
     sb: &Superblock,
     locks: &LockTable,
     objects: Option<&ObjectLocks>,
+    pr: Option<&Reservations>,
     dead: &SlotView,
     me: Me,
 ) -> Result<Option<Claimed>> {
@@ -125,6 +130,16 @@ pub fn claim_and_release(
             record: Some(mine),
         }
     };
+    // fence=pr: the target aborts the dead node's queued writes and refuses its later ones
+    // before anything it may still write is overwritten by the replay (step 1b).
+    if let Some(pr) = pr {
+        pr.preempt_slot(dead.slot).map_err(|e| {
+            e.wrap(format!(
+                "fencing {} by persistent reservation",
+                membership::describe(dead)
+            ))
+        })?;
+    }
     let replayed = crate::journal::replay(dev, sb, JournalArea::for_slot(sb, dead.slot))
         .map_err(|e| e.wrap(format!("journal replay of {}", membership::describe(dead))))?;
     // The multi-node suite's `CETRA_FAILPOINT=recovery::after_replay=exit` stops the process

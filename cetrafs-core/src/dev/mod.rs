@@ -7,6 +7,7 @@
 pub mod aligned;
 pub mod file;
 pub mod mem;
+pub mod multipath;
 pub mod open;
 pub mod record;
 pub mod sg;

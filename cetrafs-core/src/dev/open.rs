@@ -156,6 +156,11 @@ impl Lun {
         self.scsi.as_deref()
     }
 
+    /// The `SG_IO` handle of a SCSI LUN, shared (persistent reservations keep it).
+    pub fn scsi_arc(&self) -> Option<Arc<SgDevice>> {
+        self.scsi.clone()
+    }
+
     /// Decide how the volume may be shared. For a SCSI LUN this runs
     /// [`SgDevice::probe_caw`] on fs block `probe_fs_block` (the superblock's `probe_block`,
     /// reserved for this; its content is restored) and fails with `Unsupported` and a message

@@ -1060,6 +1060,11 @@ impl Volume {
     fn watch_tick(&self, seen: &mut HashMap<u32, (Vec<u8>, Instant)>) -> Result<()> {
         let views = membership::scan(&*self.dev, &self.sb)?;
         self.cl.set_live(&views);
+        if let Some(pr) = self.pr.as_deref().filter(|_| !self.read_only) {
+            if let Err(e) = pr.recheck(&crate::cluster::reservation::live_slots(&views)) {
+                tracing::warn!("fence=pr: checking the LUN's reservation failed: {e}");
+            }
+        }
         let now = Instant::now();
         let mut due = Vec::new();
         for v in &views {
@@ -1130,6 +1135,7 @@ impl Volume {
             &self.sb,
             &self.cl.locks,
             self.cl.ilocks.as_ref().map(InodeLocks::object_locks),
+            self.pr.as_deref(),
             v,
             self.cl.me,
         )?

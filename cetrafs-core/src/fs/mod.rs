@@ -163,6 +163,8 @@ pub struct Volume {
     granule_blocks: u64,
     /// The host watchdog this node pets while its lease is valid (`cluster/watchdog.rs`).
     watchdog: std::sync::OnceLock<Arc<crate::cluster::watchdog::Watchdog>>,
+    /// SCSI-3 persistent reservation fencing (`cluster/reservation.rs`), when `fence=pr`.
+    pr: Option<Arc<crate::cluster::reservation::Reservations>>,
 }
 
 /// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
@@ -358,6 +360,13 @@ impl Volume {
         &self.sb
     }
 
+    /// Last step of an unmount, once the slot is free: unregister the reservation key.
+    fn leave_reservation(&self) {
+        if let Some(pr) = &self.pr {
+            pr.leave();
+        }
+    }
+
     /// Flush everything, give back the cluster locks and the node slot; the volume must not
     /// be used afterwards.
     pub fn unmount(&self) -> Result<()> {
@@ -376,6 +385,7 @@ impl Volume {
                 self.leave_cluster(&mut meta)?;
             }
             self.member.release()?;
+            self.leave_reservation();
             return r;
         }
         let unlinked: Vec<Arc<InodeState>> = states
@@ -413,6 +423,7 @@ impl Volume {
         self.leave_cluster(&mut meta)?;
         drop(meta);
         self.member.release()?;
+        self.leave_reservation();
         if let Some(wd) = self.watchdog.get() {
             wd.close_clean();
         }

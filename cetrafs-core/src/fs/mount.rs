@@ -27,6 +27,7 @@ use crate::cluster::machine::MachineId;
 use crate::cluster::membership::{self, SlotView};
 use crate::cluster::object_lock::ObjectLocks;
 use crate::cluster::recovery::{self, Claimed};
+use crate::cluster::reservation::{self, Reservations};
 use crate::cluster::{LeaseGuard, Membership, Timing};
 use crate::dev::{BlockDevice, CawKind, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -44,6 +45,17 @@ impl Volume {
     /// cluster, recover what the dead left, load allocation state. Errors are one line a
     /// sysadmin can act on.
     pub fn mount(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
+        let result = Self::mount_unfenced(dev, opts);
+        if result.is_err() {
+            if let Some(pr) = &opts.reservations {
+                pr.leave();
+            }
+        }
+        result
+    }
+
+    /// [`Self::mount`] before a failure gives back the reservation key.
+    fn mount_unfenced(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
         let (sb, read_only) = check_device(&*dev, opts)?;
         let machine = match opts.machine {
             Some(m) => m,
@@ -68,6 +80,11 @@ impl Volume {
         dead: &[SlotView],
         member: Arc<Membership>,
     ) -> Result<Arc<Volume>> {
+        // fence=pr: the slot key replaces the joining key before anything else is written.
+        if let Some(pr) = &opts.reservations {
+            let live = reservation::live_slots(&membership::scan(&*dev, &sb)?);
+            pr.join(member.slot, member.generation(), &live)?;
+        }
         membership::settle_same_host(&*dev, &sb, &member)?;
         let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
         let me = Me {
@@ -91,7 +108,8 @@ impl Volume {
         let recovered = if read_only {
             Vec::new()
         } else {
-            recover_dead(&*dev, &sb, &locks, objects.as_ref(), me, dead)?
+            let pr = opts.reservations.as_deref();
+            recover_dead(&*dev, &sb, &locks, objects.as_ref(), pr, me, dead)?
         };
         if reset.contains(&LockTable::GLOBAL) {
             // Held exclusively since the reset, so that nobody used it before the dead were
@@ -148,6 +166,7 @@ impl Volume {
             granule_blocks: (opts.alloc_granule / FS_BLOCK)
                 .clamp(1, crate::fs::MAX_ALLOC_GRANULE / FS_BLOCK),
             watchdog: std::sync::OnceLock::new(),
+            pr: opts.reservations.clone(),
         });
         if let Err(e) = vol.start(opts, &recovered) {
             vol.unmounted.store(true, Ordering::SeqCst);
@@ -500,12 +519,13 @@ fn recover_dead(
     sb: &Superblock,
     locks: &LockTable,
     objects: Option<&ObjectLocks>,
+    pr: Option<&Reservations>,
     me: Me,
     dead: &[SlotView],
 ) -> Result<Vec<Claimed>> {
     let mut recovered = Vec::new();
     for d in dead.iter().filter(|d| d.slot != me.slot) {
-        if let Some(c) = recovery::claim_and_release(dev, sb, locks, objects, d, me)? {
+        if let Some(c) = recovery::claim_and_release(dev, sb, locks, objects, pr, d, me)? {
             recovered.push(c);
         }
     }
@@ -514,7 +534,7 @@ fn recover_dead(
         .iter()
         .filter(|v| recovery::claim_is_stale(v, &views, me))
     {
-        if let Some(c) = recovery::claim_and_release(dev, sb, locks, objects, v, me)? {
+        if let Some(c) = recovery::claim_and_release(dev, sb, locks, objects, pr, v, me)? {
             recovered.push(c);
         }
     }

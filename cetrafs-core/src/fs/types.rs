@@ -262,6 +262,9 @@ pub struct MountOptions {
     /// Where the volume is mounted: the processes using files under it are stopped when the
     /// node loses its lease (None: nobody is stopped).
     pub mountpoint: Option<std::path::PathBuf>,
+    /// SCSI-3 persistent reservation fencing (`fence=pr`, `cluster/reservation.rs`), chosen
+    /// and joined (joining key) by whoever opened the LUN; None: software fencing only.
+    pub reservations: Option<std::sync::Arc<crate::cluster::reservation::Reservations>>,
 }
 
 impl Default for MountOptions {
@@ -280,6 +283,7 @@ impl Default for MountOptions {
             alloc_granule: super::data::DEFAULT_ALLOC_GRANULE,
             watchdog: crate::cluster::watchdog::WatchdogSpec::Off,
             mountpoint: None,
+            reservations: None,
         }
     }
 }

@@ -407,6 +407,25 @@ pub fn pr_key(volume_uuid_prefix: u32, slot: u32, generation: u64) -> u64 {
     (u64::from(volume_uuid_prefix) << 32) | (slot_field << KEY_GENERATION_BITS) | gen_field
 }
 
+/// The key a node registers while it joins, before it knows its slot: the slot field is 0,
+/// which [`pr_key`] never produces, so no recovery of a slot ever preempts it; the low 20
+/// bits are `nonce`. It lets the joining node's mount probe and slot claim write through a
+/// reserved LUN; the node replaces it by its slot key right after the claim.
+pub fn joining_key(volume_uuid_prefix: u32, nonce: u32) -> u64 {
+    let gen_field = u64::from(nonce) & ((1 << KEY_GENERATION_BITS) - 1);
+    (u64::from(volume_uuid_prefix) << 32) | gen_field.max(1)
+}
+
+/// The node slot a CetraFS key of the volume with prefix `volume_uuid_prefix` names: `None`
+/// for another volume's or a foreign key, `Some(None)` for a [`joining_key`].
+pub fn key_slot(key: u64, volume_uuid_prefix: u32) -> Option<Option<u32>> {
+    if key >> 32 != u64::from(volume_uuid_prefix) {
+        return None;
+    }
+    let field = (key >> KEY_GENERATION_BITS) & ((1 << KEY_SLOT_BITS) - 1);
+    Some(u32::try_from(field).ok().and_then(|f| f.checked_sub(1)))
+}
+
 /// [`pr_key`] with the prefix taken from a volume uuid.
 pub fn volume_key_prefix(uuid: &[u8; 16]) -> u32 {
     u32::from_be_bytes([uuid[0], uuid[1], uuid[2], uuid[3]])
@@ -416,6 +435,21 @@ pub fn volume_key_prefix(uuid: &[u8; 16]) -> u32 {
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[test]
+    fn key_slot_reads_back_pr_key_and_joining_key() {
+        let prefix = 0xdead_beef;
+        for (slot, gen) in [(0, 0), (3, 7), (1023, (1 << 20) + 5)] {
+            assert_eq!(
+                key_slot(pr_key(prefix, slot, gen), prefix),
+                Some(Some(slot))
+            );
+        }
+        let j = joining_key(prefix, 0);
+        assert_ne!(j, 0);
+        assert_eq!(key_slot(j, prefix), Some(None));
+        assert_eq!(key_slot(pr_key(prefix, 3, 1), 0x1234), None);
+    }
 
     #[test]
     fn pr_in_cdbs() {
