@@ -33,6 +33,8 @@ for a in $(cat /proc/cmdline); do
         lio.prabort=*) PRABORT=${a#*=} ;;
     esac
 done
+# How the multi-node daemons (fence=auto/pr) remove a dead node's reservation key.
+if [ "$PRABORT" = 1 ]; then PREEMPT=abort; else PREEMPT=plain; fi
 case $SIZE in
     *[mM]) BYTES=$(( ${SIZE%?} * 1024 * 1024 )) ;;
     *[gG]) BYTES=$(( ${SIZE%?} * 1024 * 1024 * 1024 )) ;;
@@ -213,7 +215,7 @@ if [ "$MULTINODE" = 1 ] && [ -c /dev/fuse ]; then
         set -- $lun
         t0=$(up)
         { lio-check fs-multi --tag "$1" --devs "$2" --interval "$MNINTERVAL" \
-              --io-timeout "$MNIOTIMEOUT" --files "$MNFILES" 2>&1; echo $? > /tmp/fsm.rc; } |
+              --io-timeout "$MNIOTIMEOUT" --files "$MNFILES" --preempt "$PREEMPT" 2>&1; echo $? > /tmp/fsm.rc; } |
             tee /tmp/fsm-$1.out > $R
         rc=$(cat /tmp/fsm.rc)
         np=$(grep -c '^PASS ' /tmp/fsm-$1.out); nf=$(grep -c '^FAIL ' /tmp/fsm-$1.out)
@@ -221,6 +223,18 @@ if [ "$MULTINODE" = 1 ] && [ -c /dev/fuse ]; then
         [ "$rc" = 0 ] || [ "$nf" -gt 0 ] || tfail "fs-multi $1: lio-check exit $rc without a FAIL line"
         say "fs-multi $1: $np passed, $nf failed, $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s"
     done
+    # fence=pr against fence=none (lio-check fence, tools/lio-check/src/fence.rs): node2 stops
+    # between its lease check and a data write, is recovered (and preempted), resumed: with
+    # pr its write is refused, with none it lands.
+    t0=$(up)
+    { lio-check fence --tag d512 --devs "$D512SDS" --interval "$MNINTERVAL" \
+          --io-timeout "$MNIOTIMEOUT" --preempt "$PREEMPT" 2>&1; echo $? > /tmp/fence.rc; } |
+        tee /tmp/fence.out > $R
+    rc=$(cat /tmp/fence.rc)
+    np=$(grep -c '^PASS ' /tmp/fence.out); nf=$(grep -c '^FAIL ' /tmp/fence.out)
+    TP=$((TP + np)); TF=$((TF + nf))
+    [ "$rc" = 0 ] || [ "$nf" -gt 0 ] || tfail "fence: lio-check exit $rc without a FAIL line"
+    say "fence d512: $np passed, $nf failed, $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s"
 fi
 say "multi-node checks done at $(up)s"
 if [ $TF -eq 0 ] && [ $TP -gt 0 ]; then

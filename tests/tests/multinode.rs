@@ -2121,6 +2121,54 @@ fn single_host_volume_refuses_a_second_machine() {
     c.unmount_all_and_fsck();
 }
 
+/// `fence=`: on a LUN without SCSI-3 persistent reservations (a file) `fence=pr` is refused
+/// before anything is written, with a message that says what to use instead; a bad value is a
+/// usage error; `auto` (the default) and `none` mount and log the fencing they chose.
+#[test]
+fn fence_pr_needs_persistent_reservations() {
+    require_fuse!();
+    let _serial = serial();
+    let mut c = Cluster::formatted("fence_pr_needs_persistent_reservations", "8");
+    let before = heartbeat_slots(&c.lun);
+    let e = c
+        .try_mount(0, &["fence=pr"], &[])
+        .expect_err("fence=pr mounted a file LUN");
+    for want in [
+        "fence=pr",
+        "persistent reservations",
+        "not a SCSI LUN",
+        "fence=auto",
+    ] {
+        assert!(e.contains(want), "the refusal does not say {want:?}: {e}");
+    }
+    assert_eq!(
+        heartbeat_slots(&c.lun),
+        before,
+        "the refused mount wrote a heartbeat slot"
+    );
+    let e = c
+        .try_mount(0, &["fence=scsi"], &[])
+        .expect_err("fence=scsi accepted");
+    assert!(
+        e.contains("fence=\"scsi\"") && e.contains("auto, pr"),
+        "{e}"
+    );
+    c.mount(0, &[], &[]);
+    c.mount(1, &["fence=none"], &[]);
+    assert!(
+        c.log_of(0)
+            .contains("fence=auto: no persistent reservations and no watchdog"),
+        "node1's log does not name its fencing:\n{}",
+        c.log_of(0)
+    );
+    assert!(
+        c.log_of(1).contains("fence=none: software fencing only"),
+        "node2's log does not name its fencing:\n{}",
+        c.log_of(1)
+    );
+    c.unmount_all_and_fsck();
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. Per-file open locks
 

@@ -533,12 +533,13 @@ pub fn choose(
             Ok(None)
         }
         FenceMode::Pr => {
-            let paths = lun_paths(lun).map_err(|e| e.wrap("fence=pr"))?;
-            let r = Reservations::probe(paths, uuid, preempt).map_err(|e| {
-                e.wrap(format!(
-                    "{shown}: fence=pr needs SCSI-3 persistent reservations ({TYPE}); use fence=auto or fence=watchdog on a LUN without them"
-                ))
-            })?;
+            let r = lun_paths(lun)
+                .and_then(|paths| Reservations::probe(paths, uuid, preempt))
+                .map_err(|e| {
+                    e.wrap(format!(
+                        "{shown}: fence=pr needs SCSI-3 persistent reservations ({TYPE}); use fence=auto or fence=watchdog on a LUN without them"
+                    ))
+                })?;
             Ok(Some(Arc::new(r)))
         }
         FenceMode::Auto => {

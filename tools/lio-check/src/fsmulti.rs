@@ -30,7 +30,7 @@ use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-type CheckResult = Result<String, String>;
+pub(crate) type CheckResult = Result<String, String>;
 
 const IMAGE_BLOCK: usize = 4096;
 /// One image per file: two 4 KiB blocks written with one `O_DIRECT` write.
@@ -38,24 +38,24 @@ const IMAGE_LEN: usize = 2 * IMAGE_BLOCK;
 /// How long a visibility poll keeps looking (to report how late a change was).
 const VISIBILITY_GIVE_UP: Duration = Duration::from_secs(15);
 /// Deadline of one ordinary file system step (a few FUSE calls).
-const STEP_LIMIT: Duration = Duration::from_secs(30);
+pub(crate) const STEP_LIMIT: Duration = Duration::from_secs(30);
 /// Beyond the dead time, recovery (journal replay, lock release) may take this long.
-const RECOVERY_SLACK: Duration = Duration::from_secs(20);
+pub(crate) const RECOVERY_SLACK: Duration = Duration::from_secs(20);
 /// How long a mount or a daemon's exit after umount may take (mount waits 2 × `io_timeout`).
-const DAEMON_LIMIT: Duration = Duration::from_secs(40);
+pub(crate) const DAEMON_LIMIT: Duration = Duration::from_secs(40);
 /// ERROR lines the scenarios provoke on purpose (fixed substrings, `daemonlog.rs`): none.
 /// SIGKILL gives node2's daemon no chance to log (its log just ends, perhaps mid-line), and
 /// the survivor reports the dead node and its recovery at WARN; every other step is normal
 /// operation, so any ERROR line in any node's log fails the run.
 const PROVOKED_ERRORS: &[&str] = &[];
 
-fn secs(d: Duration) -> String {
+pub(crate) fn secs(d: Duration) -> String {
     format!("{:.2}s", d.as_secs_f64())
 }
 
 /// Run `f` on its own thread; give up after `limit` (the thread is left behind: a FUSE call
 /// that hangs returns once its daemon is killed at cleanup).
-fn timed<T: Send + 'static>(
+pub(crate) fn timed<T: Send + 'static>(
     what: &str,
     limit: Duration,
     f: impl FnOnce() -> Result<T, String> + Send + 'static,
@@ -74,7 +74,10 @@ fn timed<T: Send + 'static>(
 }
 
 /// Poll `f` until it returns Ok(true) (or an error), at most `limit`; the elapsed time.
-fn poll(limit: Duration, mut f: impl FnMut() -> Result<bool, String>) -> Result<Duration, String> {
+pub(crate) fn poll(
+    limit: Duration,
+    mut f: impl FnMut() -> Result<bool, String>,
+) -> Result<Duration, String> {
     let t = Instant::now();
     loop {
         if f()? {
@@ -164,7 +167,10 @@ fn list(dir: &Path) -> Result<BTreeSet<String>, String> {
 }
 
 /// Wait for a child process with a deadline; kill it when the deadline passes.
-fn wait_child(mut c: Child, limit: Duration) -> Result<(std::process::ExitStatus, String), String> {
+pub(crate) fn wait_child(
+    mut c: Child,
+    limit: Duration,
+) -> Result<(std::process::ExitStatus, String), String> {
     let t = Instant::now();
     loop {
         match c.try_wait().map_err(|e| e.to_string())? {
@@ -186,7 +192,11 @@ fn wait_child(mut c: Child, limit: Duration) -> Result<(std::process::ExitStatus
 }
 
 /// stdout and stderr of a command together (through one pipe, so their order is kept).
-fn spawn_merged(prog: &str, args: &[&str], env: &[(&str, &str)]) -> Result<Child, String> {
+pub(crate) fn spawn_merged(
+    prog: &str,
+    args: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Child, String> {
     let (rd, wr) = std::io::pipe().map_err(|e| e.to_string())?;
     let wr2 = wr.try_clone().map_err(|e| e.to_string())?;
     let mut cmd = Command::new(prog);
@@ -221,7 +231,7 @@ fn daemon_pid(mp: &Path) -> Option<i32> {
 }
 
 /// Reap `pid` (we are its subreaper); Some(status text) once it has exited.
-fn reap(pid: i32) -> Option<String> {
+pub(crate) fn reap(pid: i32) -> Option<String> {
     let mut st = 0;
     // SAFETY: waitpid on a child (or orphaned descendant reparented to us) with WNOHANG.
     let r = unsafe { libc::waitpid(pid, &raw mut st, libc::WNOHANG) };
@@ -240,7 +250,7 @@ fn reap(pid: i32) -> Option<String> {
     None
 }
 
-fn wait_exit(pid: i32, limit: Duration) -> Result<(String, Duration), String> {
+pub(crate) fn wait_exit(pid: i32, limit: Duration) -> Result<(String, Duration), String> {
     let t = Instant::now();
     loop {
         if let Some(s) = reap(pid) {
@@ -253,7 +263,7 @@ fn wait_exit(pid: i32, limit: Duration) -> Result<(String, Duration), String> {
     }
 }
 
-fn umount(mp: &Path, lazy: bool) -> Result<(), String> {
+pub(crate) fn umount(mp: &Path, lazy: bool) -> Result<(), String> {
     let c = std::ffi::CString::new(mp.as_os_str().as_encoded_bytes()).map_err(|e| e.to_string())?;
     let flags = if lazy { libc::MNT_DETACH } else { 0 };
     for _ in 0..50 {
@@ -270,24 +280,28 @@ fn umount(mp: &Path, lazy: bool) -> Result<(), String> {
     Err(format!("umount {}: still busy after 5 s", mp.display()))
 }
 
-struct Node {
-    host: String,
-    dev: String,
-    mp: PathBuf,
-    log: PathBuf,
-    pid: Option<i32>,
+pub(crate) struct Node {
+    pub(crate) host: String,
+    pub(crate) dev: String,
+    pub(crate) mp: PathBuf,
+    pub(crate) log: PathBuf,
+    pub(crate) pid: Option<i32>,
+    /// Mount options beyond `host=` (`,fence=pr`), with the leading comma.
+    pub(crate) opts: String,
+    /// Environment of the daemon beyond `CETRA_LOG_FILE` (failpoints).
+    pub(crate) env: Vec<(String, String)>,
 }
 
-struct Scenario<'a> {
-    tag: String,
-    nodes: Vec<Node>,
-    rep: &'a mut Report,
-    failed: bool,
-    summary: Vec<String>,
+pub(crate) struct Scenario<'a> {
+    pub(crate) tag: String,
+    pub(crate) nodes: Vec<Node>,
+    pub(crate) rep: &'a mut Report,
+    pub(crate) failed: bool,
+    pub(crate) summary: Vec<String>,
 }
 
 impl Scenario<'_> {
-    fn check(&mut self, name: &str, r: CheckResult) -> bool {
+    pub(crate) fn check(&mut self, name: &str, r: CheckResult) -> bool {
         let ok = r.is_ok();
         if !ok {
             self.failed = true;
@@ -296,7 +310,7 @@ impl Scenario<'_> {
         ok
     }
 
-    fn mp(&self, i: usize) -> PathBuf {
+    pub(crate) fn mp(&self, i: usize) -> PathBuf {
         self.nodes[i].mp.clone()
     }
 
@@ -314,11 +328,11 @@ impl Scenario<'_> {
         v.join(", ")
     }
 
-    fn log_of(&self, i: usize) -> String {
+    pub(crate) fn log_of(&self, i: usize) -> String {
         fs::read_to_string(&self.nodes[i].log).unwrap_or_default()
     }
 
-    fn dump_logs(&self) {
+    pub(crate) fn dump_logs(&self) {
         for n in &self.nodes {
             let log = fs::read_to_string(&n.log).unwrap_or_else(|e| format!("(no log: {e})"));
             let lines: Vec<&str> = log.lines().collect();
@@ -337,18 +351,21 @@ impl Scenario<'_> {
     }
 
     /// Mount the given nodes at once; returns the per-node results.
-    fn mount(&mut self, which: &[usize]) -> Vec<Result<String, String>> {
+    pub(crate) fn mount(&mut self, which: &[usize]) -> Vec<Result<String, String>> {
         let t = Instant::now();
         let children: Vec<_> = which
             .iter()
             .map(|&i| {
                 let n = &self.nodes[i];
                 let _ = fs::create_dir_all(&n.mp);
-                let opt = format!("host={}", n.host);
+                let opt = format!("host={}{}", n.host, n.opts);
+                let log = n.log.to_string_lossy();
+                let mut env: Vec<(&str, &str)> = vec![("CETRA_LOG_FILE", &log)];
+                env.extend(n.env.iter().map(|(k, v)| (k.as_str(), v.as_str())));
                 spawn_merged(
                     "mount.cetra",
                     &[&n.dev, &n.mp.to_string_lossy(), "-o", &opt],
-                    &[("CETRA_LOG_FILE", &n.log.to_string_lossy())],
+                    &env,
                 )
             })
             .collect();
@@ -382,7 +399,7 @@ impl Scenario<'_> {
     }
 
     /// Kill whatever daemon is still running and detach every mount point (cleanup).
-    fn teardown(&mut self) {
+    pub(crate) fn teardown(&mut self) {
         for n in &mut self.nodes {
             if let Some(pid) = n.pid.take() {
                 if reap(pid).is_none() {
@@ -408,6 +425,9 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
     if devs.len() < 3 {
         return Err(format!("need 3 devices, got {devs:?}"));
     }
+    // fence=auto takes persistent reservations on these LUNs; a dead node's key is removed
+    // by PREEMPT unless `--preempt abort` (PREEMPT AND ABORT deadlocks LIO over tcm_loop).
+    let preempt = m.get("preempt").map_or("plain", String::as_str).to_string();
     // The daemons fork away from mount.cetra; as their subreaper we can reap them and see
     // their exit status.
     // SAFETY: prctl with integer arguments.
@@ -424,6 +444,8 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
             mp: PathBuf::from(format!("/mnt/{tag}-n{}", i + 1)),
             log: PathBuf::from(format!("/tmp/{tag}-node{}.log", i + 1)),
             pid: None,
+            opts: format!(",pr_preempt={preempt}"),
+            env: Vec::new(),
         })
         .collect();
     let mut s = Scenario {
@@ -493,42 +515,7 @@ fn run(
     if !ok {
         return;
     }
-    let label = s.tag.clone();
-    let (iv, it) = (interval.to_string(), io_timeout.to_string());
-    let r = spawn_merged(
-        "mkfs.cetra",
-        &[
-            "-f",
-            "-N",
-            "4",
-            "--journal-size",
-            "4M",
-            "--heartbeat-interval",
-            &iv,
-            "--io-timeout",
-            &it,
-            "-L",
-            &label,
-            &devs[0],
-        ],
-        &[],
-    )
-    .and_then(|c| wait_child(c, Duration::from_mins(1)))
-    .and_then(|(st, out)| {
-        for l in out.lines() {
-            println!("OUT {} mkfs: {l}", s.tag);
-        }
-        if st.success() && out.contains("multi-node (SCSI COMPARE AND WRITE verified)") {
-            Ok(format!(
-                "{}: heartbeat interval {interval} ms, io_timeout {io_timeout} ms, dead time {}",
-                devs[0],
-                secs(dead_time)
-            ))
-        } else {
-            Err(format!("{st}, multi-node line missing"))
-        }
-    });
-    if !s.check("mkfs once", r) {
+    if !mkfs_once(s, &devs[0], interval, io_timeout, dead_time) {
         return;
     }
 
@@ -951,9 +938,62 @@ fn run(
     s.check("node2 works again", r);
 
     // ---- 5. unmount everything, fsck clean
+    unmount_and_fsck(s, &[0, 1, 2], &devs[2]);
+}
+
+/// mkfs once on `dev` (`--heartbeat-interval`/`--io-timeout` as given, 4 slots, 4 MiB
+/// journals); it must report a multi-node volume. The `mkfs once` check.
+pub(crate) fn mkfs_once(
+    s: &mut Scenario,
+    dev: &str,
+    interval: u64,
+    io_timeout: u64,
+    dead_time: Duration,
+) -> bool {
+    let label = s.tag.clone();
+    let (iv, it) = (interval.to_string(), io_timeout.to_string());
+    let r = spawn_merged(
+        "mkfs.cetra",
+        &[
+            "-f",
+            "-N",
+            "4",
+            "--journal-size",
+            "4M",
+            "--heartbeat-interval",
+            &iv,
+            "--io-timeout",
+            &it,
+            "-L",
+            &label,
+            dev,
+        ],
+        &[],
+    )
+    .and_then(|c| wait_child(c, Duration::from_mins(1)))
+    .and_then(|(st, out)| {
+        for l in out.lines() {
+            println!("OUT {} mkfs: {l}", s.tag);
+        }
+        if st.success() && out.contains("multi-node (SCSI COMPARE AND WRITE verified)") {
+            Ok(format!(
+                "{}: heartbeat interval {interval} ms, io_timeout {io_timeout} ms, dead time {}",
+                dev,
+                secs(dead_time)
+            ))
+        } else {
+            Err(format!("{st}, multi-node line missing"))
+        }
+    });
+    s.check("mkfs once", r)
+}
+
+/// Unmount the nodes `which` (each daemon must exit 0), then `fsck.cetra -n` through
+/// `fsck_dev` must be clean: the `unmount all` and `fsck -n clean` checks.
+pub(crate) fn unmount_and_fsck(s: &mut Scenario, which: &[usize], fsck_dev: &str) {
     let mut errs = Vec::new();
     let mut done = Vec::new();
-    for i in 0..3 {
+    for &i in which {
         let (mp, host) = (s.mp(i), s.nodes[i].host.clone());
         let Some(pid) = s.nodes[i].pid else {
             errs.push(format!("{host}: not mounted"));
@@ -979,7 +1019,7 @@ fn run(
     if !s.check("unmount all", r) {
         return;
     }
-    let dev = devs[2].clone();
+    let dev = fsck_dev.to_string();
     let r = spawn_merged("fsck.cetra", &["-n", &dev], &[])
         .and_then(|c| wait_child(c, Duration::from_mins(2)))
         .and_then(|(st, out)| {

@@ -20,6 +20,7 @@
 //!   `all`): read + COMPARE AND WRITE(counter+1) until `count` CAWs succeeded.
 
 mod daemonlog;
+mod fence;
 mod fsmulti;
 mod pr;
 
@@ -82,7 +83,7 @@ fn num(m: &HashMap<String, String>, k: &str) -> Result<u64, String> {
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let Some((cmd, rest)) = args.split_first() else {
-        eprintln!("usage: lio-check all|pr|worker|fs-multi|daemon-log --key value ...");
+        eprintln!("usage: lio-check all|pr|worker|fs-multi|fence|daemon-log --key value ...");
         return ExitCode::from(2);
     };
     let r = args_map(rest).and_then(|m| match cmd.as_str() {
@@ -99,6 +100,7 @@ fn main() -> ExitCode {
         }
         "worker" => worker(&m).map(|()| true),
         "fs-multi" => fsmulti::fs_multi(&m),
+        "fence" => fence::fence(&m),
         "daemon-log" => daemonlog::daemon_log(&m),
         other => Err(format!("unknown subcommand {other:?}")),
     });
