@@ -29,7 +29,7 @@ use crate::fsmulti::{
     mkfs_once, poll, reap, secs, timed, umount, unmount_and_fsck, wait_exit, Node, Scenario,
     RECOVERY_SLACK, STEP_LIMIT,
 };
-use crate::{daemonlog, get, num, open, Report};
+use crate::{get, num, open, Report};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice};
 use cetrafs_core::scsi::pr::PrType;
 use std::collections::HashMap;
@@ -74,33 +74,17 @@ pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
         let tag = format!("fence-{mode}-{lun}");
         let at_file = PathBuf::from(format!("/tmp/{tag}-at"));
         let _ = fs::remove_file(&at_file);
-        let nodes = devs
-            .iter()
-            .take(3)
-            .enumerate()
-            .map(|(i, d)| Node {
-                host: format!("node{}", i + 1),
-                dev: d.clone(),
-                mp: PathBuf::from(format!("/mnt/{tag}-n{}", i + 1)),
-                log: PathBuf::from(format!("/tmp/{tag}-node{}.log", i + 1)),
-                pid: None,
-                opts: format!(",fence={mode},pr_preempt={preempt}"),
-                env: if i == 1 {
-                    vec![
-                        (
-                            cetrafs_core::failpoint::PROCESS_ENV.into(),
-                            "lease::write_checked=stop".into(),
-                        ),
-                        (
-                            cetrafs_core::failpoint::PROCESS_AT_ENV.into(),
-                            at_file.to_string_lossy().into_owned(),
-                        ),
-                    ]
-                } else {
-                    Vec::new()
-                },
-            })
-            .collect();
+        let mut nodes = Node::three(&devs, &tag, &format!(",fence={mode},pr_preempt={preempt}"));
+        nodes[1].env = vec![
+            (
+                cetrafs_core::failpoint::PROCESS_ENV.into(),
+                "lease::write_checked=stop".into(),
+            ),
+            (
+                cetrafs_core::failpoint::PROCESS_AT_ENV.into(),
+                at_file.to_string_lossy().into_owned(),
+            ),
+        ];
         let mut s = Scenario {
             tag: tag.clone(),
             nodes,
@@ -115,11 +99,7 @@ pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
         );
         s.teardown();
         clear(&mut s, &devs[2], "CLEAR after");
-        for i in 0..s.nodes.len() {
-            let (host, log) = (s.nodes[i].host.clone(), s.nodes[i].log.clone());
-            let r = daemonlog::verdict_file(&s.tag, &host, &log, PROVOKED_ERRORS);
-            s.check(&format!("{host} log has no ERROR line (but FENCED)"), r);
-        }
+        s.check_logs(PROVOKED_ERRORS);
         if s.failed {
             s.dump_logs();
         }
