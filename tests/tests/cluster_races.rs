@@ -756,6 +756,12 @@ fn nofilelock_appenders_share_one_file() {
                     for seq in 0..APPEND_RECORDS {
                         f.write_all(&record_bytes(w, seq))
                             .map_err(|e| io_err(&format!("{} append {seq}", NODES[k]), &e))?;
+                        // A short idle now and then: a node that appends without a pause
+                        // keeps the file's lock for its hold window, and on a loaded machine
+                        // one writer could finish before the other started (CI saw 1 switch).
+                        if seq % 30 == 29 {
+                            std::thread::sleep(Duration::from_millis(5));
+                        }
                     }
                     own_records_seen(&f, &p, k, w)?;
                     f.sync_all()
