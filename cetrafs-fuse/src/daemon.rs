@@ -429,7 +429,7 @@ fn hostname() -> String {
 /// its superblock records). A SCSI LUN must pass the COMPARE AND WRITE probe on the
 /// superblock's probe block at every read-write mount; anything else is a single-host volume.
 ///
-/// Fencing is chosen here too (`fence=`, [`reservation::choose`]), before the probe writes:
+/// Fencing is chosen here too (`fence=`, [`Fencing::decide`]), before the probe writes:
 /// with persistent reservations the node registers a joining key on every path first, so its
 /// probe and slot claim may write to a LUN the other nodes have reserved.
 fn open_device(
@@ -455,13 +455,15 @@ fn open_device(
             lun = open_lun(path, &lo)?;
         }
     }
-    let fencing = match (&sb, read_only) {
-        (Ok(sb), false) => {
+    // A read-only mount joins too: it writes its heartbeat slot, which a LUN reserved by the
+    // other nodes refuses to an unregistered initiator.
+    let fencing = match &sb {
+        Ok(sb) => {
             let f = Fencing::decide(opts.fence, &lun, &sb.uuid, opts.pr_preempt, &opts.watchdog)?;
             info!("{shown}: {}", f.describe());
             Some(f)
         }
-        _ => None,
+        Err(_) => None,
     };
     match (sb, read_only) {
         (Ok(sb), false) => match lun.check_sharing(sb.probe_block).inspect_err(|_| {
@@ -537,7 +539,12 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
                     );
                     Arc::new(w)
                 }
-                Err(e) => return fail(&mut notifier, e.to_string()),
+                Err(e) => {
+                    if let Some(f) = &fencing {
+                        f.abandon();
+                    }
+                    return fail(&mut notifier, e.to_string());
+                }
             }
         }
         _ => dev,

@@ -133,12 +133,19 @@ pub fn claim_and_release(
     // fence=pr: the target aborts the dead node's queued writes and refuses its later ones
     // before anything it may still write is overwritten by the replay (step 1b).
     if let Some(pr) = pr {
-        pr.preempt_slot(dead.slot).map_err(|e| {
+        let live = super::reservation::live_slots(&membership::scan(dev, sb)?);
+        let done = pr.preempt_slot(dead.slot, &live).map_err(|e| {
             e.wrap(format!(
                 "fencing {} by persistent reservation",
                 membership::describe(dead)
             ))
         })?;
+        if done.is_empty() {
+            tracing::info!(
+                "fence=pr: {} has no reservation key registered: nothing to preempt",
+                membership::describe(dead)
+            );
+        }
     }
     let replayed = crate::journal::replay(dev, sb, JournalArea::for_slot(sb, dead.slot))
         .map_err(|e| e.wrap(format!("journal replay of {}", membership::describe(dead))))?;

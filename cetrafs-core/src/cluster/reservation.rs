@@ -185,15 +185,31 @@ impl Reservations {
                 "persistent reservations need at least one path"
             );
         };
-        let caps = first.capabilities()?;
-        match caps.supports(TYPE) {
+        // REPORT CAPABILITIES is optional in SPC-4: a target that refuses it as an invalid
+        // field (ILLEGAL REQUEST, 0x24) may still have persistent reservations; the join
+        // finds out.
+        let caps = match first.capabilities() {
+            Ok(c) => Some(c),
+            Err(e) if e.kind() == ErrorKind::InvalidInput => {
+                tracing::info!(
+                    "{}: REPORT CAPABILITIES refused ({e}); assuming {TYPE} works",
+                    first.label()
+                );
+                None
+            }
+            Err(e) => return Err(e),
+        };
+        match caps.as_ref().and_then(|c| c.supports(TYPE)) {
             Some(false) => {
                 return Err(Error::new(
                     ErrorKind::Unsupported,
                     format!(
                         "{}: the LUN's persistent reservations do not include {TYPE} (it reports {:?})",
                         first.label(),
-                        caps.types().iter().map(|t| t.name()).collect::<Vec<_>>()
+                        caps.iter()
+                            .flat_map(pr::Capabilities::types)
+                            .map(PrType::name)
+                            .collect::<Vec<_>>()
                     ),
                 ))
             }
@@ -226,6 +242,8 @@ impl Reservations {
     }
 
     fn register_everywhere(&self, key: u64) -> Result<()> {
+        // Stored first: a registration that fails half-way is undone by `leave` all the same.
+        self.key.store(key, Ordering::Release);
         for p in &self.paths {
             p.register_and_ignore(key).map_err(|e| {
                 e.wrap(format!(
@@ -234,7 +252,6 @@ impl Reservations {
                 ))
             })?;
         }
-        self.key.store(key, Ordering::Release);
         Ok(())
     }
 
@@ -255,7 +272,10 @@ impl Reservations {
             self.paths.iter().map(|p| p.label()).collect::<Vec<_>>().join(", ")
         );
         *self.checked.lock().or_panic() = None;
-        self.ensure_reserved(live)
+        if let Err(e) = self.ensure_reserved(live) {
+            tracing::warn!("fence=pr: checking the LUN's reservation failed: {e}; checked again within {RECHECK_EVERY:?}");
+        }
+        Ok(())
     }
 
     /// Make sure the LUN is reserved [`TYPE`]. A reservation of that type held by anyone is
@@ -325,8 +345,14 @@ impl Reservations {
     /// Recovery, before the dead slot's journal is replayed: remove every key of `slot` (any
     /// generation, never our own) with PREEMPT AND ABORT (or PREEMPT, `pr_preempt=plain`).
     /// Returns the keys preempted. A key that vanished meanwhile (another survivor preempted
-    /// it, or the node unregistered) is not an error.
-    pub fn preempt_slot(&self, slot: u32) -> Result<Vec<u64>> {
+    /// it, or the node unregistered) is not an error. PREEMPT removes registrations; only a
+    /// reservation makes the target refuse an unregistered initiator's writes, so the LUN is
+    /// reserved first when it may be (`live`: the live slots, see [`Self::ensure_reserved`]),
+    /// and a preempt that leaves the LUN unreserved says that the node is not fenced.
+    pub fn preempt_slot(&self, slot: u32, live: &[(u32, u64)]) -> Result<Vec<u64>> {
+        if let Err(e) = self.ensure_reserved(live) {
+            tracing::warn!("fence=pr: checking the LUN's reservation before preempting node slot {slot} failed: {e}");
+        }
         let me = self.key();
         let path = &self.paths[0];
         let mut victims: Vec<u64> = path
@@ -370,9 +396,13 @@ impl Reservations {
                 }
             }
         }
-        if done.is_empty() {
-            tracing::info!(
-                "fence=pr: node slot {slot} has no reservation key registered: nothing to preempt"
+        if !done.is_empty()
+            && !path
+                .read_reservation()
+                .is_ok_and(|r| r.holder.is_some_and(|h| h.pr_type() == Some(TYPE)))
+        {
+            tracing::warn!(
+                "fence=pr: node slot {slot}'s key is removed but the LUN is not reserved {TYPE} (a live node without a key, or the check failed): the target does not refuse its writes; fencing stays in software"
             );
         }
         Ok(done)
@@ -736,15 +766,21 @@ mod tests {
         b.join(1, 4, &[(0, 1), (1, 4)]).unwrap();
         let c = node(&t, &[3]);
         c.register_joining().unwrap(); // still joining: never preempted by a slot recovery
-        let done = a.preempt_slot(1).unwrap();
+        let done = a.preempt_slot(1, &[(0, 1)]).unwrap();
         assert_eq!(done, vec![b.key()]);
         let tt = t.lock().unwrap();
         assert!(!tt.regs.values().any(|k| *k == b.key()), "{tt:?}");
         assert!(tt.regs.values().any(|k| *k == c.key()));
         assert_eq!(tt.preempts, vec![(b.key(), Preempt::Abort)]);
         drop(tt);
-        assert!(a.preempt_slot(1).unwrap().is_empty(), "idempotent");
-        assert!(a.preempt_slot(0).unwrap().is_empty(), "never our own key");
+        assert!(
+            a.preempt_slot(1, &[(0, 1)]).unwrap().is_empty(),
+            "idempotent"
+        );
+        assert!(
+            a.preempt_slot(0, &[(0, 1)]).unwrap().is_empty(),
+            "never our own key"
+        );
     }
 
     #[test]

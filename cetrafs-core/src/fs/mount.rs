@@ -84,6 +84,12 @@ impl Volume {
         if let Some(pr) = &opts.reservations {
             let live = reservation::live_slots(&membership::scan(&*dev, &sb)?);
             pr.join(member.slot, member.generation(), &live)?;
+            // A slot taken back from a dead incarnation (or any dead node) still has that
+            // node's key: cut it off before its journal is replayed below.
+            if !read_only {
+                pr.preempt_slot(member.slot, &live)
+                    .map_err(|e| e.wrap("fencing the previous holder of this node's slot"))?;
+            }
         }
         membership::settle_same_host(&*dev, &sb, &member)?;
         let dev: SharedDevice = Arc::new(LeaseGuard::new(dev, member.clone()));
