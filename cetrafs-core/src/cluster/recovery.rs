@@ -133,8 +133,16 @@ pub fn claim_and_release(
     // fence=pr: the target aborts the dead node's queued writes and refuses its later ones
     // before anything it may still write is overwritten by the replay (step 1b).
     if let Some(pr) = pr {
+        // PREEMPT only fences on a reserved LUN: reserve first if nobody does (the dead slot,
+        // Recovering now, is not among the live ones whose keys must be registered).
         let live = super::reservation::live_slots(&membership::scan(dev, sb)?);
-        let done = pr.preempt_slot(dead.slot, &live).map_err(|e| {
+        if let Err(e) = pr.ensure_reserved(&live) {
+            tracing::warn!(
+                "fence=pr: checking the LUN's reservation before preempting {} failed: {e}",
+                membership::describe(dead)
+            );
+        }
+        let done = pr.preempt_slot(dead.slot).map_err(|e| {
             e.wrap(format!(
                 "fencing {} by persistent reservation",
                 membership::describe(dead)

@@ -328,15 +328,16 @@ impl Reservations {
         }
     }
 
-    /// [`Self::ensure_reserved`] if the last check is older than [`RECHECK_EVERY`].
-    pub fn recheck(&self, live: &[(u32, u64)]) -> Result<()> {
+    /// [`Self::ensure_reserved`] if the last check is older than [`RECHECK_EVERY`]; `live`
+    /// is asked only then.
+    pub fn recheck(&self, live: impl FnOnce() -> Vec<(u32, u64)>) -> Result<()> {
         let due = self
             .checked
             .lock()
             .or_panic()
             .is_none_or(|t| t.elapsed() >= RECHECK_EVERY);
         if due {
-            self.ensure_reserved(live)
+            self.ensure_reserved(&live())
         } else {
             Ok(())
         }
@@ -346,13 +347,10 @@ impl Reservations {
     /// generation, never our own) with PREEMPT AND ABORT (or PREEMPT, `pr_preempt=plain`).
     /// Returns the keys preempted. A key that vanished meanwhile (another survivor preempted
     /// it, or the node unregistered) is not an error. PREEMPT removes registrations; only a
-    /// reservation makes the target refuse an unregistered initiator's writes, so the LUN is
-    /// reserved first when it may be (`live`: the live slots, see [`Self::ensure_reserved`]),
-    /// and a preempt that leaves the LUN unreserved says that the node is not fenced.
-    pub fn preempt_slot(&self, slot: u32, live: &[(u32, u64)]) -> Result<Vec<u64>> {
-        if let Err(e) = self.ensure_reserved(live) {
-            tracing::warn!("fence=pr: checking the LUN's reservation before preempting node slot {slot} failed: {e}");
-        }
+    /// reservation makes the target refuse an unregistered initiator's writes, so the caller
+    /// makes sure of it first ([`Self::ensure_reserved`], which [`Self::join`] runs), and a
+    /// preempt that leaves the LUN unreserved says that the node is not fenced.
+    pub fn preempt_slot(&self, slot: u32) -> Result<Vec<u64>> {
         let me = self.key();
         let path = &self.paths[0];
         let mut victims: Vec<u64> = path
@@ -380,14 +378,10 @@ impl Reservations {
                     );
                     done.push(v);
                 }
-                Err(e) if crate::scsi::reservation_conflict(&e) => {
-                    if path.read_keys()?.keys.contains(&v) {
-                        return Err(e.wrap(format!(
-                            "{} of reservation key {v:#018x} (node slot {slot})",
-                            self.preempt.command()
-                        )));
-                    }
-                }
+                // Refused because the key is gone already (another survivor was first): done.
+                Err(e)
+                    if crate::scsi::reservation_conflict(&e)
+                        && !path.read_keys()?.keys.contains(&v) => {}
                 Err(e) => {
                     return Err(e.wrap(format!(
                         "{} of reservation key {v:#018x} (node slot {slot})",
@@ -441,7 +435,7 @@ pub fn live_slots(views: &[crate::cluster::SlotView]) -> Vec<(u32, u64)> {
         .collect()
 }
 
-/// How a read-write mount is fenced, decided by [`Fencing::decide`] before its first write.
+/// How a mount is fenced, decided by [`Fencing::decide`] before its first write.
 #[derive(Debug)]
 pub struct Fencing {
     /// The reservations joined (joining key registered on every path), or None.
@@ -529,7 +523,7 @@ impl Fencing {
     }
 }
 
-/// Decide the fencing of a read-write mount on `lun` (volume `uuid`) for `fence=mode`: the
+/// Decide the fencing of a mount on `lun` (volume `uuid`) for `fence=mode`: the
 /// reservations to join, or None for software fencing (plus the watchdog `watchdog=` asks
 /// for). `pr` fails unless the LUN has persistent reservations with [`TYPE`]; `auto` uses them
 /// when it does. `none` and `watchdog` refuse a LUN that CetraFS nodes have reserved: this
@@ -766,21 +760,15 @@ mod tests {
         b.join(1, 4, &[(0, 1), (1, 4)]).unwrap();
         let c = node(&t, &[3]);
         c.register_joining().unwrap(); // still joining: never preempted by a slot recovery
-        let done = a.preempt_slot(1, &[(0, 1)]).unwrap();
+        let done = a.preempt_slot(1).unwrap();
         assert_eq!(done, vec![b.key()]);
         let tt = t.lock().unwrap();
         assert!(!tt.regs.values().any(|k| *k == b.key()), "{tt:?}");
         assert!(tt.regs.values().any(|k| *k == c.key()));
         assert_eq!(tt.preempts, vec![(b.key(), Preempt::Abort)]);
         drop(tt);
-        assert!(
-            a.preempt_slot(1, &[(0, 1)]).unwrap().is_empty(),
-            "idempotent"
-        );
-        assert!(
-            a.preempt_slot(0, &[(0, 1)]).unwrap().is_empty(),
-            "never our own key"
-        );
+        assert!(a.preempt_slot(1).unwrap().is_empty(), "idempotent");
+        assert!(a.preempt_slot(0).unwrap().is_empty(), "never our own key");
     }
 
     #[test]

@@ -1061,7 +1061,7 @@ impl Volume {
         let views = membership::scan(&*self.dev, &self.sb)?;
         self.cl.set_live(&views);
         if let Some(pr) = self.pr.as_deref().filter(|_| !self.read_only) {
-            if let Err(e) = pr.recheck(&crate::cluster::reservation::live_slots(&views)) {
+            if let Err(e) = pr.recheck(|| crate::cluster::reservation::live_slots(&views)) {
                 tracing::warn!("fence=pr: checking the LUN's reservation failed: {e}");
             }
         }

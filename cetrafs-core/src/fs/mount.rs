@@ -87,7 +87,7 @@ impl Volume {
             // A slot taken back from a dead incarnation (or any dead node) still has that
             // node's key: cut it off before its journal is replayed below.
             if !read_only {
-                pr.preempt_slot(member.slot, &live)
+                pr.preempt_slot(member.slot)
                     .map_err(|e| e.wrap("fencing the previous holder of this node's slot"))?;
             }
         }

@@ -26,8 +26,8 @@
 //!    holds no ERROR line but node2's `FENCED` line.
 
 use crate::fsmulti::{
-    mkfs_once, poll, reap, secs, timed, umount, unmount_and_fsck, wait_exit, Node, Scenario,
-    RECOVERY_SLACK, STEP_LIMIT,
+    line_with, mkfs_once, poll, reap, secs, timed, umount, unmount_and_fsck, wait_exit, Node,
+    Scenario, RECOVERY_SLACK, STEP_LIMIT,
 };
 use crate::{get, num, open, Report};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice};
@@ -69,7 +69,11 @@ pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
     // subreaper we reap them and see their exit status).
     unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
     let mut rep = Report { pass: 0, fail: 0 };
-    let dead_time = Duration::from_millis(8 * io_timeout + 2 * io_timeout + 2 * interval);
+    let dead_time = cetrafs_core::cluster::Timing::from_ms(
+        u32::try_from(interval).map_err(|e| e.to_string())?,
+        u32::try_from(io_timeout).map_err(|e| e.to_string())?,
+    )
+    .dead_time();
     for mode in ["pr", "none"] {
         let tag = format!("fence-{mode}-{lun}");
         let at_file = PathBuf::from(format!("/tmp/{tag}-at"));
@@ -99,7 +103,8 @@ pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
         );
         s.teardown();
         clear(&mut s, &devs[2], "CLEAR after");
-        s.check_logs(PROVOKED_ERRORS);
+        // node2 only: a FENCED line on a survivor fails the run.
+        s.check_logs(PROVOKED_ERRORS, &[1]);
         if s.failed {
             s.dump_logs();
         }
@@ -180,15 +185,6 @@ fn write_block(path: &Path, data: &[u8], create: bool) -> Result<(), String> {
         .map_err(|e| format!("O_DIRECT pwrite {}: {e}", path.display()))?;
     f.sync_all()
         .map_err(|e| format!("fsync {}: {e}", path.display()))
-}
-
-/// The first line of `log` after line `skip` containing every one of `what`, and its index.
-fn line_with(log: &str, skip: usize, what: &[&str]) -> Option<(usize, String)> {
-    log.lines()
-        .enumerate()
-        .skip(skip)
-        .find(|(_, l)| what.iter().all(|w| l.contains(w)))
-        .map(|(i, l)| (i, l.to_string()))
 }
 
 #[allow(clippy::too_many_arguments, clippy::too_many_lines)]
@@ -301,18 +297,9 @@ fn run(
 
     // ---- 4. a survivor fences (pr) and recovers node2
     let limit = dead_time + RECOVERY_SLACK;
-    let mut found = None;
-    let waited = poll(limit, || {
-        for i in [0, 2] {
-            if let Some((idx, l)) = line_with(&s.log_of(i), skip[i], &["recovered", "node2"]) {
-                found = Some((i, idx, l));
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    });
-    let r = match (waited, &found) {
-        (Ok(_), Some((i, idx, l))) => {
+    let found = s.wait_log_line(&[0, 2], &skip, &["recovered", "node2"], limit);
+    let r = match &found {
+        Some((i, idx, l)) => {
             let log = s.log_of(*i);
             let fenced = line_with(&log, skip[*i], &["fence=pr: PREEMPT", "node slot"]);
             let command = if preempt == "abort" {

@@ -320,11 +320,45 @@ impl Node {
     }
 }
 
+/// The first line of `log` after line `skip` containing every one of `what`, and its index.
+pub(crate) fn line_with(log: &str, skip: usize, what: &[&str]) -> Option<(usize, String)> {
+    log.lines()
+        .enumerate()
+        .skip(skip)
+        .find(|(_, l)| what.iter().all(|w| l.contains(w)))
+        .map(|(i, l)| (i, l.to_string()))
+}
+
 impl Scenario<'_> {
-    /// Every daemon's whole log: no ERROR line but those `allowed` (substrings), no panic.
-    pub(crate) fn check_logs(&mut self, allowed: &[&str]) {
+    /// Poll the logs of the nodes `which` (past line `skip[i]` of node i's) until one holds a
+    /// line with every word of `what`, at most `limit`: (node, line index, line).
+    pub(crate) fn wait_log_line(
+        &self,
+        which: &[usize],
+        skip: &[usize],
+        what: &[&str],
+        limit: Duration,
+    ) -> Option<(usize, usize, String)> {
+        let mut found = None;
+        let _ = poll(limit, || {
+            found = which.iter().find_map(|&i| {
+                line_with(&self.log_of(i), skip[i], what).map(|(idx, l)| (i, idx, l))
+            });
+            Ok(found.is_some())
+        });
+        found
+    }
+
+    /// Every daemon's whole log: no panic, and no ERROR line but those `allowed` (substrings)
+    /// in the logs of the nodes `allowed_on`.
+    pub(crate) fn check_logs(&mut self, allowed: &[&str], allowed_on: &[usize]) {
         for i in 0..self.nodes.len() {
             let (host, log) = (self.nodes[i].host.clone(), self.nodes[i].log.clone());
+            let allowed = if allowed_on.contains(&i) {
+                allowed
+            } else {
+                &[]
+            };
             let r = daemonlog::verdict_file(&self.tag, &host, &log, allowed);
             let name = if allowed.is_empty() {
                 format!("{host} log has no ERROR line")
@@ -476,11 +510,15 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
         failed: false,
         summary: Vec::new(),
     };
-    let dead_time = Duration::from_millis(8 * io_timeout + 2 * io_timeout + 2 * interval);
+    let dead_time = cetrafs_core::cluster::Timing::from_ms(
+        u32::try_from(interval).map_err(|e| e.to_string())?,
+        u32::try_from(io_timeout).map_err(|e| e.to_string())?,
+    )
+    .dead_time();
     run(&mut s, &devs, interval, io_timeout, files, dead_time);
     s.teardown();
     // ---- 6. every daemon log, however far the scenarios got: no ERROR line, no panic
-    s.check_logs(PROVOKED_ERRORS);
+    s.check_logs(PROVOKED_ERRORS, &[]);
     if s.failed {
         s.dump_logs();
     }
@@ -820,24 +858,11 @@ fn run(
         return;
     }
     let limit = dead_time + RECOVERY_SLACK;
-    let mut line = None;
-    let waited = poll(limit, || {
-        for i in [0, 2] {
-            if let Some(l) = s
-                .log_of(i)
-                .lines()
-                .skip(skip[i])
-                .find(|l| l.contains("recovered") && l.contains("node2"))
-            {
-                line = Some((i, l.split("WARN").last().unwrap_or(l).trim().to_string()));
-                return Ok(true);
-            }
-        }
-        Ok(false)
-    });
+    let found = s.wait_log_line(&[0, 2], &skip, &["recovered", "node2"], limit);
     let took = t_kill.elapsed();
-    let r = match (waited, line) {
-        (Ok(_), Some((i, l))) => {
+    let r = match found {
+        Some((i, _, l)) => {
+            let l = l.split("WARN").last().unwrap_or(&l).trim().to_string();
             s.summary.push(format!(
                 "recovery of node2: {} after SIGKILL (dead time {})",
                 secs(took),
@@ -850,7 +875,7 @@ fn run(
                 secs(dead_time)
             ))
         }
-        _ => Err(format!(
+        None => Err(format!(
             "neither node1 nor node3 logged 'recovered ... node2' within {} of the kill (dead time {})",
             secs(limit),
             secs(dead_time)
