@@ -2169,6 +2169,49 @@ fn fence_pr_needs_persistent_reservations() {
     c.unmount_all_and_fsck();
 }
 
+/// With persistent reservations a second mount daemon on one host through the device another
+/// one uses is refused before any PERSISTENT RESERVE OUT (one registration per initiator
+/// port). The finder behind it, `other_daemon_on`, on a real daemon: a loop device over the
+/// LUN file stands in for the SCSI node (device numbers are compared, and daemons re-execute
+/// themselves, so their `comm` is `exe`); the LIO scenario runs the refusal itself.
+#[test]
+fn a_second_daemon_on_the_same_device_is_found() {
+    use cetrafs_core::cluster::reservation::other_daemon_on;
+    require_fuse!();
+    let _serial = serial();
+    let c = Cluster::formatted("a_second_daemon_on_the_same_device_is_found", "8");
+    let losetup = |args: &[&str]| {
+        let r = cetrafs_tests::run(std::process::Command::new("losetup").args(args));
+        assert_eq!(r.code, 0, "losetup {args:?}: {r}");
+        r.stdout.trim().to_string()
+    };
+    let lun = c.lun.path().to_string_lossy().into_owned();
+    let other_file = c.lun.dir().join("other.img");
+    fs::write(&other_file, vec![0u8; 1 << 20]).expect("other.img");
+    let loop_lun = PathBuf::from(losetup(&["-f", "--show", &lun]));
+    let loop_other = PathBuf::from(losetup(&["-f", "--show", &other_file.to_string_lossy()]));
+    assert_eq!(
+        other_daemon_on(std::slice::from_ref(&loop_lun)),
+        None,
+        "nothing mounted yet"
+    );
+    let m = Mount::try_new_env(&loop_lun, &c.mountpoint(0), NODES[0], &[], &[])
+        .unwrap_or_else(|e| panic!("mount through {}: {e}", loop_lun.display()));
+    let found = other_daemon_on(&[loop_other.clone(), loop_lun.clone()]);
+    let missed = other_daemon_on(std::slice::from_ref(&loop_other));
+    m.unmount();
+    losetup(&["-d", &loop_lun.to_string_lossy()]);
+    losetup(&["-d", &loop_other.to_string_lossy()]);
+    assert_eq!(
+        found.as_ref().map(|(_, d)| d),
+        Some(&loop_lun),
+        "the daemon using {} was not found: {found:?}",
+        loop_lun.display()
+    );
+    assert!(found.is_some_and(|(pid, _)| pid > 0));
+    assert_eq!(missed, None, "a device no daemon uses");
+}
+
 // ---------------------------------------------------------------------------------------------
 // 8. Per-file open locks
 

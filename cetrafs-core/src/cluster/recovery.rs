@@ -142,7 +142,9 @@ pub fn claim_and_release(
                 membership::describe(dead)
             );
         }
-        let done = pr.preempt_slot(dead.slot).map_err(|e| {
+        // Our claim, still in the slot: read through the lease-checked device.
+        let still_mine = || Ok(membership::read_slot(dev, sb, dead.slot)? == claimed.raw);
+        let done = pr.preempt_slot(dead.slot, &still_mine).map_err(|e| {
             e.wrap(format!(
                 "fencing {} by persistent reservation",
                 membership::describe(dead)

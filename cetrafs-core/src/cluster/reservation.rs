@@ -350,7 +350,15 @@ impl Reservations {
     /// reservation makes the target refuse an unregistered initiator's writes, so the caller
     /// makes sure of it first ([`Self::ensure_reserved`], which [`Self::join`] runs), and a
     /// preempt that leaves the LUN unreserved says that the node is not fenced.
-    pub fn preempt_slot(&self, slot: u32) -> Result<Vec<u64>> {
+    ///
+    /// `still_mine` is asked right before each PREEMPT: the commands bypass `LeaseGuard`, so a
+    /// recoverer paused after its claim must look again (through the guarded device) that the
+    /// claim is still its own; a later incarnation of the slot may hold a key by then.
+    pub fn preempt_slot(
+        &self,
+        slot: u32,
+        still_mine: &dyn Fn() -> Result<bool>,
+    ) -> Result<Vec<u64>> {
         let me = self.key();
         let path = &self.paths[0];
         let mut victims: Vec<u64> = path
@@ -364,6 +372,12 @@ impl Reservations {
         let mut done = Vec::new();
         for v in victims {
             crate::failpoint::process("fence::before_preempt");
+            if !still_mine()? {
+                crate::bail!(
+                    Busy,
+                    "not preempting reservation key {v:#018x}: node slot {slot} is no longer this node's to fence (another node took its recovery over)"
+                );
+            }
             match path.preempt(me, v, self.preempt) {
                 Ok(()) => {
                     tracing::warn!(
@@ -422,6 +436,47 @@ impl Reservations {
     }
 }
 
+/// Another CetraFS mount daemon on this host with one of `devs` open: its pid and that device.
+/// Daemons are told by their executable's name (`mount.cetra`, or `mount-cetra` as built; their
+/// `comm` is `exe` once they re-executed themselves), devices by device number, so
+/// `/dev/sdb` and a `by-id` link match. Runs before any PERSISTENT RESERVE OUT of a mount.
+pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::PathBuf)> {
+    use std::os::unix::fs::MetadataExt;
+    let rdev = |p: &Path| {
+        std::fs::metadata(p)
+            .ok()
+            .filter(|m| m.rdev() != 0)
+            .map(|m| m.rdev())
+    };
+    let wanted: Vec<(u64, &std::path::PathBuf)> = devs
+        .iter()
+        .filter_map(|d| rdev(d).map(|r| (r, d)))
+        .collect();
+    let (me, parent) = (std::process::id(), std::os::unix::process::parent_id());
+    for e in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
+            continue;
+        };
+        let exe = std::fs::read_link(e.path().join("exe")).unwrap_or_default();
+        let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
+        let name = name.as_deref().unwrap_or("");
+        let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+        if pid == me || pid == parent || !matches!(name, "mount.cetra" | "mount-cetra") {
+            continue;
+        }
+        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            let hit = rdev(&fd.path()).and_then(|r| wanted.iter().find(|(w, _)| *w == r));
+            if let Some(&(_, d)) = hit {
+                return Some((i32::try_from(pid).unwrap_or(-1), d.clone()));
+            }
+        }
+    }
+    None
+}
+
 /// (slot, generation) of every live slot in `views`: whose keys a reservation must not cut off.
 pub fn live_slots(views: &[crate::cluster::SlotView]) -> Vec<(u32, u64)> {
     views
@@ -458,6 +513,21 @@ impl Fencing {
         watchdog: &WatchdogSpec,
     ) -> Result<Self> {
         let reservations = choose(mode, lun, uuid, preempt)?;
+        if let Some(r) = &reservations {
+            let mut devs = vec![lun.path().to_path_buf()];
+            devs.extend(r.paths.iter().map(|p| std::path::PathBuf::from(p.label())));
+            if let Some((pid, dev)) = other_daemon_on(&devs) {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!(
+                        "{}: process {pid}, another CetraFS mount daemon, already uses {} on this host; with persistent reservations (fence={}) the target keeps one key per initiator port, so two mounts through one path would overwrite, and at unmount remove, each other's registration: mount a volume once per host",
+                        lun.path().display(),
+                        dev.display(),
+                        mode.name()
+                    ),
+                ));
+            }
+        }
         let watchdog = if mode == FenceMode::None {
             WatchdogSpec::Off
         } else {
@@ -760,15 +830,37 @@ mod tests {
         b.join(1, 4, &[(0, 1), (1, 4)]).unwrap();
         let c = node(&t, &[3]);
         c.register_joining().unwrap(); // still joining: never preempted by a slot recovery
-        let done = a.preempt_slot(1).unwrap();
+        let done = a.preempt_slot(1, &|| Ok(true)).unwrap();
         assert_eq!(done, vec![b.key()]);
         let tt = t.lock().unwrap();
         assert!(!tt.regs.values().any(|k| *k == b.key()), "{tt:?}");
         assert!(tt.regs.values().any(|k| *k == c.key()));
         assert_eq!(tt.preempts, vec![(b.key(), Preempt::Abort)]);
         drop(tt);
-        assert!(a.preempt_slot(1).unwrap().is_empty(), "idempotent");
-        assert!(a.preempt_slot(0).unwrap().is_empty(), "never our own key");
+        assert!(
+            a.preempt_slot(1, &|| Ok(true)).unwrap().is_empty(),
+            "idempotent"
+        );
+        assert!(
+            a.preempt_slot(0, &|| Ok(true)).unwrap().is_empty(),
+            "never our own key"
+        );
+    }
+
+    #[test]
+    fn a_recoverer_whose_claim_is_gone_preempts_nothing() {
+        let t = Arc::new(Mutex::new(Target::default()));
+        let a = node(&t, &[0]);
+        a.register_joining().unwrap();
+        a.join(0, 1, &[(0, 1)]).unwrap();
+        let b = node(&t, &[1]);
+        b.register_joining().unwrap();
+        b.join(1, 3, &[(0, 1), (1, 3)]).unwrap();
+        let e = a.preempt_slot(1, &|| Ok(false)).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+        let tt = t.lock().unwrap();
+        assert!(tt.regs.values().any(|k| *k == b.key()), "{tt:?}");
+        assert!(tt.preempts.is_empty());
     }
 
     #[test]

@@ -87,7 +87,7 @@ impl Volume {
             // A slot taken back from a dead incarnation (or any dead node) still has that
             // node's key: cut it off before its journal is replayed below.
             if !read_only {
-                pr.preempt_slot(member.slot)
+                pr.preempt_slot(member.slot, &|| Ok(member.lease_valid()))
                     .map_err(|e| e.wrap("fencing the previous holder of this node's slot"))?;
             }
         }

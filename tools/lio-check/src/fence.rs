@@ -6,7 +6,9 @@
 //!    process failpoint `lease::write_checked=stop`, armed for one LUN byte offset through
 //!    `CETRA_FAILPOINT_AT` (a file this check writes later). With `pr`: every daemon logs the
 //!    chosen fencing, and the LUN becomes reserved Write Exclusive – Registrants Only with three
-//!    keys (READ RESERVATION / READ KEYS through node3's nexus).
+//!    keys (READ RESERVATION / READ KEYS through node3's nexus). A fourth `mount.cetra` through
+//!    node1's nexus is refused ("once per host") and leaves the keys as they were: the target
+//!    keeps one registration per initiator port.
 //! 2. node2 writes one 4 KiB block of a new file with `O_DIRECT` and fsyncs; the check finds the
 //!    LUN byte offset X of that block by reading the LUN through node3's nexus.
 //! 3. X goes into the failpoint's file and node2 overwrites the block (`O_DIRECT` pwrite, on a
@@ -26,8 +28,8 @@
 //!    holds no ERROR line but node2's `FENCED` line.
 
 use crate::fsmulti::{
-    line_with, mkfs_once, poll, reap, secs, timed, umount, unmount_and_fsck, wait_exit, Node,
-    Scenario, RECOVERY_SLACK, STEP_LIMIT,
+    line_with, mkfs_once, poll, reap, secs, spawn_merged, timed, umount, unmount_and_fsck,
+    wait_child, wait_exit, Node, Scenario, DAEMON_LIMIT, RECOVERY_SLACK, STEP_LIMIT,
 };
 use crate::{get, num, open, Report};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice};
@@ -247,6 +249,43 @@ fn run(
             )
         });
         if !s.check("LUN reserved, 3 keys", r) {
+            return;
+        }
+    }
+
+    if pr {
+        // A second mount through node1's nexus would share (and at its end remove) node1's
+        // registration: refused before any PERSISTENT RESERVE OUT, node1's key untouched.
+        let mp = PathBuf::from(format!("/mnt/{}-twin", s.tag));
+        let _ = fs::create_dir_all(&mp);
+        let opt = format!("host=node4,fence=pr,pr_preempt={preempt}");
+        let keys = || -> Result<Vec<u64>, String> {
+            let mut k = open(&reader)?
+                .pr_read_keys()
+                .map_err(|e| e.to_string())?
+                .keys;
+            k.sort_unstable();
+            Ok(k)
+        };
+        let before = keys();
+        let r = spawn_merged(
+            "mount.cetra",
+            &[&devs[0], &mp.to_string_lossy(), "-o", &opt],
+            &[("CETRA_LOG_FILE", &format!("/tmp/{}-twin.log", s.tag))],
+        )
+        .and_then(|c| wait_child(c, DAEMON_LIMIT))
+        .and_then(|(st, out)| {
+            let after = keys()?;
+            if !st.success() && out.contains("once per host") && Ok(&after) == before.as_ref() {
+                Ok(format!("refused ({}); keys unchanged", out.trim()))
+            } else {
+                Err(format!(
+                    "{st}: {}; keys {before:x?} -> {after:x?}",
+                    out.trim()
+                ))
+            }
+        });
+        if !s.check("a second mount through node1's nexus is refused", r) {
             return;
         }
     }
