@@ -1102,14 +1102,18 @@ impl Volume {
                     silent >= dead_time || membership::local_writer_gone(h, &self.member.host)
                 }
                 // A recovery whose recoverer is no longer that live node is taken over: the
-                // recoverer is judged by its own record's change and its own timing.
+                // recoverer is judged by its own record's change and its own timing. Our own
+                // claim still standing means our attempt failed part-way (a finished recovery
+                // frees the slot): every step is idempotent, so it is retried.
                 SlotState::Recovering => {
+                    let ours = h.recoverer == self.cl.me.slot && h.recoverer_gen == self.cl.me.gen;
                     let recoverer_silent_too_long = views
                         .iter()
                         .find(|r| r.slot == h.recoverer)
                         .and_then(|r| r.record.as_ref().zip(seen.get(&r.slot)))
                         .is_some_and(|(rh, (_, at))| now.duration_since(*at) >= rh.dead_time());
-                    recovery::claim_is_stale(v, &views, self.cl.me) || recoverer_silent_too_long
+                    ours || recovery::claim_is_stale(v, &views, self.cl.me)
+                        || recoverer_silent_too_long
                 }
             };
             if is_due {

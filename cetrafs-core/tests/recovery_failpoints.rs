@@ -1,0 +1,126 @@
+//! A recovery that fails part-way is retried (the `failpoints` feature; run with
+//! `cargo test -p cetrafs-core --features failpoints --test recovery_failpoints`). Two nodes on
+//! one volume; node a goes silent (its device drops every write from then on, as if its host
+//! lost the LUN or was reset); node b's watcher claims a's slot after the dead time and
+//! replays its journal, but releasing a's object locks fails (`recovery::before_object_scrub`).
+//! a's slot then stays Recovering with b as its recoverer: a claim nobody else takes over,
+//! since b is alive. Once the step works again, b's next watcher tick finishes the recovery
+//! and frees the slot.
+#![cfg(feature = "failpoints")]
+
+use cetrafs_core::cluster::membership;
+use cetrafs_core::dev::mem::MemDevice;
+use cetrafs_core::dev::{BlockDevice, CawOutcome, Geometry};
+use cetrafs_core::failpoint;
+use cetrafs_core::format::heartbeat::SlotState;
+use cetrafs_core::fs::{MountOptions, Volume};
+use cetrafs_core::mkfs::{format, MkfsOptions};
+use cetrafs_core::Result;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// One node's view of the shared device: once `silent`, its writes are dropped (reported
+/// done), so the others see its heartbeat stop.
+#[derive(Debug)]
+struct Node {
+    dev: Arc<MemDevice>,
+    silent: AtomicBool,
+}
+
+impl BlockDevice for Node {
+    fn geometry(&self) -> &Geometry {
+        self.dev.geometry()
+    }
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.dev.read_at(offset, buf)
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        if self.silent.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.dev.write_at(offset, buf)
+    }
+    fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
+        if self.silent.load(Ordering::Acquire) {
+            return Ok(CawOutcome::Miscompare);
+        }
+        self.dev.compare_and_write(lba, expected, new)
+    }
+    fn flush(&self) -> Result<()> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        if self.silent.load(Ordering::Acquire) {
+            return Ok(());
+        }
+        self.dev.discard(offset, len)
+    }
+}
+
+#[test]
+fn a_recovery_that_failed_part_way_is_retried() {
+    let dev = Arc::new(MemDevice::new(256 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 4,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let node_a = Arc::new(Node {
+        dev: dev.clone(),
+        silent: AtomicBool::new(false),
+    });
+    let opts = |host: &str| MountOptions {
+        host: host.into(),
+        ..MountOptions::default()
+    };
+    let a = Volume::mount(node_a.clone(), &opts("a")).unwrap();
+    let b = Volume::mount(dev.clone(), &opts("b")).unwrap();
+    let sb = b.superblock().clone();
+    let slot_a = a.slot();
+    let state_of_a = || {
+        membership::scan(&*dev, &sb).unwrap()[slot_a as usize]
+            .record
+            .as_ref()
+            .map(|h| (h.state, h.recoverer))
+    };
+
+    failpoint::arm("recovery::before_object_scrub");
+    node_a.silent.store(true, Ordering::Release);
+    // Dead time 1.2 s (50 ms interval, 100 ms I/O timeout); b claims, replays, then fails.
+    let t0 = Instant::now();
+    while state_of_a().map(|s| s.0) != Some(SlotState::Recovering) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "a's slot never claimed: {:?}",
+            state_of_a()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Several watcher ticks with the step failing: the claim stays, b's.
+    std::thread::sleep(Duration::from_millis(500));
+    assert_eq!(
+        state_of_a(),
+        Some((SlotState::Recovering, b.slot())),
+        "the failed recovery must leave b's claim"
+    );
+    failpoint::disarm_all();
+    let t1 = Instant::now();
+    while state_of_a().map(|s| s.0) != Some(SlotState::Free) {
+        assert!(
+            t1.elapsed() < Duration::from_secs(5),
+            "b never retried its failed recovery of a: {:?}",
+            state_of_a()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "a's slot freed {:?} after the step worked again",
+        t1.elapsed()
+    );
+    b.unmount().unwrap();
+    drop(a);
+}
