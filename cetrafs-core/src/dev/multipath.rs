@@ -34,6 +34,8 @@ pub enum Queueing {
     Bounded(String),
     /// It is queued until a path comes back (why, for messages).
     Forever(String),
+    /// The map's table could not be read (`dmsetup` missing or failing).
+    Unknown(String),
 }
 
 /// What stops this node's writes once it lost its lease, besides its own lease check.
@@ -84,7 +86,9 @@ pub fn classify(table: &str, multipathd: Option<&str>, kernel_timeout: Option<u6
     match table_queues(table) {
         Some(false) => return Queueing::Fails,
         None => {
-            return Queueing::Bounded("its table could not be read (dmsetup table): unknown".into())
+            return Queueing::Unknown(
+                "its table could not be read (is dmsetup installed?), so whether it queues I/O forever is unknown".into(),
+            )
         }
         Some(true) => {}
     }
@@ -117,6 +121,12 @@ pub fn judge(map: &str, q: &Queueing, protection: Protection) -> Verdict {
             "multipath map {map}: I/O fails when no path is left"
         )),
         (Queueing::Bounded(how), _) => Verdict::Fine(format!("multipath map {map}: {how}")),
+        (Queueing::Unknown(why), Protection::Reservations) => Verdict::Fine(format!(
+            "multipath map {map}: {why}; harmless with fence=pr"
+        )),
+        (Queueing::Unknown(why), _) => Verdict::Warn(format!(
+            "multipath map {map}: {why}; if it queues forever when no path is left, a write queued before this node fenced can land after the others recovered it: check `multipath -ll` and put this in /etc/multipath.conf: {MULTIPATH_CONF}"
+        )),
         (Queueing::Forever(why), Protection::Reservations) => Verdict::Fine(format!(
             "multipath map {map} queues I/O forever when no path is left ({why}); harmless with fence=pr: the target refuses the queued writes of a node whose key was preempted"
         )),
@@ -224,6 +234,16 @@ mod tests {
             Queueing::Forever(_)
         ));
         assert!(matches!(classify(QUEUES, None, None), Queueing::Forever(_)));
+        let unread = classify("", Some("off"), Some(30));
+        assert!(matches!(unread, Queueing::Unknown(_)), "{unread:?}");
+        assert!(matches!(
+            judge("m", &unread, Protection::Software),
+            Verdict::Warn(_)
+        ));
+        assert!(matches!(
+            judge("m", &unread, Protection::Reservations),
+            Verdict::Fine(_)
+        ));
     }
 
     #[test]
