@@ -3,6 +3,7 @@
 # <repo>/.cache/lio, gitignored):
 #   vmlinux / vmlinuz   Debian's own 6.1 kernel, taken from the linux-image .deb (not installed)
 #   base.cpio           busybox-static + target_core/tcm_loop/sd/sg/fuse modules + a few sg3-utils
+#                       + LIO's iSCSI target and the open-iscsi initiator (iscsi_tcp + iscsistart)
 # The per-run part of the initramfs (/init, lio-check and the static mkfs/fsck/mount binaries) is a second cpio that
 # `run` concatenates after base.cpio; the kernel unpacks concatenated newc archives in order.
 # Idempotent: does nothing when the cache stamp (kernel ABI from linux-image-amd64's
@@ -75,7 +76,10 @@ for a in $(/bin/busybox --list); do [ "$a" = busybox ] || ln -s busybox "$ST/bin
 ln -sf ../bin/busybox "$ST/sbin/modprobe"
 # brd + dm_mod: a RAM disk behind dm-linear behind an iblock backstore, for the stall test;
 # fuse: mount.cetra on a tcm_loop disk
+# iscsi_target_mod + iscsi_tcp (libiscsi_tcp, libiscsi, scsi_transport_iscsi): the guest logs in
+# to its own LIO iSCSI target (lio.iscsi=1), a fabric that submits directly (unlike tcm_loop)
 MODS="crc32c_generic crc32c_intel configfs target_core_mod target_core_file target_core_iblock tcm_loop sd_mod sg brd dm_mod fuse"
+MODS="$MODS iscsi_target_mod iscsi_tcp"
 : > "$ST/etc/modules.order"
 for m in $MODS; do
     modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" | awk '$1=="insmod"{print $2}'
@@ -87,9 +91,25 @@ done | awk '!seen[$0]++' | while read -r ko; do
 done
 cp "$KROOT/lib/modules/$KVER/modules.builtin"* "$KROOT/lib/modules/$KVER/modules.order" "$ST/lib/modules/$KVER/"
 depmod -b "$ST" "$KVER"
-# sg3-utils (debugging) and dmsetup, dynamically linked: host and guest are both Debian 12
+# iscsistart (open-iscsi's boot-time login tool: logs in without iscsid) and the library it
+# needs beyond the host's (libopeniscsiusr), from their .debs: downloaded, not installed
+OI=$WORK/open-iscsi
+if [ ! -x "$OI/sbin/iscsistart" ]; then
+    rm -rf "$OI"; mkdir -p "$OI"
+    for p in open-iscsi libopeniscsiusr; do
+        ls "$WORK"/${p}_*.deb >/dev/null 2>&1 || { log "apt-get download $p"
+            (cd "$WORK" && apt-get download "$p" 2>&1 | grep -v '^W: Download is performed unsandboxed' || true); }
+        dpkg-deb -x "$(ls "$WORK"/${p}_*.deb | head -1)" "$OI"
+    done
+fi
+export LD_LIBRARY_PATH=$OI/usr/lib/x86_64-linux-gnu
+if ldd "$OI/sbin/iscsistart" | grep 'not found'; then
+    echo "iscsistart needs libraries the host lacks (see above)" >&2; exit 1
+fi
+# sg3-utils (debugging), dmsetup and iscsistart, dynamically linked: host and guest are both
+# Debian 12
 for b in /usr/bin/sg_inq /usr/bin/sg_readcap /usr/bin/sg_vpd /usr/bin/sg_dd /usr/bin/sg_turs \
-         /usr/bin/sg_raw /usr/bin/sg_compare_and_write /usr/sbin/dmsetup; do
+         /usr/bin/sg_raw /usr/bin/sg_compare_and_write /usr/sbin/dmsetup "$OI/sbin/iscsistart"; do
     cp "$b" "$ST/bin/"
     ldd "$b" | awk '/=>/{print $3} /ld-linux/{print $1}'
 done | sort -u | while read -r lib; do
@@ -104,5 +124,5 @@ echo "$KVER" > "$ST/etc/kver"
 mv "$CACHE/base.cpio.tmp" "$CACHE/base.cpio"
 echo "$STAMP" > "$CACHE/stamp"
 # the unpacked package tree (~400 MB) is only needed while building; keep the .deb (70 MB)
-rm -rf "$KROOT" "$ST"
+rm -rf "$KROOT" "$ST" "$OI"
 log "done: $(du -sh "$CACHE/base.cpio" | cut -f1) base.cpio, kernel $KVER"

@@ -8,6 +8,8 @@
 # Kernel command line knobs: lio.size=64M  lio.cawtotal=10200  lio.paths=3  lio.stall=0
 #   lio.multinode=1 lio.mninterval=200 lio.mniotimeout=1000 lio.mnfiles=50 (fs-multi scenarios)
 #   lio.prabort=0 (1: the pr check also runs PREEMPT AND ABORT, which deadlocks Debian's LIO (6.1 and 6.12))
+#   lio.iscsi=1 (the guest also logs in three times to its own LIO iSCSI target and runs the
+#   pr check and lio-check fence with PREEMPT AND ABORT over those three iSCSI sessions; 0: not)
 export PATH=/bin:/sbin
 mount -t proc proc /proc
 mount -t sysfs sysfs /sys
@@ -19,7 +21,7 @@ say() { echo "lio-guest: $*"; echo "GUEST $*" > $R; }
 die() { say "FATAL: $*"; dmesg | tail -30 > $R; echo "LIO-CHECK-RESULT FAIL (guest setup: $*)" > $R; sync; poweroff -f; sleep 5; }
 
 SIZE=64M; CAWTOTAL=10200; NPATHS=3; STALLTEST=0
-MULTINODE=1; MNINTERVAL=200; MNIOTIMEOUT=1000; MNFILES=50; PRABORT=0
+MULTINODE=1; MNINTERVAL=200; MNIOTIMEOUT=1000; MNFILES=50; PRABORT=0; ISCSI=1
 for a in $(cat /proc/cmdline); do
     case $a in
         lio.size=*) SIZE=${a#*=} ;;
@@ -31,6 +33,7 @@ for a in $(cat /proc/cmdline); do
         lio.mniotimeout=*) MNIOTIMEOUT=${a#*=} ;;
         lio.mnfiles=*) MNFILES=${a#*=} ;;
         lio.prabort=*) PRABORT=${a#*=} ;;
+        lio.iscsi=*) ISCSI=${a#*=} ;;
     esac
 done
 # How the multi-node daemons (fence=auto/pr) remove a dead node's reservation key.
@@ -44,11 +47,15 @@ say "booted in $(cut -d' ' -f1 /proc/uptime)s, $(nproc) vCPU(s)"
 
 # LIO's db_root must exist before target_core_mod loads (PR/ALUA metadata live there).
 mkdir -p /etc/target/pr /etc/target/alua
-while read -r ko; do insmod "$ko" 2>/dev/null || echo "insmod $ko failed (ignored)"; done < /etc/modules.order
+while read -r ko; do
+    # the iSCSI target and initiator modules only when they are used
+    case $ko in *iscsi*) [ "$ISCSI" = 1 ] || continue ;; esac
+    insmod "$ko" 2>/dev/null || echo "insmod $ko failed (ignored)"
+done < /etc/modules.order
 mount -t configfs configfs /sys/kernel/config || die "configfs"
 T=/sys/kernel/config/target
 [ -d $T/core ] || die "target_core_mod not loaded"
-mkdir -p /srv && mount -t tmpfs -o size=$((BYTES * 4)),mode=0700 srv /srv
+mkdir -p /srv && mount -t tmpfs -o size=$((BYTES * 5)),mode=0700 srv /srv
 
 # backstore NAME BLOCK_SIZE ATTRS...: sparse fileio file on tmpfs. Attributes go AFTER enable
 # (emulate_tpu before enable oopses 6.1 in fd_configure_unmap) and BEFORE any LUN link
@@ -237,6 +244,92 @@ if [ "$MULTINODE" = 1 ] && [ -c /dev/fuse ]; then
     say "fence d512: $np passed, $nf failed, $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s"
 fi
 say "multi-node checks done at $(up)s"
+
+# ---- PREEMPT AND ABORT over iSCSI (lio.iscsi=1). tcm_loop deadlocks in it (README.md), the
+# iSCSI fabric submits commands directly. A separate LUN, d512i (fileio, 512-byte blocks, not
+# exported through tcm_loop), behind one LIO iSCSI target with three portals on 127.0.0.1 and
+# one ACL per initiator; the guest logs in to it three times with iscsistart (open-iscsi's boot
+# login tool, no iscsid), once per initiator name iqn...:node1..3 and portal: three sessions =
+# three I_T nexuses = three sd/sg nodes of one LUN. On them: the pr check with PREEMPT AND
+# ABORT (`pr-iscsi`, ~0.3 s), then lio-check fence with pr_preempt=abort, fence=pr only
+# (`fence-pr-iscsi`; the fence=none contrast runs on d512 above). Setup failures are FAIL lines, not a FATAL: the checks above stand.
+iscsi_setup() {
+    ifconfig lo 127.0.0.1 up || { tfail "iscsi: ifconfig lo"; return 1; }
+    [ -d /sys/module/iscsi_target_mod ] && [ -d /sys/class/iscsi_transport/tcp ] ||
+        { tfail "iscsi: iscsi_target_mod/iscsi_tcp not loaded"; return 1; }
+    backstore d512i block_size=512 emulate_tpu=1
+    TIQN=iqn.2003-01.org.linux-iscsi.cetrafs:d512i
+    TPG=$T/iscsi/$TIQN/tpgt_1
+    { mkdir -p $TPG/lun/lun_0 && ln -s $T/core/fileio_0/d512i $TPG/lun/lun_0/d512i &&
+      echo 0 > $TPG/attrib/authentication; } || { tfail "iscsi: target $TIQN"; return 1; }
+    for n in 1 2 3; do
+        mkdir -p $TPG/np/127.0.0.1:$((3259 + n)) || { tfail "iscsi: portal 127.0.0.1:$((3259 + n))"; return 1; }
+    done
+    for n in 1 2 3; do
+        A=$TPG/acls/iqn.2003-01.org.linux-iscsi.cetrafs:node$n
+        { mkdir -p $A/lun_0 && ln -s $TPG/lun/lun_0 $A/lun_0/lun_0; } || { tfail "iscsi: ACL node$n"; return 1; }
+    done
+    echo 1 > $TPG/enable || { tfail "iscsi: enable $TPG"; return 1; }
+    # No NOP-Out pings: without iscsid nobody would recover a connection a slow (TCG) ping
+    # timeout dropped.
+    for n in 1 2 3; do
+        t0=$(up)
+        iscsistart -i iqn.2003-01.org.linux-iscsi.cetrafs:node$n -t $TIQN -g 1 -a 127.0.0.1 -p $((3259 + n)) \
+            -P 'node.conn[0].timeo.noop_out_interval=0' -P 'node.conn[0].timeo.noop_out_timeout=0' \
+            > /tmp/iscsistart-$n.log 2>&1
+        rc=$?
+        sed "s|^|OUT iscsistart node$n: |" /tmp/iscsistart-$n.log > $R
+        [ $rc = 0 ] || { tfail "iscsi: iscsistart node$n exit $rc"; return 1; }
+        say "iscsi: node$n logged in ($(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s)"
+    done
+    # sessionN -> its initiator name and the sd/sg nodes of LUN 0 below it (the LUN scan runs
+    # after the login: wait for it)
+    ISDS=; ISGS=
+    for n in 1 2 3; do
+        sd=; sg=; i=0
+        while [ $i -lt 200 ]; do
+            for s in /sys/class/iscsi_session/session*; do
+                [ "$(cat $s/initiatorname 2>/dev/null)" = iqn.2003-01.org.linux-iscsi.cetrafs:node$n ] || continue
+                d=$(ls -d $(readlink -f $s/device)/target*/*:*:*:0 2>/dev/null | head -1)
+                [ -n "$d" ] || continue
+                sd=$(ls $d/block 2>/dev/null | head -1); sg=$(ls $d/scsi_generic 2>/dev/null | head -1)
+                sess=$(basename $s)
+            done
+            [ -n "$sd" ] && [ -n "$sg" ] && [ -b /dev/$sd ] && [ -c /dev/$sg ] && break
+            sleep 0.05; i=$((i + 1))
+        done
+        [ -n "$sd" ] && [ -n "$sg" ] || { tfail "iscsi: no sd/sg node for node$n's session"; return 1; }
+        serial=$(sg_vpd -p sn -r /dev/$sg 2>/dev/null | tr -dc 'a-z0-9-')
+        say "iscsi: $sess node$n -> /dev/$sg /dev/$sd ($(cat /sys/class/scsi_generic/$sg/device/vendor) $(cat /sys/class/scsi_generic/$sg/device/model) serial $serial)"
+        case $serial in *cetrafs-d512i*) ;; *) tfail "iscsi: node$n's /dev/$sg is not d512i (serial '$serial')"; return 1 ;; esac
+        ISDS=${ISDS:+$ISDS,}/dev/$sd; ISGS=${ISGS:+$ISGS,}/dev/$sg
+    done
+    tpass "iscsi: 3 sessions to $TIQN, one LUN (d512i): $ISGS / $ISDS"
+}
+if [ "$ISCSI" = 1 ]; then
+    t0=$(up)
+    if iscsi_setup; then
+        # pr with PREEMPT AND ABORT (its lines renamed pr-iscsi); a wedged target ends here
+        lio-check pr --paths "$ISGS" --pr-abort 1 2>&1 | sed -E 's/^(PASS|FAIL|SKIP|INFO) pr /\1 pr-iscsi /' > /tmp/pri.out
+        cat /tmp/pri.out > $R
+        np=$(grep -c '^PASS ' /tmp/pri.out); nf=$(grep -c '^FAIL ' /tmp/pri.out)
+        TP=$((TP + np)); TF=$((TF + nf))
+        [ "$np" -gt 0 ] || [ "$nf" -gt 0 ] || tfail "pr-iscsi: no PASS/FAIL line"
+        say "pr-iscsi: $np passed, $nf failed, $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s since the iSCSI setup began"
+        if [ "$nf" = 0 ] && [ "$MULTINODE" = 1 ] && [ -c /dev/fuse ]; then
+            t0=$(up)
+            { lio-check fence --tag iscsi --devs "$ISDS" --interval "$MNINTERVAL" \
+                  --io-timeout "$MNIOTIMEOUT" --preempt abort --modes pr 2>&1; echo $? > /tmp/fence.rc; } |
+                tee /tmp/fence-iscsi.out > $R
+            rc=$(cat /tmp/fence.rc)
+            np=$(grep -c '^PASS ' /tmp/fence-iscsi.out); nf=$(grep -c '^FAIL ' /tmp/fence-iscsi.out)
+            TP=$((TP + np)); TF=$((TF + nf))
+            [ "$rc" = 0 ] || [ "$nf" -gt 0 ] || tfail "fence iscsi: lio-check exit $rc without a FAIL line"
+            say "fence iscsi: $np passed, $nf failed, $(awk -v a="$t0" -v b="$(up)" 'BEGIN{printf "%.1f", b-a}')s"
+        fi
+    fi
+    say "iscsi checks done at $(up)s"
+fi
 if [ $TF -eq 0 ] && [ $TP -gt 0 ]; then
     echo "CETRA-TOOLS-RESULT PASS ($TP checks)" > $R
 else

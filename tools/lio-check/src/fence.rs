@@ -57,7 +57,8 @@ fn pattern(who: &str) -> AlignedBuf {
     b
 }
 
-/// `fence --tag d512 --devs SD,SD,SD --interval MS --io-timeout MS [--preempt plain|abort]`.
+/// `fence --tag d512 --devs SD,SD,SD --interval MS --io-timeout MS [--preempt plain|abort]
+/// [--modes pr,none]`.
 pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
     let lun = get(m, "tag")?.to_string();
     let devs: Vec<String> = get(m, "devs")?.split(',').map(str::to_string).collect();
@@ -76,7 +77,17 @@ pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
         u32::try_from(io_timeout).map_err(|e| e.to_string())?,
     )
     .dead_time();
-    for mode in ["pr", "none"] {
+    // `--modes pr` skips the fence=none contrast (the iSCSI run: it shows nothing new there).
+    let modes: Vec<String> = m
+        .get("modes")
+        .map_or("pr,none", String::as_str)
+        .split(',')
+        .map(str::to_string)
+        .collect();
+    if let Some(bad) = modes.iter().find(|m| !matches!(m.as_str(), "pr" | "none")) {
+        return Err(format!("--modes takes pr and/or none, not {bad:?}"));
+    }
+    for mode in modes.iter().map(String::as_str) {
         let tag = format!("fence-{mode}-{lun}");
         let at_file = PathBuf::from(format!("/tmp/{tag}-at"));
         let _ = fs::remove_file(&at_file);
