@@ -789,15 +789,25 @@ mod tests {
         Reservations::probe(paths, &UUID, Preempt::Abort).unwrap()
     }
 
+    /// A node on `nexuses` that joined as (`slot`, `generation`) with `live` slots.
+    fn joined(
+        t: &Arc<Mutex<Target>>,
+        nexuses: &[usize],
+        slot: u32,
+        generation: u64,
+        live: &[(u32, u64)],
+    ) -> Reservations {
+        let n = node(t, nexuses);
+        n.register_joining().unwrap();
+        n.join(slot, generation, live).unwrap();
+        n
+    }
+
     #[test]
     fn nodes_register_on_every_path_and_the_first_reserves() {
         let t = Arc::new(Mutex::new(Target::default()));
-        let a = node(&t, &[0, 1]);
-        a.register_joining().unwrap();
-        a.join(0, 5, &[(0, 5)]).unwrap();
-        let b = node(&t, &[2]);
-        b.register_joining().unwrap();
-        b.join(1, 2, &[(0, 5), (1, 2)]).unwrap();
+        let a = joined(&t, &[0, 1], 0, 5, &[(0, 5)]);
+        let _b = joined(&t, &[2], 1, 2, &[(0, 5), (1, 2)]);
         let t = t.lock().unwrap();
         assert_eq!(t.regs.len(), 3, "{t:?}");
         assert_eq!(t.regs[&0], a.key());
@@ -822,12 +832,8 @@ mod tests {
     #[test]
     fn recovery_preempts_every_key_of_the_dead_slot_and_only_those() {
         let t = Arc::new(Mutex::new(Target::default()));
-        let a = node(&t, &[0]);
-        a.register_joining().unwrap();
-        a.join(0, 1, &[(0, 1)]).unwrap();
-        let b = node(&t, &[1, 2]);
-        b.register_joining().unwrap();
-        b.join(1, 4, &[(0, 1), (1, 4)]).unwrap();
+        let a = joined(&t, &[0], 0, 1, &[(0, 1)]);
+        let b = joined(&t, &[1, 2], 1, 4, &[(0, 1), (1, 4)]);
         let c = node(&t, &[3]);
         c.register_joining().unwrap(); // still joining: never preempted by a slot recovery
         let done = a.preempt_slot(1, &|| Ok(true)).unwrap();
@@ -850,12 +856,8 @@ mod tests {
     #[test]
     fn a_recoverer_whose_claim_is_gone_preempts_nothing() {
         let t = Arc::new(Mutex::new(Target::default()));
-        let a = node(&t, &[0]);
-        a.register_joining().unwrap();
-        a.join(0, 1, &[(0, 1)]).unwrap();
-        let b = node(&t, &[1]);
-        b.register_joining().unwrap();
-        b.join(1, 3, &[(0, 1), (1, 3)]).unwrap();
+        let a = joined(&t, &[0], 0, 1, &[(0, 1)]);
+        let b = joined(&t, &[1], 1, 3, &[(0, 1), (1, 3)]);
         let e = a.preempt_slot(1, &|| Ok(false)).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
         let tt = t.lock().unwrap();
@@ -866,12 +868,8 @@ mod tests {
     #[test]
     fn the_holder_leaving_releases_and_the_next_check_reserves_again() {
         let t = Arc::new(Mutex::new(Target::default()));
-        let a = node(&t, &[0]);
-        a.register_joining().unwrap();
-        a.join(0, 1, &[(0, 1)]).unwrap();
-        let b = node(&t, &[1]);
-        b.register_joining().unwrap();
-        b.join(1, 1, &[(0, 1), (1, 1)]).unwrap();
+        let a = joined(&t, &[0], 0, 1, &[(0, 1)]);
+        let b = joined(&t, &[1], 1, 1, &[(0, 1), (1, 1)]);
         a.leave();
         assert_eq!(t.lock().unwrap().holder, None);
         b.ensure_reserved(&[(1, 1)]).unwrap();

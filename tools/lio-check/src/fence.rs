@@ -102,13 +102,7 @@ pub fn fence(m: &HashMap<String, String>) -> Result<bool, String> {
                 at_file.to_string_lossy().into_owned(),
             ),
         ];
-        let mut s = Scenario {
-            tag: tag.clone(),
-            nodes,
-            rep: &mut rep,
-            failed: false,
-            summary: Vec::new(),
-        };
+        let mut s = Scenario::new(&tag, nodes, &mut rep);
         let t = Instant::now();
         clear(&mut s, &devs[2], "CLEAR before");
         run(

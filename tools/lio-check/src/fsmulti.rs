@@ -329,7 +329,17 @@ pub(crate) fn line_with(log: &str, skip: usize, what: &[&str]) -> Option<(usize,
         .map(|(i, l)| (i, l.to_string()))
 }
 
-impl Scenario<'_> {
+impl<'a> Scenario<'a> {
+    pub(crate) fn new(tag: &str, nodes: Vec<Node>, rep: &'a mut Report) -> Self {
+        Scenario {
+            tag: tag.to_string(),
+            nodes,
+            rep,
+            failed: false,
+            summary: Vec::new(),
+        }
+    }
+
     /// Poll the logs of the nodes `which` (past line `skip[i]` of node i's) until one holds a
     /// line with every word of `what`, at most `limit`: (node, line index, line).
     pub(crate) fn wait_log_line(
@@ -503,13 +513,7 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
     let mut rep = Report { pass: 0, fail: 0 };
     let t_all = Instant::now();
     let nodes = Node::three(&devs, &tag, &format!(",pr_preempt={preempt}"));
-    let mut s = Scenario {
-        tag: tag.clone(),
-        nodes,
-        rep: &mut rep,
-        failed: false,
-        summary: Vec::new(),
-    };
+    let mut s = Scenario::new(&tag, nodes, &mut rep);
     let dead_time = cetrafs_core::cluster::Timing::from_ms(
         u32::try_from(interval).map_err(|e| e.to_string())?,
         u32::try_from(io_timeout).map_err(|e| e.to_string())?,
