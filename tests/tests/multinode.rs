@@ -1469,6 +1469,159 @@ fn sigkill_recovery() {
 }
 
 // ---------------------------------------------------------------------------------------------
+// 4b. A thin image grown without the global lock (fs/detached.rs), its node SIGKILLed
+
+const THIN_SIZE: u64 = 1 << 30;
+const THIN_STRIDE: u64 = 256 << 10;
+
+/// node2 grows a sparse image by scattered `O_DIRECT` writes (each a new allocation, most of
+/// them from its block pool without the global lock) and fsyncs every 16, while node1 keeps
+/// the global lock busy with creates; node2 is SIGKILLed. Every fsync'd block must read back
+/// on node1 after the recovery, and the volume must check clean once node2 mounted again
+/// (its pool, an orphan of its slot, freed).
+#[test]
+fn thin_image_grown_without_the_global_lock_survives_sigkill() {
+    require_fuse!();
+    let _serial = serial();
+    let seed = seed("thin_image_sigkill");
+    let mut c = Cluster::start("thin_image_sigkill");
+    let img = "thin.img";
+    fs::File::create(c.n(1).p(img))
+        .and_then(|f| f.set_len(THIN_SIZE))
+        .expect("create the thin image on node2");
+    wait_visible_everywhere(&c, img);
+    let stop = AtomicBool::new(false);
+    let killed = AtomicBool::new(false);
+    // Every write node2 issued, in order, and how many of them an fsync covered.
+    let attempted: Mutex<(Vec<(u64, u64)>, usize)> = Mutex::new((Vec::new(), 0));
+    let errors: Mutex<Vec<String>> = Mutex::new(Vec::new());
+    let mut node2 = Some(c.take(1));
+    let node2_img = node2.as_ref().expect("node2").path().join(img);
+    let node1_mp = c.n(0).path().to_path_buf();
+    let t_kill = std::thread::scope(|s| {
+        let (stop_r, errors_r) = (&stop, &errors);
+        s.spawn(move || {
+            for n in 0u64.. {
+                if stop_r.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Err(e) = fs::write(node1_mp.join(format!("busy-{n}")), b"x") {
+                    errors_r
+                        .lock()
+                        .expect("errors")
+                        .push(io_err("node1 create", &e));
+                    return;
+                }
+            }
+        });
+        let (stop_w, killed_w, attempted_w, errors_w, path) =
+            (&stop, &killed, &attempted, &errors, node2_img.clone());
+        s.spawn(move || {
+            let mut rng = StdRng::seed_from_u64(seed);
+            let f = match open_direct(&path, true, false) {
+                Ok(f) => f,
+                Err(e) => {
+                    errors_w.lock().expect("errors").push(io_err("open", &e));
+                    return;
+                }
+            };
+            let mut buf = AlignedBuf::new(BLK);
+            for i in 0u64.. {
+                if stop_w.load(Ordering::SeqCst) {
+                    return;
+                }
+                let off = rng.gen_range(0..THIN_SIZE / THIN_STRIDE) * THIN_STRIDE;
+                let key = mix(seed ^ i);
+                fill(key, &mut buf);
+                let n = {
+                    let mut a = attempted_w.lock().expect("attempted");
+                    a.0.push((off, key));
+                    a.0.len()
+                };
+                let r = f.write_all_at(&buf, off).and_then(|()| {
+                    if n % 16 == 0 {
+                        f.sync_all()?;
+                        attempted_w.lock().expect("attempted").1 = n;
+                    }
+                    Ok(())
+                });
+                if let Err(e) = r {
+                    if !killed_w.load(Ordering::SeqCst) {
+                        errors_w
+                            .lock()
+                            .expect("errors")
+                            .push(io_err(&format!("node2 write at {off}"), &e));
+                    }
+                    return;
+                }
+            }
+        });
+        std::thread::sleep(Duration::from_secs(3));
+        killed.store(true, Ordering::SeqCst);
+        let t = Instant::now();
+        let st = node2
+            .take()
+            .expect("node2")
+            .abandon(Some(libc::SIGKILL))
+            .unwrap_or_else(|e| panic!("killing node2: {e}"));
+        eprintln!("thin_image_sigkill: node2 SIGKILLed: {st:?}");
+        stop.store(true, Ordering::SeqCst);
+        t
+    });
+    let errs = errors.lock().expect("errors").clone();
+    assert!(errs.is_empty(), "seed {seed}:\n  {}", errs.join("\n  "));
+    let limit = DEAD_TIME + RECOVERY_SLACK;
+    let waited = poll_until(limit + Duration::from_secs(20), || {
+        c.recovered_line(&[0, 2], "node2").is_some()
+    });
+    assert!(
+        waited.is_some(),
+        "nobody recovered node2 within {}",
+        secs(t_kill.elapsed())
+    );
+    let (all, synced) = attempted.into_inner().expect("attempted");
+    assert!(
+        synced >= 16,
+        "node2 fsync'd only {synced} writes in 3 s: nothing to check"
+    );
+    // A block holds its last fsync'd write, or a later write to it (not fsync'd, or in
+    // flight at the kill: it may have reached the disk).
+    let mut last = BTreeMap::new();
+    for (i, (off, _)) in all[..synced].iter().enumerate() {
+        last.insert(*off, i);
+    }
+    let f = open_direct(&c.n(0).p(img), false, false).expect("open the image on node1");
+    let mut buf = AlignedBuf::new(BLK);
+    let mut bad = Vec::new();
+    for (off, &i) in &last {
+        let ok: Vec<u64> = all[i..]
+            .iter()
+            .filter(|w| w.0 == *off)
+            .map(|w| w.1)
+            .collect();
+        match f.read_exact_at(&mut buf, *off) {
+            Ok(()) if ok.iter().any(|&k| buf[..] == pattern(k, BLK)[..]) => {}
+            Ok(()) => bad.push(format!("block at {off}: other contents")),
+            Err(e) => bad.push(io_err(&format!("read at {off}"), &e)),
+        }
+    }
+    assert!(
+        bad.is_empty(),
+        "seed {seed}: fsync'd blocks of node2 lost ({} of {}):\n  {}",
+        bad.len(),
+        last.len(),
+        bad.join("\n  ")
+    );
+    eprintln!(
+        "thin_image_sigkill: {synced} fsync'd writes ({} blocks) of node2 intact on node1",
+        last.len()
+    );
+    drop(f);
+    c.mount(1, &[], &[]);
+    c.unmount_all_and_fsck();
+}
+
+// ---------------------------------------------------------------------------------------------
 // 5. SIGSTOP past the dead time: the resumed node fences before writing
 
 #[derive(Debug, Clone)]

@@ -313,7 +313,7 @@ impl Volume {
     }
 
     /// Stop waiting for an inode lock: fenced, or unmounted (nobody would release it).
-    fn lock_abort(&self) -> Option<Error> {
+    pub(super) fn lock_abort(&self) -> Option<Error> {
         if self.unmounted.load(Ordering::Acquire) {
             return Some(Error::new(ErrorKind::Io, "volume is unmounted"));
         }
@@ -345,11 +345,11 @@ impl Volume {
         let cl = &self.cl;
         if cl.handoff_wanted.load(Ordering::Acquire)
             && m.gml() != LockMode::Free
-            && cl.hold.over(!m.inflight().is_empty())
+            && cl.hold.over(m.inflight().holds_bitmap_blocks())
         {
             // Allocating writes in flight hold blocks only this node knows of: they are mapped
             // first (fs/inflight.rs). Meanwhile another thread may have handed over already.
-            m = self.drained(m);
+            m = self.drained_of_bitmap_blocks(m);
             if cl.handoff_wanted.load(Ordering::Acquire) && m.gml() != LockMode::Free {
                 self.handoff(&mut m)?;
             }
@@ -372,13 +372,21 @@ impl Volume {
         // limit across acquires held back every other request of two nodes trading the lock
         // every 25 ms until the 50 ms were up: handoffs of 20-40 ms instead of 5.)
         cl.global_asked.lock().or_panic().clear();
+        // While it waits it holds the metadata mutex, so it does this node's part of an inode
+        // handoff that another node (perhaps the one it waits for) asked for (fs/detached.rs).
+        let waiting = std::cell::RefCell::new(m);
         let rec = cl.locks.acquire_global_notify(
             cl.me,
             mode,
             cl.handoff_grace(),
-            &|| self.abort_if_fenced(),
+            &|| {
+                self.serve_duties(&mut waiting.borrow_mut());
+                self.abort_if_fenced()
+            },
             &|rec| self.ask_global_holders(rec, mode),
-        )?;
+        );
+        let mut m = waiting.into_inner();
+        let rec = rec?;
         let expected = if mode == LockMode::Exclusive {
             m.gml_version() + 1
         } else {
@@ -592,8 +600,8 @@ impl Volume {
 
     fn release_gml(&self, m: &mut Meta) -> Result<()> {
         debug_assert!(
-            m.inflight().is_empty(),
-            "giving up the global lock with allocating writes in flight"
+            !m.inflight().holds_bitmap_blocks(),
+            "giving up the global lock with bitmap blocks held by writes in flight"
         );
         // Everything loaded under this hold is stale from now on; wait out fast-path I/O that
         // started before (v2: the data path depends on this lock; v3: on each inode's own).
@@ -724,10 +732,14 @@ impl Volume {
         // return of the global lock reloaded each inode touched, a thin image's whole extent
         // tree included, from a block cache the version change had just dropped.
         if let (Some(il), Some(dl)) = (&self.cl.ilocks, st.dl.get()) {
-            if il.is_ready(dl) && !st.read().freed {
+            if il.is_valid(dl) && !st.read().freed {
                 st.epoch.store(epoch, Ordering::Release);
                 return Ok(());
             }
+        }
+        if st.read().inode.is_reg() && self.before_load(tx, st.ino)? {
+            // Its owner wrote it home just now (fs/detached.rs rule 3).
+            tx.drop_cached(st.ino);
         }
         let mut inner = st.write();
         if inner.freed {
@@ -916,7 +928,7 @@ impl Volume {
             // itself once the window is over, else this is asked again when it ends.
             return Some(cl.hold.left(false).max(KEEPER_RETRY));
         };
-        let left = cl.hold.left(!m.inflight().is_empty());
+        let left = cl.hold.left(m.inflight().holds_bitmap_blocks());
         if !left.is_zero() {
             // Asked again then (the request stays in the mailbox until settled).
             return Some(left.max(KEEPER_RETRY));
@@ -924,7 +936,7 @@ impl Volume {
         if m.gml() == LockMode::Free {
             return None;
         }
-        if !m.inflight().is_empty() {
+        if m.inflight().holds_bitmap_blocks() {
             // Handed over once the allocating writes in flight are mapped.
             return Some(KEEPER_RETRY);
         }
@@ -971,9 +983,15 @@ impl Volume {
     /// [`PollPacer`] ([`MAILBOX_BUSY_POLL`] during a lock exchange, 40 ms otherwise) and hands over the inode
     /// locks other nodes ask for (`fs/inode_lock.rs`).
     pub(super) fn spawn_mailbox(vol: &Arc<Volume>) {
-        if vol.cl.ilocks.is_none() {
+        let Some(il) = &vol.cl.ilocks else {
             return;
-        }
+        };
+        let homing = Arc::downgrade(vol);
+        il.set_homing(Box::new(move |ino| {
+            homing
+                .upgrade()
+                .map_or(Ok(true), |v| v.home_for_handoff(ino))
+        }));
         let weak = Arc::downgrade(vol);
         let spawned = std::thread::Builder::new()
             .name("cetra-mailbox".into())

@@ -48,6 +48,11 @@ pub const ALLOC_GRANULE: u64 = 64 << 10;
 pub const MAX_ALLOC_GRANULE: u64 = 1 << 20;
 /// Sparse files at least this large allocate by granule (module doc).
 pub const GRANULE_MIN_SIZE: u64 = 16 << 20;
+/// Pool blocks a write without the global lock leaves for the tree nodes its mapping (and
+/// the mappings of the other writes in flight) may need (fs/pool.rs).
+const POOL_MARGIN: u64 = super::pool::TREE_MARGIN * 8;
+/// Pool inode extents left free beyond what the writes in flight may add (fs/pool.rs).
+const POOL_ROOM_SPARE: usize = 8;
 
 thread_local! {
     /// One reusable aligned I/O buffer per FUSE worker thread.
@@ -95,6 +100,8 @@ pub(super) struct ToMap {
     written: Result<()>,
     end: u64,
     slot: MapSlot,
+    /// Its new blocks come from this node's pool (fs/pool.rs, fs/detached.rs).
+    pooled: bool,
 }
 
 /// Where the mapper leaves a queued write's result.
@@ -191,6 +198,9 @@ impl Volume {
                 }
             }
         }
+        if writable {
+            self.detached.writer_opened();
+        }
         Ok(Self::open_state(st, writable))
     }
 
@@ -198,6 +208,8 @@ impl Volume {
         let st = &fh.state;
         let last_writer = fh.writable && st.writers.fetch_sub(1, Ordering::AcqRel) == 1;
         let last = st.opens.fetch_sub(1, Ordering::AcqRel) == 1;
+        // This node's last file open for writing: its block pool goes back (below).
+        let no_writers = fh.writable && self.detached.writer_closed();
         if self.read_only || self.unmounted.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -220,6 +232,9 @@ impl Volume {
         self.meta_op(|tx| {
             if last_writer {
                 tx.forget_owner(st.ino);
+            }
+            if no_writers && tx.inflight().pooled() == 0 {
+                tx.return_pool()?;
             }
             match self.refresh(tx, st) {
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
@@ -367,7 +382,12 @@ impl Volume {
         who: &dyn Credentials,
     ) -> Result<(u64, u32)> {
         let len = data.len() as u64;
-        let (plan, id, offset) = loop {
+        if let WriteAt::Offset(offset) = at {
+            if let Some(dropped) = self.try_detached(st, offset, data, who)? {
+                return Ok((offset, dropped));
+            }
+        }
+        let (plan, id, offset, pooled) = loop {
             let mut meta = self.meta_ex()?;
             let (w0, w1) = match at {
                 WriteAt::Offset(o) => (o / FS_BLOCK, (o + len).div_ceil(FS_BLOCK)),
@@ -383,6 +403,9 @@ impl Volume {
             // Before planning blocks or reading any for a read-modify-write: other nodes'
             // fast paths must have stopped using their copy of this inode (fs/inode_lock.rs).
             self.own_inode(st.ino)?;
+            // Held exclusively now: the next writes may go without the global lock, from a
+            // pool this hold keeps filled (fs/detached.rs).
+            self.keep_pool(&mut tx, &inner, st.ino);
             let offset = match at {
                 WriteAt::Offset(o) => o,
                 WriteAt::End => inner.inode.size,
@@ -405,23 +428,116 @@ impl Volume {
                 (p0, p1) if tx.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
                 wide => wide,
             };
-            let plan = Self::plan_write(&mut tx, &inner, p0, p1)?;
+            // From the pool when it has the blocks (the same placement as the writes without
+            // the global lock that follow), else from the bitmaps.
+            let (plan, pooled) = match Self::plan_write(&mut tx, &inner, p0, p1, true) {
+                Ok(plan) => (plan, true),
+                Err(_) => (Self::plan_write(&mut tx, &inner, p0, p1, false)?, false),
+            };
             drop(inner);
-            // Nothing to commit: the held blocks are in memory only.
-            drop(tx);
-            let id = meta.inflight_mut().begin(st.ino, p0, p1);
-            break (plan, id, offset);
+            // Only the pool may have changed (keep_pool): the held blocks are in memory only.
+            tx.commit()?;
+            let id = if pooled {
+                meta.inflight_mut().begin_pooled(st.ino, p0, p1)
+            } else {
+                meta.inflight_mut().begin(st.ino, p0, p1)
+            };
+            break (plan, id, offset, pooled);
         };
-        let written = plan.iter().try_for_each(|s| {
+        let written = self.write_plan(&plan, offset, data);
+        self.map_written(st, plan, id, written, offset + len, pooled)
+            .map(|dropped| (offset, dropped))
+    }
+
+    /// The data of an allocating write, segment by segment (new and unwritten blocks get
+    /// zeros around the data).
+    fn write_plan(&self, plan: &[Seg], offset: u64, data: &[u8]) -> Result<()> {
+        plan.iter().try_for_each(|s| {
             let fill = if s.kind == SegKind::Written {
                 Fill::Existing
             } else {
                 Fill::Zero
             };
             self.write_segment(s.phys, s.b0, s.b1, offset, data, fill)
-        });
-        self.map_written(st, plan, id, written, offset + len)
-            .map(|dropped| (offset, dropped))
+        })
+    }
+
+    /// Under the global lock, with `ino`'s lock held exclusively: keep this node's pool
+    /// usable for the file's next writes (fs/pool.rs). Only costs the detached path if it
+    /// fails, so a failure is logged, not returned.
+    fn keep_pool(&self, tx: &mut Tx<'_>, inner: &InodeInner, ino: Ino) {
+        if self.cl.ilocks.is_none() || self.read_only {
+            return;
+        }
+        self.detached.reopen(ino);
+        if inner.inode.size < GRANULE_MIN_SIZE {
+            // Not a VM image: small files are written under the global lock, and a pool
+            // would be made and given back around each of them.
+            self.detached.refilled();
+            return;
+        }
+        let goal = inner.extents.goal_for(u64::MAX).unwrap_or(ino + 1);
+        if let Err(e) = tx.ensure_pool(goal) {
+            tracing::debug!("the block pool could not be refilled: {e}");
+        }
+        self.detached.refilled();
+    }
+
+    /// An allocating write without the global lock (fs/detached.rs), if it can be one: this
+    /// node owns the inode's lock with a valid cache, the pool has the blocks, and the write
+    /// needs neither a read-modify-write nor a setuid/setgid change. None = take the metadata
+    /// path. Returns the setuid/setgid bits removed (none).
+    fn try_detached(
+        &self,
+        st: &Arc<InodeState>,
+        offset: u64,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<Option<u32>> {
+        let Some(il) = &self.cl.ilocks else {
+            return Ok(None);
+        };
+        if self.read_only {
+            return Ok(None);
+        }
+        let end = offset + data.len() as u64;
+        let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+        let (plan, id) = {
+            let mut meta = self.lock_meta();
+            if meta.pool_available() == 0
+                || meta.pool_room() < 2 * (meta.inflight().pooled() + 1) + POOL_ROOM_SPARE
+                || self.detached.should_refill(meta.pool_is_low())
+                || meta.inflight().must_wait(st.ino, b0, b1)
+                || !il.owns(st.data_lock(il))
+            {
+                return Ok(None);
+            }
+            let inner = st.write();
+            if inner.freed
+                || Self::check_write(st.ino, &inner, offset).is_err()
+                || Self::needs_rmw(&inner, offset, end)
+                || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
+            {
+                return Ok(None);
+            }
+            let (p0, p1) = match self.granule(&inner, b0, b1) {
+                (p0, p1) if meta.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
+                wide => wide,
+            };
+            let mut tx = Tx::detached(&*self.dev, &mut meta);
+            let Ok(plan) = Self::plan_write(&mut tx, &inner, p0, p1, true) else {
+                return Ok(None);
+            };
+            drop(inner);
+            if !self.detached.begin(st.ino) {
+                Self::unreserve(&mut tx, &plan, true);
+                return Ok(None);
+            }
+            drop(tx);
+            (plan, meta.inflight_mut().begin_pooled(st.ino, p0, p1))
+        };
+        let written = self.write_plan(&plan, offset, data);
+        self.map_written(st, plan, id, written, end, true).map(Some)
     }
 
     /// The file blocks a write of blocks [b0, b1) allocates: the whole aligned granule
@@ -477,7 +593,13 @@ impl Volume {
 
     /// Split file blocks [b0, b1) into segments by what backs them; holes get new blocks, held
     /// in the allocator until [`Volume::map_written`]. All or nothing.
-    fn plan_write(tx: &mut Tx<'_>, inner: &InodeInner, b0: u64, b1: u64) -> Result<Vec<Seg>> {
+    fn plan_write(
+        tx: &mut Tx<'_>,
+        inner: &InodeInner,
+        b0: u64,
+        b1: u64,
+        pooled: bool,
+    ) -> Result<Vec<Seg>> {
         let mut plan = Vec::new();
         let mut b = b0;
         while b < b1 {
@@ -500,10 +622,21 @@ impl Volume {
             let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
             let seg_end = b1.min(next);
             let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-            let runs = match tx.reserve_data(goal, seg_end - b, inner.inode.ino) {
+            let reserved = if pooled {
+                let margin = POOL_MARGIN
+                    + super::pool::TREE_MARGIN
+                        * u64::try_from(tx.inflight().pooled()).unwrap_or(u64::MAX / 8);
+                tx.reserve_pooled(goal, seg_end - b, inner.inode.ino, margin)
+                    .ok_or_else(|| {
+                        crate::Error::new(crate::ErrorKind::NoSpace, "the block pool is short")
+                    })
+            } else {
+                tx.reserve_data(goal, seg_end - b, inner.inode.ino)
+            };
+            let runs = match reserved {
                 Ok(r) => r,
                 Err(e) => {
-                    Self::unreserve(tx, &plan);
+                    Self::unreserve(tx, &plan, pooled);
                     return Err(e);
                 }
             };
@@ -520,9 +653,13 @@ impl Volume {
         Ok(plan)
     }
 
-    fn unreserve(tx: &mut Tx<'_>, plan: &[Seg]) {
+    fn unreserve(tx: &mut Tx<'_>, plan: &[Seg], pooled: bool) {
         for s in plan.iter().filter(|s| s.kind == SegKind::New) {
-            tx.unreserve(s.phys, s.b1 - s.b0);
+            if pooled {
+                tx.unreserve_pooled(s.phys);
+            } else {
+                tx.unreserve(s.phys, s.b1 - s.b0);
+            }
         }
     }
 
@@ -541,6 +678,7 @@ impl Volume {
         id: u64,
         written: Result<()>,
         end: u64,
+        pooled: bool,
     ) -> Result<u32> {
         let slot: MapSlot = Arc::new(std::sync::Mutex::new(None));
         self.to_map.lock().or_panic().push(ToMap {
@@ -550,19 +688,24 @@ impl Volume {
             written,
             end,
             slot: slot.clone(),
+            pooled,
         });
         // Not meta_ex: a handoff waits for these very writes, and the lock is held exclusively
-        // for as long as anything is in flight (fs/inflight.rs).
-        let meta = self.lock_meta();
-        // A use of the global lock for its hold window: a writer whose data I/O takes longer
-        // than the window's idle time is still busy.
-        self.note_lock_use();
+        // for as long as anything holding bitmap blocks is in flight (fs/inflight.rs); writes
+        // from the pool need no global lock (fs/detached.rs).
+        let mut meta = self.lock_meta();
+        if !pooled {
+            // A use of the global lock for its hold window: a writer whose data I/O takes
+            // longer than the window's idle time is still busy.
+            self.note_lock_use();
+        }
         let mine = take_slot(&slot);
         let r = if let Some(r) = mine {
             r
         } else {
             let batch = std::mem::take(&mut *self.to_map.lock().or_panic());
-            self.map_batch(meta, batch);
+            self.map_batch(&mut meta, batch, false);
+            drop(meta);
             take_slot(&slot).unwrap_or_else(|| {
                 Err(crate::Error::new(
                     crate::ErrorKind::Io,
@@ -573,15 +716,45 @@ impl Volume {
         r.map(|()| 0)
     }
 
-    /// Map a group of allocating writes in one transaction (metadata mutex held).
-    fn map_batch(&self, mut meta: MutexGuard<'_, Meta>, mut batch: Vec<ToMap>) {
-        debug_assert_eq!(meta.gml(), LockMode::Exclusive);
+    /// Map a group of allocating writes in one transaction (metadata mutex held). Without the
+    /// global lock held exclusively, every write in the batch is from the pool, of an inode
+    /// this node owns (fs/detached.rs): the transaction is a detached one.
+    ///
+    /// `serving`: called by a thread that waits for the cluster (fs/detached.rs rule 4), which
+    /// may hold some inode's lock itself: writes of an inode whose lock is taken are left
+    /// queued for their own writers.
+    pub(super) fn map_batch(&self, meta: &mut Meta, mut batch: Vec<ToMap>, serving: bool) {
+        if serving {
+            let (now, later): (Vec<ToMap>, Vec<ToMap>) =
+                batch.into_iter().partition(|w| w.st.try_write().is_some());
+            self.to_map.lock().or_panic().extend(later);
+            batch = now;
+        }
+        let detached = meta.gml() != LockMode::Exclusive;
+        debug_assert!(
+            !detached || batch.iter().all(|w| w.pooled),
+            "bitmap blocks in flight without the global lock"
+        );
         batch.sort_by_key(|w| w.st.ino);
         let mut results: Vec<Result<()>> = Vec::with_capacity(batch.len());
-        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let mut tx = if detached {
+            Tx::detached(&*self.dev, meta)
+        } else {
+            Tx::new(&*self.dev, meta)
+        };
+        let mut changed = Vec::new();
         for group in batch.chunk_by_mut(|a, b| a.st.ino == b.st.ino) {
             let st = group[0].st.clone();
-            let loaded = self.refresh(&mut tx, &st).and_then(|()| {
+            let owned = !detached || self.owns_inode(&st);
+            let loaded = if owned {
+                self.refresh(&mut tx, &st)
+            } else {
+                Err(crate::Error::new(
+                    crate::ErrorKind::Io,
+                    format!("inode {} lost its lock with a write in flight", st.ino),
+                ))
+            }
+            .and_then(|()| {
                 let inner = st.write();
                 if inner.freed {
                     bail!(NotFound, "inode {} was removed", st.ino);
@@ -592,7 +765,7 @@ impl Volume {
                 Ok(inner) => inner,
                 Err(e) => {
                     for w in group.iter_mut() {
-                        Self::unreserve(&mut tx, &w.plan);
+                        Self::unreserve(&mut tx, &w.plan, w.pooled);
                         let own = std::mem::replace(&mut w.written, Ok(()));
                         results.push(own.and(Err(again(&e))));
                     }
@@ -603,12 +776,17 @@ impl Volume {
             let mut end = None;
             for w in group.iter_mut() {
                 if let Err(e) = std::mem::replace(&mut w.written, Ok(())) {
-                    Self::unreserve(&mut tx, &w.plan);
+                    Self::unreserve(&mut tx, &w.plan, w.pooled);
                     results.push(Err(e));
                     continue;
                 }
                 for s in &w.plan {
                     match s.kind {
+                        SegKind::New if w.pooled => {
+                            tx.commit_pooled(s.phys, s.b1 - s.b0);
+                            inner.extents.insert(s.b0, s.phys, s.b1 - s.b0, false);
+                            inner.inode.blocks += s.b1 - s.b0;
+                        }
                         SegKind::New => {
                             tx.commit_reserved(s.phys, s.b1 - s.b0);
                             inner.extents.insert(s.b0, s.phys, s.b1 - s.b0, false);
@@ -630,6 +808,9 @@ impl Volume {
                         }
                     }
                 }
+                if detached {
+                    changed.push(st.ino);
+                }
             }
         }
         // As in meta_op: what was done is consistent, so it is committed even on error.
@@ -640,8 +821,14 @@ impl Volume {
                 }
             }
         }
+        for ino in changed {
+            self.detached.changed(ino);
+        }
         for w in &batch {
             meta.inflight_mut().end(w.id);
+            if w.pooled {
+                self.detached.end(w.st.ino);
+            }
         }
         self.inflight_done.notify_all();
         for (w, r) in batch.into_iter().zip(results) {
@@ -700,6 +887,18 @@ impl Volume {
     /// Wait (releasing the metadata mutex meanwhile) until no allocating write is in flight.
     pub(super) fn drained<'a>(&self, mut m: MutexGuard<'a, Meta>) -> MutexGuard<'a, Meta> {
         while !m.inflight().is_empty() {
+            m = self.wait_inflight(m);
+        }
+        m
+    }
+
+    /// Wait (releasing the metadata mutex meanwhile) until no write in flight holds blocks of
+    /// the bitmaps (a global handoff; writes from the pool map without the lock).
+    pub(super) fn drained_of_bitmap_blocks<'a>(
+        &self,
+        mut m: MutexGuard<'a, Meta>,
+    ) -> MutexGuard<'a, Meta> {
+        while m.inflight().holds_bitmap_blocks() {
             m = self.wait_inflight(m);
         }
         m
@@ -1089,7 +1288,16 @@ impl Volume {
         // device's volatile cache.
         let st = self.inodes.get(ino);
         if let Some(st) = st {
-            if st.has_pending.load(Ordering::Acquire) && !self.read_only {
+            // The image of a VM on this node: its lock is this node's, and the mtime goes in
+            // without the global lock (fs/detached.rs).
+            let owned = st.has_pending.load(Ordering::Acquire)
+                && self.change_owned(&st, |tx, inner| {
+                    if !inner.freed && Self::fold_pending(&st, inner) {
+                        self.save(tx, inner)?;
+                    }
+                    Ok(())
+                })?;
+            if !owned && st.has_pending.load(Ordering::Acquire) && !self.read_only {
                 self.meta_op(|tx| {
                     self.refresh(tx, &st)?;
                     let mut inner = st.write();

@@ -389,6 +389,7 @@ impl Volume {
         match r {
             Ok((a, st)) => {
                 self.register_open(&st, true)?;
+                self.detached.writer_opened();
                 Ok((a, Self::open_state(st, true)))
             }
             Err(e) if e.kind() == ErrorKind::Exists && !excl => {

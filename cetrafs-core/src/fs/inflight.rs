@@ -14,9 +14,12 @@
 //!   block map other than by writing first *drains* the file ([`InFlight::drain_start`]): new
 //!   writes into it wait, and it waits until the writes already in flight are mapped. Freeing a
 //!   file needs no wait: a write in flight holds an open file handle, so the file is not freed.
-//! * **The global lock is given up only with nothing in flight.** A handoff (and unmount)
-//!   waits until the table is empty: another node reloading the bitmaps would not see the held
-//!   blocks. While anything is in flight this node therefore holds the lock exclusively.
+//! * **The global lock is given up only with no bitmap blocks in flight.** A handoff waits
+//!   until no write in flight holds blocks of the bitmaps: another node reloading the bitmaps
+//!   would not see them. While such a write is in flight this node therefore holds the lock
+//!   exclusively. Writes whose blocks come from this node's pool (fs/pool.rs) hold nothing of
+//!   the bitmaps and are mapped without the global lock, so a handoff does not wait for them;
+//!   unmount waits until the table is empty.
 //!
 //! Waiting is on `Volume::inflight_done`, a condition variable of the metadata mutex, notified
 //! whenever an entry or a drain ends; the entries are a few (at most one per write the kernel
@@ -32,6 +35,9 @@ pub(crate) struct InFlight {
     next_id: u64,
     /// Operations draining a file (count per inode).
     drains: HashMap<Ino, u32>,
+    /// The ids of writes whose blocks come from this node's pool (fs/pool.rs): they need no
+    /// global lock, so a handoff does not wait for them.
+    pooled: std::collections::HashSet<u64>,
 }
 
 impl InFlight {
@@ -52,9 +58,28 @@ impl InFlight {
         self.next_id
     }
 
+    /// As [`InFlight::begin`], for a write whose blocks come from the pool.
+    pub fn begin_pooled(&mut self, ino: Ino, b0: u64, b1: u64) -> u64 {
+        let id = self.begin(ino, b0, b1);
+        self.pooled.insert(id);
+        id
+    }
+
     /// The write is mapped (or failed and gave its blocks back).
     pub fn end(&mut self, id: u64) {
         self.writes.remove(&id);
+        self.pooled.remove(&id);
+    }
+
+    /// Writes in flight from the pool.
+    pub fn pooled(&self) -> usize {
+        self.pooled.len()
+    }
+
+    /// Does a write in flight hold blocks of the bitmaps (not of the pool)? Then the global
+    /// lock is not given up (module doc).
+    pub fn holds_bitmap_blocks(&self) -> bool {
+        self.writes.len() > self.pooled.len()
     }
 
     /// Has `ino` a write in flight?
@@ -104,5 +129,12 @@ mod tests {
         assert!(!t.must_wait(8, 100, 101));
         t.end(a);
         assert!(t.is_empty() && !t.must_wait(7, 10, 20));
+        let p = t.begin_pooled(9, 0, 1);
+        assert!(!t.is_empty() && !t.holds_bitmap_blocks() && t.busy(9));
+        let b = t.begin(9, 1, 2);
+        assert!(t.holds_bitmap_blocks());
+        t.end(b);
+        t.end(p);
+        assert!(t.is_empty() && !t.holds_bitmap_blocks());
     }
 }

@@ -4,13 +4,18 @@
 //! without the global lock, and the handoff that a request in this node's mailbox triggers.
 //!
 //! # What an inode lock protects, in this design
-//! The **global lock** (record 0) still serializes every metadata change and protects every
-//! metadata read (docs/locking.md §4–§5). On a v3 volume, **inode lock *i*** additionally
-//! protects *inode i's block as cached by a node that does not hold the global lock*: its
-//! extent map, size, flags and mode, which is all the data path reads. The rules:
+//! The **global lock** (record 0) still serializes every metadata change but one (below) and
+//! protects metadata reads (docs/locking.md §4–§5). On a v3 volume, **inode lock *i***
+//! additionally protects *inode i's block as cached by a node that does not hold the global
+//! lock*: its extent map, size, flags and mode, which is all the data path reads; and, held
+//! exclusively, the mapping of new blocks into a regular file without the global lock
+//! (`fs/detached.rs`). The rules:
 //!
-//! 1. **Writers**: every change of inode *i*'s block is made under the global lock held
-//!    exclusively *and* inode lock *i* held exclusively ([`InodeLocks::own`]). Operations that
+//! 1. **Writers**: every change of inode *i*'s block is made under inode lock *i* held
+//!    exclusively ([`InodeLocks::own`]), which is only ever *taken* under the global lock held
+//!    exclusively; the change itself is made under that global hold too, except the mapping of
+//!    allocating writes of a regular file, which the owner makes without it from its block
+//!    pool (`fs/detached.rs`, `fs/pool.rs`). Operations that
 //!    free, allocate or rewrite *i*'s blocks (write's metadata path, truncate, fallocate and
 //!    punch, the free of an unlinked inode) take it as soon as they hold the inode's write
 //!    lock, before any of that; every other change takes it where the inode is written
@@ -29,11 +34,14 @@
 //!    does not make this node re-read *i* and its extent map.
 //! 3. **Handoff** ([`Server`], run by the `cetra-mailbox` thread on a request): stop new
 //!    fast-path I/O on *i* (`ready` cleared), wait for the fast-path I/O in flight (the
-//!    `gate`), then release or downgrade. Nothing needs writing home here: the change that
-//!    moved *i*'s version is journaled under the global lock, whose own handoff writes
-//!    everything home before another node can take it (§5), and a node whose cache of *i* is
-//!    stale can only reload *i* under the global lock. Journal replay safety is therefore the
-//!    global lock's rule, unchanged.
+//!    `gate`), then release or downgrade. A change journaled under the global lock needs
+//!    nothing written here: the global lock's own handoff writes everything home and empties
+//!    the journal before another node can take it (§5), and a node whose cache of *i* is stale
+//!    reloads *i* under the global lock. A change made **without** the global lock (an
+//!    allocating write of a file this node owns, `fs/detached.rs`) is written home, and the
+//!    journal emptied, before an exclusive hold is released or downgraded: the homing hook
+//!    ([`InodeLocks::set_homing`]) runs before the drain, and a "not yet" leaves the request
+//!    for the next tick. The sweep's give-back runs the same hook.
 //! 4. **Order**: global lock → metadata mutex → the inode's write/read lock → its gate. A
 //!    fast-path acquire ([`InodeLocks::share`]) holds no lock while it waits; the fast path
 //!    then takes the inode's read lock *before* the gate, so a thread that holds a gate never
@@ -115,6 +123,8 @@ pub const SWEEP_BUDGET: Duration = Duration::from_millis(5);
 /// When too few locks are idle to come down to the limit, the count pass waits this long
 /// (ms) before it scans the table again.
 const COUNT_RETRY_MS: u64 = 100;
+/// Most buckets [`InodeLocks::foreign_exclusive`] keeps (then it reads them again).
+const SEEN_BUCKETS_MAX: usize = 4096;
 /// A failing give-back is warned about at most this often.
 const FAILURE_WARN_EVERY: Duration = Duration::from_mins(1);
 
@@ -225,7 +235,23 @@ pub(crate) struct InodeLocks {
     count_retry: AtomicU64,
     /// When a failed give-back was last warned about.
     last_warn: Mutex<Option<Instant>>,
+    /// Before an exclusive hold goes to another node: is what it protects home? (The
+    /// volume's `home_for_handoff`, fs/detached.rs; Ok(false) = not yet, ask again next tick.)
+    homing: std::sync::OnceLock<HomingHook>,
+    /// Buckets read by [`InodeLocks::foreign_exclusive`] in the epoch they were read in.
+    seen_buckets: Mutex<(u64, HashMap<u64, crate::format::object_lock::Bucket>)>,
     pub stats: InodeLockStats,
+}
+
+/// See [`InodeLocks::set_homing`].
+pub(crate) type Homing = Box<dyn Fn(u64) -> Result<bool> + Send + Sync>;
+
+struct HomingHook(Homing);
+
+impl std::fmt::Debug for HomingHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("HomingHook")
+    }
 }
 
 /// What to do when a fenced or unmounting node should stop waiting for a lock.
@@ -258,7 +284,24 @@ impl InodeLocks {
             last_sweep: Mutex::new(started),
             count_retry: AtomicU64::new(0),
             last_warn: Mutex::new(None),
+            homing: std::sync::OnceLock::new(),
+            seen_buckets: Mutex::new((u64::MAX, HashMap::new())),
             stats: InodeLockStats::default(),
+        }
+    }
+
+    /// What must happen before an exclusive hold of an inode goes to another node (a
+    /// release, a downgrade, a give-back): changes made under it without the global lock are
+    /// written home first (fs/detached.rs). Set once, at mount.
+    pub fn set_homing(&self, f: Homing) {
+        let _ = self.homing.set(HomingHook(f));
+    }
+
+    /// May an exclusive hold of `ino` be handed over now (module doc, rule 3)?
+    fn homed(&self, ino: u64, held: Held) -> Result<bool> {
+        match (held, self.homing.get()) {
+            (Held::Exclusive, Some(f)) => (f.0)(ino),
+            _ => Ok(true),
         }
     }
 
@@ -346,6 +389,87 @@ impl InodeLocks {
     )]
     pub fn is_ready(&self, dl: &DataLock) -> bool {
         dl.ready.load(Ordering::Acquire)
+    }
+
+    #[expect(
+        clippy::unused_self,
+        reason = "a verb of the lock table, like the others callers use on a DataLock"
+    )]
+    /// Is this node's cached state of the inode valid now: it holds the lock (either mode), no
+    /// handoff is in progress, and the cache was validated under this hold? (Then no other
+    /// node can have changed the inode: that takes the lock exclusively.)
+    pub fn is_valid(&self, dl: &DataLock) -> bool {
+        let s = dl.state.lock().or_panic();
+        s.held != Held::Nothing && !s.handing && s.validator == Some(s.version)
+    }
+
+    /// Does this node hold `ino`'s lock exclusively, with its cache valid, and no handoff in
+    /// progress? (A change without the global lock may be made: fs/detached.rs.)
+    pub fn owns(&self, dl: &DataLock) -> bool {
+        let s = dl.state.lock().or_panic();
+        self.stamp(dl);
+        s.held == Held::Exclusive && !s.handing && s.validator == Some(s.version)
+    }
+
+    /// Does this node hold `ino`'s lock in either mode?
+    pub fn holds_any(&self, ino: u64) -> bool {
+        self.existing(ino)
+            .is_some_and(|dl| dl.state.lock().or_panic().held != Held::Nothing)
+    }
+
+    /// Does another node hold `ino`'s lock exclusively now (one bucket read)? Only exclusive
+    /// holders change an inode, and a new exclusive hold is only taken under the global lock
+    /// held exclusively (rule 1), so a node holding the global lock that finds none may read
+    /// the inode from disk until it gives the global lock up.
+    ///
+    /// `epoch` is the node's epoch (it moves whenever the node gives the global lock up or
+    /// finds that another node took it exclusively): within one epoch a bucket is read once.
+    pub fn foreign_exclusive(&self, ino: u64, epoch: u64) -> Result<bool> {
+        let obj = ObjectId::inode(ino)?;
+        let index = self.locks.bucket_of(obj);
+        let mine = |b: &crate::format::object_lock::Bucket| {
+            b.entry(obj.raw())
+                .and_then(|e| e.owner())
+                .is_some_and(|m| m.slot != self.me.slot)
+        };
+        {
+            let seen = self.seen_buckets.lock().or_panic();
+            if seen.0 == epoch {
+                if let Some(b) = seen.1.get(&index) {
+                    return Ok(mine(b));
+                }
+            }
+        }
+        let (_, bucket) = self.locks.read_bucket(index)?;
+        let owned = mine(&bucket);
+        let mut seen = self.seen_buckets.lock().or_panic();
+        if seen.0 != epoch || seen.1.len() >= SEEN_BUCKETS_MAX {
+            *seen = (epoch, HashMap::new());
+        }
+        seen.1.insert(index, bucket);
+        Ok(owned)
+    }
+
+    /// Hold `ino`'s lock at least shared, without validating any cache (the caller is about
+    /// to load the inode from disk: fs/detached.rs, "Reading an inode another node owns").
+    pub fn hold_shared(&self, ino: u64, abort: Abort<'_>) -> Result<()> {
+        let dl = self.lock_of(ino);
+        let obj = ObjectId::inode(ino)?;
+        loop {
+            let seen = {
+                let s = dl.settled();
+                if s.held != Held::Nothing {
+                    return Ok(());
+                }
+                s.handoffs
+            };
+            if self
+                .grant(&dl, obj, LockMode::Shared, seen, abort)?
+                .is_some()
+            {
+                return Ok(());
+            }
+        }
     }
 
     /// The fast path's admission: a shared hold on the gate if the cache may be used now, None
@@ -536,6 +660,11 @@ impl InodeLocks {
     fn give_back(&self, ino: u64, dl: &DataLock) -> Result<()> {
         let obj = ObjectId::inode(ino)?;
         crate::failpoint!("inode_lock::before_give_back");
+        let held = dl.state.lock().or_panic().held;
+        if !self.homed(ino, held)? {
+            // Changes not home yet: the next pass looks again.
+            return Ok(());
+        }
         let seen = self.drain(dl);
         let r = if seen == Held::Nothing {
             Ok(LockMode::Free)
@@ -707,6 +836,10 @@ impl Handoff for Server<'_> {
         };
         // A failure here changes nothing: the request stays for the next tick.
         crate::failpoint!("inode_lock::before_drain");
+        let held = dl.state.lock().or_panic().held;
+        if !self.locks.homed(obj.number(), held)? {
+            return Ok(false);
+        }
         self.locks.drain(&dl);
         Ok(true)
     }

@@ -15,6 +15,7 @@ mod block_cache;
 pub(crate) mod btree;
 mod cluster;
 mod data;
+mod detached;
 mod dir;
 pub(crate) mod extent_map;
 pub(crate) mod heap;
@@ -22,6 +23,7 @@ mod inflight;
 mod inode_lock;
 mod inode_table;
 mod mount;
+mod pool;
 mod suid;
 pub(crate) mod txn;
 
@@ -127,6 +129,17 @@ impl InodeState {
     fn write(&self) -> RwLockWriteGuard<'_, InodeInner> {
         self.inner.write().or_panic()
     }
+    /// The write lock if nobody holds the inode now (a wait that serves this node's duties
+    /// must not block on a lock its own thread may hold: fs/detached.rs).
+    fn try_write(&self) -> Option<RwLockWriteGuard<'_, InodeInner>> {
+        match self.inner.try_write() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                panic!("inode lock poisoned: {e}")
+            }
+        }
+    }
     fn note_write(&self) {
         self.pending_mtime
             .store(ts_to_nanos(now()), Ordering::Relaxed);
@@ -165,6 +178,8 @@ pub struct Volume {
     watchdog: std::sync::OnceLock<Arc<crate::cluster::watchdog::Watchdog>>,
     /// SCSI-3 persistent reservation fencing (`cluster/reservation.rs`), when `fence=pr`.
     pr: Option<Arc<crate::cluster::reservation::Reservations>>,
+    /// Writes and changes made without the global lock (`fs/detached.rs`).
+    detached: detached::Detached,
 }
 
 /// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
@@ -418,6 +433,7 @@ impl Volume {
                 self.free_inode(&mut tx, &mut inner)?;
             }
         }
+        tx.return_pool()?;
         tx.commit()?;
         meta.close(&*self.dev)?;
         self.leave_cluster(&mut meta)?;
@@ -479,7 +495,13 @@ impl Volume {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
-        let inode = Inode::decode(&raw, ino)?;
+        let mut inode = Inode::decode(&raw, ino)?;
+        // A regular file may be changed by the node that owns its lock without the global
+        // lock: read it again once that node has written it home (fs/detached.rs rule 3).
+        if inode.is_reg() && self.before_load(tx, ino)? {
+            tx.drop_cached(ino);
+            inode = Inode::decode(&tx.read(ino)?, ino)?;
+        }
         let extents = if inode.is_reg() {
             ExtentMap::load(tx, &inode)?
         } else {
@@ -981,6 +1003,8 @@ impl Volume {
     }
 }
 
+#[cfg(test)]
+mod detached_tests;
 #[cfg(test)]
 mod inflight_tests;
 #[cfg(test)]

@@ -158,6 +158,7 @@ impl Volume {
         };
         let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
         meta.joined(member.slot, granted.version);
+        let emptied = meta.emptied_counter();
         let vol = Arc::new(Volume {
             dev,
             sb,
@@ -173,6 +174,7 @@ impl Volume {
                 .clamp(1, crate::fs::MAX_ALLOC_GRANULE / FS_BLOCK),
             watchdog: std::sync::OnceLock::new(),
             pr: opts.reservations.clone(),
+            detached: super::detached::Detached::new(emptied),
         });
         if let Err(e) = vol.start(opts, &recovered) {
             vol.unmounted.store(true, Ordering::SeqCst);

@@ -336,7 +336,7 @@ fn corrupt_superblock_falls_back_to_backup_then_fails_clearly() {
 
 /// A crash image must check clean with its orphans reported; `between` runs on the next
 /// mount of it; afterwards it must check clean with no orphan left.
-fn crashed_image_recovers(image: Vec<u8>, between: impl FnOnce(&Volume)) {
+pub(super) fn crashed_image_recovers(image: Vec<u8>, between: impl FnOnce(&Volume)) {
     let crashed = Arc::new(MemDevice::from_image(image, 512));
     let report = crate::check::check_volume(&*crashed).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);

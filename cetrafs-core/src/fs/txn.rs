@@ -89,6 +89,12 @@ pub(crate) struct Meta {
     released: usize,
     /// Allocating writes between their planning and their mapping (fs/inflight.rs).
     inflight: super::inflight::InFlight,
+    /// This node's block pool (fs/pool.rs), once it has one.
+    pool: Option<super::pool::Pool>,
+    /// How many times the journal was emptied with everything home ([`Meta::close`]), shared
+    /// with the node's lock server (fs/detached.rs), which reads it without the mutex: a
+    /// change made while it read `c` is home, and out of the journal, once it is past `c`.
+    emptied: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
 
 impl Meta {
@@ -113,7 +119,33 @@ impl Meta {
             gml_version: 0,
             released: 0,
             inflight: super::inflight::InFlight::default(),
+            pool: None,
+            emptied: std::sync::Arc::default(),
         }
+    }
+
+    /// The count of journal emptyings (shared; see the field).
+    pub fn emptied_counter(&self) -> std::sync::Arc<std::sync::atomic::AtomicU64> {
+        std::sync::Arc::clone(&self.emptied)
+    }
+
+    /// Blocks of this node's pool that a write may hold now (0 without a pool).
+    pub fn pool_available(&self) -> u64 {
+        self.pool.as_ref().map_or(0, super::pool::Pool::available)
+    }
+
+    /// Is the pool below a quarter of its last refill (time to top it up)?
+    pub fn pool_is_low(&self) -> bool {
+        self.pool.as_ref().is_some_and(super::pool::Pool::is_low)
+    }
+
+    /// How many more extents the pool inode can take (0 without a pool): each write in flight
+    /// from the pool may add two (a run taken out of the middle of one, a tree node given
+    /// back), and the inode must stay inline.
+    pub fn pool_room(&self) -> usize {
+        self.pool.as_ref().map_or(0, |p| {
+            crate::format::inode::INLINE_EXTENTS_MAX.saturating_sub(p.fragments())
+        })
     }
 
     /// Mount: this node is `slot` and holds the global lock shared at `version`.
@@ -150,9 +182,11 @@ impl Meta {
         &mut self.inflight
     }
 
-    /// Free blocks of the volume (statfs; as exact as alloc.rs says).
+    /// Free blocks of the volume (statfs; as exact as alloc.rs says). This node's pool
+    /// (fs/pool.rs) counts as free, with its inode block: no file uses those blocks. Other
+    /// nodes count them as used until the pool is given back.
     pub fn free_blocks(&self) -> u64 {
-        self.alloc.free_blocks()
+        self.alloc.free_blocks() + self.pool.as_ref().map_or(0, |p| p.blocks() + 1)
     }
 
     pub fn total_blocks(&self) -> u64 {
@@ -171,12 +205,10 @@ impl Meta {
     }
 
     /// Forget every cached block (another node may have changed them). Only clean copies are
-    /// cached; the running transaction is empty whenever this node did not hold the lock.
+    /// cached; the running transaction, which reads see first, holds only changes this node
+    /// made under the global lock before it gave the lock up (then it is empty: the handoff
+    /// wrote it home) or without it, to objects whose own locks it holds (fs/pool.rs).
     pub fn drop_cache(&mut self) {
-        debug_assert!(
-            self.pending.is_empty() && self.nodes.is_empty(),
-            "dropping the cache with pending metadata"
-        );
         self.cache.clear();
     }
 
@@ -222,7 +254,7 @@ impl Meta {
         }
         dev.flush()?;
         if self.pending.is_empty() {
-            self.alloc.committed();
+            self.committed();
             return Ok(());
         }
         crate::failpoint!("commit::before_journal");
@@ -255,15 +287,26 @@ impl Meta {
         self.released = self
             .released
             .saturating_add(pending.len() * crate::format::FS_BLOCK_SIZE);
-        self.alloc.committed();
+        self.committed();
         Ok(())
+    }
+
+    /// A commit point completed: frees are durable, and everything changed before is home.
+    fn committed(&mut self) {
+        self.alloc.committed();
+        if let Some(p) = &mut self.pool {
+            p.committed();
+        }
     }
 
     /// Everything durable and home: leave an empty journal behind (clean unmount).
     pub fn close(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         self.commit_point(dev)?;
         dev.flush()?;
-        journal::invalidate(dev, self.journal)
+        journal::invalidate(dev, self.journal)?;
+        self.emptied
+            .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+        Ok(())
     }
 
     /// The sticky error of an earlier failed commit point. It keeps that failure's kind, so a
@@ -344,6 +387,9 @@ pub(crate) struct Tx<'a> {
     dev: &'a dyn BlockDevice,
     meta: &'a mut Meta,
     dirty: BTreeMap<u64, Vec<u8>>,
+    /// Made without the global lock (fs/pool.rs): blocks come from and go back to this
+    /// node's pool; no bitmap is read or changed.
+    detached: bool,
 }
 
 impl<'a> Tx<'a> {
@@ -352,7 +398,42 @@ impl<'a> Tx<'a> {
             dev,
             meta,
             dirty: BTreeMap::new(),
+            detached: false,
         }
+    }
+
+    /// A transaction made without the global lock (fs/pool.rs): only for changes of objects
+    /// whose own locks this node holds exclusively; allocation from the pool only.
+    pub fn detached(dev: &'a dyn BlockDevice, meta: &'a mut Meta) -> Self {
+        let mut tx = Self::new(dev, meta);
+        tx.detached = true;
+        tx
+    }
+
+    /// The metadata context this transaction works in (a wait that serves the node's
+    /// duties while an operation holds the mutex: fs/detached.rs).
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        self.meta
+    }
+
+    fn pool_mut(&mut self) -> Result<&mut super::pool::Pool> {
+        match &mut self.meta.pool {
+            Some(p) => Ok(p),
+            None => Err(Error::new(
+                ErrorKind::Io,
+                "no block pool: a change without the global lock cannot allocate",
+            )),
+        }
+    }
+
+    fn refuse_detached(&self, what: &str) -> Result<()> {
+        if self.detached {
+            return Err(Error::new(
+                ErrorKind::Io,
+                format!("{what} needs the global lock (a change without it allocates from the pool only)"),
+            ));
+        }
+        Ok(())
     }
 
     /// The volume's layout: every block pointer decoded from disk is checked against it
@@ -373,24 +454,141 @@ impl<'a> Tx<'a> {
 
     /// One metadata block (an inode, a tree node, a whiteout) as near `near` as possible.
     pub fn alloc_one(&mut self, near: u64) -> Result<u64> {
+        if self.detached {
+            return self
+                .pool_mut()?
+                .take_one(near)
+                .ok_or_else(|| Error::new(ErrorKind::NoSpace, "this node's block pool is empty"));
+        }
         Ok(self.meta.alloc.alloc(near, 1, 0)?[0].0)
     }
 
     /// `n` metadata blocks (no reservation window), all or nothing, as few runs as possible.
     pub fn alloc_meta(&mut self, near: u64, n: u64) -> Result<Vec<(u64, u64)>> {
+        self.refuse_detached("allocating metadata blocks")?;
         self.meta.alloc.alloc(near, n, 0)
     }
 
     /// `n` data blocks for file `ino`, near `goal`, all or nothing, mapped by this
     /// transaction (the file's reservation window grows: alloc.rs).
     pub fn alloc_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
+        self.refuse_detached("allocating data blocks")?;
         self.meta.alloc.alloc(goal, n, ino)
     }
 
     /// As [`Tx::alloc_data`], but held in memory only, for an allocating write in flight:
     /// [`Tx::commit_reserved`] or [`Tx::unreserve`] ends each run's hold.
     pub fn reserve_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
+        self.refuse_detached("allocating data blocks")?;
         self.meta.alloc.reserve(goal, n, ino)
+    }
+
+    /// Hold `n` blocks of this node's pool for a write in flight (fs/pool.rs), keeping
+    /// `margin` blocks back for tree nodes; None if the pool has not that many.
+    pub fn reserve_pooled(
+        &mut self,
+        goal: u64,
+        n: u64,
+        ino: u64,
+        margin: u64,
+    ) -> Option<Vec<(u64, u64)>> {
+        let p = self.meta.pool.as_mut()?;
+        if p.available() < n + margin {
+            return None;
+        }
+        p.reserve(n, goal, ino)
+    }
+
+    /// A held pool run is mapped by a file in this transaction.
+    pub fn commit_pooled(&mut self, start: u64, len: u64) {
+        if let Some(p) = &mut self.meta.pool {
+            p.commit(start, len);
+        }
+    }
+
+    /// A held pool run is not needed (its write failed).
+    pub fn unreserve_pooled(&mut self, start: u64) {
+        if let Some(p) = &mut self.meta.pool {
+            p.unreserve(start);
+        }
+    }
+
+    /// Under the global lock (exclusive): keep this node's pool usable for allocating writes
+    /// without the lock. Creates the pool inode (on the orphan list) the first time, frees
+    /// fragments back to the bitmaps when there are too many, and tops it up by up to
+    /// [`pool::CHUNK`](super::pool::CHUNK) blocks (at most a 64th of the free space) near
+    /// `goal` when fewer than a quarter of that are available. Failure to
+    /// grow it only means allocating under the global lock.
+    pub fn ensure_pool(&mut self, goal: u64) -> Result<()> {
+        use super::pool::{Pool, CHUNK, FRAGMENTS_MAX, LOW_FRACTION, MIN_CHUNK};
+        debug_assert!(!self.detached);
+        let chunk = CHUNK.min(self.meta.alloc.free_blocks() / 64);
+        if self.meta.pool.is_none() {
+            if chunk < MIN_CHUNK {
+                return Ok(());
+            }
+            let mut h = self.slot_header()?;
+            if h.orphans.len() >= crate::format::slot_header::MAX_ORPHANS {
+                return Ok(());
+            }
+            let ino = self.alloc_one(goal)?;
+            let pool = Pool::create(self, ino)?;
+            h.orphans.push(ino);
+            self.put_slot_header(h);
+            self.meta.pool = Some(pool);
+        }
+        let Some(p) = &mut self.meta.pool else {
+            return Ok(());
+        };
+        if p.fragments() > FRAGMENTS_MAX {
+            let runs = p.compact(FRAGMENTS_MAX / 2);
+            for (s, l) in runs {
+                self.meta.alloc.free(s, l)?;
+            }
+        }
+        let (available, fragments) = self
+            .meta
+            .pool
+            .as_ref()
+            .map_or((0, 0), |p| (p.available(), p.fragments()));
+        if available < chunk / LOW_FRACTION && chunk >= MIN_CHUNK {
+            let mut runs = match self.meta.alloc.alloc(goal, chunk, 0) {
+                Ok(r) => r,
+                Err(e) if e.kind() == ErrorKind::NoSpace => return Ok(()),
+                Err(e) => return Err(e),
+            };
+            // A fragmented volume gives many short runs: keep the longest that fit the
+            // inode's inline extents, and free the rest again.
+            let room = FRAGMENTS_MAX.saturating_sub(fragments).max(1);
+            if runs.len() > room {
+                runs.sort_by_key(|r| std::cmp::Reverse(r.1));
+                for (s, l) in runs.split_off(room) {
+                    self.meta.alloc.free(s, l)?;
+                }
+            }
+            if let Some(p) = &mut self.meta.pool {
+                p.refill(&runs, chunk);
+            }
+        }
+        Ok(())
+    }
+
+    /// Under the global lock (exclusive), nothing in flight: give every pool block back to
+    /// the bitmaps, free the pool inode and take it off the orphan list (clean unmount).
+    pub fn return_pool(&mut self) -> Result<()> {
+        debug_assert!(!self.detached);
+        let Some(mut p) = self.meta.pool.take() else {
+            return Ok(());
+        };
+        for (s, l) in p.drain_to() {
+            self.meta.alloc.free(s, l)?;
+        }
+        let ino = p.ino();
+        self.free_one(ino)?;
+        let mut h = self.slot_header()?;
+        h.orphans.retain(|&o| o != ino);
+        self.put_slot_header(h);
+        Ok(())
     }
 
     /// A held run is mapped now: mark it used in this transaction.
@@ -406,11 +604,19 @@ impl<'a> Tx<'a> {
     /// Load what a later [`Tx::free`] of a run starting at `start` needs, so that freeing
     /// several runs fails before the first is freed rather than half-way.
     pub fn prepare_free(&mut self, start: u64) -> Result<()> {
+        if self.detached {
+            return Ok(());
+        }
         self.meta.alloc.prepare_free(start)
     }
 
     /// Free a run of data blocks (reusable once a commit point made the free durable).
+    /// Without the global lock the run goes back into this node's pool.
     pub fn free(&mut self, start: u64, len: u64) -> Result<()> {
+        if self.detached {
+            self.pool_mut()?.give(start, len);
+            return Ok(());
+        }
         self.meta.alloc.free(start, len)
     }
 
@@ -418,11 +624,12 @@ impl<'a> Tx<'a> {
     /// the cache) first, so it is never written after it was freed.
     pub fn free_one(&mut self, block: u64) -> Result<()> {
         self.forget(block);
-        self.meta.alloc.free(block, 1)
+        self.free(block, 1)
     }
 
-    /// Is `block` allocated? (Loads its group's bitmap.)
+    /// Is `block` allocated? (Loads its group's bitmap: never without the global lock.)
     pub fn is_used(&mut self, block: u64) -> Result<bool> {
+        self.refuse_detached("reading an allocation bitmap")?;
         self.meta.alloc.is_used(block)
     }
 
@@ -458,6 +665,11 @@ impl<'a> Tx<'a> {
     pub fn prior_seq(&mut self, block: u64) -> Result<u64> {
         let raw = self.read(block)?;
         Ok(BlockHeader::decode(&raw).map_or(0, |h| h.seq))
+    }
+
+    /// Forget the cached clean copy of `block` (it may be stale: read it from disk again).
+    pub fn drop_cached(&mut self, block: u64) {
+        self.meta.cache.invalidate(block);
     }
 
     /// This node's slot header (orphan list).
@@ -532,6 +744,17 @@ impl<'a> Tx<'a> {
     /// Fold this operation's changes into the running compound transaction.
     pub fn commit(mut self) -> Result<()> {
         self.meta.check_not_failed()?;
+        if let Some(mut p) = self.meta.pool.take() {
+            if !self.detached && p.fragments() > super::pool::FRAGMENTS_MAX {
+                // Under the global lock: give the extra runs back rather than fail to save.
+                for (s, l) in p.compact(super::pool::FRAGMENTS_MAX / 2) {
+                    self.meta.alloc.free(s, l)?;
+                }
+            }
+            let r = p.save(&mut self);
+            self.meta.pool = Some(p);
+            r?;
+        }
         for (b, data) in self.meta.alloc.take_dirty() {
             self.dirty.insert(b, data);
         }

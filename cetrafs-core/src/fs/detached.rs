@@ -1,0 +1,274 @@
+//! Allocating writes without the global lock (issue 9 points 3–5; `docs/locking.md` §15,
+//! "Allocating writes without the global lock").
+//!
+//! A node that holds a regular file's inode lock **exclusively** (taken, as every exclusive
+//! inode hold is, under the global lock held exclusively: `fs/inode_lock.rs` rule 1) maps new
+//! blocks into that file without the global lock, from its block pool (`fs/pool.rs`). Such a
+//! *detached* change touches only objects nobody else may touch: the file's inode block and
+//! extent-tree nodes (its lock), and the pool inode (this node's own, on its orphan list). No
+//! bitmap is read or changed. The rules that keep the rest of the cluster right:
+//!
+//! 1. **Who may begin.** A detached write begins under the metadata mutex only while this node
+//!    owns the inode's lock with a valid cache ([`InodeLocks::owns`]) and no handoff of it has
+//!    begun ([`Detached::begin`]: the inode is not *closing*). Otherwise the write takes the
+//!    metadata path under the global lock (which also refills the pool).
+//! 2. **Home before handoff.** Before an exclusive hold of the inode goes to another node
+//!    (a request in the mailbox, or the sweep's give-back), [`Volume::home_for_handoff`]
+//!    closes the inode to new detached writes, waits until those in flight are mapped, and, if
+//!    the inode changed since the journal was last emptied, writes everything home and
+//!    empties the journal ([`Meta::close`], as a global-lock handoff does). Only then is the
+//!    lock released or downgraded. So a node that takes the lock next reads the current
+//!    inode from disk, and a replay of this node's journal can never write an old image of
+//!    the inode's blocks over what the next holder made of them — a newer image, or data in a
+//!    block it freed and reused (which has no sequence number for the replay rule of
+//!    `docs/recovery.md` to compare).
+//! 3. **Reading an inode another node owns.** A node holding the global lock reads a regular
+//!    file's inode from disk only if no other node holds its lock exclusively
+//!    ([`Volume::before_load`]: one bucket read, at most once per bucket and epoch), else it
+//!    first takes the lock shared, which
+//!    makes the owner write it home (rule 2). A new exclusive hold needs the global lock
+//!    exclusively, so what it found stays true until it gives the global lock up; every
+//!    inode loaded under that hold is re-read after (the epoch, `docs/locking.md` §7).
+//! 4. **No wait holds what the owner needs.** The owner's handoff needs its metadata mutex (to
+//!    map and commit). A thread that waits for the cluster while holding that mutex — for the
+//!    global lock (`Volume::meta_in`) or for a shared hold in rule 3 — therefore does the
+//!    owner's part itself when asked ([`Volume::serve_duties`]): maps the detached writes
+//!    whose data is written, and makes a commit point. The lock server never blocks on the
+//!    mutex: it tries it for a moment, then asks the holder to serve and looks again at the
+//!    next tick.
+
+use super::txn::{Meta, Tx};
+use super::{Ino, Volume};
+use crate::error::Result;
+use crate::sync::LockPolicy;
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long the lock server tries the metadata mutex before it asks its holder to serve.
+const TRY_META_FOR: Duration = Duration::from_millis(2);
+
+/// Detached writes and changes per inode, read by the lock server without the metadata mutex.
+#[derive(Debug)]
+pub(crate) struct Detached {
+    state: Mutex<State>,
+    /// Journal emptyings (`Meta::emptied_counter`).
+    emptied: Arc<AtomicU64>,
+    /// The lock server could not get the metadata mutex: its holder should serve (rule 4).
+    serve_wanted: AtomicBool,
+    /// A write took the metadata path to top the pool up (the others go on without).
+    refilling: AtomicBool,
+    /// Handles open for writing on this node: the pool is given back when none is left.
+    writers: std::sync::atomic::AtomicUsize,
+}
+
+#[derive(Debug, Default)]
+struct State {
+    /// Detached writes in flight, per inode.
+    busy: HashMap<Ino, u32>,
+    /// Inodes changed without the global lock, with the emptying count when they changed.
+    dirty: HashMap<Ino, u64>,
+    /// Inodes whose exclusive hold is being handed over: no detached write may begin.
+    closing: HashSet<Ino>,
+}
+
+impl Detached {
+    pub fn new(emptied: Arc<AtomicU64>) -> Self {
+        Self {
+            state: Mutex::new(State::default()),
+            emptied,
+            serve_wanted: AtomicBool::new(false),
+            refilling: AtomicBool::new(false),
+            writers: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+
+    /// A handle open for writing was made.
+    pub fn writer_opened(&self) {
+        self.writers.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// A handle open for writing was released; true if it was this node's last.
+    pub fn writer_closed(&self) -> bool {
+        self.writers.fetch_sub(1, Ordering::AcqRel) == 1
+    }
+
+    /// The pool is `low`: should this write take the metadata path to top it up? True for
+    /// one write at a time, until [`Detached::refilled`].
+    pub fn should_refill(&self, low: bool) -> bool {
+        low && !self.refilling.swap(true, Ordering::AcqRel)
+    }
+
+    /// The metadata path looked after the pool.
+    pub fn refilled(&self) {
+        self.refilling.store(false, Ordering::Release);
+    }
+
+    /// A detached write of `ino` begins (caller: the metadata mutex, after
+    /// [`InodeLocks::owns`](super::inode_lock::InodeLocks::owns)); false if a handoff closed
+    /// the inode.
+    pub fn begin(&self, ino: Ino) -> bool {
+        let mut s = self.state.lock().or_panic();
+        if s.closing.contains(&ino) {
+            return false;
+        }
+        *s.busy.entry(ino).or_default() += 1;
+        true
+    }
+
+    /// A detached write of `ino` was mapped or failed.
+    pub fn end(&self, ino: Ino) {
+        let mut s = self.state.lock().or_panic();
+        if let Some(n) = s.busy.get_mut(&ino) {
+            *n -= 1;
+            if *n == 0 {
+                s.busy.remove(&ino);
+            }
+        }
+    }
+
+    /// `ino` changed in a detached transaction (caller: the metadata mutex).
+    pub fn changed(&self, ino: Ino) {
+        let c = self.emptied.load(Ordering::Acquire);
+        self.state.lock().or_panic().dirty.insert(ino, c);
+    }
+
+    /// The inode's lock is this node's exclusively again (granted under the global lock):
+    /// detached writes may begin again.
+    pub fn reopen(&self, ino: Ino) {
+        self.state.lock().or_panic().closing.remove(&ino);
+    }
+
+    /// Close `ino` to new detached writes; is nothing in flight and everything home?
+    fn close_and_check(&self, ino: Ino) -> bool {
+        let mut s = self.state.lock().or_panic();
+        s.closing.insert(ino);
+        let emptied = self.emptied.load(Ordering::Acquire);
+        let dirty = s.dirty.get(&ino).is_some_and(|&c| emptied <= c);
+        if !dirty {
+            s.dirty.remove(&ino);
+        }
+        !dirty && !s.busy.contains_key(&ino)
+    }
+
+    fn busy(&self, ino: Ino) -> bool {
+        self.state.lock().or_panic().busy.contains_key(&ino)
+    }
+}
+
+impl Volume {
+    /// Does this node own `st`'s lock with a valid cache (rule 1)?
+    pub(super) fn owns_inode(&self, st: &super::InodeState) -> bool {
+        self.cl
+            .ilocks
+            .as_ref()
+            .is_some_and(|il| il.owns(st.data_lock(il)))
+    }
+
+    /// A small change of an inode this node owns (rule 1), made without the global lock: `f`
+    /// runs on a detached transaction under the metadata mutex and the inode's write lock.
+    /// Ok(false) (nothing done) when the inode is not owned or a handoff of it has begun:
+    /// then the caller takes the metadata path.
+    pub(super) fn change_owned(
+        &self,
+        st: &super::InodeState,
+        f: impl FnOnce(&mut Tx<'_>, &mut super::InodeInner) -> Result<()>,
+    ) -> Result<bool> {
+        if self.read_only || !self.owns_inode(st) {
+            return Ok(false);
+        }
+        let mut meta = self.lock_meta();
+        if !self.owns_inode(st) || !self.detached.begin(st.ino) {
+            return Ok(false);
+        }
+        let mut tx = Tx::detached(&*self.dev, &mut meta);
+        let mut inner = st.write();
+        let r = f(&mut tx, &mut inner);
+        drop(inner);
+        // What was done is consistent: committed even on error (as meta_op does).
+        let c = tx.commit();
+        let r = r.and(c);
+        self.detached.changed(st.ino);
+        self.detached.end(st.ino);
+        drop(meta);
+        self.inflight_done.notify_all();
+        r.map(|()| true)
+    }
+
+    /// Rule 2: may this node's exclusive hold of `ino` go to another node now? Ok(false) =
+    /// not yet (asked again at the next tick). A failed commit point fences the node.
+    pub(super) fn home_for_handoff(&self, ino: Ino) -> Result<bool> {
+        if self.detached.close_and_check(ino) {
+            return Ok(true);
+        }
+        let since = Instant::now();
+        let mut m = loop {
+            if let Some(m) = self.meta.try_lock().or_panic() {
+                break m;
+            }
+            if since.elapsed() >= TRY_META_FOR {
+                self.detached.serve_wanted.store(true, Ordering::Release);
+                return Ok(false);
+            }
+            std::thread::sleep(Duration::from_micros(100));
+        };
+        while self.detached.busy(ino) {
+            // The writers map their own writes (they need only this mutex, which the wait
+            // releases); none may begin (closing).
+            m = self.wait_inflight(m);
+        }
+        self.empty_or_fence(&mut m, "before handing an inode lock over")?;
+        drop(m);
+        Ok(self.detached.close_and_check(ino))
+    }
+
+    /// Everything home and the journal emptied ([`Meta::close`]): after the lock goes, the
+    /// next holder may free and reuse the blocks the journal logged, and a replay of an older
+    /// image over them would corrupt what they then hold (a data block has no sequence
+    /// number to compare). If it fails, what is on disk is unknown: fence (the others recover
+    /// this node from its journal) rather than give a lock away.
+    fn empty_or_fence(&self, m: &mut Meta, when: &str) -> Result<()> {
+        m.close(&*self.dev).inspect_err(|e| {
+            self.member
+                .fence(format!("metadata commit {when} failed: {e}"));
+        })
+    }
+
+    /// Rule 4: called by a thread that holds the metadata mutex while it waits for the
+    /// cluster. If the lock server asked, map the detached writes whose data is written and
+    /// make a commit point.
+    pub(super) fn serve_duties(&self, m: &mut Meta) {
+        if !self.detached.serve_wanted.swap(false, Ordering::AcqRel) {
+            return;
+        }
+        let batch = std::mem::take(&mut *self.to_map.lock().or_panic());
+        if !batch.is_empty() {
+            self.map_batch(m, batch, true);
+        }
+        if let Err(e) = self.empty_or_fence(m, "while waiting for a cluster lock") {
+            tracing::error!("{e}");
+        }
+    }
+
+    /// Rule 3: before inode `ino` (a regular file) is read from disk under the global lock:
+    /// if another node owns its lock, hold it shared first (that node writes it home).
+    /// Returns whether the inode was owned elsewhere (a copy read before is stale).
+    pub(super) fn before_load(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<bool> {
+        let Some(il) = &self.cl.ilocks else {
+            return Ok(false);
+        };
+        let epoch = self.cl.epoch.load(Ordering::Acquire);
+        if il.holds_any(ino) || !il.foreign_exclusive(ino, epoch)? {
+            return Ok(false);
+        }
+        let tx = std::cell::RefCell::new(tx);
+        il.hold_shared(ino, &|| {
+            if let Ok(mut t) = tx.try_borrow_mut() {
+                self.serve_duties(t.meta_mut());
+            }
+            self.lock_abort()
+        })?;
+        Ok(true)
+    }
+}

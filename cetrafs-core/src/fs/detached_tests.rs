@@ -1,0 +1,231 @@
+//! Allocating writes without the global lock (fs/detached.rs, fs/pool.rs), with several
+//! nodes on one memory device.
+
+use super::multinode_tests::{assert_fsck_clean, node, volume};
+use super::*;
+use crate::dev::mem::MemDevice;
+use crate::format::lock_record::LockMode;
+use std::time::Duration;
+
+const C: Caller = Caller::ROOT;
+/// Far apart: each write is a new allocation (a hole between), not an overwrite.
+const STRIDE: u64 = 256 << 10;
+const IMAGE: u64 = 1 << 30;
+
+fn read_at(v: &Volume, fh: &OpenFile, offset: u64, len: u32) -> Vec<u8> {
+    let mut out = Vec::new();
+    v.read(fh, offset, len, &mut |d| out.extend_from_slice(d))
+        .unwrap();
+    out
+}
+
+fn gml(v: &Volume) -> LockMode {
+    v.lock_meta().gml()
+}
+
+/// A thin VM image: created, then made 1 GiB sparse (as `qemu-img create` does).
+fn thin_image(v: &Volume, name: &[u8]) -> (Attr, Arc<OpenFile>) {
+    let (f, fh) = v.create(v.root_ino(), name, 0o644, C, true).unwrap();
+    let set = SetAttr {
+        size: Some(IMAGE),
+        ..Default::default()
+    };
+    v.setattr(f.ino, &set, C).unwrap();
+    (f, fh)
+}
+
+/// Two nodes; `a` grows a thin image (blocks 0, STRIDE, … (n−1)·STRIDE, block i holding i, or
+/// `first` for block 0) while `b` holds the global lock exclusively: every write after the
+/// first is made without the global lock.
+fn grown_elsewhere(
+    n: u8,
+    first: u8,
+) -> (
+    Arc<MemDevice>,
+    Arc<Volume>,
+    Arc<Volume>,
+    Attr,
+    Arc<OpenFile>,
+) {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let (f, fh) = thin_image(&a, b"img");
+    // The first allocating write takes the metadata path: the inode lock becomes a's, and a
+    // block pool is filled.
+    a.write(&fh, 0, &[first; 4096]).unwrap();
+    assert!(a.lock_meta().pool_available() > 0, "no pool after a write");
+    // b takes the global lock exclusively and keeps it (nobody asks for it back).
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    for i in 1..n {
+        a.write(&fh, u64::from(i) * STRIDE, &[i; 4096]).unwrap();
+    }
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "an allocating write of an owned file took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    (dev, a, b, f, fh)
+}
+
+#[test]
+fn an_owned_file_grows_while_another_node_holds_the_global_lock() {
+    let (dev, a, b, f, fh) = grown_elsewhere(40, 0xEE);
+    // b sees what a wrote: reading the inode makes a write it home first (rule 3).
+    let mapped = b.getattr(f.ino).unwrap().blocks * 512;
+    assert!(mapped >= 40 * 4096, "b sees {mapped} bytes allocated");
+    let bfh = b.open(f.ino, false, false).unwrap();
+    for i in [1u8, 17, 39] {
+        assert_eq!(
+            read_at(&b, &bfh, u64::from(i) * STRIDE, 4096),
+            vec![i; 4096]
+        );
+    }
+    assert_eq!(read_at(&b, &bfh, 0, 4096), vec![0xEE; 4096]);
+    // a writes on: its hold is shared now, so the next allocation goes through the global
+    // lock again (and takes the inode back).
+    a.write(&fh, 40 * STRIDE, &[40; 4096]).unwrap();
+    assert_eq!(read_at(&b, &bfh, 40 * STRIDE, 4096), vec![40; 4096]);
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn another_node_truncates_a_file_grown_without_the_global_lock() {
+    let (dev, a, b, f, fh) = grown_elsewhere(20, 0);
+    let free_before = b.statfs().unwrap().bfree;
+    // b changes the inode: it takes the lock exclusively, a writes home and lets go.
+    let shrink = SetAttr {
+        size: Some(5 * STRIDE),
+        ..Default::default()
+    };
+    b.setattr(f.ino, &shrink, C).unwrap();
+    assert!(
+        b.statfs().unwrap().bfree > free_before,
+        "truncate freed nothing"
+    );
+    assert_eq!(a.getattr(f.ino).unwrap().size, 5 * STRIDE);
+    assert_eq!(read_at(&a, &fh, 4 * STRIDE, 4096), vec![4; 4096]);
+    assert!(read_at(&a, &fh, 6 * STRIDE, 4096).is_empty());
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn a_node_that_dies_after_writes_without_the_global_lock_is_recovered() {
+    let (dev, a, b, f, fh) = grown_elsewhere(30, 1);
+    // Made durable (journal and home) without the global lock, then a dies.
+    a.fsync(f.ino, false).unwrap();
+    a.write(&fh, 30 * STRIDE, &[30; 4096]).unwrap();
+    a.member.fence("test: simulated crash".into());
+    // b waits for a's recovery (its inode lock), then sees everything a fsync'd.
+    let attr = b.getattr(f.ino).unwrap();
+    assert!(
+        attr.blocks * 512 >= 30 * 4096,
+        "allocated {}",
+        attr.blocks * 512
+    );
+    let bfh = b.open(f.ino, false, false).unwrap();
+    for i in [1u8, 15, 29] {
+        assert_eq!(
+            read_at(&b, &bfh, u64::from(i) * STRIDE, 4096),
+            vec![i; 4096]
+        );
+    }
+    b.release(&bfh).unwrap();
+    // The recovery freed a's pool (an orphan of its slot): the volume checks clean.
+    let t0 = std::time::Instant::now();
+    loop {
+        let views = crate::cluster::membership::scan(&*dev, &a.sb).unwrap();
+        let st = views[a.slot() as usize].record.as_ref().unwrap().state;
+        if st == crate::format::heartbeat::SlotState::Free {
+            break;
+        }
+        assert!(t0.elapsed() < Duration::from_secs(10), "a not recovered");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    drop(fh);
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn the_pool_goes_back_when_the_last_writer_closes_and_at_unmount() {
+    let dev = volume(2);
+    let a = node(&dev, "a");
+    let r = a.root_ino();
+    // Gives the root its entry tree (a block of its own).
+    a.mknod(r, b"first", libc::S_IFREG | 0o644, 0, C).unwrap();
+    let free0 = a.statfs().unwrap().bfree;
+    let total = |v: &Volume| v.lock_meta().pool_available();
+    let (_, fh) = thin_image(&a, b"img");
+    let (_, fh2) = thin_image(&a, b"img2");
+    for i in 0..10u8 {
+        a.write(&fh, u64::from(i) * STRIDE, &[i; 4096]).unwrap();
+    }
+    a.write(&fh2, 0, &[1; 4096]).unwrap();
+    assert!(total(&a) > 0);
+    a.release(&fh).unwrap();
+    assert!(total(&a) > 0, "given back while a writer is still open");
+    a.release(&fh2).unwrap();
+    assert_eq!(total(&a), 0, "kept after the last writer closed");
+    a.unlink(r, b"img").unwrap();
+    a.unlink(r, b"img2").unwrap();
+    // (The root's entry tree may have grown a block meanwhile; fsck below finds any leak.)
+    let free = a.statfs().unwrap().bfree;
+    assert!(
+        free + 2 >= free0,
+        "{free} free, {free0} before: blocks leaked"
+    );
+    // A pool made again goes back at unmount.
+    let (_, fh) = thin_image(&a, b"img3");
+    a.write(&fh, 0, &[1; 4096]).unwrap();
+    a.write(&fh, STRIDE, &[1; 4096]).unwrap();
+    drop(fh);
+    a.unmount().unwrap();
+    assert_fsck_clean(&dev);
+    let a = node(&dev, "a");
+    let img3 = a.lookup(r, b"img3").unwrap();
+    let free = a.statfs().unwrap().bfree;
+    let used = img3.blocks * 512 / 4096;
+    assert!(
+        free + used + 2 >= free0,
+        "{free} free, {free0} before: blocks leaked"
+    );
+    a.unmount().unwrap();
+}
+
+#[test]
+fn a_crash_image_with_a_pool_checks_clean_and_the_next_mount_frees_the_pool() {
+    // Default timings: the next mount of the image must not fence under a loaded test run.
+    let (dev, a) = super::tests::fresh(512 << 20);
+    let r = a.root_ino();
+    a.mknod(r, b"first", libc::S_IFREG | 0o644, 0, C).unwrap();
+    let (f, fh) = thin_image(&a, b"img");
+    for i in 0..20u8 {
+        a.write(&fh, u64::from(i) * STRIDE, &[i + 1; 4096]).unwrap();
+    }
+    a.fsync(f.ino, false).unwrap();
+    assert!(a.lock_meta().pool_available() > 0);
+    // Crash with the pool on the orphan list (the writer is still open).
+    let image = dev.snapshot();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    super::tests::crashed_image_recovers(image, |v2| {
+        let fh = v2.open(f.ino, false, false).unwrap();
+        for i in [0u8, 7, 19] {
+            assert_eq!(
+                read_at(v2, &fh, u64::from(i) * STRIDE, 4096),
+                vec![i + 1; 4096]
+            );
+        }
+        v2.release(&fh).unwrap();
+    });
+}
