@@ -429,14 +429,29 @@ impl Volume {
                 wide => wide,
             };
             // From the pool when it has the blocks (the same placement as the writes without
-            // the global lock that follow), else from the bitmaps.
-            let (plan, pooled) = match Self::plan_write(&mut tx, &inner, p0, p1, true) {
-                Ok(plan) => (plan, true),
-                Err(_) => (Self::plan_write(&mut tx, &inner, p0, p1, false)?, false),
+            // the global lock that follow), else from the bitmaps. A pool write may be mapped
+            // after the global lock went (it holds no bitmap blocks): it counts as a detached
+            // write of the inode, so the inode's lock is not handed over before it is mapped.
+            let pooled = match Self::plan_write(&mut tx, &inner, p0, p1, true) {
+                Ok(plan) if self.detached.begin(st.ino) => Some(plan),
+                Ok(plan) => {
+                    Self::unreserve(&mut tx, &plan, true);
+                    None
+                }
+                Err(_) => None,
+            };
+            let (plan, pooled) = match pooled {
+                Some(plan) => (plan, true),
+                None => (Self::plan_write(&mut tx, &inner, p0, p1, false)?, false),
             };
             drop(inner);
             // Only the pool may have changed (keep_pool): the held blocks are in memory only.
-            tx.commit()?;
+            if let Err(e) = tx.commit() {
+                if pooled {
+                    self.detached.end(st.ino);
+                }
+                return Err(e);
+            }
             let id = if pooled {
                 meta.inflight_mut().begin_pooled(st.ino, p0, p1)
             } else {
