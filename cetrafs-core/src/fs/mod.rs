@@ -495,13 +495,22 @@ impl Volume {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
-        let mut inode = Inode::decode(&raw, ino)?;
         // A regular file may be changed by the node that owns its lock without the global
-        // lock: read it again once that node has written it home (fs/detached.rs rule 3).
-        if inode.is_reg() && self.before_load(tx, ino)? {
-            tx.drop_cached(ino);
-            inode = Inode::decode(&tx.read(ino)?, ino)?;
-        }
+        // lock (fs/detached.rs rule 3): what was read may be stale, or torn by that node's
+        // home write; then read it again once that node has written it home. (The type is
+        // only known from a good read: a torn one is checked the same way before it counts
+        // as damage.)
+        let inode = match Inode::decode(&raw, ino) {
+            Ok(i) if !i.is_reg() => i,
+            first => {
+                if self.before_load(tx, ino)? {
+                    tx.drop_cached(ino);
+                    Inode::decode(&tx.read(ino)?, ino)?
+                } else {
+                    first?
+                }
+            }
+        };
         let extents = if inode.is_reg() {
             ExtentMap::load(tx, &inode)?
         } else {
