@@ -6,7 +6,8 @@
 //! reading the old contents, a waits; once the step works again, the next mailbox tick hands
 //! the lock over, a's write completes and b reads the new contents. A failed give-back of an
 //! idle lock (the sweep beyond the node's limit) keeps the lock held, and the next sweep gives
-//! it back.
+//! it back. A failed write-home of a file grown without the global lock (`fs/detached.rs`)
+//! keeps its owner's lock the same way: the reader waits, then sees every block.
 #![cfg(feature = "failpoints")]
 
 use cetrafs_core::cluster::object_lock::{ObjectId, ObjectLocks};
@@ -165,6 +166,71 @@ fn a_failed_give_back_keeps_the_lock_and_the_next_sweep_gives_it_back() {
         a.release(fh).unwrap();
     }
     a.unmount().unwrap();
+    let report = cetrafs_core::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
+#[test]
+fn a_failed_write_home_keeps_the_owners_lock_until_it_works() {
+    let _turn = take_turn();
+    let dev = volume();
+    let mount = |host: &str| {
+        Volume::mount(
+            dev.clone(),
+            &MountOptions {
+                host: host.into(),
+                ..MountOptions::default()
+            },
+        )
+        .unwrap()
+    };
+    let (a, b) = (mount("a"), mount("b"));
+    let r = a.root_ino();
+    // A thin image on a; its first write makes the inode lock a's, the later ones go without
+    // the global lock while b holds it.
+    let (f, fh) = a.create(r, b"img", 0o644, Caller::ROOT, true).unwrap();
+    let thin = cetrafs_core::fs::SetAttr {
+        size: Some(1 << 30),
+        ..Default::default()
+    };
+    a.setattr(f.ino, &thin, Caller::ROOT).unwrap();
+    a.write(&fh, 0, &[1u8; 4096]).unwrap();
+    b.mkdir(r, b"d", 0o755, Caller::ROOT).unwrap();
+    for i in 1..8u64 {
+        a.write(&fh, i << 18, &[7u8; 4096]).unwrap();
+    }
+    failpoint::arm("detached::before_home");
+    let b2 = b.clone();
+    let ino = f.ino;
+    let reader = std::thread::spawn(move || b2.getattr(ino).map(|at| at.blocks));
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(500) {
+        assert!(
+            !reader.is_finished(),
+            "b read the inode while a had not written it home"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    failpoint::disarm_all();
+    let t = Instant::now();
+    while !reader.is_finished() {
+        assert!(
+            t.elapsed() < Duration::from_secs(5),
+            "the write-home was not retried"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let blocks = reader.join().unwrap().unwrap();
+    assert!(blocks * 512 >= 8 * 4096, "b sees {} bytes", blocks * 512);
+    let bfh = b.open(f.ino, false, false).unwrap();
+    let mut got = Vec::new();
+    b.read(&bfh, 7 << 18, 4096, &mut |d| got.extend_from_slice(d))
+        .unwrap();
+    assert_eq!(got, vec![7u8; 4096]);
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
     let report = cetrafs_core::check::check_volume(&*dev).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }

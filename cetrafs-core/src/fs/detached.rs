@@ -14,7 +14,8 @@
 //!    metadata path under the global lock (which also refills the pool).
 //! 2. **Home before handoff.** Before an exclusive hold of the inode goes to another node
 //!    (a request in the mailbox, or the sweep's give-back), [`Volume::home_for_handoff`]
-//!    closes the inode to new detached writes, waits until those in flight are mapped, and, if
+//!    closes the inode to new detached writes, lets those in flight be mapped (it asks again
+//!    at the next tick until none is left), and, if
 //!    the inode changed since the journal was last emptied, writes everything home and
 //!    empties the journal ([`Meta::close`], as a global-lock handoff does). Only then is the
 //!    lock released or downgraded. So a node that takes the lock next reads the current
@@ -202,6 +203,8 @@ impl Volume {
         if self.detached.close_and_check(ino) {
             return Ok(true);
         }
+        // A failure here changes nothing: the lock stays, the request waits for the next tick.
+        crate::failpoint!("detached::before_home");
         let since = Instant::now();
         let mut m = loop {
             if let Some(m) = self.meta.try_lock().or_panic() {
@@ -213,10 +216,14 @@ impl Volume {
             }
             std::thread::sleep(Duration::from_micros(100));
         };
-        while self.detached.busy(ino) {
-            // The writers map their own writes (they need only this mutex, which the wait
-            // releases); none may begin (closing).
-            m = self.wait_inflight(m);
+        if self.detached.busy(ino) {
+            // The writers map their own writes (they need only this mutex), or a thread that
+            // waits holding it does (rule 4); none may begin (closing). The lock server never
+            // waits for them: it serves other requests (perhaps the very one a thread here
+            // waits for) and looks again at its next tick.
+            drop(m);
+            self.detached.serve_wanted.store(true, Ordering::Release);
+            return Ok(false);
         }
         self.empty_or_fence(&mut m, "before handing an inode lock over")?;
         drop(m);
