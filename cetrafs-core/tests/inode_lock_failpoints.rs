@@ -42,6 +42,18 @@ fn volume() -> Arc<MemDevice> {
     dev
 }
 
+/// Node `host` on `dev`, with the default options.
+fn mount(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+    Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: host.into(),
+            ..MountOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
     v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
@@ -53,17 +65,7 @@ fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
 fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
     let _turn = take_turn();
     let dev = volume();
-    let mount = |host: &str| {
-        Volume::mount(
-            dev.clone(),
-            &MountOptions {
-                host: host.into(),
-                ..MountOptions::default()
-            },
-        )
-        .unwrap()
-    };
-    let (a, b) = (mount("a"), mount("b"));
+    let (a, b) = (mount(&dev, "a"), mount(&dev, "b"));
     assert_eq!(a.superblock().format_version(), 4);
     let r = a.root_ino();
     let (f, fh) = a.create(r, b"f", 0o644, Caller::ROOT, true).unwrap();
@@ -174,17 +176,7 @@ fn a_failed_give_back_keeps_the_lock_and_the_next_sweep_gives_it_back() {
 fn a_failed_write_home_keeps_the_owners_lock_until_it_works() {
     let _turn = take_turn();
     let dev = volume();
-    let mount = |host: &str| {
-        Volume::mount(
-            dev.clone(),
-            &MountOptions {
-                host: host.into(),
-                ..MountOptions::default()
-            },
-        )
-        .unwrap()
-    };
-    let (a, b) = (mount("a"), mount("b"));
+    let (a, b) = (mount(&dev, "a"), mount(&dev, "b"));
     let r = a.root_ino();
     // A thin image on a; its first write makes the inode lock a's, the later ones go without
     // the global lock while b holds it.
