@@ -54,6 +54,28 @@ fn mount(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     .unwrap()
 }
 
+/// With a failpoint armed: `waiting` must not finish for 500 ms (`check` runs meanwhile); then
+/// every point is disarmed and it must finish within 5 s (the step is retried).
+fn held_back_then_retried<T>(
+    waiting: &std::thread::JoinHandle<T>,
+    check: &mut dyn FnMut(),
+    held: &str,
+    not_retried: &str,
+) {
+    let t = Instant::now();
+    while t.elapsed() < Duration::from_millis(500) {
+        assert!(!waiting.is_finished(), "{held}");
+        check();
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    failpoint::disarm_all();
+    let t = Instant::now();
+    while !waiting.is_finished() {
+        assert!(t.elapsed() < Duration::from_secs(5), "{not_retried}");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 fn read(v: &Volume, fh: &OpenFile, len: u32) -> Vec<u8> {
     let mut out = Vec::new();
     v.read(fh, 0, len, &mut |d| out.extend_from_slice(d))
@@ -77,25 +99,15 @@ fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
     failpoint::arm("inode_lock::before_drain");
     let (a2, fh2) = (a.clone(), fh.clone());
     let writer = std::thread::spawn(move || a2.write(&fh2, 4096, &[2u8; 4096]));
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(500) {
-        assert!(
-            !writer.is_finished(),
-            "a changed the inode while b held its lock"
-        );
-        // b still holds its lock and reads through its (still valid) map.
-        assert_eq!(read(&b, &bfh, 8192), vec![1u8; 4096]);
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    failpoint::disarm_all();
-    let t = Instant::now();
-    while !writer.is_finished() {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the handoff was not retried"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    held_back_then_retried(
+        &writer,
+        &mut || {
+            // b still holds its lock and reads through its (still valid) map.
+            assert_eq!(read(&b, &bfh, 8192), vec![1u8; 4096]);
+        },
+        "a changed the inode while b held its lock",
+        "the handoff was not retried",
+    );
     assert_eq!(writer.join().unwrap().unwrap(), 4096);
     a.fsync(f.ino, false).unwrap();
     let mut want = vec![1u8; 4096];
@@ -195,23 +207,12 @@ fn a_failed_write_home_keeps_the_owners_lock_until_it_works() {
     let b2 = b.clone();
     let ino = f.ino;
     let reader = std::thread::spawn(move || b2.getattr(ino).map(|at| at.blocks));
-    let t = Instant::now();
-    while t.elapsed() < Duration::from_millis(500) {
-        assert!(
-            !reader.is_finished(),
-            "b read the inode while a had not written it home"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    failpoint::disarm_all();
-    let t = Instant::now();
-    while !reader.is_finished() {
-        assert!(
-            t.elapsed() < Duration::from_secs(5),
-            "the write-home was not retried"
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    held_back_then_retried(
+        &reader,
+        &mut || {},
+        "b read the inode while a had not written it home",
+        "the write-home was not retried",
+    );
     let blocks = reader.join().unwrap().unwrap();
     assert!(blocks * 512 >= 8 * 4096, "b sees {} bytes", blocks * 512);
     let bfh = b.open(f.ino, false, false).unwrap();
