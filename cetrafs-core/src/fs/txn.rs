@@ -514,8 +514,8 @@ impl<'a> Tx<'a> {
     }
 
     /// Under the global lock (exclusive): keep this node's pool usable for allocating writes
-    /// without the lock. Creates the pool inode (on the orphan list) the first time, frees
-    /// fragments back to the bitmaps when there are too many, and tops it up by up to
+    /// without the lock. Creates the pool inode (on the orphan list) the first time and tops
+    /// it up by up to
     /// [`pool::CHUNK`](super::pool::CHUNK) blocks (at most a 64th of the free space) near
     /// `goal` when fewer than a quarter of that are available. Failure to
     /// grow it only means allocating under the global lock.
@@ -537,15 +537,7 @@ impl<'a> Tx<'a> {
             self.put_slot_header(h);
             self.meta.pool = Some(pool);
         }
-        let Some(p) = &mut self.meta.pool else {
-            return Ok(());
-        };
-        if p.fragments() > FRAGMENTS_MAX {
-            let runs = p.compact(FRAGMENTS_MAX / 2);
-            for (s, l) in runs {
-                self.meta.alloc.free(s, l)?;
-            }
-        }
+        // (Too many fragments are freed back at this transaction's commit: Tx::commit.)
         let (available, fragments) = self
             .meta
             .pool
