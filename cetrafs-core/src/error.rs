@@ -34,6 +34,10 @@ pub enum ErrorKind {
     TooManyLinks,
     /// `SEEK_DATA`/`SEEK_HOLE` past the end, or no more data.
     NoSuchOffset,
+    /// Internal: a change without the global lock (`fs/detached_ns.rs`) met something that
+    /// needs the lock before it changed anything; the caller takes the global path instead.
+    /// Never returned to a user (EIO if it were).
+    NeedsGlobalLock,
 }
 
 #[derive(Debug)]
@@ -118,7 +122,10 @@ impl Error {
             ErrorKind::CrossDevice => libc::EXDEV,
             ErrorKind::TooManyLinks => libc::EMLINK,
             ErrorKind::NoSuchOffset => libc::ENXIO,
-            ErrorKind::Corrupted | ErrorKind::Fenced | ErrorKind::Io => libc::EIO,
+            ErrorKind::Corrupted
+            | ErrorKind::Fenced
+            | ErrorKind::Io
+            | ErrorKind::NeedsGlobalLock => libc::EIO,
         }
     }
 }

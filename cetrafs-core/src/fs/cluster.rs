@@ -576,6 +576,7 @@ impl Volume {
     pub(super) fn handoff(&self, m: &mut Meta) -> Result<()> {
         let start = Instant::now();
         if m.gml() == LockMode::Exclusive {
+            self.give_idle_pool(m);
             if let Err(e) = m.close(&*self.dev) {
                 // What is on disk is unknown: stop heartbeating so the others recover this
                 // node (replaying its journal) instead of waiting for a lock it cannot give.
@@ -584,6 +585,7 @@ impl Volume {
                 return Err(e);
             }
             self.publish_groups(m);
+            self.give_back_global_dirs();
         }
         let held = self.cl.hold.held();
         self.release_gml(m)?;
@@ -596,6 +598,34 @@ impl Volume {
             self.cl.hold.window().as_millis()
         );
         Ok(())
+    }
+
+    /// At a handoff of the global lock, everything home: give back the exclusive holds of
+    /// contended directories changed under it (`fs/detached_ns.rs`), so that the next holder
+    /// reads and takes them with no request to this node. A failure only leaves one held (the
+    /// next node asks for it as usual).
+    fn give_back_global_dirs(&self) {
+        let Some(il) = &self.cl.ilocks else { return };
+        for d in self.detached.take_global_dirs() {
+            if let Err(e) = il.give_back_exclusive(d) {
+                tracing::debug!("giving back the lock of directory {d} failed: {e}");
+            }
+        }
+    }
+
+    /// Under the global lock (exclusive), before a handoff: a pool that neither writers nor
+    /// namespace changes used for a while goes back to the bitmaps (fs/detached.rs
+    /// `POOL_IDLE`), so its space is free on every node again.
+    fn give_idle_pool(&self, m: &mut Meta) {
+        if !m.has_pool() || !self.detached.pool_idle() || m.inflight().pooled() != 0 {
+            return;
+        }
+        let mut tx = Tx::new(&*self.dev, m);
+        let r = tx.return_pool();
+        let c = tx.commit();
+        if let Err(e) = r.and(c) {
+            tracing::warn!("giving the idle block pool back failed: {e}");
+        }
     }
 
     fn release_gml(&self, m: &mut Meta) -> Result<()> {
@@ -706,8 +736,15 @@ impl Volume {
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode
     /// lock and validated the cache under it; v2: loaded at this node's current epoch.)
     pub(super) fn is_current_unlocked(&self, st: &InodeState) -> bool {
+        // A fresh inode (fs/detached_ns.rs) is known to no other node.
+        if self.detached.is_fresh(st.ino) {
+            return true;
+        }
+        // Held (either mode) with the cache validated under the hold: nobody else can have
+        // changed it. (Not `fast`: an exclusive hold taken by a change is valid without the
+        // fast path's `ready`.)
         match &self.cl.ilocks {
-            Some(il) => il.fast(st.data_lock(il)).is_some(),
+            Some(il) => il.is_valid(st.data_lock(il)),
             None => self.is_current(st),
         }
     }
@@ -737,7 +774,16 @@ impl Volume {
                 return Ok(());
             }
         }
-        if st.read().inode.is_reg() && self.before_load(tx, st.ino)? {
+        // So is a fresh inode (fs/detached_ns.rs): no other node can know it.
+        if self.detached.is_fresh(st.ino) && !st.read().freed {
+            st.epoch.store(epoch, Ordering::Release);
+            return Ok(());
+        }
+        let (reg, dir) = {
+            let i = &st.read().inode;
+            (i.is_reg(), i.is_dir())
+        };
+        if (reg || dir) && self.before_load(tx, st.ino, dir)? {
             // Its owner wrote it home just now (fs/detached.rs rule 3).
             tx.drop_cached(st.ino);
         }

@@ -208,7 +208,8 @@ impl Volume {
         let st = &fh.state;
         let last_writer = fh.writable && st.writers.fetch_sub(1, Ordering::AcqRel) == 1;
         let last = st.opens.fetch_sub(1, Ordering::AcqRel) == 1;
-        // This node's last file open for writing: its block pool goes back (below).
+        // This node's last file open for writing: its block pool goes back (below), unless
+        // namespace changes use it (fs/detached_ns.rs; then a global handoff gives it back).
         let no_writers = fh.writable && self.detached.writer_closed();
         if self.read_only || self.unmounted.load(Ordering::Relaxed) {
             return Ok(());
@@ -229,11 +230,26 @@ impl Volume {
         if !(last_writer || pending || unlinked) {
             return Ok(());
         }
+        if unlinked && !pending {
+            // A fresh inode goes back into the pool without the global lock.
+            if let Some(r) = self.free_fresh(st) {
+                return r;
+            }
+        }
+        let give_pool = no_writers && self.detached.pool_idle();
+        if !pending && !unlinked {
+            let mut meta = self.lock_meta();
+            if !(give_pool && meta.has_pool()) {
+                // Only the file's allocation window to forget (memory): no global lock.
+                Tx::new(&*self.dev, &mut meta).forget_owner(st.ino);
+                return Ok(());
+            }
+        }
         self.meta_op(|tx| {
             if last_writer {
                 tx.forget_owner(st.ino);
             }
-            if no_writers && tx.inflight().pooled() == 0 {
+            if give_pool && tx.inflight().pooled() == 0 {
                 tx.return_pool()?;
             }
             match self.refresh(tx, st) {

@@ -62,6 +62,9 @@ pub(crate) struct Detached {
     refilling: AtomicBool,
     /// Handles open for writing on this node: the pool is given back when none is left.
     writers: std::sync::atomic::AtomicUsize,
+    /// When this node last changed the namespace without the global lock (ms since `base`).
+    ns_used: AtomicU64,
+    base: Instant,
 }
 
 #[derive(Debug, Default)]
@@ -72,7 +75,43 @@ struct State {
     dirty: HashMap<Ino, u64>,
     /// Inodes whose exclusive hold is being handed over: no detached write may begin.
     closing: HashSet<Ino>,
+    /// Inodes made without the global lock in a directory this node owns, with that
+    /// directory, until its hold is handed over (`fs/detached_ns.rs`, *fresh* inodes).
+    fresh: HashMap<Ino, Ino>,
+    /// Directories this node took to change without the global lock: when it took each
+    /// and last changed it (the hold window, [`DIR_HOLD_MIN`]).
+    windows: HashMap<Ino, (Instant, Instant)>,
+    /// Directories such a hold of which went to another node, and when: shared by nodes
+    /// that all change them, they are changed on the global path for [`CONTENDED_FOR`].
+    contended: HashMap<Ino, Instant>,
+    /// Contended directories this node holds exclusively after a change on the global path:
+    /// given back with the global lock (`Volume::handoff`).
+    global_dirs: HashSet<Ino>,
 }
+
+/// How long a directory whose hold another node took is changed on the global path only:
+/// nodes changing one directory all the time are served best by the global lock's hold
+/// window (each handoff of the directory's own lock would also empty the journal, and make
+/// every inode made in it known, so that its next changes take the global path anyway).
+pub(crate) const CONTENDED_FOR: Duration = Duration::from_secs(1);
+
+/// A directory this node took exclusively to change without the global lock is handed over
+/// once it has held it for this long, or once it has not changed it for [`DIR_HOLD_IDLE`]
+/// (the global lock's hold window, `fs/cluster.rs` `HOLD_MIN`, for one directory): nodes
+/// creating in one shared directory otherwise paid a handoff, with its journal emptying,
+/// for each create.
+pub(crate) const DIR_HOLD_MIN: Duration = Duration::from_millis(100);
+/// See [`DIR_HOLD_MIN`].
+pub(crate) const DIR_HOLD_IDLE: Duration = Duration::from_millis(3);
+
+/// Most fresh inodes remembered (then all are forgotten: their next changes take the global
+/// path, which is always allowed).
+const FRESH_MAX: usize = 65_536;
+
+/// A node whose last namespace change without the global lock is this old, and which has no
+/// file open for writing, gives its block pool back (at its next handoff of the global lock,
+/// or at the close of a writer).
+pub(crate) const POOL_IDLE: Duration = Duration::from_secs(2);
 
 impl Detached {
     pub fn new(emptied: Arc<AtomicU64>) -> Self {
@@ -82,7 +121,117 @@ impl Detached {
             serve_wanted: AtomicBool::new(false),
             refilling: AtomicBool::new(false),
             writers: std::sync::atomic::AtomicUsize::new(0),
+            ns_used: AtomicU64::new(0),
+            base: Instant::now(),
         }
+    }
+
+    /// A namespace change was made without the global lock.
+    pub fn note_ns_use(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.ns_used.store(ms.max(1), Ordering::Release);
+    }
+
+    /// May the block pool go back? No handle open for writing, and no namespace change
+    /// without the global lock for [`POOL_IDLE`].
+    pub fn pool_idle(&self) -> bool {
+        let used = self.ns_used.load(Ordering::Acquire);
+        let idle = used == 0
+            || self
+                .base
+                .elapsed()
+                .saturating_sub(Duration::from_millis(used))
+                >= POOL_IDLE;
+        idle && self.writers.load(Ordering::Acquire) == 0
+    }
+
+    /// `ino` was made without the global lock in directory `dir`, which this node owns.
+    pub fn mark_fresh(&self, ino: Ino, dir: Ino) {
+        let mut s = self.state.lock().or_panic();
+        if s.fresh.len() >= FRESH_MAX {
+            s.fresh.clear();
+        }
+        s.fresh.insert(ino, dir);
+    }
+
+    /// Is `ino` fresh: made without the global lock in a directory whose exclusive hold this
+    /// node kept since? Then no other node can know it.
+    pub fn is_fresh(&self, ino: Ino) -> bool {
+        self.state.lock().or_panic().fresh.contains_key(&ino)
+    }
+
+    /// `ino` was freed: it is no longer fresh.
+    pub fn forget_fresh(&self, ino: Ino) {
+        self.state.lock().or_panic().fresh.remove(&ino);
+    }
+
+    /// The hold of directory `dir` goes: what was made in it may be seen by others now.
+    fn expose(&self, dir: Ino) {
+        let mut s = self.state.lock().or_panic();
+        s.fresh.retain(|_, d| *d != dir);
+        if s.windows.remove(&dir).is_some() {
+            s.contended.retain(|_, t| t.elapsed() < CONTENDED_FOR);
+            s.contended.insert(dir, Instant::now());
+        }
+    }
+
+    /// Another node changed directory `dir` since this node last held it.
+    pub fn mark_contended(&self, dir: Ino) {
+        let mut s = self.state.lock().or_panic();
+        s.contended.retain(|_, t| t.elapsed() < CONTENDED_FOR);
+        s.contended.insert(dir, Instant::now());
+    }
+
+    /// Contended directory `dir` was changed on the global path and is held exclusively.
+    pub fn note_global_dir(&self, dir: Ino) {
+        self.state.lock().or_panic().global_dirs.insert(dir);
+    }
+
+    /// The directories [`Detached::note_global_dir`] noted since the last call.
+    pub fn take_global_dirs(&self) -> Vec<Ino> {
+        self.state.lock().or_panic().global_dirs.drain().collect()
+    }
+
+    /// Did another node take directory `dir` from a hold of this node's lately
+    /// ([`CONTENDED_FOR`])?
+    pub fn is_contended(&self, dir: Ino) -> bool {
+        self.state
+            .lock()
+            .or_panic()
+            .contended
+            .get(&dir)
+            .is_some_and(|t| t.elapsed() < CONTENDED_FOR)
+    }
+
+    /// Directory `dir` was taken (or kept) exclusively by a change on the global path: its
+    /// hold window starts, unless it runs already.
+    pub fn dir_taken(&self, dir: Ino) {
+        let now = Instant::now();
+        self.state
+            .lock()
+            .or_panic()
+            .windows
+            .entry(dir)
+            .or_insert((now, now));
+    }
+
+    /// Directory `dir` was changed without the global lock.
+    pub fn dir_used(&self, dir: Ino) {
+        if let Some(w) = self.state.lock().or_panic().windows.get_mut(&dir) {
+            w.1 = Instant::now();
+        }
+    }
+
+    /// Is directory `dir` inside its hold window (keep it a little longer)?
+    fn in_window(&self, dir: Ino) -> bool {
+        self.state
+            .lock()
+            .or_panic()
+            .windows
+            .get(&dir)
+            .is_some_and(|&(taken, used)| {
+                taken.elapsed() < DIR_HOLD_MIN && used.elapsed() < DIR_HOLD_IDLE
+            })
     }
 
     /// A handle open for writing was made.
@@ -200,6 +349,19 @@ impl Volume {
     /// Rule 2: may this node's exclusive hold of `ino` go to another node now? Ok(false) =
     /// not yet (asked again at the next tick). A failed commit point fences the node.
     pub(super) fn home_for_handoff(&self, ino: Ino) -> Result<bool> {
+        if self.detached.in_window(ino) {
+            // A directory in use: asked again at the next tick.
+            return Ok(false);
+        }
+        let ready = self.home_inner(ino)?;
+        if ready {
+            // Before the lock goes: what was made in the directory is known to others next.
+            self.detached.expose(ino);
+        }
+        Ok(ready)
+    }
+
+    fn home_inner(&self, ino: Ino) -> Result<bool> {
         if self.detached.close_and_check(ino) {
             return Ok(true);
         }
@@ -258,10 +420,14 @@ impl Volume {
         }
     }
 
-    /// Rule 3: before inode `ino` (a regular file) is read from disk under the global lock:
-    /// if another node owns its lock, hold it shared first (that node writes it home).
+    /// Rule 3: before inode `ino` (a regular file or a directory) is read from disk under the
+    /// global lock: if another node owns its lock, hold it shared first (that node writes it
+    /// home). A directory read under the global lock held exclusively is taken exclusively
+    /// instead (`dir`): it is read to be changed, mostly, and the change would take it from
+    /// the shared holders again at once (a second round trip per operation in a directory
+    /// that nodes share).
     /// Returns whether the inode was owned elsewhere (a copy read before is stale).
-    pub(super) fn before_load(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<bool> {
+    pub(super) fn before_load(&self, tx: &mut Tx<'_>, ino: Ino, dir: bool) -> Result<bool> {
         let Some(il) = &self.cl.ilocks else {
             return Ok(false);
         };
@@ -269,13 +435,21 @@ impl Volume {
         if il.holds_any(ino) || !il.foreign_exclusive(ino, epoch)? {
             return Ok(false);
         }
+        let exclusive = dir
+            && tx.meta_mut().gml() == crate::format::lock_record::LockMode::Exclusive
+            && !tx.is_detached();
         let tx = std::cell::RefCell::new(tx);
-        il.hold_shared(ino, &|| {
+        let abort = || {
             if let Ok(mut t) = tx.try_borrow_mut() {
                 self.serve_duties(t.meta_mut());
             }
             self.lock_abort()
-        })?;
+        };
+        if exclusive {
+            il.own(ino, &abort)?;
+        } else {
+            il.hold_shared(ino, &abort)?;
+        }
         Ok(true)
     }
 }

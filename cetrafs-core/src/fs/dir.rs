@@ -102,6 +102,9 @@ impl Volume {
         if name.len() > MAX_NAME {
             bail!(NameTooLong, "file name longer than {MAX_NAME} bytes");
         }
+        if let Some(r) = self.lookup_owned(parent, name) {
+            return r;
+        }
         let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let dst = self.dir_state(&mut tx, parent)?;
@@ -185,7 +188,19 @@ impl Volume {
         if dir_lookup(tx, &p.inode, name)?.is_some() {
             bail!(Exists, "{:?} exists", String::from_utf8_lossy(name));
         }
+        // Without the global lock (fs/detached_ns.rs): no xattr set to inherit a default ACL
+        // from (a set allocates runs), no symlink (its target may need an overflow block).
+        if tx.is_detached() && (p.inode.xattr_block != 0 || kind == FileKind::Symlink) {
+            bail!(
+                NeedsGlobalLock,
+                "a create in directory {parent} needs the global lock"
+            );
+        }
         let ino = tx.alloc_one(parent)?;
+        if tx.is_detached() {
+            // Known to no other node until this directory's hold goes (fs/detached_ns.rs).
+            self.detached.mark_fresh(ino, parent);
+        }
         let st = self
             .init_inode(tx, ino, &p.inode, kind, mode, rdev, caller, target)
             .inspect_err(|_| self.discard_new_inode(tx, ino))?;
@@ -321,7 +336,7 @@ impl Volume {
         caller: Caller,
         target: &[u8],
     ) -> Result<Attr> {
-        self.meta_op(|tx| {
+        self.names_op(parent, |tx| {
             let st = self.new_inode(tx, parent, name, mode, rdev, caller, target)?;
             let a = Self::attr_of(&st.read().inode);
             Ok(a)
@@ -373,7 +388,7 @@ impl Volume {
         caller: Caller,
         excl: bool,
     ) -> Result<(Attr, Arc<OpenFile>)> {
-        let r = self.meta_op(|tx| {
+        let r = self.names_op(parent, |tx| {
             let st = self.new_inode(
                 tx,
                 parent,
@@ -503,14 +518,16 @@ impl Volume {
         if name == b".." {
             bail!(NotEmpty, "cannot remove \"..\"");
         }
-        self.meta_op(|tx| {
+        self.names_op(parent, |tx| {
             let pst = self.dir_state(tx, parent)?;
             let mut p = pst.write();
             let Some(e) = dir_lookup(tx, &p.inode, name)? else {
                 bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name));
             };
+            self.check_detached_free(tx, e.ino, 0)?;
             let st = self.state(tx, e.ino)?;
             let mut inner = st.write();
+            self.check_detached_free(tx, e.ino, inner.inode.blocks)?;
             let is_dir = inner.inode.is_dir();
             if want_dir && !is_dir {
                 bail!(
@@ -589,7 +606,13 @@ impl Volume {
                 "RENAME_EXCHANGE with RENAME_NOREPLACE or RENAME_WHITEOUT"
             );
         }
-        self.meta_op(|tx| {
+        self.names_op(parent, |tx| {
+            // Without the global lock: a plain rename within one directory only.
+            if tx.is_detached()
+                && (parent != new_parent || rflags.exchange || rflags.whiteout.is_some())
+            {
+                bail!(NeedsGlobalLock, "this rename needs the global lock");
+            }
             let sp = self.dir_state(tx, parent)?;
             let dp = self.dir_state(tx, new_parent)?;
             let src = {
@@ -605,6 +628,10 @@ impl Volume {
                 let p = dp.read();
                 dir_lookup(tx, &p.inode, new_name)?
             };
+            self.check_detached(tx, src.ino)?;
+            if let Some(d) = &dst {
+                self.check_detached_free(tx, d.ino, 0)?;
+            }
             let sst = self.state(tx, src.ino)?;
             let src_dir = sst.read().inode.is_dir();
             if sst.read().inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
@@ -690,6 +717,7 @@ impl Volume {
                 let vst = self.state(tx, d.ino)?;
                 {
                     let v = vst.read();
+                    self.check_detached_free(tx, d.ino, v.inode.blocks)?;
                     if v.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
                         bail!(
                             PermissionDenied,

@@ -147,6 +147,9 @@ struct DlState {
     validator: Option<u64>,
     handing: bool,
     handoffs: u64,
+    /// The last exclusive grant found that another node had changed the inode since this
+    /// node's grant before (its version moved past the validator).
+    moved: bool,
 }
 
 /// What this node holds of one inode lock.
@@ -411,6 +414,26 @@ impl InodeLocks {
         s.held == Held::Exclusive && !s.handing && s.validator == Some(s.version)
     }
 
+    /// Did this node's last exclusive grant of `ino` find it changed by another node since
+    /// the grant before (a directory that nodes share: `fs/detached_ns.rs`)? Answered once
+    /// per grant (the flag is cleared).
+    pub fn take_moved(&self, ino: u64) -> bool {
+        self.existing(ino)
+            .is_some_and(|dl| std::mem::take(&mut dl.state.lock().or_panic().moved))
+    }
+
+    /// Give back this node's exclusive hold of `ino` now, if it has one (a directory changed
+    /// on the global path, at the global lock's handoff: `fs/detached_ns.rs`).
+    pub fn give_back_exclusive(&self, ino: u64) -> Result<()> {
+        let Some(dl) = self.existing(ino) else {
+            return Ok(());
+        };
+        if dl.state.lock().or_panic().held != Held::Exclusive {
+            return Ok(());
+        }
+        self.give_back(ino, &dl)
+    }
+
     /// Does this node hold `ino`'s lock in either mode?
     pub fn holds_any(&self, ino: u64) -> bool {
         self.existing(ino)
@@ -539,6 +562,7 @@ impl InodeLocks {
             else {
                 continue;
             };
+            s.moved = s.validator.is_some() && !grant.cache_valid(s.validator);
             s.validator = Some(grant.version);
             return Ok(());
         }

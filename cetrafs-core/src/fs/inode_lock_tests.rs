@@ -264,8 +264,10 @@ fn idle_locks_are_given_back_beyond_the_limit_and_once_their_inode_is_forgotten(
     for (i, fh) in (0u8..).zip(&handles).skip(1) {
         assert_eq!(read_all(&a, fh, 4096), vec![i; 4096], "file {i}");
     }
+    // If a still held file 0's lock: once shared for b's load of the inode, once for b's
+    // write.
     assert!(
-        il.stats.handed.load(Ordering::Relaxed) <= handed + 1,
+        il.stats.handed.load(Ordering::Relaxed) <= handed + 2,
         "at most file 0's lock (if a still held it) was asked for"
     );
     // Closed and evicted from the inode table: their locks go back and the entries go.

@@ -16,6 +16,7 @@ pub(crate) mod btree;
 mod cluster;
 mod data;
 mod detached;
+mod detached_ns;
 mod dir;
 pub(crate) mod extent_map;
 pub(crate) mod heap;
@@ -495,15 +496,16 @@ impl Volume {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
-        // A regular file may be changed by the node that owns its lock without the global
-        // lock (fs/detached.rs rule 3): what was read may be stale, or torn by that node's
-        // home write; then read it again once that node has written it home. (The type is
-        // only known from a good read: a torn one is checked the same way before it counts
-        // as damage.)
+        // A regular file or a directory may be changed by the node that owns its lock
+        // without the global lock (fs/detached.rs rule 3, fs/detached_ns.rs): what was read
+        // may be stale, or torn by that node's home write; then read it again once that node
+        // has written it home. (The type is only known from a good read: a torn one is
+        // checked the same way before it counts as damage.)
         let inode = match Inode::decode(&raw, ino) {
-            Ok(i) if !i.is_reg() => i,
+            Ok(i) if !i.is_reg() && !i.is_dir() => i,
             first => {
-                if self.before_load(tx, ino)? {
+                let dir = first.as_ref().is_ok_and(Inode::is_dir);
+                if self.before_load(tx, ino, dir)? {
                     tx.drop_cached(ino);
                     Inode::decode(&tx.read(ino)?, ino)?
                 } else {
@@ -549,7 +551,12 @@ impl Volume {
         // is the first time. A failure here leaves a half-made change in the running
         // transaction (which commits even on error): fence, so that it never reaches the LUN
         // and the others recover this node from its last commit.
-        if let Err(e) = self.own_inode(inner.inode.ino) {
+        // Without the global lock (fs/detached_ns.rs) the inode must be fresh or owned: a
+        // refusal before anything changed only sends the operation to the global path.
+        if let Err(e) = self.before_change(tx, inner.inode.ino) {
+            if e.kind() == ErrorKind::NeedsGlobalLock && !tx.touched() {
+                return Err(e);
+            }
             self.member.fence(format!(
                 "the cluster lock of inode {} could not be taken in the middle of a metadata change: {e}",
                 inner.inode.ino
@@ -595,8 +602,9 @@ impl Volume {
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
         // Nodes whose copy of the inode is still marked valid must drop it before its blocks
-        // and its number can be reused (v3).
-        self.own_inode(ino)?;
+        // and its number can be reused (v3); without the global lock it is fresh.
+        self.check_detached_free(tx, ino, inner.inode.blocks)?;
+        self.before_change(tx, ino)?;
         // Every bitmap this frees into is loaded first: a read that fails leaves the inode
         // (and its orphan entry) as it was, instead of freeing half its blocks.
         if inner.inode.is_reg() {
@@ -633,6 +641,7 @@ impl Volume {
         tx.free_one(ino)?;
         inner.freed = true;
         self.inodes.remove(ino);
+        self.detached.forget_fresh(ino);
         Ok(())
     }
 
@@ -705,13 +714,16 @@ impl Volume {
             && !self.unmounted.load(Ordering::Relaxed)
             && self.can_free(&st, &st.read(), FreeScope::Now)
         {
-            let r = self.meta_op(|tx| {
-                self.refresh(tx, &st)?;
-                let mut inner = st.write();
-                if !self.can_free(&st, &inner, FreeScope::Now) {
-                    return Ok(());
-                }
-                self.free_inode(tx, &mut inner)
+            // A fresh inode goes back into the pool without the global lock.
+            let r = self.free_fresh(&st).unwrap_or_else(|| {
+                self.meta_op(|tx| {
+                    self.refresh(tx, &st)?;
+                    let mut inner = st.write();
+                    if !self.can_free(&st, &inner, FreeScope::Now) {
+                        return Ok(());
+                    }
+                    self.free_inode(tx, &mut inner)
+                })
             });
             if let Err(e) = r {
                 tracing::warn!("freeing inode {ino} after its last reference failed (it stays on the orphan list): {e}");
@@ -1012,6 +1024,8 @@ impl Volume {
     }
 }
 
+#[cfg(test)]
+mod detached_ns_tests;
 #[cfg(test)]
 mod detached_tests;
 #[cfg(test)]

@@ -342,6 +342,9 @@ fn an_inode_number_reused_by_another_node_is_found_under_its_new_name() {
     a.sync().unwrap();
     let mut reused = None;
     for i in 0..50 {
+        // b reads the root each time: a's next create takes the global path (a create in a
+        // directory a owns would take its inode from a's pool, not the freed block).
+        assert!(b.lookup(r, b"none").is_err());
         let (n, fh) = a
             .create(r, format!("new{i}").as_bytes(), 0o644, C, true)
             .unwrap();

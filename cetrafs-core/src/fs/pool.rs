@@ -45,6 +45,12 @@ pub const MIN_CHUNK: u64 = 64;
 pub const FRAGMENTS_MAX: usize = 48;
 /// Blocks kept back per write in flight for the tree nodes its mapping may need.
 pub const TREE_MARGIN: u64 = 4;
+/// Fewest available blocks for a namespace change without the global lock (an inode, a
+/// directory split, an xattr-free create: a handful; the rest is margin).
+pub const NAMES_MIN: u64 = 32;
+/// Extents a namespace change may add to the pool at most (a freed inode and a tree node or
+/// two, each perhaps a fragment of its own).
+pub const NAMES_FRAGMENTS: usize = 8;
 /// Blocks set aside for tree nodes at every refill ([`Pool::take_one`] uses them first).
 pub const SPARE: usize = 64;
 
@@ -114,6 +120,18 @@ impl Pool {
         self.inode.ino
     }
 
+    /// Is `block` in the pool (held or not)? Then it holds no inode, whatever its old
+    /// contents say (an inode freed into the pool leaves its last image at home).
+    pub fn contains(&self, block: u64) -> bool {
+        self.map.find(block).is_some()
+    }
+
+    /// Blocks held for writes in flight (not the spares, not the quarantine).
+    #[cfg(test)]
+    pub fn held_for_writes(&self) -> u64 {
+        self.held_by.keys().filter_map(|s| self.held.get(s)).sum()
+    }
+
     /// Blocks in the pool (held ones included).
     pub fn blocks(&self) -> u64 {
         self.map.iter().map(|e| u64::from(e.len)).sum()
@@ -122,6 +140,13 @@ impl Pool {
     /// Blocks a write may hold now.
     pub fn available(&self) -> u64 {
         self.blocks() - self.held.values().sum::<u64>()
+    }
+
+    /// Should the global path give short runs back ([`Pool::compact`])? Above
+    /// [`FRAGMENTS_MAX`] less the room a namespace change needs, so that one can always
+    /// run without the global lock right after a compaction.
+    pub fn needs_compaction(&self) -> bool {
+        self.fragments() + NAMES_FRAGMENTS > FRAGMENTS_MAX
     }
 
     /// Extents of the pool inode.

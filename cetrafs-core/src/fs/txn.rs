@@ -129,9 +129,22 @@ impl Meta {
         std::sync::Arc::clone(&self.emptied)
     }
 
+    /// Has this node a block pool?
+    pub fn has_pool(&self) -> bool {
+        self.pool.is_some()
+    }
+
     /// Blocks of this node's pool that a write may hold now (0 without a pool).
     pub fn pool_available(&self) -> u64 {
         self.pool.as_ref().map_or(0, super::pool::Pool::available)
+    }
+
+    /// Has the pool room for a namespace change without the global lock (`fs/detached_ns.rs`):
+    /// blocks for an inode and a directory split, and extents to spare?
+    pub fn pool_has_room_for_names(&self) -> bool {
+        self.pool
+            .as_ref()
+            .is_some_and(|p| p.available() >= super::pool::NAMES_MIN && !p.needs_compaction())
     }
 
     /// Is the pool below a quarter of its last refill (time to top it up)?
@@ -193,10 +206,14 @@ impl Meta {
         self.alloc.total_blocks()
     }
 
-    /// Blocks held for allocating writes in flight.
+    /// Blocks held for allocating writes in flight (from the bitmaps or the pool).
     #[cfg(test)]
     pub fn held_blocks(&self) -> u64 {
         self.alloc.held()
+            + self
+                .pool
+                .as_ref()
+                .map_or(0, super::pool::Pool::held_for_writes)
     }
 
     /// The allocator's per-group bookkeeping, for fs/cluster.rs (see [`Groups`]).
@@ -390,6 +407,9 @@ pub(crate) struct Tx<'a> {
     /// Made without the global lock (fs/pool.rs): blocks come from and go back to this
     /// node's pool; no bitmap is read or changed.
     detached: bool,
+    /// Something was written, allocated or freed (a refusal after that would leave half a
+    /// change: `fs/detached_ns.rs`).
+    touched: bool,
 }
 
 impl<'a> Tx<'a> {
@@ -399,6 +419,7 @@ impl<'a> Tx<'a> {
             meta,
             dirty: BTreeMap::new(),
             detached: false,
+            touched: false,
         }
     }
 
@@ -426,10 +447,20 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Made without the global lock?
+    pub fn is_detached(&self) -> bool {
+        self.detached
+    }
+
+    /// Did this transaction change anything yet (a block written, allocated or freed)?
+    pub fn touched(&self) -> bool {
+        self.touched
+    }
+
     fn refuse_detached(&self, what: &str) -> Result<()> {
         if self.detached {
             return Err(Error::new(
-                ErrorKind::Io,
+                ErrorKind::NeedsGlobalLock,
                 format!("{what} needs the global lock (a change without it allocates from the pool only)"),
             ));
         }
@@ -454,6 +485,7 @@ impl<'a> Tx<'a> {
 
     /// One metadata block (an inode, a tree node, a whiteout) as near `near` as possible.
     pub fn alloc_one(&mut self, near: u64) -> Result<u64> {
+        self.touched = true;
         if self.detached {
             return self
                 .pool_mut()?
@@ -605,6 +637,7 @@ impl<'a> Tx<'a> {
     /// Free a run of data blocks (reusable once a commit point made the free durable).
     /// Without the global lock the run goes back into this node's pool.
     pub fn free(&mut self, start: u64, len: u64) -> Result<()> {
+        self.touched = true;
         if self.detached {
             self.pool_mut()?.give(start, len);
             return Ok(());
@@ -619,9 +652,15 @@ impl<'a> Tx<'a> {
         self.free(block, 1)
     }
 
-    /// Is `block` allocated? (Loads its group's bitmap: never without the global lock.)
+    /// Is `block` allocated to something other than this node's pool? (Loads its group's
+    /// bitmap: never without the global lock.) A block in the pool is free space this node
+    /// took, not an inode: an inode freed without the global lock goes there
+    /// (`fs/detached_ns.rs`), and its old image stays at home until the block is reused.
     pub fn is_used(&mut self, block: u64) -> Result<bool> {
         self.refuse_detached("reading an allocation bitmap")?;
+        if self.meta.pool.as_ref().is_some_and(|p| p.contains(block)) {
+            return Ok(false);
+        }
         self.meta.alloc.is_used(block)
     }
 
@@ -693,6 +732,7 @@ impl<'a> Tx<'a> {
     }
 
     pub fn write(&mut self, block: u64, data: Vec<u8>) {
+        self.touched = true;
         self.meta.nodes.remove(&block);
         self.dirty.insert(block, data);
     }
@@ -720,6 +760,7 @@ impl<'a> Tx<'a> {
     /// straight into the running transaction: an operation that changes a tree commits (as
     /// every metadata operation does, even on error).
     pub fn put_node(&mut self, n: TreeNode) {
+        self.touched = true;
         self.dirty.remove(&n.blockno);
         self.meta.pending.remove(&n.blockno);
         self.meta.nodes.insert(n.blockno, n);
@@ -737,7 +778,7 @@ impl<'a> Tx<'a> {
     pub fn commit(mut self) -> Result<()> {
         self.meta.check_not_failed()?;
         if let Some(mut p) = self.meta.pool.take() {
-            if !self.detached && p.fragments() > super::pool::FRAGMENTS_MAX {
+            if !self.detached && p.needs_compaction() {
                 // Under the global lock: give the extra runs back rather than fail to save.
                 for (s, l) in p.compact(super::pool::FRAGMENTS_MAX / 2) {
                     self.meta.alloc.free(s, l)?;

@@ -1,0 +1,214 @@
+//! Namespace changes without the global lock (`fs/detached_ns.rs`), with several nodes on one
+//! memory device.
+
+use super::multinode_tests::{assert_fsck_clean, node, volume};
+use super::*;
+use crate::format::lock_record::LockMode;
+
+const C: Caller = Caller::ROOT;
+
+fn gml(v: &Volume) -> LockMode {
+    v.lock_meta().gml()
+}
+
+fn names(v: &Volume, dir: Ino) -> Vec<String> {
+    let mut out = Vec::new();
+    v.readdir(dir, 0, &mut |e| {
+        out.push(String::from_utf8_lossy(&e.name).into_owned());
+        true
+    })
+    .unwrap();
+    out.retain(|n| n != "." && n != "..");
+    out.sort();
+    out
+}
+
+/// Create, rename (same directory) and unlink, as bench/cluster.py's driver does, `n` times
+/// from `i0`, keeping every `keep`-th file (renamed) and unlinking the rest.
+fn churn(v: &Volume, dir: Ino, i0: u32, n: u32, keep: u32) {
+    for i in i0..i0 + n {
+        let name = format!("f{i}");
+        let (_, fh) = v.create(dir, name.as_bytes(), 0o644, C, true).unwrap();
+        v.release(&fh).unwrap();
+        let renamed = format!("{name}.r");
+        v.rename(
+            dir,
+            name.as_bytes(),
+            dir,
+            renamed.as_bytes(),
+            RenameFlags::default(),
+        )
+        .unwrap();
+        if i % keep != 0 {
+            v.unlink(dir, renamed.as_bytes()).unwrap();
+        }
+    }
+}
+
+/// Two nodes, each with a directory it made (so it owns the directory's lock); b then holds
+/// the global lock exclusively.
+fn two_dirs() -> (
+    std::sync::Arc<crate::dev::mem::MemDevice>,
+    std::sync::Arc<Volume>,
+    std::sync::Arc<Volume>,
+    Ino,
+    Ino,
+) {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let da = a.mkdir(a.root_ino(), b"a", 0o755, C).unwrap().ino;
+    // The first change of the directory takes the global path: its lock becomes a's, and a
+    // pool is filled.
+    let (_, fh) = a.create(da, b"first", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    let db = b.mkdir(b.root_ino(), b"b", 0o755, C).unwrap().ino;
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    (dev, a, b, da, db)
+}
+
+#[test]
+fn names_change_in_an_owned_directory_while_another_node_holds_the_global_lock() {
+    let (dev, a, b, da, _) = two_dirs();
+    churn(&a, da, 0, 60, 10);
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "a namespace change in an owned directory took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    // What a sees, and what b sees once it reads the directory (a writes it home first).
+    let mut want: Vec<String> = (0..60)
+        .filter(|i| i % 10 == 0)
+        .map(|i| format!("f{i}.r"))
+        .collect();
+    want.push("first".into());
+    want.sort();
+    assert_eq!(names(&a, da), want);
+    assert_eq!(names(&b, da), want);
+    let f0 = b.lookup(da, b"f0.r").unwrap();
+    assert_eq!(f0.kind, FileKind::Regular);
+    assert_eq!(
+        b.lookup(da, b"f1.r").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    // a's creates were fresh inodes: once b has read the directory they are not, and a's
+    // next changes of them take the global path.
+    a.unlink(da, b"f0.r").unwrap();
+    assert_eq!(
+        b.lookup(da, b"f0.r").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    assert_eq!(b.getattr(f0.ino).map_or(0, |x| x.nlink), 0);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn another_node_changes_a_directory_changed_without_the_global_lock() {
+    let (dev, a, b, da, db) = two_dirs();
+    churn(&a, da, 0, 20, 4);
+    // b creates in a's directory: it takes the directory's lock from a (which writes it home
+    // and empties its journal), then a's next change takes it back on the global path and
+    // goes on without the lock after that.
+    let (_, fh) = b.create(da, b"from-b", 0o644, C, true).unwrap();
+    b.release(&fh).unwrap();
+    b.rename(da, b"f4.r", db, b"moved", RenameFlags::default())
+        .unwrap();
+    churn(&a, da, 20, 20, 4);
+    let mut want: Vec<String> = (0..40)
+        .filter(|i| i % 4 == 0 && *i != 4)
+        .map(|i| format!("f{i}.r"))
+        .collect();
+    want.extend(["first".to_string(), "from-b".to_string()]);
+    want.sort();
+    assert_eq!(names(&b, da), want);
+    assert_eq!(names(&a, da), want);
+    assert_eq!(names(&a, db), vec!["moved".to_string()]);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn a_node_killed_after_namespace_changes_without_the_global_lock_is_recovered() {
+    let (dev, a, b, da, _) = two_dirs();
+    churn(&a, da, 0, 30, 3);
+    a.sync().unwrap();
+    // Unlinked while still referenced by the kernel: an orphan when a dies.
+    let (o, fh) = a.create(da, b"orphan", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    a.note_lookup(o.ino);
+    a.unlink(da, b"orphan").unwrap();
+    a.sync().unwrap();
+    assert_eq!(gml(&a), LockMode::Free);
+    a.member.fence("test: simulated crash".into());
+    // b waits for a's recovery (the directory's lock: its journal replayed, its pool and
+    // orphan freed, its locks released) and finds every name a's last sync covered.
+    let mut want: Vec<String> = (0..30)
+        .filter(|i| i % 3 == 0)
+        .map(|i| format!("f{i}.r"))
+        .collect();
+    want.push("first".into());
+    want.sort();
+    let got = names(&b, da);
+    assert_eq!(got, want);
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn two_nodes_changing_one_directory_in_turns_see_every_name() {
+    let (dev, a, b, da, _) = two_dirs();
+    // Turns of a few operations each: the directory's hold goes back and forth, inodes made
+    // without the global lock become known to the other node, and the directory turns
+    // contended (changed on the global path, its hold given back with the global lock).
+    for turn in 0..12u32 {
+        let (v, tag) = if turn % 2 == 0 { (&a, "a") } else { (&b, "b") };
+        for i in 0..6 {
+            let name = format!("{tag}{turn}-{i}");
+            let (_, fh) = v.create(da, name.as_bytes(), 0o644, C, true).unwrap();
+            v.release(&fh).unwrap();
+            if i % 2 == 1 {
+                v.unlink(da, name.as_bytes()).unwrap();
+            }
+        }
+        // Rename and unlink a name the other node made in its last turn.
+        if turn > 0 {
+            let other = if turn % 2 == 0 { "b" } else { "a" };
+            let old = format!("{other}{}-0", turn - 1);
+            let new = format!("{old}.moved");
+            v.rename(
+                da,
+                old.as_bytes(),
+                da,
+                new.as_bytes(),
+                RenameFlags::default(),
+            )
+            .unwrap();
+            v.unlink(da, format!("{other}{}-2", turn - 1).as_bytes())
+                .unwrap();
+        }
+    }
+    let mut want = vec!["first".to_string()];
+    for turn in 0..12u32 {
+        let tag = if turn % 2 == 0 { "a" } else { "b" };
+        let moved = turn < 11;
+        want.push(if moved {
+            format!("{tag}{turn}-0.moved")
+        } else {
+            format!("{tag}{turn}-0")
+        });
+        if turn == 11 {
+            want.push(format!("{tag}{turn}-2"));
+        }
+        want.push(format!("{tag}{turn}-4"));
+    }
+    want.sort();
+    assert_eq!(names(&a, da), want);
+    assert_eq!(names(&b, da), want);
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
