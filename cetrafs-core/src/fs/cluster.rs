@@ -726,7 +726,10 @@ impl Volume {
 
     /// Before inode `ino`'s block changes (caller: the global lock exclusive, the inode's
     /// write lock): on a v3 volume, hold its inode lock exclusively (`fs/inode_lock.rs` rule 1).
+    /// A fresh inode (`fs/detached_ns.rs`) changed so is fresh no more: from now on it may be
+    /// renamed or linked elsewhere, and its lock is taken like any other's.
     pub(super) fn own_inode(&self, ino: u64) -> Result<()> {
+        self.detached.forget_fresh(ino);
         match &self.cl.ilocks {
             Some(il) => il.own(ino, &|| self.lock_abort()),
             None => Ok(()),
@@ -779,11 +782,11 @@ impl Volume {
             st.epoch.store(epoch, Ordering::Release);
             return Ok(());
         }
-        let (reg, dir) = {
+        let changes_detached = {
             let i = &st.read().inode;
-            (i.is_reg(), i.is_dir())
+            i.is_reg() || i.is_dir()
         };
-        if (reg || dir) && self.before_load(tx, st.ino, dir)? {
+        if changes_detached && self.before_load(tx, st.ino)? {
             // Its owner wrote it home just now (fs/detached.rs rule 3).
             tx.drop_cached(st.ino);
         }

@@ -87,6 +87,9 @@ struct State {
     /// Contended directories this node holds exclusively after a change on the global path:
     /// given back with the global lock (`Volume::handoff`).
     global_dirs: HashSet<Ino>,
+    /// Inodes freed into the pool while the kernel still references their numbers: their
+    /// blocks stay pinned there until it forgets them (`fs/detached_ns.rs`).
+    kernel_held: HashSet<Ino>,
 }
 
 /// How long a directory whose hold another node took is changed on the global path only:
@@ -143,6 +146,17 @@ impl Detached {
                 .saturating_sub(Duration::from_millis(used))
                 >= POOL_IDLE;
         idle && self.writers.load(Ordering::Acquire) == 0
+            && self.state.lock().or_panic().kernel_held.is_empty()
+    }
+
+    /// Inode `ino` was freed into the pool while the kernel references its number.
+    pub fn hold_for_kernel(&self, ino: Ino) {
+        self.state.lock().or_panic().kernel_held.insert(ino);
+    }
+
+    /// The kernel forgot `ino`: was it held for it ([`Detached::hold_for_kernel`])?
+    pub fn take_kernel_hold(&self, ino: Ino) -> bool {
+        self.state.lock().or_panic().kernel_held.remove(&ino)
     }
 
     /// `ino` was made without the global lock in directory `dir`, which this node owns.
@@ -422,12 +436,10 @@ impl Volume {
 
     /// Rule 3: before inode `ino` (a regular file or a directory) is read from disk under the
     /// global lock: if another node owns its lock, hold it shared first (that node writes it
-    /// home). A directory read under the global lock held exclusively is taken exclusively
-    /// instead (`dir`): it is read to be changed, mostly, and the change would take it from
-    /// the shared holders again at once (a second round trip per operation in a directory
-    /// that nodes share).
+    /// home). (Shared, never exclusive: an exclusive grant marks the cache valid, and it is
+    /// not until the read after this succeeded.)
     /// Returns whether the inode was owned elsewhere (a copy read before is stale).
-    pub(super) fn before_load(&self, tx: &mut Tx<'_>, ino: Ino, dir: bool) -> Result<bool> {
+    pub(super) fn before_load(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<bool> {
         let Some(il) = &self.cl.ilocks else {
             return Ok(false);
         };
@@ -435,21 +447,13 @@ impl Volume {
         if il.holds_any(ino) || !il.foreign_exclusive(ino, epoch)? {
             return Ok(false);
         }
-        let exclusive = dir
-            && tx.meta_mut().gml() == crate::format::lock_record::LockMode::Exclusive
-            && !tx.is_detached();
         let tx = std::cell::RefCell::new(tx);
-        let abort = || {
+        il.hold_shared(ino, &|| {
             if let Ok(mut t) = tx.try_borrow_mut() {
                 self.serve_duties(t.meta_mut());
             }
             self.lock_abort()
-        };
-        if exclusive {
-            il.own(ino, &abort)?;
-        } else {
-            il.hold_shared(ino, &abort)?;
-        }
+        })?;
         Ok(true)
     }
 }

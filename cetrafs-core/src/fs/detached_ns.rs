@@ -16,18 +16,27 @@
 //!    its number meanwhile: its only name is in the directory, which nobody else can read
 //!    until this node writes it home and gives the lock up (`Volume::home_for_handoff`, which
 //!    then ends the freshness: `Detached::expose`). So a fresh inode needs no lock of its own
-//!    (no lock I/O per create), and it may be renamed, unlinked and freed (into the pool)
-//!    without the global lock.
-//! 3. **Inodes this node owns** (exclusive lock, valid cache), as for allocating writes.
-//! 4. **This node's own objects**: its pool inode and its slot header (the orphan list).
+//!    (no lock I/O per create), and it may be renamed within the directory, unlinked and freed
+//!    (into the pool) without the global lock. Any change of it on the global path ends its
+//!    freshness (`Volume::own_inode`: it may be moved or linked elsewhere then).
+//! 3. **This node's pool inode.** Not its slot header: another node may remove an entry
+//!    from it (the last close of an inode this node unlinked), under the global lock, so it
+//!    changes under the global lock only. A fresh inode unlinked while the kernel still
+//!    references its number is therefore not put on the orphan list: it is freed into the
+//!    pool at once, its block *pinned* there (not reused) until the kernel forgets the number
+//!    (`Volume::forget`); a crash leaves the block in the pool, which its recovery frees.
 //!
-//! No bitmap is read or changed, no other node's slot header, no inode that is neither fresh
-//! nor owned. Anything else — another directory (a rename across directories), an inode
-//! neither fresh nor owned, a default ACL to inherit (an xattr set allocates runs), symlinks,
-//! whiteouts and exchanges, an inode not loaded (finding whether its block is allocated reads
-//! a bitmap) — takes the global path: the operation is refused with `NeedsGlobalLock`
-//! **before it changes anything** and runs again under the global lock. A refusal after a
-//! change (a bug) fences the node instead of letting half a change reach the LUN.
+//! No bitmap is read or changed, no slot header, no inode but the directory and fresh ones.
+//! Anything else — another directory (a rename across directories), an inode that is not
+//! fresh (an owned one is not enough: its own handoff could run meanwhile, only the
+//! directory is closed to handoffs while the change runs), a fresh inode that is open on this
+//! node or holds more than a few blocks (freeing it would need an orphan entry, or add too
+//! many extents to the pool), a default ACL to inherit (an xattr set allocates runs),
+//! symlinks, whiteouts and exchanges, an inode not loaded (finding whether its block is
+//! allocated reads a bitmap) — takes the global path: the operation is refused with
+//! `NeedsGlobalLock` **before it changes anything** and runs again under the global lock. A
+//! refusal after a change (a bug) fences the node instead of letting half a change reach the
+//! LUN.
 //!
 //! Other nodes read such a directory only after its owner wrote it home: a node reading a
 //! directory's inode under the global lock first checks whether another node holds it
@@ -71,28 +80,34 @@ impl Volume {
         Ok(())
     }
 
-    /// In a detached transaction, refuse (before any change) an operation that would touch
-    /// inode `ino` when this node may not change it without the global lock.
-    pub(super) fn check_detached(&self, tx: &Tx<'_>, ino: Ino) -> Result<()> {
+    /// In a detached transaction, refuse (before any change) an operation that would change
+    /// inode `ino` (a rename's source or victim, an unlink's target) unless it is fresh. An
+    /// owned inode is not enough: its own handoff may run meanwhile (only the directory is
+    /// closed to handoffs while the change runs, `Detached::begin`).
+    pub(super) fn check_fresh(&self, tx: &Tx<'_>, ino: Ino) -> Result<()> {
         if tx.is_detached() {
-            Self::needs_global_unless(self.may_change_detached(ino), ino)?;
+            Self::needs_global_unless(self.detached.is_fresh(ino), ino)?;
         }
         Ok(())
     }
 
     /// The same for an inode the operation may free (an unlink's target, a rename's victim):
-    /// without the global lock it must be fresh. An inode freed into the pool leaves its last
-    /// image at home and its block marked used, which only this node knows to be free: a
-    /// node that knew the inode could take that image for a live inode.
-    ///
-    /// `blocks` is what the inode holds (0 when not known yet): no more than a few, each of
-    /// which may become an extent of the pool inode (it holds at most
-    /// [`FRAGMENTS_MAX`](super::pool::FRAGMENTS_MAX)); a file with data is freed on the
-    /// global path, into the bitmaps.
-    pub(super) fn check_detached_free(&self, tx: &Tx<'_>, ino: Ino, blocks: u64) -> Result<()> {
+    /// fresh, not open on this node, and holding at most [`FREE_BLOCKS_MAX`] blocks. An
+    /// inode freed into the pool leaves its last image at home and its block marked used,
+    /// which only this node knows to be free; its blocks each may become an extent of the
+    /// pool inode; and one that stays open would need an orphan entry, which is changed under
+    /// the global lock only.
+    pub(super) fn check_detached_free(
+        &self,
+        tx: &Tx<'_>,
+        st: &super::InodeState,
+        inner: &super::InodeInner,
+    ) -> Result<()> {
         if tx.is_detached() {
-            let small = blocks <= FREE_BLOCKS_MAX;
-            Self::needs_global_unless(self.detached.is_fresh(ino) && small, ino)?;
+            let ok = self.detached.is_fresh(st.ino)
+                && inner.inode.blocks <= FREE_BLOCKS_MAX
+                && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0;
+            Self::needs_global_unless(ok, st.ino)?;
         }
         Ok(())
     }

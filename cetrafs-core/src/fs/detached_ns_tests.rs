@@ -245,3 +245,80 @@ fn a_crash_image_after_namespace_changes_without_the_global_lock_checks_clean() 
         churn(v2, d, 100, 10, 1);
     });
 }
+
+#[test]
+fn an_unlinked_fresh_inode_keeps_its_number_until_the_kernel_forgets_it() {
+    let (dev, a, b, da, _) = two_dirs();
+    let (x, fh) = a.create(da, b"x", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    a.note_lookup(x.ino);
+    // Freed into the pool at once (no orphan entry: the slot header is changed under the
+    // global lock only), its number pinned while the kernel references it.
+    a.unlink(da, b"x").unwrap();
+    assert_eq!(gml(&a), LockMode::Free, "the unlink took the global lock");
+    assert_eq!(a.getattr(x.ino).unwrap_err().kind(), ErrorKind::NotFound);
+    assert!(
+        !a.detached.pool_idle(),
+        "the pool may not go while it pins a number"
+    );
+    for i in 0..64 {
+        let (n, fh) = a
+            .create(da, format!("n{i}").as_bytes(), 0o644, C, true)
+            .unwrap();
+        a.release(&fh).unwrap();
+        assert_ne!(n.ino, x.ino, "number reused while the kernel references it");
+        a.unlink(da, format!("n{i}").as_bytes()).unwrap();
+    }
+    a.forget(x.ino, 1);
+    assert!(
+        !a.detached.take_kernel_hold(x.ino),
+        "still held after the forget"
+    );
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+#[test]
+fn another_node_freeing_an_orphan_of_this_node_loses_no_orphan_entry() {
+    // The slot header is changed by its node and, under the global lock, by a node that
+    // frees an inode on its orphan list: never without the global lock.
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (y, fh) = a.create(r, b"y", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    let bfh = b.open(y.ino, false, false).unwrap();
+    // a unlinks y while b has it open: y goes on a's orphan list.
+    a.unlink(r, b"y").unwrap();
+    let da = a.mkdir(r, b"d", 0o755, C).unwrap().ino;
+    let (_, fh) = a.create(da, b"first", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    for i in 0..20u32 {
+        let name = format!("k{i}");
+        let (k, fh) = a.create(da, name.as_bytes(), 0o644, C, true).unwrap();
+        a.release(&fh).unwrap();
+        a.note_lookup(k.ino);
+        a.unlink(da, name.as_bytes()).unwrap();
+        if i == 10 {
+            // b's last close frees y, and takes it off a's list (under the global lock).
+            b.release(&bfh).unwrap();
+        }
+    }
+    b.sync().unwrap();
+    a.sync().unwrap();
+    // What a's slot header holds at home (b's removal of y, a's own entries).
+    let at = a.lock_meta().journal().start;
+    let mut raw = crate::dev::AlignedBuf::new(crate::format::FS_BLOCK_SIZE);
+    crate::dev::BlockDevice::read_at(&*dev, at * FS_BLOCK, &mut raw).unwrap();
+    let h = crate::format::slot_header::SlotHeader::decode(&raw, at, a.slot()).unwrap();
+    assert!(
+        !h.orphans.contains(&y.ino),
+        "y is back on a's list: {:?}",
+        h.orphans
+    );
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}

@@ -322,6 +322,7 @@ impl Volume {
             super::attrs::free_owned(tx, &self.sb, &st.read().inode);
         }
         self.inodes.remove(ino);
+        self.detached.forget_fresh(ino);
         // Just allocated: its group is loaded, so this reads nothing.
         let _ = tx.free_one(ino);
     }
@@ -492,6 +493,16 @@ impl Volume {
         inner.inode.ctime = t;
         if self.can_free(st, inner, super::FreeScope::Now) {
             self.free_inode(tx, inner)
+        } else if tx.is_detached() && inner.inode.nlink == 0 {
+            // Fresh, not open (checked before anything changed), only the kernel still
+            // references its number: freed into the pool now, its block pinned there until
+            // the kernel forgets it. No orphan entry: this node's slot header is changed under
+            // the global lock only (another node may remove an entry from it).
+            let ino = inner.inode.ino;
+            self.free_inode(tx, inner)?;
+            tx.pin_pooled(ino);
+            self.detached.hold_for_kernel(ino);
+            Ok(())
         } else {
             if inner.inode.nlink == 0 {
                 // Open but nameless: remember it so a crash does not leak it.
@@ -524,10 +535,10 @@ impl Volume {
             let Some(e) = dir_lookup(tx, &p.inode, name)? else {
                 bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name));
             };
-            self.check_detached_free(tx, e.ino, 0)?;
+            self.check_fresh(tx, e.ino)?;
             let st = self.state(tx, e.ino)?;
             let mut inner = st.write();
-            self.check_detached_free(tx, e.ino, inner.inode.blocks)?;
+            self.check_detached_free(tx, &st, &inner)?;
             let is_dir = inner.inode.is_dir();
             if want_dir && !is_dir {
                 bail!(
@@ -628,9 +639,9 @@ impl Volume {
                 let p = dp.read();
                 dir_lookup(tx, &p.inode, new_name)?
             };
-            self.check_detached(tx, src.ino)?;
+            self.check_fresh(tx, src.ino)?;
             if let Some(d) = &dst {
-                self.check_detached_free(tx, d.ino, 0)?;
+                self.check_fresh(tx, d.ino)?;
             }
             let sst = self.state(tx, src.ino)?;
             let src_dir = sst.read().inode.is_dir();
@@ -717,7 +728,7 @@ impl Volume {
                 let vst = self.state(tx, d.ino)?;
                 {
                     let v = vst.read();
-                    self.check_detached_free(tx, d.ino, v.inode.blocks)?;
+                    self.check_detached_free(tx, &vst, &v)?;
                     if v.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
                         bail!(
                             PermissionDenied,

@@ -15,7 +15,9 @@
 //!    exclusively ([`InodeLocks::own`]), which is only ever *taken* under the global lock held
 //!    exclusively; the change itself is made under that global hold too, except the mapping of
 //!    allocating writes of a regular file, which the owner makes without it from its block
-//!    pool (`fs/detached.rs`, `fs/pool.rs`). Operations that
+//!    pool (`fs/detached.rs`, `fs/pool.rs`), and namespace changes in a directory it owns
+//!    (`fs/detached_ns.rs`). An inode made by such a change (*fresh*) is changed without a
+//!    lock of its own until its directory's hold goes: no other node can know it. Operations that
 //!    free, allocate or rewrite *i*'s blocks (write's metadata path, truncate, fallocate and
 //!    punch, the free of an unlinked inode) take it as soon as they hold the inode's write
 //!    lock, before any of that; every other change takes it where the inode is written

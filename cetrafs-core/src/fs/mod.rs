@@ -504,8 +504,7 @@ impl Volume {
         let inode = match Inode::decode(&raw, ino) {
             Ok(i) if !i.is_reg() && !i.is_dir() => i,
             first => {
-                let dir = first.as_ref().is_ok_and(Inode::is_dir);
-                if self.before_load(tx, ino, dir)? {
+                if self.before_load(tx, ino)? {
                     tx.drop_cached(ino);
                     Inode::decode(&tx.read(ino)?, ino)?
                 } else {
@@ -595,22 +594,31 @@ impl Volume {
         }
         let local = scope == FreeScope::Unmount
             || (st.opens.load(Ordering::Acquire) == 0 && !self.inodes.referenced(st.ino));
-        local && !self.open_elsewhere(st.ino)
+        // A fresh inode (fs/detached_ns.rs) is known to no other node: no bucket to read.
+        local && (self.detached.is_fresh(st.ino) || !self.open_elsewhere(st.ino))
     }
 
     /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
         // Nodes whose copy of the inode is still marked valid must drop it before its blocks
-        // and its number can be reused (v3); without the global lock it is fresh.
-        self.check_detached_free(tx, ino, inner.inode.blocks)?;
+        // and its number can be reused (v3); without the global lock it is fresh and small
+        // (checked by the caller before anything changed).
+        self.check_fresh(tx, ino)?;
         self.before_change(tx, ino)?;
         // Every bitmap this frees into is loaded first: a read that fails leaves the inode
         // (and its orphan entry) as it was, instead of freeing half its blocks.
         if inner.inode.is_reg() {
             Self::prepare_free(tx, inner, 0, u64::MAX)?;
         }
-        if inner.inode.nlink == 0 {
+        if inner.inode.nlink == 0 && tx.is_detached() {
+            // A fresh inode is on no other node's list. On this node's only if its unlink
+            // took the global path; then so does its free: slot headers are changed under
+            // the global lock only (another node may remove an entry from this one).
+            if tx.slot_header()?.orphans.contains(&ino) {
+                bail!(NeedsGlobalLock, "inode {ino} is on the orphan list");
+            }
+        } else if inner.inode.nlink == 0 {
             // Usually on this node's orphan list; on another's when that node unlinked it
             // while this one had it open (the last node to close frees it).
             let own = tx.slot();
@@ -707,7 +715,13 @@ impl Volume {
     /// kernel references is freed now; otherwise the in-memory state is dropped if idle.
     pub fn forget(&self, ino: Ino, nlookup: u64) {
         // Some only when no references are left and the state is loaded.
-        let Some(st) = self.inodes.forget(ino, nlookup) else {
+        let st = self.inodes.forget(ino, nlookup);
+        if !self.inodes.referenced(ino) && self.detached.take_kernel_hold(ino) {
+            // Freed into the pool at its unlink (fs/detached_ns.rs): its number may go.
+            self.lock_meta().unpin_pooled(ino);
+            return;
+        }
+        let Some(st) = st else {
             return;
         };
         if !self.read_only

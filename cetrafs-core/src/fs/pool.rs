@@ -74,6 +74,9 @@ pub(crate) struct Pool {
     cursors: std::collections::HashMap<u64, u64>,
     /// The file each run held for a write in flight is for (start -> inode).
     held_by: std::collections::HashMap<u64, u64>,
+    /// Blocks of inodes freed into the pool whose numbers the kernel still references: held
+    /// (not reused) until it forgets them (`fs/detached_ns.rs`).
+    pinned: std::collections::BTreeSet<u64>,
 }
 
 /// Most files whose stream position the pool remembers (then it forgets them all).
@@ -108,6 +111,7 @@ impl Pool {
             spare: Vec::new(),
             cursors: std::collections::HashMap::new(),
             held_by: std::collections::HashMap::new(),
+            pinned: std::collections::BTreeSet::new(),
         })
     }
 
@@ -327,6 +331,7 @@ impl Pool {
 
     /// Unmount: every run leaves the pool (nothing is in flight), for the caller to free.
     pub fn drain_to(&mut self) -> Vec<(u64, u64)> {
+        self.pinned.clear();
         self.held.clear();
         self.held_by.clear();
         self.spare.clear();
@@ -334,11 +339,34 @@ impl Pool {
         self.map.punch(0, u64::MAX)
     }
 
-    /// A commit point made this transaction's frees durable: their runs may be used.
+    /// A commit point made this transaction's frees durable: their runs may be used (not a
+    /// pinned one).
     pub fn committed(&mut self) {
         for (s, _) in std::mem::take(&mut self.quarantine) {
-            self.held.remove(&s);
+            if !self.pinned.contains(&s) {
+                self.held.remove(&s);
+            }
         }
+    }
+
+    /// Keep block `b`, just given back ([`Pool::give`]), out of use until [`Pool::unpin`].
+    pub fn pin(&mut self, b: u64) {
+        self.pinned.insert(b);
+    }
+
+    /// Block `b` may be used again (once its free is durable).
+    pub fn unpin(&mut self, b: u64) {
+        if self.pinned.remove(&b) && !self.quarantine.iter().any(|&(s, _)| s == b) {
+            self.held.remove(&b);
+        }
+    }
+
+    /// The pool's runs (to prepare their free before [`Pool::drain_to`]).
+    pub fn runs(&self) -> Vec<(u64, u64)> {
+        self.map
+            .iter()
+            .map(|e| (e.physical, u64::from(e.len)))
+            .collect()
     }
 
     /// Write the pool inode into `tx` if it changed (inline extents only).
@@ -386,6 +414,7 @@ mod tests {
             spare: Vec::new(),
             cursors: std::collections::HashMap::new(),
             held_by: std::collections::HashMap::new(),
+            pinned: std::collections::BTreeSet::new(),
         }
     }
 

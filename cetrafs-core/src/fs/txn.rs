@@ -142,9 +142,20 @@ impl Meta {
     /// Has the pool room for a namespace change without the global lock (`fs/detached_ns.rs`):
     /// blocks for an inode and a directory split, and extents to spare?
     pub fn pool_has_room_for_names(&self) -> bool {
-        self.pool
-            .as_ref()
-            .is_some_and(|p| p.available() >= super::pool::NAMES_MIN && !p.needs_compaction())
+        // What writes in flight keep back for their tree nodes stays theirs.
+        let writes = u64::try_from(self.inflight.pooled()).unwrap_or(u64::MAX);
+        let margin = super::pool::TREE_MARGIN.saturating_mul(writes);
+        self.pool.as_ref().is_some_and(|p| {
+            p.available() >= super::pool::NAMES_MIN.saturating_add(margin) && !p.needs_compaction()
+        })
+    }
+
+    /// Block `b` (an inode freed into the pool that the kernel still references) may be used
+    /// again (`fs/detached_ns.rs`).
+    pub fn unpin_pooled(&mut self, b: u64) {
+        if let Some(p) = &mut self.pool {
+            p.unpin(b);
+        }
     }
 
     /// Is the pool below a quarter of its last refill (time to top it up)?
@@ -538,6 +549,14 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Keep block `b`, just freed into the pool, out of use until
+    /// [`Meta::unpin_pooled`] (the kernel still references it as an inode number).
+    pub fn pin_pooled(&mut self, b: u64) {
+        if let Some(p) = &mut self.meta.pool {
+            p.pin(b);
+        }
+    }
+
     /// A held pool run is not needed (its write failed).
     pub fn unreserve_pooled(&mut self, start: u64) {
         if let Some(p) = &mut self.meta.pool {
@@ -601,6 +620,14 @@ impl<'a> Tx<'a> {
     /// the bitmaps, free the pool inode and take it off the orphan list (clean unmount).
     pub fn return_pool(&mut self) -> Result<()> {
         debug_assert!(!self.detached);
+        let Some(runs) = self.meta.pool.as_ref().map(super::pool::Pool::runs) else {
+            return Ok(());
+        };
+        // Every bitmap the frees need is loaded first: a read that fails leaves the pool as
+        // it was, rather than its runs freed in the bitmaps and still listed by its inode.
+        for &(s, _) in &runs {
+            self.prepare_free(s)?;
+        }
         let Some(mut p) = self.meta.pool.take() else {
             return Ok(());
         };
