@@ -53,17 +53,6 @@ use crate::error::{Error, ErrorKind, Result};
 /// [`pool::NAMES_FRAGMENTS`](super::pool::NAMES_FRAGMENTS) leaves room for.
 const FREE_BLOCKS_MAX: u64 = 4;
 
-/// How long a namespace change refused because its target is still open on this node waits
-/// for that handle's release (in flight: see [`Volume::names_op`]) before the global path.
-const RELEASE_WAIT: std::time::Duration = std::time::Duration::from_millis(2);
-
-thread_local! {
-    /// The fresh inode a detached change on this thread was refused for because it is still
-    /// open here (a hint for one retry, nothing more).
-    static CLOSING: std::cell::RefCell<Option<std::sync::Arc<super::InodeState>>> =
-        const { std::cell::RefCell::new(None) };
-}
-
 impl Volume {
     /// May a detached transaction change inode `ino`? Fresh (rule 2) or owned (rule 3).
     fn may_change_detached(&self, ino: Ino) -> bool {
@@ -115,12 +104,10 @@ impl Volume {
         inner: &super::InodeInner,
     ) -> Result<()> {
         if tx.is_detached() {
-            let ok = self.detached.is_fresh(st.ino) && inner.inode.blocks <= FREE_BLOCKS_MAX;
+            let ok = self.detached.is_fresh(st.ino)
+                && inner.inode.blocks <= FREE_BLOCKS_MAX
+                && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0;
             Self::needs_global_unless(ok, st.ino)?;
-            if st.opens.load(std::sync::atomic::Ordering::Acquire) != 0 {
-                CLOSING.with(|c| *c.borrow_mut() = self.inodes.get(st.ino));
-                Self::needs_global_unless(false, st.ino)?;
-            }
         }
         Ok(())
     }
@@ -141,20 +128,6 @@ impl Volume {
     pub(super) fn names_op<T>(&self, dir: Ino, f: impl Fn(&mut Tx<'_>) -> Result<T>) -> Result<T> {
         if let Some(r) = self.in_owned_dir(dir, &f) {
             return r;
-        }
-        // Refused only because its target is still open here: FUSE sends RELEASE after the
-        // close returned, so an unlink right after a close often overtakes it. Give the
-        // release a moment, then try once more without the global lock.
-        if let Some(st) = CLOSING.with(std::cell::RefCell::take) {
-            let t = std::time::Instant::now();
-            while st.opens.load(std::sync::atomic::Ordering::Acquire) != 0
-                && t.elapsed() < RELEASE_WAIT
-            {
-                std::thread::sleep(std::time::Duration::from_micros(50));
-            }
-            if let Some(r) = self.in_owned_dir(dir, &f) {
-                return r;
-            }
         }
         self.meta_op(|tx| {
             let v = f(tx)?;
