@@ -728,8 +728,14 @@ impl Volume {
     /// write lock): on a v3 volume, hold its inode lock exclusively (`fs/inode_lock.rs` rule 1).
     /// A fresh inode (`fs/detached_ns.rs`) changed so is fresh no more: from now on it may be
     /// renamed or linked elsewhere, and its lock is taken like any other's.
-    pub(super) fn own_inode(&self, ino: u64) -> Result<()> {
+    /// A parked one (unlinked while open, its block the pool's on disk) goes on the orphan list
+    /// in `tx` instead, under the global lock.
+    pub(super) fn own_inode(&self, tx: &mut Tx<'_>, ino: u64) -> Result<()> {
         self.detached.forget_fresh(ino);
+        if self.detached.take_parked(ino) {
+            tx.unpark_from_pool(ino);
+            tx.add_orphan(ino)?;
+        }
         match &self.cl.ilocks {
             Some(il) => il.own(ino, &|| self.lock_abort()),
             None => Ok(()),

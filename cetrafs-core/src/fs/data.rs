@@ -218,6 +218,11 @@ impl Volume {
             self.unregister_open(st);
         }
         let pending = st.has_pending.load(Ordering::Acquire);
+        if st.read().freed {
+            // Freed already (an unlink that overtook this release freed it into the pool:
+            // fs/detached_ns.rs): nothing to do.
+            return Ok(());
+        }
         // Another node may have unlinked it: its link count is known after a refresh.
         if last && !self.is_current_unlocked(st) {
             let mut meta = self.meta_sh()?;
@@ -418,7 +423,7 @@ impl Volume {
             let inner = st.write();
             // Before planning blocks or reading any for a read-modify-write: other nodes'
             // fast paths must have stopped using their copy of this inode (fs/inode_lock.rs).
-            self.own_inode(st.ino)?;
+            self.own_inode(&mut tx, st.ino)?;
             // Held exclusively now: the next writes may go without the global lock, from a
             // pool this hold keeps filled (fs/detached.rs).
             self.keep_pool(&mut tx, &inner, st.ino);
@@ -890,7 +895,7 @@ impl Volume {
     ) -> Result<u32> {
         let r = (|| {
             let mut inner = st.write();
-            self.own_inode(st.ino)?;
+            self.own_inode(&mut tx, st.ino)?;
             let r = self.write_locked(&mut tx, &mut inner, offset, data);
             // Whatever was written and mapped before an error is kept consistent.
             let end = if r.is_ok() {
@@ -1200,7 +1205,7 @@ impl Volume {
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
-            self.own_inode(ino)?;
+            self.own_inode(tx, ino)?;
             if !inner.inode.is_reg() {
                 bail!(InvalidInput, "fallocate on a non-regular file");
             }

@@ -90,6 +90,9 @@ struct State {
     /// Inodes freed into the pool while the kernel still references their numbers: their
     /// blocks stay pinned there until it forgets them (`fs/detached_ns.rs`).
     kernel_held: HashSet<Ino>,
+    /// Fresh inodes unlinked while open here, whose blocks are the pool's on disk
+    /// (`fs/detached_ns.rs`, parked).
+    parked: HashSet<Ino>,
 }
 
 /// How long a directory whose hold another node took is changed on the global path only:
@@ -145,13 +148,25 @@ impl Detached {
                 .elapsed()
                 .saturating_sub(Duration::from_millis(used))
                 >= POOL_IDLE;
+        let s = self.state.lock().or_panic();
         idle && self.writers.load(Ordering::Acquire) == 0
-            && self.state.lock().or_panic().kernel_held.is_empty()
+            && s.kernel_held.is_empty()
+            && s.parked.is_empty()
     }
 
     /// Inode `ino` was freed into the pool while the kernel references its number.
     pub fn hold_for_kernel(&self, ino: Ino) {
         self.state.lock().or_panic().kernel_held.insert(ino);
+    }
+
+    /// Inode `ino`, unlinked while open here, was parked in the pool.
+    pub fn park(&self, ino: Ino) {
+        self.state.lock().or_panic().parked.insert(ino);
+    }
+
+    /// Was `ino` parked (and is not any more)?
+    pub fn take_parked(&self, ino: Ino) -> bool {
+        self.state.lock().or_panic().parked.remove(&ino)
     }
 
     /// The kernel forgot `ino`: was it held for it ([`Detached::hold_for_kernel`])?

@@ -69,9 +69,9 @@ impl Volume {
     /// exclusively (`fs/inode_lock.rs` rule 1); without it, the inode must be fresh or owned
     /// (else `NeedsGlobalLock`), and an owned one is marked changed so that its handoff
     /// writes it home first.
-    pub(super) fn before_change(&self, tx: &Tx<'_>, ino: Ino) -> Result<()> {
+    pub(super) fn before_change(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<()> {
         if !tx.is_detached() {
-            return self.own_inode(ino);
+            return self.own_inode(tx, ino);
         }
         Self::needs_global_unless(self.may_change_detached(ino), ino)?;
         if !self.detached.is_fresh(ino) {
@@ -104,9 +104,10 @@ impl Volume {
         inner: &super::InodeInner,
     ) -> Result<()> {
         if tx.is_detached() {
-            let ok = self.detached.is_fresh(st.ino)
-                && inner.inode.blocks <= FREE_BLOCKS_MAX
-                && st.opens.load(std::sync::atomic::Ordering::Acquire) == 0;
+            // One still open here is parked (its one block the pool's): only its inode block.
+            let open = st.opens.load(std::sync::atomic::Ordering::Acquire) != 0;
+            let max = if open { 1 } else { FREE_BLOCKS_MAX };
+            let ok = self.detached.is_fresh(st.ino) && inner.inode.blocks <= max;
             Self::needs_global_unless(ok, st.ino)?;
         }
         Ok(())

@@ -494,28 +494,29 @@ impl Volume {
         if self.can_free(st, inner, super::FreeScope::Now) {
             self.free_inode(tx, inner)
         } else if tx.is_detached() && inner.inode.nlink == 0 {
-            // Fresh, not open (checked before anything changed), only the kernel still
-            // references its number: freed into the pool now, its block pinned there until
-            // the kernel forgets it. No orphan entry: this node's slot header is changed under
-            // the global lock only (another node may remove an entry from it).
+            // Fresh and small (checked before anything changed). No orphan entry: this node's
+            // slot header is changed under the global lock only (another node may remove an
+            // entry from it). Instead:
             let ino = inner.inode.ino;
-            self.free_inode(tx, inner)?;
-            tx.pin_pooled(ino);
-            self.detached.hold_for_kernel(ino);
-            Ok(())
+            if st.opens.load(std::sync::atomic::Ordering::Acquire) == 0 {
+                // Only the kernel still references its number: freed into the pool now, its
+                // block pinned there until the kernel forgets it.
+                self.free_inode(tx, inner)?;
+                tx.pin_pooled(ino);
+                self.detached.hold_for_kernel(ino);
+                Ok(())
+            } else {
+                // Still open here (mostly a release in flight): *parked*, its one block the
+                // pool's on disk, so a crash frees it with the pool; freed at its last close,
+                // or put on the orphan list by its next change on the global path.
+                tx.park_in_pool(ino);
+                self.detached.park(ino);
+                self.save(tx, inner)
+            }
         } else {
             if inner.inode.nlink == 0 {
                 // Open but nameless: remember it so a crash does not leak it.
-                let mut h = tx.slot_header()?;
-                if h.orphans.len() < crate::format::slot_header::MAX_ORPHANS {
-                    h.orphans.push(inner.inode.ino);
-                    tx.put_slot_header(h);
-                } else {
-                    tracing::warn!(
-                        "orphan list full: inode {} leaks if this node crashes before closing it",
-                        inner.inode.ino
-                    );
-                }
+                tx.add_orphan(inner.inode.ino)?;
             }
             self.save(tx, inner)
         }

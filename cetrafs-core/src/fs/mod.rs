@@ -646,7 +646,12 @@ impl Volume {
         }
         attrs::free_owned(tx, &self.sb, &inner.inode);
         tx.forget_owner(ino);
-        tx.free_one(ino)?;
+        if tx.is_detached() && self.detached.take_parked(ino) {
+            // Its block is the pool's on disk already (fs/detached_ns.rs).
+            tx.free_parked(ino);
+        } else {
+            tx.free_one(ino)?;
+        }
         inner.freed = true;
         self.inodes.remove(ino);
         self.detached.forget_fresh(ino);
@@ -763,7 +768,7 @@ impl Volume {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             // A truncate frees blocks and zeroes a partial one: own the inode before either.
-            self.own_inode(ino)?;
+            self.own_inode(tx, ino)?;
             Self::fold_pending(&st, &mut inner);
             let fl = inner.inode.flags;
             let changes_content = set.size.is_some();

@@ -361,6 +361,32 @@ impl Pool {
         }
     }
 
+    /// Block `b`, the inode block of an inode that is unlinked but still open on this node,
+    /// becomes a pool block on disk (so a crash leaves it to the pool's free, with no orphan
+    /// entry), pinned: the inode lives on in memory until it is freed
+    /// ([`Pool::release_adopted`]) or changed on the global path ([`Pool::unadopt`]).
+    pub fn adopt(&mut self, b: u64) {
+        self.map.insert(b, b, 1, true);
+        self.held.insert(b, 1);
+        self.pinned.insert(b);
+        self.dirty = true;
+    }
+
+    /// An adopted block is an inode's own again (it goes on the orphan list instead).
+    pub fn unadopt(&mut self, b: u64) {
+        self.pinned.remove(&b);
+        self.held.remove(&b);
+        self.map.punch(b, b + 1);
+        self.dirty = true;
+    }
+
+    /// The inode of an adopted block was freed: the block is the pool's, usable after the
+    /// next commit point (as a block given back).
+    pub fn release_adopted(&mut self, b: u64) {
+        self.pinned.remove(&b);
+        self.quarantine.push((b, 1));
+    }
+
     /// The pool's runs (to prepare their free before [`Pool::drain_to`]).
     pub fn runs(&self) -> Vec<(u64, u64)> {
         self.map

@@ -549,6 +549,32 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// Inode block `b` (unlinked, still open here) becomes the pool's on disk, pinned
+    /// ([`Pool::adopt`](super::pool::Pool::adopt)).
+    pub fn park_in_pool(&mut self, b: u64) {
+        self.touched = true;
+        if let Some(p) = &mut self.meta.pool {
+            p.adopt(b);
+        }
+    }
+
+    /// A parked inode is changed on the global path: its block is its own again.
+    pub fn unpark_from_pool(&mut self, b: u64) {
+        self.touched = true;
+        if let Some(p) = &mut self.meta.pool {
+            p.unadopt(b);
+        }
+    }
+
+    /// A parked inode is freed: its images leave the transaction, its block stays the pool's.
+    pub fn free_parked(&mut self, b: u64) {
+        self.touched = true;
+        self.forget(b);
+        if let Some(p) = &mut self.meta.pool {
+            p.release_adopted(b);
+        }
+    }
+
     /// Keep block `b`, just freed into the pool, out of use until
     /// [`Meta::unpin_pooled`] (the kernel still references it as an inode number).
     pub fn pin_pooled(&mut self, b: u64) {
@@ -733,6 +759,21 @@ impl<'a> Tx<'a> {
     /// This node's slot header (orphan list).
     pub fn slot_header(&mut self) -> Result<crate::format::slot_header::SlotHeader> {
         self.slot_header_of(self.meta.slot)
+    }
+
+    /// Put `ino` (no links, still open) on this node's orphan list, so that a crash does not
+    /// leak it (under the global lock: another node may change the list too).
+    pub fn add_orphan(&mut self, ino: u64) -> Result<()> {
+        let mut h = self.slot_header()?;
+        if h.orphans.len() < crate::format::slot_header::MAX_ORPHANS {
+            h.orphans.push(ino);
+            self.put_slot_header(h);
+        } else {
+            tracing::warn!(
+                "orphan list full: inode {ino} leaks if this node crashes before closing it"
+            );
+        }
+        Ok(())
     }
 
     pub fn put_slot_header(&mut self, h: crate::format::slot_header::SlotHeader) {
