@@ -11,16 +11,25 @@ fn gml(v: &Volume) -> LockMode {
     v.lock_meta().gml()
 }
 
+/// The names in `dir`, sorted, without "." and "..".
 fn names(v: &Volume, dir: Ino) -> Vec<String> {
-    let mut out = Vec::new();
-    v.readdir(dir, 0, &mut |e| {
-        out.push(String::from_utf8_lossy(&e.name).into_owned());
-        true
-    })
-    .unwrap();
+    let mut out = super::tests::names(v, dir);
     out.retain(|n| n != "." && n != "..");
-    out.sort();
     out
+}
+
+/// One node (default timings: nothing may fence under a loaded test run) that owns directory
+/// `d` after a first create in it on the global path.
+fn one_node_dir() -> (
+    std::sync::Arc<crate::dev::mem::MemDevice>,
+    std::sync::Arc<Volume>,
+    Ino,
+) {
+    let (dev, a) = super::tests::fresh(512 << 20);
+    let d = a.mkdir(a.root_ino(), b"d", 0o755, C).unwrap().ino;
+    let (_, fh) = a.create(d, b"first", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    (dev, a, d)
 }
 
 /// Create, rename (same directory) and unlink, as bench/cluster.py's driver does, `n` times
@@ -216,11 +225,7 @@ fn two_nodes_changing_one_directory_in_turns_see_every_name() {
 #[test]
 fn a_crash_image_after_namespace_changes_without_the_global_lock_checks_clean() {
     // Default timings: the next mount of the image must not fence under a loaded test run.
-    let (dev, a) = super::tests::fresh(512 << 20);
-    let r = a.root_ino();
-    let d = a.mkdir(r, b"d", 0o755, C).unwrap().ino;
-    let (_, fh) = a.create(d, b"first", 0o644, C, true).unwrap();
-    a.release(&fh).unwrap();
+    let (dev, a, d) = one_node_dir();
     // Fresh inodes made and freed into the pool (their old images stay in pool blocks), and
     // some kept, all without the global lock (a is alone: it would hold it, but the
     // directory is owned, so the changes go detached all the same).
@@ -326,11 +331,7 @@ fn another_node_freeing_an_orphan_of_this_node_loses_no_orphan_entry() {
 #[test]
 fn a_fresh_inode_unlinked_while_open_is_parked_in_the_pool() {
     // Default timings, one node: nothing here may fence under a loaded test run.
-    let (dev, a) = super::tests::fresh(512 << 20);
-    let r = a.root_ino();
-    let d = a.mkdir(r, b"d", 0o755, C).unwrap().ino;
-    let (_, fh) = a.create(d, b"first", 0o644, C, true).unwrap();
-    a.release(&fh).unwrap();
+    let (dev, a, d) = one_node_dir();
     // Unlinked while open (through FUSE: the unlink overtook the close's release): parked,
     // its one block the pool's, no orphan entry.
     let (p, pfh) = a.create(d, b"parked", 0o644, C, true).unwrap();

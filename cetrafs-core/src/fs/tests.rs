@@ -34,7 +34,7 @@ fn read_all(v: &Volume, fh: &OpenFile, off: u64, len: u32) -> Vec<u8> {
     out
 }
 
-fn names(v: &Volume, dir: Ino) -> Vec<String> {
+pub(super) fn names(v: &Volume, dir: Ino) -> Vec<String> {
     let mut out = Vec::new();
     v.readdir(dir, 0, &mut |e| {
         out.push(String::from_utf8_lossy(&e.name).into_owned());
