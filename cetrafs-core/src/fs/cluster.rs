@@ -745,8 +745,8 @@ impl Volume {
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode
     /// lock and validated the cache under it; v2: loaded at this node's current epoch.)
     pub(super) fn is_current_unlocked(&self, st: &InodeState) -> bool {
-        // A fresh inode (fs/detached_ns.rs) is known to no other node.
-        if self.detached.is_fresh(st.ino) {
+        // A fresh or parked inode (fs/detached_ns.rs) is known to no other node.
+        if self.detached.known_only_here(st.ino) {
             return true;
         }
         // Held (either mode) with the cache validated under the hold: nobody else can have
@@ -783,8 +783,9 @@ impl Volume {
                 return Ok(());
             }
         }
-        // So is a fresh inode (fs/detached_ns.rs): no other node can know it.
-        if self.detached.is_fresh(st.ino) && !st.read().freed {
+        // So is a fresh or parked inode (fs/detached_ns.rs): no other node can know it (and
+        // a parked one's block is the pool's: the test below would take it for freed).
+        if self.detached.known_only_here(st.ino) && !st.read().freed {
             st.epoch.store(epoch, Ordering::Release);
             return Ok(());
         }

@@ -220,7 +220,10 @@ impl Volume {
         let pending = st.has_pending.load(Ordering::Acquire);
         if st.read().freed {
             // Freed already (an unlink that overtook this release freed it into the pool:
-            // fs/detached_ns.rs): nothing to do.
+            // fs/detached_ns.rs): only its allocation window to forget.
+            if last_writer {
+                Tx::new(&*self.dev, &mut self.lock_meta()).forget_owner(st.ino);
+            }
             return Ok(());
         }
         // Another node may have unlinked it: its link count is known after a refresh.
@@ -254,7 +257,9 @@ impl Volume {
             if last_writer {
                 tx.forget_owner(st.ino);
             }
-            if give_pool && tx.inflight().pooled() == 0 {
+            // Again under the mutex: a namespace change may have parked or pinned a block in
+            // the pool since.
+            if give_pool && self.detached.pool_idle() && tx.inflight().pooled() == 0 {
                 tx.return_pool()?;
             }
             match self.refresh(tx, st) {

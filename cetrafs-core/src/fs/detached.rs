@@ -164,6 +164,18 @@ impl Detached {
         self.state.lock().or_panic().parked.insert(ino);
     }
 
+    /// Is `ino` known to no other node: fresh, or parked (no name left: even once its
+    /// directory's hold went, nobody else can reach it)? Its in-memory state is the truth.
+    pub fn known_only_here(&self, ino: Ino) -> bool {
+        let s = self.state.lock().or_panic();
+        s.fresh.contains_key(&ino) || s.parked.contains(&ino)
+    }
+
+    /// Is `ino` parked?
+    pub fn is_parked(&self, ino: Ino) -> bool {
+        self.state.lock().or_panic().parked.contains(&ino)
+    }
+
     /// Was `ino` parked (and is not any more)?
     pub fn take_parked(&self, ino: Ino) -> bool {
         self.state.lock().or_panic().parked.remove(&ino)
@@ -339,10 +351,15 @@ impl Detached {
 impl Volume {
     /// Does this node own `st`'s lock with a valid cache (rule 1)?
     pub(super) fn owns_inode(&self, st: &super::InodeState) -> bool {
-        self.cl
-            .ilocks
-            .as_ref()
-            .is_some_and(|il| il.owns(st.data_lock(il)))
+        // A parked inode (fs/detached_ns.rs) changes on the global path only, which first
+        // gives its block back (a lock entry cached from an earlier inode with the same
+        // number must not let detached writes grow it).
+        !self.detached.is_parked(st.ino)
+            && self
+                .cl
+                .ilocks
+                .as_ref()
+                .is_some_and(|il| il.owns(st.data_lock(il)))
     }
 
     /// A small change of an inode this node owns (rule 1), made without the global lock: `f`

@@ -48,10 +48,11 @@ use super::txn::Tx;
 use super::{Attr, Ino, Volume};
 use crate::error::{Error, ErrorKind, Result};
 
-/// Most blocks an inode freed without the global lock may hold (itself, an xattr head, a
-/// tree root or a data block or two): each may add an extent to the pool inode, which
-/// [`pool::NAMES_FRAGMENTS`](super::pool::NAMES_FRAGMENTS) leaves room for.
-const FREE_BLOCKS_MAX: u64 = 4;
+/// Most blocks an inode freed without the global lock may hold: its own block only. Then
+/// whether it is freed or parked (still open here: `opens` may change under the check, an
+/// open takes no lock) only that block goes to the pool, and a file with data, an xattr
+/// set or a tree is freed on the global path, into the bitmaps.
+const FREE_BLOCKS_MAX: u64 = 1;
 
 impl Volume {
     /// May a detached transaction change inode `ino`? Fresh (rule 2) or owned (rule 3).
@@ -104,10 +105,7 @@ impl Volume {
         inner: &super::InodeInner,
     ) -> Result<()> {
         if tx.is_detached() {
-            // One still open here is parked (its one block the pool's): only its inode block.
-            let open = st.opens.load(std::sync::atomic::Ordering::Acquire) != 0;
-            let max = if open { 1 } else { FREE_BLOCKS_MAX };
-            let ok = self.detached.is_fresh(st.ino) && inner.inode.blocks <= max;
+            let ok = self.detached.is_fresh(st.ino) && inner.inode.blocks <= FREE_BLOCKS_MAX;
             Self::needs_global_unless(ok, st.ino)?;
         }
         Ok(())

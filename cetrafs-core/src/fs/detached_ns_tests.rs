@@ -364,3 +364,28 @@ fn a_fresh_inode_unlinked_while_open_is_parked_in_the_pool() {
     assert_fsck_clean(&dev);
     super::tests::crashed_image_recovers(image, |_| {});
 }
+
+#[test]
+fn a_parked_inode_outlives_its_directorys_handoff() {
+    let (dev, a, b, da, db) = two_dirs();
+    let (p, pfh) = a.create(da, b"p", 0o644, C, true).unwrap();
+    a.unlink(da, b"p").unwrap();
+    // b reads the directory (a hands it over: p's directory no longer hides it) and changes
+    // metadata (the global lock moves: a's next global hold is a new epoch).
+    assert_eq!(names(&b, da), vec!["first".to_string()]);
+    let (_, fh) = b.create(db, b"x", 0o644, C, true).unwrap();
+    b.release(&fh).unwrap();
+    // a's open handle still works: fstat, then a write (which puts p on the orphan list).
+    assert_eq!(a.getattr(p.ino).unwrap().nlink, 0);
+    a.write(&pfh, 0, &[3; 4096]).unwrap();
+    let mut back = Vec::new();
+    a.read(&pfh, 0, 4096, &mut |x| back.extend_from_slice(x))
+        .unwrap();
+    assert_eq!(back, vec![3; 4096]);
+    a.release(&pfh).unwrap();
+    assert_eq!(a.getattr(p.ino).unwrap_err().kind(), ErrorKind::NotFound);
+    assert!(a.detached.pool_idle() || !a.detached.is_parked(p.ino));
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}

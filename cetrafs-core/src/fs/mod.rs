@@ -721,10 +721,15 @@ impl Volume {
     pub fn forget(&self, ino: Ino, nlookup: u64) {
         // Some only when no references are left and the state is loaded.
         let st = self.inodes.forget(ino, nlookup);
-        if !self.inodes.referenced(ino) && self.detached.take_kernel_hold(ino) {
-            // Freed into the pool at its unlink (fs/detached_ns.rs): its number may go.
-            self.lock_meta().unpin_pooled(ino);
-            return;
+        if !self.inodes.referenced(ino) {
+            // Freed into the pool at its unlink (fs/detached_ns.rs): its number may go. Under
+            // the metadata mutex, which that unlink held from its test of the kernel's
+            // references to the hold it took.
+            let mut m = self.lock_meta();
+            if self.detached.take_kernel_hold(ino) {
+                m.unpin_pooled(ino);
+                return;
+            }
         }
         let Some(st) = st else {
             return;
