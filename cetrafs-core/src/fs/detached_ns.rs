@@ -24,14 +24,17 @@
 //!    changes under the global lock only. A fresh inode unlinked while the kernel still
 //!    references its number is therefore not put on the orphan list: it is freed into the
 //!    pool at once, its block *pinned* there (not reused) until the kernel forgets the number
-//!    (`Volume::forget`); a crash leaves the block in the pool, which its recovery frees.
+//!    (`Volume::forget`); a crash leaves the block in the pool, which its recovery frees. One
+//!    still open here is *parked*: its block becomes the pool's on disk, pinned, while the
+//!    inode lives on in memory until its last close frees it, or a change on the global path
+//!    gives the block back and puts it on the orphan list (`Volume::own_inode`).
 //!
 //! No bitmap is read or changed, no slot header, no inode but the directory and fresh ones.
 //! Anything else — another directory (a rename across directories), an inode that is not
 //! fresh (an owned one is not enough: its own handoff could run meanwhile, only the
-//! directory is closed to handoffs while the change runs), a fresh inode that is open on this
-//! node or holds more than a few blocks (freeing it would need an orphan entry, or add too
-//! many extents to the pool), a default ACL to inherit (an xattr set allocates runs),
+//! directory is closed to handoffs while the change runs), the free of a fresh inode that
+//! holds more than its own block (its other blocks would be left unowned if it were parked,
+//! below), a default ACL to inherit (an xattr set allocates runs),
 //! symlinks, whiteouts and exchanges, an inode not loaded (finding whether its block is
 //! allocated reads a bitmap) — takes the global path: the operation is refused with
 //! `NeedsGlobalLock` **before it changes anything** and runs again under the global lock. A
