@@ -96,11 +96,10 @@ impl Volume {
     }
 
     /// The same for an inode the operation may free (an unlink's target, a rename's victim):
-    /// fresh, not open on this node, and holding at most [`FREE_BLOCKS_MAX`] blocks. An
-    /// inode freed into the pool leaves its last image at home and its block marked used,
-    /// which only this node knows to be free; its blocks each may become an extent of the
-    /// pool inode; and one that stays open would need an orphan entry, which is changed under
-    /// the global lock only.
+    /// fresh, and holding at most [`FREE_BLOCKS_MAX`] blocks. An inode freed into the pool
+    /// leaves its last image at home and its block marked used, which only this node knows to
+    /// be free; and one still open here is parked instead (its block the pool's on disk), which
+    /// leaves any other block it held unowned.
     pub(super) fn check_detached_free(
         &self,
         tx: &Tx<'_>,
@@ -120,7 +119,7 @@ impl Volume {
         }
         Err(Error::new(
             ErrorKind::NeedsGlobalLock,
-            format!("inode {ino} is neither fresh nor owned by this node"),
+            format!("inode {ino} cannot be changed without the global lock here"),
         ))
     }
 
