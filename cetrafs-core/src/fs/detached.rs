@@ -110,6 +110,14 @@ pub(crate) const DIR_HOLD_MIN: Duration = Duration::from_millis(100);
 /// See [`DIR_HOLD_MIN`].
 pub(crate) const DIR_HOLD_IDLE: Duration = Duration::from_millis(3);
 
+impl State {
+    /// Directory `dir` is contended from now on ([`CONTENDED_FOR`]); stale entries go.
+    fn contend(&mut self, dir: Ino) {
+        self.contended.retain(|_, t| t.elapsed() < CONTENDED_FOR);
+        self.contended.insert(dir, Instant::now());
+    }
+}
+
 /// Most fresh inodes remembered (then all are forgotten: their next changes take the global
 /// path, which is always allowed).
 const FRESH_MAX: usize = 65_536;
@@ -211,16 +219,13 @@ impl Detached {
         let mut s = self.state.lock().or_panic();
         s.fresh.retain(|_, d| *d != dir);
         if s.windows.remove(&dir).is_some() {
-            s.contended.retain(|_, t| t.elapsed() < CONTENDED_FOR);
-            s.contended.insert(dir, Instant::now());
+            s.contend(dir);
         }
     }
 
     /// Another node changed directory `dir` since this node last held it.
     pub fn mark_contended(&self, dir: Ino) {
-        let mut s = self.state.lock().or_panic();
-        s.contended.retain(|_, t| t.elapsed() < CONTENDED_FOR);
-        s.contended.insert(dir, Instant::now());
+        self.state.lock().or_panic().contend(dir);
     }
 
     /// Contended directory `dir` was changed on the global path and is held exclusively.

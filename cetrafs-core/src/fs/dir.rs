@@ -504,6 +504,10 @@ impl Volume {
                 self.free_inode(tx, inner)?;
                 tx.pin_pooled(ino);
                 self.detached.hold_for_kernel(ino);
+                // A FORGET that came in between found no hold: give the number back here.
+                if !self.inodes.referenced(ino) && self.detached.take_kernel_hold(ino) {
+                    tx.meta_mut().unpin_pooled(ino);
+                }
                 Ok(())
             } else {
                 // Still open here (mostly a release in flight): *parked*, its one block the

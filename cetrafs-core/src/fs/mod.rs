@@ -721,15 +721,13 @@ impl Volume {
     pub fn forget(&self, ino: Ino, nlookup: u64) {
         // Some only when no references are left and the state is loaded.
         let st = self.inodes.forget(ino, nlookup);
-        if !self.inodes.referenced(ino) {
-            // Freed into the pool at its unlink (fs/detached_ns.rs): its number may go. Under
-            // the metadata mutex, which that unlink held from its test of the kernel's
-            // references to the hold it took.
-            let mut m = self.lock_meta();
-            if self.detached.take_kernel_hold(ino) {
-                m.unpin_pooled(ino);
-                return;
-            }
+        // Freed into the pool at its unlink (fs/detached_ns.rs): its number may go. The unlink
+        // takes the hold before it looks at the references again, and this looks for the hold
+        // after the references went: one of the two finds the other's step (the metadata
+        // mutex only when there is a hold to drop, not at every forget).
+        if !self.inodes.referenced(ino) && self.detached.take_kernel_hold(ino) {
+            self.lock_meta().unpin_pooled(ino);
+            return;
         }
         let Some(st) = st else {
             return;
