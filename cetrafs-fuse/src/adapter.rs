@@ -7,7 +7,7 @@ use crate::creds::RequestCreds;
 use crate::options::Options;
 use cetrafs_core::fs::{
     Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
-    SetAttr, SetTime, Volume, Whence, WriteAt,
+    SetAttr, SetTime, Volume, Whence, WriteAt, WriteDone, WriteStarted, Written,
 };
 use cetrafs_core::sync::LockPolicy;
 use cetrafs_core::{Error, ErrorKind};
@@ -773,6 +773,32 @@ impl Filesystem for Adapter {
         } else {
             WriteAt::Offset(offset)
         };
+        // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
+        // (it only does for page-cache writes): the write must be durable before we answer.
+        // O_SYNC includes the O_DSYNC bit.
+        if flags.0 & libc::O_DSYNC == 0 {
+            // An allocating write does not wait here to be mapped: the thread that maps it
+            // answers, and this worker goes on to the next request.
+            let done: WriteDone = Box::new(move |r: cetrafs_core::Result<Written>| match r {
+                Ok(w) => reply.written(w.bytes),
+                Err(e) => reply.error(Self::fail("write", &e)),
+            });
+            match self.vol.write_then(of, at, data, &who, done) {
+                WriteStarted::Queued => {}
+                WriteStarted::Done(r, done) => {
+                    // The kernel then takes offset + bytes as the size: wrong if the write
+                    // went elsewhere, so its cached attributes go, as they do when bits were
+                    // removed.
+                    if let Ok(w) = &r {
+                        if w.dropped != 0 || w.offset != offset {
+                            self.invalidate_attrs(of.ino);
+                        }
+                    }
+                    done(r);
+                }
+            }
+            return;
+        }
         let n = match self.vol.write_by(of, at, data, &who) {
             Ok(w) => {
                 // The kernel then takes offset + bytes as the size: wrong if the write went

@@ -6,8 +6,9 @@
 //! Everything else (holes, unwritten extents, growth, unaligned writes) takes the metadata
 //! path under the inode's exclusive lock. There, an *allocating* write (holes, unwritten
 //! extents, growth) plans and holds its blocks under the metadata mutex, writes its data
-//! without any lock, and is mapped under the mutex again, in groups (`write_slow`; the waiting
-//! rules are in fs/inflight.rs); only a write that must read-modify-write a partial block of a
+//! without any lock, and is mapped under the mutex again, in groups by one mapper thread at
+//! a time (`map_written`; the waiting rules are in fs/inflight.rs); a caller with a
+//! completion ([`Volume::write_then`]) does not wait for the mapping. Only a write that must read-modify-write a partial block of a
 //! written extent, or remove setuid/setgid bits, does its I/O under the locks. Newly
 //! allocated or converted blocks are always
 //! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
@@ -99,16 +100,84 @@ pub(super) struct ToMap {
     id: u64,
     written: Result<()>,
     end: u64,
-    slot: MapSlot,
+    done: Done,
     /// Its new blocks come from this node's pool (fs/pool.rs, fs/detached.rs).
     pooled: bool,
 }
 
-/// Where the mapper leaves a queued write's result.
-type MapSlot = Arc<std::sync::Mutex<Option<Result<()>>>>;
+/// An allocating write's blocks, held while its data is written.
+struct Planned {
+    plan: Vec<Seg>,
+    /// Its entry in the in-flight table (fs/inflight.rs).
+    id: u64,
+    /// Its new blocks come from this node's pool.
+    pooled: bool,
+}
 
-fn take_slot(slot: &MapSlot) -> Option<Result<()>> {
-    slot.lock().or_panic().take()
+/// Called once with the result of a write that was queued to be mapped
+/// ([`Volume::write_then`]), on whichever thread mapped it.
+pub type WriteDone = Box<dyn FnOnce(Result<Written>) + Send>;
+
+/// What [`Volume::write_then`] did.
+pub enum WriteStarted {
+    /// The write finished on the caller's thread: its result, and the completion unused.
+    Done(Result<Written>, WriteDone),
+    /// The write's data is on the device and it is queued to be mapped: the completion will
+    /// be called once with its result.
+    Queued,
+}
+
+impl std::fmt::Debug for WriteStarted {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            WriteStarted::Done(r, _) => f.debug_tuple("Done").field(r).finish(),
+            WriteStarted::Queued => f.write_str("Queued"),
+        }
+    }
+}
+
+/// Who learns a queued write's result.
+enum Done {
+    /// Its writer, waiting on this.
+    Wait(Arc<Waiter>),
+    /// A completion: the writer went on.
+    Call(Box<dyn FnOnce(Result<()>) + Send>),
+}
+
+impl std::fmt::Debug for Done {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Done::Wait(_) => "Wait",
+            Done::Call(_) => "Call",
+        })
+    }
+}
+
+impl Done {
+    fn deliver(self, r: Result<()>) {
+        match self {
+            Done::Wait(w) => {
+                *w.result.lock().or_panic() = Some(r);
+                w.cv.notify_one();
+            }
+            Done::Call(f) => f(r),
+        }
+    }
+}
+
+/// Where the mapper leaves a waiting writer's result.
+#[derive(Default)]
+struct Waiter {
+    result: std::sync::Mutex<Option<Result<()>>>,
+    cv: std::sync::Condvar,
+}
+
+/// Allocating writes waiting to be mapped, and whether a thread is mapping them (it maps
+/// until the queue is empty, so a write queued while it does needs no mapper of its own).
+#[derive(Debug, Default)]
+pub(super) struct MapQueue {
+    items: Vec<ToMap>,
+    mapping: bool,
 }
 
 /// One error reported to each write of a group.
@@ -352,6 +421,38 @@ impl Volume {
         data: &[u8],
         who: &dyn Credentials,
     ) -> Result<Written> {
+        self.write_with(fh, at, data, who, &mut None)
+    }
+
+    /// [`Volume::write_by`], except that an allocating write whose data is on the device does
+    /// not wait to be mapped: it is queued and `done` is called with its result by the thread
+    /// that maps it ([`WriteStarted::Queued`]), so the caller can go on to other requests.
+    /// Any other write finishes here and `done` is handed back unused.
+    pub fn write_then(
+        &self,
+        fh: &OpenFile,
+        at: WriteAt,
+        data: &[u8],
+        who: &dyn Credentials,
+        done: WriteDone,
+    ) -> WriteStarted {
+        let mut done = Some(done);
+        let r = self.write_with(fh, at, data, who, &mut done);
+        match done {
+            Some(d) => WriteStarted::Done(r, d),
+            None => WriteStarted::Queued,
+        }
+    }
+
+    /// A write; an allocating one takes `done` when it is queued (`map_written`).
+    fn write_with(
+        &self,
+        fh: &OpenFile,
+        at: WriteAt,
+        data: &[u8],
+        who: &dyn Credentials,
+        done: &mut Option<WriteDone>,
+    ) -> Result<Written> {
         if !fh.writable {
             bail!(InvalidInput, "file handle is not open for writing");
         }
@@ -378,7 +479,7 @@ impl Volume {
             }
         }
         self.check_writable()?;
-        let (offset, dropped) = self.write_slow(&fh.state, at, data, who)?;
+        let (offset, dropped) = self.write_slow(&fh.state, at, data, who, done)?;
         Ok(Written {
             offset,
             bytes: len,
@@ -406,10 +507,11 @@ impl Volume {
         at: WriteAt,
         data: &[u8],
         who: &dyn Credentials,
+        done: &mut Option<WriteDone>,
     ) -> Result<(u64, u32)> {
         let len = data.len() as u64;
         if let WriteAt::Offset(offset) = at {
-            if let Some(dropped) = self.try_detached(st, offset, data, who)? {
+            if let Some(dropped) = self.try_detached(st, offset, data, who, done)? {
                 return Ok((offset, dropped));
             }
         }
@@ -486,7 +588,12 @@ impl Volume {
             break (plan, id, offset, pooled);
         };
         let written = self.write_plan(&plan, offset, data);
-        self.map_written(st, plan, id, written, offset + len, pooled)
+        let at = Written {
+            offset,
+            bytes: u32::try_from(data.len()).unwrap_or(u32::MAX),
+            dropped: 0,
+        };
+        self.map_written(st, Planned { plan, id, pooled }, written, at, done)
             .map(|dropped| (offset, dropped))
     }
 
@@ -534,6 +641,7 @@ impl Volume {
         offset: u64,
         data: &[u8],
         who: &dyn Credentials,
+        done: &mut Option<WriteDone>,
     ) -> Result<Option<u32>> {
         let Some(il) = &self.cl.ilocks else {
             return Ok(None);
@@ -578,7 +686,17 @@ impl Volume {
             (plan, meta.inflight_mut().begin_pooled(st.ino, p0, p1))
         };
         let written = self.write_plan(&plan, offset, data);
-        self.map_written(st, plan, id, written, end, true).map(Some)
+        let at = Written {
+            offset,
+            bytes: u32::try_from(data.len()).unwrap_or(u32::MAX),
+            dropped: 0,
+        };
+        let planned = Planned {
+            plan,
+            id,
+            pooled: true,
+        };
+        self.map_written(st, planned, written, at, done).map(Some)
     }
 
     /// The file blocks a write of blocks [b0, b1) allocates: the whole aligned granule
@@ -707,70 +825,116 @@ impl Volume {
     /// The last step of an allocating write: map it, or, if the data write failed (or the file
     /// went away), give its held blocks back; either way it leaves the in-flight table.
     ///
-    /// Mapping is done in groups: the write queues itself and takes the metadata mutex; the
-    /// first writer to get it maps every write queued by then in one transaction (one inode
-    /// update per file, one bitmap image per changed bitmap block), and the others find
-    /// their result when they get the mutex in turn. Under a deep queue that is what keeps
-    /// the mutex from being the bottleneck.
+    /// Mapping is done in groups, by one thread at a time: the write queues itself and, if no
+    /// thread is mapping, maps (under the metadata mutex, one transaction per group: one inode
+    /// update per file, one bitmap image per changed bitmap block) until the queue is empty.
+    /// A write queued while another thread maps is mapped by that thread: with a completion
+    /// (`done`, [`Volume::write_then`]) its writer goes on at once and the mapper calls the
+    /// completion; without one the writer waits for its result. Under a deep queue that keeps
+    /// the mutex from being the bottleneck and no writer sleeps on it in turn.
+    ///
+    /// Returns what the write removed (nothing here); when `done` was taken, the completion
+    /// has or will have the result and the return value means nothing.
     fn map_written(
         &self,
         st: &Arc<InodeState>,
-        plan: Vec<Seg>,
-        id: u64,
+        planned: Planned,
         written: Result<()>,
-        end: u64,
-        pooled: bool,
+        at: Written,
+        done: &mut Option<WriteDone>,
     ) -> Result<u32> {
-        let slot: MapSlot = Arc::new(std::sync::Mutex::new(None));
-        self.to_map.lock().or_panic().push(ToMap {
-            st: st.clone(),
-            plan,
-            id,
-            written,
-            end,
-            slot: slot.clone(),
-            pooled,
-        });
-        // Not meta_ex: a handoff waits for these very writes, and the lock is held exclusively
-        // for as long as anything holding bitmap blocks is in flight (fs/inflight.rs); writes
-        // from the pool need no global lock (fs/detached.rs).
-        let mut meta = self.lock_meta();
+        let Planned { plan, id, pooled } = planned;
+        let (done, waiter) = if let Some(d) = done.take() {
+            let call = move |r: Result<()>| d(r.map(|()| at));
+            (Done::Call(Box::new(call)), None)
+        } else {
+            let w = Arc::new(Waiter::default());
+            (Done::Wait(w.clone()), Some(w))
+        };
         if !pooled {
             // A use of the global lock for its hold window: a writer whose data I/O takes
             // longer than the window's idle time is still busy.
             self.note_lock_use();
         }
-        let mine = take_slot(&slot);
-        let r = if let Some(r) = mine {
-            r
-        } else {
-            let batch = std::mem::take(&mut *self.to_map.lock().or_panic());
-            self.map_batch(&mut meta, batch, false);
-            drop(meta);
-            take_slot(&slot).unwrap_or_else(|| {
-                Err(crate::Error::new(
-                    crate::ErrorKind::Io,
-                    "an allocating write was not mapped",
-                ))
-            })
+        let mapper = {
+            let mut q = self.to_map.lock().or_panic();
+            q.items.push(ToMap {
+                st: st.clone(),
+                plan,
+                id,
+                written,
+                end: at.offset + u64::from(at.bytes),
+                done,
+                pooled,
+            });
+            !std::mem::replace(&mut q.mapping, true)
         };
-        r.map(|()| 0)
+        if mapper {
+            self.run_mapper();
+        }
+        let Some(w) = waiter else {
+            return Ok(0);
+        };
+        let mut r = w.result.lock().or_panic();
+        loop {
+            if let Some(r) = r.take() {
+                return r.map(|()| 0);
+            }
+            r = w.cv.wait(r).or_panic();
+        }
+    }
+
+    /// Map queued writes until the queue is empty (this thread set `mapping`). Not `meta_ex`: a
+    /// handoff waits for these very writes, and the lock is held exclusively for as long as
+    /// anything holding bitmap blocks is in flight (fs/inflight.rs); writes from the pool
+    /// need no global lock (fs/detached.rs).
+    fn run_mapper(&self) {
+        loop {
+            let mut meta = self.lock_meta();
+            let batch = std::mem::take(&mut self.to_map.lock().or_panic().items);
+            let results = if batch.is_empty() {
+                Vec::new()
+            } else {
+                self.map_batch(&mut meta, batch)
+            };
+            drop(meta);
+            for (d, r) in results {
+                d.deliver(r);
+            }
+            let mut q = self.to_map.lock().or_panic();
+            if q.items.is_empty() {
+                q.mapping = false;
+                return;
+            }
+        }
+    }
+
+    /// Rule 4 of fs/detached.rs: a thread that holds the metadata mutex while it waits for
+    /// the cluster maps the queued writes of inodes nobody has locked (a mapper waiting for
+    /// the mutex finds the rest).
+    /// Those of locked inodes stay queued, where the mapper looks before it stops (so a
+    /// queued write always has a mapper on its way).
+    pub(super) fn map_serving(&self, m: &mut Meta) {
+        let batch: Vec<ToMap> = {
+            let mut q = self.to_map.lock().or_panic();
+            let (now, later) = std::mem::take(&mut q.items)
+                .into_iter()
+                .partition(|w| w.st.try_write().is_some());
+            q.items = later;
+            now
+        };
+        if !batch.is_empty() {
+            for (d, r) in self.map_batch(m, batch) {
+                d.deliver(r);
+            }
+        }
     }
 
     /// Map a group of allocating writes in one transaction (metadata mutex held). Without the
     /// global lock held exclusively, every write in the batch is from the pool, of an inode
-    /// this node owns (fs/detached.rs): the transaction is a detached one.
-    ///
-    /// `serving`: called by a thread that waits for the cluster (fs/detached.rs rule 4), which
-    /// may hold some inode's lock itself: writes of an inode whose lock is taken are left
-    /// queued for their own writers.
-    pub(super) fn map_batch(&self, meta: &mut Meta, mut batch: Vec<ToMap>, serving: bool) {
-        if serving {
-            let (now, later): (Vec<ToMap>, Vec<ToMap>) =
-                batch.into_iter().partition(|w| w.st.try_write().is_some());
-            self.to_map.lock().or_panic().extend(later);
-            batch = now;
-        }
+    /// this node owns (fs/detached.rs): the transaction is a detached one. Returns who to
+    /// tell what, to be told once the mutex is released.
+    fn map_batch(&self, meta: &mut Meta, mut batch: Vec<ToMap>) -> Vec<(Done, Result<()>)> {
         let detached = meta.gml() != LockMode::Exclusive;
         debug_assert!(
             !detached || batch.iter().all(|w| w.pooled),
@@ -872,9 +1036,7 @@ impl Volume {
             }
         }
         self.inflight_done.notify_all();
-        for (w, r) in batch.into_iter().zip(results) {
-            *w.slot.lock().or_panic() = Some(r);
-        }
+        batch.into_iter().map(|w| w.done).zip(results).collect()
     }
 
     /// Size and times after a write ending at `end` (write lock held).
@@ -1355,3 +1517,4 @@ impl Volume {
         self.lock_meta().commit_point(&*self.dev)
     }
 }
+

@@ -430,8 +430,8 @@ impl Volume {
             std::thread::sleep(Duration::from_micros(100));
         };
         if self.detached.busy(ino) {
-            // The writers map their own writes (they need only this mutex), or a thread that
-            // waits holding it does (rule 4); none may begin (closing). The lock server never
+            // The thread mapping queued writes maps them (it needs only this mutex), or a
+            // thread that waits holding it does (rule 4); none may begin (closing). The lock server never
             // waits for them: it serves other requests (perhaps the very one a thread here
             // waits for) and looks again at its next tick.
             drop(m);
@@ -462,10 +462,7 @@ impl Volume {
         if !self.detached.serve_wanted.swap(false, Ordering::AcqRel) {
             return;
         }
-        let batch = std::mem::take(&mut *self.to_map.lock().or_panic());
-        if !batch.is_empty() {
-            self.map_batch(m, batch, true);
-        }
+        self.map_serving(m);
         if let Err(e) = self.empty_or_fence(m, "while waiting for a cluster lock") {
             tracing::error!("{e}");
         }

@@ -394,3 +394,56 @@ fn a_handoff_waits_for_writes_in_flight_to_be_mapped() {
     let report = crate::check::check_volume(&*mem).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
+
+#[test]
+fn a_queued_write_answers_through_its_completion_and_its_writer_goes_on() {
+    let (mem, g, v) = gated();
+    let root = v.root_ino();
+    let (f, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
+    g.shut(0xB1, false);
+    let (done_tx, done_rx) = mpsc::channel();
+    let writers: Vec<_> = [0u64, 1 << 20]
+        .into_iter()
+        .map(|off| {
+            let (v, fh, done_tx) = (v.clone(), fh.clone(), done_tx.clone());
+            spawn(move || {
+                let done: WriteDone = Box::new(move |r| {
+                    let _ = done_tx.send((off, r));
+                });
+                matches!(
+                    v.write_then(&fh, WriteAt::Offset(off), &[0xB1; 4096], &C, done),
+                    WriteStarted::Queued
+                )
+            })
+        })
+        .collect();
+    g.wait_parked(2);
+    // Both data writes done while the mutex is taken: one writer becomes the mapper and waits
+    // for the mutex, the other queues its write and goes on without an answer.
+    let m = v.lock_meta();
+    g.open();
+    let went_on = std::time::Instant::now();
+    let first = loop {
+        if let Some(i) = writers.iter().position(|w| w.try_recv().is_ok()) {
+            break i;
+        }
+        assert!(went_on.elapsed() < STILL * 10, "no writer went on");
+        std::thread::sleep(Duration::from_millis(1));
+    };
+    assert!(done_rx.recv_timeout(STILL).is_err(), "answered before mapped");
+    drop(m);
+    assert!(writers[1 - first].recv().unwrap(), "the mapper's write was queued too");
+    let mut answers: Vec<_> = (0..2).map(|_| done_rx.recv().unwrap()).collect();
+    answers.sort_by_key(|a| a.0);
+    for (off, r) in answers {
+        let w = r.unwrap();
+        assert_eq!((w.offset, w.bytes, w.dropped), (off, 4096, 0));
+    }
+    assert!(done_rx.try_recv().is_err(), "a completion was called twice");
+    assert_eq!(v.getattr(f.ino).unwrap().size, (1 << 20) + 4096);
+    assert_eq!(read(&v, &fh, 0, 4096), vec![0xB1; 4096]);
+    assert_eq!(read(&v, &fh, 1 << 20, 4096), vec![0xB1; 4096]);
+    assert_eq!(held(&v), 0);
+    v.release(&fh).unwrap();
+    check_clean(&v, &mem);
+}

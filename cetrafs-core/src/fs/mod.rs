@@ -30,7 +30,7 @@ pub(crate) mod txn;
 
 pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
-pub use data::{ALLOC_GRANULE, DEFAULT_ALLOC_GRANULE, MAX_ALLOC_GRANULE};
+pub use data::{WriteDone, WriteStarted, ALLOC_GRANULE, DEFAULT_ALLOC_GRANULE, MAX_ALLOC_GRANULE};
 pub use inode_lock::MAX_CACHED as MAX_CACHED_INODE_LOCKS;
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
@@ -169,7 +169,7 @@ pub struct Volume {
     /// (fs/inflight.rs).
     inflight_done: Condvar,
     /// Allocating writes whose data is written, waiting to be mapped (fs/data.rs).
-    to_map: Mutex<Vec<data::ToMap>>,
+    to_map: Mutex<data::MapQueue>,
     /// Loaded inode states and the kernel's references to inode numbers (`fs/inode_table.rs`).
     inodes: InodeTable,
     unmounted: AtomicBool,

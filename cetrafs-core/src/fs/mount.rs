@@ -167,7 +167,7 @@ impl Volume {
             cl,
             meta: Mutex::new(meta),
             inflight_done: Condvar::new(),
-            to_map: Mutex::new(Vec::new()),
+            to_map: Mutex::new(super::data::MapQueue::default()),
             inodes: InodeTable::new(opts.inode_cache_bytes),
             unmounted: AtomicBool::new(false),
             granule_blocks: (opts.alloc_granule / FS_BLOCK)
