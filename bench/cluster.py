@@ -229,19 +229,21 @@ def cmd_report(a):
                                           "raw_prefilled": rpre, "ratio": q}
             lines.append(("1", f"randwrite 4k QD32 fresh/prefilled, {n} node{'s at once' if n == '3' else ''}",
                           f"{f(fr['iops'])} / {f(pre['iops'])} IOPS", q, ">= 0.80", q is not None and q >= 0.8))
-    # §2 readers under node 1's load
-    idle = fio_group(res, "s2-idle")
-    if idle:
-        data["read_under_load"] = {"idle": idle}
+    # §2 readers under node 1's load, unpinned and pinned (node 1 on its own CPU)
+    for p, label, key2 in (("s2", "", "read_under_load"), ("s2p", " pinned", "read_under_load_pinned")):
+        idle = fio_group(res, f"{p}-idle")
+        if not idle:
+            continue
+        data[key2] = {"idle": idle}
         for key, what in (("write", "(b) n1 writes thin"), ("create", "(c) n1 creates")):
-            g = fio_group(res, f"s2-{key}")
+            g = fio_group(res, f"{p}-{key}")
             if not g:
                 continue
             qi, qp = ratio(g["iops"], idle["iops"]), ratio(g["p99_us"], idle["p99_us"])
-            data["read_under_load"][key] = dict(g, iops_ratio=qi, p99_ratio=qp)
-            lines.append(("2", f"randread n2+n3 IOPS, {what} / (a) idle",
+            data[key2][key] = dict(g, iops_ratio=qi, p99_ratio=qp)
+            lines.append(("2", f"randread n2+n3 IOPS{label}, {what} / (a) idle",
                           f"{f(g['iops'])} / {f(idle['iops'])} IOPS", qi, ">= 0.90", qi is not None and qi >= 0.9))
-            lines.append(("2", f"randread n2+n3 p99, {what} / (a) idle",
+            lines.append(("2", f"randread n2+n3 p99{label}, {what} / (a) idle",
                           f"{f(g['p99_us'])} / {f(idle['p99_us'])} us", qp, "<= 1.30", qp is not None and qp <= 1.3))
     # §3 metadata ops
     one, priv, shared = (meta_group(res, n) for n in ("s3-one", "s3-private", "s3-shared"))
@@ -325,18 +327,20 @@ def cmd_report(a):
                   f"{f(rpre['iops'])} (p99 {f(rpre['p99_us'])} us); CetraFS/raw: fresh "
                   f"{f(ratio(d['fresh']['iops'], rfr['iops']), '.2f')}, prefilled {f(ratio(d['prefilled']['iops'], rpre['iops']), '.2f')}")
     rr = fio_group(res, "raw-read2")
-    d = data.get("read_under_load")
-    if d:
-        print(f"  randread nodes 2+3: (a) idle {f(d['idle']['iops'])} IOPS p50/p99 {f(d['idle']['p50_us'])}/{f(d['idle']['p99_us'])} us"
-              + (f"; raw LUN file, 2 processes: {f(rr['iops'])} IOPS p50/p99 {f(rr['p50_us'])}/{f(rr['p99_us'])} us" if rr else ""))
+    for p, key2, label in (("s2", "read_under_load", ""), ("s2p", "read_under_load_pinned", " (pinned)")):
+        d = data.get(key2)
+        if not d:
+            continue
+        print(f"  randread nodes 2+3{label}: (a) idle {f(d['idle']['iops'])} IOPS p50/p99 {f(d['idle']['p50_us'])}/{f(d['idle']['p99_us'])} us"
+              + (f"; raw LUN file, 2 processes: {f(rr['iops'])} IOPS p50/p99 {f(rr['p50_us'])}/{f(rr['p99_us'])} us" if rr and not label else ""))
         for key in ("write", "create"):
             g = d.get(key)
             if g:
                 print(f"      ({'b' if key == 'write' else 'c'}) {f(g['iops'])} IOPS p50/p99 {f(g['p50_us'])}/{f(g['p99_us'])} us, per node {g['per_node']}")
-        bg = fio_group(res, "s2-write-bg")
+        bg = fio_group(res, f"{p}-write-bg")
         if bg:
             print(f"      node 1's fresh-image randwrite during (b): {f(bg['iops'])} IOPS")
-        bgc = meta_group(res, "s2-create-bg")
+        bgc = meta_group(res, f"{p}-create-bg")
         if bgc:
             print(f"      node 1's creates during (c): {f(bgc['rate'])} files/s")
     d = data.get("meta_ops")

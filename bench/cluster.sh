@@ -10,7 +10,11 @@
 #      at once (each its own image). Target: fresh/prefilled >= 0.8.
 #   2. nodes 2+3 randread 4k QD32 on their own prefilled images while node 1 is (a) idle,
 #      (b) randwrites a fresh thin image, (c) creates files in a loop. Targets: (b), (c) IOPS
-#      >= 0.9x (a) and p99 <= 1.3x (a).
+#      >= 0.9x (a) and p99 <= 1.3x (a). Then (with 2 CPUs or more) all three again with node
+#      1's daemon and processes on CPU 0 and nodes 2+3's on CPU 1 (taskset), as if node 1 were
+#      another host: unpinned, the three nodes share this machine's CPUs and (b) measures
+#      mostly the CPU node 1's writer takes from the readers; pinned, what reaches the readers
+#      through the LUN and the locks. Both are reported against the targets.
 #   3. create+rename+unlink ops/s (bench/cluster.py meta: create, rename in the same directory,
 #      unlink, each one op): 1 node alone; 3 nodes each in a private directory; 3 nodes in one
 #      shared directory. Targets: private aggregate >= 1.5x one node; shared >= 1000 ops/s and
@@ -140,7 +144,7 @@ fio_bg() {
     local name=$1 node=$2 file=$3 off=$4 job=$5
     shift 5
     env FILENAME="$file" SIZE="$SIZE_B" OFFSET="$off" RUNTIME="$RUNTIME" "$@" \
-        timeout -k 10 $((RUNTIME + KILL_RUNTIME + 120)) \
+        timeout -k 10 $((RUNTIME + KILL_RUNTIME + 120)) $(pin_cmd "$node") \
         fio --output-format=json+ --output="$RES/$name.node$node.json" "$FIO/$job" >/dev/null 2>"$RES/$name.node$node.err" &
     LAST=$!
     BG+=("$LAST")
@@ -192,13 +196,24 @@ mount_node() {
     PIDS[i]=$(pgrep -f "mount[.-]cetra $LUN ${M[i]}( |$)" | head -1)
     [[ -n ${PIDS[i]} ]] || die "no daemon found for ${M[i]}"
 }
+# Section 2 also runs with node 1 on CPU 0 and nodes 2+3 on CPU 1 (daemons and their fio):
+# PIN[node] is the CPU list of that node's processes, empty when not pinned.
+declare -a PIN=()
+pin_cmd() { [[ -z ${PIN[$1]:-} ]] || echo "taskset -c ${PIN[$1]}"; }
+pin_daemons() { # every thread of each live daemon to PIN[node], or to every CPU
+    local i
+    for i in 1 2 3; do
+        [[ -n ${PIDS[i]:-} ]] || continue
+        taskset -a -p -c "${PIN[i]:-0-$(($(nproc) - 1))}" "${PIDS[i]}" >/dev/null || die "taskset of node$i failed"
+    done
+}
 wait_visible() { # path : up to 10 s (another node's entry and attribute caches)
     local t
     for ((t = 0; t < 100; t++)); do [[ -e $1 ]] && return 0; sleep 0.1; done
     die "$1 did not appear"
 }
 meta_bg() { # name node dir seconds mode start
-    timeout -k 5 $(($4 + 120)) python3 "$PY" meta --dir "$3" --seconds "$4" --mode "$5" --start "$6" \
+    timeout -k 5 $(($4 + 120)) $(pin_cmd "$2") python3 "$PY" meta --dir "$3" --seconds "$4" --mode "$5" --start "$6" \
         --tag "node$2" --out "$RES/$1.node$2.json" &
     LAST=$!
     BG+=("$LAST")
@@ -301,28 +316,42 @@ readers() { # name : nodes 2+3 randread QD32 on their prefilled images, waited f
     for i in 2 3; do fio_bg "$1" "$i" "${PRE[i]}" 0 rand-read-4k-qd32.fio; p+=("$LAST"); done
     wait_ok "${p[@]}"
 }
-if want 2; then
-    echo "[+$((SECONDS))s] 2. nodes 2+3 randread QD32 while node 1 is (a) idle, (b) randwrites a fresh thin image, (c) creates files"
+section2() { # prefix label
+    local p=$1
+    echo "[+$((SECONDS))s] 2$2. nodes 2+3 randread QD32 while node 1 is (a) idle, (b) randwrites a fresh thin image, (c) creates files"
     cpu_begin
-    readers s2-idle
-    cpu_end "2a readers, node1 idle"
-    F=$(fresh 1 fresh-s2)
+    readers "$p-idle"
+    cpu_end "2a$2 readers, node1 idle"
+    F=$(fresh 1 "fresh-$p")
     # node 1's load starts 2 s before the readers and outlasts them (their 2 s ramp + runtime).
-    RUNTIME=$((RUNTIME + 6)) fio_bg s2-write-bg 1 "$F" 0 cluster-randwrite-4k-qd32.fio
+    RUNTIME=$((RUNTIME + 6)) fio_bg "$p-write-bg" 1 "$F" 0 cluster-randwrite-4k-qd32.fio
     BGW=$LAST
     sleep 2
     cpu_begin
-    readers s2-write
-    cpu_end "2b readers, node1 randwrites fresh"
+    readers "$p-write"
+    cpu_end "2b$2 readers, node1 randwrites fresh"
     wait_ok "$BGW"
-    alloc_note "s2-write-bg node1" "$F"
-    meta_bg s2-create-bg 1 "${M[1]}/s2-creates" $((RUNTIME + 6)) create 0
+    alloc_note "$p-write-bg node1" "$F"
+    meta_bg "$p-create-bg" 1 "${M[1]}/$p-creates" $((RUNTIME + 6)) create 0
     BGC=$LAST
     sleep 2
     cpu_begin
-    readers s2-create
-    cpu_end "2c readers, node1 creates"
+    readers "$p-create"
+    cpu_end "2c$2 readers, node1 creates"
     wait_ok "$BGC"
+}
+if want 2; then
+    section2 s2 ""
+    # The same as if node 1 were another host: on this machine the nodes share its CPUs, and
+    # (b) then measures mostly how much CPU node 1's writer takes from the readers.
+    if (($(nproc) >= 2)); then
+        PIN=([1]=0 [2]=1 [3]=1)
+        pin_daemons
+        echo "[+$((SECONDS))s] 2 again, pinned: node1's daemon and processes on CPU 0, nodes 2+3's on CPU 1"
+        section2 s2p " pinned"
+        PIN=()
+        pin_daemons
+    fi
 fi
 
 if want 3; then

@@ -215,6 +215,15 @@ impl Adapter {
         }
     }
 
+    /// After a write the kernel asked at `offset`: it takes offset + bytes as the size, wrong
+    /// if the write went elsewhere (an append placed at the file's real size), so its cached
+    /// attributes go, as they do when the write removed setuid/setgid bits.
+    fn written_at(&self, ino: Ino, offset: u64, w: &Written) {
+        if w.dropped != 0 || w.offset != offset {
+            self.invalidate_attrs(ino);
+        }
+    }
+
     /// The errno for a failed operation; unexpected failures are logged where the sysadmin looks.
     /// A fenced node's requests all fail with EIO; the fencing itself was logged once (ERROR
     /// "FENCED: ..."), so each request's failure is not repeated there.
@@ -774,46 +783,35 @@ impl Filesystem for Adapter {
             WriteAt::Offset(offset)
         };
         // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
-        // (it only does for page-cache writes): the write must be durable before we answer.
-        // O_SYNC includes the O_DSYNC bit.
-        if flags.0 & libc::O_DSYNC == 0 {
+        // (it only does for page-cache writes): such a write must be durable before we answer,
+        // so it is waited for here (below). O_SYNC includes the O_DSYNC bit.
+        let sync = flags.0 & libc::O_DSYNC != 0;
+        if !sync && matches!(at, WriteAt::Offset(_)) {
             // An allocating write does not wait here to be mapped: the thread that maps it
-            // answers, and this worker goes on to the next request.
+            // answers, and this worker goes on to the next request. A queued write went where
+            // the kernel said and removed no bits (a write that must remove them takes the
+            // locked path), so the kernel's cached attributes stay right; the caller keeps
+            // `of` open until then, as the kernel sends RELEASE only after every answer.
             let done: WriteDone = Box::new(move |r: cetrafs_core::Result<Written>| match r {
                 Ok(w) => reply.written(w.bytes),
                 Err(e) => reply.error(Self::fail("write", &e)),
             });
-            match self.vol.write_then(of, at, data, &who, done) {
-                WriteStarted::Queued => {}
-                WriteStarted::Done(r, done) => {
-                    // The kernel then takes offset + bytes as the size: wrong if the write
-                    // went elsewhere, so its cached attributes go, as they do when bits were
-                    // removed.
-                    if let Ok(w) = &r {
-                        if w.dropped != 0 || w.offset != offset {
-                            self.invalidate_attrs(of.ino);
-                        }
-                    }
-                    done(r);
+            if let WriteStarted::Done(r, done) = self.vol.write_then(of, at, data, &who, done) {
+                if let Ok(w) = &r {
+                    self.written_at(of.ino, offset, w);
                 }
+                done(r);
             }
             return;
         }
         let n = match self.vol.write_by(of, at, data, &who) {
             Ok(w) => {
-                // The kernel then takes offset + bytes as the size: wrong if the write went
-                // elsewhere, so its cached attributes go, as they do when bits were removed.
-                if w.dropped != 0 || w.offset != offset {
-                    self.invalidate_attrs(of.ino);
-                }
+                self.written_at(of.ino, offset, &w);
                 w.bytes
             }
             Err(e) => return reply.error(Self::fail("write", &e)),
         };
-        // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
-        // (it only does for page-cache writes): the write must be durable before we answer.
-        // O_SYNC includes the O_DSYNC bit.
-        if flags.0 & libc::O_DSYNC != 0 {
+        if sync {
             if let Err(e) = self
                 .vol
                 .fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC)

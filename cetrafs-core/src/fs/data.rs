@@ -8,11 +8,11 @@
 //! extents, growth) plans and holds its blocks under the metadata mutex, writes its data
 //! without any lock, and is mapped under the mutex again, in groups by one mapper thread at
 //! a time (`map_written`; the waiting rules are in fs/inflight.rs); a caller with a
-//! completion ([`Volume::write_then`]) does not wait for the mapping. Only a write that must read-modify-write a partial block of a
-//! written extent, or remove setuid/setgid bits, does its I/O under the locks. Newly
-//! allocated or converted blocks are always
-//! written in whole 4 KiB blocks (zero-padded) *before* the metadata that maps them commits,
-//! so no stale device bytes can ever be read through a file.
+//! completion ([`Volume::write_then`]) does not wait for the mapping. Only a write that must
+//! read-modify-write a partial block of a written extent, or remove setuid/setgid bits, does
+//! its I/O under the locks. Newly allocated or converted blocks are always written in whole
+//! 4 KiB blocks (zero-padded) *before* the metadata that maps them commits, so no stale
+//! device bytes can ever be read through a file.
 //!
 //! **Allocation granule** (mount option `granule=KiB`, off by default). With a granule of G,
 //! in a sparse file of [`GRANULE_MIN_SIZE`] or more (a VM disk image made with `truncate` or
@@ -172,12 +172,17 @@ struct Waiter {
     cv: std::sync::Condvar,
 }
 
-/// Allocating writes waiting to be mapped, and whether a thread is mapping them (it maps
-/// until the queue is empty, so a write queued while it does needs no mapper of its own).
+/// Allocating writes waiting to be mapped, and the threads mapping them. A mapper maps until
+/// the queue is empty, so a write queued while one does needs no mapper of its own: queued
+/// writes always have one (`mappers > 0`), who looks at the queue again before it stops.
 #[derive(Debug, Default)]
 pub(super) struct MapQueue {
     items: Vec<ToMap>,
-    mapping: bool,
+    /// Threads in `run_mapper`: one, or two while one hands over.
+    mappers: usize,
+    /// A mapper whose writer waits for its own result (which it has) asks the next writer
+    /// that queues to take over, so that it can return.
+    successor_wanted: bool,
 }
 
 /// One error reported to each write of a group.
@@ -427,7 +432,9 @@ impl Volume {
     /// [`Volume::write_by`], except that an allocating write whose data is on the device does
     /// not wait to be mapped: it is queued and `done` is called with its result by the thread
     /// that maps it ([`WriteStarted::Queued`]), so the caller can go on to other requests.
-    /// Any other write finishes here and `done` is handed back unused.
+    /// Any other write finishes here and `done` is handed back unused. The caller keeps `fh`
+    /// open until `done` has run (a write in flight keeps its file from being freed:
+    /// fs/inflight.rs); the kernel sends FUSE RELEASE only after every answer.
     pub fn write_then(
         &self,
         fh: &OpenFile,
@@ -867,10 +874,14 @@ impl Volume {
                 done,
                 pooled,
             });
-            !std::mem::replace(&mut q.mapping, true)
+            let start = q.mappers == 0 || std::mem::take(&mut q.successor_wanted);
+            if start {
+                q.mappers += 1;
+            }
+            start
         };
         if mapper {
-            self.run_mapper();
+            self.run_mapper(waiter.as_deref());
         }
         let Some(w) = waiter else {
             return Ok(0);
@@ -884,11 +895,15 @@ impl Volume {
         }
     }
 
-    /// Map queued writes until the queue is empty (this thread set `mapping`). Not `meta_ex`: a
-    /// handoff waits for these very writes, and the lock is held exclusively for as long as
-    /// anything holding bitmap blocks is in flight (fs/inflight.rs); writes from the pool
-    /// need no global lock (fs/detached.rs).
-    fn run_mapper(&self) {
+    /// Map queued writes until the queue is empty (this thread counted itself in `mappers`).
+    /// Not `meta_ex`: a handoff waits for these very writes, and the lock is held exclusively
+    /// for as long as anything holding bitmap blocks is in flight (fs/inflight.rs); writes
+    /// from the pool need no global lock (fs/detached.rs).
+    ///
+    /// `own`: this thread's writer waits for its result there. Once it has it, the thread
+    /// stops as soon as another mapper is there (it asks the next writer that queues to be
+    /// one), so a waiting writer is not kept mapping for others under a steady stream.
+    fn run_mapper(&self, own: Option<&Waiter>) {
         loop {
             let mut meta = self.lock_meta();
             let batch = std::mem::take(&mut self.to_map.lock().or_panic().items);
@@ -901,10 +916,17 @@ impl Volume {
             for (d, r) in results {
                 d.deliver(r);
             }
+            let answered = own.is_some_and(|w| w.result.lock().or_panic().is_some());
             let mut q = self.to_map.lock().or_panic();
-            if q.items.is_empty() {
-                q.mapping = false;
+            if q.items.is_empty() || (answered && q.mappers > 1) {
+                q.mappers -= 1;
+                if q.mappers == 0 {
+                    q.successor_wanted = false;
+                }
                 return;
+            }
+            if answered {
+                q.successor_wanted = true;
             }
         }
     }
@@ -912,8 +934,8 @@ impl Volume {
     /// Rule 4 of fs/detached.rs: a thread that holds the metadata mutex while it waits for
     /// the cluster maps the queued writes of inodes nobody has locked (a mapper waiting for
     /// the mutex finds the rest).
-    /// Those of locked inodes stay queued, where the mapper looks before it stops (so a
-    /// queued write always has a mapper on its way).
+    /// Those of locked inodes stay queued, where their mapper looks before it stops. The
+    /// writes mapped here are answered with the mutex held (a FUSE reply does not block).
     pub(super) fn map_serving(&self, m: &mut Meta) {
         let batch: Vec<ToMap> = {
             let mut q = self.to_map.lock().or_panic();
@@ -933,7 +955,7 @@ impl Volume {
     /// Map a group of allocating writes in one transaction (metadata mutex held). Without the
     /// global lock held exclusively, every write in the batch is from the pool, of an inode
     /// this node owns (fs/detached.rs): the transaction is a detached one. Returns who to
-    /// tell what, to be told once the mutex is released.
+    /// tell what, one per write, in the batch's order (sorted by inode).
     fn map_batch(&self, meta: &mut Meta, mut batch: Vec<ToMap>) -> Vec<(Done, Result<()>)> {
         let detached = meta.gml() != LockMode::Exclusive;
         debug_assert!(
@@ -1036,6 +1058,7 @@ impl Volume {
             }
         }
         self.inflight_done.notify_all();
+        debug_assert_eq!(batch.len(), results.len());
         batch.into_iter().map(|w| w.done).zip(results).collect()
     }
 
@@ -1517,4 +1540,3 @@ impl Volume {
         self.lock_meta().commit_point(&*self.dev)
     }
 }
-

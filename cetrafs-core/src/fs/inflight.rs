@@ -13,7 +13,9 @@
 //! * **Truncate, punch, zero-range and fallocate wait.** An operation that changes a file's
 //!   block map other than by writing first *drains* the file ([`InFlight::drain_start`]): new
 //!   writes into it wait, and it waits until the writes already in flight are mapped. Freeing a
-//!   file needs no wait: a write in flight holds an open file handle, so the file is not freed.
+//!   file needs no wait: a write in flight holds an open file handle, so the file is not freed
+//!   (a caller that does not wait for the mapping keeps the handle open until it is answered:
+//!   `Volume::write_then`).
 //! * **The global lock is given up only with no bitmap blocks in flight.** A handoff waits
 //!   until no write in flight holds blocks of the bitmaps: another node reloading the bitmaps
 //!   would not see them. While such a write is in flight this node therefore holds the lock

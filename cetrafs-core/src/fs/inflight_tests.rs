@@ -430,9 +430,15 @@ fn a_queued_write_answers_through_its_completion_and_its_writer_goes_on() {
         assert!(went_on.elapsed() < STILL * 10, "no writer went on");
         std::thread::sleep(Duration::from_millis(1));
     };
-    assert!(done_rx.recv_timeout(STILL).is_err(), "answered before mapped");
+    assert!(
+        done_rx.recv_timeout(STILL).is_err(),
+        "answered before mapped"
+    );
     drop(m);
-    assert!(writers[1 - first].recv().unwrap(), "the mapper's write was queued too");
+    assert!(
+        writers[1 - first].recv().unwrap(),
+        "the mapper's write was queued too"
+    );
     let mut answers: Vec<_> = (0..2).map(|_| done_rx.recv().unwrap()).collect();
     answers.sort_by_key(|a| a.0);
     for (off, r) in answers {
@@ -443,6 +449,71 @@ fn a_queued_write_answers_through_its_completion_and_its_writer_goes_on() {
     assert_eq!(v.getattr(f.ino).unwrap().size, (1 << 20) + 4096);
     assert_eq!(read(&v, &fh, 0, 4096), vec![0xB1; 4096]);
     assert_eq!(read(&v, &fh, 1 << 20, 4096), vec![0xB1; 4096]);
+    assert_eq!(held(&v), 0);
+    v.release(&fh).unwrap();
+    check_clean(&v, &mem);
+}
+
+#[test]
+fn waiting_and_answered_writers_mixed_all_finish_once() {
+    const SPAN: u64 = 4 << 20;
+    let (mem, _g, v) = gated();
+    let root = v.root_ino();
+    let (f, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
+    mem.faults
+        .latency_us
+        .store(200, std::sync::atomic::Ordering::Relaxed);
+    // 8 threads over one sparse 4 MiB file, 4 KiB each, every block once: the even threads
+    // wait for each write (a waiting writer may be the mapper and must hand over), the odd
+    // ones go on and count their answers.
+    let answers = Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let threads: Vec<_> = (0..8u64)
+        .map(|t| {
+            let (v, fh, answers) = (v.clone(), fh.clone(), answers.clone());
+            std::thread::spawn(move || {
+                let mut sent = 0u64;
+                for b in (t..SPAN / FS_BLOCK).step_by(8) {
+                    let data = vec![u8::try_from(b % 251).unwrap(); 4096];
+                    if t % 2 == 0 {
+                        assert_eq!(v.write(&fh, b * FS_BLOCK, &data).unwrap(), 4096);
+                        continue;
+                    }
+                    let a = answers.clone();
+                    let done: WriteDone = Box::new(move |r| {
+                        assert_eq!(r.unwrap().bytes, 4096);
+                        a.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+                    });
+                    sent += 1;
+                    if let WriteStarted::Done(r, done) =
+                        v.write_then(&fh, WriteAt::Offset(b * FS_BLOCK), &data, &C, done)
+                    {
+                        done(r);
+                    }
+                }
+                sent
+            })
+        })
+        .collect();
+    let sent: u64 = threads.into_iter().map(|t| t.join().unwrap()).sum();
+    let t0 = std::time::Instant::now();
+    while answers.load(std::sync::atomic::Ordering::SeqCst) < sent {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "a queued write was never answered"
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    std::thread::sleep(STILL);
+    assert_eq!(answers.load(std::sync::atomic::Ordering::SeqCst), sent);
+    mem.faults
+        .latency_us
+        .store(0, std::sync::atomic::Ordering::Relaxed);
+    assert_eq!(v.getattr(f.ino).unwrap().size, SPAN);
+    let back = read(&v, &fh, 0, u32::try_from(SPAN).unwrap());
+    for (b, chunk) in back.chunks(4096).enumerate() {
+        let want = u8::try_from(b % 251).unwrap();
+        assert!(chunk.iter().all(|&x| x == want), "block {b} differs");
+    }
     assert_eq!(held(&v), 0);
     v.release(&fh).unwrap();
     check_clean(&v, &mem);
