@@ -431,9 +431,9 @@ impl Volume {
         };
         if self.detached.busy(ino) {
             // The thread mapping queued writes maps them (it needs only this mutex), or a
-            // thread that waits holding it does (rule 4); none may begin (closing). The lock server never
-            // waits for them: it serves other requests (perhaps the very one a thread here
-            // waits for) and looks again at its next tick.
+            // thread that waits holding it does (rule 4); none may begin (closing). The lock
+            // server never waits for them: it serves other requests (perhaps the very one a
+            // thread here waits for) and looks again at its next tick.
             drop(m);
             self.detached.serve_wanted.store(true, Ordering::Release);
             return Ok(false);
