@@ -595,11 +595,7 @@ impl Volume {
             break (plan, id, offset, pooled);
         };
         let written = self.write_plan(&plan, offset, data);
-        let at = Written {
-            offset,
-            bytes: u32::try_from(data.len()).unwrap_or(u32::MAX),
-            dropped: 0,
-        };
+        let at = Self::queued_at(offset, data);
         self.map_written(st, Planned { plan, id, pooled }, written, at, done)
             .map(|dropped| (offset, dropped))
     }
@@ -693,17 +689,23 @@ impl Volume {
             (plan, meta.inflight_mut().begin_pooled(st.ino, p0, p1))
         };
         let written = self.write_plan(&plan, offset, data);
-        let at = Written {
-            offset,
-            bytes: u32::try_from(data.len()).unwrap_or(u32::MAX),
-            dropped: 0,
-        };
+        let at = Self::queued_at(offset, data);
         let planned = Planned {
             plan,
             id,
             pooled: true,
         };
         self.map_written(st, planned, written, at, done).map(Some)
+    }
+
+    /// What an allocating write of `data` at `offset` reports when it is mapped (it removed
+    /// no bits: a write that must remove them takes the locked path).
+    fn queued_at(offset: u64, data: &[u8]) -> Written {
+        Written {
+            offset,
+            bytes: u32::try_from(data.len()).unwrap_or(u32::MAX),
+            dropped: 0,
+        }
     }
 
     /// The file blocks a write of blocks [b0, b1) allocates: the whole aligned granule

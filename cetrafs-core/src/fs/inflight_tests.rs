@@ -146,6 +146,13 @@ fn spawn<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> mpsc::Rec
     rx
 }
 
+/// Every device I/O of `mem` takes `us` microseconds (0: none).
+fn latency(mem: &MemDevice, us: u64) {
+    mem.faults
+        .latency_us
+        .store(us, std::sync::atomic::Ordering::Relaxed);
+}
+
 fn held(v: &Volume) -> u64 {
     v.lock_meta().held_blocks()
 }
@@ -321,9 +328,7 @@ fn many_concurrent_writers_into_a_sparse_file() {
     let (mem, _g, v) = gated();
     let root = v.root_ino();
     let (f, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
-    mem.faults
-        .latency_us
-        .store(300, std::sync::atomic::Ordering::Relaxed);
+    latency(&mem, 300);
     // 8 threads, interleaved 4 KiB and odd-sized writes over one 2 MiB region, each byte
     // written exactly once; several writers land in the same blocks.
     let threads: Vec<_> = (0..8u64)
@@ -343,9 +348,7 @@ fn many_concurrent_writers_into_a_sparse_file() {
     for t in threads {
         t.join().unwrap();
     }
-    mem.faults
-        .latency_us
-        .store(0, std::sync::atomic::Ordering::Relaxed);
+    latency(&mem, 0);
     assert_eq!(v.getattr(f.ino).unwrap().size, SPAN);
     let back = read(&v, &fh, 0, u32::try_from(SPAN).unwrap());
     let want: Vec<u8> = (0..SPAN).map(|i| (i % 251) as u8).collect();
@@ -460,9 +463,7 @@ fn waiting_and_answered_writers_mixed_all_finish_once() {
     let (mem, _g, v) = gated();
     let root = v.root_ino();
     let (f, fh) = v.create(root, b"f", 0o644, C, true).unwrap();
-    mem.faults
-        .latency_us
-        .store(200, std::sync::atomic::Ordering::Relaxed);
+    latency(&mem, 200);
     // 8 threads over one sparse 4 MiB file, 4 KiB each, every block once: the even threads
     // wait for each write (a waiting writer may be the mapper and must hand over), the odd
     // ones go on and count their answers.
@@ -505,9 +506,7 @@ fn waiting_and_answered_writers_mixed_all_finish_once() {
     }
     std::thread::sleep(STILL);
     assert_eq!(answers.load(std::sync::atomic::Ordering::SeqCst), sent);
-    mem.faults
-        .latency_us
-        .store(0, std::sync::atomic::Ordering::Relaxed);
+    latency(&mem, 0);
     assert_eq!(v.getattr(f.ino).unwrap().size, SPAN);
     let back = read(&v, &fh, 0, u32::try_from(SPAN).unwrap());
     for (b, chunk) in back.chunks(4096).enumerate() {
