@@ -1043,10 +1043,10 @@ impl Volume {
             return;
         };
         let homing = Arc::downgrade(vol);
-        il.set_homing(Box::new(move |ino| {
+        il.set_homing(Box::new(move |ino, seal| {
             homing
                 .upgrade()
-                .map_or(Ok(true), |v| v.home_for_handoff(ino))
+                .map_or(Ok(true), |v| v.home_for_handoff(ino, seal))
         }));
         let weak = Arc::downgrade(vol);
         let spawned = std::thread::Builder::new()

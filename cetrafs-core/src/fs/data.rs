@@ -617,10 +617,13 @@ impl Volume {
     /// usable for the file's next writes (fs/pool.rs). Only costs the detached path if it
     /// fails, so a failure is logged, not returned.
     fn keep_pool(&self, tx: &mut Tx<'_>, inner: &InodeInner, ino: Ino) {
-        if self.cl.ilocks.is_none() || self.read_only {
+        let Some(il) = &self.cl.ilocks else {
+            return;
+        };
+        if self.read_only {
             return;
         }
-        self.detached.reopen(ino);
+        self.detached.reopen(ino, || il.owns(&il.lock_of(ino)));
         if inner.inode.size < GRANULE_MIN_SIZE {
             // Not a VM image: small files are written under the global lock, and a pool
             // would be made and given back around each of them.

@@ -17,8 +17,11 @@
 //!    closes the inode to new detached writes, lets those in flight be mapped (it asks again
 //!    at the next tick until none is left), and, if
 //!    the inode changed since the journal was last emptied, writes everything home and
-//!    empties the journal ([`Meta::close`], as a global-lock handoff does). Only then is the
-//!    lock released or downgraded. So a node that takes the lock next reads the current
+//!    empties the journal ([`Meta::close`], as a global-lock handoff does). Its last check
+//!    and the seal of the hold (after which [`InodeLocks::owns`] says no) are one critical
+//!    section, in which no write can begin and no writer can reopen the inode
+//!    ([`Detached::reopen`] asks `owns` there too). Only then is the lock released or
+//!    downgraded. So a node that takes the lock next reads the current
 //!    inode from disk, and a replay of this node's journal can never write an old image of
 //!    the inode's blocks over what the next holder made of them — a newer image, or data in a
 //!    block it freed and reused (which has no sequence number for the replay rule of
@@ -38,6 +41,7 @@
 //!    mutex: it tries it for a moment, then asks the holder to serve and looks again at the
 //!    next tick.
 
+use super::inode_lock::Seal;
 use super::txn::{Meta, Tx};
 use super::{Ino, Volume};
 use crate::error::Result;
@@ -331,13 +335,22 @@ impl Detached {
     }
 
     /// The inode's lock is this node's exclusively again (granted under the global lock):
-    /// detached writes may begin again.
-    pub fn reopen(&self, ino: Ino) {
-        self.state.lock().or_panic().closing.remove(&ino);
+    /// detached writes may begin again, if `owned` still says so. It is asked in the same
+    /// critical section as [`Detached::close_and_seal`]'s seal, so a writer that found the
+    /// hold owned just before a handoff sealed it cannot reopen the inode after the seal.
+    pub fn reopen(&self, ino: Ino, owned: impl FnOnce() -> bool) {
+        let mut s = self.state.lock().or_panic();
+        if owned() {
+            s.closing.remove(&ino);
+        }
     }
 
-    /// Close `ino` to new detached writes; is nothing in flight and everything home?
-    fn close_and_check(&self, ino: Ino) -> bool {
+    /// Close `ino` to new detached writes; if nothing is in flight and everything is home,
+    /// `seal` the hold (the lock layer: from then on it is not owned, rule 1) and answer
+    /// whether that worked. Check and seal are one critical section with [`Detached::begin`]:
+    /// a [`Detached::reopen`] by a writer that found the hold owned just before cannot let a
+    /// write begin between them (it would be mapped after the lock went, or fail).
+    fn close_and_seal(&self, ino: Ino, seal: Seal<'_>) -> bool {
         let mut s = self.state.lock().or_panic();
         s.closing.insert(ino);
         let emptied = self.emptied.load(Ordering::Acquire);
@@ -345,7 +358,7 @@ impl Detached {
         if !dirty {
             s.dirty.remove(&ino);
         }
-        !dirty && !s.busy.contains_key(&ino)
+        !dirty && !s.busy.contains_key(&ino) && seal()
     }
 
     fn busy(&self, ino: Ino) -> bool {
@@ -399,12 +412,12 @@ impl Volume {
 
     /// Rule 2: may this node's exclusive hold of `ino` go to another node now? Ok(false) =
     /// not yet (asked again at the next tick). A failed commit point fences the node.
-    pub(super) fn home_for_handoff(&self, ino: Ino) -> Result<bool> {
+    pub(super) fn home_for_handoff(&self, ino: Ino, seal: Seal<'_>) -> Result<bool> {
         if self.detached.in_window(ino) {
             // A directory in use: asked again at the next tick.
             return Ok(false);
         }
-        let ready = self.home_inner(ino)?;
+        let ready = self.home_inner(ino, seal)?;
         if ready {
             // Before the lock goes: what was made in the directory is known to others next.
             self.detached.expose(ino);
@@ -412,8 +425,8 @@ impl Volume {
         Ok(ready)
     }
 
-    fn home_inner(&self, ino: Ino) -> Result<bool> {
-        if self.detached.close_and_check(ino) {
+    fn home_inner(&self, ino: Ino, seal: Seal<'_>) -> Result<bool> {
+        if self.detached.close_and_seal(ino, seal) {
             return Ok(true);
         }
         // A failure here changes nothing: the lock stays, the request waits for the next tick.
@@ -440,7 +453,7 @@ impl Volume {
         }
         self.empty_or_fence(&mut m, "before handing an inode lock over")?;
         drop(m);
-        Ok(self.detached.close_and_check(ino))
+        Ok(self.detached.close_and_seal(ino, seal))
     }
 
     /// Everything home and the journal emptied ([`Meta::close`]): after the lock goes, the

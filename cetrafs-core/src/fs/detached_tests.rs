@@ -95,6 +95,46 @@ fn an_owned_file_grows_while_another_node_holds_the_global_lock() {
     assert_fsck_clean(&dev);
 }
 
+/// A handoff's "everything is home" and the seal that stops new detached writes are one step
+/// (fs/detached.rs rule 2). A writer that found the hold owned just before the seal reopens
+/// the inode next (`keep_pool`); that must not let a detached write begin after the lock
+/// server decided to hand the lock over (the write would be mapped after the lock went, or
+/// fail).
+#[test]
+fn no_detached_write_begins_once_a_handoff_found_the_inode_home() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let (f, fh) = thin_image(&a, b"img");
+    a.write(&fh, 0, &[1; 4096]).unwrap();
+    let il = a.cl.ilocks.as_ref().unwrap();
+    let dl = il.lock_of(f.ino);
+    assert!(a.owns_inode(&fh.state), "a owns the image after its write");
+    // The lock server's first step of a handoff of the image's lock.
+    assert!(il.homed_and_sealed(f.ino, &dl).unwrap().is_some());
+    assert!(
+        !a.owns_inode(&fh.state),
+        "still owned after the handoff found everything home"
+    );
+    // What the writer that passed `own` just before the seal does next.
+    a.detached.reopen(f.ino, || il.owns(&dl));
+    assert!(
+        !a.detached.begin(f.ino),
+        "a detached write began during the handoff"
+    );
+    // The handoff ends with the lock still a's (as when the other node's request went away).
+    il.handed_to(&dl, LockMode::Exclusive, LockMode::Exclusive, &Ok(()));
+    for i in 2..6u8 {
+        a.write(&fh, u64::from(i) * STRIDE, &[i; 4096]).unwrap();
+    }
+    assert!(a.owns_inode(&fh.state));
+    for i in 2..6u8 {
+        assert_eq!(read_at(&a, &fh, u64::from(i) * STRIDE, 4096), vec![i; 4096]);
+    }
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
 #[test]
 fn another_node_truncates_a_file_grown_without_the_global_lock() {
     let (dev, a, b, f, fh) = grown_elsewhere(20, 0);

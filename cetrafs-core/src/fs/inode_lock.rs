@@ -42,8 +42,10 @@
 //!    reloads *i* under the global lock. A change made **without** the global lock (an
 //!    allocating write of a file this node owns, `fs/detached.rs`) is written home, and the
 //!    journal emptied, before an exclusive hold is released or downgraded: the homing hook
-//!    ([`InodeLocks::set_homing`]) runs before the drain, and a "not yet" leaves the request
-//!    for the next tick. The sweep's give-back runs the same hook.
+//!    ([`InodeLocks::set_homing`]) runs first and seals the hold (`handing` set) in the same
+//!    critical section as its last check, so nothing can begin in between; a "not yet"
+//!    leaves the request for the next tick. The drain follows. The sweep's give-back runs the
+//!    same hook.
 //! 4. **Order**: global lock → metadata mutex → the inode's write/read lock → its gate. A
 //!    fast-path acquire ([`InodeLocks::share`]) holds no lock while it waits; the fast path
 //!    then takes the inode's read lock *before* the gate, so a thread that holds a gate never
@@ -156,7 +158,7 @@ struct DlState {
 
 /// What this node holds of one inode lock.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-enum Held {
+pub(super) enum Held {
     #[default]
     Nothing,
     Shared,
@@ -248,8 +250,12 @@ pub(crate) struct InodeLocks {
     pub stats: InodeLockStats,
 }
 
-/// See [`InodeLocks::set_homing`].
-pub(crate) type Homing = Box<dyn Fn(u64) -> Result<bool> + Send + Sync>;
+/// See [`InodeLocks::set_homing`]: the inode, and the seal to call when it answers yes.
+pub(crate) type Homing = Box<dyn Fn(u64, Seal<'_>) -> Result<bool> + Send + Sync>;
+
+/// Closes an exclusive hold to every new local use (see [`InodeLocks::set_homing`]); false if
+/// it could not (another handoff of the lock is in progress): then the hook answers "not yet".
+pub(crate) type Seal<'a> = &'a mut dyn FnMut() -> bool;
 
 struct HomingHook(Homing);
 
@@ -298,15 +304,38 @@ impl InodeLocks {
     /// What must happen before an exclusive hold of an inode goes to another node (a
     /// release, a downgrade, a give-back): changes made under it without the global lock are
     /// written home first (fs/detached.rs). Set once, at mount.
+    ///
+    /// The hook answers yes only after calling its seal, in the same critical section as its
+    /// last check (module doc, rule 3): from the seal on, this node's own checks
+    /// ([`InodeLocks::owns`]) say no, so no change without the global lock can begin between
+    /// the hook's "everything is home" and the handoff. Answering yes without sealing is
+    /// allowed (the volume is gone): the handoff seals then.
     pub fn set_homing(&self, f: Homing) {
         let _ = self.homing.set(HomingHook(f));
     }
 
-    /// May an exclusive hold of `ino` be handed over now (module doc, rule 3)?
-    fn homed(&self, ino: u64, held: Held) -> Result<bool> {
-        match (held, self.homing.get()) {
-            (Held::Exclusive, Some(f)) => (f.0)(ino),
-            _ => Ok(true),
+    /// A handoff's first step (module doc, rule 3): if what the hold protects is home, seal
+    /// it ([`InodeLocks::seal`]) and return what this node held; None = not yet (or another
+    /// handoff of the lock is in progress), the request waits for the next tick.
+    pub(super) fn homed_and_sealed(&self, ino: u64, dl: &DataLock) -> Result<Option<Held>> {
+        let held = dl.state.lock().or_panic().held;
+        let mut sealed = None;
+        let mut seal = || {
+            sealed = self.seal(dl, held);
+            sealed.is_some()
+        };
+        let homed = match (held, self.homing.get()) {
+            (Held::Exclusive, Some(f)) => (f.0)(ino, &mut seal)?,
+            _ => true,
+        };
+        match (homed, sealed) {
+            (true, None) => Ok(self.seal(dl, held)),
+            (false, Some(h)) => {
+                // A hook must not seal and then say no; should one, nothing was handed over.
+                self.handed_to(dl, h.mode(), h.mode(), &Ok(()));
+                Ok(None)
+            }
+            (_, sealed) => Ok(sealed),
         }
     }
 
@@ -641,22 +670,32 @@ impl InodeLocks {
         Ok(())
     }
 
-    /// A handoff's first half: no new fast-path I/O on `dl`, no local acquire trusts the
-    /// bucket until [`handed_to`](Self::handed_to), and the fast-path I/O admitted before has
-    /// finished. Returns what this node held when it began.
+    /// A handoff's first half, with [`drain`](Self::drain): no new fast-path I/O on `dl`, no
+    /// local acquire trusts the bucket and [`owns`](Self::owns) says no until
+    /// [`handed_to`](Self::handed_to). None (nothing changed) if this node no longer holds
+    /// `held`, or another handoff of the lock is in progress: never waits, as the homing hook
+    /// calls it holding the volume's own state.
     #[expect(
         clippy::unused_self,
-        reason = "one half of the table's handoff, next to handed_to, which uses self"
+        reason = "one step of the table's handoff, next to handed_to, which uses self"
     )]
-    fn drain(&self, dl: &DataLock) -> Held {
-        let held = {
-            let mut s = dl.settled();
-            dl.ready.store(false, Ordering::Release);
-            s.handing = true;
-            s.held
-        };
+    fn seal(&self, dl: &DataLock, held: Held) -> Option<Held> {
+        let mut s = dl.state.lock().or_panic();
+        if s.handing || s.held != held {
+            return None;
+        }
+        dl.ready.store(false, Ordering::Release);
+        s.handing = true;
+        Some(held)
+    }
+
+    /// After [`seal`](Self::seal): the fast-path I/O admitted before has finished.
+    #[expect(
+        clippy::unused_self,
+        reason = "one step of the table's handoff, next to handed_to, which uses self"
+    )]
+    fn drain(&self, dl: &DataLock) {
         drop(dl.gate.write().or_panic());
-        held
     }
 
     /// A handoff's second half, after the CAW that was to leave this node holding `to`: it
@@ -664,7 +703,13 @@ impl InodeLocks {
     /// sure what it holds (the bucket showed another hold, or the CAW failed), and the next
     /// acquire reads the bucket. Local acquires that raced the handoff start again. False if
     /// no handoff was in progress.
-    fn handed_to(&self, dl: &DataLock, to: LockMode, now: LockMode, result: &Result<()>) -> bool {
+    pub(super) fn handed_to(
+        &self,
+        dl: &DataLock,
+        to: LockMode,
+        now: LockMode,
+        result: &Result<()>,
+    ) -> bool {
         let mut s = dl.state.lock().or_panic();
         let was = s.handing;
         if was {
@@ -686,12 +731,11 @@ impl InodeLocks {
     fn give_back(&self, ino: u64, dl: &DataLock) -> Result<()> {
         let obj = ObjectId::inode(ino)?;
         crate::failpoint!("inode_lock::before_give_back");
-        let held = dl.state.lock().or_panic().held;
-        if !self.homed(ino, held)? {
+        let Some(seen) = self.homed_and_sealed(ino, dl)? else {
             // Changes not home yet: the next pass looks again.
             return Ok(());
-        }
-        let seen = self.drain(dl);
+        };
+        self.drain(dl);
         let r = if seen == Held::Nothing {
             Ok(LockMode::Free)
         } else {
@@ -862,8 +906,7 @@ impl Handoff for Server<'_> {
         };
         // A failure here changes nothing: the request stays for the next tick.
         crate::failpoint!("inode_lock::before_drain");
-        let held = dl.state.lock().or_panic().held;
-        if !self.locks.homed(obj.number(), held)? {
+        if self.locks.homed_and_sealed(obj.number(), &dl)?.is_none() {
             return Ok(false);
         }
         self.locks.drain(&dl);
