@@ -623,7 +623,7 @@ impl Volume {
         if self.read_only {
             return;
         }
-        self.detached.reopen(ino, || il.owns(&il.lock_of(ino)));
+        self.reopen_owned(il, ino);
         if inner.inode.size < GRANULE_MIN_SIZE {
             // Not a VM image: small files are written under the global lock, and a pool
             // would be made and given back around each of them.

@@ -41,7 +41,7 @@
 //!    mutex: it tries it for a moment, then asks the holder to serve and looks again at the
 //!    next tick.
 
-use super::inode_lock::Seal;
+use super::inode_lock::{InodeLocks, Seal};
 use super::txn::{Meta, Tx};
 use super::{Ino, Volume};
 use crate::error::Result;
@@ -69,6 +69,17 @@ pub(crate) struct Detached {
     /// When this node last changed the namespace without the global lock (ms since `base`).
     ns_used: AtomicU64,
     base: Instant,
+}
+
+/// What [`Detached::close_and_seal`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Homing {
+    /// Nothing in flight, everything home, and the hold is sealed.
+    Sealed,
+    /// Writes in flight, or changes not home yet.
+    NotHome,
+    /// Home, but the lock layer could not seal (another handoff of the lock is in progress).
+    Refused,
 }
 
 #[derive(Debug, Default)]
@@ -338,7 +349,7 @@ impl Detached {
     /// detached writes may begin again, if `owned` still says so. It is asked in the same
     /// critical section as [`Detached::close_and_seal`]'s seal, so a writer that found the
     /// hold owned just before a handoff sealed it cannot reopen the inode after the seal.
-    pub fn reopen(&self, ino: Ino, owned: impl FnOnce() -> bool) {
+    fn reopen(&self, ino: Ino, owned: impl FnOnce() -> bool) {
         let mut s = self.state.lock().or_panic();
         if owned() {
             s.closing.remove(&ino);
@@ -350,7 +361,7 @@ impl Detached {
     /// whether that worked. Check and seal are one critical section with [`Detached::begin`]:
     /// a [`Detached::reopen`] by a writer that found the hold owned just before cannot let a
     /// write begin between them (it would be mapped after the lock went, or fail).
-    fn close_and_seal(&self, ino: Ino, seal: Seal<'_>) -> bool {
+    fn close_and_seal(&self, ino: Ino, seal: Seal<'_>) -> Homing {
         let mut s = self.state.lock().or_panic();
         s.closing.insert(ino);
         let emptied = self.emptied.load(Ordering::Acquire);
@@ -358,7 +369,13 @@ impl Detached {
         if !dirty {
             s.dirty.remove(&ino);
         }
-        !dirty && !s.busy.contains_key(&ino) && seal()
+        if dirty || s.busy.contains_key(&ino) {
+            Homing::NotHome
+        } else if seal() {
+            Homing::Sealed
+        } else {
+            Homing::Refused
+        }
     }
 
     fn busy(&self, ino: Ino) -> bool {
@@ -410,6 +427,14 @@ impl Volume {
         r.map(|()| true)
     }
 
+    /// Under the global lock, after a change that left `ino`'s lock this node's exclusively:
+    /// detached changes of `ino` may begin again, unless a handoff sealed the hold meanwhile
+    /// (asked in the detached state's critical section, rule 2).
+    pub(super) fn reopen_owned(&self, il: &InodeLocks, ino: Ino) {
+        let dl = il.lock_of(ino);
+        self.detached.reopen(ino, || il.owns(&dl));
+    }
+
     /// Rule 2: may this node's exclusive hold of `ino` go to another node now? Ok(false) =
     /// not yet (asked again at the next tick). A failed commit point fences the node.
     pub(super) fn home_for_handoff(&self, ino: Ino, seal: Seal<'_>) -> Result<bool> {
@@ -426,8 +451,11 @@ impl Volume {
     }
 
     fn home_inner(&self, ino: Ino, seal: Seal<'_>) -> Result<bool> {
-        if self.detached.close_and_seal(ino, seal) {
-            return Ok(true);
+        match self.detached.close_and_seal(ino, seal) {
+            Homing::Sealed => return Ok(true),
+            // The other handoff decides; this request is looked at again at the next tick.
+            Homing::Refused => return Ok(false),
+            Homing::NotHome => {}
         }
         // A failure here changes nothing: the lock stays, the request waits for the next tick.
         crate::failpoint!("detached::before_home");
@@ -453,7 +481,7 @@ impl Volume {
         }
         self.empty_or_fence(&mut m, "before handing an inode lock over")?;
         drop(m);
-        Ok(self.detached.close_and_seal(ino, seal))
+        Ok(self.detached.close_and_seal(ino, seal) == Homing::Sealed)
     }
 
     /// Everything home and the journal emptied ([`Meta::close`]): after the lock goes, the

@@ -157,7 +157,7 @@ impl Volume {
             self.detached.note_global_dir(dir);
             return;
         }
-        self.detached.reopen(dir, || il.owns(&il.lock_of(dir)));
+        self.reopen_owned(il, dir);
         self.detached.dir_taken(dir);
         if let Err(e) = tx.ensure_pool(dir) {
             tracing::debug!("the block pool could not be refilled: {e}");

@@ -115,8 +115,8 @@ fn no_detached_write_begins_once_a_handoff_found_the_inode_home() {
         !a.owns_inode(&fh.state),
         "still owned after the handoff found everything home"
     );
-    // What the writer that passed `own` just before the seal does next.
-    a.detached.reopen(f.ino, || il.owns(&dl));
+    // What the writer that passed `own` just before the seal does next (keep_pool).
+    a.reopen_owned(il, f.ino);
     assert!(
         !a.detached.begin(f.ino),
         "a detached write began during the handoff"

@@ -46,7 +46,9 @@
 //!    critical section as its last check, so nothing can begin in between; a "not yet"
 //!    leaves the request for the next tick. The drain follows. The sweep's give-back runs the
 //!    same hook.
-//! 4. **Order**: global lock → metadata mutex → the inode's write/read lock → its gate. A
+//! 4. **Order**: global lock → metadata mutex → the inode's write/read lock → its gate; and
+//!    the volume's detached state (`fs/detached.rs`) → the lock table → an inode's local lock
+//!    state (the homing hook's seal, and its `owns` check before a reopen). A
 //!    fast-path acquire ([`InodeLocks::share`]) holds no lock while it waits; the fast path
 //!    then takes the inode's read lock *before* the gate, so a thread that holds a gate never
 //!    waits for an inode's write lock. The handoff takes only the inode's local lock state and
@@ -321,21 +323,25 @@ impl InodeLocks {
         let held = dl.state.lock().or_panic().held;
         let mut sealed = None;
         let mut seal = || {
-            sealed = self.seal(dl, held);
+            if sealed.is_none() {
+                sealed = self.seal(dl, held);
+            }
             sealed.is_some()
         };
         let homed = match (held, self.homing.get()) {
-            (Held::Exclusive, Some(f)) => (f.0)(ino, &mut seal)?,
-            _ => true,
+            (Held::Exclusive, Some(f)) => (f.0)(ino, &mut seal),
+            _ => Ok(true),
         };
         match (homed, sealed) {
-            (true, None) => Ok(self.seal(dl, held)),
-            (false, Some(h)) => {
-                // A hook must not seal and then say no; should one, nothing was handed over.
+            (Ok(true), None) => Ok(self.seal(dl, held)),
+            (Ok(true), sealed) => Ok(sealed),
+            (homed, Some(h)) => {
+                // A hook must not seal and then say no (or fail); should one, nothing was
+                // handed over, and `handing` must not stay set (every acquire would wait).
                 self.handed_to(dl, h.mode(), h.mode(), &Ok(()));
-                Ok(None)
+                homed.map(|_| None)
             }
-            (_, sealed) => Ok(sealed),
+            (homed, None) => homed.map(|_| None),
         }
     }
 
