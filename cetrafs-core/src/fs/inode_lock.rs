@@ -332,17 +332,15 @@ impl InodeLocks {
             (Held::Exclusive, Some(f)) => (f.0)(ino, &mut seal),
             _ => Ok(true),
         };
-        match (homed, sealed) {
-            (Ok(true), None) => Ok(self.seal(dl, held)),
-            (Ok(true), sealed) => Ok(sealed),
-            (homed, Some(h)) => {
-                // A hook must not seal and then say no (or fail); should one, nothing was
-                // handed over, and `handing` must not stay set (every acquire would wait).
-                self.handed_to(dl, h.mode(), h.mode(), &Ok(()));
-                homed.map(|_| None)
-            }
-            (homed, None) => homed.map(|_| None),
+        if let Ok(true) = homed {
+            return Ok(sealed.or_else(|| self.seal(dl, held)));
         }
+        if let Some(h) = sealed {
+            // A hook must not seal and then say no (or fail); should one, nothing was handed
+            // over, and `handing` must not stay set (every acquire would wait).
+            self.handed_to(dl, h.mode(), h.mode(), &Ok(()));
+        }
+        homed.map(|_| None)
     }
 
     /// The most locks this node keeps cached.
