@@ -14,7 +14,9 @@
 #      1's daemon and processes on CPU 0 and nodes 2+3's on CPU 1 (taskset), as if node 1 were
 #      another host: unpinned, the three nodes share this machine's CPUs and (b) measures
 #      mostly the CPU node 1's writer takes from the readers; pinned, what reaches the readers
-#      through the LUN and the locks. Both are reported against the targets.
+#      through the LUN and the locks. Both are reported against the targets. For context, no
+#      target: (d) node 1 randwrites its prefilled image (no metadata, no locks): what a writer
+#      at full speed costs the readers through the shared CPUs and LUN alone.
 #   3. create+rename+unlink ops/s (bench/cluster.py meta: create, rename in the same directory,
 #      unlink, each one op): 1 node alone; 3 nodes each in a private directory; 3 nodes in one
 #      shared directory. Targets: private aggregate >= 1.5x one node; shared >= 1000 ops/s and
@@ -191,7 +193,7 @@ declare -a CPU0=()
 mount_node() {
     local i=$1
     mkdir -p "${M[i]}"
-    CETRA_LOG_FILE=$WORK/node$i.log "$BIN_DIR/mount-cetra" "$LUN" "${M[i]}" -o "host=node$i" ||
+    CETRA_LOG_FILE=$WORK/node$i.log "$BIN_DIR/mount-cetra" "$LUN" "${M[i]}" -o "host=node$i${BENCH_MOUNT_OPTS:+,$BENCH_MOUNT_OPTS}" ||
         die "mount of node$i failed; log: $WORK/node$i.log"
     PIDS[i]=$(pgrep -f "mount[.-]cetra $LUN ${M[i]}( |$)" | head -1)
     [[ -n ${PIDS[i]} ]] || die "no daemon found for ${M[i]}"
@@ -339,6 +341,16 @@ section2() { # prefix label
     readers "$p-create"
     cpu_end "2c$2 readers, node1 creates"
     wait_ok "$BGC"
+    # Context, no target: (d) node 1 randwrites its PREFILLED image, no metadata and no lock
+    # traffic at all: what a writer at full speed costs the readers through this machine's
+    # CPUs and the LUN alone, to read (b) against.
+    RUNTIME=$((RUNTIME + 6)) fio_bg "$p-over-bg" 1 "${PRE[1]}" 0 cluster-randwrite-4k-qd32.fio
+    BGO=$LAST
+    sleep 2
+    cpu_begin
+    readers "$p-over"
+    cpu_end "2d$2 readers, node1 overwrites prefilled"
+    wait_ok "$BGO"
 }
 if want 2; then
     section2 s2 ""

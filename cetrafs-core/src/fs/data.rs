@@ -559,25 +559,16 @@ impl Volume {
             }
             // A granule must not take blocks of another write in flight (its blocks are not
             // mapped yet, so they look like a hole): then only the write's own blocks.
-            let (p0, p1) = match self.granule(&inner, b0, b1) {
+            let wide = match self.granule(&inner, b0, b1) {
                 (p0, p1) if tx.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
                 wide => wide,
             };
-            // From the pool when it has the blocks (the same placement as the writes without
-            // the global lock that follow), else from the bitmaps. A pool write may be mapped
-            // after the global lock went (it holds no bitmap blocks): it counts as a detached
-            // write of the inode, so the inode's lock is not handed over before it is mapped.
-            let pooled = match Self::plan_write(&mut tx, &inner, p0, p1, true) {
-                Ok(plan) if self.detached.begin(st.ino) => Some(plan),
-                Ok(plan) => {
-                    Self::unreserve(&mut tx, &plan, true);
-                    None
-                }
-                Err(_) => None,
-            };
-            let (plan, pooled) = match pooled {
-                Some(plan) => (plan, true),
-                None => (Self::plan_write(&mut tx, &inner, p0, p1, false)?, false),
+            // A granule the volume cannot give (nearly full) is no error: then only the
+            // write's own blocks, as without a granule.
+            let ((plan, pooled), (p0, p1)) = match self.plan_held(&mut tx, &inner, wide) {
+                Ok(planned) => (planned, wide),
+                Err(e) if wide == (b0, b1) => return Err(e),
+                Err(_) => (self.plan_held(&mut tx, &inner, (b0, b1))?, (b0, b1)),
             };
             drop(inner);
             // Only the pool may have changed (keep_pool): the held blocks are in memory only.
@@ -598,6 +589,25 @@ impl Volume {
         let at = Self::queued_at(offset, data);
         self.map_written(st, Planned { plan, id, pooled }, written, at, done)
             .map(|dropped| (offset, dropped))
+    }
+
+    /// Plan file blocks `[p0, p1)` of a write under the global lock: from the pool when it has
+    /// the blocks (the same placement as the writes without the global lock that follow), else
+    /// from the bitmaps. Returns the plan and whether it is pooled. A pool write may be mapped
+    /// after the global lock went (it holds no bitmap blocks): it counts as a detached write
+    /// of the inode, so the inode's lock is not handed over before it is mapped.
+    fn plan_held(
+        &self,
+        tx: &mut Tx<'_>,
+        inner: &InodeInner,
+        (p0, p1): (u64, u64),
+    ) -> Result<(Vec<Seg>, bool)> {
+        match Self::plan_write(tx, inner, p0, p1, true) {
+            Ok(plan) if self.detached.begin(inner.inode.ino) => return Ok((plan, true)),
+            Ok(plan) => Self::unreserve(tx, &plan, true),
+            Err(_) => {}
+        }
+        Ok((Self::plan_write(tx, inner, p0, p1, false)?, false))
     }
 
     /// The data of an allocating write, segment by segment (new and unwritten blocks get
@@ -675,12 +685,21 @@ impl Volume {
             {
                 return Ok(None);
             }
-            let (p0, p1) = match self.granule(&inner, b0, b1) {
+            let wide = match self.granule(&inner, b0, b1) {
                 (p0, p1) if meta.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
                 wide => wide,
             };
             let mut tx = Tx::detached(&*self.dev, &mut meta);
-            let Ok(plan) = Self::plan_write(&mut tx, &inner, p0, p1, true) else {
+            // A pool short of a granule still gives the write's own blocks.
+            let planned = Self::plan_write(&mut tx, &inner, wide.0, wide.1, true)
+                .map(|plan| (plan, wide))
+                .or_else(|e| {
+                    if wide == (b0, b1) {
+                        return Err(e);
+                    }
+                    Self::plan_write(&mut tx, &inner, b0, b1, true).map(|p| (p, (b0, b1)))
+                });
+            let Ok((plan, (p0, p1))) = planned else {
                 return Ok(None);
             };
             drop(inner);

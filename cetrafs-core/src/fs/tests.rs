@@ -775,3 +775,51 @@ fn an_image_sized_sparse_file_allocates_by_granule() {
     let report = crate::check::check_volume(&*dev2).unwrap();
     assert!(report.is_clean(), "{:?}", report.findings);
 }
+
+#[test]
+fn a_granule_the_volume_cannot_give_allocates_the_blocks_written() {
+    use super::data::{GRANULE_MIN_SIZE, MAX_ALLOC_GRANULE};
+    let (dev, v0) = fresh(64 << 20);
+    v0.unmount().unwrap();
+    let opts = MountOptions {
+        alloc_granule: MAX_ALLOC_GRANULE,
+        ..MountOptions::default()
+    };
+    let v = Volume::mount(dev.clone(), &opts).unwrap();
+    let root = v.root_ino();
+    let (img, fh) = v.create(root, b"disk.raw", 0o644, C, true).unwrap();
+    let image_size = SetAttr {
+        size: Some(4 * GRANULE_MIN_SIZE),
+        ..SetAttr::default()
+    };
+    v.setattr(img.ino, &image_size, C).unwrap();
+    // Fill the volume, then free 64 KiB: less than a granule is left.
+    let (fill, ffh) = v.create(root, b"fill", 0o644, C, true).unwrap();
+    let mib = vec![1u8; 1 << 20];
+    let mut off = 0u64;
+    while v.write(&ffh, off, &mib).is_ok() {
+        off += 1 << 20;
+    }
+    let e = loop {
+        match v.write(&ffh, off, &mib[..4096]) {
+            Ok(_) => off += 4096,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind(), crate::ErrorKind::NoSpace, "{e}");
+    v.fallocate(fill.ino, 0, 64 << 10, FallocMode::PunchHole)
+        .unwrap();
+    v.sync().unwrap();
+    let free = v.statfs().unwrap().bfree;
+    assert!((1..256).contains(&free), "{free} blocks free");
+    // A first write into an untouched granule of the image: its own block, not an error.
+    let at = 2 * MAX_ALLOC_GRANULE + 8192;
+    v.write(&fh, at, &[7u8; 4096]).unwrap();
+    assert_eq!(v.getattr(img.ino).unwrap().blocks, 8);
+    assert_eq!(read_all(&v, &fh, at - 4096, 12288)[4096..8192], [7u8; 4096]);
+    v.release(&fh).unwrap();
+    v.release(&ffh).unwrap();
+    v.unmount().unwrap();
+    let r = crate::check::check_volume(&*dev).unwrap();
+    assert!(r.findings.is_empty(), "{:?}", r.findings);
+}
