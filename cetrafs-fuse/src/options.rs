@@ -284,7 +284,7 @@ fn parse_granule(key: &str, v: &str) -> Result<u64, UsageError> {
         .map(|k| k << 10)
         .ok_or_else(|| {
             usage(format!(
-                "{key}={v:?}: expected KiB, a multiple of 4 from 4 (allocate exactly what is written) to {max}, e.g. 64"
+                "{key}={v:?}: expected KiB, a multiple of 4 from 4 (allocate exactly what is written) to {max} (the default)"
             ))
         })
 }
@@ -489,7 +489,11 @@ mod tests {
 
     #[test]
     fn granule() {
-        assert_eq!(mount(&["d", "m"]).opts.alloc_granule, 4096);
+        assert_eq!(mount(&["d", "m"]).opts.alloc_granule, 1 << 20);
+        assert_eq!(
+            mount(&["d", "m", "-o", "granule=4"]).opts.alloc_granule,
+            4096
+        );
         assert_eq!(
             mount(&["d", "m", "-o", "granule=64"]).opts.alloc_granule,
             64 << 10

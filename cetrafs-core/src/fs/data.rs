@@ -14,16 +14,18 @@
 //! 4 KiB blocks (zero-padded) *before* the metadata that maps them commits, so no stale
 //! device bytes can ever be read through a file.
 //!
-//! **Allocation granule** (mount option `granule=KiB`, off by default). With a granule of G,
-//! in a sparse file of [`GRANULE_MIN_SIZE`] or more (a VM disk image made with `truncate` or
-//! `qemu-img create`), the first write into an aligned G that holds no allocated block
-//! allocates and writes (zero-padded) the whole granule, clipped to the file's size
-//! (`Volume::granule`); smaller files, and granules already partly allocated, allocate exactly
-//! the blocks written. The trade (docs/performance.md): on a LUN with bandwidth to spare a
-//! fresh image's random 4 KiB writes run about 3x faster (most soon land in allocated
-//! granules and take the fast path); on a LUN whose bandwidth is the limit, the zeros written
-//! with each first touch slow the first pass over the image down, and an image written
-//! sparsely takes up to G per touched granule.
+//! **Allocation granule** (mount option `granule=KiB`, 1 MiB by default, as VMFS's file
+//! block). With a granule of G, in a sparse file of [`GRANULE_MIN_SIZE`] or more (a VM disk
+//! image made with `truncate` or `qemu-img create`), the first write into an aligned G that
+//! holds no allocated block allocates and writes (zero-padded) the whole granule, clipped to
+//! the file's size (`Volume::granule`); smaller files, granules already partly allocated, and
+//! a granule the volume (or the pool) cannot give allocate exactly the blocks written. The
+//! trade (docs/performance.md §6c): a fresh image's random 4 KiB writes soon land in
+//! allocated granules and take the fast path (no metadata, no mapper, no lock), and a thin
+//! image has at most one extent per granule instead of up to one per 4 KiB written; the cost
+//! is the zeros written with each first touch (a guest's first pass over new space moves up
+//! to G per touch through the LUN's bandwidth) and up to G of space per touched granule of an
+//! image written sparsely. `granule=4` allocates exactly what is written.
 
 use super::suid::{self, Credentials};
 use super::txn::{Meta, Tx};
@@ -40,9 +42,9 @@ use std::cell::RefCell;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, MutexGuard};
 
-/// The allocation granule of image-sized sparse files by default, bytes: one block, i.e.
-/// allocate exactly what is written (module doc; mount option `granule=KiB`).
-pub const DEFAULT_ALLOC_GRANULE: u64 = FS_BLOCK;
+/// The allocation granule of image-sized sparse files by default, bytes: 1 MiB, VMFS's file
+/// block (module doc; mount option `granule=KiB`, 4 = allocate exactly what is written).
+pub const DEFAULT_ALLOC_GRANULE: u64 = MAX_ALLOC_GRANULE;
 /// The granule measured in docs/performance.md (`granule=64`): qcow2's cluster size.
 pub const ALLOC_GRANULE: u64 = 64 << 10;
 /// The largest granule a mount accepts.

@@ -760,8 +760,14 @@ fn an_image_sized_sparse_file_allocates_by_granule() {
     v.release(&fh).unwrap();
     v.release(&sfh).unwrap();
     // All of it survives a remount, and fsck finds the blocks accounted for.
-    let (dev2, v2) = remount(&dev, &v);
-    // The default allocates exactly what is written.
+    v.unmount().unwrap();
+    let dev2 = Arc::new(MemDevice::from_image(dev.snapshot(), 512));
+    let exact = MountOptions {
+        alloc_granule: FS_BLOCK,
+        ..MountOptions::default()
+    };
+    let v2 = Volume::mount(dev2.clone(), &exact).unwrap();
+    // granule=4 allocates exactly what is written.
     let (plain, pfh) = v2.create(root, b"plain.raw", 0o644, C, true).unwrap();
     v2.setattr(plain.ino, &truncate, C).unwrap();
     v2.write(&pfh, g, &[5u8; 4096]).unwrap();
