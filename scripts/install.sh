@@ -1,7 +1,8 @@
 #!/bin/bash
 # Build CetraFS and install the tools where mkfs(8), mount(8) and fsck(8) look for them:
 #   /usr/local/sbin/{mkfs,mount,fsck}.cetra, plus links in /sbin (util-linux runs
-#   /sbin/mount.cetra for `mount -t cetra` and fstab entries; mkfs/fsck search /sbin too).
+#   /sbin/mount.cetra for `mount -t cetra` and fstab entries; mkfs/fsck search /sbin too),
+#   and the admin tool as /usr/local/sbin/cetra.
 # Usage: scripts/install.sh [--uninstall]      (as root)
 set -euo pipefail
 
@@ -17,7 +18,8 @@ if [[ ${1:-} == --uninstall ]]; then
         [[ -L /sbin/$t.cetra ]] && rm -f "/sbin/$t.cetra"
         rm -f "$PREFIX/sbin/$t.cetra"
     done
-    echo "install.sh: removed ${TOOLS[*]/%/.cetra}"
+    rm -f "$PREFIX/sbin/cetra" "$PREFIX/share/man/man8/cetra.8"
+    echo "install.sh: removed ${TOOLS[*]/%/.cetra} and cetra"
     exit 0
 fi
 
@@ -37,3 +39,6 @@ for t in "${TOOLS[@]}"; do
     fi
     echo "install.sh: $PREFIX/sbin/$t.cetra (+ /sbin/$t.cetra)"
 done
+install -m 0755 "$TARGET/release/cetra" "$PREFIX/sbin/cetra"
+install -D -m 0644 "$REPO/docs/man/cetra.8" "$PREFIX/share/man/man8/cetra.8"
+echo "install.sh: $PREFIX/sbin/cetra (man 8 cetra)"

@@ -15,6 +15,7 @@ pub mod journal;
 pub mod mkfs;
 pub mod probe;
 pub mod scsi;
+pub mod status;
 pub mod sync;
 
 pub use error::{Error, ErrorKind, Result};

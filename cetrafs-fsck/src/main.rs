@@ -7,7 +7,7 @@
 
 use cetrafs_core::check::{self, Pass, Report, Severity};
 use cetrafs_core::cluster::membership;
-use cetrafs_core::dev::open::{open_lun, LunOptions};
+use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
 use cetrafs_core::dev::{BlockDevice, SharedDevice};
 use cetrafs_core::journal;
 use clap::Parser;
@@ -253,16 +253,7 @@ fn print_summary(dev: &str, r: &Report) {
 /// buffered reads. No COMPARE AND WRITE probe: fsck only reads (and replays journals, which
 /// are plain writes), and it refuses volumes that any node has mounted.
 fn open(path: &Path) -> Result<SharedDevice, String> {
-    open_lun(
-        path,
-        &LunOptions {
-            read_only: true,
-            buffered_file_fallback: true,
-            ..LunOptions::default()
-        },
-    )
-    .map(|l| l.dev)
-    .map_err(|e| e.to_string())
+    open_for_reading(path).map_err(|e| e.to_string())
 }
 
 /// Open for journal replay (the only write fsck makes today).

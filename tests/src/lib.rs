@@ -53,7 +53,7 @@ fn target_dir() -> PathBuf {
     }
 }
 
-pub const BINARIES: [&str; 3] = ["mkfs-cetra", "mount-cetra", "fsck-cetra"];
+pub const BINARIES: [&str; 4] = ["mkfs-cetra", "mount-cetra", "fsck-cetra", "cetra"];
 
 /// Directory holding the CetraFS binaries.
 pub fn bin_dir() -> PathBuf {

@@ -199,6 +199,18 @@ impl Lun {
     }
 }
 
+/// Open a volume only to read it (fsck.cetra's check, `cetra status`): through the backend
+/// the device needs, `SG_IO` for a whole SCSI LUN, `O_DIRECT` otherwise; a file on a
+/// filesystem without `O_DIRECT` (tmpfs) is read buffered. No COMPARE AND WRITE probe.
+pub fn open_for_reading(path: &Path) -> Result<SharedDevice> {
+    let opts = LunOptions {
+        read_only: true,
+        buffered_file_fallback: true,
+        ..LunOptions::default()
+    };
+    open_lun(path, &opts).map(|l| l.dev)
+}
+
 /// Open `path` with the backend it needs; see the module docs.
 pub fn open_lun(path: &Path, opts: &LunOptions) -> Result<Lun> {
     let node = is_whole_lun(path)?;

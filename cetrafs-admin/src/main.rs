@@ -1,0 +1,320 @@
+//! `cetra`: the CetraFS admin tool. Subcommands:
+//!
+//! * `cetra status DEVICE|MOUNTPOINT [--json] [--watch-ms N]`: the volume (UUID, label, size,
+//!   free, format, sharing mode, timing), every slot in use (host, condition, generation,
+//!   heartbeat age on this machine's clock, timing, watchdog bound, recoverer, journal,
+//!   orphans) and what each holds (global lock, inode locks, allocation groups, open files).
+//!   Read-only: works on an unmounted LUN and from any node while the volume is mounted
+//!   (`cetrafs_core::status` says what it reads and how ages are measured).
+//!
+//! Exit codes: 0 done, 1 the device could not be read or is not a CetraFS volume, 2 usage.
+
+use cetrafs_core::dev::open::open_for_reading;
+use cetrafs_core::dev::SharedDevice;
+use cetrafs_core::format::FS_BLOCK;
+use cetrafs_core::status::{self, SlotStatus, VolumeStatus};
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "cetra",
+    version,
+    about = "Inspect and operate a CetraFS volume"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Nodes, heartbeats, locks, groups and journals of a volume (read-only).
+    Status {
+        /// The volume's device (or LUN file), or a mountpoint of it.
+        target: PathBuf,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+        /// Watch the heartbeats this long, ms (default: twice the longest renewal interval).
+        #[arg(long, value_name = "MS")]
+        watch_ms: Option<u64>,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) => {
+            let usage = e.use_stderr();
+            let _ = e.print();
+            return ExitCode::from(if usage { 2 } else { 0 });
+        }
+    };
+    match cli.command {
+        Command::Status {
+            target,
+            json,
+            watch_ms,
+        } => match run_status(&target, json, watch_ms.map(Duration::from_millis)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cetra status: {e}");
+                ExitCode::from(1)
+            }
+        },
+    }
+}
+
+fn run_status(target: &Path, as_json: bool, watch: Option<Duration>) -> Result<(), String> {
+    let device = device_of(target)?;
+    let dev = open(&device)?;
+    let st = status::gather(&dev, watch).map_err(|e| format!("{}: {e}", device.display()))?;
+    if as_json {
+        println!("{:#}", to_json(&device, &st));
+    } else {
+        print_table(&device, &st);
+    }
+    Ok(())
+}
+
+/// The device behind `target`: itself, unless it is a directory that is a CetraFS mountpoint,
+/// whose source (the FUSE fsname mount.cetra sets) `/proc/self/mountinfo` gives.
+fn device_of(target: &Path) -> Result<PathBuf, String> {
+    let meta = std::fs::metadata(target).map_err(|e| format!("{}: {e}", target.display()))?;
+    if !meta.is_dir() {
+        return Ok(target.to_path_buf());
+    }
+    let want = std::fs::canonicalize(target).map_err(|e| format!("{}: {e}", target.display()))?;
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    mount_source(&info, &want).ok_or_else(|| {
+        format!(
+            "{} is a directory but not a CetraFS mountpoint; give the device instead",
+            target.display()
+        )
+    })
+}
+
+/// The source of the FUSE mount at `mountpoint` in a mountinfo text (the last one mounted
+/// there wins, as the kernel resolves it).
+fn mount_source(info: &str, mountpoint: &Path) -> Option<PathBuf> {
+    let want = mountpoint.as_os_str().to_string_lossy();
+    let (fstype, source) = info.lines().rev().find_map(|line| {
+        let (left, right) = line.split_once(" - ")?;
+        let mp = left.split(' ').nth(4)?;
+        let mut r = right.split(' ');
+        (unescape(mp) == want).then_some((r.next()?, r.next()?))
+    })?;
+    fstype
+        .starts_with("fuse")
+        .then(|| PathBuf::from(unescape(source)))
+}
+
+/// mountinfo escapes space, tab, newline and backslash as \ooo.
+fn unescape(s: &str) -> String {
+    let b = s.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        let oct = b
+            .get(i + 1..i + 4)
+            .filter(|d| d.iter().all(|c| (b'0'..=b'7').contains(c)));
+        match oct {
+            Some(d) if b[i] == b'\\' => {
+                let v = d.iter().fold(0u32, |a, c| a * 8 + u32::from(c - b'0'));
+                out.push(u8::try_from(v).unwrap_or(b'?'));
+                i += 4;
+            }
+            _ => {
+                out.push(b[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// Read-only, as fsck.cetra reads (`open_for_reading`).
+fn open(path: &Path) -> Result<SharedDevice, String> {
+    open_for_reading(path).map_err(|e| format!("{}: {e}", path.display()))
+}
+
+fn ms(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
+fn slot_json(s: &SlotStatus) -> serde_json::Value {
+    let l = &s.locks;
+    json!({
+        "slot": s.slot,
+        "condition": s.condition.name(),
+        "host": s.host,
+        "pid": s.pid,
+        "generation": s.generation,
+        "heartbeat_age_ms": s.heartbeat_age.map(ms),
+        "heartbeat_interval_ms": s.interval_ms,
+        "io_timeout_ms": s.io_timeout_ms,
+        "dead_time_ms": ms(s.dead_time),
+        "watchdog_ms": s.watchdog_ms,
+        "recoverer": s.recoverer.map(|(slot, generation)| json!({"slot": slot, "generation": generation})),
+        "journal_pending": s.journal_pending,
+        "orphans": s.orphans,
+        "locks": {
+            "global": l.global,
+            "global_waiting": l.global_waiting,
+            "inodes_exclusive": l.objects_exclusive,
+            "inodes_shared": l.objects_shared,
+            "inodes_waiting": l.objects_waiting,
+            "groups_owned": l.groups_owned,
+            "groups_owned_free_blocks": l.groups_owned_free,
+            "files_open": l.files_open,
+            "files_open_writing": l.files_open_writing,
+        },
+    })
+}
+
+fn to_json(device: &Path, st: &VolumeStatus) -> serde_json::Value {
+    json!({
+        "device": device.display().to_string(),
+        "uuid": st.uuid,
+        "label": st.label,
+        "format_version": st.format_version,
+        "sharing": st.sharing,
+        "block_size": FS_BLOCK,
+        "total_blocks": st.total_blocks,
+        "free_blocks": st.free_blocks,
+        "max_nodes": st.max_nodes,
+        "heartbeat_interval_ms": st.heartbeat_interval_ms,
+        "io_timeout_ms": st.io_timeout_ms,
+        "watched_ms": ms(st.watched),
+        "global_lock": {"mode": st.global_mode, "version": st.global_version},
+        "slots": st.slots.iter().map(slot_json).collect::<Vec<_>>(),
+        "groups": st.groups.iter().map(|g| json!({"group": g.group, "owner": g.owner, "free_blocks": g.free_blocks})).collect::<Vec<_>>(),
+    })
+}
+
+fn size(blocks: u64) -> String {
+    let bytes = blocks.saturating_mul(FS_BLOCK);
+    #[expect(clippy::cast_precision_loss, reason = "a size for people")]
+    let gib = bytes as f64 / f64::from(1u32 << 30);
+    format!("{gib:.1} GiB")
+}
+
+fn print_table(device: &Path, st: &VolumeStatus) {
+    let label = if st.label.is_empty() {
+        String::new()
+    } else {
+        format!(" [{}]", st.label)
+    };
+    println!(
+        "{}{label}: CetraFS {}, format {}, sharing {}",
+        device.display(),
+        st.uuid,
+        st.format_version,
+        st.sharing.as_deref().unwrap_or("not recorded")
+    );
+    println!(
+        "size {}, free {}; {} node slots; heartbeat every {} ms, I/O timeout {} ms; heartbeats watched for {} ms",
+        size(st.total_blocks),
+        size(st.free_blocks),
+        st.max_nodes,
+        st.heartbeat_interval_ms,
+        st.io_timeout_ms,
+        ms(st.watched)
+    );
+    println!(
+        "global lock: {} (version {})",
+        st.global_mode, st.global_version
+    );
+    if st.slots.is_empty() {
+        println!("no node has ever mounted the volume");
+        return;
+    }
+    println!(
+        "{:<4} {:<16} {:<10} {:>4} {:>9} {:>9} {:>9} {:<9} {:>17} {:>14} {:>9} {:<8} {:>7}",
+        "slot",
+        "host",
+        "condition",
+        "gen",
+        "age",
+        "dead in",
+        "watchdog",
+        "global",
+        "inodes ex/sh/wait",
+        "groups (free)",
+        "open (w)",
+        "journal",
+        "orphans"
+    );
+    for s in &st.slots {
+        let l = &s.locks;
+        let age = s.heartbeat_age.map_or_else(
+            || format!(">{:.1}s", st.watched.as_secs_f64()),
+            |a| format!("{:.1}s", a.as_secs_f64()),
+        );
+        let mut cond = s.condition.name().to_string();
+        if let Some((r, _)) = s.recoverer {
+            cond = format!("{cond} by {r}");
+        }
+        let global = match (l.global, l.global_waiting) {
+            (Some(m), _) => m,
+            (None, true) => "waiting",
+            (None, false) => "-",
+        };
+        println!(
+            "{:<4} {:<16} {:<10} {:>4} {:>9} {:>8.1}s {:>9} {:<9} {:>17} {:>14} {:>9} {:<8} {:>7}",
+            s.slot,
+            s.host,
+            cond,
+            s.generation,
+            age,
+            s.dead_time.as_secs_f64(),
+            if s.watchdog_ms == 0 {
+                "none".to_string()
+            } else {
+                format!("{} ms", s.watchdog_ms)
+            },
+            global,
+            format!(
+                "{}/{}/{}",
+                l.objects_exclusive, l.objects_shared, l.objects_waiting
+            ),
+            format!("{} ({})", l.groups_owned, size(l.groups_owned_free)),
+            format!("{} ({})", l.files_open, l.files_open_writing),
+            if s.journal_pending {
+                "pending"
+            } else {
+                "empty"
+            },
+            s.orphans
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_mountpoint_resolves_to_its_fuse_source() {
+        let info = "\
+22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+90 22 0:50 / /mnt/cetra rw,nosuid,nodev shared:40 - fuse.cetra /dev/mapper/mpatha rw,user_id=0
+91 22 0:51 / /mnt/with\\040space rw shared:41 - fuse /srv/lun\\040a.img rw,user_id=0
+";
+        assert_eq!(
+            mount_source(info, Path::new("/mnt/cetra")),
+            Some(PathBuf::from("/dev/mapper/mpatha"))
+        );
+        assert_eq!(
+            mount_source(info, Path::new("/mnt/with space")),
+            Some(PathBuf::from("/srv/lun a.img"))
+        );
+        assert_eq!(mount_source(info, Path::new("/")), None, "not a FUSE mount");
+        assert_eq!(mount_source(info, Path::new("/mnt/other")), None);
+    }
+}

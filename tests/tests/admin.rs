@@ -1,0 +1,160 @@
+//! `cetra` (the admin tool) against real daemons on one file LUN (issue 11).
+//!
+//! `cetra status`: with three nodes mounted, asked through node3's mountpoint, it lists all
+//! three slots alive with heartbeat ages below the dead time; after node1 is SIGKILLed it shows
+//! node1's slot going dead → recovering (by a survivor) → free. The survivors are started with
+//! the process failpoint `recovery::after_replay=stop`, so the one that recovers node1 stops
+//! itself (SIGSTOP) with node1's slot in the Recovering state: the test sees that state, then
+//! resumes the recoverer (SIGCONT) and sees the slot freed.
+
+use cetrafs_tests::{bin, poll_until, require_fuse, run, secs, Lun, Mount};
+use serde_json::Value;
+use std::path::Path;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// mkfs timings of the multi-node tests: dead time 5.2 s.
+const MKFS: [&str; 6] = [
+    "--heartbeat-interval",
+    "100",
+    "--io-timeout",
+    "500",
+    "-N",
+    "8",
+];
+const DEAD_TIME: Duration = Duration::from_millis(5200);
+const RECOVERY_WITHIN: Duration = Duration::from_secs(20);
+const STOP_AFTER_REPLAY: (&str, &str) = ("CETRA_FAILPOINT", "recovery::after_replay=stop");
+
+fn status(target: &Path) -> Value {
+    let r = run(Command::new(bin("cetra"))
+        .args(["status", "--json", "--watch-ms", "300"])
+        .arg(target));
+    assert_eq!(
+        r.code,
+        0,
+        "cetra status {}: {}",
+        target.display(),
+        r.output()
+    );
+    serde_json::from_str(&r.stdout)
+        .unwrap_or_else(|e| panic!("cetra status --json printed no JSON ({e}): {}", r.stdout))
+}
+
+/// The slot entry of `host` in a status.
+fn slot_of<'a>(st: &'a Value, host: &str) -> Option<&'a Value> {
+    st["slots"]
+        .as_array()?
+        .iter()
+        .find(|s| s["host"].as_str() == Some(host))
+}
+
+/// Is process `pid` stopped (state T in /proc/PID/stat)?
+fn stopped(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
+        .unwrap_or(false)
+}
+
+#[test]
+fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
+    require_fuse!();
+    let lun = Lun::new(2 << 30);
+    lun.mkfs(&MKFS);
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::with_opts_env(&lun, "node2", &[], &[STOP_AFTER_REPLAY]);
+    let node3 = Mount::with_opts_env(&lun, "node3", &[], &[STOP_AFTER_REPLAY]);
+    {
+        use std::io::Write as _;
+        let mut f = std::fs::File::create(node1.p("hello")).expect("create through node1");
+        f.write_all(b"hi").expect("write through node1");
+        f.sync_all().expect("fsync through node1");
+    }
+
+    // Three nodes, asked from node3 (its mountpoint resolves to the LUN).
+    let st = status(node3.path());
+    for host in ["node1", "node2", "node3"] {
+        let s = slot_of(&st, host).unwrap_or_else(|| panic!("{host} missing from {st:#}"));
+        assert_eq!(s["condition"], "alive", "{host}: {s:#}");
+        let age = s["heartbeat_age_ms"]
+            .as_u64()
+            .unwrap_or_else(|| panic!("{host}: no heartbeat change seen: {s:#}"));
+        assert!(
+            u128::from(age) < DEAD_TIME.as_millis(),
+            "{host}: age {age} ms"
+        );
+        assert_eq!(s["dead_time_ms"], 5200, "{host}: {s:#}");
+    }
+    assert_eq!(st["max_nodes"], 8);
+    let slot = |host: &str| slot_of(&st, host).and_then(|s| s["slot"].as_u64());
+    let survivors = [(slot("node2"), &node2), (slot("node3"), &node3)];
+    assert!(st["free_blocks"].as_u64().unwrap_or(0) > 0, "{st:#}");
+
+    // node1 dies; follow its slot through the LUN itself (a stopped recoverer's mountpoint
+    // would hang a stat).
+    let pid1 = node1.pid();
+    node1.abandon(Some(libc::SIGKILL)).expect("SIGKILL node1");
+    let t = Instant::now();
+    let mut seen: Vec<String> = Vec::new();
+    let mut resumed = None;
+    let done = poll_until(DEAD_TIME + RECOVERY_WITHIN, || {
+        let st = status(lun.path());
+        let s = slot_of(&st, "node1").unwrap_or_else(|| panic!("node1's slot missing: {st:#}"));
+        let cond = s["condition"].as_str().unwrap_or("?").to_string();
+        if seen.last() != Some(&cond) {
+            eprintln!("status: node1 {cond} after {} ({s})", secs(t.elapsed()));
+            seen.push(cond.clone());
+        }
+        if cond == "recovering" && resumed.is_none() {
+            let by = s["recoverer"]["slot"].as_u64();
+            let (_, m) = survivors
+                .iter()
+                .find(|(slot, _)| by.is_some() && *slot == by)
+                .unwrap_or_else(|| panic!("recovering by an unknown slot: {s:#}"));
+            // The recoverer stops at the failpoint (the state was written before the replay);
+            // resume it before the other survivor finds it silent.
+            let waited = poll_until(Duration::from_secs(2), || stopped(m.pid()));
+            assert!(
+                waited.is_some(),
+                "the recoverer (pid {}) did not stop at recovery::after_replay",
+                m.pid()
+            );
+            assert!(m.signal(libc::SIGCONT).is_ok(), "SIGCONT {}", m.pid());
+            resumed = Some(m.pid());
+        }
+        cond == "free"
+    });
+    assert!(
+        done.is_some(),
+        "node1 (pid {pid1}) not free within {}: seen {seen:?}",
+        secs(DEAD_TIME + RECOVERY_WITHIN)
+    );
+    assert_eq!(
+        seen,
+        ["dead", "recovering", "free"],
+        "node1's slot went {seen:?}"
+    );
+    assert!(
+        resumed.is_some(),
+        "no survivor stopped at recovery::after_replay"
+    );
+    // The survivors carry on.
+    let st = status(node2.path());
+    for host in ["node2", "node3"] {
+        let s = slot_of(&st, host).unwrap_or_else(|| panic!("{host} missing: {st:#}"));
+        assert_eq!(s["condition"], "alive", "{host} after the recovery: {s:#}");
+    }
+    assert_eq!(
+        std::fs::read(node3.p("hello")).expect("read through node3"),
+        b"hi"
+    );
+    node2.unmount();
+    node3.unmount();
+    let st = status(lun.path());
+    for host in ["node1", "node2", "node3"] {
+        let s = slot_of(&st, host).unwrap_or_else(|| panic!("{host} missing: {st:#}"));
+        assert_eq!(s["condition"], "free", "{host} after unmount: {s:#}");
+    }
+    lun.assert_fsck_clean();
+}
