@@ -161,10 +161,13 @@ prefill() { # file size
     FILENAME=$1 SIZE=$2 OFFSET=0 fio --output-format=terse "$FIO/prefill.fio" >/dev/null || die "prefill of $1 failed"
     echo "  prefilled $(($2 >> 20)) MiB of $1 in $((SECONDS - t0)) s"
 }
-alloc_note() { # name file
+alloc_note() { # name file: note how much a fresh image allocated, then delete it (with the
+    # default 1 MiB granule a fresh image ends its job fully allocated, and the LUN holds only
+    # 9 images + 2 GiB)
     local b
     b=$(stat -c '%b %B' "$2" | awk '{print int($1 * $2 / 1048576)}')
     echo "$1: $b MiB allocated of $((SIZE_B >> 20)) MiB" >>"$RES/fresh-alloc.txt"
+    rm -f "$2"
 }
 # Daemon CPU per phase: cpu_begin, then cpu_end "phase text".
 CLK=$(getconf CLK_TCK)

@@ -19,7 +19,8 @@
 //! image made with `truncate` or `qemu-img create`), the first write into an aligned G that
 //! holds no allocated block allocates and writes (zero-padded) the whole granule, clipped to
 //! the file's size (`Volume::granule`); smaller files, granules already partly allocated, and
-//! a granule the volume (or the pool) cannot give allocate exactly the blocks written. The
+//! a granule that neither the pool nor the bitmaps can give allocate exactly the blocks
+//! written. The
 //! trade (docs/performance.md §6c): a fresh image's random 4 KiB writes soon land in
 //! allocated granules and take the fast path (no metadata, no mapper, no lock), and a thin
 //! image has at most one extent per granule instead of up to one per 4 KiB written; the cost
@@ -687,21 +688,16 @@ impl Volume {
             {
                 return Ok(None);
             }
-            let wide = match self.granule(&inner, b0, b1) {
+            let (p0, p1) = match self.granule(&inner, b0, b1) {
                 (p0, p1) if meta.inflight().must_wait(st.ino, p0, p1) => (b0, b1),
                 wide => wide,
             };
             let mut tx = Tx::detached(&*self.dev, &mut meta);
-            // A pool short of a granule still gives the write's own blocks.
-            let planned = Self::plan_write(&mut tx, &inner, wide.0, wide.1, true)
-                .map(|plan| (plan, wide))
-                .or_else(|e| {
-                    if wide == (b0, b1) {
-                        return Err(e);
-                    }
-                    Self::plan_write(&mut tx, &inner, b0, b1, true).map(|p| (p, (b0, b1)))
-                });
-            let Ok((plan, (p0, p1))) = planned else {
+            // A pool short of a granule sends the write to the locked path, which refills the
+            // pool or takes the granule from the bitmaps (and only when neither can, the
+            // write's own blocks): allocating just the write's blocks here would leave the
+            // granule partly allocated, so never widened again.
+            let Ok(plan) = Self::plan_write(&mut tx, &inner, p0, p1, true) else {
                 return Ok(None);
             };
             drop(inner);
