@@ -81,17 +81,23 @@ fn run_status(target: &Path, as_json: bool, watch: Option<Duration>) -> Result<(
     Ok(())
 }
 
-/// The device behind `target`: itself, unless it is a directory that is a CetraFS mountpoint,
-/// whose source (the FUSE fsname mount.cetra sets) `/proc/self/mountinfo` gives.
+/// The device behind `target`: itself, unless it is a CetraFS mountpoint, whose source (the
+/// FUSE fsname mount.cetra sets) `/proc/self/mountinfo` gives. The mountpoint is looked up
+/// before anything stats it: a stat of a hung node's mountpoint would hang `cetra` with it.
 fn device_of(target: &Path) -> Result<PathBuf, String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let cwd = std::env::current_dir().map_err(|e| format!("current directory: {e}"))?;
+    let lexical: PathBuf = cwd.join(target).components().collect();
+    if let Some(dev) = mount_source(&info, &lexical) {
+        return Ok(dev);
+    }
     let meta = std::fs::metadata(target).map_err(|e| format!("{}: {e}", target.display()))?;
     if !meta.is_dir() {
         return Ok(target.to_path_buf());
     }
-    let want = std::fs::canonicalize(target).map_err(|e| format!("{}: {e}", target.display()))?;
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    mount_source(&info, &want).ok_or_else(|| {
+    let real = std::fs::canonicalize(target).map_err(|e| format!("{}: {e}", target.display()))?;
+    mount_source(&info, &real).ok_or_else(|| {
         format!(
             "{} is a directory but not a CetraFS mountpoint; give the device instead",
             target.display()
@@ -99,8 +105,8 @@ fn device_of(target: &Path) -> Result<PathBuf, String> {
     })
 }
 
-/// The source of the FUSE mount at `mountpoint` in a mountinfo text (the last one mounted
-/// there wins, as the kernel resolves it).
+/// The source of the CetraFS mount (`fuse.cetra`) at `mountpoint` in a mountinfo text (the
+/// last one mounted there wins, as the kernel resolves it).
 fn mount_source(info: &str, mountpoint: &Path) -> Option<PathBuf> {
     let want = mountpoint.as_os_str().to_string_lossy();
     let (fstype, source) = info.lines().rev().find_map(|line| {
@@ -109,9 +115,7 @@ fn mount_source(info: &str, mountpoint: &Path) -> Option<PathBuf> {
         let mut r = right.split(' ');
         (unescape(mp) == want).then_some((r.next()?, r.next()?))
     })?;
-    fstype
-        .starts_with("fuse")
-        .then(|| PathBuf::from(unescape(source)))
+    (fstype == "fuse.cetra").then(|| PathBuf::from(unescape(source)))
 }
 
 /// mountinfo escapes space, tab, newline and backslash as \ooo.
@@ -241,7 +245,7 @@ fn print_table(device: &Path, st: &VolumeStatus) {
         "condition",
         "gen",
         "age",
-        "dead in",
+        "dead time",
         "watchdog",
         "global",
         "inodes ex/sh/wait",
@@ -304,7 +308,8 @@ mod tests {
         let info = "\
 22 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
 90 22 0:50 / /mnt/cetra rw,nosuid,nodev shared:40 - fuse.cetra /dev/mapper/mpatha rw,user_id=0
-91 22 0:51 / /mnt/with\\040space rw shared:41 - fuse /srv/lun\\040a.img rw,user_id=0
+91 22 0:51 / /mnt/with\\040space rw shared:41 - fuse.cetra /srv/lun\\040a.img rw,user_id=0
+92 22 0:52 / /mnt/sshfs rw shared:42 - fuse.sshfs host:/srv rw,user_id=0
 ";
         assert_eq!(
             mount_source(info, Path::new("/mnt/cetra")),
@@ -315,6 +320,11 @@ mod tests {
             Some(PathBuf::from("/srv/lun a.img"))
         );
         assert_eq!(mount_source(info, Path::new("/")), None, "not a FUSE mount");
+        assert_eq!(
+            mount_source(info, Path::new("/mnt/sshfs")),
+            None,
+            "not CetraFS"
+        );
         assert_eq!(mount_source(info, Path::new("/mnt/other")), None);
     }
 }

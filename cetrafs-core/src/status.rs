@@ -14,9 +14,11 @@
 //! (by default twice the longest renewal interval of the live slots): a slot whose record
 //! changed has an age of the time since the last change this process saw; one that did not
 //! change is *stalled* for at least the whole watch. A live slot stalled for the watch is
-//! reported `dead` (it is not renewing); the other nodes recover it once it has been stalled
-//! for its dead time, and the slot then shows `recovering` (with the recovering slot), then
-//! `free`.
+//! reported `dead` (it is not renewing, or a renewal is late by more than the watch: the watch
+//! is never shorter than the default, and a longer one tells the two apart); the other nodes
+//! recover it once it has been stalled for its dead time, and the slot then shows
+//! `recovering` (with the recovering slot), then `free`. A slot block torn by a renewal in
+//! flight can show as `damaged` in one snapshot.
 
 use crate::alloc::Allocator;
 use crate::cluster::lock::LockTable;
@@ -70,7 +72,8 @@ pub struct SlotLocks {
     pub objects_exclusive: u64,
     pub objects_shared: u64,
     pub objects_waiting: u64,
-    /// Allocation groups owned, and the free blocks in them (as their lock records publish).
+    /// Allocation groups owned, and the free blocks in them (as their headers on the LUN say:
+    /// an owner's changes since its last commit point are not counted).
     pub groups_owned: u64,
     pub groups_owned_free: u64,
     /// Files open (registered in the open buckets), and of those open for writing.
@@ -169,7 +172,11 @@ fn watch_slots(
     watch: Option<Duration>,
 ) -> Result<(Vec<Watched>, Duration)> {
     let first = membership::scan(dev, sb)?;
-    let watch = watch.unwrap_or_else(|| default_watch(sb, &first));
+    // Never shorter than the default: a shorter watch would call live nodes dead.
+    let watch = watch.map_or_else(
+        || default_watch(sb, &first),
+        |w| w.max(default_watch(sb, &first)),
+    );
     let poll = Duration::from_millis(u64::from(sb.heartbeat_interval_ms / 4).clamp(5, 100));
     let start = Instant::now();
     let mut seen: Vec<Watched> = first.into_iter().map(|v| (v, None)).collect();
@@ -206,7 +213,8 @@ fn read_blocks(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<Aligned
     Ok(buf)
 }
 
-/// Take the snapshot. `watch`: how long to watch the heartbeats (None: [`default_watch`]).
+/// Take the snapshot. `watch`: how long to watch the heartbeats (None, or anything shorter:
+/// [`default_watch`]).
 pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatus> {
     let sb = crate::fs::read_superblock(&**dev)?;
     let (seen, watched) = watch_slots(&**dev, &sb, watch)?;
@@ -218,8 +226,13 @@ pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatu
 
     // The lock area: the global lock, the group records, the open buckets.
     let table = LockTable::new(dev.clone(), &sb);
-    let records = table.read_range(0, table.lock_count())?;
-    let global = records.first();
+    // A damaged record counts as unheld here (fsck.cetra -n names it).
+    let records: Vec<Option<LockRecord>> = table
+        .read_range_each(0, table.lock_count())?
+        .into_iter()
+        .map(std::result::Result::ok)
+        .collect();
+    let global = records.first().and_then(Option::as_ref);
     let mut global_mode = "free";
     let mut global_version = 0;
     if let Some(g) = global {
@@ -240,7 +253,9 @@ pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatu
     let alloc = Allocator::new(dev.clone(), &sb, 1 << 20)?;
     let mut groups = Vec::new();
     for g in 0..sb.group_count {
-        let rec = records.get(usize::try_from(table.group_index(g)).unwrap_or(usize::MAX));
+        let rec = records
+            .get(usize::try_from(table.group_index(g)).unwrap_or(usize::MAX))
+            .and_then(Option::as_ref);
         let owner = rec.filter(|r| r.owner != NO_SLOT).map(|r| r.owner);
         let free_blocks = alloc.group_free(g).unwrap_or(0);
         if let Some(i) = owner.and_then(&mut at) {
@@ -258,6 +273,7 @@ pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatu
         .iter()
         .skip(usize::try_from(first_bucket).unwrap_or(usize::MAX))
         .take(usize::try_from(buckets).unwrap_or(0))
+        .flatten()
     {
         for e in &r.entries {
             if let Some(i) = at(e.slot) {

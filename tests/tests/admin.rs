@@ -28,7 +28,7 @@ const STOP_AFTER_REPLAY: (&str, &str) = ("CETRA_FAILPOINT", "recovery::after_rep
 
 fn status(target: &Path) -> Value {
     let r = run(Command::new(bin("cetra"))
-        .args(["status", "--json", "--watch-ms", "300"])
+        .args(["status", "--json", "--watch-ms", "600"])
         .arg(target));
     assert_eq!(
         r.code,
@@ -72,6 +72,9 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
         f.sync_all().expect("fsync through node1");
     }
 
+    // node2 keeps a file open for writing: its open registration shows.
+    let held = std::fs::File::create(node2.p("held")).expect("create through node2");
+    held.sync_all().expect("fsync through node2");
     // Three nodes, asked from node3 (its mountpoint resolves to the LUN).
     let st = status(node3.path());
     for host in ["node1", "node2", "node3"] {
@@ -87,6 +90,8 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
         assert_eq!(s["dead_time_ms"], 5200, "{host}: {s:#}");
     }
     assert_eq!(st["max_nodes"], 8);
+    let writing = &slot_of(&st, "node2").expect("node2")["locks"]["files_open_writing"];
+    assert!(writing.as_u64() >= Some(1), "node2's open file: {st:#}");
     let slot = |host: &str| slot_of(&st, host).and_then(|s| s["slot"].as_u64());
     let survivors = [(slot("node2"), &node2), (slot("node3"), &node3)];
     assert!(st["free_blocks"].as_u64().unwrap_or(0) > 0, "{st:#}");
@@ -123,6 +128,23 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
             assert!(m.signal(libc::SIGCONT).is_ok(), "SIGCONT {}", m.pid());
             resumed = Some(m.pid());
         }
+        let l = &s["locks"];
+        let holds = [
+            "inodes_exclusive",
+            "inodes_shared",
+            "groups_owned",
+            "files_open",
+        ]
+        .iter()
+        .map(|k| l[k].as_u64().unwrap_or(0))
+        .sum::<u64>()
+            + u64::from(!l["global"].is_null());
+        match cond.as_str() {
+            // It created and fsynced a file: it holds that inode's lock until recovered.
+            "dead" => assert!(holds > 0, "a dead node1 shows no locks: {s:#}"),
+            "free" => assert_eq!(holds, 0, "a recovered node1 still holds locks: {s:#}"),
+            _ => {}
+        }
         cond == "free"
     });
     assert!(
@@ -149,6 +171,7 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
         std::fs::read(node3.p("hello")).expect("read through node3"),
         b"hi"
     );
+    drop(held);
     node2.unmount();
     node3.unmount();
     let st = status(lun.path());
