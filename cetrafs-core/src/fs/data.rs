@@ -20,13 +20,12 @@
 //! holds no allocated block allocates and writes (zero-padded) the whole granule, clipped to
 //! the file's size (`Volume::granule`); smaller files, granules already partly allocated, and
 //! a granule that neither the pool nor the bitmaps can give allocate exactly the blocks
-//! written. The
-//! trade (docs/performance.md §6c): a fresh image's random 4 KiB writes soon land in
-//! allocated granules and take the fast path (no metadata, no mapper, no lock), and a thin
-//! image has at most one extent per granule instead of up to one per 4 KiB written; the cost
-//! is the zeros written with each first touch (a guest's first pass over new space moves up
-//! to G per touch through the LUN's bandwidth) and up to G of space per touched granule of an
-//! image written sparsely. `granule=4` allocates exactly what is written.
+//! written. The trade (docs/performance.md §6c): a fresh image's random 4 KiB writes soon
+//! land in allocated granules and take the fast path (no metadata, no mapper, no lock), and a
+//! thin image has at most one extent per granule instead of up to one per 4 KiB written; the
+//! cost is the zeros written with each first touch (a guest's first pass over new space moves
+//! up to G per touch through the LUN's bandwidth) and up to G of space per touched granule of
+//! an image written sparsely. `granule=4` allocates exactly what is written.
 
 use super::suid::{self, Credentials};
 use super::txn::{Meta, Tx};
