@@ -17,13 +17,14 @@
 //! reported `dead` (it is not renewing, or a renewal is late by more than the watch: the watch
 //! is never shorter than the default, and a longer one tells the two apart); the other nodes
 //! recover it once it has been stalled for its dead time, and the slot then shows
-//! `recovering` (with the recovering slot), then `free`. A slot block torn by a renewal in
-//! flight can show as `damaged` in one snapshot.
+//! `recovering` (with the recovering slot), then `free`. A block that does not decode during
+//! the watch is taken for a read torn by a renewal in flight and skipped (the first read, by
+//! `membership::scan`, re-reads it before calling the slot damaged).
 
 use crate::alloc::Allocator;
 use crate::cluster::lock::LockTable;
 use crate::cluster::membership::{self, SlotView};
-use crate::dev::{AlignedBuf, BlockDevice, SharedDevice};
+use crate::dev::{for_each_record, read_aligned, BlockDevice, SharedDevice};
 use crate::error::Result;
 use crate::format::heartbeat::SlotState;
 use crate::format::lock_record::{LockMode, LockRecord, NO_SLOT};
@@ -184,11 +185,17 @@ fn watch_slots(
         std::thread::sleep(poll.min(watch.saturating_sub(start.elapsed())));
         for (v, changed) in &mut seen {
             let raw = membership::read_slot(dev, sb, v.slot)?;
-            if raw != v.raw {
-                *changed = Some(Instant::now());
-                v.record = membership::decode_slot(&raw, sb, v.slot).ok().flatten();
-                v.raw = raw;
+            if raw == v.raw {
+                continue;
             }
+            // A block that does not decode may be torn by a renewal in flight: kept for the
+            // next poll, as `membership::scan` re-reads it (only its first read decides).
+            let Ok(record) = membership::decode_slot(&raw, sb, v.slot) else {
+                continue;
+            };
+            *changed = Some(Instant::now());
+            v.record = record;
+            v.raw = raw;
         }
     }
     Ok((seen, start.elapsed()))
@@ -205,12 +212,6 @@ fn condition(v: &SlotView, changed: bool) -> Condition {
             SlotState::Live => Condition::Dead,
         },
     }
-}
-
-fn read_blocks(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<AlignedBuf> {
-    let mut buf = AlignedBuf::new(len);
-    dev.read_at(offset, &mut buf)?;
-    Ok(buf)
 }
 
 /// Take the snapshot. `watch`: how long to watch the heartbeats (None, or anything shorter:
@@ -284,18 +285,14 @@ pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatu
     }
     // Object locks (format v3).
     if let Some(area) = sb.object_lock_area() {
-        let step = u64::try_from(lbs).unwrap_or(u64::MAX);
-        let mut first = 0;
-        while first < area.buckets {
-            let n = 256.min(area.buckets - first);
-            let raw = read_blocks(
-                &**dev,
-                area.bucket_offset + first * step,
-                usize::try_from(n).unwrap_or(0) * lbs,
-            )?;
-            for (index, block) in (first..).zip(raw.chunks(lbs)) {
+        for_each_record(
+            &**dev,
+            area.bucket_offset,
+            area.buckets,
+            lbs,
+            &mut |index, block| {
                 let Ok(bucket) = Bucket::decode(block, index) else {
-                    continue; // fsck reports it
+                    return; // fsck reports it
                 };
                 for m in bucket.entries.iter().flat_map(|e| &e.mentions) {
                     if let Some(i) = at(m.slot) {
@@ -306,9 +303,8 @@ pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatu
                         }
                     }
                 }
-            }
-            first += n;
-        }
+            },
+        )?;
     }
 
     let mut slots = Vec::new();
@@ -322,7 +318,7 @@ pub fn gather(dev: &SharedDevice, watch: Option<Duration>) -> Result<VolumeStatu
         let area = JournalArea::for_slot(&sb, v.slot);
         let (journal_pending, orphans) = if v.slot < sb.max_nodes {
             let pending = journal::find_tx(&**dev, area)?.is_some();
-            let header = read_blocks(
+            let header = read_aligned(
                 &**dev,
                 area.start * crate::format::FS_BLOCK,
                 crate::format::FS_BLOCK_SIZE,

@@ -26,7 +26,7 @@ use super::{finding, FindingKind, Report, Severity};
 use crate::cluster::lock::{inconsistency, is_stale, stale_mentions, LockLayout, SlotLife};
 use crate::cluster::membership::{self, SlotView};
 use crate::cluster::object_lock::ObjectId;
-use crate::dev::{AlignedBuf, BlockDevice};
+use crate::dev::{for_each_record, read_aligned, BlockDevice};
 use crate::error::Result;
 use crate::format::heartbeat::SlotState;
 use crate::format::lock_record::NO_SLOT;
@@ -62,12 +62,6 @@ fn push(report: &mut Report, kind: FindingKind, severity: Severity, message: Str
     report.findings.push(f);
 }
 
-fn read(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<AlignedBuf> {
-    let mut buf = AlignedBuf::new(len);
-    dev.read_at(offset, &mut buf)?;
-    Ok(buf)
-}
-
 fn check_heartbeats(
     dev: &dyn BlockDevice,
     sb: &Superblock,
@@ -75,7 +69,7 @@ fn check_heartbeats(
     report: &mut Report,
 ) -> Result<Vec<SlotView>> {
     let len = usize::try_from(sb.hb_slots).unwrap_or(0) * lbs;
-    let area = read(dev, sb.hb_start * FS_BLOCK, len)?;
+    let area = read_aligned(dev, sb.hb_start * FS_BLOCK, len)?;
     let mut views = Vec::new();
     for (slot, raw) in (0u32..).zip(area.chunks(lbs)) {
         let record = match membership::decode_slot(raw, sb, slot) {
@@ -158,7 +152,7 @@ fn check_locks(
         );
     }
     let len = usize::try_from(layout.lock_count).unwrap_or(0) * lbs;
-    let area = read(dev, sb.lock_start * FS_BLOCK, len)?;
+    let area = read_aligned(dev, sb.lock_start * FS_BLOCK, len)?;
     for (index, raw) in (0u64..).zip(area.chunks(lbs)) {
         let rec = match layout.decode_at(raw, index) {
             Ok(r) => r,
@@ -218,34 +212,6 @@ fn check_locks(
                 format!("{what}: stale {m}: that slot holds nothing at that generation; the next mount removes it"),
             );
         }
-    }
-    Ok(())
-}
-
-/// Records read per device read in the object-lock and mailbox areas.
-const RECORDS_PER_READ: u64 = 256;
-
-/// Read `count` records of `lbs` bytes from byte `offset` in chunks, calling `each(index, raw)`.
-fn for_each_record(
-    dev: &dyn BlockDevice,
-    offset: u64,
-    count: u64,
-    lbs: usize,
-    each: &mut dyn FnMut(u64, &[u8]),
-) -> Result<()> {
-    let step = u64::try_from(lbs).unwrap_or(u64::MAX);
-    let mut first = 0;
-    while first < count {
-        let n = RECORDS_PER_READ.min(count - first);
-        let area = read(
-            dev,
-            offset + first * step,
-            usize::try_from(n).unwrap_or(0) * lbs,
-        )?;
-        for (i, raw) in (first..).zip(area.chunks(lbs)) {
-            each(i, raw);
-        }
-        first += n;
     }
     Ok(())
 }

@@ -75,6 +75,44 @@ pub trait BlockDevice: Send + Sync + Debug {
 
 pub type SharedDevice = Arc<dyn BlockDevice>;
 
+/// Read `len` bytes at byte `offset` (both multiples of the logical block size) into an
+/// aligned buffer.
+pub fn read_aligned(dev: &dyn BlockDevice, offset: u64, len: usize) -> Result<AlignedBuf> {
+    let mut buf = AlignedBuf::new(len);
+    dev.read_at(offset, &mut buf)?;
+    Ok(buf)
+}
+
+/// One-block records read per device read by [`for_each_record`].
+const RECORDS_PER_READ: u64 = 256;
+
+/// Read `count` consecutive records of `lbs` bytes from byte `offset`, 256 per device read,
+/// calling `each(index, raw)` for each (fsck's checks and `cetra status` over the object-lock
+/// and mailbox areas).
+pub fn for_each_record(
+    dev: &dyn BlockDevice,
+    offset: u64,
+    count: u64,
+    lbs: usize,
+    each: &mut dyn FnMut(u64, &[u8]),
+) -> Result<()> {
+    let step = u64::try_from(lbs).unwrap_or(u64::MAX);
+    let mut first = 0;
+    while first < count {
+        let n = RECORDS_PER_READ.min(count - first);
+        let area = read_aligned(
+            dev,
+            offset + first * step,
+            usize::try_from(n).unwrap_or(0) * lbs,
+        )?;
+        for (i, raw) in (first..).zip(area.chunks(lbs)) {
+            each(i, raw);
+        }
+        first += n;
+    }
+    Ok(())
+}
+
 /// Validate that an I/O request is block-aligned and inside the device.
 pub(crate) fn check_io(geo: &Geometry, offset: u64, len: usize, what: &str) -> Result<()> {
     let lbs = geo.lbs();
