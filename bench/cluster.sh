@@ -321,6 +321,16 @@ readers() { # name : nodes 2+3 randread QD32 on their prefilled images, waited f
     for i in 2 3; do fio_bg "$1" "$i" "${PRE[i]}" 0 rand-read-4k-qd32.fio; p+=("$LAST"); done
     wait_ok "${p[@]}"
 }
+loaded_readers() { # name phase: nodes 2+3 read while node 1's load ($LAST, just started in the
+    # background, running RUNTIME + 6 s) goes on: it starts 2 s before the readers and outlasts
+    # them (their 2 s ramp + runtime)
+    local bg=$LAST
+    sleep 2
+    cpu_begin
+    readers "$1"
+    cpu_end "$2"
+    wait_ok "$bg"
+}
 section2() { # prefix label
     local p=$1
     echo "[+$((SECONDS))s] 2$2. nodes 2+3 randread QD32 while node 1 is (a) idle, (b) randwrites a fresh thin image, (c) creates files"
@@ -328,32 +338,16 @@ section2() { # prefix label
     readers "$p-idle"
     cpu_end "2a$2 readers, node1 idle"
     F=$(fresh 1 "fresh-$p")
-    # node 1's load starts 2 s before the readers and outlasts them (their 2 s ramp + runtime).
     RUNTIME=$((RUNTIME + 6)) fio_bg "$p-write-bg" 1 "$F" 0 cluster-randwrite-4k-qd32.fio
-    BGW=$LAST
-    sleep 2
-    cpu_begin
-    readers "$p-write"
-    cpu_end "2b$2 readers, node1 randwrites fresh"
-    wait_ok "$BGW"
+    loaded_readers "$p-write" "2b$2 readers, node1 randwrites fresh"
     alloc_note "$p-write-bg node1" "$F"
     meta_bg "$p-create-bg" 1 "${M[1]}/$p-creates" $((RUNTIME + 6)) create 0
-    BGC=$LAST
-    sleep 2
-    cpu_begin
-    readers "$p-create"
-    cpu_end "2c$2 readers, node1 creates"
-    wait_ok "$BGC"
+    loaded_readers "$p-create" "2c$2 readers, node1 creates"
     # Context, no target: (d) node 1 randwrites its PREFILLED image, no metadata and no lock
     # traffic at all: what a writer at full speed costs the readers through this machine's
     # CPUs and the LUN alone, to read (b) against.
     RUNTIME=$((RUNTIME + 6)) fio_bg "$p-over-bg" 1 "${PRE[1]}" 0 cluster-randwrite-4k-qd32.fio
-    BGO=$LAST
-    sleep 2
-    cpu_begin
-    readers "$p-over"
-    cpu_end "2d$2 readers, node1 overwrites prefilled"
-    wait_ok "$BGO"
+    loaded_readers "$p-over" "2d$2 readers, node1 overwrites prefilled"
 }
 if want 2; then
     section2 s2 ""
