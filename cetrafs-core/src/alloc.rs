@@ -996,9 +996,11 @@ impl Allocator {
     }
 
     /// A commit point made the running transaction durable and wrote it home: quarantined
-    /// runs may be reused, and every bitmap it carried is home (evictable again).
-    pub fn committed(&mut self) {
-        for (start, len) in std::mem::take(&mut self.quarantine) {
+    /// runs may be reused, and every bitmap it carried is home (evictable again). Returns the
+    /// runs released: their frees are durable now (what fs/discard.rs queues).
+    pub fn committed(&mut self) -> Vec<(u64, u64)> {
+        let released = std::mem::take(&mut self.quarantine);
+        for &(start, len) in &released {
             if let Some((g, bit)) = self.locate(start) {
                 if let Some(bm) = self.groups[g].bits.as_deref_mut() {
                     bm.set_resv(bit, len, false);
@@ -1011,6 +1013,38 @@ impl Allocator {
             }
         }
         self.evict(None);
+        released
+    }
+
+    /// The parts of the run `start`+`len` that nothing claims: free in the
+    /// bitmap and not reserved (no write in flight, reservation window or quarantined free of
+    /// this node holds them). Under the global lock, exclusive, no other node holds bitmap
+    /// blocks either (fs/inflight.rs), so these blocks hold no data anyone can read: what
+    /// fs/discard.rs may discard. Loads the group's bitmap.
+    pub fn unclaimed(&mut self, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+        let mut out: Vec<(u64, u64)> = Vec::new();
+        let end = start.saturating_add(len);
+        let mut at = start;
+        // A run may cross from one group into the next (the discard queue merges neighbours).
+        while at < end {
+            let Some((g, bit)) = self.locate(at) else {
+                break;
+            };
+            let n = (end - at).min(self.group_blocks - bit);
+            let bm = self.load(g)?;
+            for b in bit..bit + n {
+                if get(&bm.used, b) || get(&bm.resv, b) {
+                    continue;
+                }
+                let block = at + (b - bit);
+                match out.last_mut() {
+                    Some((s, l)) if *s + *l == block => *l += 1,
+                    _ => out.push((block, 1)),
+                }
+            }
+            at += n;
+        }
+        Ok(out)
     }
 
     pub fn has_quarantine(&self) -> bool {

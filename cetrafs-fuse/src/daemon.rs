@@ -561,6 +561,7 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
             bitmap_cache_bytes: args.opts.bitmap_cache_bytes,
             inode_locks: args.opts.inode_locks,
             alloc_granule: args.opts.alloc_granule,
+            discard_rate: args.opts.discard_rate,
             // fence=none: software fencing only, so no watchdog either (Fencing::decide).
             watchdog: fencing
                 .as_ref()

@@ -28,6 +28,7 @@ pub const USAGE: &str = concat!(
     "  options: host=NAME, ro, rw, attr_timeout=SECS, entry_timeout=SECS, nofilelock, renew=caw,\n",
     "           inode_cache=MIB, meta_cache=MIB, bitmap_cache=MIB, inode_locks=N, granule=KIB,\n",
     "           watchdog=auto|none|PATH, fence=auto|pr|watchdog|none, pr_preempt=abort|plain,\n",
+    "           discard[=MIB/s], nodiscard,\n",
     "           nosuid, nodev, noexec, noatime (and the generic fstab options)\n",
     "  -f  stay in the foreground    -v  verbose (debug) logging",
 );
@@ -77,6 +78,9 @@ pub struct Options {
     pub inode_locks: Option<usize>,
     /// `granule=KIB`: allocation granule of image-sized sparse files, in bytes.
     pub alloc_granule: u64,
+    /// `discard=MIB` (MiB/s), `discard` (the default rate) or `nodiscard`: give freed space
+    /// back to the LUN in the background, in bytes per second (`fs/discard.rs`).
+    pub discard_rate: Option<u64>,
     /// `watchdog=auto|none|PATH`: the host watchdog petted while the lease is valid.
     pub watchdog: cetrafs_core::cluster::watchdog::WatchdogSpec,
     /// `fence=auto|pr|watchdog|none`: how a node that lost its lease is kept from writing
@@ -107,6 +111,7 @@ impl Default for Options {
             bitmap_cache_bytes: cetrafs_core::fs::DEFAULT_BITMAP_CACHE,
             inode_locks: None,
             alloc_granule: cetrafs_core::fs::DEFAULT_ALLOC_GRANULE,
+            discard_rate: Some(cetrafs_core::fs::discard::DEFAULT_RATE),
             watchdog: cetrafs_core::cluster::watchdog::WatchdogSpec::Auto,
             fence: cetrafs_core::cluster::reservation::FenceMode::Auto,
             pr_preempt: cetrafs_core::cluster::reservation::Preempt::Abort,
@@ -146,6 +151,11 @@ impl Options {
                 ("bitmap_cache", Some(v)) => self.bitmap_cache_bytes = parse_mib(key, v)?,
                 ("inode_locks", Some(v)) => self.inode_locks = Some(parse_count(key, v)?),
                 ("granule", Some(v)) => self.alloc_granule = parse_granule(key, v)?,
+                ("discard", None) => {
+                    self.discard_rate = Some(cetrafs_core::fs::discard::DEFAULT_RATE);
+                }
+                ("discard", Some(v)) => self.discard_rate = Some(parse_rate(key, v)?),
+                ("nodiscard", None) => self.discard_rate = None,
                 ("watchdog", Some(v)) => {
                     self.watchdog =
                         cetrafs_core::cluster::watchdog::WatchdogSpec::parse(v).map_err(usage)?;
@@ -211,6 +221,7 @@ fn is_flag(k: &str) -> bool {
             k,
             "ro" | "rw"
                 | "nofilelock"
+                | "nodiscard"
                 | "suid"
                 | "nosuid"
                 | "dev"
@@ -289,6 +300,21 @@ fn parse_granule(key: &str, v: &str) -> Result<u64, UsageError> {
         })
 }
 
+/// Most `discard=` accepts, MiB/s (a typo guard: faster than any SAN discards).
+const MAX_DISCARD_MIB: u64 = 1 << 16;
+
+fn parse_rate(key: &str, v: &str) -> Result<u64, UsageError> {
+    v.parse::<u64>()
+        .ok()
+        .filter(|m| (1..=MAX_DISCARD_MIB).contains(m))
+        .map(|m| m << 20)
+        .ok_or_else(|| {
+            usage(format!(
+                "{key}={v:?}: expected MiB per second from 1 to {MAX_DISCARD_MIB}, e.g. 64 (the default); nodiscard turns it off"
+            ))
+        })
+}
+
 /// A parsed command line.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Args {
@@ -301,7 +327,7 @@ pub struct Args {
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Command {
-    Mount(Args),
+    Mount(Box<Args>),
     Help,
 }
 
@@ -362,13 +388,13 @@ pub fn parse(argv: impl IntoIterator<Item = OsString>) -> Result<Command, UsageE
             extra.to_string_lossy()
         )));
     }
-    Ok(Command::Mount(Args {
+    Ok(Command::Mount(Box::new(Args {
         device: device.into(),
         mountpoint: mountpoint.into(),
         foreground,
         verbose,
         opts,
-    }))
+    })))
 }
 
 #[cfg(test)]
@@ -381,7 +407,7 @@ mod tests {
 
     fn mount(args: &[&str]) -> Args {
         match p(args) {
-            Ok(Command::Mount(a)) => a,
+            Ok(Command::Mount(a)) => *a,
             other => panic!("{args:?} parsed as {other:?}"),
         }
     }
@@ -485,6 +511,19 @@ mod tests {
             .unwrap_err()
             .0
             .contains("needs a value"));
+    }
+
+    #[test]
+    fn discard() {
+        let rate = |o: &str| mount(&["d", "m", "-o", o]).opts.discard_rate;
+        assert_eq!(mount(&["d", "m"]).opts.discard_rate, Some(64 << 20));
+        assert_eq!(rate("nodiscard"), None);
+        assert_eq!(rate("discard=25"), Some(25 << 20));
+        assert_eq!(rate("nodiscard,discard"), Some(64 << 20));
+        assert_eq!(rate("discard=100,nodiscard"), None);
+        for bad in ["discard=0", "discard=x", "discard=99999999", "nodiscard=1"] {
+            assert!(p(&["d", "m", "-o", bad]).is_err(), "{bad}");
+        }
     }
 
     #[test]

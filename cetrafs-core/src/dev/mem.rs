@@ -182,9 +182,24 @@ impl BlockDevice for MemDevice {
             usize::try_from(len).unwrap_or(usize::MAX),
             "discard",
         )?;
+        if self.faults.cut.load(Ordering::Relaxed) {
+            return Ok(());
+        }
+        // Reads of a discarded range are unspecified: give them something no decoder accepts
+        // and no test wrote, so that a discard of a block still in use shows.
+        let (start, end) = (
+            usize::try_from(offset).unwrap_or(usize::MAX),
+            usize::try_from(offset + len).unwrap_or(usize::MAX),
+        );
+        if let Some(range) = self.data.write().or_panic().get_mut(start..end) {
+            range.fill(DISCARDED);
+        }
         Ok(())
     }
 }
+
+/// What [`MemDevice`] reads back from a discarded range.
+pub const DISCARDED: u8 = 0xDB;
 
 #[cfg(test)]
 mod tests {

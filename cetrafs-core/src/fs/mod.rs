@@ -18,6 +18,7 @@ mod data;
 mod detached;
 mod detached_ns;
 mod dir;
+pub mod discard;
 pub(crate) mod extent_map;
 pub(crate) mod heap;
 mod inflight;

@@ -203,6 +203,12 @@ impl Volume {
         if !self.read_only && !opts.commit_interval.is_zero() {
             Self::spawn_committer(self, opts.commit_interval);
         }
+        if let Some(rate) = opts.discard_rate.filter(|_| !self.read_only) {
+            self.lock_meta().enable_discard();
+            if rate > 0 {
+                Self::spawn_discarder(self, rate);
+            }
+        }
         // Make sure the root is readable now rather than on the first lookup.
         let root = self.sb.root_ino;
         {

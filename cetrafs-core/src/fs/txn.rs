@@ -95,6 +95,9 @@ pub(crate) struct Meta {
     /// with the node's lock server (fs/detached.rs), which reads it without the mutex: a
     /// change made while it read `c` is home, and out of the journal, once it is past `c`.
     emptied: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Runs whose free is durable, waiting for their discard (fs/discard.rs); None:
+    /// `nodiscard`.
+    discards: Option<super::discard::DiscardQueue>,
 }
 
 impl Meta {
@@ -121,7 +124,40 @@ impl Meta {
             inflight: super::inflight::InFlight::default(),
             pool: None,
             emptied: std::sync::Arc::default(),
+            discards: None,
         }
+    }
+
+    /// Queue durable frees for discard from now on (fs/discard.rs).
+    pub fn enable_discard(&mut self) {
+        self.discards.get_or_insert_with(Default::default);
+    }
+
+    /// Blocks queued for discard.
+    pub fn discards_queued(&self) -> u64 {
+        self.discards
+            .as_ref()
+            .map_or(0, super::discard::DiscardQueue::blocks)
+    }
+
+    /// Take at most `budget` blocks of queued runs, and how many runs a full queue dropped
+    /// since the last call.
+    pub fn take_discards(&mut self, budget: u64) -> (Vec<(u64, u64)>, u64) {
+        self.discards
+            .as_mut()
+            .map_or((Vec::new(), 0), |q| (q.take(budget), q.take_dropped()))
+    }
+
+    /// Under the global lock (exclusive): the parts of a run nothing claims, which a discard
+    /// may cover (`Allocator::unclaimed`).
+    pub fn unclaimed(&mut self, start: u64, len: u64) -> Result<Vec<(u64, u64)>> {
+        if self.gml != LockMode::Exclusive {
+            bail!(
+                InvalidInput,
+                "free space is looked up for a discard only under the exclusive global lock"
+            );
+        }
+        self.alloc.unclaimed(start, len)
     }
 
     /// The count of journal emptyings (shared; see the field).
@@ -321,7 +357,12 @@ impl Meta {
 
     /// A commit point completed: frees are durable, and everything changed before is home.
     fn committed(&mut self) {
-        self.alloc.committed();
+        let released = self.alloc.committed();
+        if let Some(q) = &mut self.discards {
+            for (start, len) in released {
+                q.push(start, len);
+            }
+        }
         if let Some(p) = &mut self.pool {
             p.committed();
         }

@@ -265,6 +265,10 @@ pub struct MountOptions {
     /// SCSI-3 persistent reservation fencing (`fence=pr`, `cluster/reservation.rs`), chosen
     /// and joined (joining key) by whoever opened the LUN; None: software fencing only.
     pub reservations: Option<std::sync::Arc<crate::cluster::reservation::Reservations>>,
+    /// Discard freed blocks in the background at this many bytes per second
+    /// (`discard=MiB/s`; `fs/discard.rs`); None (`nodiscard`): never; `Some(0)`: queued, and
+    /// discarded only when asked (`Volume::discard_queued`).
+    pub discard_rate: Option<u64>,
 }
 
 impl Default for MountOptions {
@@ -284,6 +288,7 @@ impl Default for MountOptions {
             watchdog: crate::cluster::watchdog::WatchdogSpec::Off,
             mountpoint: None,
             reservations: None,
+            discard_rate: Some(super::discard::DEFAULT_RATE),
         }
     }
 }

@@ -1,0 +1,96 @@
+//! Freed space goes back to the LUN (issue 11 §2, `fs/discard.rs`), on real daemons.
+//!
+//! Two nodes on one sparse file LUN. node1 writes a 1 GiB file and deletes it; at the default
+//! rate (64 MiB/s) the LUN file's allocated size drops by about 1 GiB within a minute, not at
+//! once. Meanwhile node2 writes a file of its own into the space just freed (so some of its
+//! blocks were queued for discard when it took them): every byte of it reads back, and fsck is
+//! clean.
+
+use cetrafs_tests::{poll_until, require_fuse, Lun, Mount};
+use std::io::{Read as _, Write as _};
+use std::os::unix::fs::MetadataExt as _;
+use std::time::{Duration, Instant};
+
+const GIB: u64 = 1 << 30;
+const MIB: usize = 1 << 20;
+
+/// Bytes the LUN file holds on the host (`du`).
+fn allocated(lun: &Lun) -> u64 {
+    std::fs::metadata(lun.path())
+        .expect("stat the LUN file")
+        .blocks()
+        * 512
+}
+
+/// Block `i` of node2's file: its index in every 8 bytes.
+fn pattern(i: u64) -> Vec<u8> {
+    (0..MIB / 8).flat_map(|_| i.to_le_bytes()).collect()
+}
+
+#[test]
+fn a_deleted_file_gives_its_space_back_to_the_lun_at_the_discard_rate() {
+    require_fuse!();
+    let lun = Lun::new(3 * GIB);
+    lun.mkfs(&["-N", "4"]);
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    {
+        let mut f = std::fs::File::create(node1.p("big")).expect("create big");
+        let chunk = vec![0x5Au8; 4 * MIB];
+        for _ in 0..GIB / chunk.len() as u64 {
+            f.write_all(&chunk).expect("write big");
+        }
+        f.sync_all().expect("fsync big");
+    }
+    let full = allocated(&lun);
+    assert!(
+        full >= GIB,
+        "the LUN holds {full} bytes after a 1 GiB write"
+    );
+    std::fs::remove_file(node1.p("big")).expect("delete big");
+    let deleted = Instant::now();
+
+    // node2 writes 128 MiB into the space node1 just freed, while its discard runs.
+    let blocks = 128u64;
+    {
+        let mut f = std::fs::File::create(node2.p("mine")).expect("create mine");
+        for i in 0..blocks {
+            f.write_all(&pattern(i)).expect("write mine");
+        }
+        f.sync_all().expect("fsync mine");
+    }
+
+    let target = full - (GIB - 64 * MIB as u64) + 128 * MIB as u64;
+    let took =
+        poll_until(Duration::from_mins(1), || allocated(&lun) <= target).unwrap_or_else(|| {
+            panic!(
+                "the LUN file still holds {} MiB a minute after the delete (was {} MiB)",
+                allocated(&lun) >> 20,
+                full >> 20
+            )
+        });
+    let elapsed = deleted.elapsed().max(took);
+    eprintln!(
+        "LUN file: {} MiB allocated before the delete, {} MiB {:.1} s after it",
+        full >> 20,
+        allocated(&lun) >> 20,
+        elapsed.as_secs_f64()
+    );
+    // 1 GiB at 64 MiB/s takes about 16 s: much sooner means no rate limit.
+    assert!(
+        elapsed >= Duration::from_secs(8),
+        "1 GiB discarded in {elapsed:?}: faster than the default rate allows"
+    );
+
+    let mut back = Vec::new();
+    std::fs::File::open(node1.p("mine"))
+        .and_then(|mut f| f.read_to_end(&mut back))
+        .expect("read mine through node1");
+    assert_eq!(back.len() as u64, blocks * MIB as u64);
+    for (i, chunk) in (0..).zip(back.chunks(MIB)) {
+        assert!(chunk == pattern(i), "MiB {i} of node2's file changed");
+    }
+    node1.unmount();
+    node2.unmount();
+    lun.assert_fsck_clean();
+}
