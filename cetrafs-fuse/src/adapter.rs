@@ -48,6 +48,10 @@ const FS_IOC_FSGETXATTR: u32 = 0x801C_581F;
 const FS_IOC_FSSETXATTR: u32 = 0x401C_5820;
 /// sizeof(struct fsxattr): xflags, extsize, nextents, projid, cowextsize, 8 pad bytes.
 const FSXATTR_SIZE: usize = 28;
+/// `_IOWR('X', 121, struct fstrim_range)`: `fstrim` and `cetra trim` on the mountpoint.
+const FITRIM: u32 = 0xC018_5879;
+/// `sizeof(struct fstrim_range)`: start, len, minlen (u64 each, bytes).
+const FSTRIM_RANGE_SIZE: usize = 24;
 /// `FS_*_FL` inode flag <-> `FS_XFLAG_*` pairs for the flags CetraFS stores.
 const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 
@@ -1166,7 +1170,7 @@ impl Filesystem for Adapter {
 
     fn ioctl(
         &self,
-        _req: &Request,
+        req: &Request,
         ino: INodeNo,
         _fh: FileHandle,
         _flags: IoctlFlags,
@@ -1232,6 +1236,35 @@ impl Filesystem for Adapter {
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
+                }
+            }
+            FITRIM => {
+                // As ext4: the whole volume's free space is the caller's business only if it
+                // may administer the filesystem.
+                if req.uid() != 0 {
+                    reply.error(Errno::EPERM);
+                    return;
+                }
+                let Some(range) = in_data.first_chunk::<FSTRIM_RANGE_SIZE>() else {
+                    reply.error(Errno::EINVAL);
+                    return;
+                };
+                let word = |i: usize| {
+                    let mut w = [0u8; 8];
+                    w.copy_from_slice(&range[i..i + 8]);
+                    u64::from_ne_bytes(w)
+                };
+                match self.vol.trim(word(0), word(8), word(16)) {
+                    Ok(bytes) => {
+                        // The kernel copies the range back: len is what was trimmed.
+                        let mut out = *range;
+                        out[8..16].copy_from_slice(&bytes.to_ne_bytes());
+                        let n = usize::try_from(out_size)
+                            .unwrap_or(usize::MAX)
+                            .min(FSTRIM_RANGE_SIZE);
+                        reply.ioctl(0, &out[..n]);
+                    }
+                    Err(e) => reply.error(Self::fail("ioctl(FITRIM)", &e)),
                 }
             }
             _ => reply.error(Errno::ENOTTY),

@@ -4,11 +4,13 @@
 //! rate (64 MiB/s) the LUN file's allocated size drops by about 1 GiB within a minute, not at
 //! once. Meanwhile node2 writes a file of its own into the space just freed (so some of its
 //! blocks were queued for discard when it took them): every byte of it reads back, and fsck is
-//! clean.
+//! clean. Mounted `nodiscard`, a delete leaves the LUN file as it was, and `cetra trim` (the
+//! `FITRIM` ioctl, as `fstrim`) gives the space back at once.
 
-use cetrafs_tests::{poll_until, require_fuse, Lun, Mount};
+use cetrafs_tests::{bin, poll_until, require_fuse, run, Lun, Mount};
 use std::io::{Read as _, Write as _};
 use std::os::unix::fs::MetadataExt as _;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 const GIB: u64 = 1 << 30;
@@ -92,5 +94,54 @@ fn a_deleted_file_gives_its_space_back_to_the_lun_at_the_discard_rate() {
     }
     node1.unmount();
     node2.unmount();
+    lun.assert_fsck_clean();
+}
+
+#[test]
+fn cetra_trim_gives_back_what_nodiscard_kept() {
+    require_fuse!();
+    let lun = Lun::new(2 * GIB);
+    lun.mkfs(&["-N", "4"]);
+    let node = Mount::with_opts(&lun, "node1", &["nodiscard"]);
+    {
+        let mut f = std::fs::File::create(node.p("f")).expect("create f");
+        let chunk = vec![0xA5u8; 4 * MIB];
+        for _ in 0..64 {
+            f.write_all(&chunk).expect("write f");
+        }
+        f.sync_all().expect("fsync f");
+    }
+    std::fs::write(node.p("kept"), b"kept").expect("write kept");
+    let full = allocated(&lun);
+    std::fs::remove_file(node.p("f")).expect("delete f");
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        allocated(&lun) + 16 * MIB as u64 >= full,
+        "nodiscard: the LUN file went from {full} to {} bytes",
+        allocated(&lun)
+    );
+    // Right after the delete, with its free perhaps not committed yet.
+    let r = run(Command::new(bin("cetra"))
+        .args(["trim", "--json"])
+        .arg(node.path()));
+    assert_eq!(r.code, 0, "cetra trim: {}", r.output());
+    let out: serde_json::Value = serde_json::from_str(&r.stdout).expect("cetra trim --json");
+    let trimmed = out["trimmed_bytes"].as_u64().expect("trimmed_bytes");
+    assert!(trimmed >= 256 << 20, "trimmed {trimmed} bytes: {out}");
+    let after = allocated(&lun);
+    assert!(
+        after + (240 << 20) <= full,
+        "the LUN file holds {after} bytes after cetra trim, {full} before"
+    );
+    assert_eq!(std::fs::read(node.p("kept")).expect("read kept"), b"kept");
+    // Anything but a CetraFS mountpoint is refused (FITRIM there would trim its filesystem).
+    let r = run(Command::new(bin("cetra")).args(["trim"]).arg(lun.dir()));
+    assert_eq!(r.code, 1, "{}", r.output());
+    assert!(
+        r.stderr.contains("not a CetraFS mountpoint"),
+        "{}",
+        r.output()
+    );
+    node.unmount();
     lun.assert_fsck_clean();
 }

@@ -44,6 +44,8 @@ pub const TICK: Duration = Duration::from_secs(1);
 pub const MIN_RUN: u64 = 16;
 /// Most runs kept queued.
 pub const MAX_RUNS: usize = 1 << 16;
+/// Blocks a trim ([`Volume::trim`]) looks at per hold of the global lock (64 MiB).
+pub const TRIM_STEP: u64 = 16_384;
 
 /// Runs whose free is durable, waiting for their discard.
 #[derive(Debug, Default)]
@@ -136,6 +138,48 @@ impl Volume {
             }
         }
         Ok(done)
+    }
+
+    /// Discard the free space of the byte range `[start, start + len)` of the volume, in
+    /// free runs of at least `min_len` bytes (`FITRIM`: `fstrim`, `cetra trim`): every block
+    /// that no file, pool or write in flight claims, [`TRIM_STEP`] blocks per hold of the
+    /// global lock (exclusive) and the metadata mutex, so other work goes on in between.
+    /// Commits first. Returns the bytes discarded. Not rate-limited: a trim is asked for.
+    pub fn trim(&self, start: u64, len: u64, min_len: u64) -> Result<u64> {
+        self.check_writable()?;
+        // Frees not yet committed are still quarantined (not free to discard): commit first,
+        // so that what `rm` just freed is trimmed too.
+        self.sync()?;
+        let first = (start / FS_BLOCK).max(self.sb.group_start);
+        let end = start
+            .saturating_add(len)
+            .div_ceil(FS_BLOCK)
+            .min(self.sb.total_blocks)
+            .min(
+                self.sb
+                    .group_start
+                    .saturating_add(self.sb.group_count.saturating_mul(self.sb.group_blocks)),
+            );
+        let min_blocks = min_len.div_ceil(FS_BLOCK).max(1);
+        let mut done = 0;
+        let mut at = first;
+        while at < end {
+            let n = TRIM_STEP.min(end - at);
+            let mut m = self.meta_ex()?;
+            for (s, l) in m.unclaimed(at, n)? {
+                if l < min_blocks {
+                    continue;
+                }
+                crate::failpoint!("discard::before_discard");
+                self.dev
+                    .discard(s * FS_BLOCK, l * FS_BLOCK)
+                    .map_err(|e| e.wrap(format!("trimming blocks {s}+{l}")))?;
+                done += l;
+            }
+            drop(m);
+            at += n;
+        }
+        Ok(done * FS_BLOCK)
     }
 
     /// Blocks waiting for their discard.
@@ -321,6 +365,55 @@ mod volume_tests {
         for &blk in &b_blocks {
             assert!(block(&dev, blk).iter().all(|&x| x == 0xB2), "block {blk}");
         }
+        v.unmount().unwrap();
+        let report = crate::check::check_volume(&*dev).unwrap();
+        assert!(report.is_clean(), "{:?}", report.findings);
+    }
+
+    #[test]
+    fn a_trim_discards_all_free_space_and_nothing_else() {
+        let (dev0, v0) = fresh(64 << 20);
+        v0.unmount().unwrap();
+        let dev = Arc::new(MemDevice::from_image(dev0.snapshot(), 512));
+        let opts = MountOptions {
+            discard_rate: None,
+            ..MountOptions::default()
+        };
+        let v = Volume::mount(dev.clone(), &opts).unwrap();
+        let kept = file(&v, b"kept", 6 << 20, 0x4B);
+        let gone = file(&v, b"gone", 6 << 20, 0x6F);
+        let gone_blocks = blocks_of(&v, gone);
+        v.unlink(v.root_ino(), b"gone").unwrap();
+        v.sync().unwrap();
+        // nodiscard: nothing was discarded at the free.
+        assert!(gone_blocks
+            .iter()
+            .all(|&b| block(&dev, b).iter().all(|&x| x == 0x6F)));
+        // A trim that leaves runs shorter than 1 GiB alone: nothing on this volume.
+        let sb = v.superblock().clone();
+        assert_eq!(v.trim(0, u64::MAX, 1 << 30).unwrap(), 0);
+        let trimmed = v.trim(0, u64::MAX, 0).unwrap();
+        let free = v.statfs().unwrap().bfree;
+        assert!(
+            trimmed >= gone_blocks.len() as u64 * FS_BLOCK && trimmed <= free * FS_BLOCK,
+            "trimmed {trimmed} bytes, {} freed, {free} blocks free",
+            gone_blocks.len()
+        );
+        for &b in &gone_blocks {
+            assert!(block(&dev, b).iter().all(|&x| x == DISCARDED), "block {b}");
+        }
+        let fh = v.open(kept, false, false).unwrap();
+        let mut back = Vec::new();
+        v.read(&fh, 0, 6 << 20, &mut |d| back.extend_from_slice(d))
+            .unwrap();
+        v.release(&fh).unwrap();
+        assert!(back.len() == 6 << 20 && back.iter().all(|&x| x == 0x4B));
+        // Everything outside the group area is left alone.
+        assert!(
+            block(&dev, 0).iter().any(|&x| x != DISCARDED),
+            "superblock discarded"
+        );
+        assert!(sb.group_start > 0);
         v.unmount().unwrap();
         let report = crate::check::check_volume(&*dev).unwrap();
         assert!(report.is_clean(), "{:?}", report.findings);
