@@ -222,7 +222,8 @@ if [ "$MULTINODE" = 1 ] && [ -c /dev/fuse ]; then
         set -- $lun
         t0=$(up)
         { lio-check fs-multi --tag "$1" --devs "$2" --interval "$MNINTERVAL" \
-              --io-timeout "$MNIOTIMEOUT" --files "$MNFILES" --preempt "$PREEMPT" 2>&1; echo $? > /tmp/fsm.rc; } |
+              --io-timeout "$MNIOTIMEOUT" --files "$MNFILES" --preempt "$PREEMPT" \
+              --backing "/srv/$1.img" 2>&1; echo $? > /tmp/fsm.rc; } |
             tee /tmp/fsm-$1.out > $R
         rc=$(cat /tmp/fsm.rc)
         np=$(grep -c '^PASS ' /tmp/fsm-$1.out); nf=$(grep -c '^FAIL ' /tmp/fsm-$1.out)

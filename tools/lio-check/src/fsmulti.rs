@@ -506,6 +506,8 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
     // fence=auto takes persistent reservations on these LUNs; a dead node's key is removed
     // by PREEMPT unless `--preempt abort` (PREEMPT AND ABORT deadlocks LIO over tcm_loop).
     let preempt = m.get("preempt").map_or("plain", String::as_str).to_string();
+    // The LUN's backstore file (fileio on tmpfs): its allocated size shows UNMAP working.
+    let backing = m.get("backing").map(PathBuf::from);
     // The daemons fork away from mount.cetra; as their subreaper we can reap them and see
     // their exit status.
     // SAFETY: prctl with integer arguments.
@@ -519,7 +521,11 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
         u32::try_from(io_timeout).map_err(|e| e.to_string())?,
     )
     .dead_time();
-    run(&mut s, &devs, interval, io_timeout, files, dead_time);
+    let lun = Lun {
+        devs: &devs,
+        backing: backing.as_deref(),
+    };
+    run(&mut s, &lun, interval, io_timeout, files, dead_time);
     s.teardown();
     // ---- 6. every daemon log, however far the scenarios got: no ERROR line, no panic
     s.check_logs(PROVOKED_ERRORS, &[]);
@@ -541,14 +547,62 @@ pub fn fs_multi(m: &HashMap<String, String>) -> Result<bool, String> {
     Ok(ok)
 }
 
+/// Bytes a file holds on its filesystem (`du`).
+fn allocated(p: &Path) -> Result<u64, String> {
+    use std::os::unix::fs::MetadataExt as _;
+    fs::metadata(p)
+        .map(|m| m.blocks() * 512)
+        .map_err(|e| format!("stat {}: {e}", p.display()))
+}
+
+/// Space freed on the volume goes back to the LUN (`fs/discard.rs`): a file of 8 MiB written
+/// on node1 and deleted; the backstore file shrinks by about as much within 15 s (UNMAP
+/// through `SG_IO`, which LIO's fileio backend turns into a punched hole).
+fn discard_reaches_the_backstore(s: &mut Scenario, backing: &Path) {
+    const LEN: usize = 8 << 20;
+    let (m1, backing) = (s.mp(0), backing.to_path_buf());
+    let r = timed("discard reaches the backstore", STEP_LIMIT, move || {
+        let data: Vec<u8> = (0..=250u8).cycle().take(LEN).collect();
+        let p = m1.join("discard-me");
+        write_fsync(&p, &data)?;
+        let full = allocated(&backing)?;
+        fs::remove_file(&p).map_err(|e| format!("delete {}: {e}", p.display()))?;
+        let t = Instant::now();
+        let want = full - (LEN as u64 - (1 << 20));
+        poll(Duration::from_secs(15), || Ok(allocated(&backing)? <= want)).map_err(|e| {
+            format!(
+                "{}: {} KiB allocated before the delete, {:?} KiB 15 s after it: {e}",
+                backing.display(),
+                full >> 10,
+                allocated(&backing).map(|b| b >> 10)
+            )
+        })?;
+        Ok(format!(
+            "{} KiB allocated in {} before the delete of 8 MiB on node1, {} KiB {} after",
+            full >> 10,
+            backing.display(),
+            allocated(&backing)? >> 10,
+            secs(t.elapsed())
+        ))
+    });
+    s.check("discard: a deleted file's space leaves the backstore", r);
+}
+
+/// The LUN under test: its nexuses, and its backstore file when the caller named it.
+struct Lun<'a> {
+    devs: &'a [String],
+    backing: Option<&'a Path>,
+}
+
 fn run(
     s: &mut Scenario,
-    devs: &[String],
+    lun: &Lun<'_>,
     interval: u64,
     io_timeout: u64,
     files: usize,
     dead_time: Duration,
 ) {
+    let devs = lun.devs;
     // ---- 0. the nexuses are one LUN (VPD 0x83), and mkfs once
     let ok = s.check(
         "3 nexuses, one LUN",
@@ -810,6 +864,10 @@ fn run(
             );
             s.check("images verify from another node", r);
         }
+    }
+
+    if let Some(b) = lun.backing {
+        discard_reaches_the_backstore(s, b);
     }
 
     // ---- 4. SIGKILL node2, detach its mount, a survivor recovers it
