@@ -56,6 +56,18 @@ pub(super) fn check_control_areas(
     check_object_locks(dev, sb, lbs, &life, report)
 }
 
+/// The record at byte `offset` is to be rewritten empty by a repair if any finding since the
+/// `before`-th is an error.
+fn reset_if_error(report: &mut Report, before: usize, offset: u64) {
+    if report
+        .findings
+        .get(before..)
+        .is_some_and(|f| f.iter().any(|f| f.severity == Severity::Error))
+    {
+        report.plan.reset_records.insert(offset);
+    }
+}
+
 fn push(report: &mut Report, kind: FindingKind, severity: Severity, message: String) {
     let mut f = finding(kind, None, None, message);
     f.severity = severity;
@@ -72,6 +84,7 @@ fn check_heartbeats(
     let area = read_aligned(dev, sb.hb_start * FS_BLOCK, len)?;
     let mut views = Vec::new();
     for (slot, raw) in (0u32..).zip(area.chunks(lbs)) {
+        let before = report.findings.len();
         let record = match membership::decode_slot(raw, sb, slot) {
             Ok(r) => r,
             Err(e) => {
@@ -123,6 +136,11 @@ fn check_heartbeats(
                 );
             }
         }
+        reset_if_error(
+            report,
+            before,
+            sb.hb_start * FS_BLOCK + u64::from(slot) * lbs as u64,
+        );
         views.push(SlotView {
             slot,
             raw: raw.to_vec(),
@@ -154,9 +172,12 @@ fn check_locks(
     let len = usize::try_from(layout.lock_count).unwrap_or(0) * lbs;
     let area = read_aligned(dev, sb.lock_start * FS_BLOCK, len)?;
     for (index, raw) in (0u64..).zip(area.chunks(lbs)) {
+        let before = report.findings.len();
+        let offset = sb.lock_start * FS_BLOCK + index * lbs as u64;
         let rec = match layout.decode_at(raw, index) {
             Ok(r) => r,
             Err(e) => {
+                report.plan.reset_records.insert(offset);
                 push(
                     report,
                     FindingKind::LockRecord,
@@ -212,6 +233,7 @@ fn check_locks(
                 format!("{what}: stale {m}: that slot holds nothing at that generation; the next mount removes it"),
             );
         }
+        reset_if_error(report, before, offset);
     }
     Ok(())
 }
@@ -236,13 +258,42 @@ fn check_object_locks(
     let Some(area) = sb.object_lock_area() else {
         return Ok(());
     };
-    let kind = FindingKind::ObjectLock;
     for_each_record(
         dev,
         area.bucket_offset,
         area.buckets,
         lbs,
         &mut |index, raw| {
+            let before = report.findings.len();
+            check_bucket(sb, &area, life, index, raw, report);
+            reset_if_error(report, before, area.bucket_offset + index * lbs as u64);
+        },
+    )?;
+    for_each_record(
+        dev,
+        area.mailbox_offset,
+        u64::from(area.mailboxes),
+        lbs,
+        &mut |index, raw| {
+            let before = report.findings.len();
+            check_mailbox(sb, life, index, raw, report);
+            reset_if_error(report, before, area.mailbox_offset + index * lbs as u64);
+        },
+    )
+}
+
+/// One object-lock bucket (format v3).
+fn check_bucket(
+    sb: &Superblock,
+    area: &crate::cluster::object_lock::ObjectLockArea,
+    life: &dyn Fn(u32) -> SlotLife,
+    index: u64,
+    raw: &[u8],
+    report: &mut Report,
+) {
+    let kind = FindingKind::ObjectLock;
+    {
+        {
             let bucket = match Bucket::decode(raw, index) {
             Ok(b) => b,
             Err(e) => {
@@ -320,15 +371,21 @@ fn check_object_locks(
                     );
                 }
             }
-        },
-    )?;
+        }
+    }
+}
+
+/// The lock-request mailbox of one slot (format v3).
+fn check_mailbox(
+    sb: &Superblock,
+    life: &dyn Fn(u32) -> SlotLife,
+    index: u64,
+    raw: &[u8],
+    report: &mut Report,
+) {
     let kind = FindingKind::Mailbox;
-    for_each_record(
-        dev,
-        area.mailbox_offset,
-        u64::from(area.mailboxes),
-        lbs,
-        &mut |index, raw| {
+    {
+        {
             let Ok(slot) = u32::try_from(index) else {
                 return;
             };
@@ -367,6 +424,6 @@ fn check_object_locks(
                     );
                 }
             }
-        },
-    )
+        }
+    }
 }

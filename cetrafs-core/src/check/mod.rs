@@ -19,8 +19,10 @@
 //! follows a block twice, so hostile images terminate.
 
 mod control;
+pub mod repair;
 mod space;
 pub mod synth;
+pub mod wreck;
 
 use crate::dev::{AlignedBuf, BlockDevice};
 use crate::error::Result;
@@ -156,6 +158,26 @@ pub struct Report {
     pub superblock: Option<Superblock>,
     pub findings: Vec<Finding>,
     pub stats: Stats,
+    /// What the repairs need beyond the findings (`check/repair.rs`).
+    pub(crate) plan: RepairPlan,
+}
+
+/// What a repair (`check/repair.rs`) needs that a finding's text does not carry, gathered by
+/// the check as it goes.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct RepairPlan {
+    /// Claimed ranges `[start, end)` of the group area: every group's header and bitmap, and
+    /// every block an inode reached from the root or an orphan list holds. What the bitmaps
+    /// must say is used.
+    pub claims: Vec<(u64, u64)>,
+    /// Inodes whose link count is wrong, and the count they should have.
+    pub link_counts: std::collections::BTreeMap<u64, u32>,
+    /// Inodes whose block count is wrong, and the blocks they hold.
+    pub block_counts: std::collections::BTreeMap<u64, u64>,
+    /// Byte offsets of one-logical-block control records (heartbeat slots, lock records,
+    /// object-lock buckets, mailboxes) with an error: rewritten empty, which no node mounted
+    /// (fsck's precondition) can miss.
+    pub reset_records: std::collections::BTreeSet<u64>,
 }
 
 impl Report {
@@ -231,6 +253,7 @@ pub fn check_volume_with(dev: &dyn BlockDevice, progress: &mut dyn FnMut(Pass)) 
     c.check_space();
     progress(Pass::ControlAreas);
     control::check_control_areas(c.dev, &c.sb, &mut c.report)?;
+    c.report.plan.claims = c.claims.ranges().map(|(s, e, _)| (s, e)).collect();
     c.report.superblock = Some(c.sb);
     Ok(c.report)
 }
@@ -856,6 +879,7 @@ impl Checker<'_> {
             }
         }
         if inode.blocks != held {
+            self.report.plan.block_counts.insert(ino, held);
             self.push(
                 FindingKind::BlockCount,
                 Some(ino),
@@ -1234,6 +1258,7 @@ impl Checker<'_> {
                 s.refs
             };
             if s.nlink != want {
+                self.report.plan.link_counts.insert(ino, want);
                 let why = if kind == FileKind::Directory {
                     format!(
                         "{} subdirector{}",
@@ -1345,6 +1370,8 @@ fn blocks(s: u64, e: u64) -> String {
     }
 }
 
+#[cfg(test)]
+mod repair_tests;
 #[cfg(test)]
 mod tests;
 

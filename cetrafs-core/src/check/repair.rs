@@ -1,0 +1,290 @@
+//! Repairs behind `fsck.cetra -p` and `-y`: each finding of a [`Report`] that has a named
+//! repair here is fixed by writing the structure the check found wrong; the caller checks
+//! again afterwards (a repair can uncover the next problem) and stops when a round fixes
+//! nothing.
+//!
+//! **Preconditions** (the caller's, `fsck.cetra`): no node has the volume mounted, the
+//! committed journals are replayed, and fsck holds its claim (`cluster::fsck_claim`), so
+//! nothing else writes while a repair runs. Writes go straight home, not through a journal: a
+//! repair interrupted half-way leaves some fixes done and the rest found again by the next
+//! run.
+//!
+//! | repair | fixes | mode |
+//! |---|---|---|
+//! | `primary-superblock` | the primary rewritten from the backup | preen |
+//! | `backup-superblock` | the backup rewritten from the primary | preen |
+//! | `rebuild-group` | a group's bitmap and header (free count, its own metadata, bits past its end) rebuilt from what the inodes claim: blocks in use but marked free are marked used | preen |
+//! | `free-leaked` | blocks marked used that nothing claims are freed (with `rebuild-group`) | yes |
+//! | `link-count` | an inode's link count set to the entries naming it | preen (to 0: yes) |
+//! | `block-count` | an inode's block count set to the blocks it holds | preen |
+//! | `reset-record` | a damaged or contradictory heartbeat slot, lock record, object-lock bucket or mailbox rewritten empty | preen |
+//!
+//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. A finding
+//! with no repair here (a bad inode, a bad tree, a bad directory entry, a block two inodes
+//! claim, an orphan still linked) is left, and fsck exits 4.
+
+use super::{FindingKind, Report};
+use crate::dev::{AlignedBuf, BlockDevice};
+use crate::error::{Error, Result};
+use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
+use crate::format::inode::Inode;
+use crate::format::superblock::Superblock;
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+use std::collections::BTreeSet;
+
+/// How much fsck may change.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// `-p`: only repairs that cannot lose data.
+    Preen,
+    /// `-y`: every repair.
+    All,
+}
+
+/// What one round of repairs did.
+#[derive(Debug, Default, Clone)]
+pub struct Repaired {
+    /// One line per repair made ("rebuild-group: group 3 ...").
+    pub fixed: Vec<String>,
+}
+
+fn read_block(dev: &dyn BlockDevice, b: u64) -> Result<AlignedBuf> {
+    crate::dev::read_aligned(dev, b * FS_BLOCK, FS_BLOCK_SIZE)
+}
+
+fn write_block(dev: &dyn BlockDevice, b: u64, data: &[u8]) -> Result<()> {
+    dev.write_at(b * FS_BLOCK, &AlignedBuf::from_slice(data))
+}
+
+/// Make the repairs `mode` allows for the findings of `report` (a report of this device's
+/// current state). Flushes before it returns.
+pub fn repair(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Result<Repaired> {
+    let Some(sb) = &report.superblock else {
+        return Err(Error::corrupted(
+            "no usable superblock (primary and backup both damaged): nothing can be repaired",
+        ));
+    };
+    let mut out = Repaired::default();
+    superblocks(dev, sb, report, &mut out)?;
+    groups(dev, sb, report, mode, &mut out)?;
+    inodes(dev, report, mode, &mut out)?;
+    records(dev, sb, report, &mut out)?;
+    dev.flush()?;
+    Ok(out)
+}
+
+fn superblocks(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+    out: &mut Repaired,
+) -> Result<()> {
+    let image = sb.encode();
+    if report.has(FindingKind::PrimarySuperblock) {
+        write_block(dev, 0, &image)?;
+        out.fixed.push(format!(
+            "primary-superblock: rewrote the primary superblock from the backup at block {}",
+            sb.backup_block
+        ));
+    } else if report.has(FindingKind::BackupSuperblock) {
+        write_block(dev, sb.backup_block, &image)?;
+        out.fixed.push(format!(
+            "backup-superblock: rewrote the backup superblock at block {} from the primary",
+            sb.backup_block
+        ));
+    }
+    Ok(())
+}
+
+/// The groups whose bitmap or header a finding concerns.
+fn groups_to_rebuild(sb: &Superblock, report: &Report, mode: Mode) -> BTreeSet<u64> {
+    report
+        .errors()
+        .filter(|f| match f.kind {
+            FindingKind::GroupHeader
+            | FindingKind::Bitmap
+            | FindingKind::FreeCount
+            | FindingKind::GroupMetadataFree
+            | FindingKind::BitsPastEnd
+            | FindingKind::BlockFree => true,
+            FindingKind::BlockLeaked => mode == Mode::All,
+            _ => false,
+        })
+        .filter_map(|f| f.block.and_then(|b| sb.group_of(b)))
+        .collect()
+}
+
+/// `rebuild-group` (and `free-leaked`): the bitmap is what the inodes claim, plus the group's
+/// own header and bitmap blocks and the bits past its end; in preen mode, plus every block the
+/// old bitmap marked used (a leak is kept: freeing it could lose an unreachable file).
+fn groups(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+    mode: Mode,
+    out: &mut Repaired,
+) -> Result<()> {
+    let bitmap_blocks = u64::from(sb.bitmap_blocks);
+    let bits_len = usize::try_from(bitmap_blocks * BITS_PER_BITMAP_BLOCK / 8).unwrap_or(0);
+    for g in groups_to_rebuild(sb, report, mode) {
+        let first = sb.group_first_block(g);
+        let end = first + sb.group_blocks;
+        let mut bits = vec![0u8; bits_len];
+        let mut set = |b: u64| {
+            if let Some(byte) = usize::try_from(b / 8).ok().and_then(|i| bits.get_mut(i)) {
+                *byte |= 1 << (b % 8);
+            }
+        };
+        for b in 0..=bitmap_blocks {
+            set(b);
+        }
+        for b in sb.group_blocks..bitmap_blocks * BITS_PER_BITMAP_BLOCK {
+            set(b);
+        }
+        for &(s, e) in &report.plan.claims {
+            for b in s.max(first)..e.min(end) {
+                set(b - first);
+            }
+        }
+        // The old images: their sequence numbers go on, and in preen mode their used bits stay.
+        let mut seqs = vec![0u64; usize::try_from(bitmap_blocks).unwrap_or(0)];
+        for (i, seq) in (0u64..).zip(seqs.iter_mut()) {
+            let at = first + 1 + i;
+            let raw = read_block(dev, at)?;
+            if let Ok((old_seq, payload)) = decode_bitmap(&raw, at) {
+                *seq = old_seq;
+                if mode == Mode::Preen {
+                    let o = usize::try_from(i * BITS_PER_BITMAP_BLOCK / 8).unwrap_or(usize::MAX);
+                    for (j, &byte) in payload.iter().enumerate() {
+                        if let Some(dst) = bits.get_mut(o + j) {
+                            *dst |= byte;
+                        }
+                    }
+                }
+            }
+        }
+        let per = usize::try_from(BITS_PER_BITMAP_BLOCK / 8).unwrap_or(usize::MAX);
+        for (i, chunk) in (0u64..).zip(bits.chunks(per)) {
+            let at = first + 1 + i;
+            let seq = seqs.get(usize::try_from(i).unwrap_or(usize::MAX)).copied();
+            write_block(
+                dev,
+                at,
+                &encode_bitmap(at, seq.unwrap_or(0).saturating_add(1), chunk),
+            )?;
+        }
+        let used: u64 = (0..sb.group_blocks)
+            .filter(|&b| {
+                usize::try_from(b / 8)
+                    .ok()
+                    .and_then(|i| bits.get(i))
+                    .is_some_and(|byte| byte & (1 << (b % 8)) != 0)
+            })
+            .count() as u64;
+        let old_seq = GroupHeader::decode(&read_block(dev, first)?, first).map_or(0, |h| h.seq);
+        let header = GroupHeader {
+            seq: old_seq.saturating_add(1),
+            index: g,
+            first_block: first,
+            block_count: sb.group_blocks,
+            free_blocks: sb.group_blocks - used,
+            bitmap_blocks: sb.bitmap_blocks,
+        };
+        write_block(dev, first, &header.encode())?;
+        out.fixed.push(format!(
+            "rebuild-group: group {g}: bitmap and header rewritten from what the inodes hold ({used} blocks used, {} free{})",
+            sb.group_blocks - used,
+            if mode == Mode::All {
+                ""
+            } else {
+                "; blocks marked used that nothing holds are kept"
+            }
+        ));
+    }
+    Ok(())
+}
+
+/// `link-count` and `block-count`.
+fn inodes(dev: &dyn BlockDevice, report: &Report, mode: Mode, out: &mut Repaired) -> Result<()> {
+    let plan = &report.plan;
+    let inos: BTreeSet<u64> = plan
+        .link_counts
+        .keys()
+        .chain(plan.block_counts.keys())
+        .copied()
+        .collect();
+    for ino in inos {
+        let Ok(mut inode) = Inode::decode(&read_block(dev, ino)?, ino) else {
+            continue;
+        };
+        let mut what = Vec::new();
+        if let Some(&want) = plan.link_counts.get(&ino) {
+            if want > 0 || mode == Mode::All {
+                what.push(format!(
+                    "link-count: inode {ino}: link count {} -> {want}",
+                    inode.nlink
+                ));
+                inode.nlink = want;
+            }
+        }
+        if let Some(&held) = plan.block_counts.get(&ino) {
+            what.push(format!(
+                "block-count: inode {ino}: block count {} -> {held}",
+                inode.blocks
+            ));
+            inode.blocks = held;
+        }
+        if !what.is_empty() {
+            inode.seq = inode.seq.saturating_add(1);
+            write_block(dev, ino, &inode.encode())?;
+            out.fixed.extend(what);
+        }
+    }
+    Ok(())
+}
+
+/// `reset-record`: one logical block of zeros is the empty state of every control record.
+fn records(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+    out: &mut Repaired,
+) -> Result<()> {
+    let lbs = sb.logical_block_size as usize;
+    if dev.geometry().logical_block_size != sb.logical_block_size {
+        return Ok(());
+    }
+    let zero = AlignedBuf::new(lbs);
+    for &offset in &report.plan.reset_records {
+        dev.write_at(offset, &zero)?;
+        out.fixed.push(format!(
+            "reset-record: {} rewritten empty",
+            describe_record(sb, offset)
+        ));
+    }
+    Ok(())
+}
+
+fn describe_record(sb: &Superblock, offset: u64) -> String {
+    let lbs = u64::from(sb.logical_block_size);
+    let hb = sb.hb_start * FS_BLOCK;
+    let locks = sb.lock_start * FS_BLOCK;
+    if (hb..hb + u64::from(sb.hb_slots) * lbs).contains(&offset) {
+        return format!("heartbeat slot {}", (offset - hb) / lbs);
+    }
+    if let Some(area) = sb.object_lock_area() {
+        if (area.bucket_offset..area.bucket_offset + area.buckets * lbs).contains(&offset) {
+            return format!("object-lock bucket {}", (offset - area.bucket_offset) / lbs);
+        }
+        if offset >= area.mailbox_offset {
+            return format!(
+                "the mailbox of slot {}",
+                (offset - area.mailbox_offset) / lbs
+            );
+        }
+    }
+    if offset >= locks {
+        return format!("lock record {}", (offset - locks) / lbs);
+    }
+    format!("the record at byte {offset}")
+}

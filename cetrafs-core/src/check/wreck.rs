@@ -1,0 +1,325 @@
+//! The corruption injector (a test tool, as OCFS2's fswreck and GFS2's nukerg): one named
+//! corruption per repair of `check/repair.rs`, applied to a populated, unmounted volume, so
+//! the tests can prove that `fsck.cetra` finds each one, repairs it, and leaves every file
+//! the corruption did not touch as it was.
+//!
+//! Each [`Case`] says which finding the check must report and whether preen (`-p`) repairs
+//! it. Cases that change an inode take the target file's inode number (its block number: a
+//! `stat` on a mount gives it); that file must be a small regular file (inline extents, at
+//! least one block written).
+
+use super::FindingKind;
+use crate::cluster::lock::LockLayout;
+use crate::dev::{read_aligned, AlignedBuf, BlockDevice};
+use crate::error::{Error, Result};
+use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
+use crate::format::inode::Inode;
+use crate::format::lock_record::LockMode;
+use crate::format::superblock::Superblock;
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+
+/// One corruption.
+#[derive(Debug, Clone, Copy)]
+pub struct Case {
+    pub name: &'static str,
+    pub what: &'static str,
+    /// The finding the check reports for it.
+    pub finding: FindingKind,
+    /// `fsck.cetra -p` repairs it (else only `-y`).
+    pub preen: bool,
+}
+
+pub const CASES: &[Case] = &[
+    Case {
+        name: "primary-superblock",
+        what: "garbage over the primary superblock",
+        finding: FindingKind::PrimarySuperblock,
+        preen: true,
+    },
+    Case {
+        name: "backup-superblock",
+        what: "garbage over the backup superblock",
+        finding: FindingKind::BackupSuperblock,
+        preen: true,
+    },
+    Case {
+        name: "group-header",
+        what: "garbage over the header of the target file's group",
+        finding: FindingKind::GroupHeader,
+        preen: true,
+    },
+    Case {
+        name: "free-count",
+        what: "the free count of the target file's group off by 7",
+        finding: FindingKind::FreeCount,
+        preen: true,
+    },
+    Case {
+        name: "bitmap-block",
+        what: "garbage over the first bitmap block of the target file's group",
+        finding: FindingKind::Bitmap,
+        preen: true,
+    },
+    Case {
+        name: "used-marked-free",
+        what: "the bitmap bit of the target file's first data block cleared",
+        finding: FindingKind::BlockFree,
+        preen: true,
+    },
+    Case {
+        name: "group-metadata-free",
+        what: "the bitmap bit of the group's own bitmap block cleared",
+        finding: FindingKind::GroupMetadataFree,
+        preen: true,
+    },
+    Case {
+        name: "bits-past-end",
+        what: "a bitmap bit past the end of the last group cleared",
+        finding: FindingKind::BitsPastEnd,
+        preen: true,
+    },
+    Case {
+        name: "leaked-blocks",
+        what: "8 free blocks of the last group marked used",
+        finding: FindingKind::BlockLeaked,
+        preen: false,
+    },
+    Case {
+        name: "link-count",
+        what: "the target file's link count raised by 2",
+        finding: FindingKind::LinkCount,
+        preen: true,
+    },
+    Case {
+        name: "block-count",
+        what: "the target file's block count raised by 5",
+        finding: FindingKind::BlockCount,
+        preen: true,
+    },
+    Case {
+        name: "heartbeat-slot",
+        what: "garbage over the heartbeat slot of the last node slot",
+        finding: FindingKind::Heartbeat,
+        preen: true,
+    },
+    Case {
+        name: "lock-record",
+        what: "garbage over the global lock record",
+        finding: FindingKind::LockRecord,
+        preen: true,
+    },
+    Case {
+        name: "stale-lock-owner",
+        what: "the global lock record held exclusively by a slot that holds nothing",
+        finding: FindingKind::LockRecord,
+        preen: true,
+    },
+    Case {
+        name: "object-lock-bucket",
+        what: "garbage over object-lock bucket 0 (format 3 and later)",
+        finding: FindingKind::ObjectLock,
+        preen: true,
+    },
+    Case {
+        name: "mailbox",
+        what: "garbage over the lock-request mailbox of slot 1 (format 3 and later)",
+        finding: FindingKind::Mailbox,
+        preen: true,
+    },
+];
+
+/// The case called `name`.
+pub fn case(name: &str) -> Option<&'static Case> {
+    CASES.iter().find(|c| c.name == name)
+}
+
+fn garbage(len: usize) -> AlignedBuf {
+    let mut b = AlignedBuf::new(len);
+    for (i, x) in b.iter_mut().enumerate() {
+        *x = u8::try_from(i.wrapping_mul(31) % 251).unwrap_or(0) ^ 0xA5;
+    }
+    b
+}
+
+fn write_block(dev: &dyn BlockDevice, b: u64, data: &[u8]) -> Result<()> {
+    dev.write_at(b * FS_BLOCK, &AlignedBuf::from_slice(data))
+}
+
+fn read_block(dev: &dyn BlockDevice, b: u64) -> Result<AlignedBuf> {
+    read_aligned(dev, b * FS_BLOCK, FS_BLOCK_SIZE)
+}
+
+/// Flip bit `bit` of group `g`'s bitmap to `on`.
+fn set_bit(dev: &dyn BlockDevice, sb: &Superblock, g: u64, bit: u64, on: bool) -> Result<()> {
+    let at = sb.group_first_block(g) + 1 + bit / BITS_PER_BITMAP_BLOCK;
+    let raw = read_block(dev, at)?;
+    let (seq, payload) = decode_bitmap(&raw, at)?;
+    let mut bits = payload.to_vec();
+    let i = usize::try_from((bit % BITS_PER_BITMAP_BLOCK) / 8).unwrap_or(usize::MAX);
+    let mask = 1u8 << (bit % 8);
+    let byte = bits
+        .get_mut(i)
+        .ok_or_else(|| Error::corrupted("bit beyond the bitmap"))?;
+    if on {
+        *byte |= mask;
+    } else {
+        *byte &= !mask;
+    }
+    write_block(dev, at, &encode_bitmap(at, seq, &bits))
+}
+
+fn bit_of(dev: &dyn BlockDevice, sb: &Superblock, g: u64, bit: u64) -> Result<bool> {
+    let at = sb.group_first_block(g) + 1 + bit / BITS_PER_BITMAP_BLOCK;
+    let raw = read_block(dev, at)?;
+    let (_, payload) = decode_bitmap(&raw, at)?;
+    let i = usize::try_from((bit % BITS_PER_BITMAP_BLOCK) / 8).unwrap_or(usize::MAX);
+    Ok(payload.get(i).is_some_and(|b| b & (1 << (bit % 8)) != 0))
+}
+
+fn target_inode(dev: &dyn BlockDevice, target: u64) -> Result<Inode> {
+    Inode::decode(&read_block(dev, target)?, target)
+        .map_err(|e| e.wrap(format!("target inode {target}")))
+}
+
+/// Apply case `name` to the unmounted volume on `dev`; `target` is the inode number of a small
+/// regular file. Returns what was done.
+pub fn apply(dev: &dyn BlockDevice, name: &str, target: u64) -> Result<String> {
+    let c = case(name).ok_or_else(|| {
+        Error::new(
+            crate::error::ErrorKind::InvalidInput,
+            format!(
+                "no corruption case {name:?}; the cases are {}",
+                CASES.iter().map(|c| c.name).collect::<Vec<_>>().join(", ")
+            ),
+        )
+    })?;
+    let sb = crate::fs::read_superblock(dev)?;
+    let lbs = sb.logical_block_size as usize;
+    let target_group = sb
+        .group_of(target)
+        .ok_or_else(|| Error::corrupted(format!("inode {target} is outside the group area")))?;
+    let last_group = sb.group_count.saturating_sub(1);
+    let done = match c.name {
+        "primary-superblock" => {
+            dev.write_at(0, &garbage(FS_BLOCK_SIZE))?;
+            "block 0".to_string()
+        }
+        "backup-superblock" => {
+            dev.write_at(sb.backup_block * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("block {}", sb.backup_block)
+        }
+        "group-header" => {
+            let at = sb.group_first_block(target_group);
+            dev.write_at(at * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("group {target_group} header (block {at})")
+        }
+        "free-count" => {
+            let at = sb.group_first_block(target_group);
+            let mut h = GroupHeader::decode(&read_block(dev, at)?, at)?;
+            h.free_blocks = h.free_blocks.saturating_sub(7);
+            write_block(dev, at, &h.encode())?;
+            format!("group {target_group} free count -> {}", h.free_blocks)
+        }
+        "bitmap-block" => {
+            let at = sb.group_first_block(target_group) + 1;
+            dev.write_at(at * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("group {target_group} bitmap block {at}")
+        }
+        "used-marked-free" => {
+            let inode = target_inode(dev, target)?;
+            let e = inode
+                .inline_extents
+                .iter()
+                .find(|e| e.len > 0)
+                .ok_or_else(|| Error::corrupted(format!("inode {target} maps no block")))?;
+            let g = sb
+                .group_of(e.physical)
+                .ok_or_else(|| Error::corrupted("extent outside the groups"))?;
+            set_bit(dev, &sb, g, e.physical - sb.group_first_block(g), false)?;
+            format!("block {} of inode {target} marked free", e.physical)
+        }
+        "group-metadata-free" => {
+            set_bit(dev, &sb, target_group, 1, false)?;
+            format!("group {target_group} bitmap block marked free")
+        }
+        "bits-past-end" => {
+            let past = u64::from(sb.bitmap_blocks) * BITS_PER_BITMAP_BLOCK;
+            if past <= sb.group_blocks {
+                return Err(Error::corrupted(
+                    "the bitmap has no bits past the end of a group on this volume",
+                ));
+            }
+            set_bit(dev, &sb, last_group, past - 1, false)?;
+            format!("group {last_group} bit {} cleared", past - 1)
+        }
+        "leaked-blocks" => {
+            let mut marked = Vec::new();
+            let mut bit = sb.group_blocks;
+            while marked.len() < 8 && bit > 0 {
+                bit -= 1;
+                if !bit_of(dev, &sb, last_group, bit)? {
+                    set_bit(dev, &sb, last_group, bit, true)?;
+                    marked.push(sb.group_first_block(last_group) + bit);
+                }
+            }
+            format!("blocks {marked:?} marked used")
+        }
+        "link-count" | "block-count" => {
+            let mut inode = target_inode(dev, target)?;
+            if c.name == "link-count" {
+                inode.nlink += 2;
+            } else {
+                inode.blocks += 5;
+            }
+            write_block(dev, target, &inode.encode())?;
+            format!(
+                "inode {target}: nlink {}, blocks {}",
+                inode.nlink, inode.blocks
+            )
+        }
+        "heartbeat-slot" => {
+            let slot = sb.max_nodes.saturating_sub(1);
+            dev.write_at(
+                sb.hb_start * FS_BLOCK + u64::from(slot) * lbs as u64,
+                &garbage(lbs),
+            )?;
+            format!("heartbeat slot {slot}")
+        }
+        "lock-record" => {
+            dev.write_at(sb.lock_start * FS_BLOCK, &garbage(lbs))?;
+            "lock record 0".to_string()
+        }
+        "stale-lock-owner" => {
+            let layout = LockLayout::new(&sb);
+            let raw = read_aligned(dev, sb.lock_start * FS_BLOCK, lbs)?;
+            let mut rec = layout.decode_at(&raw, 0)?;
+            rec.mode = LockMode::Exclusive;
+            rec.owner = sb.max_nodes.saturating_sub(1);
+            rec.owner_gen = 99;
+            rec.version += 1;
+            dev.write_at(
+                sb.lock_start * FS_BLOCK,
+                &AlignedBuf::from_slice(&rec.encode(lbs)),
+            )?;
+            format!("lock record 0 held by slot {} generation 99", rec.owner)
+        }
+        "object-lock-bucket" | "mailbox" => {
+            let area = sb.object_lock_area().ok_or_else(|| {
+                Error::corrupted(format!(
+                    "format {} has no object locks",
+                    sb.format_version()
+                ))
+            })?;
+            let (offset, what) = if c.name == "mailbox" {
+                (area.mailbox_offset + lbs as u64, "the mailbox of slot 1")
+            } else {
+                (area.bucket_offset, "object-lock bucket 0")
+            };
+            dev.write_at(offset, &garbage(lbs))?;
+            what.to_string()
+        }
+        other => return Err(Error::corrupted(format!("case {other} has no injector"))),
+    };
+    dev.flush()?;
+    Ok(format!("{}: {} ({done})", c.name, c.what))
+}
