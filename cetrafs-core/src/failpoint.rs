@@ -6,7 +6,9 @@
 //! real daemons: `CETRA_FAILPOINT=<name>=exit` makes the process exit with status 99 when it
 //! reaches `<name>`, `CETRA_FAILPOINT=<name>=panic` makes the thread that reaches it panic
 //! (which, under the panic policy, aborts the process), `CETRA_FAILPOINT=<name>=stop` makes it
-//! stop the whole process with SIGSTOP (a paused node, resumed by SIGCONT). The variable is
+//! stop the whole process with SIGSTOP (a paused node, resumed by SIGCONT),
+//! `CETRA_FAILPOINT=<name>=sleep<MS>` makes the thread that reaches it sleep MS milliseconds
+//! while the rest of the process goes on (heartbeats included). The variable is
 //! read once. A failpoint reached through [`process_at`] (a write of a byte range) fires only
 //! once and only for the write covering the offset written in the file `CETRA_FAILPOINT_AT`
 //! names, once that file exists (a test writes it when the moment has come).
@@ -44,6 +46,12 @@ pub fn process(name: &str) {
                 libc::raise(libc::SIGSTOP);
             }
             tracing::warn!("failpoint {name}: continued (SIGCONT)");
+        }
+        sleep if sleep.starts_with("sleep") => {
+            // `sleepMS`: only this thread waits (a process that keeps heartbeating meanwhile).
+            let ms: u64 = sleep["sleep".len()..].parse().unwrap_or(0);
+            tracing::warn!("failpoint {name}: sleeping {ms} ms as requested by {PROCESS_ENV}");
+            std::thread::sleep(std::time::Duration::from_millis(ms));
         }
         other => tracing::warn!("{PROCESS_ENV}: unknown action {other:?} for {name}, ignored"),
     }

@@ -1,11 +1,23 @@
-//! `fsck.cetra`: check a CetraFS volume offline. Read-only for now: repair is not implemented,
-//! so `-n` is the mode it always runs in.
+//! `fsck.cetra`: check and repair a CetraFS volume offline.
 //!
-//! Exit codes follow e2fsck: 0 no errors, 4 errors left uncorrected, 8 operational error (cannot
-//! open or read the device, not a CetraFS volume, unsupported features), 16 usage error.
-//! Run it only while no node has the volume mounted: a live volume changes under the check.
+//! * `-n`: check only; nothing is written (committed journals are applied in memory).
+//! * `-p` (`-a`): preen: replay the journals, then make the repairs that cannot lose data
+//!   (`cetrafs_core::check::repair` lists them).
+//! * `-y`: replay, then make every repair there is.
+//! * none of them: replay, check, repair nothing.
+//!
+//! Repairs run in rounds (check, repair, check again) until a check is clean or a round
+//! repairs nothing. Exit codes follow e2fsck: 0 no errors, 1 errors corrected, 4 errors left
+//! uncorrected, 8 operational error (cannot open or read the device, not a CetraFS volume,
+//! unsupported features, mounted), 16 usage error.
+//!
+//! It refuses a volume any node has mounted. Any mode but `-n` holds fsck's claim while it
+//! runs (a node slot named `fsck.cetra:HOST`, `cetrafs_core::cluster::fsck_claim`): a mount
+//! started meanwhile is refused, naming this host.
 
+use cetrafs_core::check::repair::{self, Mode};
 use cetrafs_core::check::{self, Pass, Report, Severity};
+use cetrafs_core::cluster::fsck_claim::FsckClaim;
 use cetrafs_core::cluster::membership;
 use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
 use cetrafs_core::dev::{BlockDevice, SharedDevice};
@@ -16,6 +28,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 const EXIT_CLEAN: u8 = 0;
+const EXIT_FIXED: u8 = 1;
 const EXIT_UNCORRECTED: u8 = 4;
 const EXIT_OPERATIONAL: u8 = 8;
 const EXIT_USAGE: u8 = 16;
@@ -24,23 +37,23 @@ const EXIT_USAGE: u8 = 16;
 #[command(
     name = "fsck.cetra",
     version,
-    about = "Check a CetraFS volume (read-only)"
+    about = "Check and repair a CetraFS volume"
 )]
 #[expect(
     clippy::struct_excessive_bools,
     reason = "one field per command-line flag"
 )]
 struct Cli {
-    /// Check only, change nothing (the only mode implemented).
-    #[arg(short = 'n')]
+    /// Check only, change nothing.
+    #[arg(short = 'n', conflicts_with_all = ["yes", "preen"])]
     no_change: bool,
     /// Force a full check (every check is full; accepted for fsck(8) compatibility).
     #[arg(short = 'f')]
     force: bool,
-    /// Repair without asking: not implemented yet.
-    #[arg(short = 'y')]
+    /// Make every repair there is, without asking.
+    #[arg(short = 'y', conflicts_with = "preen")]
     yes: bool,
-    /// Repair automatically (fsck -a / -p): not implemented yet.
+    /// Preen (fsck -a / -p): make only the repairs that cannot lose data.
     #[arg(short = 'p', short_alias = 'a')]
     preen: bool,
     /// Print only findings and the summary line.
@@ -66,17 +79,19 @@ fn main() -> ExitCode {
     ExitCode::from(run(&cli))
 }
 
+impl Cli {
+    fn mode(&self) -> Option<Mode> {
+        if self.yes {
+            Some(Mode::All)
+        } else if self.preen {
+            Some(Mode::Preen)
+        } else {
+            None
+        }
+    }
+}
+
 fn run(cli: &Cli) -> u8 {
-    if cli.yes || cli.preen {
-        eprintln!(
-            "fsck.cetra: repair is not implemented yet; run with -n to check {} read-only",
-            cli.device.display()
-        );
-        return EXIT_USAGE;
-    }
-    if !cli.no_change && !cli.quiet {
-        eprintln!("fsck.cetra: repair is not implemented yet; replaying journals if needed, then checking");
-    }
     let shown = cli.device.display().to_string();
     let dev = match open(&cli.device) {
         Ok(d) => d,
@@ -110,6 +125,11 @@ fn run(cli: &Cli) -> u8 {
                         "{shown}: {} stopped without unmounting (its heartbeat is not advancing)",
                         membership::describe(d)
                     );
+                }
+                if let Some(mode) = cli.mode() {
+                    let dead: Vec<u32> = dead.iter().map(|d| d.slot).collect();
+                    drop(dev);
+                    return repair_volume(cli, &shown, &sb, &host, &dead, mode, tty);
                 }
             }
             Err(e) => {
@@ -168,6 +188,137 @@ fn run(cli: &Cli) -> u8 {
     check_and_report(cli, &shown, &*dev, tty)
 }
 
+/// `-p` / `-y`: claim the volume, replay, then check and repair in rounds.
+fn repair_volume(
+    cli: &Cli,
+    shown: &str,
+    sb: &cetrafs_core::format::superblock::Superblock,
+    host: &str,
+    dead: &[u32],
+    mode: Mode,
+    tty: bool,
+) -> u8 {
+    let rw = match open_rw(&cli.device, sb.logical_block_size) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("fsck.cetra: cannot open {shown} to repair it: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let claim = match FsckClaim::take(&rw, sb, host, dead) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("fsck.cetra: {shown}: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    let dev = claim.guard(rw);
+    let code = repair_claimed(cli, shown, sb, &*dev, claim.slot(), mode, tty);
+    drop(dev);
+    if let Err(e) = claim.release() {
+        eprintln!("fsck.cetra: {shown}: giving back fsck's node slot: {e}");
+        return code.max(EXIT_OPERATIONAL);
+    }
+    code
+}
+
+/// Rounds of repairs before fsck gives up on a volume that keeps showing new problems.
+const MAX_ROUNDS: usize = 5;
+
+fn repair_claimed(
+    cli: &Cli,
+    shown: &str,
+    sb: &cetrafs_core::format::superblock::Superblock,
+    dev: &dyn BlockDevice,
+    own_slot: u32,
+    mode: Mode,
+    tty: bool,
+) -> u8 {
+    // The e2e test of the claim holds fsck here (sleep) and tries to mount meanwhile.
+    cetrafs_core::failpoint::process("fsck::claimed");
+    match journal::pending(dev, sb) {
+        Ok(p) => {
+            for (slot, tx) in &p {
+                match journal::replay(dev, sb, journal::JournalArea::for_slot(sb, *slot)) {
+                    Ok(n) => println!("{shown}: replayed the journal of node slot {slot} (transaction {}, {n} blocks written)", tx.seq),
+                    Err(e) => {
+                        eprintln!("fsck.cetra: {shown}: journal replay of node slot {slot} failed: {e}");
+                        return EXIT_OPERATIONAL;
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            eprintln!("fsck.cetra: {shown}: cannot read the journals: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    }
+    let mine = format!("heartbeat slot {own_slot} is Live");
+    let check = |announce: bool| {
+        check::check_volume_with(dev, &mut |p: Pass| {
+            if tty && announce {
+                eprintln!("{p}");
+            }
+        })
+        .map(|mut r| {
+            // fsck's own claim is a live slot, not a node that stopped.
+            r.findings.retain(|f| !f.message.starts_with(&mine));
+            r
+        })
+    };
+    let mut fixed = 0usize;
+    let mut report = match check(true) {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("fsck.cetra: {shown}: {e}");
+            return EXIT_OPERATIONAL;
+        }
+    };
+    for round in 0..MAX_ROUNDS {
+        if report.is_clean() {
+            break;
+        }
+        if round == 0 || !cli.quiet {
+            for f in &report.findings {
+                println!("{f}");
+            }
+        }
+        let done = match repair::repair(dev, &report, mode) {
+            Ok(d) => d,
+            Err(e) => {
+                eprintln!("fsck.cetra: {shown}: repair failed: {e}");
+                return EXIT_OPERATIONAL;
+            }
+        };
+        for line in &done.fixed {
+            println!("{shown}: repaired: {line}");
+        }
+        fixed += done.fixed.len();
+        report = match check(false) {
+            Ok(r) => r,
+            Err(e) => {
+                eprintln!("fsck.cetra: {shown}: {e}");
+                return EXIT_OPERATIONAL;
+            }
+        };
+        if done.fixed.is_empty() {
+            break;
+        }
+    }
+    if !report.is_clean() {
+        println!("{shown}: left after repair:");
+        for f in &report.findings {
+            println!("{f}");
+        }
+    }
+    print_summary(shown, &report, Some((mode, fixed)));
+    match (report.is_clean(), fixed) {
+        (true, 0) => EXIT_CLEAN,
+        (true, _) => EXIT_FIXED,
+        (false, _) => EXIT_UNCORRECTED,
+    }
+}
+
 fn check_and_report(_cli: &Cli, shown: &str, dev: &dyn BlockDevice, tty: bool) -> u8 {
     let result = check::check_volume_with(dev, &mut |p: Pass| {
         if tty {
@@ -184,7 +335,7 @@ fn check_and_report(_cli: &Cli, shown: &str, dev: &dyn BlockDevice, tty: bool) -
     for f in &report.findings {
         println!("{f}");
     }
-    print_summary(shown, &report);
+    print_summary(shown, &report, None);
     if report.is_clean() {
         EXIT_CLEAN
     } else {
@@ -192,7 +343,8 @@ fn check_and_report(_cli: &Cli, shown: &str, dev: &dyn BlockDevice, tty: bool) -
     }
 }
 
-fn print_summary(dev: &str, r: &Report) {
+/// `repaired`: the mode of a repair run and how many repairs it made.
+fn print_summary(dev: &str, r: &Report, repaired: Option<(Mode, usize)>) {
     let s = &r.stats;
     let errors = r.errors().count();
     let warnings = r
@@ -224,25 +376,34 @@ fn print_summary(dev: &str, r: &Report) {
                     .to_string())
         );
     }
-    if errors == 0 {
-        println!(
-            "{dev}: clean{}",
+    let warned = if warnings > 0 {
+        format!(", {warnings} warnings")
+    } else {
+        String::new()
+    };
+    let fixed = match repaired {
+        Some((_, n)) if n > 0 => format!("{n} repair{} made; ", if n == 1 { "" } else { "s" }),
+        _ => String::new(),
+    };
+    let plural = if errors == 1 { "" } else { "s" };
+    match (errors, repaired) {
+        (0, _) => println!(
+            "{dev}: {fixed}clean{}",
             if warnings > 0 {
                 format!(" ({warnings} warnings)")
             } else {
                 String::new()
             }
-        );
-    } else {
-        println!(
-            "{dev}: {errors} error{} found{}; not repaired (repair is not implemented yet)",
-            if errors == 1 { "" } else { "s" },
-            if warnings > 0 {
-                format!(", {warnings} warnings")
-            } else {
-                String::new()
-            }
-        );
+        ),
+        (_, None) => println!(
+            "{dev}: {errors} error{plural} found{warned}; not repaired (fsck.cetra -p repairs what cannot lose data, -y everything it can)"
+        ),
+        (_, Some((Mode::Preen, _))) => println!(
+            "{dev}: {fixed}{errors} error{plural} left{warned}: UNEXPECTED INCONSISTENCY; run fsck.cetra -y"
+        ),
+        (_, Some((Mode::All, _))) => println!(
+            "{dev}: {fixed}{errors} error{plural} left{warned} that fsck.cetra cannot repair"
+        ),
     }
 }
 
@@ -281,9 +442,12 @@ mod tests {
         let c = Cli::try_parse_from(["fsck.cetra", "-n", "-f", "/dev/x"]).unwrap();
         assert!(c.no_change && c.force && !c.yes);
         let c = Cli::try_parse_from(["fsck.cetra", "-y", "/dev/x"]).unwrap();
-        assert_eq!(run(&c), EXIT_USAGE);
+        assert_eq!(c.mode(), Some(Mode::All));
         let c = Cli::try_parse_from(["fsck.cetra", "-a", "/dev/x"]).unwrap();
         assert!(c.preen);
+        assert_eq!(c.mode(), Some(Mode::Preen));
         assert!(Cli::try_parse_from(["fsck.cetra", "-n"]).is_err());
+        assert!(Cli::try_parse_from(["fsck.cetra", "-n", "-y", "/dev/x"]).is_err());
+        assert!(Cli::try_parse_from(["fsck.cetra", "-p", "-y", "/dev/x"]).is_err());
     }
 }

@@ -661,7 +661,12 @@ impl BlockDevice for LeaseGuard {
 /// daemon on this host that no longer exists cannot have I/O in flight, so its slot is dead
 /// without waiting out the dead time (the common case of a crashed or killed local daemon).
 pub fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
-    if h.host != local_host {
+    // fsck's claim on this host counts as this host's (`cluster/fsck_claim.rs`).
+    let host = h
+        .host
+        .strip_prefix(super::fsck_claim::PREFIX)
+        .unwrap_or(&h.host);
+    if host != local_host {
         return false;
     }
     // Two machines given the same node name: a pid of that other machine says nothing here.

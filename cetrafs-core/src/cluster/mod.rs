@@ -3,6 +3,7 @@
 //! Lock records (`lock`) and dead-node recovery (`recovery`) build on this; the filesystem's
 //! use of them is in `fs/cluster.rs`. See docs/locking.md and docs/recovery.md.
 
+pub mod fsck_claim;
 pub mod lock;
 pub mod machine;
 pub mod mailbox;

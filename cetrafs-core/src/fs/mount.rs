@@ -463,6 +463,22 @@ impl Others {
             .or_else(|| self.dead.first().filter(|_| !free_slot))
             .map(|d| d.slot);
         let member = Membership::claim(dev.clone(), sb, &opts.host, machine, prefer)?;
+        // fsck.cetra repairing the volume holds a slot of its own: checked after our claim,
+        // as fsck checks for us after its claim (`cluster/fsck_claim.rs`).
+        let dead: Vec<u32> = self.dead.iter().map(|d| d.slot).collect();
+        let fsck = membership::scan(&**dev, sb)
+            .map(|views| crate::cluster::fsck_claim::running(&views, member.slot, &dead));
+        match fsck {
+            Ok(None) => {}
+            Ok(Some((slot, host))) => {
+                let _ = member.release();
+                return Err(crate::cluster::fsck_claim::refusal(slot, &host));
+            }
+            Err(e) => {
+                let _ = member.release();
+                return Err(e);
+            }
+        }
         member.set_caw_renewal(opts.caw_renewal);
         Ok(member)
     }

@@ -1,0 +1,178 @@
+//! `fsck.cetra -p` / `-y` on real volumes (issue 11 §3, §4), with the corruption injector
+//! (`cetrafs_core::check::wreck`).
+//!
+//! A volume populated through a real mount; for every injector case, on a sparse copy of it:
+//! `fsck.cetra -y` exits 1, a second `fsck.cetra -n` exits 0, the volume mounts, and every file
+//! reads back byte-identical; `-p` exits 1 on the cases marked preen and 4 on the others.
+//! Then fsck's claim: a mount started while `fsck.cetra -y` runs is refused, naming the fsck
+//! host, and succeeds once fsck is done.
+
+use cetrafs_core::check::wreck::CASES;
+use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
+use cetrafs_tests::{bin, require_fuse, run, wait_until, Lun, Mount};
+use std::collections::BTreeMap;
+use std::os::unix::fs::MetadataExt as _;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+/// Files written into the volume: name -> contents.
+fn contents() -> BTreeMap<&'static str, Vec<u8>> {
+    let mut files = BTreeMap::new();
+    for (name, len) in [
+        ("small", 5000usize),
+        ("medium", 70_000),
+        ("one-mib", 1 << 20),
+        ("three-mib", 3 << 20),
+        ("dir/inner", 12),
+    ] {
+        let seed = name.len();
+        files.insert(
+            name,
+            (0..len)
+                .map(|j| u8::try_from((j * 7 + seed) % 253).unwrap_or(0))
+                .collect(),
+        );
+    }
+    files
+}
+
+/// Populate `lun` through a real mount; returns the inode number of `small` (its block).
+fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> u64 {
+    let m = Mount::new(lun, "node1");
+    std::fs::create_dir(m.p("dir")).expect("mkdir dir");
+    for (name, data) in files {
+        std::fs::write(m.p(name), data).unwrap_or_else(|e| panic!("write {name}: {e}"));
+    }
+    let ino = std::fs::metadata(m.p("small")).expect("stat small").ino();
+    m.unmount();
+    ino
+}
+
+fn fsck(lun: &Path, flag: &str) -> (i32, String) {
+    let r = run(Command::new(bin("fsck-cetra")).arg(flag).arg(lun));
+    (r.code, r.output())
+}
+
+/// A sparse copy of the LUN file.
+fn copy_of(lun: &Lun, name: &str) -> PathBuf {
+    let to = lun.dir().join(name);
+    let r = run(Command::new("cp")
+        .arg("--sparse=always")
+        .arg(lun.path())
+        .arg(&to));
+    assert_eq!(r.code, 0, "cp: {}", r.output());
+    to
+}
+
+fn wreck(path: &Path, case: &str, target: u64) -> String {
+    // The logical block size the volume was made with (a file has none of its own).
+    let lbs = open_for_reading(path)
+        .expect("open the LUN copy")
+        .geometry()
+        .logical_block_size;
+    let dev = open_lun(
+        path,
+        &LunOptions {
+            read_only: false,
+            file_logical_block_size: Some(lbs),
+            buffered_file_fallback: true,
+            ..LunOptions::default()
+        },
+    )
+    .expect("open the LUN copy for writing")
+    .dev;
+    cetrafs_core::check::wreck::apply(&*dev, case, target)
+        .unwrap_or_else(|e| panic!("injecting {case}: {e}"))
+}
+
+#[test]
+fn fsck_repairs_every_injected_corruption_and_no_file_changes() {
+    require_fuse!();
+    let lun = Lun::new(1 << 30);
+    lun.mkfs(&["-N", "4"]);
+    let files = contents();
+    let target = populate(&lun, &files);
+    for case in CASES {
+        let copy = copy_of(&lun, &format!("{}.img", case.name));
+        let what = wreck(&copy, case.name, target);
+        let (code, out) = fsck(&copy, "-n");
+        assert_eq!(code, 4, "{what}: fsck -n before repair: {out}");
+        if case.preen || case.name == "leaked-blocks" {
+            let preen = copy_of(&lun, &format!("{}-preen.img", case.name));
+            wreck(&preen, case.name, target);
+            let (code, out) = fsck(&preen, "-p");
+            let want = if case.preen { 1 } else { 4 };
+            assert_eq!(code, want, "{what}: fsck -p: {out}");
+            std::fs::remove_file(&preen).expect("remove the preen copy");
+        }
+        let (code, out) = fsck(&copy, "-y");
+        assert_eq!(code, 1, "{what}: fsck -y: {out}");
+        assert!(out.contains("repaired:"), "{what}: {out}");
+        let (code, out) = fsck(&copy, "-n");
+        assert_eq!(code, 0, "{what}: fsck -n after repair: {out}");
+        let mnt = lun.dir().join(format!("mnt-{}", case.name));
+        let m = Mount::try_new(&copy, &mnt, "node2", &[])
+            .unwrap_or_else(|r| panic!("{what}: the repaired volume does not mount: {r}"));
+        for (name, want) in &files {
+            let got = std::fs::read(m.p(name)).unwrap_or_else(|e| panic!("{what}: {name}: {e}"));
+            assert!(got == *want, "{what}: {name} changed");
+        }
+        m.unmount();
+        let (code, out) = fsck(&copy, "-n");
+        assert_eq!(code, 0, "{what}: fsck -n after mounting: {out}");
+        std::fs::remove_file(&copy).expect("remove the case copy");
+        eprintln!("{what}: found, repaired (-y exit 1), clean, files intact");
+    }
+    eprintln!("{} corruption cases", CASES.len());
+}
+
+#[test]
+fn a_mount_while_fsck_repairs_is_refused_naming_the_fsck_host() {
+    require_fuse!();
+    let lun = Lun::new(1 << 30);
+    lun.mkfs(&["-N", "4"]);
+    let files = contents();
+    populate(&lun, &files);
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .expect("hostname");
+    let fsck = Command::new(bin("fsck-cetra"))
+        .arg("-y")
+        .arg(lun.path())
+        .env("CETRA_FAILPOINT", "fsck::claimed=sleep6000")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("start fsck.cetra -y");
+    // fsck holds its claim once `cetra status` shows its slot.
+    wait_until(Duration::from_secs(5), "fsck's slot shows", || {
+        let r = run(Command::new(bin("cetra"))
+            .args(["status", "--json", "--watch-ms", "1"])
+            .arg(lun.path()));
+        r.stdout.contains("fsck.cetra:")
+    });
+    let mnt = lun.dir().join("mnt-during");
+    let Err(refused) = Mount::try_new(lun.path(), &mnt, "node2", &[]) else {
+        panic!("a mount while fsck -y runs must be refused");
+    };
+    let said = refused.output();
+    assert!(
+        said.contains(&format!("fsck.cetra is running on {host}")),
+        "the refusal does not name the fsck host: {said}"
+    );
+    let out = fsck.wait_with_output().expect("fsck.cetra -y");
+    assert_eq!(
+        out.status.code(),
+        Some(0),
+        "fsck -y on a clean volume: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    let m = Mount::try_new(lun.path(), &mnt, "node2", &[])
+        .unwrap_or_else(|r| panic!("mount after fsck: {r}"));
+    for (name, want) in &files {
+        assert!(std::fs::read(m.p(name)).expect("read") == *want, "{name}");
+    }
+    m.unmount();
+    lun.assert_fsck_clean();
+}
