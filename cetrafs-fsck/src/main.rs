@@ -21,6 +21,7 @@ use cetrafs_core::cluster::fsck_claim::FsckClaim;
 use cetrafs_core::cluster::membership;
 use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
 use cetrafs_core::dev::{BlockDevice, SharedDevice};
+use cetrafs_core::fs::{MountOptions, Volume};
 use cetrafs_core::journal;
 use clap::Parser;
 use std::io::IsTerminal;
@@ -213,7 +214,7 @@ fn repair_volume(
         }
     };
     let dev = claim.guard(rw);
-    let code = repair_claimed(cli, shown, sb, &*dev, claim.slot(), mode, tty);
+    let code = repair_claimed(cli, shown, sb, &dev, &claim, host, mode, tty);
     drop(dev);
     if let Err(e) = claim.release() {
         eprintln!("fsck.cetra: {shown}: giving back fsck's node slot: {e}");
@@ -222,24 +223,26 @@ fn repair_volume(
     code
 }
 
-/// Rounds of repairs before fsck gives up on a volume that keeps showing new problems.
-const MAX_ROUNDS: usize = 5;
-
+#[expect(
+    clippy::too_many_arguments,
+    reason = "the run's context, passed down once"
+)]
 fn repair_claimed(
     cli: &Cli,
     shown: &str,
     sb: &cetrafs_core::format::superblock::Superblock,
-    dev: &dyn BlockDevice,
-    own_slot: u32,
+    dev: &SharedDevice,
+    claim: &FsckClaim,
+    host: &str,
     mode: Mode,
     tty: bool,
 ) -> u8 {
     // The e2e test of the claim holds fsck here (sleep) and tries to mount meanwhile.
     cetrafs_core::failpoint::process("fsck::claimed");
-    match journal::pending(dev, sb) {
+    match journal::pending(&**dev, sb) {
         Ok(p) => {
             for (slot, tx) in &p {
-                match journal::replay(dev, sb, journal::JournalArea::for_slot(sb, *slot)) {
+                match journal::replay(&**dev, sb, journal::JournalArea::for_slot(sb, *slot)) {
                     Ok(n) => println!("{shown}: replayed the journal of node slot {slot} (transaction {}, {n} blocks written)", tx.seq),
                     Err(e) => {
                         eprintln!("fsck.cetra: {shown}: journal replay of node slot {slot} failed: {e}");
@@ -253,9 +256,9 @@ fn repair_claimed(
             return EXIT_OPERATIONAL;
         }
     }
-    let mine = format!("heartbeat slot {own_slot} is Live");
-    let check = |announce: bool| {
-        check::check_volume_with(dev, &mut |p: Pass| {
+    let mine = format!("heartbeat slot {} is Live", claim.slot());
+    let mut check = |announce: bool| {
+        check::check_volume_with(&**dev, &mut |p: Pass| {
             if tty && announce {
                 eprintln!("{p}");
             }
@@ -266,45 +269,43 @@ fn repair_claimed(
             r
         })
     };
-    let mut fixed = 0usize;
-    let mut report = match check(true) {
-        Ok(r) => r,
+    // The repairs that change directories mount the volume in fsck's own slot.
+    let mount = || {
+        Volume::mount(
+            dev.clone(),
+            &MountOptions {
+                host: format!("{}{host}", cetrafs_core::cluster::fsck_claim::PREFIX),
+                claimed: Some(claim.member()),
+                discard_rate: None,
+                commit_interval: std::time::Duration::ZERO,
+                ..MountOptions::default()
+            },
+        )
+    };
+    let quiet = cli.quiet;
+    let outcome = repair::rounds(
+        &**dev,
+        mode,
+        &mut check,
+        &mount,
+        &mut |round, report, fixed| {
+            if round == 0 || !quiet {
+                for f in &report.findings {
+                    println!("{f}");
+                }
+            }
+            for line in fixed {
+                println!("{shown}: repaired: {line}");
+            }
+        },
+    );
+    let (report, fixed) = match outcome {
+        Ok(o) => (o.last, o.fixed),
         Err(e) => {
             eprintln!("fsck.cetra: {shown}: {e}");
             return EXIT_OPERATIONAL;
         }
     };
-    for round in 0..MAX_ROUNDS {
-        if report.is_clean() {
-            break;
-        }
-        if round == 0 || !cli.quiet {
-            for f in &report.findings {
-                println!("{f}");
-            }
-        }
-        let done = match repair::repair(dev, &report, mode) {
-            Ok(d) => d,
-            Err(e) => {
-                eprintln!("fsck.cetra: {shown}: repair failed: {e}");
-                return EXIT_OPERATIONAL;
-            }
-        };
-        for line in &done.fixed {
-            println!("{shown}: repaired: {line}");
-        }
-        fixed += done.fixed.len();
-        report = match check(false) {
-            Ok(r) => r,
-            Err(e) => {
-                eprintln!("fsck.cetra: {shown}: {e}");
-                return EXIT_OPERATIONAL;
-            }
-        };
-        if done.fixed.is_empty() {
-            break;
-        }
-    }
     if !report.is_clean() {
         println!("{shown}: left after repair:");
         for f in &report.findings {

@@ -178,6 +178,12 @@ pub(crate) struct RepairPlan {
     /// object-lock buckets, mailboxes) with an error: rewritten empty, which no node mounted
     /// (fsck's precondition) can miss.
     pub reset_records: std::collections::BTreeSet<u64>,
+    /// Directory entries to remove: (directory, name hash, name), the name None for a whole
+    /// record that does not decode. Entries naming an inode that is not one, or the root.
+    pub drop_entries: Vec<(u64, u64, Option<Vec<u8>>)>,
+    /// Runs `[start, end)` marked used that nothing claims: where unreachable inodes are
+    /// looked for.
+    pub leaked: Vec<(u64, u64)>,
 }
 
 impl Report {
@@ -1088,6 +1094,7 @@ impl Checker<'_> {
                 let entries = match decode_entries(value) {
                     Ok(v) => v,
                     Err(e) => {
+                        self.report.plan.drop_entries.push((dir.ino, *key, None));
                         self.push(
                             FindingKind::BadEntry,
                             None,
@@ -1121,6 +1128,10 @@ impl Checker<'_> {
                         continue;
                     }
                     if e.ino == root {
+                        self.report
+                            .plan
+                            .drop_entries
+                            .push((dir.ino, *key, Some(e.name.clone())));
                         self.push(
                             FindingKind::BadEntry,
                             None,
@@ -1136,7 +1147,14 @@ impl Checker<'_> {
                         continue;
                     };
                     st.refs += 1;
-                    let Some(kind) = st.kind else { continue };
+                    let Some(kind) = st.kind else {
+                        // Names an inode that is not one: the entry goes (with -y).
+                        self.report
+                            .plan
+                            .drop_entries
+                            .push((dir.ino, *key, Some(e.name.clone())));
+                        continue;
+                    };
                     let (refs, first_path) = (st.refs, st.path.clone());
                     if kind.dtype() != e.dtype {
                         self.push(
@@ -1293,7 +1311,9 @@ impl Checker<'_> {
         let mut cursor = self.sb.group_start;
         let claims: Vec<_> = self.claims.ranges().collect();
         for (s, e, owner) in claims {
-            found.extend(self.bitmap_runs(cursor, s, true).into_iter().map(leaked));
+            let runs = self.bitmap_runs(cursor, s, true);
+            self.report.plan.leaked.extend(&runs);
+            found.extend(runs.into_iter().map(leaked));
             cursor = e;
             for (fs, fe) in self.bitmap_runs(s, e, false) {
                 let ino = if let Owner::Inode(i) = owner {
@@ -1309,11 +1329,9 @@ impl Checker<'_> {
                 found.push(finding(FindingKind::BlockFree, Some(fs), ino, msg));
             }
         }
-        found.extend(
-            self.bitmap_runs(cursor, self.group_area_end(), true)
-                .into_iter()
-                .map(leaked),
-        );
+        let runs = self.bitmap_runs(cursor, self.group_area_end(), true);
+        self.report.plan.leaked.extend(&runs);
+        found.extend(runs.into_iter().map(leaked));
         self.report.findings.extend(found);
     }
 

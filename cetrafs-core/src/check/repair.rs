@@ -18,10 +18,16 @@
 //! | `link-count` | an inode's link count set to the entries naming it | preen (to 0: yes) |
 //! | `block-count` | an inode's block count set to the blocks it holds | preen |
 //! | `reset-record` | a damaged or contradictory heartbeat slot, lock record, object-lock bucket or mailbox rewritten empty | preen |
+//! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed | yes |
+//! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
 //!
-//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. A finding
-//! with no repair here (a bad inode, a bad tree, a bad directory entry, a block two inodes
-//! claim, an orphan still linked) is left, and fsck exits 4.
+//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The last
+//! two change directories, so fsck makes them through the filesystem ([`plan_namespace`] says
+//! which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
+//! blocks are kept (they may be theirs), and freed in a later round. A directory is
+//! reconnected before the inodes in it (they are reachable once it is). A finding with no
+//! repair here (a bad tree, a block two inodes claim, an orphan still linked) is left, and
+//! fsck exits 4.
 
 use super::{FindingKind, Report};
 use crate::dev::{AlignedBuf, BlockDevice};
@@ -57,8 +63,15 @@ fn write_block(dev: &dyn BlockDevice, b: u64, data: &[u8]) -> Result<()> {
 }
 
 /// Make the repairs `mode` allows for the findings of `report` (a report of this device's
-/// current state). Flushes before it returns.
-pub fn repair(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Result<Repaired> {
+/// current state), except those of [`plan_namespace`]; `keep_leaked`: unreachable inodes are
+/// about to be reconnected, so blocks marked used that nothing claims stay used this round.
+/// Flushes before it returns.
+pub fn repair(
+    dev: &dyn BlockDevice,
+    report: &Report,
+    mode: Mode,
+    keep_leaked: bool,
+) -> Result<Repaired> {
     let Some(sb) = &report.superblock else {
         return Err(Error::corrupted(
             "no usable superblock (primary and backup both damaged): nothing can be repaired",
@@ -66,7 +79,7 @@ pub fn repair(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Result<Repa
     };
     let mut out = Repaired::default();
     superblocks(dev, sb, report, &mut out)?;
-    groups(dev, sb, report, mode, &mut out)?;
+    groups(dev, sb, report, mode, keep_leaked, &mut out)?;
     inodes(dev, report, mode, &mut out)?;
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
@@ -97,7 +110,7 @@ fn superblocks(
 }
 
 /// The groups whose bitmap or header a finding concerns.
-fn groups_to_rebuild(sb: &Superblock, report: &Report, mode: Mode) -> BTreeSet<u64> {
+fn groups_to_rebuild(sb: &Superblock, report: &Report, free_leaked: bool) -> BTreeSet<u64> {
     report
         .errors()
         .filter(|f| match f.kind {
@@ -107,7 +120,7 @@ fn groups_to_rebuild(sb: &Superblock, report: &Report, mode: Mode) -> BTreeSet<u
             | FindingKind::GroupMetadataFree
             | FindingKind::BitsPastEnd
             | FindingKind::BlockFree => true,
-            FindingKind::BlockLeaked => mode == Mode::All,
+            FindingKind::BlockLeaked => free_leaked,
             _ => false,
         })
         .filter_map(|f| f.block.and_then(|b| sb.group_of(b)))
@@ -122,11 +135,13 @@ fn groups(
     sb: &Superblock,
     report: &Report,
     mode: Mode,
+    keep_leaked: bool,
     out: &mut Repaired,
 ) -> Result<()> {
+    let free_leaked = mode == Mode::All && !keep_leaked;
     let bitmap_blocks = u64::from(sb.bitmap_blocks);
     let bits_len = usize::try_from(bitmap_blocks * BITS_PER_BITMAP_BLOCK / 8).unwrap_or(0);
-    for g in groups_to_rebuild(sb, report, mode) {
+    for g in groups_to_rebuild(sb, report, free_leaked) {
         let first = sb.group_first_block(g);
         let end = first + sb.group_blocks;
         let mut bits = vec![0u8; bits_len];
@@ -153,7 +168,7 @@ fn groups(
             let raw = read_block(dev, at)?;
             if let Ok((old_seq, payload)) = decode_bitmap(&raw, at) {
                 *seq = old_seq;
-                if mode == Mode::Preen {
+                if !free_leaked {
                     let o = usize::try_from(i * BITS_PER_BITMAP_BLOCK / 8).unwrap_or(usize::MAX);
                     for (j, &byte) in payload.iter().enumerate() {
                         if let Some(dst) = bits.get_mut(o + j) {
@@ -194,7 +209,7 @@ fn groups(
         out.fixed.push(format!(
             "rebuild-group: group {g}: bitmap and header rewritten from what the inodes hold ({used} blocks used, {} free{})",
             sb.group_blocks - used,
-            if mode == Mode::All {
+            if free_leaked {
                 ""
             } else {
                 "; blocks marked used that nothing holds are kept"
@@ -287,4 +302,150 @@ fn describe_record(sb: &Superblock, offset: u64) -> String {
         return format!("lock record {}", (offset - locks) / lbs);
     }
     format!("the record at byte {offset}")
+}
+
+/// The repairs that change directories (`-y` only), which fsck makes through the filesystem
+/// mounted in its own slot (`fs/fsck.rs`).
+#[derive(Debug, Default, Clone)]
+pub struct Namespace {
+    /// `drop-entry`: (directory, name hash, name; None for a record that does not decode).
+    pub drop_entries: Vec<(u64, u64, Option<Vec<u8>>)>,
+    /// `reconnect`: unreachable inodes to link into `/lost+found`.
+    pub reconnect: Vec<u64>,
+}
+
+impl Namespace {
+    pub fn is_empty(&self) -> bool {
+        self.drop_entries.is_empty() && self.reconnect.is_empty()
+    }
+}
+
+/// Most leaked blocks read when looking for unreachable inodes (4 GiB): beyond that they are
+/// freed without a look.
+const RECONNECT_SCAN_MAX: u64 = 1 << 20;
+/// Blocks read at once while looking.
+const SCAN_CHUNK: u64 = 256;
+
+/// The namespace repairs for `report` (none but with [`Mode::All`]): its entries to drop, and
+/// the unreachable inodes among its leaked blocks (every block that decodes as the inode of
+/// its own number). Directories first: if there are any, only those whose parent is not
+/// itself unreachable; the files are reconnected in a later round if they are still
+/// unreachable then.
+pub fn plan_namespace(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Result<Namespace> {
+    let mut ns = Namespace::default();
+    if mode != Mode::All {
+        return Ok(ns);
+    }
+    ns.drop_entries.clone_from(&report.plan.drop_entries);
+    let mut found: Vec<(u64, bool, u64)> = Vec::new();
+    let mut budget = RECONNECT_SCAN_MAX;
+    for &(s, e) in &report.plan.leaked {
+        let mut at = s;
+        while at < e && budget > 0 {
+            let n = SCAN_CHUNK.min(e - at).min(budget);
+            let len = usize::try_from(n * FS_BLOCK).unwrap_or(usize::MAX);
+            let buf = crate::dev::read_aligned(dev, at * FS_BLOCK, len)?;
+            for (b, raw) in (at..).zip(buf.chunks(FS_BLOCK_SIZE)) {
+                if let Ok(i) = Inode::decode(raw, b) {
+                    found.push((b, i.is_dir(), i.parent));
+                }
+            }
+            at += n;
+            budget -= n;
+        }
+    }
+    let dirs: BTreeSet<u64> = found.iter().filter(|f| f.1).map(|f| f.0).collect();
+    ns.reconnect = if dirs.is_empty() {
+        found.iter().map(|f| f.0).collect()
+    } else {
+        found
+            .iter()
+            .filter(|f| f.1 && !dirs.contains(&f.2))
+            .map(|f| f.0)
+            .collect()
+    };
+    Ok(ns)
+}
+
+/// The namespace repairs of `ns` on the volume `mount` mounts (and this unmounts). Returns a
+/// line per repair made.
+fn namespace(
+    ns: &Namespace,
+    mount: &dyn Fn() -> Result<std::sync::Arc<crate::fs::Volume>>,
+) -> Result<Vec<String>> {
+    let vol = mount().map_err(|e| e.wrap("mounting the volume for the directory repairs"))?;
+    let mut out = Vec::new();
+    let result = (|| {
+        for (dir, hash, name) in &ns.drop_entries {
+            if vol.fsck_drop_entry(*dir, *hash, name.as_deref())? {
+                out.push(match name {
+                    Some(n) => format!(
+                        "drop-entry: directory {dir}: entry {:?} removed",
+                        String::from_utf8_lossy(n)
+                    ),
+                    None => format!(
+                        "drop-entry: directory {dir}: the record under hash {hash:#x} removed"
+                    ),
+                });
+            }
+        }
+        for &ino in &ns.reconnect {
+            let path = vol.fsck_reconnect(ino)?;
+            out.push(format!("reconnect: inode {ino} linked as {path}"));
+        }
+        Ok(())
+    })();
+    let unmounted = vol.unmount();
+    result.and(unmounted).map(|()| out)
+}
+
+/// What [`rounds`] did.
+#[derive(Debug)]
+pub struct Outcome {
+    /// The check before any repair.
+    pub first: Report,
+    /// The check after the last round.
+    pub last: Report,
+    /// Repairs made.
+    pub fixed: usize,
+}
+
+/// Rounds of repairs before giving up on a volume that keeps showing new problems.
+pub const MAX_ROUNDS: usize = 6;
+
+/// Check and repair in rounds until a check is clean or a round repairs nothing (at most
+/// [`MAX_ROUNDS`]): each round plans the namespace repairs, makes the block-level repairs,
+/// then (with `-y`) the namespace ones on the volume `mount` mounts, and checks again.
+/// `check` runs one check; `each` hears every round's report and repairs.
+pub fn rounds(
+    dev: &dyn BlockDevice,
+    mode: Mode,
+    check: &mut dyn FnMut(bool) -> Result<Report>,
+    mount: &dyn Fn() -> Result<std::sync::Arc<crate::fs::Volume>>,
+    each: &mut dyn FnMut(usize, &Report, &[String]),
+) -> Result<Outcome> {
+    let first = check(true)?;
+    let mut report = first.clone();
+    let mut fixed = 0;
+    for round in 0..MAX_ROUNDS {
+        if report.is_clean() {
+            break;
+        }
+        let ns = plan_namespace(dev, &report, mode)?;
+        let mut done = repair(dev, &report, mode, !ns.reconnect.is_empty())?.fixed;
+        if !ns.is_empty() {
+            done.extend(namespace(&ns, mount)?);
+        }
+        each(round, &report, &done);
+        fixed += done.len();
+        report = check(false)?;
+        if done.is_empty() {
+            break;
+        }
+    }
+    Ok(Outcome {
+        first,
+        last: report,
+        fixed,
+    })
 }

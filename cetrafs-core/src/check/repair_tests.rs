@@ -2,10 +2,11 @@
 //! of its mode fix it (a second check is clean), the volume mounts and every file reads back as
 //! it was. Preen repairs exactly the cases marked `preen`.
 
-use super::repair::{repair, Mode};
-use super::wreck::CASES;
+use super::repair::{rounds, Mode};
+use super::wreck::{Effect, CASES};
 use super::{check_volume, Report};
 use crate::dev::mem::MemDevice;
+use crate::dev::SharedDevice;
 use crate::fs::{Caller, MountOptions, Volume};
 use crate::mkfs::{format, MkfsOptions};
 use std::collections::BTreeMap;
@@ -51,29 +52,55 @@ fn populated() -> (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, u64) {
     (dev.snapshot(), files, target)
 }
 
-/// Repair rounds as fsck runs them: until clean or a round fixes nothing (at most 4).
-fn run_repairs(dev: &MemDevice, mode: Mode) -> (Report, usize) {
-    let mut fixed = 0;
-    for _ in 0..4 {
-        let r = check_volume(dev).unwrap();
-        if r.is_clean() {
-            return (r, fixed);
-        }
-        let done = repair(dev, &r, mode).unwrap();
-        if done.fixed.is_empty() {
-            return (r, fixed);
-        }
-        fixed += done.fixed.len();
-    }
-    (check_volume(dev).unwrap(), fixed)
+/// Repair rounds as fsck runs them.
+fn run_repairs(dev: &Arc<MemDevice>, mode: Mode) -> (Report, usize) {
+    let shared: SharedDevice = dev.clone();
+    let mount = || {
+        Volume::mount(
+            shared.clone(),
+            &MountOptions {
+                discard_rate: None,
+                ..MountOptions::default()
+            },
+        )
+    };
+    let out = rounds(
+        &**dev,
+        mode,
+        &mut |_| check_volume(&**dev),
+        &mount,
+        &mut |_, _, _| {},
+    )
+    .unwrap();
+    (out.last, out.fixed)
 }
 
-fn files_intact(dev: Arc<MemDevice>, files: &BTreeMap<Vec<u8>, Vec<u8>>, case: &str) {
+/// Every file is where `effect` says, unchanged (`target` is the target file's inode).
+fn files_intact(
+    dev: Arc<MemDevice>,
+    files: &BTreeMap<Vec<u8>, Vec<u8>>,
+    case: &str,
+    effect: Effect,
+    target: u64,
+) {
     let v = Volume::mount(dev, &MountOptions::default())
         .unwrap_or_else(|e| panic!("{case}: the repaired volume does not mount: {e}"));
     let root = v.root_ino();
     for (name, want) in files {
-        let a = v.lookup(root, name).unwrap();
+        let found = v.lookup(root, name);
+        let a = match (effect, found) {
+            (Effect::TargetGone, Err(_)) if name == b"f0" => continue,
+            (Effect::TargetGone, Ok(_)) if name == b"f0" => {
+                panic!("{case}: the destroyed file is still there")
+            }
+            (Effect::TargetInLostFound, Err(_)) if name == b"f0" => {
+                let lf = v.lookup(root, b"lost+found").unwrap();
+                v.lookup(lf.ino, format!("#{target}").as_bytes())
+                    .unwrap_or_else(|e| panic!("{case}: not in lost+found: {e}"))
+            }
+            (_, Ok(a)) => a,
+            (_, Err(e)) => panic!("{case}: {}: {e}", String::from_utf8_lossy(name)),
+        };
         let fh = v.open(a.ino, false, false).unwrap();
         let mut got = Vec::new();
         v.read(&fh, 0, u32::try_from(want.len() + 10).unwrap(), &mut |d| {
@@ -98,7 +125,7 @@ fn every_corruption_is_found_and_repaired_and_no_file_changes() {
         .is_clean());
     for case in CASES {
         let dev = Arc::new(MemDevice::from_image(image.clone(), 512));
-        let what = super::wreck::apply(&*dev, case.name, target).unwrap();
+        let what = super::wreck::apply(&(dev.clone() as SharedDevice), case.name, target).unwrap();
         let found = check_volume(&*dev).unwrap();
         assert!(
             found.has(case.finding) && !found.is_clean(),
@@ -122,7 +149,30 @@ fn every_corruption_is_found_and_repaired_and_no_file_changes() {
             "{what}: still wrong after repair: {:?}",
             after.findings
         );
-        files_intact(dev.clone(), &files, case.name);
+        files_intact(dev.clone(), &files, case.name, case.effect, target);
+        if case.effect == Effect::DirInLostFound {
+            let v = Volume::mount(dev.clone(), &MountOptions::default()).unwrap();
+            let lf = v.lookup(v.root_ino(), b"lost+found").unwrap();
+            let mut names = Vec::new();
+            v.readdir(lf.ino, 0, &mut |e| {
+                names.push(e.name.clone());
+                true
+            })
+            .unwrap();
+            let dir = names
+                .iter()
+                .find(|n| n.starts_with(b"#"))
+                .unwrap_or_else(|| panic!("{case:?}: lost+found holds {names:?}"));
+            let d = v.lookup(lf.ino, dir).unwrap();
+            let inner = v.lookup(d.ino, b"inner").unwrap();
+            let fh = v.open(inner.ino, false, false).unwrap();
+            let mut got = Vec::new();
+            v.read(&fh, 0, 100, &mut |b| got.extend_from_slice(b))
+                .unwrap();
+            v.release(&fh).unwrap();
+            assert_eq!(got, b"inner data", "{}", case.name);
+            v.unmount().unwrap();
+        }
         assert!(
             check_volume(&*dev).unwrap().is_clean(),
             "{what}: not clean after a mount of the repaired volume"

@@ -3,14 +3,16 @@
 //! the tests can prove that `fsck.cetra` finds each one, repairs it, and leaves every file
 //! the corruption did not touch as it was.
 //!
-//! Each [`Case`] says which finding the check must report and whether preen (`-p`) repairs
-//! it. Cases that change an inode take the target file's inode number (its block number: a
-//! `stat` on a mount gives it); that file must be a small regular file (inline extents, at
-//! least one block written).
+//! Each [`Case`] says which finding the check must report, whether preen (`-p`) repairs it,
+//! and what the repaired volume holds of the files it touched ([`Effect`]). Cases that change
+//! an inode take the target file's inode number (its block number: a `stat` on a mount gives
+//! it); that file must be a small regular file in the root directory (inline extents, at least
+//! one block written), and the root must hold a subdirectory. The cases that unlink something
+//! do it through the filesystem (a mount of the volume), the others write blocks.
 
 use super::FindingKind;
 use crate::cluster::lock::LockLayout;
-use crate::dev::{read_aligned, AlignedBuf, BlockDevice};
+use crate::dev::{read_aligned, AlignedBuf, BlockDevice, SharedDevice};
 use crate::error::{Error, Result};
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::inode::Inode;
@@ -27,6 +29,21 @@ pub struct Case {
     pub finding: FindingKind,
     /// `fsck.cetra -p` repairs it (else only `-y`).
     pub preen: bool,
+    /// What the repaired volume holds of what the case touched.
+    pub effect: Effect,
+}
+
+/// What `fsck.cetra -y` leaves of what a case touched (every other file is unchanged).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Effect {
+    /// Every file is where it was, unchanged.
+    Nothing,
+    /// The target file is gone (its inode was destroyed).
+    TargetGone,
+    /// The target file is `/lost+found/#INO`, unchanged.
+    TargetInLostFound,
+    /// The root's first subdirectory is `/lost+found/#INO`, its files unchanged.
+    DirInLostFound,
 }
 
 pub const CASES: &[Case] = &[
@@ -35,96 +52,133 @@ pub const CASES: &[Case] = &[
         what: "garbage over the primary superblock",
         finding: FindingKind::PrimarySuperblock,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "backup-superblock",
         what: "garbage over the backup superblock",
         finding: FindingKind::BackupSuperblock,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "group-header",
         what: "garbage over the header of the target file's group",
         finding: FindingKind::GroupHeader,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "free-count",
         what: "the free count of the target file's group off by 7",
         finding: FindingKind::FreeCount,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "bitmap-block",
         what: "garbage over the first bitmap block of the target file's group",
         finding: FindingKind::Bitmap,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "used-marked-free",
         what: "the bitmap bit of the target file's first data block cleared",
         finding: FindingKind::BlockFree,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "group-metadata-free",
         what: "the bitmap bit of the group's own bitmap block cleared",
         finding: FindingKind::GroupMetadataFree,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "bits-past-end",
         what: "a bitmap bit past the end of the last group cleared",
         finding: FindingKind::BitsPastEnd,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "leaked-blocks",
         what: "8 free blocks of the last group marked used",
         finding: FindingKind::BlockLeaked,
         preen: false,
+        effect: Effect::Nothing,
     },
     Case {
         name: "link-count",
         what: "the target file's link count raised by 2",
         finding: FindingKind::LinkCount,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "block-count",
         what: "the target file's block count raised by 5",
         finding: FindingKind::BlockCount,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "heartbeat-slot",
         what: "garbage over the heartbeat slot of the last node slot",
         finding: FindingKind::Heartbeat,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "lock-record",
         what: "garbage over the global lock record",
         finding: FindingKind::LockRecord,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "stale-lock-owner",
         what: "the global lock record held exclusively by a slot that holds nothing",
         finding: FindingKind::LockRecord,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "object-lock-bucket",
         what: "garbage over object-lock bucket 0 (format 3 and later)",
         finding: FindingKind::ObjectLock,
         preen: true,
+        effect: Effect::Nothing,
     },
     Case {
         name: "mailbox",
         what: "garbage over the lock-request mailbox of slot 1 (format 3 and later)",
         finding: FindingKind::Mailbox,
         preen: true,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "bad-inode",
+        what: "garbage over the target file's inode block",
+        finding: FindingKind::BadInode,
+        preen: false,
+        effect: Effect::TargetGone,
+    },
+    Case {
+        name: "unreachable-file",
+        what: "the target file's directory entry removed, its inode left",
+        finding: FindingKind::BlockLeaked,
+        preen: false,
+        effect: Effect::TargetInLostFound,
+    },
+    Case {
+        name: "unreachable-dir",
+        what: "the entry of the root's first subdirectory removed, the directory left",
+        finding: FindingKind::BlockLeaked,
+        preen: false,
+        effect: Effect::DirInLostFound,
     },
 ];
 
@@ -183,7 +237,8 @@ fn target_inode(dev: &dyn BlockDevice, target: u64) -> Result<Inode> {
 
 /// Apply case `name` to the unmounted volume on `dev`; `target` is the inode number of a small
 /// regular file. Returns what was done.
-pub fn apply(dev: &dyn BlockDevice, name: &str, target: u64) -> Result<String> {
+pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
+    let dev: &dyn BlockDevice = &**shared;
     let c = case(name).ok_or_else(|| {
         Error::new(
             crate::error::ErrorKind::InvalidInput,
@@ -318,8 +373,60 @@ pub fn apply(dev: &dyn BlockDevice, name: &str, target: u64) -> Result<String> {
             dev.write_at(offset, &garbage(lbs))?;
             what.to_string()
         }
+        "bad-inode" => {
+            dev.write_at(target * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("inode block {target}")
+        }
+        "unreachable-file" | "unreachable-dir" => {
+            unlink_only(shared, c.name == "unreachable-dir", target)?
+        }
         other => return Err(Error::corrupted(format!("case {other} has no injector"))),
     };
     dev.flush()?;
     Ok(format!("{}: {} ({done})", c.name, c.what))
+}
+
+/// Remove the entry of the target file (or of the root's first subdirectory) from the root,
+/// through the filesystem, leaving the inode it names as it is: unreachable.
+fn unlink_only(dev: &SharedDevice, dir: bool, target: u64) -> Result<String> {
+    use crate::fs::{FileKind, MountOptions, Volume};
+    let vol = Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: "wreck".into(),
+            discard_rate: None,
+            ..MountOptions::default()
+        },
+    )?;
+    let root = vol.root_ino();
+    let mut entries = Vec::new();
+    let listed = vol.readdir(root, 0, &mut |e| {
+        entries.push(e.clone());
+        true
+    });
+    let found = listed.and_then(|()| {
+        entries
+            .into_iter()
+            .find(|e| {
+                if dir {
+                    e.kind == FileKind::Directory && e.name != b"." && e.name != b".."
+                } else {
+                    e.ino == target
+                }
+            })
+            .ok_or_else(|| Error::corrupted("no such entry in the root directory"))
+    });
+    let r = found.and_then(|e| {
+        let hash = crate::format::dirent::name_hash(&e.name);
+        vol.fsck_drop_entry(root, hash, Some(&e.name))?;
+        Ok(format!(
+            "entry {:?} (inode {}) removed from the root",
+            String::from_utf8_lossy(&e.name),
+            e.ino
+        ))
+    });
+    let unmounted = vol.unmount();
+    let done = r?;
+    unmounted?;
+    Ok(done)
 }

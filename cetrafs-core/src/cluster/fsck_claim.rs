@@ -86,6 +86,12 @@ impl FsckClaim {
         self.member.slot
     }
 
+    /// The membership of fsck's slot: what fsck mounts the volume in for the repairs made
+    /// through the filesystem (`MountOptions::claimed`).
+    pub fn member(&self) -> Arc<Membership> {
+        self.member.clone()
+    }
+
     /// `dev` with every I/O refused once fsck's lease has run out.
     pub fn guard(&self, dev: SharedDevice) -> SharedDevice {
         Arc::new(LeaseGuard::new(dev, self.member.clone()))

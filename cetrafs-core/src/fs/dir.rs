@@ -39,7 +39,7 @@ pub(crate) fn dir_lookup(tx: &mut Tx<'_>, dir: &Inode, name: &[u8]) -> Result<Op
     Ok(decode_entries(&v)?.into_iter().find(|e| e.name == name))
 }
 
-fn dir_insert(tx: &mut Tx<'_>, dir: &mut Inode, e: DirEntry) -> Result<()> {
+pub(super) fn dir_insert(tx: &mut Tx<'_>, dir: &mut Inode, e: DirEntry) -> Result<()> {
     if dir.tree_root == 0 {
         dir.tree_root = Tree::create(tx, dir.ino)?;
         dir.blocks += 1;
@@ -90,7 +90,7 @@ fn kind_of(inode: &Inode) -> FileKind {
 }
 
 impl Volume {
-    fn dir_state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<super::InodeState>> {
+    pub(super) fn dir_state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<super::InodeState>> {
         let st = self.state(tx, ino)?;
         if !st.read().inode.is_dir() {
             bail!(NotDir, "inode {ino} is not a directory");

@@ -20,6 +20,7 @@ mod detached_ns;
 mod dir;
 pub mod discard;
 pub(crate) mod extent_map;
+mod fsck;
 pub(crate) mod heap;
 mod inflight;
 mod inode_lock;
@@ -182,6 +183,8 @@ pub struct Volume {
     pr: Option<Arc<crate::cluster::reservation::Reservations>>,
     /// Writes and changes made without the global lock (`fs/detached.rs`).
     detached: detached::Detached,
+    /// Mounted in a slot the caller holds (`MountOptions::claimed`): unmount keeps it.
+    keep_slot: bool,
 }
 
 /// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
@@ -401,7 +404,9 @@ impl Volume {
                 // recover once its heartbeat stops: it is not released as if clean.
                 self.leave_cluster(&mut meta)?;
             }
-            self.member.release()?;
+            if !self.keep_slot {
+                self.member.release()?;
+            }
             self.leave_reservation();
             return r;
         }
@@ -440,7 +445,9 @@ impl Volume {
         meta.close(&*self.dev)?;
         self.leave_cluster(&mut meta)?;
         drop(meta);
-        self.member.release()?;
+        if !self.keep_slot {
+            self.member.release()?;
+        }
         self.leave_reservation();
         if let Some(wd) = self.watchdog.get() {
             wd.close_clean();

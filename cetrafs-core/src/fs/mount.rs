@@ -57,6 +57,10 @@ impl Volume {
     /// [`Self::mount`] before a failure gives back the reservation key.
     fn mount_unfenced(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
         let (sb, read_only) = check_device(&*dev, opts)?;
+        if let Some(member) = &opts.claimed {
+            // fsck's own mount: the slot is its claim; the dead are left to the next mount.
+            return Self::mount_as(dev, sb, opts, read_only, &[], member.clone());
+        }
         let machine = match opts.machine {
             Some(m) => m,
             None => MachineId::local()?,
@@ -175,6 +179,7 @@ impl Volume {
             watchdog: std::sync::OnceLock::new(),
             pr: opts.reservations.clone(),
             detached: super::detached::Detached::new(emptied),
+            keep_slot: opts.claimed.is_some(),
         });
         if let Err(e) = vol.start(opts, &recovered) {
             vol.unmounted.store(true, Ordering::SeqCst);

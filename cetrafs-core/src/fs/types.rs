@@ -269,6 +269,10 @@ pub struct MountOptions {
     /// (`discard=MiB/s`; `fs/discard.rs`); None (`nodiscard`): never; `Some(0)`: queued, and
     /// discarded only when asked (`Volume::discard_queued`).
     pub discard_rate: Option<u64>,
+    /// Mount in this slot, which the caller already holds (fsck's claim,
+    /// `cluster/fsck_claim.rs`): no slot is claimed, no dead node is recovered, and unmount
+    /// leaves the slot to the caller.
+    pub claimed: Option<std::sync::Arc<crate::cluster::Membership>>,
 }
 
 impl Default for MountOptions {
@@ -289,6 +293,7 @@ impl Default for MountOptions {
             mountpoint: None,
             reservations: None,
             discard_rate: Some(super::discard::DEFAULT_RATE),
+            claimed: None,
         }
     }
 }

@@ -1,0 +1,115 @@
+//! The namespace repairs `fsck.cetra -y` makes through the filesystem, on a volume it has
+//! mounted in its own claimed slot (`MountOptions::claimed`): removing a directory entry
+//! without touching the inode it names (which may not be one), and linking an unreachable
+//! inode into `/lost+found`. The other repairs write blocks directly (`check/repair.rs`); these
+//! change directory trees, which only the filesystem's transactions do safely (splits, merges,
+//! block counts).
+
+use super::btree::Tree;
+use super::dir::{dir_insert, dir_lookup};
+use super::{now, Caller, FileKind, Ino, Volume};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::dirent::{decode_entries, encode_entries, DirEntry};
+
+/// The directory unreachable inodes are linked into, in the root.
+pub const LOST_AND_FOUND: &[u8] = b"lost+found";
+
+impl Volume {
+    /// Remove entry `name` (None: the whole record, which does not decode) stored under
+    /// `hash` in directory `dir`, leaving the inode it names alone. Returns whether there was
+    /// such an entry. The directory's link count is left to the link-count repair.
+    pub fn fsck_drop_entry(&self, dir: Ino, hash: u64, name: Option<&[u8]>) -> Result<bool> {
+        self.check_writable()?;
+        self.meta_op(|tx| {
+            let st = self.dir_state(tx, dir)?;
+            let mut d = st.write();
+            if d.inode.tree_root == 0 {
+                return Ok(false);
+            }
+            let delta = {
+                let mut t = Tree::new(tx, d.inode.tree_root, dir);
+                let Some(value) = t.get(hash)? else {
+                    return Ok(false);
+                };
+                match name {
+                    None => {
+                        t.remove(hash)?;
+                    }
+                    Some(n) => {
+                        let mut list = decode_entries(&value)?;
+                        let before = list.len();
+                        list.retain(|e| e.name != n);
+                        if list.len() == before {
+                            return Ok(false);
+                        }
+                        if list.is_empty() {
+                            t.remove(hash)?;
+                        } else {
+                            t.insert(hash, &encode_entries(&list))?;
+                        }
+                    }
+                }
+                t.delta
+            };
+            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
+            let t = now();
+            d.inode.mtime = t;
+            d.inode.ctime = t;
+            self.save(tx, &mut d)?;
+            Ok(true)
+        })
+    }
+
+    /// Link inode `ino`, which no directory names, into `/lost+found` (made if missing) as
+    /// `#INO`. A directory gets `lost+found` as its parent; a file with no links gets one. Link
+    /// counts are otherwise left to the link-count repair. Returns the new path.
+    pub fn fsck_reconnect(&self, ino: Ino) -> Result<String> {
+        self.check_writable()?;
+        let root = self.sb.root_ino;
+        let lf = match self.lookup(root, LOST_AND_FOUND) {
+            Ok(a) => a.ino,
+            Err(e) if e.kind() == ErrorKind::NotFound => {
+                self.mkdir(root, LOST_AND_FOUND, 0o700, Caller::ROOT)?.ino
+            }
+            Err(e) => return Err(e),
+        };
+        let name = format!("#{ino}");
+        self.meta_op(|tx| {
+            let lst = self.dir_state(tx, lf)?;
+            let cst = self.state(tx, ino)?;
+            let mut c = cst.write();
+            let kind = FileKind::from_mode(c.inode.mode).ok_or_else(|| {
+                Error::corrupted(format!(
+                    "inode {ino}: mode {:#o} has no file type",
+                    c.inode.mode
+                ))
+            })?;
+            let mut l = lst.write();
+            if dir_lookup(tx, &l.inode, name.as_bytes())?.is_some() {
+                return Ok(());
+            }
+            dir_insert(
+                tx,
+                &mut l.inode,
+                DirEntry {
+                    name: name.clone().into_bytes(),
+                    ino,
+                    dtype: kind.dtype(),
+                },
+            )?;
+            if kind == FileKind::Directory {
+                l.inode.nlink += 1;
+                c.inode.parent = lf;
+            } else if c.inode.nlink == 0 {
+                c.inode.nlink = 1;
+            }
+            let t = now();
+            l.inode.mtime = t;
+            l.inode.ctime = t;
+            c.inode.ctime = t;
+            self.save(tx, &mut l)?;
+            self.save(tx, &mut c)
+        })?;
+        Ok(format!("/lost+found/{name}"))
+    }
+}
