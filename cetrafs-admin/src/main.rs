@@ -7,6 +7,9 @@
 //!   Read-only: works on an unmounted LUN and from any node while the volume is mounted
 //!   (`cetrafs_core::status` says what it reads and how ages are measured).
 //!
+//! * `cetra extents FILE [--json]`: the file's extents (logical -> physical runs, unwritten
+//!   flag, count), what `filefrag -v` prints on a filesystem with FIEMAP (FUSE has none). Read
+//!   from the LUN after an fsync of the file, so as of this node's last change; read-only.
 //! * `cetra trim MOUNTPOINT [--minimum BYTES] [--json]`: discard all free space of a mounted
 //!   volume now (what `fstrim` does, through the same `FITRIM` ioctl): freed space goes back
 //!   to a thin LUN in the background anyway (mount option `discard`), but not what was freed
@@ -49,6 +52,14 @@ enum Command {
         #[arg(long, value_name = "MS")]
         watch_ms: Option<u64>,
     },
+    /// A file's extents: logical -> physical runs (as filefrag -v).
+    Extents {
+        /// A regular file on a mounted CetraFS volume.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
     /// Discard all free space of a mounted volume now (as fstrim).
     Trim {
         /// A mountpoint of the volume.
@@ -83,6 +94,13 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Command::Extents { file, json } => match run_extents(&file, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cetra extents: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Trim {
             mountpoint,
             minimum,
@@ -95,6 +113,113 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+/// The CetraFS mount holding `path` (canonical): the longest mountpoint that is a prefix of
+/// it must be a CetraFS one. Returns (mountpoint, device).
+fn cetra_mount_of(path: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let mp = info
+        .lines()
+        .filter_map(|line| Some(PathBuf::from(unescape(line.split(' ').nth(4)?))))
+        .filter(|mp| path.starts_with(mp))
+        .max_by_key(|mp| mp.components().count())
+        .ok_or_else(|| format!("{}: no mount holds it", path.display()))?;
+    let dev = mount_source(&info, &mp)
+        .ok_or_else(|| format!("{} is not on a CetraFS mount", path.display()))?;
+    Ok((mp, dev))
+}
+
+fn run_extents(file: &Path, as_json: bool) -> Result<(), String> {
+    use std::os::unix::fs::MetadataExt as _;
+    let real = std::fs::canonicalize(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    let (_, device) = cetra_mount_of(&real)?;
+    let f = std::fs::File::open(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    let meta = f
+        .metadata()
+        .map_err(|e| format!("{}: {e}", real.display()))?;
+    if !meta.is_file() {
+        return Err(format!("{} is not a regular file", real.display()));
+    }
+    // This node's changes to the file's map reach the LUN at a commit point: make one.
+    f.sync_all()
+        .map_err(|e| format!("{}: fsync: {e}", real.display()))?;
+    let dev = open(&device)?;
+    let sb = cetrafs_core::fs::read_superblock(&*dev)
+        .map_err(|e| format!("{}: {e}", device.display()))?;
+    let map = cetrafs_core::inspect::file_map(&*dev, &sb, meta.ino())
+        .map_err(|e| format!("{}: {e}", real.display()))?;
+    if as_json {
+        let extents: Vec<serde_json::Value> = map
+            .extents
+            .iter()
+            .map(|e| {
+                json!({
+                    "logical": e.logical,
+                    "physical": e.physical,
+                    "blocks": e.len,
+                    "unwritten": e.unwritten(),
+                })
+            })
+            .collect();
+        let out = json!({
+            "file": real.display().to_string(),
+            "device": device.display().to_string(),
+            "inode": meta.ino(),
+            "size": map.inode.size,
+            "block_size": FS_BLOCK,
+            "extent_count": map.extents.len(),
+            "tree_nodes": map.tree_nodes,
+            "extents": extents,
+        });
+        println!("{out:#}");
+        return Ok(());
+    }
+    println!(
+        "{}: inode {}, {} bytes, block size {FS_BLOCK}{}",
+        real.display(),
+        meta.ino(),
+        map.inode.size,
+        if map.tree_nodes > 0 {
+            format!(", map in {} tree nodes", map.tree_nodes)
+        } else {
+            ", map inline".to_string()
+        }
+    );
+    println!(
+        "{:>5} {:>23} {:>23} {:>10}  flags",
+        "ext", "logical", "physical", "length"
+    );
+    for (i, e) in map.extents.iter().enumerate() {
+        let len = u64::from(e.len);
+        println!(
+            "{i:>5} {:>23} {:>23} {len:>10}  {}",
+            format!("{}..{}", e.logical, e.logical + len - 1),
+            format!("{}..{}", e.physical, e.physical + len - 1),
+            if e.unwritten() { "unwritten" } else { "" }
+        );
+    }
+    let contiguous = map
+        .extents
+        .windows(2)
+        .filter(|w| {
+            w[0].physical + u64::from(w[0].len) == w[1].physical
+                && w[0].logical + u64::from(w[0].len) == w[1].logical
+        })
+        .count();
+    println!(
+        "{}: {} extent{} found{}",
+        real.display(),
+        map.extents.len(),
+        if map.extents.len() == 1 { "" } else { "s" },
+        if contiguous > 0 {
+            format!(" ({contiguous} continue the one before on disk)")
+        } else {
+            String::new()
+        }
+    );
+    Ok(())
 }
 
 /// `struct fstrim_range` of `<linux/fs.h>`: byte offsets; `len` comes back as bytes trimmed.

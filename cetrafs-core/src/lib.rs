@@ -11,6 +11,7 @@ pub mod cluster;
 pub mod dev;
 pub mod format;
 pub mod fs;
+pub mod inspect;
 pub mod journal;
 pub mod mkfs;
 pub mod probe;

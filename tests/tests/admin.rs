@@ -181,3 +181,70 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
     }
     lun.assert_fsck_clean();
 }
+
+/// `cetra extents`: a file written at three separate 4 KiB blocks has three extents at those
+/// file blocks, a sequential 5 MiB file maps all its 1280 blocks, and the physical blocks it
+/// names hold the file's bytes on the LUN.
+#[test]
+fn extents_maps_each_file_block_to_the_lun_block_holding_it() {
+    use std::os::unix::fs::FileExt as _;
+    require_fuse!();
+    let lun = Lun::new(2 << 30);
+    lun.mkfs(&MKFS);
+    let node = Mount::new(&lun, "node1");
+    let sparse = std::fs::File::create(node.p("sparse")).expect("create sparse");
+    for (i, blk) in [0u64, 2, 9].into_iter().enumerate() {
+        let fill = u8::try_from(0x30 + i).unwrap_or(0);
+        sparse
+            .write_all_at(&[fill; 4096], blk * 4096)
+            .expect("write sparse");
+    }
+    drop(sparse);
+    let big: Vec<u8> = (0..5u32 << 20).map(|i| (i % 251) as u8).collect();
+    std::fs::write(node.p("big"), &big).expect("write big");
+
+    let extents = |name: &str| -> Value {
+        let r = run(Command::new(bin("cetra"))
+            .args(["extents", "--json"])
+            .arg(node.p(name)));
+        assert_eq!(r.code, 0, "cetra extents {name}: {}", r.output());
+        serde_json::from_str(&r.stdout).expect("cetra extents --json")
+    };
+    let s = extents("sparse");
+    assert_eq!(s["extent_count"], 3, "{s:#}");
+    let logical: Vec<u64> = s["extents"]
+        .as_array()
+        .expect("extents")
+        .iter()
+        .map(|e| e["logical"].as_u64().expect("logical"))
+        .collect();
+    assert_eq!(logical, [0, 2, 9], "{s:#}");
+    for (i, e) in s["extents"].as_array().expect("extents").iter().enumerate() {
+        let at = e["physical"].as_u64().expect("physical") * 4096;
+        let fill = u8::try_from(0x30 + i).unwrap_or(0);
+        assert!(
+            lun.peek(at, 4096).iter().all(|&b| b == fill),
+            "extent {i} of sparse: the LUN block does not hold the file's bytes"
+        );
+    }
+    let b = extents("big");
+    let mut covered = 0;
+    for e in b["extents"].as_array().expect("extents") {
+        let (l, p, n) = (
+            e["logical"].as_u64().expect("logical"),
+            e["physical"].as_u64().expect("physical"),
+            e["blocks"].as_u64().expect("blocks"),
+        );
+        let want = &big[usize::try_from(l * 4096).unwrap_or(0)..]
+            [..usize::try_from(n * 4096).unwrap_or(0)];
+        assert!(
+            lun.peek(p * 4096, want.len()) == want,
+            "big: extent at {l} differs on the LUN"
+        );
+        covered += n;
+    }
+    assert_eq!(covered, 1280, "{b:#}");
+    let r = run(Command::new(bin("cetra")).arg("extents").arg(node.path()));
+    assert_eq!(r.code, 1, "a directory: {}", r.output());
+    node.unmount();
+}
