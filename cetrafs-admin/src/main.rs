@@ -15,6 +15,11 @@
 //!   to a thin LUN in the background anyway (mount option `discard`), but not what was freed
 //!   under `nodiscard`, before the mount, or by a node that died with its queue.
 //!
+//! * `cetra tune DEVICE [--label L] [--heartbeat-interval MS] [--io-timeout MS]`: offline
+//!   changes of the superblock (`cetrafs_core::tune`), refused while any node has the volume
+//!   mounted; meanwhile it holds the offline claim (a slot named `cetra-tune:HOST`), so no node
+//!   mounts until it is done.
+//!
 //! Exit codes: 0 done, 1 the device could not be read or is not a CetraFS volume (or the trim
 //! failed), 2 usage.
 
@@ -60,6 +65,20 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Change an unmounted volume's label or heartbeat timing.
+    Tune {
+        /// The volume's device (or LUN file); no node may have it mounted.
+        device: PathBuf,
+        /// New volume label (up to 64 bytes; "" clears it).
+        #[arg(short = 'L', long)]
+        label: Option<String>,
+        /// New heartbeat interval, ms (1 to 60000).
+        #[arg(long, value_name = "MS")]
+        heartbeat_interval: Option<u32>,
+        /// New I/O timeout, ms (the interval to 300000).
+        #[arg(long, value_name = "MS")]
+        io_timeout: Option<u32>,
+    },
     /// Discard all free space of a mounted volume now (as fstrim).
     Trim {
         /// A mountpoint of the volume.
@@ -94,6 +113,25 @@ fn main() -> ExitCode {
                 ExitCode::from(1)
             }
         },
+        Command::Tune {
+            device,
+            label,
+            heartbeat_interval,
+            io_timeout,
+        } => {
+            let t = cetrafs_core::tune::Tune {
+                label,
+                heartbeat_interval_ms: heartbeat_interval,
+                io_timeout_ms: io_timeout,
+            };
+            match run_tune(&device, &t) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    eprintln!("cetra tune: {e}");
+                    ExitCode::from(1)
+                }
+            }
+        }
         Command::Extents { file, json } => match run_extents(&file, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -113,6 +151,69 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
+    use cetrafs_core::cluster::{fsck_claim, membership};
+    let shown = device.display();
+    let dev = open(device)?;
+    let located =
+        cetrafs_core::fs::locate_superblock(&*dev).map_err(|e| format!("{shown}: {e}"))?;
+    if let Some(e) = located.primary_error {
+        return Err(format!(
+            "{shown}: the primary superblock is damaged ({e}); run fsck.cetra -p first"
+        ));
+    }
+    let sb = located.sb;
+    let describe = |sb: &cetrafs_core::format::superblock::Superblock| {
+        format!(
+            "label {:?}, heartbeat every {} ms, I/O timeout {} ms",
+            sb.label, sb.heartbeat_interval_ms, sb.io_timeout_ms
+        )
+    };
+    if t.is_empty() {
+        println!("{shown}: {} (nothing to change)", describe(&sb));
+        return Ok(());
+    }
+    let new = cetrafs_core::tune::tuned(&sb, t).map_err(|e| format!("{shown}: {e}"))?;
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .unwrap_or_default();
+    // Nodes read the superblock at mount and keep it: none may have it mounted. Slots that
+    // look live are watched for their dead time, as fsck does.
+    let (alive, dead) = membership::find_holders(&*dev, &sb, &host, membership::Patience::Dead)
+        .map_err(|e| format!("{shown}: cannot read the heartbeat area: {e}"))?;
+    if !alive.is_empty() {
+        let who: Vec<String> = alive.iter().map(membership::describe).collect();
+        return Err(format!(
+            "{shown} is mounted by {}; unmount it on every node first",
+            who.join(", ")
+        ));
+    }
+    drop(dev);
+    let rw = cetrafs_core::dev::open::open_lun(
+        device,
+        &cetrafs_core::dev::open::LunOptions {
+            read_only: false,
+            file_logical_block_size: std::fs::metadata(device)
+                .is_ok_and(|m| m.is_file())
+                .then_some(sb.logical_block_size),
+            buffered_file_fallback: true,
+            ..cetrafs_core::dev::open::LunOptions::default()
+        },
+    )
+    .map_err(|e| format!("{shown}: {e}"))?
+    .dev;
+    let dead: Vec<u32> = dead.iter().map(|d| d.slot).collect();
+    let claim = fsck_claim::FsckClaim::take_for(fsck_claim::TUNE_PREFIX, &rw, &sb, &host, &dead)
+        .map_err(|e| format!("{shown}: {e}"))?;
+    let written = cetrafs_core::tune::write_superblock(&*claim.guard(rw), &new);
+    let released = claim.release();
+    written.map_err(|e| format!("{shown}: writing the superblock: {e}"))?;
+    released.map_err(|e| format!("{shown}: giving back the claim: {e}"))?;
+    println!("{shown}: was {}", describe(&sb));
+    println!("{shown}: now {}", describe(&new));
+    Ok(())
 }
 
 /// The CetraFS mount holding `path` (canonical): the longest mountpoint that is a prefix of

@@ -18,5 +18,6 @@ pub mod probe;
 pub mod scsi;
 pub mod status;
 pub mod sync;
+pub mod tune;
 
 pub use error::{Error, ErrorKind, Result};

@@ -248,3 +248,84 @@ fn extents_maps_each_file_block_to_the_lun_block_holding_it() {
     assert_eq!(r.code, 1, "a directory: {}", r.output());
     node.unmount();
 }
+
+/// `cetra tune`: refused while a node has the volume mounted; unmounted, it changes the label
+/// and the heartbeat timing (status shows them, fsck is clean, the volume mounts); a mount
+/// while it holds its claim is refused, naming the tool and host.
+#[test]
+fn tune_changes_label_and_timing_only_while_unmounted() {
+    require_fuse!();
+    let lun = Lun::new(2 << 30);
+    lun.mkfs(&MKFS);
+    let node = Mount::new(&lun, "node1");
+    let tune = |args: &[&str]| {
+        run(Command::new(bin("cetra"))
+            .arg("tune")
+            .args(args)
+            .arg(lun.path()))
+    };
+    let r = tune(&["-L", "vmstore"]);
+    assert_eq!(r.code, 1, "tune while mounted: {}", r.output());
+    assert!(r.stderr.contains("is mounted by"), "{}", r.output());
+    node.unmount();
+
+    let r = tune(&[
+        "-L",
+        "vmstore",
+        "--heartbeat-interval",
+        "200",
+        "--io-timeout",
+        "900",
+    ]);
+    assert_eq!(r.code, 0, "tune: {}", r.output());
+    let r = tune(&["--io-timeout", "100"]);
+    assert_eq!(
+        r.code,
+        1,
+        "an io timeout below the interval: {}",
+        r.output()
+    );
+    let st = status(lun.path());
+    assert_eq!(st["label"], "vmstore", "{st:#}");
+    assert_eq!(st["heartbeat_interval_ms"], 200, "{st:#}");
+    assert_eq!(st["io_timeout_ms"], 900, "{st:#}");
+    let r = lun.fsck();
+    assert_eq!(r.code, 0, "fsck after tune: {}", r.output());
+    assert!(!r.stdout.contains("warning"), "{}", r.output());
+
+    // While tune holds its claim (held between its two superblock writes), no mount.
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .map(|h| h.trim().to_string())
+        .expect("hostname");
+    let held = Command::new(bin("cetra"))
+        .args(["tune", "-L", "again"])
+        .arg(lun.path())
+        .env("CETRA_FAILPOINT", "tune::between_copies=sleep4000")
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start cetra tune");
+    let mnt = lun.dir().join("mnt-during-tune");
+    assert!(
+        poll_until(Duration::from_secs(3), || status(lun.path())
+            .to_string()
+            .contains("cetra-tune:"))
+        .is_some(),
+        "cetra tune's claim does not show"
+    );
+    let Err(refused) = Mount::try_new(lun.path(), &mnt, "node2", &[]) else {
+        panic!("a mount while cetra tune runs must be refused");
+    };
+    assert!(
+        refused
+            .output()
+            .contains(&format!("cetra tune is running on {host}")),
+        "{refused}"
+    );
+    let out = held.wait_with_output().expect("cetra tune");
+    assert_eq!(out.status.code(), Some(0));
+    let m = Mount::try_new(lun.path(), &mnt, "node2", &[])
+        .unwrap_or_else(|r| panic!("mount after tune: {r}"));
+    m.unmount();
+    assert_eq!(status(lun.path())["label"], "again");
+}

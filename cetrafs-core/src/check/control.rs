@@ -124,7 +124,10 @@ fn check_heartbeats(
                 ),
                 None => {}
             }
-            if (h.interval_ms, h.io_timeout_ms) != (sb.heartbeat_interval_ms, sb.io_timeout_ms) {
+            // A free slot's timing is its last owner's; the next claim writes its own.
+            if h.state != SlotState::Free
+                && (h.interval_ms, h.io_timeout_ms) != (sb.heartbeat_interval_ms, sb.io_timeout_ms)
+            {
                 push(
                     report,
                     FindingKind::Heartbeat,

@@ -1,11 +1,13 @@
-//! fsck's claim on a volume: while `fsck.cetra` changes a volume (any mode but `-n`), no node
-//! may mount it, and it may not start while a node has it mounted.
+//! The claim of an offline tool on a volume: while `fsck.cetra` changes a volume (any mode but
+//! `-n`) or `cetra tune` rewrites its superblock, no node may mount it, and neither may start
+//! while a node has it mounted.
 //!
-//! **The claim is a node slot.** fsck claims a heartbeat slot exactly as a mount does (COMPARE
-//! AND WRITE of the slot record, then a renewer that keeps it alive), with the host name
-//! [`PREFIX`]`HOST`: a name no mount can take (`host=` allows letters, digits, `-`, `_` and `.`
-//! only), so the record itself says "fsck is running here, on HOST", with its nonce,
-//! generation and pid like any claim. Nothing in the format changes.
+//! **The claim is a node slot.** The tool claims a heartbeat slot exactly as a mount does
+//! (COMPARE AND WRITE of the slot record, then a renewer that keeps it alive), with the host
+//! name `TOOL:HOST` ([`PREFIX`] for fsck, [`TUNE_PREFIX`] for `cetra tune`): a name no mount can
+//! take (`host=` allows letters, digits, `-`, `_` and `.` only, never `:`), so the record
+//! itself says "this tool is running here, on HOST", with its nonce, generation and pid like
+//! any claim. Nothing in the format changes.
 //!
 //! **The handshake.** Both sides claim their slot first and look at the others after:
 //! * fsck, once its slot is claimed, refuses (and gives the slot back) if any other slot is
@@ -31,6 +33,8 @@ use std::sync::Arc;
 
 /// The host-name prefix of a slot claimed by fsck.
 pub const PREFIX: &str = "fsck.cetra:";
+/// The host-name prefix of a slot claimed by `cetra tune`.
+pub const TUNE_PREFIX: &str = "cetra-tune:";
 
 /// A held fsck claim. Give it back with [`FsckClaim::release`].
 #[derive(Debug)]
@@ -57,7 +61,18 @@ impl FsckClaim {
     /// Claim a slot for fsck on `host`; `dead` are the slots the caller found dead (watched
     /// for their dead time) before. Refuses (Busy) if another node is live after the claim.
     pub fn take(dev: &SharedDevice, sb: &Superblock, host: &str, dead: &[u32]) -> Result<Self> {
-        let mut name = format!("{PREFIX}{host}");
+        Self::take_for(PREFIX, dev, sb, host, dead)
+    }
+
+    /// [`FsckClaim::take`] for the tool whose host-name prefix is `prefix`.
+    pub fn take_for(
+        prefix: &str,
+        dev: &SharedDevice,
+        sb: &Superblock,
+        host: &str,
+        dead: &[u32],
+    ) -> Result<Self> {
+        let mut name = format!("{prefix}{host}");
         name.truncate(crate::format::heartbeat::HOST_LEN);
         let member = Membership::claim(dev.clone(), sb, &name, MachineId::local()?, None)?;
         let views = match membership::scan(&**dev, sb) {
@@ -103,22 +118,35 @@ impl FsckClaim {
     }
 }
 
-/// A mount's side: after claiming `mine`, the slot and host of a live fsck on the volume, if
-/// there is one that the mount did not find `dead` before claiming.
-pub fn running(views: &[SlotView], mine: u32, dead: &[u32]) -> Option<(u32, String)> {
+/// A live offline tool found by a mount: its slot, its name and its host.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Running {
+    pub slot: u32,
+    pub tool: String,
+    pub host: String,
+}
+
+/// A mount's side: after claiming `mine`, a live offline tool on the volume (a slot whose host
+/// name is `TOOL:HOST`), if there is one that the mount did not find `dead` before claiming.
+pub fn running(views: &[SlotView], mine: u32, dead: &[u32]) -> Option<Running> {
     others_live(views, mine, dead).find_map(|v| {
         let h = v.record.as_ref()?;
-        let host = h.host.strip_prefix(PREFIX)?;
-        Some((v.slot, host.to_string()))
+        let (tool, host) = h.host.split_once(':')?;
+        Some(Running {
+            slot: v.slot,
+            tool: tool.replace('-', " "),
+            host: host.to_string(),
+        })
     })
 }
 
-/// The error a mount gives when fsck is running.
-pub fn refusal(slot: u32, host: &str) -> crate::error::Error {
+/// The error a mount gives when an offline tool is running.
+pub fn refusal(r: &Running) -> crate::error::Error {
     crate::error::Error::new(
         ErrorKind::Busy,
         format!(
-            "fsck.cetra is running on {host} (node slot {slot}); mount again once it has finished"
+            "{} is running on {} (node slot {}); mount again once it has finished",
+            r.tool, r.host, r.slot
         ),
     )
 }

@@ -661,11 +661,11 @@ impl BlockDevice for LeaseGuard {
 /// daemon on this host that no longer exists cannot have I/O in flight, so its slot is dead
 /// without waiting out the dead time (the common case of a crashed or killed local daemon).
 pub fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
-    // fsck's claim on this host counts as this host's (`cluster/fsck_claim.rs`).
+    // An offline tool's claim on this host counts as this host's (`cluster/fsck_claim.rs`).
     let host = h
         .host
-        .strip_prefix(super::fsck_claim::PREFIX)
-        .unwrap_or(&h.host);
+        .split_once(':')
+        .map_or(h.host.as_str(), |(_, host)| host);
     if host != local_host {
         return false;
     }

@@ -475,9 +475,9 @@ impl Others {
             .map(|views| crate::cluster::fsck_claim::running(&views, member.slot, &dead));
         match fsck {
             Ok(None) => {}
-            Ok(Some((slot, host))) => {
+            Ok(Some(tool)) => {
                 let _ = member.release();
-                return Err(crate::cluster::fsck_claim::refusal(slot, &host));
+                return Err(crate::cluster::fsck_claim::refusal(&tool));
             }
             Err(e) => {
                 let _ = member.release();
