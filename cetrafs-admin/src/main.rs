@@ -10,6 +10,10 @@
 //! * `cetra extents FILE [--json]`: the file's extents (logical -> physical runs, unwritten
 //!   flag, count), what `filefrag -v` prints on a filesystem with FIEMAP (FUSE has none). Read
 //!   from the LUN after an fsync of the file, so as of this node's last change; read-only.
+//! * `cetra defrag FILE [--json]`: copy a fragmented file's blocks into at most 4 contiguous
+//!   runs and switch its map in one transaction (`cetrafs_core::fs` defrag), online, with a
+//!   progress bar on a terminal. It opens the file for writing, so it is refused (EBUSY)
+//!   while another node has it open for writing; the file's writes on this node wait.
 //! * `cetra trim MOUNTPOINT [--minimum BYTES] [--json]`: discard all free space of a mounted
 //!   volume now (what `fstrim` does, through the same `FITRIM` ioctl): freed space goes back
 //!   to a thin LUN in the background anyway (mount option `discard`), but not what was freed
@@ -59,6 +63,14 @@ enum Command {
     },
     /// A file's extents: logical -> physical runs (as filefrag -v).
     Extents {
+        /// A regular file on a mounted CetraFS volume.
+        file: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Copy a fragmented file into at most 4 contiguous runs (online).
+    Defrag {
         /// A regular file on a mounted CetraFS volume.
         file: PathBuf,
         /// Print JSON.
@@ -132,6 +144,13 @@ fn main() -> ExitCode {
                 }
             }
         }
+        Command::Defrag { file, json } => match run_defrag(&file, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cetra defrag: {e}");
+                ExitCode::from(1)
+            }
+        },
         Command::Extents { file, json } => match run_extents(&file, json) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -151,6 +170,127 @@ fn main() -> ExitCode {
             }
         },
     }
+}
+
+nix::ioctl_read!(cetra_defrag, b'C', 0xD0, [u64; 3]);
+
+/// The defrag progress the daemon publishes for `file` (`DEFRAG_PROGRESS_XATTR`): (done,
+/// total) blocks.
+fn defrag_progress(file: &std::ffi::CStr) -> Option<(u64, u64)> {
+    let name = std::ffi::CString::new(cetrafs_core::fs::DEFRAG_PROGRESS_XATTR).ok()?;
+    let mut buf = [0u8; 96];
+    // SAFETY: valid NUL-terminated strings and a buffer of the length passed.
+    let n = unsafe {
+        libc::getxattr(
+            file.as_ptr(),
+            name.as_ptr(),
+            buf.as_mut_ptr().cast(),
+            buf.len(),
+        )
+    };
+    let text = std::str::from_utf8(buf.get(..usize::try_from(n).ok()?)?).ok()?;
+    let mut it = text.split(' ').skip(1).map(str::parse::<u64>);
+    Some((it.next()?.ok()?, it.next()?.ok()?))
+}
+
+fn run_defrag(file: &Path, as_json: bool) -> Result<(), String> {
+    use std::io::{IsTerminal as _, Write as _};
+    use std::os::unix::ffi::OsStrExt as _;
+    let real = std::fs::canonicalize(file).map_err(|e| format!("{}: {e}", file.display()))?;
+    cetra_mount_of(&real)?;
+    // Open for writing: the cross-node write lock keeps other nodes from writing meanwhile.
+    let f = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(&real)
+        .map_err(|e| {
+            if e.raw_os_error() == Some(libc::EBUSY) {
+                format!(
+                    "{}: open for writing on another node; defrag it there, or once it is closed",
+                    real.display()
+                )
+            } else {
+                format!("{}: {e}", real.display())
+            }
+        })?;
+    if !f.metadata().map_err(|e| e.to_string())?.is_file() {
+        return Err(format!("{} is not a regular file", real.display()));
+    }
+    let started = std::time::Instant::now();
+    let fd = std::os::fd::AsRawFd::as_raw_fd(&f);
+    let worker = std::thread::spawn(move || {
+        let mut out = [0u64; 3];
+        // SAFETY: a valid descriptor (the File outlives the thread: it is joined below) and
+        // a pointer to a live u64[3].
+        unsafe { cetra_defrag(fd, &raw mut out) }.map(|_| out)
+    });
+    let bar = std::io::stderr().is_terminal() && !as_json;
+    let cpath = std::ffi::CString::new(real.as_os_str().as_bytes()).map_err(|e| e.to_string())?;
+    while !worker.is_finished() {
+        if bar {
+            if let Some((done, total)) = defrag_progress(&cpath) {
+                let pct = (done * 100).checked_div(total).unwrap_or(100);
+                let filled = usize::try_from(pct / 2).unwrap_or(50);
+                eprint!(
+                    "\r[{:<50}] {pct:>3}% {} / {} MiB",
+                    "#".repeat(filled),
+                    (done * FS_BLOCK) >> 20,
+                    (total * FS_BLOCK) >> 20
+                );
+                let _ = std::io::stderr().flush();
+            }
+        }
+        std::thread::sleep(std::time::Duration::from_millis(200));
+    }
+    if bar {
+        eprintln!();
+    }
+    let result = worker
+        .join()
+        .map_err(|_| "the defrag thread panicked".to_string())?;
+    drop(f);
+    let [before, after, copied] = result.map_err(|e| {
+        let why = match e {
+            nix::errno::Errno::ENOSPC => {
+                "not enough contiguous free space (at most 4 runs) for a copy of the file"
+            }
+            nix::errno::Errno::EOPNOTSUPP => {
+                "the volume is mounted nofilelock: other nodes could write the file during the copy"
+            }
+            nix::errno::Errno::EBUSY => {
+                "the file changed during the defrag; its map was left as it was"
+            }
+            nix::errno::Errno::ENOTTY => {
+                "the mounted daemon does not know defrag (an older mount.cetra?)"
+            }
+            _ => "",
+        };
+        format!(
+            "{}: {e}{}{why}",
+            real.display(),
+            if why.is_empty() { "" } else { ": " }
+        )
+    })?;
+    let took = started.elapsed().as_secs_f64();
+    if as_json {
+        let out = json!({
+            "file": real.display().to_string(),
+            "extents_before": before,
+            "extents_after": after,
+            "bytes_copied": copied * FS_BLOCK,
+            "seconds": took,
+        });
+        println!("{out:#}");
+    } else if copied == 0 {
+        println!("{}: {before} extents; nothing to do", real.display());
+    } else {
+        println!(
+            "{}: {before} extents -> {after}, {} MiB copied in {took:.1} s",
+            real.display(),
+            (copied * FS_BLOCK) >> 20
+        );
+    }
+    Ok(())
 }
 
 fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {

@@ -52,6 +52,9 @@ const FSXATTR_SIZE: usize = 28;
 const FITRIM: u32 = 0xC018_5879;
 /// `sizeof(struct fstrim_range)`: start, len, minlen (u64 each, bytes).
 const FSTRIM_RANGE_SIZE: usize = 24;
+/// `_IOR('C', 0xD0, u64[3])`: defragment the file (`cetra defrag`); returns extents before,
+/// extents after, blocks copied.
+const CETRA_IOC_DEFRAG: u32 = 0x8018_43D0;
 /// `FS_*_FL` inode flag <-> `FS_XFLAG_*` pairs for the flags CetraFS stores.
 const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 
@@ -1172,7 +1175,7 @@ impl Filesystem for Adapter {
         &self,
         req: &Request,
         ino: INodeNo,
-        _fh: FileHandle,
+        fh: FileHandle,
         _flags: IoctlFlags,
         cmd: u32,
         in_data: &[u8],
@@ -1236,6 +1239,34 @@ impl Filesystem for Adapter {
                 match self.vol.set_flags(ino, f) {
                     Ok(()) => reply.ioctl(0, &[]),
                     Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
+                }
+            }
+            CETRA_IOC_DEFRAG => {
+                // Only a regular file's handle is an OpenFile of ours (its open made it).
+                match self.vol.getattr(ino) {
+                    Ok(a) if a.kind == FileKind::Regular && fh.0 != 0 => {}
+                    Ok(_) => {
+                        reply.error(Errno::EINVAL);
+                        return;
+                    }
+                    Err(e) => {
+                        reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e));
+                        return;
+                    }
+                }
+                // SAFETY: the kernel sends the handle of the open regular file the ioctl was
+                // made on, alive for the duration of the request (as for READ and WRITE).
+                let writable = unsafe { fh_borrow(fh) }.writable;
+                match self.vol.defrag(ino, writable) {
+                    Ok(d) => {
+                        let mut out = [0u8; 24];
+                        out[..8].copy_from_slice(&d.extents_before.to_ne_bytes());
+                        out[8..16].copy_from_slice(&d.extents_after.to_ne_bytes());
+                        out[16..].copy_from_slice(&d.blocks_copied.to_ne_bytes());
+                        let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(24);
+                        reply.ioctl(0, &out[..n]);
+                    }
+                    Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e)),
                 }
             }
             FITRIM => {

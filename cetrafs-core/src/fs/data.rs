@@ -1352,7 +1352,11 @@ impl Volume {
 
     /// Free punched runs, whose groups [`Volume::prepare_free`] loaded. Should a free still
     /// fail, the runs not yet freed stay allocated: leaked, which fsck reports.
-    fn free_runs(tx: &mut Tx<'_>, inner: &mut InodeInner, runs: Vec<(u64, u64)>) -> Result<()> {
+    pub(super) fn free_runs(
+        tx: &mut Tx<'_>,
+        inner: &mut InodeInner,
+        runs: Vec<(u64, u64)>,
+    ) -> Result<()> {
         for (p, l) in runs {
             tx.free(p, l)?;
             inner.inode.blocks -= l;

@@ -15,6 +15,7 @@ mod block_cache;
 pub(crate) mod btree;
 mod cluster;
 mod data;
+mod defrag;
 mod detached;
 mod detached_ns;
 mod dir;
@@ -33,6 +34,7 @@ pub(crate) mod txn;
 pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
 pub use data::{WriteDone, WriteStarted, ALLOC_GRANULE, DEFAULT_ALLOC_GRANULE, MAX_ALLOC_GRANULE};
+pub use defrag::{Defragged, MAX_RUNS as DEFRAG_MAX_RUNS, PROGRESS_XATTR as DEFRAG_PROGRESS_XATTR};
 pub use inode_lock::MAX_CACHED as MAX_CACHED_INODE_LOCKS;
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
 pub use suid::Credentials;
@@ -185,6 +187,8 @@ pub struct Volume {
     detached: detached::Detached,
     /// Mounted in a slot the caller holds (`MountOptions::claimed`): unmount keeps it.
     keep_slot: bool,
+    /// The defrag running on this node, if any (`fs/defrag.rs`).
+    defrag_progress: defrag::Progress,
 }
 
 /// [`Superblock::locate`] on a device: the primary superblock, else the backup in the
@@ -868,6 +872,14 @@ impl Volume {
     }
 
     pub fn getxattr(&self, ino: Ino, name: &[u8]) -> Result<Vec<u8>> {
+        if name == defrag::PROGRESS_XATTR {
+            return match self.defrag_progress() {
+                Some((i, done, total)) if i == ino => {
+                    Ok(format!("{i} {done} {total}").into_bytes())
+                }
+                _ => Err(Error::new(ErrorKind::NoData, "no defrag runs on this file")),
+            };
+        }
         let mut meta = self.meta_sh()?;
         let mut tx = Tx::new(&*self.dev, &mut meta);
         let st = self.state(&mut tx, ino)?;

@@ -180,6 +180,7 @@ impl Volume {
             pr: opts.reservations.clone(),
             detached: super::detached::Detached::new(emptied),
             keep_slot: opts.claimed.is_some(),
+            defrag_progress: super::defrag::Progress::default(),
         });
         if let Err(e) = vol.start(opts, &recovered) {
             vol.unmounted.store(true, Ordering::SeqCst);
