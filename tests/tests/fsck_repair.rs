@@ -47,6 +47,20 @@ fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64) {
     for (name, data) in files {
         std::fs::write(m.p(name), data).unwrap_or_else(|e| panic!("write {name}: {e}"));
     }
+    // The bad-xattr case damages the target's xattr block.
+    let small = std::ffi::CString::new(m.p("small").as_os_str().as_encoded_bytes()).expect("path");
+    let value = [7u8; 300];
+    // SAFETY: NUL-terminated path and name, a buffer of the length passed.
+    let r = unsafe {
+        libc::setxattr(
+            small.as_ptr(),
+            c"user.note".as_ptr(),
+            value.as_ptr().cast(),
+            value.len(),
+            0,
+        )
+    };
+    assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
     let ino = |p: &str| std::fs::metadata(m.p(p)).expect("stat").ino();
     let inos = (ino("small"), ino("dir"));
     m.unmount();

@@ -184,6 +184,16 @@ pub(crate) struct RepairPlan {
     /// Runs `[start, end)` marked used that nothing claims: where unreachable inodes are
     /// looked for.
     pub leaked: Vec<(u64, u64)>,
+    /// Directories whose parent field is wrong, and the directory that holds them.
+    pub dir_parents: std::collections::BTreeMap<u64, u64>,
+    /// Inodes on a slot's orphan list that still have links: (slot, inode).
+    pub unorphan: Vec<(u32, u64)>,
+    /// Slots whose header (orphan list) does not decode.
+    pub bad_slot_headers: Vec<u32>,
+    /// Inodes whose xattr set is unusable.
+    pub drop_xattrs: std::collections::BTreeSet<u64>,
+    /// Entries whose file type differs from their inode's: (directory, hash, name, type).
+    pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
 }
 
 impl Report {
@@ -910,6 +920,18 @@ impl Checker<'_> {
     /// The xattr set headed by `xb`: head and overflow blocks claimed, decoded, owned by `ino`,
     /// and assembled into a valid set. Returns the blocks it holds.
     fn check_xattr(&mut self, ino: u64, path: &str, xb: u64) -> Result<u64> {
+        let before = self.report.findings.len();
+        let held = self.check_xattr_set(ino, path, xb)?;
+        if self.report.findings[before..]
+            .iter()
+            .any(|f| f.kind == FindingKind::BadXattr)
+        {
+            self.report.plan.drop_xattrs.insert(ino);
+        }
+        Ok(held)
+    }
+
+    fn check_xattr_set(&mut self, ino: u64, path: &str, xb: u64) -> Result<u64> {
         let bad = |m: String| {
             finding(
                 FindingKind::BadXattr,
@@ -1064,6 +1086,7 @@ impl Checker<'_> {
             queue.push_back(p);
             if let Ok(i) = Inode::decode(&read_block(self.dev, root)?, root) {
                 if i.parent != root {
+                    self.report.plan.dir_parents.insert(root, root);
                     self.push(
                         FindingKind::DirParent,
                         Some(root),
@@ -1157,6 +1180,12 @@ impl Checker<'_> {
                     };
                     let (refs, first_path) = (st.refs, st.path.clone());
                     if kind.dtype() != e.dtype {
+                        self.report.plan.entry_types.push((
+                            dir.ino,
+                            *key,
+                            e.name.clone(),
+                            kind.dtype(),
+                        ));
                         self.push(
                             FindingKind::EntryType,
                             None,
@@ -1182,6 +1211,7 @@ impl Checker<'_> {
                             Inode::decode(&read_block(self.dev, e.ino)?, e.ino)
                         {
                             if child.parent != dir.ino {
+                                self.report.plan.dir_parents.insert(e.ino, dir.ino);
                                 self.push(
                                     FindingKind::DirParent,
                                     Some(e.ino),
@@ -1208,6 +1238,7 @@ impl Checker<'_> {
             let header = match SlotHeader::decode(&read_block(self.dev, at)?, at, slot) {
                 Ok(h) => h,
                 Err(e) => {
+                    self.report.plan.bad_slot_headers.push(slot);
                     self.push(
                         FindingKind::SlotHeader,
                         Some(at),
@@ -1247,6 +1278,7 @@ impl Checker<'_> {
                     s.orphan = true;
                 }
                 if self.inodes.get(&ino).is_some_and(|s| s.nlink != 0) {
+                    self.report.plan.unorphan.push((slot, ino));
                     self.push(FindingKind::Orphan, Some(ino), Some(ino), format!("inode {ino} is on the orphan list of node slot {slot} but still has links"));
                 } else {
                     self.report.findings.push(Finding {

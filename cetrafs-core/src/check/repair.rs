@@ -18,6 +18,11 @@
 //! | `link-count` | an inode's link count set to the entries naming it | preen (to 0: yes) |
 //! | `block-count` | an inode's block count set to the blocks it holds | preen |
 //! | `reset-record` | a damaged or contradictory heartbeat slot, lock record, object-lock bucket or mailbox rewritten empty | preen |
+//! | `dir-parent` | a directory's parent field set to the directory that holds it | preen |
+//! | `unorphan` | an inode that still has links taken off an orphan list (the next mount would free it) | preen |
+//! | `slot-header` | a slot header (orphan list) that does not decode rewritten empty (its orphans are then found unreachable) | yes |
+//! | `drop-xattr` | an unusable xattr set dropped from its inode (its blocks are then leaked, and freed) | yes |
+//! | `entry-type` | a directory entry's file type set to its inode's | yes |
 //! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
 //!
@@ -81,6 +86,7 @@ pub fn repair(
     superblocks(dev, sb, report, &mut out)?;
     groups(dev, sb, report, mode, keep_leaked, &mut out)?;
     inodes(dev, report, mode, &mut out)?;
+    slot_headers(dev, sb, report, mode, &mut out)?;
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
     Ok(out)
@@ -222,10 +228,17 @@ fn groups(
 /// `link-count` and `block-count`.
 fn inodes(dev: &dyn BlockDevice, report: &Report, mode: Mode, out: &mut Repaired) -> Result<()> {
     let plan = &report.plan;
+    let drop_xattrs = if mode == Mode::All {
+        plan.drop_xattrs.clone()
+    } else {
+        BTreeSet::new()
+    };
     let inos: BTreeSet<u64> = plan
         .link_counts
         .keys()
         .chain(plan.block_counts.keys())
+        .chain(plan.dir_parents.keys())
+        .chain(drop_xattrs.iter())
         .copied()
         .collect();
     for ino in inos {
@@ -249,10 +262,69 @@ fn inodes(dev: &dyn BlockDevice, report: &Report, mode: Mode, out: &mut Repaired
             ));
             inode.blocks = held;
         }
+        if let Some(&parent) = plan.dir_parents.get(&ino) {
+            what.push(format!(
+                "dir-parent: directory {ino}: parent {} -> {parent}",
+                inode.parent
+            ));
+            inode.parent = parent;
+        }
+        if drop_xattrs.contains(&ino) && inode.xattr_block != 0 {
+            what.push(format!(
+                "drop-xattr: inode {ino}: its unusable xattr set (block {}) dropped",
+                inode.xattr_block
+            ));
+            inode.xattr_block = 0;
+        }
         if !what.is_empty() {
             inode.seq = inode.seq.saturating_add(1);
             write_block(dev, ino, &inode.encode())?;
             out.fixed.extend(what);
+        }
+    }
+    Ok(())
+}
+
+/// `unorphan` and `slot-header`.
+fn slot_headers(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+    mode: Mode,
+    out: &mut Repaired,
+) -> Result<()> {
+    use crate::format::slot_header::SlotHeader;
+    let at = |slot: u32| sb.journal_start + u64::from(slot) * sb.journal_blocks;
+    let plan = &report.plan;
+    let slots: BTreeSet<u32> = plan.unorphan.iter().map(|&(s, _)| s).collect();
+    for slot in slots {
+        let Ok(mut h) = SlotHeader::decode(&read_block(dev, at(slot))?, at(slot), slot) else {
+            continue;
+        };
+        let linked: Vec<u64> = plan
+            .unorphan
+            .iter()
+            .filter(|&&(s, _)| s == slot)
+            .map(|&(_, i)| i)
+            .collect();
+        h.orphans.retain(|o| !linked.contains(o));
+        h.seq = h.seq.saturating_add(1);
+        write_block(dev, at(slot), &h.encode(at(slot)))?;
+        out.fixed.push(format!(
+            "unorphan: node slot {slot}: inodes {linked:?}, which still have links, taken off its orphan list"
+        ));
+    }
+    if mode == Mode::All {
+        for &slot in &plan.bad_slot_headers {
+            let h = SlotHeader {
+                seq: 1,
+                slot,
+                orphans: Vec::new(),
+            };
+            write_block(dev, at(slot), &h.encode(at(slot)))?;
+            out.fixed.push(format!(
+                "slot-header: node slot {slot}: its unusable header rewritten with an empty orphan list"
+            ));
         }
     }
     Ok(())
@@ -312,11 +384,13 @@ pub struct Namespace {
     pub drop_entries: Vec<(u64, u64, Option<Vec<u8>>)>,
     /// `reconnect`: unreachable inodes to link into `/lost+found`.
     pub reconnect: Vec<u64>,
+    /// `entry-type`: (directory, name hash, name, file type).
+    pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
 }
 
 impl Namespace {
     pub fn is_empty(&self) -> bool {
-        self.drop_entries.is_empty() && self.reconnect.is_empty()
+        self.drop_entries.is_empty() && self.reconnect.is_empty() && self.entry_types.is_empty()
     }
 }
 
@@ -337,6 +411,7 @@ pub fn plan_namespace(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Res
         return Ok(ns);
     }
     ns.drop_entries.clone_from(&report.plan.drop_entries);
+    ns.entry_types.clone_from(&report.plan.entry_types);
     let mut found: Vec<(u64, bool, u64)> = Vec::new();
     let mut budget = RECONNECT_SCAN_MAX;
     for &(s, e) in &report.plan.leaked {
@@ -387,6 +462,14 @@ fn namespace(
                         "drop-entry: directory {dir}: the record under hash {hash:#x} removed"
                     ),
                 });
+            }
+        }
+        for (dir, hash, name, dtype) in &ns.entry_types {
+            if vol.fsck_set_entry_type(*dir, *hash, name, *dtype)? {
+                out.push(format!(
+                    "entry-type: directory {dir}: entry {:?} now of type {dtype}",
+                    String::from_utf8_lossy(name)
+                ));
             }
         }
         for &ino in &ns.reconnect {

@@ -41,6 +41,9 @@ fn populated() -> (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, u64) {
         v.release(&fh).unwrap();
         if i == 0 {
             target = a.ino;
+            // The bad-xattr case damages the target's xattr block.
+            v.setxattr(a.ino, b"user.note", &[7u8; 300], true, false)
+                .unwrap();
         }
         files.insert(name, data);
     }

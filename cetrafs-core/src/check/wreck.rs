@@ -160,6 +160,41 @@ pub const CASES: &[Case] = &[
         effect: Effect::Nothing,
     },
     Case {
+        name: "dir-parent",
+        what: "the parent field of the root's first subdirectory pointed at itself",
+        finding: FindingKind::DirParent,
+        preen: true,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "orphan-linked",
+        what: "the target file (which has a link) put on node slot 0's orphan list",
+        finding: FindingKind::Orphan,
+        preen: true,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "slot-header",
+        what: "garbage over the header (orphan list) of node slot 1",
+        finding: FindingKind::SlotHeader,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "bad-xattr",
+        what: "garbage over the target file's xattr block (it must have one)",
+        finding: FindingKind::BadXattr,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "entry-type",
+        what: "the target file's entry in the root says directory",
+        finding: FindingKind::EntryType,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
         name: "bad-inode",
         what: "garbage over the target file's inode block",
         finding: FindingKind::BadInode,
@@ -378,7 +413,50 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
             format!("inode block {target}")
         }
         "unreachable-file" | "unreachable-dir" => {
-            unlink_only(shared, c.name == "unreachable-dir", target)?
+            root_entry(shared, c.name == "unreachable-dir", target, &|vol, e| {
+                let hash = crate::format::dirent::name_hash(&e.name);
+                vol.fsck_drop_entry(vol.root_ino(), hash, Some(&e.name))?;
+                Ok(("removed from the root", e.ino))
+            })?
+            .0
+        }
+        "entry-type" => {
+            root_entry(shared, false, target, &|vol, e| {
+                let hash = crate::format::dirent::name_hash(&e.name);
+                vol.fsck_set_entry_type(vol.root_ino(), hash, &e.name, 4)?;
+                Ok(("now says directory", e.ino))
+            })?
+            .0
+        }
+        "dir-parent" => {
+            let (_, ino) = root_entry(shared, true, target, &|_, e| Ok(("found", e.ino)))?;
+            let mut inode = Inode::decode(&read_block(dev, ino)?, ino)?;
+            inode.parent = ino;
+            write_block(dev, ino, &inode.encode())?;
+            format!("directory {ino}: parent field {ino}")
+        }
+        "orphan-linked" => {
+            use crate::format::slot_header::SlotHeader;
+            let at = sb.journal_start;
+            let mut h = SlotHeader::decode(&read_block(dev, at)?, at, 0)?;
+            h.orphans.push(target);
+            write_block(dev, at, &h.encode(at))?;
+            format!("inode {target} on node slot 0's orphan list")
+        }
+        "slot-header" => {
+            let at = sb.journal_start + sb.journal_blocks;
+            dev.write_at(at * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("block {at}")
+        }
+        "bad-xattr" => {
+            let inode = target_inode(dev, target)?;
+            if inode.xattr_block == 0 {
+                return Err(Error::corrupted(format!(
+                    "inode {target} has no xattr block to damage"
+                )));
+            }
+            dev.write_at(inode.xattr_block * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("xattr block {}", inode.xattr_block)
         }
         other => return Err(Error::corrupted(format!("case {other} has no injector"))),
     };
@@ -386,9 +464,15 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
     Ok(format!("{}: {} ({done})", c.name, c.what))
 }
 
-/// Remove the entry of the target file (or of the root's first subdirectory) from the root,
-/// through the filesystem, leaving the inode it names as it is: unreachable.
-fn unlink_only(dev: &SharedDevice, dir: bool, target: u64) -> Result<String> {
+/// Through the filesystem (a mount), apply `action` to the root's entry of the target file (or
+/// of the root's first subdirectory). Returns "entry NAME (inode N) " + what `action` says,
+/// and the number it returns.
+fn root_entry(
+    dev: &SharedDevice,
+    dir: bool,
+    target: u64,
+    action: &dyn Fn(&crate::fs::Volume, &crate::fs::DirListEntry) -> Result<(&'static str, u64)>,
+) -> Result<(String, u64)> {
     use crate::fs::{FileKind, MountOptions, Volume};
     let vol = Volume::mount(
         dev.clone(),
@@ -417,12 +501,14 @@ fn unlink_only(dev: &SharedDevice, dir: bool, target: u64) -> Result<String> {
             .ok_or_else(|| Error::corrupted("no such entry in the root directory"))
     });
     let r = found.and_then(|e| {
-        let hash = crate::format::dirent::name_hash(&e.name);
-        vol.fsck_drop_entry(root, hash, Some(&e.name))?;
-        Ok(format!(
-            "entry {:?} (inode {}) removed from the root",
-            String::from_utf8_lossy(&e.name),
-            e.ino
+        let (did, n) = action(&vol, &e)?;
+        Ok((
+            format!(
+                "entry {:?} (inode {}) {did}",
+                String::from_utf8_lossy(&e.name),
+                e.ino
+            ),
+            n,
         ))
     });
     let unmounted = vol.unmount();

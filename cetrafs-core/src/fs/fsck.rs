@@ -60,6 +60,36 @@ impl Volume {
         })
     }
 
+    /// Set the file type recorded in entry `name` (under `hash`) of directory `dir` to
+    /// `dtype`. Returns whether there was such an entry.
+    pub fn fsck_set_entry_type(&self, dir: Ino, hash: u64, name: &[u8], dtype: u8) -> Result<bool> {
+        self.check_writable()?;
+        self.meta_op(|tx| {
+            let st = self.dir_state(tx, dir)?;
+            let mut d = st.write();
+            if d.inode.tree_root == 0 {
+                return Ok(false);
+            }
+            let delta = {
+                let mut t = Tree::new(tx, d.inode.tree_root, dir);
+                let Some(value) = t.get(hash)? else {
+                    return Ok(false);
+                };
+                let mut list = decode_entries(&value)?;
+                let Some(e) = list.iter_mut().find(|e| e.name == name) else {
+                    return Ok(false);
+                };
+                e.dtype = dtype;
+                t.insert(hash, &encode_entries(&list))?;
+                t.delta
+            };
+            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
+            d.inode.ctime = now();
+            self.save(tx, &mut d)?;
+            Ok(true)
+        })
+    }
+
     /// Link inode `ino`, which no directory names, into `/lost+found` (made if missing) as
     /// `#INO`. A directory gets `lost+found` as its parent; a file with no links gets one. Link
     /// counts are otherwise left to the link-count repair. Returns the new path.
