@@ -315,7 +315,8 @@ fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
         println!("{shown}: {} (nothing to change)", describe(&sb));
         return Ok(());
     }
-    let new = cetrafs_core::tune::tuned(&sb, t).map_err(|e| format!("{shown}: {e}"))?;
+    // Refused before anything is claimed when the values are out of range.
+    cetrafs_core::tune::tuned(&sb, t).map_err(|e| format!("{shown}: {e}"))?;
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|h| h.trim().to_string())
         .unwrap_or_default();
@@ -344,12 +345,16 @@ fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
     )
     .map_err(|e| format!("{shown}: {e}"))?
     .dev;
-    let dead: Vec<u32> = dead.iter().map(|d| d.slot).collect();
     let claim = fsck_claim::FsckClaim::take_for(fsck_claim::TUNE_PREFIX, &rw, &sb, &host, &dead)
         .map_err(|e| format!("{shown}: {e}"))?;
-    let written = cetrafs_core::tune::write_superblock(&*claim.guard(rw), &new);
+    // Read again under the claim: another tune may have changed it since.
+    let guarded = claim.guard(rw);
+    let written = cetrafs_core::fs::read_superblock(&*guarded)
+        .and_then(|now| cetrafs_core::tune::tuned(&now, t))
+        .and_then(|new| cetrafs_core::tune::write_superblock(&*guarded, &new).map(|()| new));
+    drop(guarded);
     let released = claim.release();
-    written.map_err(|e| format!("{shown}: writing the superblock: {e}"))?;
+    let new = written.map_err(|e| format!("{shown}: writing the superblock: {e}"))?;
     released.map_err(|e| format!("{shown}: giving back the claim: {e}"))?;
     println!("{shown}: was {}", describe(&sb));
     println!("{shown}: now {}", describe(&new));

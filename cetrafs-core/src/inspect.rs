@@ -44,35 +44,10 @@ pub fn file_map(dev: &dyn BlockDevice, sb: &Superblock, ino: u64) -> Result<File
     if inode.flags & flags::INLINE_EXTENTS != 0 {
         extents.clone_from(&inode.inline_extents);
     } else if inode.tree_root != 0 {
-        let mut stack = vec![(inode.tree_root, None::<u16>)];
-        let mut seen = std::collections::HashSet::new();
-        while let Some((b, level)) = stack.pop() {
-            tree_nodes += 1;
-            if !sb.is_data_block(b) || !seen.insert(b) {
-                return Err(Error::corrupted(format!(
-                    "inode {ino}: tree node {b} is not a block of this volume, or linked twice"
-                )));
-            }
-            let node = TreeNode::decode(&read_block(dev, b)?, b)?;
-            if node.owner != ino || level.is_some_and(|l| l != node.level) || node.level > MAX_LEVEL
-            {
-                return Err(Error::corrupted(format!(
-                    "inode {ino}: tree node {b} does not belong where it is linked"
-                )));
-            }
-            match node.entries {
-                NodeEntries::Leaf(v) => {
-                    for (k, val) in v {
-                        extents.push(Extent::decode_value(k, &val)?);
-                    }
-                }
-                NodeEntries::Internal(v) => {
-                    let below = node.level.checked_sub(1);
-                    for (_, child) in v.into_iter().rev() {
-                        stack.push((child, below));
-                    }
-                }
-            }
+        let (nodes, leaves) = tree(dev, sb, ino, inode.tree_root)?;
+        tree_nodes = nodes.len() as u64;
+        for (k, val) in leaves {
+            extents.push(Extent::decode_value(k, &val)?);
         }
     }
     extents.sort_by_key(|e| e.logical);
@@ -81,4 +56,46 @@ pub fn file_map(dev: &dyn BlockDevice, sb: &Superblock, ino: u64) -> Result<File
         extents,
         tree_nodes,
     })
+}
+
+/// A tree leaf entry: key, value.
+pub type Leaf = (u64, Vec<u8>);
+
+/// The nodes and the leaf entries of inode `ino`'s tree rooted at `root` (an extent map or a
+/// directory), each node checked to be a block of the volume, owned by `ino`, at its level,
+/// and linked once.
+pub fn tree(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    ino: u64,
+    root: u64,
+) -> Result<(Vec<u64>, Vec<Leaf>)> {
+    let mut nodes = Vec::new();
+    let mut leaves = Vec::new();
+    let mut stack = vec![(root, None::<u16>)];
+    let mut seen = std::collections::HashSet::new();
+    while let Some((b, level)) = stack.pop() {
+        if !sb.is_data_block(b) || !seen.insert(b) {
+            return Err(Error::corrupted(format!(
+                "inode {ino}: tree node {b} is not a block of this volume, or linked twice"
+            )));
+        }
+        nodes.push(b);
+        let node = TreeNode::decode(&read_block(dev, b)?, b)?;
+        if node.owner != ino || level.is_some_and(|l| l != node.level) || node.level > MAX_LEVEL {
+            return Err(Error::corrupted(format!(
+                "inode {ino}: tree node {b} does not belong where it is linked"
+            )));
+        }
+        match node.entries {
+            NodeEntries::Leaf(v) => leaves.extend(v),
+            NodeEntries::Internal(v) => {
+                let below = node.level.checked_sub(1);
+                for (_, child) in v.into_iter().rev() {
+                    stack.push((child, below));
+                }
+            }
+        }
+    }
+    Ok((nodes, leaves))
 }

@@ -21,7 +21,7 @@ use cetrafs_core::cluster::fsck_claim::FsckClaim;
 use cetrafs_core::cluster::membership;
 use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
 use cetrafs_core::dev::{BlockDevice, SharedDevice};
-use cetrafs_core::fs::{MountOptions, Volume};
+use cetrafs_core::fs::{ClaimedSlot, MountOptions, Volume};
 use cetrafs_core::journal;
 use clap::Parser;
 use std::io::IsTerminal;
@@ -127,10 +127,9 @@ fn run(cli: &Cli) -> u8 {
                         membership::describe(d)
                     );
                 }
-                if let Some(mode) = cli.mode() {
-                    let dead: Vec<u32> = dead.iter().map(|d| d.slot).collect();
+                if !cli.no_change {
                     drop(dev);
-                    return repair_volume(cli, &shown, &sb, &host, &dead, mode, tty);
+                    return repair_volume(cli, &shown, &sb, &host, &dead, cli.mode(), tty);
                 }
             }
             Err(e) => {
@@ -139,33 +138,14 @@ fn run(cli: &Cli) -> u8 {
             }
         }
     }
-    // A node that crashed leaves a committed transaction in its journal. Without -n it is
-    // replayed first (what the next mount would do); with -n the check runs on a view with
-    // the replay applied in memory, so findings are about the volume as it will be.
+    // Here with -n (or a volume whose superblock does not read): a node that crashed leaves
+    // a committed transaction in its journal, so the check runs on a view with the replay
+    // applied in memory, and findings are about the volume as it will be. (Without -n the
+    // replay is written, under fsck's claim: repair_volume.)
     let pending = match cetrafs_core::fs::read_superblock(&*dev)
         .and_then(|sb| journal::pending(&*dev, &sb).map(|p| (sb, p)))
     {
         Ok((_, p)) if p.is_empty() => Vec::new(),
-        Ok((sb, p)) if !cli.no_change => {
-            drop(dev);
-            let rw = match open_rw(&cli.device, sb.logical_block_size) {
-                Ok(d) => d,
-                Err(e) => {
-                    eprintln!("fsck.cetra: cannot open {shown} to replay its journal: {e}");
-                    return EXIT_OPERATIONAL;
-                }
-            };
-            for (slot, tx) in &p {
-                match journal::replay(&*rw, &sb, journal::JournalArea::for_slot(&sb, *slot)) {
-                    Ok(n) => println!("{shown}: replayed the journal of node slot {slot} (transaction {}, {n} blocks written)", tx.seq),
-                    Err(e) => {
-                        eprintln!("fsck.cetra: {shown}: journal replay of node slot {slot} failed: {e}");
-                        return EXIT_OPERATIONAL;
-                    }
-                }
-            }
-            return check_and_report(cli, &shown, &*rw, tty);
-        }
         Ok((_, p)) => p,
         Err(_) => Vec::new(), // the checker reports superblock problems itself
     };
@@ -189,14 +169,15 @@ fn run(cli: &Cli) -> u8 {
     check_and_report(cli, &shown, &*dev, tty)
 }
 
-/// `-p` / `-y`: claim the volume, replay, then check and repair in rounds.
+/// Every mode but `-n`: claim the volume, replay, then check (and with `-p` / `-y` repair in
+/// rounds).
 fn repair_volume(
     cli: &Cli,
     shown: &str,
     sb: &cetrafs_core::format::superblock::Superblock,
     host: &str,
-    dead: &[u32],
-    mode: Mode,
+    dead: &[membership::SlotView],
+    mode: Option<Mode>,
     tty: bool,
 ) -> u8 {
     let rw = match open_rw(&cli.device, sb.logical_block_size) {
@@ -214,7 +195,7 @@ fn repair_volume(
         }
     };
     let dev = claim.guard(rw);
-    let code = repair_claimed(cli, shown, sb, &dev, &claim, host, mode, tty);
+    let code = repair_claimed(cli, shown, sb, &dev, &claim, host, dead, mode, tty);
     drop(dev);
     if let Err(e) = claim.release() {
         eprintln!("fsck.cetra: {shown}: giving back fsck's node slot: {e}");
@@ -234,7 +215,8 @@ fn repair_claimed(
     dev: &SharedDevice,
     claim: &FsckClaim,
     host: &str,
-    mode: Mode,
+    dead: &[membership::SlotView],
+    mode: Option<Mode>,
     tty: bool,
 ) -> u8 {
     // The e2e test of the claim holds fsck here (sleep) and tries to mount meanwhile.
@@ -257,6 +239,32 @@ fn repair_claimed(
         }
     }
     let mine = format!("heartbeat slot {} is Live", claim.slot());
+    let Some(mode) = mode else {
+        // No repair asked for: the check of the replayed volume, fsck's own slot left out.
+        let report = check::check_volume_with(&**dev, &mut |p: Pass| {
+            if tty {
+                eprintln!("{p}");
+            }
+        });
+        return match report {
+            Ok(mut r) => {
+                r.findings.retain(|f| !f.message.starts_with(&mine));
+                for f in &r.findings {
+                    println!("{f}");
+                }
+                print_summary(shown, &r, None);
+                if r.is_clean() {
+                    EXIT_CLEAN
+                } else {
+                    EXIT_UNCORRECTED
+                }
+            }
+            Err(e) => {
+                eprintln!("fsck.cetra: {shown}: {e}");
+                EXIT_OPERATIONAL
+            }
+        };
+    };
     let mut check = |announce: bool| {
         check::check_volume_with(&**dev, &mut |p: Pass| {
             if tty && announce {
@@ -275,7 +283,10 @@ fn repair_claimed(
             dev.clone(),
             &MountOptions {
                 host: format!("{}{host}", cetrafs_core::cluster::fsck_claim::PREFIX),
-                claimed: Some(claim.member()),
+                claimed: Some(ClaimedSlot {
+                    member: claim.member(),
+                    dead: dead.to_vec(),
+                }),
                 discard_rate: None,
                 commit_interval: std::time::Duration::ZERO,
                 ..MountOptions::default()

@@ -83,9 +83,13 @@ pub fn repair(
         ));
     };
     let mut out = Repaired::default();
+    // Blocks that nothing claims are freed only when the check could see every claim: not
+    // while an inode, tree, extent list, xattr set, directory record or orphan list it could
+    // not read may hold them (its repair, in this round, lets the next round see them).
+    let complete = complete_claims(report);
     superblocks(dev, sb, report, &mut out)?;
-    groups(dev, sb, report, mode, keep_leaked, &mut out)?;
-    inodes(dev, report, mode, &mut out)?;
+    groups(dev, sb, report, mode, keep_leaked || !complete, &mut out)?;
+    inodes(dev, report, mode, complete, &mut out)?;
     slot_headers(dev, sb, report, mode, &mut out)?;
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
@@ -113,6 +117,22 @@ fn superblocks(
         ));
     }
     Ok(())
+}
+
+/// Did the check see every block's claim (no finding of something it could not read)?
+fn complete_claims(report: &Report) -> bool {
+    !report.errors().any(|f| {
+        matches!(
+            f.kind,
+            FindingKind::BadInode
+                | FindingKind::BadTree
+                | FindingKind::BadExtent
+                | FindingKind::BadXattr
+                | FindingKind::BadEntry
+                | FindingKind::SlotHeader
+                | FindingKind::BlockOutsideGroups
+        )
+    })
 }
 
 /// The groups whose bitmap or header a finding concerns.
@@ -172,16 +192,27 @@ fn groups(
         for (i, seq) in (0u64..).zip(seqs.iter_mut()) {
             let at = first + 1 + i;
             let raw = read_block(dev, at)?;
-            if let Ok((old_seq, payload)) = decode_bitmap(&raw, at) {
-                *seq = old_seq;
-                if !free_leaked {
-                    let o = usize::try_from(i * BITS_PER_BITMAP_BLOCK / 8).unwrap_or(usize::MAX);
-                    for (j, &byte) in payload.iter().enumerate() {
-                        if let Some(dst) = bits.get_mut(o + j) {
-                            *dst |= byte;
+            let o = usize::try_from(i * BITS_PER_BITMAP_BLOCK / 8).unwrap_or(usize::MAX);
+            match decode_bitmap(&raw, at) {
+                Ok((old_seq, payload)) => {
+                    *seq = old_seq;
+                    if !free_leaked {
+                        for (j, &byte) in payload.iter().enumerate() {
+                            if let Some(dst) = bits.get_mut(o + j) {
+                                *dst |= byte;
+                            }
                         }
                     }
                 }
+                // Unreadable: without freeing leaks, every block it covered counts as used
+                // (a leak for -y later, rather than a block something unseen holds reused).
+                Err(_) if !free_leaked => {
+                    let per = usize::try_from(BITS_PER_BITMAP_BLOCK / 8).unwrap_or(0);
+                    for dst in bits.iter_mut().skip(o).take(per) {
+                        *dst = 0xFF;
+                    }
+                }
+                Err(_) => {}
             }
         }
         let per = usize::try_from(BITS_PER_BITMAP_BLOCK / 8).unwrap_or(usize::MAX);
@@ -226,7 +257,16 @@ fn groups(
 }
 
 /// `link-count` and `block-count`.
-fn inodes(dev: &dyn BlockDevice, report: &Report, mode: Mode, out: &mut Repaired) -> Result<()> {
+/// `complete`: the check saw every directory entry, so a link count it found too high is
+/// (without that, preen only raises link counts: lowering one below the names a record it
+/// could not read holds would free a file that is still named).
+fn inodes(
+    dev: &dyn BlockDevice,
+    report: &Report,
+    mode: Mode,
+    complete: bool,
+    out: &mut Repaired,
+) -> Result<()> {
     let plan = &report.plan;
     let drop_xattrs = if mode == Mode::All {
         plan.drop_xattrs.clone()
@@ -247,7 +287,8 @@ fn inodes(dev: &dyn BlockDevice, report: &Report, mode: Mode, out: &mut Repaired
         };
         let mut what = Vec::new();
         if let Some(&want) = plan.link_counts.get(&ino) {
-            if want > 0 || mode == Mode::All {
+            let lower_ok = want > 0 && complete;
+            if mode == Mode::All || want > inode.nlink || lower_ok {
                 what.push(format!(
                     "link-count: inode {ino}: link count {} -> {want}",
                     inode.nlink
@@ -429,6 +470,23 @@ pub fn plan_namespace(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Res
             budget -= n;
         }
     }
+    // Only candidates that hold nothing but leaked blocks, none another candidate holds, and
+    // (directories) name only unreachable inodes: a stale inode image left in a block that
+    // was freed would otherwise come back holding blocks of live files, or naming them.
+    let sb = report
+        .superblock
+        .as_ref()
+        .ok_or_else(|| Error::corrupted("no superblock"))?;
+    let mut taken: Vec<(u64, u64)> = Vec::new();
+    found.retain(
+        |&(ino, _, _)| match held_if_unclaimed(dev, sb, ino, &report.plan.leaked) {
+            Some(held) if !held.iter().any(|&(s, e)| overlaps(&taken, s, e)) => {
+                taken.extend(held);
+                true
+            }
+            _ => false,
+        },
+    );
     let dirs: BTreeSet<u64> = found.iter().filter(|f| f.1).map(|f| f.0).collect();
     ns.reconnect = if dirs.is_empty() {
         found.iter().map(|f| f.0).collect()
@@ -440,6 +498,58 @@ pub fn plan_namespace(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Res
             .collect()
     };
     Ok(ns)
+}
+
+/// Does any of the ranges `[s, e)` in `set` overlap `[s0, e0)`?
+fn overlaps(set: &[(u64, u64)], s0: u64, e0: u64) -> bool {
+    set.iter().any(|&(s, e)| s < e0 && s0 < e)
+}
+
+/// Is `[s, s + len)` inside one of the sorted, disjoint ranges of `leaked`?
+fn inside(leaked: &[(u64, u64)], s: u64, len: u64) -> bool {
+    let i = leaked.partition_point(|&(ls, _)| ls <= s);
+    i > 0 && leaked[i - 1].1 >= s.saturating_add(len)
+}
+
+/// The blocks unreachable inode `ino` holds, if every one of them is leaked and, for a
+/// directory, every inode it names is unreachable too (its block is leaked); None otherwise.
+fn held_if_unclaimed(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    ino: u64,
+    leaked: &[(u64, u64)],
+) -> Option<Vec<(u64, u64)>> {
+    let inode = Inode::decode(&read_block(dev, ino).ok()?, ino).ok()?;
+    let mut held = vec![(ino, ino + 1)];
+    for b in [inode.xattr_block, inode.overflow_block] {
+        if b != 0 {
+            held.push((b, b + 1));
+        }
+    }
+    if inode.is_reg() {
+        let map = crate::inspect::file_map(dev, sb, ino).ok()?;
+        held.extend(
+            map.extents
+                .iter()
+                .map(|e| (e.physical, e.physical + u64::from(e.len))),
+        );
+        if inode.tree_root != 0 {
+            let (nodes, _) = crate::inspect::tree(dev, sb, ino, inode.tree_root).ok()?;
+            held.extend(nodes.into_iter().map(|b| (b, b + 1)));
+        }
+    } else if inode.is_dir() && inode.tree_root != 0 {
+        let (nodes, leaves) = crate::inspect::tree(dev, sb, ino, inode.tree_root).ok()?;
+        held.extend(nodes.into_iter().map(|b| (b, b + 1)));
+        for (_, v) in leaves {
+            let entries = crate::format::dirent::decode_entries(&v).ok()?;
+            if entries.iter().any(|e| !inside(leaked, e.ino, 1)) {
+                return None;
+            }
+        }
+    }
+    held.iter()
+        .all(|&(s, e)| inside(leaked, s, e - s))
+        .then_some(held)
 }
 
 /// The namespace repairs of `ns` on the volume `mount` mounts (and this unmounts). Returns a

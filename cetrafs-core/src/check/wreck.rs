@@ -79,7 +79,8 @@ pub const CASES: &[Case] = &[
         name: "bitmap-block",
         what: "garbage over the first bitmap block of the target file's group",
         finding: FindingKind::Bitmap,
-        preen: true,
+        // Preen marks every block it covered used: the free ones are leaks for -y.
+        preen: false,
         effect: Effect::Nothing,
     },
     Case {
@@ -464,6 +465,10 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
     Ok(format!("{}: {} ({done})", c.name, c.what))
 }
 
+/// What [`root_entry`] does to the entry it found: a word for the report, and a number.
+type EntryAction =
+    dyn Fn(&crate::fs::Volume, &crate::fs::DirListEntry) -> Result<(&'static str, u64)>;
+
 /// Through the filesystem (a mount), apply `action` to the root's entry of the target file (or
 /// of the root's first subdirectory). Returns "entry NAME (inode N) " + what `action` says,
 /// and the number it returns.
@@ -471,7 +476,7 @@ fn root_entry(
     dev: &SharedDevice,
     dir: bool,
     target: u64,
-    action: &dyn Fn(&crate::fs::Volume, &crate::fs::DirListEntry) -> Result<(&'static str, u64)>,
+    action: &EntryAction,
 ) -> Result<(String, u64)> {
     use crate::fs::{FileKind, MountOptions, Volume};
     let vol = Volume::mount(

@@ -42,15 +42,20 @@ pub struct FsckClaim {
     member: Arc<Membership>,
 }
 
-/// The live slots of `views`, other than `mine` and those in `dead`.
+/// The live slots of `views`, other than `mine` and those still as they were when found
+/// `dead` (same slot, same generation: a node that claimed a dead slot since has a new
+/// generation, and is live).
 fn others_live<'a>(
     views: &'a [SlotView],
     mine: u32,
-    dead: &'a [u32],
+    dead: &'a [SlotView],
 ) -> impl Iterator<Item = &'a SlotView> {
+    let generation = |v: &SlotView| v.record.as_ref().map(|h| h.generation);
     views.iter().filter(move |v| {
         v.slot != mine
-            && !dead.contains(&v.slot)
+            && !dead
+                .iter()
+                .any(|d| d.slot == v.slot && generation(d) == generation(v))
             && v.record
                 .as_ref()
                 .is_some_and(|h| h.state == SlotState::Live)
@@ -60,7 +65,12 @@ fn others_live<'a>(
 impl FsckClaim {
     /// Claim a slot for fsck on `host`; `dead` are the slots the caller found dead (watched
     /// for their dead time) before. Refuses (Busy) if another node is live after the claim.
-    pub fn take(dev: &SharedDevice, sb: &Superblock, host: &str, dead: &[u32]) -> Result<Self> {
+    pub fn take(
+        dev: &SharedDevice,
+        sb: &Superblock,
+        host: &str,
+        dead: &[SlotView],
+    ) -> Result<Self> {
         Self::take_for(PREFIX, dev, sb, host, dead)
     }
 
@@ -70,7 +80,7 @@ impl FsckClaim {
         dev: &SharedDevice,
         sb: &Superblock,
         host: &str,
-        dead: &[u32],
+        dead: &[SlotView],
     ) -> Result<Self> {
         let mut name = format!("{prefix}{host}");
         name.truncate(crate::format::heartbeat::HOST_LEN);
@@ -128,7 +138,7 @@ pub struct Running {
 
 /// A mount's side: after claiming `mine`, a live offline tool on the volume (a slot whose host
 /// name is `TOOL:HOST`), if there is one that the mount did not find `dead` before claiming.
-pub fn running(views: &[SlotView], mine: u32, dead: &[u32]) -> Option<Running> {
+pub fn running(views: &[SlotView], mine: u32, dead: &[SlotView]) -> Option<Running> {
     others_live(views, mine, dead).find_map(|v| {
         let h = v.record.as_ref()?;
         let (tool, host) = h.host.split_once(':')?;

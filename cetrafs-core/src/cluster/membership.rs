@@ -661,12 +661,10 @@ impl BlockDevice for LeaseGuard {
 /// daemon on this host that no longer exists cannot have I/O in flight, so its slot is dead
 /// without waiting out the dead time (the common case of a crashed or killed local daemon).
 pub fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
-    // An offline tool's claim on this host counts as this host's (`cluster/fsck_claim.rs`).
-    let host = h
-        .host
-        .split_once(':')
-        .map_or(h.host.as_str(), |(_, host)| host);
-    if host != local_host {
+    // An offline tool's claim on this host counts as this host's (`cluster/fsck_claim.rs`),
+    // whichever of the two names asks.
+    let bare = |n: &str| n.split_once(':').map_or(n, |(_, host)| host).to_string();
+    if bare(&h.host) != bare(local_host) {
         return false;
     }
     // Two machines given the same node name: a pid of that other machine says nothing here.

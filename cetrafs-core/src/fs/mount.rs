@@ -57,9 +57,19 @@ impl Volume {
     /// [`Self::mount`] before a failure gives back the reservation key.
     fn mount_unfenced(dev: SharedDevice, opts: &MountOptions) -> Result<Arc<Volume>> {
         let (sb, read_only) = check_device(&*dev, opts)?;
-        if let Some(member) = &opts.claimed {
-            // fsck's own mount: the slot is its claim; the dead are left to the next mount.
-            return Self::mount_as(dev, sb, opts, read_only, &[], member.clone());
+        if opts.host.contains(':') {
+            // `TOOL:HOST` names the claims of offline tools (cluster/fsck_claim.rs).
+            if opts.claimed.is_none() {
+                bail!(
+                    InvalidInput,
+                    "node name {:?} contains ':', which only offline tools' claims use; mount with host=NAME",
+                    opts.host
+                );
+            }
+        }
+        if let Some(c) = &opts.claimed {
+            // fsck's own mount: the slot is its claim.
+            return Self::mount_as(dev, sb, opts, read_only, &c.dead, c.member.clone());
         }
         let machine = match opts.machine {
             Some(m) => m,
@@ -471,9 +481,8 @@ impl Others {
         let member = Membership::claim(dev.clone(), sb, &opts.host, machine, prefer)?;
         // fsck.cetra repairing the volume holds a slot of its own: checked after our claim,
         // as fsck checks for us after its claim (`cluster/fsck_claim.rs`).
-        let dead: Vec<u32> = self.dead.iter().map(|d| d.slot).collect();
         let fsck = membership::scan(&**dev, sb)
-            .map(|views| crate::cluster::fsck_claim::running(&views, member.slot, &dead));
+            .map(|views| crate::cluster::fsck_claim::running(&views, member.slot, &self.dead));
         match fsck {
             Ok(None) => {}
             Ok(Some(tool)) => {

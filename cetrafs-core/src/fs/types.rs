@@ -269,10 +269,17 @@ pub struct MountOptions {
     /// (`discard=MiB/s`; `fs/discard.rs`); None (`nodiscard`): never; `Some(0)`: queued, and
     /// discarded only when asked (`Volume::discard_queued`).
     pub discard_rate: Option<u64>,
-    /// Mount in this slot, which the caller already holds (fsck's claim,
-    /// `cluster/fsck_claim.rs`): no slot is claimed, no dead node is recovered, and unmount
-    /// leaves the slot to the caller.
-    pub claimed: Option<std::sync::Arc<crate::cluster::Membership>>,
+    /// Mount in a slot the caller already holds (fsck's claim, `cluster/fsck_claim.rs`): no
+    /// slot is claimed, and unmount leaves the slot to the caller.
+    pub claimed: Option<ClaimedSlot>,
+}
+
+/// The slot of [`MountOptions::claimed`], and the slots its holder watched for their dead
+/// time before claiming it: recovered by the mount as any mount recovers the dead.
+#[derive(Debug, Clone)]
+pub struct ClaimedSlot {
+    pub member: std::sync::Arc<crate::cluster::Membership>,
+    pub dead: Vec<crate::cluster::SlotView>,
 }
 
 impl Default for MountOptions {
