@@ -302,6 +302,11 @@ impl Volume {
         self.cl.hold.used();
     }
 
+    /// Does this node hold the global lock exclusively now (without asking the mutex)?
+    pub(super) fn holds_global_exclusive(&self) -> bool {
+        self.cl.held.load(Ordering::Acquire) == mode_code(LockMode::Exclusive)
+    }
+
     /// The metadata mutex with the global lock held exclusively (metadata changes).
     pub(super) fn meta_ex(&self) -> Result<MutexGuard<'_, Meta>> {
         self.meta_in(LockMode::Exclusive)

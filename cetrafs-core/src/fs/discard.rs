@@ -20,7 +20,10 @@
 //! * **At a limited rate** (mount option `discard=MiB/s`, default [`DEFAULT_RATE`], in
 //!   VMFS's 25–100 MB/s range; `nodiscard` turns it off): every [`TICK`] the discarder takes at
 //!   most a tick's worth of the queue, lowest blocks first. A tick with an empty queue costs a
-//!   look at it under the metadata mutex and nothing else: no lock, no I/O.
+//!   look at it under the metadata mutex and nothing else: no lock, no I/O. A node that does
+//!   not hold the global lock exclusively takes it for discards only every [`LOCK_EVERY`]
+//!   ticks, with that many ticks' worth: a large delete costs a busy cluster one handoff per
+//!   five seconds, not one per second.
 //! * **Runs of at least [`MIN_RUN`] blocks.** A lone freed block (an inode, a tree node) is
 //!   not worth an UNMAP, and an inode number the kernel still holds keeps reading its old
 //!   image (`fs/detached_ns.rs`). `cetra trim` / `fstrim` sweeps all free space instead.
@@ -40,6 +43,9 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_RATE: u64 = 64 << 20;
 /// How often the discarder looks at the queue.
 pub const TICK: Duration = Duration::from_secs(1);
+/// Without the global lock held exclusively, discards wait this many ticks (and take their
+/// budget together).
+pub const LOCK_EVERY: u64 = 5;
 /// Shortest run queued, in filesystem blocks (64 KiB).
 pub const MIN_RUN: u64 = 16;
 /// Most runs kept queued.
@@ -197,13 +203,24 @@ impl Volume {
             .spawn(move || {
                 let mut total = 0u64;
                 let mut logged = Instant::now();
+                let mut waited = 0u64;
                 loop {
                     std::thread::sleep(TICK);
                     let Some(v) = weak.upgrade() else { break };
                     if v.unmounted.load(Ordering::Relaxed) || v.member.is_fenced() {
                         break;
                     }
-                    match v.discard_queued(per_tick) {
+                    if v.discards_queued() == 0 {
+                        waited = 0;
+                        continue;
+                    }
+                    waited += 1;
+                    if !v.holds_global_exclusive() && waited < LOCK_EVERY {
+                        continue;
+                    }
+                    let budget = per_tick.saturating_mul(waited);
+                    waited = 0;
+                    match v.discard_queued(budget) {
                         Ok(n) => total += n,
                         // A hint: the blocks stay allocated on the SAN until a trim.
                         Err(e) => tracing::warn!("background discard failed: {e}"),
