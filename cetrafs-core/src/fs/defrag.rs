@@ -32,7 +32,7 @@ use super::{Ino, Volume};
 use crate::dev::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::extent::Extent;
-use crate::format::inode::{flags, Inode};
+use crate::format::inode::flags;
 use crate::format::FS_BLOCK;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -180,21 +180,8 @@ impl Volume {
                     old.len()
                 );
             }
-            let t = super::now();
-            let mut inode = Inode {
-                ino: tmp,
-                seq: tx.prior_seq(tmp)?,
-                mode: libc::S_IFREG,
-                nlink: 0,
-                flags: flags::INLINE_EXTENTS,
-                generation: rand::random(),
-                atime: t,
-                mtime: t,
-                ctime: t,
-                crtime: t,
-                blocks: 1 + total,
-                ..Default::default()
-            };
+            let mut inode = super::pool::holder_inode(tx, tmp)?;
+            inode.blocks = 1 + total;
             let mut map = ExtentMap::default();
             let mut at = 0;
             for &(p, l) in &runs {

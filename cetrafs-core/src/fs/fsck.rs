@@ -14,11 +14,14 @@ use crate::format::dirent::{decode_entries, encode_entries, DirEntry};
 /// The directory unreachable inodes are linked into, in the root.
 pub const LOST_AND_FOUND: &[u8] = b"lost+found";
 
+/// What a repair makes of one directory record (the entries under one name hash): None when
+/// it has nothing to change, else the entries to keep (none: the record goes).
+type RecordEdit<'a> = dyn Fn(&[u8]) -> Result<Option<Vec<DirEntry>>> + 'a;
+
 impl Volume {
-    /// Remove entry `name` (None: the whole record, which does not decode) stored under
-    /// `hash` in directory `dir`, leaving the inode it names alone. Returns whether there was
-    /// such an entry. The directory's link count is left to the link-count repair.
-    pub fn fsck_drop_entry(&self, dir: Ino, hash: u64, name: Option<&[u8]>) -> Result<bool> {
+    /// Rewrite the record under `hash` in directory `dir` as `edit` says, in one transaction
+    /// (the directory's block count and times follow). Returns whether it changed anything.
+    fn fsck_edit_record(&self, dir: Ino, hash: u64, edit: &RecordEdit<'_>) -> Result<bool> {
         self.check_writable()?;
         self.meta_op(|tx| {
             let st = self.dir_state(tx, dir)?;
@@ -31,22 +34,13 @@ impl Volume {
                 let Some(value) = t.get(hash)? else {
                     return Ok(false);
                 };
-                match name {
-                    None => {
+                match edit(&value)? {
+                    None => return Ok(false),
+                    Some(list) if list.is_empty() => {
                         t.remove(hash)?;
                     }
-                    Some(n) => {
-                        let mut list = decode_entries(&value)?;
-                        let before = list.len();
-                        list.retain(|e| e.name != n);
-                        if list.len() == before {
-                            return Ok(false);
-                        }
-                        if list.is_empty() {
-                            t.remove(hash)?;
-                        } else {
-                            t.insert(hash, &encode_entries(&list))?;
-                        }
+                    Some(list) => {
+                        t.insert(hash, &encode_entries(&list))?;
                     }
                 }
                 t.delta
@@ -60,33 +54,31 @@ impl Volume {
         })
     }
 
+    /// Remove entry `name` (None: the whole record, which does not decode) stored under
+    /// `hash` in directory `dir`, leaving the inode it names alone. Returns whether there was
+    /// such an entry. The directory's link count is left to the link-count repair.
+    pub fn fsck_drop_entry(&self, dir: Ino, hash: u64, name: Option<&[u8]>) -> Result<bool> {
+        self.fsck_edit_record(dir, hash, &|value| {
+            let Some(n) = name else {
+                return Ok(Some(Vec::new()));
+            };
+            let mut list = decode_entries(value)?;
+            let before = list.len();
+            list.retain(|e| e.name != n);
+            Ok((list.len() != before).then_some(list))
+        })
+    }
+
     /// Set the file type recorded in entry `name` (under `hash`) of directory `dir` to
     /// `dtype`. Returns whether there was such an entry.
     pub fn fsck_set_entry_type(&self, dir: Ino, hash: u64, name: &[u8], dtype: u8) -> Result<bool> {
-        self.check_writable()?;
-        self.meta_op(|tx| {
-            let st = self.dir_state(tx, dir)?;
-            let mut d = st.write();
-            if d.inode.tree_root == 0 {
-                return Ok(false);
-            }
-            let delta = {
-                let mut t = Tree::new(tx, d.inode.tree_root, dir);
-                let Some(value) = t.get(hash)? else {
-                    return Ok(false);
-                };
-                let mut list = decode_entries(&value)?;
-                let Some(e) = list.iter_mut().find(|e| e.name == name) else {
-                    return Ok(false);
-                };
-                e.dtype = dtype;
-                t.insert(hash, &encode_entries(&list))?;
-                t.delta
+        self.fsck_edit_record(dir, hash, &|value| {
+            let mut list = decode_entries(value)?;
+            let Some(e) = list.iter_mut().find(|e| e.name == name) else {
+                return Ok(None);
             };
-            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
-            d.inode.ctime = now();
-            self.save(tx, &mut d)?;
-            Ok(true)
+            e.dtype = dtype;
+            Ok(Some(list))
         })
     }
 

@@ -32,6 +32,27 @@ use crate::error::Result;
 use crate::format::inode::{flags, Inode, INLINE_EXTENTS_MAX};
 use std::collections::BTreeMap;
 
+/// A fresh inode that only holds blocks for this node (the pool's, a defrag's new runs:
+/// `fs/defrag.rs`): a regular file with no links and inline extents, meant for this node's
+/// orphan list, so a crash frees what it holds.
+pub(super) fn holder_inode(tx: &mut Tx<'_>, ino: u64) -> Result<Inode> {
+    let t = super::now();
+    Ok(Inode {
+        ino,
+        seq: tx.prior_seq(ino)?,
+        mode: libc::S_IFREG,
+        nlink: 0,
+        flags: flags::INLINE_EXTENTS,
+        generation: rand::random(),
+        atime: t,
+        mtime: t,
+        ctime: t,
+        crtime: t,
+        blocks: 1,
+        ..Default::default()
+    })
+}
+
 /// Blocks taken from the allocator at a refill (64 MiB at 4 KiB), at most a 64th of the free
 /// space.
 pub const CHUNK: u64 = 16_384;
@@ -86,21 +107,7 @@ impl Pool {
     /// A new, empty pool inode in block `ino` (already allocated); the caller puts it on the
     /// orphan list in the same transaction.
     pub fn create(tx: &mut Tx<'_>, ino: u64) -> Result<Self> {
-        let t = super::now();
-        let inode = Inode {
-            ino,
-            seq: tx.prior_seq(ino)?,
-            mode: libc::S_IFREG,
-            nlink: 0,
-            flags: flags::INLINE_EXTENTS,
-            generation: rand::random(),
-            atime: t,
-            mtime: t,
-            ctime: t,
-            crtime: t,
-            blocks: 1,
-            ..Default::default()
-        };
+        let inode = holder_inode(tx, ino)?;
         Ok(Self {
             inode,
             map: ExtentMap::default(),
