@@ -152,3 +152,64 @@ fn a_daemon_killed_during_defrag_leaves_the_old_map_or_the_new_one() {
     killed_at("defrag::copied=exit", true);
     killed_at("defrag::switched=exit", false);
 }
+
+/// Writes into the file while it is defragmented (same node, 4 KiB overwrites that would take
+/// the fast path) are never lost: each block reads back as its last write.
+#[test]
+fn writes_during_a_defrag_are_kept() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    require_fuse!();
+    let lun = Lun::new(2 << 30);
+    lun.mkfs(&["-N", "4"]);
+    let node = Mount::with_opts(&lun, "node1", &["granule=4"]);
+    let path = node.p("frag");
+    let blocks = 8192u64;
+    {
+        let f = std::fs::File::create(&path).expect("create");
+        for pass in [0, 1] {
+            for b in (pass..blocks).step_by(2) {
+                f.write_all_at(&[0u8; 4096], b * 4096).expect("write");
+            }
+        }
+        f.sync_all().expect("fsync");
+    }
+    let stop = Arc::new(AtomicBool::new(false));
+    let writer = {
+        let (path, stop) = (path.clone(), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            let f = std::fs::OpenOptions::new()
+                .write(true)
+                .open(&path)
+                .expect("open for the writer");
+            let mut last = std::collections::HashMap::new();
+            let mut n = 0u64;
+            while !stop.load(Ordering::Relaxed) || n < 200 {
+                n += 1;
+                let b = (n * 7919) % blocks;
+                let mut data = [0u8; 4096];
+                data[..8].copy_from_slice(&n.to_le_bytes());
+                f.write_all_at(&data, b * 4096)
+                    .expect("write during defrag");
+                last.insert(b, n);
+            }
+            f.sync_all().expect("fsync");
+            last
+        })
+    };
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    let r = defrag(&path);
+    stop.store(true, Ordering::Relaxed);
+    assert_eq!(r.code, 0, "cetra defrag: {}", r.output());
+    let last = writer.join().expect("writer");
+    assert!(extent_count(&path) <= 4);
+    let f = std::fs::File::open(&path).expect("open");
+    for (b, n) in last {
+        let mut got = [0u8; 8];
+        f.read_exact_at(&mut got, b * 4096).expect("read");
+        assert_eq!(u64::from_le_bytes(got), n, "block {b} lost its last write");
+    }
+    drop(f);
+    node.unmount();
+    lun.assert_fsck_clean();
+}

@@ -1180,7 +1180,8 @@ impl Volume {
             return Ok(false);
         };
         let inner = &admitted.inner;
-        if inner.freed
+        if st.no_fast_writes.load(Ordering::Acquire) > 0
+            || inner.freed
             || end > inner.inode.size
             || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
             || self.read_only

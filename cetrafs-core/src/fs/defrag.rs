@@ -18,7 +18,11 @@
 //!
 //! # What keeps the copy right
 //! * On this node the file is *quiesced* for the whole run (as truncate and fallocate do):
-//!   its writes wait, so a VM writing the file pauses for the copy.
+//!   its writes wait, so a VM writing the file pauses for the copy. That covers the writes
+//!   that take the metadata path; fast-path overwrites (which go straight to the blocks the
+//!   map names) are turned off for the file before the copy (`InodeState::no_fast_writes`,
+//!   after which a write lock on its state waits out those already admitted), so they take
+//!   the metadata path and wait too. Reads go on, from the old blocks until the switch.
 //! * On other nodes nobody writes it: the caller holds the file open for writing (the
 //!   daemon's ioctl needs a writable handle), so with the cross-node open locks a writer
 //!   elsewhere was refused (EBUSY) before it started and is refused while it runs. A volume
@@ -63,6 +67,8 @@ pub(crate) struct Progress {
 }
 
 struct Plan {
+    /// The file's state: its fast-path writes are off until the plan is dropped.
+    st: std::sync::Arc<super::InodeState>,
     old: Vec<Extent>,
     /// The new runs, in file order.
     runs: Vec<(u64, u64)>,
@@ -107,9 +113,14 @@ impl Volume {
                 blocks_copied: 0,
             });
         };
+        // Fast-path writes off from now (they do not change the map planned, only blocks it
+        // names); the write lock waits out those already under way.
+        plan.st.no_fast_writes.fetch_add(1, Ordering::AcqRel);
+        drop(plan.st.write());
         let copied = self.defrag_copy(ino, &plan);
         let switched = copied.and_then(|n| self.defrag_switch(ino, &plan).map(|after| (n, after)));
         self.defrag_progress.ino.store(0, Ordering::Release);
+        plan.st.no_fast_writes.fetch_sub(1, Ordering::AcqRel);
         match switched {
             Ok((n, after)) => Ok(Defragged {
                 extents_before: plan.old.len() as u64,
@@ -157,6 +168,7 @@ impl Volume {
             if old.len() <= MAX_RUNS {
                 return Ok(None);
             }
+
             let total: u64 = old.iter().map(|e| u64::from(e.len)).sum();
             let tmp = tx.alloc_one(ino)?;
             let runs = match tx.alloc_data(old[0].physical, total, tmp) {
@@ -192,7 +204,7 @@ impl Volume {
             inode.seq += 1;
             tx.write(tmp, inode.encode());
             tx.add_orphan(tmp)?;
-            Ok(Some(Plan { old, runs, tmp }))
+            Ok(Some(Plan { st, old, runs, tmp }))
         })
         .and_then(|p| {
             // The temporary inode is on disk before its blocks are written: after a crash

@@ -96,6 +96,9 @@ pub(crate) struct InodeState {
     epoch: AtomicU64,
     /// This inode's cluster lock as this node holds it (v3 volumes, `fs/inode_lock.rs`).
     dl: std::sync::OnceLock<Arc<inode_lock::DataLock>>,
+    /// Above zero while a defrag copies the file (`fs/defrag.rs`): writes take the metadata
+    /// path, where they wait for the defrag, instead of the fast path.
+    no_fast_writes: AtomicU32,
 }
 
 #[derive(Debug)]
@@ -120,6 +123,7 @@ impl InodeState {
             writers: AtomicU32::new(0),
             pending_mtime: AtomicI64::new(0),
             has_pending: AtomicBool::new(false),
+            no_fast_writes: AtomicU32::new(0),
             epoch: AtomicU64::new(epoch),
             dl: std::sync::OnceLock::new(),
         }
