@@ -317,9 +317,7 @@ fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
     }
     // Refused before anything is claimed when the values are out of range.
     cetrafs_core::tune::tuned(&sb, t).map_err(|e| format!("{shown}: {e}"))?;
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .unwrap_or_default();
+    let host = cetrafs_core::cluster::machine::kernel_host_name();
     // Nodes read the superblock at mount and keep it: none may have it mounted. Slots that
     // look live are watched for their dead time, as fsck does.
     let (alive, dead) = membership::find_holders(&*dev, &sb, &host, membership::Patience::Dead)
@@ -332,19 +330,8 @@ fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
         ));
     }
     drop(dev);
-    let rw = cetrafs_core::dev::open::open_lun(
-        device,
-        &cetrafs_core::dev::open::LunOptions {
-            read_only: false,
-            file_logical_block_size: std::fs::metadata(device)
-                .is_ok_and(|m| m.is_file())
-                .then_some(sb.logical_block_size),
-            buffered_file_fallback: true,
-            ..cetrafs_core::dev::open::LunOptions::default()
-        },
-    )
-    .map_err(|e| format!("{shown}: {e}"))?
-    .dev;
+    let rw =
+        cetrafs_core::dev::open::open_for_repair(device).map_err(|e| format!("{shown}: {e}"))?;
     let claim = fsck_claim::FsckClaim::take_for(fsck_claim::TUNE_PREFIX, &rw, &sb, &host, &dead)
         .map_err(|e| format!("{shown}: {e}"))?;
     // Read again under the claim: another tune may have changed it since.

@@ -19,7 +19,7 @@ use cetrafs_core::check::repair::{self, Mode};
 use cetrafs_core::check::{self, Pass, Report, Severity};
 use cetrafs_core::cluster::fsck_claim::FsckClaim;
 use cetrafs_core::cluster::membership;
-use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
+use cetrafs_core::dev::open::{open_for_reading, open_for_repair};
 use cetrafs_core::dev::{BlockDevice, SharedDevice};
 use cetrafs_core::fs::{ClaimedSlot, MountOptions, Volume};
 use cetrafs_core::journal;
@@ -111,9 +111,7 @@ fn run(cli: &Cli) -> u8 {
         } else {
             membership::Patience::Dead
         };
-        let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|h| h.trim().to_string())
-            .unwrap_or_default();
+        let host = cetrafs_core::cluster::machine::kernel_host_name();
         match membership::find_holders(&*dev, &sb, &host, patience) {
             Ok((alive, _)) if !alive.is_empty() => {
                 let who: Vec<String> = alive.iter().map(membership::describe).collect();
@@ -180,7 +178,7 @@ fn repair_volume(
     mode: Option<Mode>,
     tty: bool,
 ) -> u8 {
-    let rw = match open_rw(&cli.device, sb.logical_block_size) {
+    let rw = match open_for_repair(&cli.device).map_err(|e| e.to_string()) {
         Ok(d) => d,
         Err(e) => {
             eprintln!("fsck.cetra: cannot open {shown} to repair it: {e}");
@@ -427,22 +425,6 @@ fn print_summary(dev: &str, r: &Report, repaired: Option<(Mode, usize)>) {
 /// are plain writes), and it refuses volumes that any node has mounted.
 fn open(path: &Path) -> Result<SharedDevice, String> {
     open_for_reading(path).map_err(|e| e.to_string())
-}
-
-/// Open for journal replay (the only write fsck makes today).
-fn open_rw(path: &Path, lbs: u32) -> Result<SharedDevice, String> {
-    let is_file = std::fs::metadata(path).is_ok_and(|m| m.is_file());
-    open_lun(
-        path,
-        &LunOptions {
-            read_only: false,
-            file_logical_block_size: is_file.then_some(lbs),
-            buffered_file_fallback: true,
-            ..LunOptions::default()
-        },
-    )
-    .map(|l| l.dev)
-    .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

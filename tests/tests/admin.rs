@@ -294,9 +294,7 @@ fn tune_changes_label_and_timing_only_while_unmounted() {
     assert!(!r.stdout.contains("warning"), "{}", r.output());
 
     // While tune holds its claim (held between its two superblock writes), no mount.
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .expect("hostname");
+    let host = cetrafs_core::cluster::machine::kernel_host_name();
     let held = Command::new(bin("cetra"))
         .args(["tune", "-L", "again"])
         .arg(lun.path())

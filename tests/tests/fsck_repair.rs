@@ -10,7 +10,7 @@
 //! host, and succeeds once fsck is done.
 
 use cetrafs_core::check::wreck::{Effect, CASES};
-use cetrafs_core::dev::open::{open_for_reading, open_lun, LunOptions};
+use cetrafs_core::dev::open::open_for_repair;
 use cetrafs_tests::{bin, require_fuse, run, wait_until, Lun, Mount};
 use std::collections::BTreeMap;
 use std::os::unix::fs::MetadataExt as _;
@@ -94,22 +94,7 @@ fn copy_of(lun: &Lun, name: &str) -> PathBuf {
 }
 
 fn wreck(path: &Path, case: &str, target: u64) -> String {
-    // The logical block size the volume was made with (a file has none of its own).
-    let lbs = open_for_reading(path)
-        .expect("open the LUN copy")
-        .geometry()
-        .logical_block_size;
-    let dev = open_lun(
-        path,
-        &LunOptions {
-            read_only: false,
-            file_logical_block_size: Some(lbs),
-            buffered_file_fallback: true,
-            ..LunOptions::default()
-        },
-    )
-    .expect("open the LUN copy for writing")
-    .dev;
+    let dev = open_for_repair(path).expect("open the LUN copy for writing");
     cetrafs_core::check::wreck::apply(&dev, case, target)
         .unwrap_or_else(|e| panic!("injecting {case}: {e}"))
 }
@@ -167,9 +152,7 @@ fn a_mount_while_fsck_repairs_is_refused_naming_the_fsck_host() {
     lun.mkfs(&["-N", "4"]);
     let files = contents();
     populate(&lun, &files);
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .map(|h| h.trim().to_string())
-        .expect("hostname");
+    let host = cetrafs_core::cluster::machine::kernel_host_name();
     let fsck = Command::new(bin("fsck-cetra"))
         .arg("-y")
         .arg(lun.path())

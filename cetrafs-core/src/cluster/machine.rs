@@ -96,7 +96,7 @@ impl MachineId {
 }
 
 /// The kernel's host name (shared by every daemon of this machine, whatever `host=` says).
-fn kernel_host_name() -> String {
+pub fn kernel_host_name() -> String {
     std::fs::read_to_string("/proc/sys/kernel/hostname")
         .map(|s| s.trim().to_string())
         .unwrap_or_default()

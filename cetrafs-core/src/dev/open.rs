@@ -211,6 +211,22 @@ pub fn open_for_reading(path: &Path) -> Result<SharedDevice> {
     open_lun(path, &opts).map(|l| l.dev)
 }
 
+/// Open a volume to change it while no node has it mounted (fsck's replay and repairs,
+/// `cetra tune`, the corruption injector): read-write, through the backend the device needs; a
+/// regular file with the logical block size its superblock records (a file has none of its
+/// own), read buffered where `O_DIRECT` is missing.
+pub fn open_for_repair(path: &Path) -> Result<SharedDevice> {
+    let lbs = open_for_reading(path)?.geometry().logical_block_size;
+    let is_file = std::fs::metadata(path).is_ok_and(|m| m.is_file());
+    let opts = LunOptions {
+        read_only: false,
+        file_logical_block_size: is_file.then_some(lbs),
+        buffered_file_fallback: true,
+        ..LunOptions::default()
+    };
+    open_lun(path, &opts).map(|l| l.dev)
+}
+
 /// Open `path` with the backend it needs; see the module docs.
 pub fn open_lun(path: &Path, opts: &LunOptions) -> Result<Lun> {
     let node = is_whole_lun(path)?;
