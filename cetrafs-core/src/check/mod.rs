@@ -427,7 +427,7 @@ impl Checker<'_> {
     }
 
     fn group_area_end(&self) -> u64 {
-        self.sb.group_start + self.sb.group_count * self.sb.group_blocks
+        self.sb.group_area_end()
     }
 
     fn in_groups(&self, b: u64) -> bool {

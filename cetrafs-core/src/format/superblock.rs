@@ -534,6 +534,12 @@ impl Superblock {
             })
     }
 
+    /// The block after the last allocation group.
+    pub fn group_area_end(&self) -> u64 {
+        self.group_start
+            .saturating_add(self.group_count.saturating_mul(self.group_blocks))
+    }
+
     pub fn group_first_block(&self, group: u64) -> u64 {
         self.group_start + group * self.group_blocks
     }

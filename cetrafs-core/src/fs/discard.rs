@@ -135,13 +135,31 @@ impl Volume {
         }
         let mut done = 0;
         for (start, len) in runs {
-            for (s, l) in m.unclaimed(start, len)? {
-                crate::failpoint!("discard::before_discard");
-                self.dev
-                    .discard(s * FS_BLOCK, l * FS_BLOCK)
-                    .map_err(|e| e.wrap(format!("discarding blocks {s}+{l}")))?;
-                done += l;
+            done += self.discard_unclaimed(&mut m, start, len, 1)?;
+        }
+        Ok(done)
+    }
+
+    /// The one place a discard is issued: the parts of blocks `[start, start + len)` that
+    /// nothing claims, in runs of at least `min_blocks`, with `m` holding the global lock
+    /// exclusively (`Meta::unclaimed` refuses otherwise). Returns the blocks discarded.
+    fn discard_unclaimed(
+        &self,
+        m: &mut super::txn::Meta,
+        start: u64,
+        len: u64,
+        min_blocks: u64,
+    ) -> Result<u64> {
+        let mut done = 0;
+        for (s, l) in m.unclaimed(start, len)? {
+            if l < min_blocks {
+                continue;
             }
+            crate::failpoint!("discard::before_discard");
+            self.dev
+                .discard(s * FS_BLOCK, l * FS_BLOCK)
+                .map_err(|e| e.wrap(format!("discarding blocks {s}+{l}")))?;
+            done += l;
         }
         Ok(done)
     }
@@ -161,27 +179,14 @@ impl Volume {
             .saturating_add(len)
             .div_ceil(FS_BLOCK)
             .min(self.sb.total_blocks)
-            .min(
-                self.sb
-                    .group_start
-                    .saturating_add(self.sb.group_count.saturating_mul(self.sb.group_blocks)),
-            );
+            .min(self.sb.group_area_end());
         let min_blocks = min_len.div_ceil(FS_BLOCK).max(1);
         let mut done = 0;
         let mut at = first;
         while at < end {
             let n = TRIM_STEP.min(end - at);
             let mut m = self.meta_ex()?;
-            for (s, l) in m.unclaimed(at, n)? {
-                if l < min_blocks {
-                    continue;
-                }
-                crate::failpoint!("discard::before_discard");
-                self.dev
-                    .discard(s * FS_BLOCK, l * FS_BLOCK)
-                    .map_err(|e| e.wrap(format!("trimming blocks {s}+{l}")))?;
-                done += l;
-            }
+            done += self.discard_unclaimed(&mut m, at, n, min_blocks)?;
             drop(m);
             at += n;
         }
