@@ -162,9 +162,9 @@ fn run(cli: &Cli) -> u8 {
                 return EXIT_OPERATIONAL;
             }
         };
-        return check_and_report(cli, &shown, &view, tty);
+        return check_and_report(&shown, &view, tty, None);
     }
-    check_and_report(cli, &shown, &*dev, tty)
+    check_and_report(&shown, &*dev, tty, None)
 }
 
 /// Every mode but `-n`: claim the volume, replay, then check (and with `-p` / `-y` repair in
@@ -236,45 +236,11 @@ fn repair_claimed(
             return EXIT_OPERATIONAL;
         }
     }
-    let mine = format!("heartbeat slot {} is Live", claim.slot());
     let Some(mode) = mode else {
-        // No repair asked for: the check of the replayed volume, fsck's own slot left out.
-        let report = check::check_volume_with(&**dev, &mut |p: Pass| {
-            if tty {
-                eprintln!("{p}");
-            }
-        });
-        return match report {
-            Ok(mut r) => {
-                r.findings.retain(|f| !f.message.starts_with(&mine));
-                for f in &r.findings {
-                    println!("{f}");
-                }
-                print_summary(shown, &r, None);
-                if r.is_clean() {
-                    EXIT_CLEAN
-                } else {
-                    EXIT_UNCORRECTED
-                }
-            }
-            Err(e) => {
-                eprintln!("fsck.cetra: {shown}: {e}");
-                EXIT_OPERATIONAL
-            }
-        };
+        // No repair asked for: the check of the replayed volume.
+        return check_and_report(shown, &**dev, tty, Some(claim.slot()));
     };
-    let mut check = |announce: bool| {
-        check::check_volume_with(&**dev, &mut |p: Pass| {
-            if tty && announce {
-                eprintln!("{p}");
-            }
-        })
-        .map(|mut r| {
-            // fsck's own claim is a live slot, not a node that stopped.
-            r.findings.retain(|f| !f.message.starts_with(&mine));
-            r
-        })
-    };
+    let mut check = |announce: bool| checked(&**dev, tty && announce, Some(claim.slot()));
     // The repairs that change directories mount the volume in fsck's own slot.
     let mount = || {
         Volume::mount(
@@ -329,13 +295,27 @@ fn repair_claimed(
     }
 }
 
-fn check_and_report(_cli: &Cli, shown: &str, dev: &dyn BlockDevice, tty: bool) -> u8 {
-    let result = check::check_volume_with(dev, &mut |p: Pass| {
+/// The check, its passes announced on `tty`. `own_slot`: fsck's claim, a live slot that is
+/// not a node that stopped (its finding is left out).
+fn checked(
+    dev: &dyn BlockDevice,
+    tty: bool,
+    own_slot: Option<u32>,
+) -> cetrafs_core::Result<Report> {
+    let mut r = check::check_volume_with(dev, &mut |p: Pass| {
         if tty {
             eprintln!("{p}");
         }
-    });
-    let report = match result {
+    })?;
+    if let Some(slot) = own_slot {
+        let mine = format!("heartbeat slot {slot} is Live");
+        r.findings.retain(|f| !f.message.starts_with(&mine));
+    }
+    Ok(r)
+}
+
+fn check_and_report(shown: &str, dev: &dyn BlockDevice, tty: bool, own_slot: Option<u32>) -> u8 {
+    let report = match checked(dev, tty, own_slot) {
         Ok(r) => r,
         Err(e) => {
             eprintln!("fsck.cetra: {shown}: {e}");
