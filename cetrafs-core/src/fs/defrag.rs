@@ -105,13 +105,15 @@ impl Volume {
             );
         }
         let _quiet = self.quiesce(ino);
-        let Some(plan) = self.defrag_plan(ino)? else {
-            let n = self.extents(ino)?.len() as u64;
-            return Ok(Defragged {
-                extents_before: n,
-                extents_after: n,
-                blocks_copied: 0,
-            });
+        let plan = match self.defrag_plan(ino)? {
+            Ok(p) => p,
+            Err(n) => {
+                return Ok(Defragged {
+                    extents_before: n,
+                    extents_after: n,
+                    blocks_copied: 0,
+                })
+            }
         };
         // Fast-path writes off from now (they do not change the map planned, only blocks it
         // names); the write lock waits out those already under way.
@@ -152,9 +154,9 @@ impl Volume {
         })
     }
 
-    /// Step 1. None: nothing to gain.
-    fn defrag_plan(&self, ino: Ino) -> Result<Option<Plan>> {
-        self.meta_op(|tx| {
+    /// Step 1. `Err(n)`: nothing to gain (the file has `n` extents, at most [`MAX_RUNS`]).
+    fn defrag_plan(&self, ino: Ino) -> Result<std::result::Result<Plan, u64>> {
+        let plan = self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let inner = st.read();
             if !inner.inode.is_reg() {
@@ -166,9 +168,8 @@ impl Volume {
             let old: Vec<Extent> = inner.extents.iter().copied().collect();
             drop(inner);
             if old.len() <= MAX_RUNS {
-                return Ok(None);
+                return Ok(Err(old.len() as u64));
             }
-
             let total: u64 = old.iter().map(|e| u64::from(e.len)).sum();
             let tmp = tx.alloc_one(ino)?;
             let runs = match tx.alloc_data(old[0].physical, total, tmp) {
@@ -204,30 +205,25 @@ impl Volume {
             inode.seq += 1;
             tx.write(tmp, inode.encode());
             tx.add_orphan(tmp)?;
-            Ok(Some(Plan { st, old, runs, tmp }))
-        })
-        .and_then(|p| {
-            // The temporary inode is on disk before its blocks are written: after a crash
-            // they are freed with it (and the crash test sees that path).
-            if p.is_some() {
-                self.lock_meta().commit_point(&*self.dev)?;
-            }
-            Ok(p)
-        })
-        .inspect(|p| {
-            if let Some(p) = p {
-                let written: u64 = p
-                    .old
-                    .iter()
-                    .filter(|e| !e.unwritten())
-                    .map(|e| u64::from(e.len))
-                    .sum();
-                let g = &self.defrag_progress;
-                g.done.store(0, Ordering::Relaxed);
-                g.total.store(written, Ordering::Relaxed);
-                g.ino.store(ino, Ordering::Release);
-            }
-        })
+            Ok(Ok(Plan { st, old, runs, tmp }))
+        })?;
+        let Ok(p) = plan else {
+            return Ok(plan);
+        };
+        // The temporary inode is on disk before its blocks are written: after a crash they
+        // are freed with it (and the crash test sees that path).
+        self.lock_meta().commit_point(&*self.dev)?;
+        let written: u64 = p
+            .old
+            .iter()
+            .filter(|e| !e.unwritten())
+            .map(|e| u64::from(e.len))
+            .sum();
+        let g = &self.defrag_progress;
+        g.done.store(0, Ordering::Relaxed);
+        g.total.store(written, Ordering::Relaxed);
+        g.ino.store(ino, Ordering::Release);
+        Ok(Ok(p))
     }
 
     /// Step 2: returns the blocks copied.
