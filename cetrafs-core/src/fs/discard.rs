@@ -22,8 +22,9 @@
 //!   most a tick's worth of the queue, lowest blocks first. A tick with an empty queue costs a
 //!   look at it under the metadata mutex and nothing else: no lock, no I/O. A node that does
 //!   not hold the global lock exclusively takes it for discards only every [`LOCK_EVERY`]
-//!   ticks, with that many ticks' worth: a large delete costs a busy cluster one handoff per
-//!   five seconds, not one per second.
+//!   ticks, with that many ticks' worth (one tick's worth per hold of the metadata mutex, so
+//!   the node's own metadata work waits for at most a tick's discards): a large delete costs
+//!   a busy cluster one handoff per five seconds, not one per second.
 //! * **Runs of at least [`MIN_RUN`] blocks.** A lone freed block (an inode, a tree node) is
 //!   not worth an UNMAP, and an inode number the kernel still holds keeps reading its old
 //!   image (`fs/detached_ns.rs`). `cetra trim` / `fstrim` sweeps all free space instead.
@@ -223,12 +224,19 @@ impl Volume {
                     if !v.holds_global_exclusive() && waited < LOCK_EVERY {
                         continue;
                     }
-                    let budget = per_tick.saturating_mul(waited);
-                    waited = 0;
-                    match v.discard_queued(budget) {
-                        Ok(n) => total += n,
-                        // A hint: the blocks stay allocated on the SAN until a trim.
-                        Err(e) => tracing::warn!("background discard failed: {e}"),
+                    // The ticks saved up, one tick's worth per hold of the metadata mutex (the
+                    // node keeps the global lock in between): the mutex is never held across
+                    // more than a tick's discards.
+                    for _ in 0..std::mem::take(&mut waited) {
+                        match v.discard_queued(per_tick) {
+                            Ok(0) => break,
+                            Ok(n) => total += n,
+                            // A hint: the blocks stay allocated on the SAN until a trim.
+                            Err(e) => {
+                                tracing::warn!("background discard failed: {e}");
+                                break;
+                            }
+                        }
                     }
                     if total > 0 && logged.elapsed() >= Duration::from_secs(10) {
                         tracing::debug!(
