@@ -4,7 +4,7 @@
 //! after the copy, before the switch; after the switch) leaves the old map or the new one,
 //! never a mix, the contents unchanged and fsck clean.
 
-use cetrafs_tests::{bin, require_fuse, run, Lun, Mount};
+use cetrafs_tests::{bin, poll_until, require_fuse, run, Lun, Mount};
 use serde_json::Value;
 use std::os::unix::fs::FileExt as _;
 use std::path::Path;
@@ -67,6 +67,18 @@ fn defrag_turns_2000_extents_into_at_most_4_online() {
         r.output()
     );
     drop(held);
+    // close() returns before node2's daemon has handled the RELEASE that ends its write
+    // registration: wait until node1 may open the file for writing, as defrag will.
+    let writable = || {
+        std::fs::OpenOptions::new()
+            .write(true)
+            .open(node1.p("frag"))
+            .is_ok()
+    };
+    assert!(
+        poll_until(std::time::Duration::from_secs(10), writable).is_some(),
+        "node2's write registration outlived its close by 10 s"
+    );
 
     let r = defrag(&node1.p("frag"));
     assert_eq!(r.code, 0, "cetra defrag: {}", r.output());
