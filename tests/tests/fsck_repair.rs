@@ -156,7 +156,7 @@ fn a_mount_while_fsck_repairs_is_refused_naming_the_fsck_host() {
     let fsck = Command::new(bin("fsck-cetra"))
         .arg("-y")
         .arg(lun.path())
-        .env("CETRA_FAILPOINT", "fsck::claimed=sleep6000")
+        .env("CETRA_FAILPOINT", "fsck::claimed=sleep20000")
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
         .spawn()
