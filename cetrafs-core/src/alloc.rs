@@ -312,6 +312,28 @@ impl Allocator {
         Ok(a)
     }
 
+    /// The volume grew (`fs/grow.rs`): groups from the current count up to `count` are added,
+    /// unowned, their free counts read from their headers. Fewer than now: nothing changes.
+    pub fn add_groups(&mut self, count: u64) -> Result<()> {
+        let have = self.groups.len() as u64;
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        let mut added = Vec::new();
+        for g in have..count {
+            added.push(self.read_header(g, &mut buf)?.free_blocks);
+        }
+        for free in added {
+            self.total_free += free;
+            self.groups.push(Group {
+                class: GroupClass::Unowned,
+                free,
+                checked: 0,
+                lvb_seen: None,
+                bits: None,
+            });
+        }
+        Ok(())
+    }
+
     /// Every group header's free count, read by `HEADER_READERS` threads at once (one block
     /// per group, 1 GiB apart: the reads cannot be merged, but they can overlap).
     fn read_all_free(&self, count: u64) -> Result<Vec<u64>> {

@@ -311,6 +311,9 @@ impl BlockDevice for ReplayedView<'_> {
     fn discard(&self, _offset: u64, _len: u64) -> Result<()> {
         Ok(())
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.dev.refresh_size()
+    }
 }
 
 #[cfg(test)]

@@ -9,7 +9,8 @@ use crate::format::inode::{Inode, Timespec};
 use crate::format::mailbox::Mailbox;
 use crate::format::object_lock::Bucket;
 use crate::format::superblock::{
-    SharingMode, Superblock, INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW, INCOMPAT_SHARING_MODE,
+    SharingMode, Superblock, INCOMPAT_GROW, INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW,
+    INCOMPAT_SHARING_MODE,
 };
 use crate::format::FS_BLOCK;
 
@@ -31,6 +32,14 @@ pub const MIN_GROUPS: u64 = 8;
 pub const OBJLOCK_BLOCKS_PER_BUCKET: u64 = 64;
 pub const MIN_OBJLOCK_BUCKETS: u64 = 256;
 pub const MAX_OBJLOCK_BUCKETS: u64 = 16_384;
+/// Format v5: without `--max-size`, the lock area has group records for a volume this many
+/// times the device's size ...
+pub const DEFAULT_GROW_FACTOR: u64 = 16;
+/// ... but for at most this many bytes (64 TiB) ...
+pub const DEFAULT_MAX_GROW_BYTES: u64 = 64 << 40;
+/// ... and `--max-size` may ask for at most this many group records (4 GiB of lock area at
+/// 4096-byte logical blocks): a larger volume needs larger groups (`--group-size`).
+pub const MAX_GROUP_RECORDS: u64 = 1 << 20;
 /// How much of each journal mkfs zeroes (the journal code treats zeros as "empty").
 const JOURNAL_ZERO_BYTES: u64 = 1 << 20;
 
@@ -53,6 +62,13 @@ pub struct MkfsOptions {
     /// ignored without `object_locks` (format 2). The default, single-host, is the mode that
     /// refuses a second machine.
     pub sharing: Option<SharingMode>,
+    /// Format version 5 (the default): the volume can grow online (`INCOMPAT_GROW`, `cetra
+    /// grow`); ignored without `sharing` (format 5 builds on format 4).
+    pub growable: bool,
+    /// v5: the largest size (bytes) the volume can grow to, which sizes the lock area's group
+    /// records (one logical block per group); None: [`DEFAULT_GROW_FACTOR`] times the device,
+    /// at most [`DEFAULT_MAX_GROW_BYTES`] (never less than the device).
+    pub max_bytes: Option<u64>,
 }
 
 impl Default for MkfsOptions {
@@ -67,6 +83,8 @@ impl Default for MkfsOptions {
             inode_lock_slots: DEFAULT_INODE_LOCK_SLOTS,
             object_locks: true,
             sharing: Some(SharingMode::SingleHost),
+            growable: true,
+            max_bytes: None,
         }
     }
 }
@@ -122,7 +140,26 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
         g
     };
     let rough_groups = rough_avail / group_blocks;
-    let lock_count = 1 + rough_groups + u64::from(opts.inode_lock_slots);
+    let growable = opts.growable && opts.object_locks && opts.sharing.is_some();
+    let group_records = if growable {
+        let max = opts.max_bytes.unwrap_or_else(|| {
+            size_bytes
+                .saturating_mul(DEFAULT_GROW_FACTOR)
+                .min(DEFAULT_MAX_GROW_BYTES)
+                .max(size_bytes)
+        });
+        let records = (max / FS_BLOCK).div_ceil(group_blocks);
+        if records > MAX_GROUP_RECORDS {
+            return inval(format!(
+                "a maximum size of {} GiB needs {records} group lock records (at most {MAX_GROUP_RECORDS}); use a larger --group-size or a smaller --max-size",
+                max >> 30
+            ));
+        }
+        records.max(rough_groups)
+    } else {
+        rough_groups
+    };
+    let lock_count = 1 + group_records + u64::from(opts.inode_lock_slots);
     let lock_blocks = lock_count.div_ceil(per_fs);
     let lock_start = after_hb;
     // v3: buckets, then mailboxes, right after the lock area.
@@ -163,6 +200,11 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     let sharing = opts.sharing.filter(|_| opts.object_locks);
     let incompat = if sharing.is_some() {
         incompat | INCOMPAT_SHARING_MODE
+    } else {
+        incompat
+    };
+    let incompat = if growable {
+        incompat | INCOMPAT_GROW
     } else {
         incompat
     };
@@ -250,36 +292,7 @@ pub fn format(
 
     // Groups: header + bitmap, with the group's own metadata blocks marked in use.
     for g in 0..sb.group_count {
-        let first = sb.group_first_block(g);
-        let meta = 1 + u64::from(sb.bitmap_blocks);
-        let mut used = meta;
-        if g == 0 {
-            used += 1; // root inode
-        }
-        let mut bits = vec![0u8; BITMAP_BYTES_PER_BLOCK * sb.bitmap_blocks as usize];
-        for b in 0..used {
-            bits[usize::try_from(b / 8).unwrap_or(0)] |= 1 << (b % 8);
-        }
-        // Bits past the end of the group are set so they are never allocated.
-        for b in sb.group_blocks..u64::from(sb.bitmap_blocks) * BITS_PER_BITMAP_BLOCK {
-            bits[usize::try_from(b / 8).unwrap_or(0)] |= 1 << (b % 8);
-        }
-        let hdr = GroupHeader {
-            seq: 1,
-            index: g,
-            first_block: first,
-            block_count: sb.group_blocks,
-            free_blocks: sb.group_blocks - used,
-            bitmap_blocks: sb.bitmap_blocks,
-        };
-        let mut buf = AlignedBuf::new(usize::try_from(meta * FS_BLOCK).unwrap_or(0));
-        buf[..crate::format::FS_BLOCK_SIZE].copy_from_slice(&hdr.encode());
-        for (i, chunk) in bits.chunks(BITMAP_BYTES_PER_BLOCK).enumerate() {
-            let at = first + 1 + i as u64;
-            let o = (i + 1) * crate::format::FS_BLOCK_SIZE;
-            buf[o..o + crate::format::FS_BLOCK_SIZE].copy_from_slice(&encode_bitmap(at, 1, chunk));
-        }
-        dev.write_at(first * FS_BLOCK, &buf)?;
+        write_group(dev, &sb, g)?;
         tick(progress);
     }
 
@@ -312,6 +325,41 @@ pub fn format(
     dev.flush()?;
     tick(progress);
     Ok(sb)
+}
+
+/// Write group `g` of `sb` empty: its header and bitmap, with the group's own metadata blocks
+/// (and in group 0 the root inode) marked in use and the bits past its end set, so they are
+/// never allocated. Used by mkfs for every group and by `cetra grow` for the groups it adds.
+pub(crate) fn write_group(dev: &dyn BlockDevice, sb: &Superblock, g: u64) -> Result<()> {
+    let first = sb.group_first_block(g);
+    let meta = 1 + u64::from(sb.bitmap_blocks);
+    let mut used = meta;
+    if g == 0 {
+        used += 1; // root inode
+    }
+    let mut bits = vec![0u8; BITMAP_BYTES_PER_BLOCK * sb.bitmap_blocks as usize];
+    for b in 0..used {
+        bits[usize::try_from(b / 8).unwrap_or(0)] |= 1 << (b % 8);
+    }
+    for b in sb.group_blocks..u64::from(sb.bitmap_blocks) * BITS_PER_BITMAP_BLOCK {
+        bits[usize::try_from(b / 8).unwrap_or(0)] |= 1 << (b % 8);
+    }
+    let hdr = GroupHeader {
+        seq: 1,
+        index: g,
+        first_block: first,
+        block_count: sb.group_blocks,
+        free_blocks: sb.group_blocks - used,
+        bitmap_blocks: sb.bitmap_blocks,
+    };
+    let mut buf = AlignedBuf::new(usize::try_from(meta * FS_BLOCK).unwrap_or(0));
+    buf[..crate::format::FS_BLOCK_SIZE].copy_from_slice(&hdr.encode());
+    for (i, chunk) in bits.chunks(BITMAP_BYTES_PER_BLOCK).enumerate() {
+        let at = first + 1 + i as u64;
+        let o = (i + 1) * crate::format::FS_BLOCK_SIZE;
+        buf[o..o + crate::format::FS_BLOCK_SIZE].copy_from_slice(&encode_bitmap(at, 1, chunk));
+    }
+    dev.write_at(first * FS_BLOCK, &buf)
 }
 
 /// Write every object-lock bucket and every mailbox of `sb` empty (nothing on a v2 volume).
@@ -411,7 +459,7 @@ mod tests {
                 ..Default::default()
             };
             let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
-            assert_eq!(sb.format_version(), 4);
+            assert_eq!(sb.format_version(), 5);
             assert_eq!(
                 sb.sharing,
                 Some(crate::format::superblock::SharingMode::SingleHost)
@@ -530,24 +578,35 @@ mod tests {
             nodes in 1u32..40,
             object_locks: bool,
             record_sharing: bool,
+            growable: bool,
         ) {
             let opts = MkfsOptions {
                 max_nodes: nodes,
                 journal_bytes: 1 << 20,
                 object_locks,
                 sharing: record_sharing.then_some(SharingMode::MultiNode),
+                growable,
                 ..Default::default()
             };
             if let Ok(sb) = plan(mib << 20, lbs, &opts) {
                 let back = Superblock::decode(&sb.encode()).unwrap();
                 proptest::prop_assert_eq!(&back, &sb);
-                let want = match (object_locks, record_sharing) {
-                    (false, _) => 2,
-                    (true, false) => 3,
-                    (true, true) => 4,
+                let want = match (object_locks, record_sharing, growable) {
+                    (false, _, _) => 2,
+                    (true, false, _) => 3,
+                    (true, true, false) => 4,
+                    (true, true, true) => 5,
                 };
                 proptest::prop_assert_eq!(back.format_version(), want);
-                proptest::prop_assert_eq!(back.sharing.is_some(), want == 4);
+                proptest::prop_assert_eq!(back.sharing.is_some(), want >= 4);
+                proptest::prop_assert_eq!(back.can_grow(), want == 5);
+                // Room for 16 times the device (at most 64 TiB), never less than it has.
+                proptest::prop_assert!(back.group_capacity() >= back.group_count);
+                if want == 5 {
+                    let wanted = ((mib << 20) * DEFAULT_GROW_FACTOR).min(DEFAULT_MAX_GROW_BYTES)
+                        / (back.group_blocks * FS_BLOCK);
+                    proptest::prop_assert!(back.group_capacity() >= wanted);
+                }
                 proptest::prop_assert!(back.object_lock_area().is_some() == object_locks);
             }
         }

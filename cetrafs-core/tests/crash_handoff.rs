@@ -286,6 +286,9 @@ impl BlockDevice for Overlay<'_> {
     fn discard(&self, _: u64, _: u64) -> cetrafs_core::Result<()> {
         Ok(())
     }
+    fn refresh_size(&self) -> cetrafs_core::Result<u64> {
+        Ok(self.geo.size_bytes)
+    }
 }
 
 fn resurrect(img: &dyn BlockDevice, r: &Recorded, at: usize, which: Resurrect) -> bool {

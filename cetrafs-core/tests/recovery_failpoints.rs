@@ -56,6 +56,9 @@ impl BlockDevice for Node {
         }
         self.dev.discard(offset, len)
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.dev.refresh_size()
+    }
 }
 
 #[test]

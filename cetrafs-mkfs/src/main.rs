@@ -51,11 +51,17 @@ struct Cli {
     /// Logical block size to use for a regular file (block devices report their own).
     #[arg(long = "logical-block-size", value_parser = ["512", "4096"])]
     logical_block_size: Option<String>,
-    /// On-disk format version: 4 (default) records the sharing mode (single-host or
-    /// multi-node, from the COMPARE AND WRITE probe) and enforces it at mount; 3 has per-object
-    /// locks and stays mountable by version-3 binaries; 2 has the global lock only.
-    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4"], default_value = "4")]
+    /// On-disk format version: 5 (default) can grow online (`cetra grow`); 4 records the
+    /// sharing mode (single-host or multi-node, from the COMPARE AND WRITE probe) and enforces
+    /// it at mount; 3 has per-object locks and stays mountable by version-3 binaries; 2 has the
+    /// global lock only. Each version has everything of the versions below it.
+    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4", "5"], default_value = "5")]
     format_version: String,
+    /// Format 5: the largest size `cetra grow` can take the volume to (K/M/G/T suffixes;
+    /// default: 16 times the device, at most 64T). Costs one logical block of lock area per
+    /// allocation group.
+    #[arg(long = "max-size", value_parser = parse_size)]
+    max_size: Option<u64>,
     /// Overwrite existing filesystems, partition tables or volume labels.
     #[arg(short = 'f', long)]
     force: bool,
@@ -176,7 +182,10 @@ fn validate(cli: &Cli) -> Result<MkfsOptions, Failure> {
         io_timeout_ms: cli.io_timeout,
         object_locks: cli.format_version != "2",
         // Format 4: replaced by what the probe finds, before anything is written (`run`).
-        sharing: (cli.format_version == "4").then_some(SharingMode::SingleHost),
+        sharing: matches!(cli.format_version.as_str(), "4" | "5")
+            .then_some(SharingMode::SingleHost),
+        growable: cli.format_version == "5",
+        max_bytes: cli.max_size,
         ..MkfsOptions::default()
     })
 }
@@ -355,6 +364,18 @@ fn print_summary(dev: &str, sb: &Superblock, size: u64, kind: &LunKind, sharing:
         "  lock records:       {} ({} inode lock slots)",
         sb.lock_count, sb.inode_lock_slots
     );
+    if sb.can_grow() {
+        println!(
+            "  can grow to:        {} ({} groups; cetra grow)",
+            human(
+                sb.group_start
+                    .saturating_add(sb.group_capacity().saturating_mul(sb.group_blocks))
+                    .saturating_add(1)
+                    .saturating_mul(FS_BLOCK)
+            ),
+            sb.group_capacity()
+        );
+    }
     if let Some(a) = sb.object_lock_area() {
         println!(
             "  object locks:       {} buckets ({}), {} mailboxes",

@@ -290,23 +290,24 @@ fn damaged_inodes_stay_listed_and_bad_extents_are_eio() {
     assert!(f.output().contains("superblock"), "{f}");
 }
 
-/// Format version 4 (3's object-lock buckets and mailboxes, and the sharing mode): mkfs places
-/// them (and says so), fsck of the fresh volume is clean, a damaged bucket and a stale lock
-/// are errors (exit 4), `--format-version 3` makes a version-3 volume that records no sharing
-/// mode, and `--format-version 2` still makes a version-2 volume without object locks.
+/// Format version 5 (3's object-lock buckets and mailboxes, 4's sharing mode, online grow):
+/// mkfs places them (and says so), fsck of the fresh volume is clean, a damaged bucket and a
+/// stale lock are errors (exit 4), `--format-version 4` makes a volume that cannot grow, `3`
+/// one that records no sharing mode, and `2` still a version-2 volume without object locks.
 #[test]
 fn fsck_checks_the_object_lock_area() {
     use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role};
     let lun = Lun::new(LUN_SIZE);
     let out = lun.mkfs(&[]);
-    assert!(out.stdout.contains("format version:     4"), "{out}");
+    assert!(out.stdout.contains("format version:     5"), "{out}");
+    assert!(out.stdout.contains("can grow to:"), "{out}");
     assert!(
         out.stdout.contains("object locks:       8192 buckets"),
         "{out}"
     );
     assert!(out.stdout.contains("recorded: single-host"), "{out}");
     let sb = superblock(&lun, 0).expect("superblock");
-    assert_eq!(sb.format_version(), 4);
+    assert_eq!(sb.format_version(), 5);
     assert_eq!(
         sb.sharing,
         Some(cetrafs_core::format::superblock::SharingMode::SingleHost)
@@ -314,7 +315,7 @@ fn fsck_checks_the_object_lock_area() {
     assert!(
         lun.fsck()
             .stdout
-            .contains("format version 4, sharing mode single-host"),
+            .contains("format version 5, sharing mode single-host"),
         "fsck prints the recorded mode"
     );
     let area = sb.object_lock_area().expect("v3 has an object-lock area");
@@ -360,6 +361,14 @@ fn fsck_checks_the_object_lock_area() {
     lun.poke(at, &good);
     lun.assert_fsck_clean();
 
+    // Version 4 on request: the sharing mode, no online grow; still clean.
+    let out = lun.mkfs(&["-f", "--format-version", "4"]);
+    assert!(out.stdout.contains("format version:     4"), "{out}");
+    assert!(!out.stdout.contains("can grow to:"), "{out}");
+    let sb = superblock(&lun, 0).expect("superblock");
+    assert_eq!((sb.format_version(), sb.can_grow()), (4, false));
+    lun.assert_fsck_clean();
+
     // Version 3 on request: the object-lock area, no sharing mode; still clean.
     let out = lun.mkfs(&["-f", "--format-version", "3"]);
     assert!(out.stdout.contains("format version:     3"), "{out}");
@@ -383,6 +392,6 @@ fn fsck_checks_the_object_lock_area() {
     assert_eq!(sb.format_version(), 2);
     assert!(sb.object_lock_area().is_none());
     lun.assert_fsck_clean();
-    let bad = lun.try_mkfs(&["-f", "--format-version", "5"]);
+    let bad = lun.try_mkfs(&["-f", "--format-version", "6"]);
     assert_ne!(bad.code, 0, "{bad}");
 }

@@ -2184,7 +2184,7 @@ fn single_host_volume_refuses_a_second_machine() {
     {
         use cetrafs_core::format::superblock::{SharingMode, Superblock};
         let sb = Superblock::decode(&c.lun.peek(0, BLK)).expect("superblock");
-        assert_eq!(sb.format_version(), 4);
+        assert_eq!(sb.format_version(), 5);
         assert_eq!(sb.sharing, Some(SharingMode::SingleHost), "mkfs on a file");
     }
     let on = |m: &'static str| [("CETRA_MACHINE_ID", m)];

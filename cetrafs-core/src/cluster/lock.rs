@@ -73,6 +73,7 @@ use crate::format::lock_record::{
 use crate::format::superblock::Superblock;
 use crate::format::FS_BLOCK;
 use rand::Rng;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 /// How often a record that fails validation is re-read before it counts as corrupted.
@@ -263,7 +264,9 @@ pub struct LockTable {
     /// Byte offset of record 0.
     base: u64,
     lock_count: u64,
-    groups: u64,
+    /// The volume's group count as this node knows it (grows with `cetra grow`,
+    /// [`LockTable::set_group_count`]).
+    groups: AtomicU64,
     bucket_base: u64,
     buckets: u64,
     backoff_first: Duration,
@@ -447,7 +450,7 @@ impl LockTable {
             lbs: sb.logical_block_size as usize,
             base: sb.lock_start.saturating_mul(FS_BLOCK),
             lock_count: l.lock_count,
-            groups: l.groups,
+            groups: AtomicU64::new(l.groups),
             bucket_base: l.bucket_base,
             buckets: l.buckets,
             backoff_first: BACKOFF_FIRST,
@@ -460,7 +463,7 @@ impl LockTable {
         LockLayout {
             lock_count: self.lock_count,
             needed: 0,
-            groups: self.groups,
+            groups: self.group_count(),
             bucket_base: self.bucket_base,
             buckets: self.buckets,
         }
@@ -489,7 +492,14 @@ impl LockTable {
 
     /// Number of group records in use (the volume's group count).
     pub fn group_count(&self) -> u64 {
-        self.groups
+        self.groups.load(Ordering::Acquire)
+    }
+
+    /// The volume grew to `groups` groups (`fs/grow.rs`), at most as many as the lock area has
+    /// group records for; returns the count now in use. Never shrinks.
+    pub fn set_group_count(&self, groups: u64) -> u64 {
+        let n = groups.min(self.bucket_base.saturating_sub(1));
+        self.groups.fetch_max(n, Ordering::AcqRel).max(n)
     }
 
     /// First bucket record and number of buckets.
@@ -527,11 +537,11 @@ impl LockTable {
     }
 
     fn check_group(&self, g: u64) -> Result<()> {
-        if g >= self.groups {
+        let groups = self.group_count();
+        if g >= groups {
             bail!(
                 InvalidInput,
-                "allocation group {g} does not exist (the volume has {})",
-                self.groups
+                "allocation group {g} does not exist (the volume has {groups})"
             );
         }
         Ok(())
@@ -836,7 +846,7 @@ impl LockTable {
         }
         // A corrupted group or bucket record names nobody readably: it is skipped here (and
         // reset by `repair_corrupt` once no other node is alive), not a reason to fail.
-        for (g, rec) in (0..).zip(self.read_range_each(1, self.groups)?) {
+        for (g, rec) in (0..).zip(self.read_range_each(1, self.group_count())?) {
             let Ok(rec) = rec else { continue };
             if !mentions(&rec) {
                 continue;
@@ -1055,7 +1065,7 @@ impl LockTable {
     /// For every group: its exclusive owner (`NO_SLOT` if none) and the free count in its LVB.
     pub fn group_owners(&self) -> Result<Vec<(u32, Option<u64>)>> {
         Ok(self
-            .read_range(1, self.groups)?
+            .read_range(1, self.group_count())?
             .iter()
             .map(|r| {
                 let owner = if r.mode == LockMode::Exclusive {
@@ -1290,6 +1300,9 @@ mod tests {
         }
         fn discard(&self, offset: u64, len: u64) -> Result<()> {
             self.inner.discard(offset, len)
+        }
+        fn refresh_size(&self) -> Result<u64> {
+            self.inner.refresh_size()
         }
     }
 

@@ -655,6 +655,9 @@ impl BlockDevice for LeaseGuard {
         self.check()?;
         self.seen(self.inner.discard(offset, len))
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.inner.refresh_size()
+    }
 }
 
 /// Is the process that wrote this record gone? Only answerable for records of this host: a
@@ -901,6 +904,9 @@ mod tests {
         }
         fn discard(&self, offset: u64, len: u64) -> Result<()> {
             self.inner.discard(offset, len)
+        }
+        fn refresh_size(&self) -> Result<u64> {
+            self.inner.refresh_size()
         }
     }
 

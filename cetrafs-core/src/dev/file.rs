@@ -7,7 +7,7 @@
 //! share our one descriptor, which OFD locks do not separate.
 
 use super::{
-    check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry, IO_ALIGN,
+    check_caw, check_io, AlignedBuf, BlockDevice, CawKind, CawOutcome, Geometry, LiveSize, IO_ALIGN,
 };
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockPolicy;
@@ -48,6 +48,7 @@ pub struct FileDevice {
     file: File,
     path: PathBuf,
     geo: Geometry,
+    size: LiveSize,
     is_block: bool,
     caw_stripes: Vec<Mutex<()>>,
 }
@@ -124,6 +125,7 @@ impl FileDevice {
                 identity,
                 caw: CawKind::HostLocal,
             },
+            size: LiveSize::new(size),
             is_block,
             caw_stripes: (0..CAW_STRIPES).map(|_| Mutex::new(())).collect(),
         })
@@ -172,7 +174,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_io(&self.geo, offset, buf.len(), "read")?;
+        check_io(&self.geo, self.size.get(), offset, buf.len(), "read")?;
         let res = if aligned(buf, self.geo.logical_block_size) {
             self.file.read_exact_at(buf, offset)
         } else {
@@ -194,7 +196,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        check_io(&self.geo, offset, buf.len(), "write")?;
+        check_io(&self.geo, self.size.get(), offset, buf.len(), "write")?;
         let res = if aligned(buf, self.geo.logical_block_size) {
             self.file.write_all_at(buf, offset)
         } else {
@@ -213,7 +215,7 @@ impl BlockDevice for FileDevice {
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
-        check_caw(&self.geo, lba, expected, new)?;
+        check_caw(&self.geo, self.size.get(), lba, expected, new)?;
         let lbs = self.geo.lbs();
         let off = lba * lbs;
         #[allow(clippy::cast_possible_truncation)] // modulo a small constant
@@ -244,9 +246,25 @@ impl BlockDevice for FileDevice {
             .map_err(|e| Error::io(format!("flush of {}", self.path.display()), e))
     }
 
+    /// BLKGETSIZE64 of a block device (after a rescan), the length of a regular file.
+    fn refresh_size(&self) -> Result<u64> {
+        let ctx = || format!("reading the size of {}", self.path.display());
+        let now = if self.is_block {
+            let mut size = 0u64;
+            // SAFETY: the fd is an open block device and the out-pointer is valid for the ioctl.
+            unsafe { blk_getsize64(self.file.as_raw_fd(), &raw mut size) }
+                .map_err(|e| Error::io(ctx(), e.into()))?;
+            size
+        } else {
+            self.file.metadata().map_err(|e| Error::io(ctx(), e))?.len()
+        };
+        Ok(self.size.grow_to(now, self.geo.lbs()))
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         check_io(
             &self.geo,
+            self.size.get(),
             offset,
             usize::try_from(len).unwrap_or(usize::MAX),
             "discard",

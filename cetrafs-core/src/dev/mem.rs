@@ -2,7 +2,7 @@
 //! "cut" after which writes are silently dropped (what a power cut looks like to the writer).
 //! The crash recorder of the journal work extends this with a full write/flush log.
 
-use super::{check_caw, check_io, BlockDevice, CawKind, CawOutcome, Geometry};
+use super::{check_caw, check_io, BlockDevice, CawKind, CawOutcome, Geometry, LiveSize};
 use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockPolicy;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -32,6 +32,7 @@ pub struct Faults {
 #[derive(Debug)]
 pub struct MemDevice {
     geo: Geometry,
+    size: LiveSize,
     data: RwLock<Vec<u8>>,
     caw_lock: Mutex<()>,
     pub faults: Faults,
@@ -52,6 +53,7 @@ impl MemDevice {
                 identity: format!("mem:{:x}", rand::random::<u64>()),
                 caw: CawKind::InProcess,
             },
+            size: LiveSize::new(size),
             data: RwLock::new(vec![
                 0;
                 usize::try_from(size).expect("memory device too large")
@@ -67,6 +69,16 @@ impl MemDevice {
     /// A copy of the whole device, e.g. to reopen it as another "node" or after a crash.
     pub fn snapshot(&self) -> Vec<u8> {
         self.data.read().or_panic().clone()
+    }
+
+    /// The LUN grew on the "array": `bytes` long from now on (zeros appended), seen by
+    /// `refresh_size` (a smaller size is ignored).
+    pub fn extend(&self, bytes: u64) {
+        let mut d = self.data.write().or_panic();
+        let n = usize::try_from(bytes).expect("memory device too large");
+        if n > d.len() {
+            d.resize(n, 0);
+        }
     }
 
     pub fn from_image(image: Vec<u8>, logical_block_size: u32) -> Self {
@@ -115,7 +127,7 @@ impl BlockDevice for MemDevice {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_io(&self.geo, offset, buf.len(), "read")?;
+        check_io(&self.geo, self.size.get(), offset, buf.len(), "read")?;
         self.delay();
         if self.faults.fail_reads.load(Ordering::Relaxed) {
             return Err(Error::new(ErrorKind::Io, "injected read error"));
@@ -139,7 +151,7 @@ impl BlockDevice for MemDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        check_io(&self.geo, offset, buf.len(), "write")?;
+        check_io(&self.geo, self.size.get(), offset, buf.len(), "write")?;
         self.delay();
         if !self.write_fault()? {
             return Ok(());
@@ -157,7 +169,7 @@ impl BlockDevice for MemDevice {
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
-        check_caw(&self.geo, lba, expected, new)?;
+        check_caw(&self.geo, self.size.get(), lba, expected, new)?;
         let _g = self.caw_lock.lock().or_panic();
         let off = lba * self.geo.lbs();
         let mut cur = vec![0; expected.len()];
@@ -175,9 +187,16 @@ impl BlockDevice for MemDevice {
         Ok(())
     }
 
+    /// What [`MemDevice::extend`] made it.
+    fn refresh_size(&self) -> Result<u64> {
+        let len = self.data.read().or_panic().len() as u64;
+        Ok(self.size.grow_to(len, self.geo.lbs()))
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         check_io(
             &self.geo,
+            self.size.get(),
             offset,
             usize::try_from(len).unwrap_or(usize::MAX),
             "discard",

@@ -71,6 +71,36 @@ pub trait BlockDevice: Send + Sync + Debug {
     fn flush(&self) -> Result<()>;
     /// Hint that a byte range no longer holds data. Reads of it afterwards are unspecified.
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    /// The device's size in bytes now, re-read from its backend: a LUN grown on the array, a
+    /// LUN file extended (`cetra grow`). A kernel block device (`/dev/sdX`, a multipath map)
+    /// reports a new size only after the host rescanned it. I/O up to the returned size is
+    /// accepted from then on. `geometry().size_bytes` stays the size at open, and the size
+    /// never shrinks below it (a LUN does not shrink under a mounted volume).
+    fn refresh_size(&self) -> Result<u64>;
+}
+
+/// A device's size as last read from its backend, which [`check_io`] bounds I/O by: the size
+/// at open, raised by [`BlockDevice::refresh_size`], never lowered.
+#[derive(Debug)]
+pub(crate) struct LiveSize(std::sync::atomic::AtomicU64);
+
+impl LiveSize {
+    pub(crate) fn new(bytes: u64) -> Self {
+        Self(std::sync::atomic::AtomicU64::new(bytes))
+    }
+
+    pub(crate) fn get(&self) -> u64 {
+        self.0.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    /// Raise the size to `bytes` rounded down to `lbs` (a smaller size is ignored); returns
+    /// the size now.
+    pub(crate) fn grow_to(&self, bytes: u64, lbs: u64) -> u64 {
+        let b = bytes - bytes % lbs.max(1);
+        self.0
+            .fetch_max(b, std::sync::atomic::Ordering::AcqRel)
+            .max(b)
+    }
 }
 
 pub type SharedDevice = Arc<dyn BlockDevice>;
@@ -114,7 +144,14 @@ pub fn for_each_record(
 }
 
 /// Validate that an I/O request is block-aligned and inside the device.
-pub(crate) fn check_io(geo: &Geometry, offset: u64, len: usize, what: &str) -> Result<()> {
+/// `size`: the device's [`LiveSize`].
+pub(crate) fn check_io(
+    geo: &Geometry,
+    size: u64,
+    offset: u64,
+    len: usize,
+    what: &str,
+) -> Result<()> {
     let lbs = geo.lbs();
     let len64 = len as u64;
     if !offset.is_multiple_of(lbs) || !len64.is_multiple_of(lbs) {
@@ -123,22 +160,22 @@ pub(crate) fn check_io(geo: &Geometry, offset: u64, len: usize, what: &str) -> R
             format!("{what} at {offset} len {len} is not aligned to the {lbs}-byte logical block"),
         ));
     }
-    if offset
-        .checked_add(len64)
-        .is_none_or(|end| end > geo.size_bytes)
-    {
+    if offset.checked_add(len64).is_none_or(|end| end > size) {
         return Err(Error::new(
             ErrorKind::Range,
-            format!(
-                "{what} at {offset} len {len} is beyond the end of the device ({} bytes)",
-                geo.size_bytes
-            ),
+            format!("{what} at {offset} len {len} is beyond the end of the device ({size} bytes)"),
         ));
     }
     Ok(())
 }
 
-pub(crate) fn check_caw(geo: &Geometry, lba: u64, expected: &[u8], new: &[u8]) -> Result<()> {
+pub(crate) fn check_caw(
+    geo: &Geometry,
+    size: u64,
+    lba: u64,
+    expected: &[u8],
+    new: &[u8],
+) -> Result<()> {
     let lbs = geo.logical_block_size as usize;
     if expected.len() != lbs || new.len() != lbs {
         return Err(Error::new(
@@ -150,5 +187,5 @@ pub(crate) fn check_caw(geo: &Geometry, lba: u64, expected: &[u8], new: &[u8]) -
             ),
         ));
     }
-    check_io(geo, lba * geo.lbs(), lbs, "compare_and_write")
+    check_io(geo, size, lba * geo.lbs(), lbs, "compare_and_write")
 }

@@ -388,6 +388,11 @@ impl BlockDevice for ScsiLun {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.data.discard(offset, len)
     }
+    /// The smaller of what the target reports and what the kernel's block device (after a
+    /// rescan) covers: data goes through the latter.
+    fn refresh_size(&self) -> Result<u64> {
+        Ok(self.sg.refresh_size()?.min(self.data.refresh_size()?))
+    }
 }
 
 #[cfg(test)]

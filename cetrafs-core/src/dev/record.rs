@@ -78,6 +78,9 @@ impl<D: BlockDevice> BlockDevice for RecordingDevice<D> {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.discard(offset, len)
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.inner.refresh_size()
+    }
 }
 
 /// How to treat the writes issued after the last flush before the crash point.

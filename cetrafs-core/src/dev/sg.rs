@@ -137,6 +137,7 @@ pub struct SgDevice {
     path: PathBuf,
     opts: SgDeviceOptions,
     geo: Geometry,
+    size: super::LiveSize,
     info: LunInfo,
     unmap_supported: AtomicBool,
     sync16_supported: AtomicBool,
@@ -148,6 +149,25 @@ fn ms(d: Duration) -> u32 {
 }
 
 impl SgDevice {
+    /// READ CAPACITY(16): the LUN's size and block sizes as the target reports them now.
+    fn read_capacity(&self) -> Result<Capacity> {
+        let p = self.path.display();
+        let mut rc = vec![0u8; cdb::READ_CAPACITY_16_LEN as usize];
+        self.submit(
+            CommandKind::Query,
+            &cdb::read_capacity16(),
+            DataBuf::In(&mut rc),
+            self.opts.data_timeout,
+        )
+        .map_err(|f| f.into_error(format!("READ CAPACITY(16) on {p}")))?;
+        Capacity::parse(&rc).ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                format!("READ CAPACITY(16) on {p} returned unusable data"),
+            )
+        })
+    }
+
     /// Open a SCSI LUN. Fails with `Unsupported` (and the ioctl's errno as source, ENOTTY or
     /// EINVAL) when `path` does not accept `SG_IO`, so callers can fall back to
     /// [`super::file::FileDevice`].
@@ -170,6 +190,7 @@ impl SgDevice {
             path: path.to_path_buf(),
             opts: opts.clone(),
             geo: placeholder,
+            size: super::LiveSize::new(0),
             info: LunInfo {
                 inquiry: StandardInquiry {
                     qualifier: 0,
@@ -243,20 +264,7 @@ impl SgDevice {
             ));
         }
 
-        let mut rc = vec![0u8; cdb::READ_CAPACITY_16_LEN as usize];
-        self.submit(
-            CommandKind::Query,
-            &cdb::read_capacity16(),
-            DataBuf::In(&mut rc),
-            self.opts.data_timeout,
-        )
-        .map_err(|f| f.into_error(format!("READ CAPACITY(16) on {p}")))?;
-        let capacity = Capacity::parse(&rc).ok_or_else(|| {
-            Error::new(
-                ErrorKind::Io,
-                format!("READ CAPACITY(16) on {p} returned unusable data"),
-            )
-        })?;
+        let capacity = self.read_capacity()?;
         let lbs = capacity.logical_block_size;
         if lbs != 512 && lbs != 4096 {
             return Err(Error::new(
@@ -317,6 +325,7 @@ impl SgDevice {
         let max = (max - max % u64::from(lbs)).max(u64::from(lbs));
         let max_transfer_bytes = u32::try_from(max).unwrap_or(u32::MAX - (u32::MAX % lbs));
 
+        self.size = super::LiveSize::new(size_bytes);
         self.geo = Geometry {
             logical_block_size: lbs,
             physical_block_size: capacity.physical_block_size().unwrap_or(lbs).max(lbs),
@@ -690,7 +699,7 @@ impl SgDevice {
         expected: &[u8],
         new: &[u8],
     ) -> std::result::Result<CawOutcome, std::result::Result<ScsiFailure, Error>> {
-        check_caw(&self.geo, lba, expected, new).map_err(Err)?;
+        check_caw(&self.geo, self.size.get(), lba, expected, new).map_err(Err)?;
         let lbs = expected.len();
         let mut data = AlignedBuf::new(2 * lbs);
         cdb::compare_and_write_data(expected, new, &mut data);
@@ -933,7 +942,7 @@ impl BlockDevice for SgDevice {
     }
 
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        check_io(&self.geo, offset, buf.len(), "read")?;
+        check_io(&self.geo, self.size.get(), offset, buf.len(), "read")?;
         let lbs = self.geo.lbs();
         let chunk = self.info.max_transfer_bytes as usize;
         let mut lba = offset / lbs;
@@ -966,7 +975,7 @@ impl BlockDevice for SgDevice {
     }
 
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        check_io(&self.geo, offset, buf.len(), "write")?;
+        check_io(&self.geo, self.size.get(), offset, buf.len(), "write")?;
         self.check_writable("write")?;
         let lbs = self.geo.lbs();
         let chunk = self.info.max_transfer_bytes as usize;
@@ -998,7 +1007,7 @@ impl BlockDevice for SgDevice {
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
-        check_caw(&self.geo, lba, expected, new)?;
+        check_caw(&self.geo, self.size.get(), lba, expected, new)?;
         self.check_writable("COMPARE AND WRITE")?;
         self.caw_once(lba, expected, new).map_err(|e| match e {
             Ok(f) => f.into_error(format!(
@@ -1046,9 +1055,29 @@ impl BlockDevice for SgDevice {
         }
     }
 
+    /// READ CAPACITY(16) again (a target reports a grown LUN at once; the first command after
+    /// the change may return CAPACITY DATA HAS CHANGED, which `submit` retries).
+    fn refresh_size(&self) -> Result<u64> {
+        let c = self.read_capacity()?;
+        if c.logical_block_size != self.geo.logical_block_size {
+            return Err(Error::new(
+                ErrorKind::Unsupported,
+                format!(
+                    "{}: the logical block size changed from {} to {}",
+                    self.path.display(),
+                    self.geo.logical_block_size,
+                    c.logical_block_size
+                ),
+            ));
+        }
+        let now = c.blocks.saturating_mul(u64::from(c.logical_block_size));
+        Ok(self.size.grow_to(now, self.geo.lbs()))
+    }
+
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         check_io(
             &self.geo,
+            self.size.get(),
             offset,
             usize::try_from(len).unwrap_or(usize::MAX),
             "discard",

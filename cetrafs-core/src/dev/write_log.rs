@@ -168,6 +168,9 @@ impl BlockDevice for WriteLog {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.discard(offset, len)
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.inner.refresh_size()
+    }
 }
 
 #[cfg(test)]

@@ -21,7 +21,8 @@
 //! -- kinds 1 and 2:
 //!  72 128 holders      bitmap of slots holding it shared (1024 slots, bit s%64 of u64 s/64)
 //! 200 128 waiters      bitmap of slots waiting for it
-//! 328  64 value block  (LVB) groups: u64 free blocks at 328, u8 valid (1) at 336
+//! 328  64 value block  (LVB) groups: u64 free blocks at 328, u8 valid (1) at 336;
+//!                      global (format v5): u64 superblock seq at 328, u8 valid (1) at 336
 //! 392 116 reserved 0
 //! -- kind 3 (open-file bucket) instead:
 //!  72   4 entry count (<= 18)
@@ -417,6 +418,16 @@ impl LockRecord {
     pub fn set_group_free(&mut self, free: u64) {
         self.lvb[LVB_FREE..LVB_FREE + 8].copy_from_slice(&free.to_le_bytes());
         self.lvb[LVB_VALID] = 1;
+    }
+
+    /// Global record (format v5): the `seq` of the newest superblock a node grew the volume
+    /// to, if any grow published one (`fs/grow.rs`). Same bytes as the group free count.
+    pub fn geometry_seq(&self) -> Option<u64> {
+        self.group_free()
+    }
+
+    pub fn set_geometry_seq(&mut self, seq: u64) {
+        self.set_group_free(seq);
     }
 }
 

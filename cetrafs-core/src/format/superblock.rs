@@ -6,7 +6,7 @@
 //!   0     8 magic "CETRAFS\0"         identifies the volume (also what mkfs/blkid look for)
 //!   8     4 format_version            the oldest version that knows the incompat bits: 1 without
 //!                                     any, 2 with INCOMPAT_OVERFLOW, 3 with INCOMPAT_OBJECT_LOCKS,
-//!                                     4 with INCOMPAT_SHARING_MODE
+//!                                     4 with INCOMPAT_SHARING_MODE, 5 with INCOMPAT_GROW
 //!  12     4 compat features           unknown bits: ignore
 //!  16     4 ro_compat features        unknown bits: mount read-only only
 //!  20     4 incompat features         unknown bits: refuse to mount
@@ -57,6 +57,12 @@
 //! [`INCOMPAT_OBJECT_LOCKS`] (format 4 is format 3 plus this field). Without the bit the field is
 //! ignored and the mode is unknown ([`Superblock::sharing`] is None): volumes of format 1 to 3
 //! mount as before.
+//!
+//! **Online grow (v5, [`INCOMPAT_GROW`]).** No new field: the lock area's group records
+//! `1 ..= lock_count − inode_lock_slots − 1` ([`Superblock::group_capacity`]) bound how many
+//! groups the volume can reach, and the decoder requires `group_count ≤ group_capacity`.
+//! `cetra grow` rewrites `total_blocks`, `group_count`, `backup_block` and `seq` (backup
+//! copy first, at the new last block); everything else stays where mkfs put it.
 
 use super::codec::{Reader, Writer};
 use super::FS_BLOCK_SIZE;
@@ -65,11 +71,11 @@ use crate::error::{Error, ErrorKind, Result};
 pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
 /// The newest format version this release reads and writes. A volume's version follows from
 /// its incompat features ([`Superblock::format_version`]): 1 without any, 2 with
-/// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`], 4 with [`INCOMPAT_SHARING_MODE`].
-/// Volumes of versions 1 to 3 keep working with their version's features and stay mountable
+/// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`], 4 with [`INCOMPAT_SHARING_MODE`],
+/// 5 with [`INCOMPAT_GROW`]. Volumes of versions 1 to 4 keep working with their version's features and stay mountable
 /// by the binaries of their version; those refuse a newer volume (by the version, and by the
 /// incompat bit they do not know).
-pub const FORMAT_VERSION: u32 = 4;
+pub const FORMAT_VERSION: u32 = 5;
 pub const LABEL_LEN: usize = 64;
 
 /// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
@@ -90,10 +96,20 @@ pub const INCOMPAT_OBJECT_LOCKS: u32 = 0x2;
 /// it must refuse the volume. mkfs sets it together with the two bits above.
 pub const INCOMPAT_SHARING_MODE: u32 = 0x4;
 
+/// Incompat (v5): the volume can grow while mounted (`cetra grow`, `fs/grow.rs`). The lock
+/// area holds more group records than the volume has groups (room for the groups a grow
+/// adds), `group_count`, `total_blocks` and `backup_block` may change while nodes have the
+/// volume mounted, and the global lock record's value block carries the superblock's `seq`,
+/// from which every node learns that it must re-read the superblock. A binary that does not
+/// know this would keep the old geometry and refuse (EIO) every block of a new group, so it
+/// must refuse the volume. mkfs sets it together with the three bits above.
+pub const INCOMPAT_GROW: u32 = 0x8;
+
 /// Feature bits known to this release.
 pub const COMPAT_KNOWN: u32 = 0;
 pub const RO_COMPAT_KNOWN: u32 = 0;
-pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE;
+pub const INCOMPAT_KNOWN: u32 =
+    INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE | INCOMPAT_GROW;
 
 /// How a volume may be shared (format v4, [`INCOMPAT_SHARING_MODE`]): recorded by mkfs from
 /// the probe of the device it formatted (`dev/open.rs`, `Lun::check_sharing`).
@@ -377,7 +393,7 @@ impl Superblock {
     /// Check that the regions are ordered, inside the volume and non-overlapping. The superblock
     /// is checksummed, so this guards against encoder bugs and hand-edited images rather than
     /// bit rot; every later bounds check relies on it.
-    fn validate(&self) -> Result<()> {
+    pub(crate) fn validate(&self) -> Result<()> {
         let bad = |what: &str| Err(Error::corrupted(format!("superblock: {what}")));
         if self.logical_block_size != 512 && self.logical_block_size != 4096 {
             return bad(&format!(
@@ -401,6 +417,12 @@ impl Superblock {
         // Versions stay a line: format 4 is format 3 and the sharing mode.
         if self.incompat & INCOMPAT_SHARING_MODE != 0 && !objlocks {
             return bad("sharing mode (format 4) without the object-lock area (format 3)");
+        }
+        if self.incompat & INCOMPAT_GROW != 0 && self.incompat & INCOMPAT_SHARING_MODE == 0 {
+            return bad("online grow (format 5) without the sharing mode (format 4)");
+        }
+        if self.incompat & INCOMPAT_GROW != 0 && self.group_count > self.group_capacity() {
+            return bad("more groups than the lock area has group records for");
         }
         // Absent regions (v2: no object locks) are empty and sit where they would be.
         let (objlock_start, mailbox_start) = if objlocks {
@@ -483,7 +505,9 @@ impl Superblock {
 
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
-        if self.incompat & INCOMPAT_SHARING_MODE != 0 {
+        if self.incompat & INCOMPAT_GROW != 0 {
+            5
+        } else if self.incompat & INCOMPAT_SHARING_MODE != 0 {
             4
         } else if self.incompat & INCOMPAT_OBJECT_LOCKS != 0 {
             3
@@ -492,6 +516,19 @@ impl Superblock {
         } else {
             1
         }
+    }
+
+    /// Can the volume grow while mounted (v5, [`INCOMPAT_GROW`])?
+    pub fn can_grow(&self) -> bool {
+        self.incompat & INCOMPAT_GROW != 0
+    }
+
+    /// Groups the lock area has records for: the most `group_count` can become by growing
+    /// (records `1 ..= group_capacity`; the open-file buckets follow them).
+    pub fn group_capacity(&self) -> u64 {
+        self.lock_count
+            .saturating_sub(u64::from(self.inode_lock_slots))
+            .saturating_sub(1)
     }
 
     /// Does the volume have the per-object lock area and mailboxes (v3)?
@@ -716,16 +753,41 @@ mod tests {
         assert!(locate_on(&flipped, &backup).unwrap().from_backup);
     }
 
+    /// Version 5: the grow bit, only on top of version 4, and never more groups than the lock
+    /// area has records for; without it the volume is version 4 as before.
+    #[test]
+    fn grow_bit_is_version_5_and_bounded_by_the_lock_area() {
+        let sb = planned();
+        assert!(sb.can_grow());
+        assert!(sb.group_capacity() > sb.group_count);
+        let mut v4 = sb.clone();
+        v4.incompat &= !INCOMPAT_GROW;
+        let back = Superblock::decode(&v4.encode()).unwrap();
+        assert_eq!((back.format_version(), back.can_grow()), (4, false));
+        // The bit without the sharing mode, and more groups than records.
+        let mut bad = sb.clone();
+        bad.incompat &= !INCOMPAT_SHARING_MODE;
+        bad.sharing = None;
+        let e = Superblock::decode(&bad.encode()).unwrap_err();
+        assert!(e.to_string().contains("online grow"), "{e}");
+        let mut bad = sb.clone();
+        bad.group_count = sb.group_capacity() + 1;
+        bad.total_blocks = u64::MAX / 2;
+        bad.backup_block = bad.total_blocks - 1;
+        let e = Superblock::decode(&bad.encode()).unwrap_err();
+        assert!(e.to_string().contains("lock area"), "{e}");
+    }
+
     /// Version 3: the object-lock fields round-trip; impossible values are refused with a
     /// message naming the region, and `locate` then falls back to the backup.
     #[test]
     fn object_lock_geometry_is_checked() {
         let sb = planned();
-        assert_eq!(sb.format_version(), 4);
-        assert_eq!(FORMAT_VERSION, 4);
+        assert_eq!(sb.format_version(), 5);
+        assert_eq!(FORMAT_VERSION, 5);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         let raw = sb.encode();
-        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 4);
+        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 5);
         assert_eq!(
             u64::from_le_bytes(raw[264..272].try_into().unwrap()),
             sb.objlock_start
@@ -796,7 +858,7 @@ mod tests {
     fn version_follows_the_object_lock_bit() {
         let sb = planned();
         let mut v2 = sb.clone();
-        v2.incompat &= !(INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE);
+        v2.incompat &= !(INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE | INCOMPAT_GROW);
         v2.sharing = None;
         assert_eq!(v2.format_version(), 2);
         assert!(v2.object_lock_area().is_none());
@@ -828,12 +890,12 @@ mod tests {
         }
         // A version this release does not know.
         let mut raw = sb.encode();
-        raw[8..12].copy_from_slice(&5u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&6u32.to_le_bytes());
         let crc = crc32c::crc32c(&raw[..CRC]);
         raw[CRC..].copy_from_slice(&crc.to_le_bytes());
         let e = Superblock::decode(&raw).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().contains("knows 1 to 4"), "{e}");
+        assert!(e.to_string().contains("knows 1 to 5"), "{e}");
         assert!(sb.check_features().is_ok());
     }
 
@@ -859,14 +921,14 @@ mod tests {
             assert_eq!(u32::from_le_bytes(raw[288..292].try_into().unwrap()), code);
             let back = Superblock::decode(&raw).unwrap();
             assert_eq!(back.sharing, Some(mode));
-            assert_eq!(back.format_version(), 4);
+            assert_eq!(back.format_version(), 5);
         }
         assert_eq!(SharingMode::SingleHost.to_string(), "single-host");
         assert_eq!(SharingMode::MultiNode.to_string(), "multi-node");
 
         // A version-3 volume: no bit, the mode is unknown, and byte 288 is not read.
         let mut v3 = sb.clone();
-        v3.incompat &= !INCOMPAT_SHARING_MODE;
+        v3.incompat &= !(INCOMPAT_SHARING_MODE | INCOMPAT_GROW);
         v3.sharing = None;
         assert_eq!(v3.format_version(), 3);
         let mut raw = v3.encode();

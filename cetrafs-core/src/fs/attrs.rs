@@ -28,14 +28,8 @@ use crate::format::superblock::Superblock;
 use crate::format::xattr::{self, Head, Layout, XattrMap};
 
 /// Follow a pointer of `ino` to an overflow block: layout, decode, owner.
-fn read_overflow(
-    tx: &mut Tx<'_>,
-    sb: &Superblock,
-    ino: u64,
-    what: &str,
-    b: u64,
-) -> Result<Overflow> {
-    sb.check_data_block(b, PointerKind::Overflow, ino)?;
+fn read_overflow(tx: &mut Tx<'_>, ino: u64, what: &str, b: u64) -> Result<Overflow> {
+    tx.sb().check_data_block(b, PointerKind::Overflow, ino)?;
     let raw = tx.read(b)?;
     let o = Overflow::decode(&raw, b).map_err(|e| e.wrap(format!("inode {ino}")))?;
     check_owner(what, b, o.owner, ino).map_err(|e| e.wrap(format!("inode {ino}")))?;
@@ -65,14 +59,14 @@ pub(super) fn load_xattrs(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) -> Re
         return Ok(XattrSet::default());
     }
     let layout = Layout::of(sb);
-    sb.check_data_block(hb, PointerKind::Xattr, ino)?;
+    tx.sb().check_data_block(hb, PointerKind::Xattr, ino)?;
     let raw = tx.read(hb)?;
     let ctx = || format!("inode {ino}");
     let head = Head::decode(&raw, hb, layout).map_err(|e| e.wrap(ctx()))?;
     check_owner("xattr block", hb, head.owner, ino).map_err(|e| e.wrap(ctx()))?;
     let mut parts = Vec::with_capacity(head.more.len());
     for &b in &head.more {
-        parts.push(read_overflow(tx, sb, ino, "xattr overflow block", b)?);
+        parts.push(read_overflow(tx, ino, "xattr overflow block", b)?);
     }
     let map = head.assemble(&parts, layout).map_err(|e| e.wrap(ctx()))?;
     Ok(XattrSet {
@@ -249,7 +243,7 @@ pub(super) fn symlink_target(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) ->
         Ok(SymlinkLayout::Overflow { block, rest }) => (block, rest),
         Err(why) => return Err(Error::corrupted(format!("inode {ino}: {why}"))),
     };
-    let o = read_overflow(tx, sb, ino, "symlink overflow block", b)?;
+    let o = read_overflow(tx, ino, "symlink overflow block", b)?;
     o.expect(Role::SymlinkTarget, 1, rest)
         .map_err(|e| e.wrap(format!("inode {ino}")))?;
     let mut t = inode.inline_data.clone();
@@ -648,7 +642,7 @@ mod tests {
     fn version_1_volume_keeps_its_limits() {
         let (dev, v) = fresh(64 << 20);
         let mut sb = v.superblock().clone();
-        assert_eq!(sb.format_version(), 4);
+        assert_eq!(sb.format_version(), 5);
         v.unmount().unwrap();
         sb.incompat = 0;
         sb.sharing = None;

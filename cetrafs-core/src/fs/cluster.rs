@@ -361,6 +361,7 @@ impl Volume {
         }
         if covers(m.gml(), mode) {
             cl.hold.used();
+            self.catch_up_geometry(&mut m)?;
             return Ok(m);
         }
         if let Some(e) = self.abort_if_fenced() {
@@ -405,6 +406,8 @@ impl Volume {
         }
         m.set_gml_version(rec.version);
         cl.seen_version.store(rec.version, Ordering::Release);
+        // A grow (fs/grow.rs) is adopted before anything is read under this grant.
+        self.follow_geometry(&mut m, &rec)?;
         if mode == LockMode::Exclusive && !self.read_only {
             self.ensure_groups(&mut m);
         }
@@ -474,7 +477,7 @@ impl Volume {
     /// Learn who owns which group and the free counts other nodes published; give back groups
     /// of ours that a node short of space asked for (their free count goes into the value block
     /// on the way).
-    fn refresh_group_classes(&self, m: &mut Meta) {
+    pub(super) fn refresh_group_classes(&self, m: &mut Meta) {
         use crate::alloc::GroupClass;
         let me = self.cl.me;
         let records = match self.cl.locks.group_records() {
@@ -533,13 +536,13 @@ impl Volume {
             return;
         }
         for _ in 0..3 {
-            let best = (0..self.sb.group_count)
+            let best = (0..self.cl.locks.group_count())
                 .filter(|&g| groups.class(g) == Some(GroupClass::Unowned))
                 .max_by_key(|&g| groups.group_free(g).unwrap_or(0));
             let Some(g) = best else {
                 // None left: ask the owner of the emptiest other group to give it back; until
                 // then allocation borrows from other nodes' groups (safe under this lock).
-                let wanted = (0..self.sb.group_count)
+                let wanted = (0..self.cl.locks.group_count())
                     .filter(|&g| groups.class(g) == Some(GroupClass::Others))
                     .max_by_key(|&g| groups.group_free(g).unwrap_or(0));
                 if let Some(g) = wanted {
@@ -656,7 +659,7 @@ impl Volume {
         use crate::alloc::GroupClass;
         if !self.read_only && m.gml() == LockMode::Exclusive {
             self.publish_groups(m);
-            for g in 0..self.sb.group_count {
+            for g in 0..self.cl.locks.group_count() {
                 if m.groups().class(g) == Some(GroupClass::Mine) {
                     let released = m
                         .groups()
@@ -1213,9 +1216,13 @@ impl Volume {
     /// Recover a dead node: claim, replay its journal, release its locks, free its orphans,
     /// clear its slot. Every step is idempotent; see docs/recovery.md.
     pub(super) fn recover_slot(&self, v: &SlotView, silent: Duration) -> Result<()> {
+        // The dead node may have used groups a grow added that this node has not adopted yet.
+        let sb = self.current_superblock()?;
+        // ... and may own such a group: its record is scrubbed with the others.
+        self.cl.locks.set_group_count(sb.group_count);
         let Some(claimed) = recovery::claim_and_release(
             &*self.dev,
-            &self.sb,
+            &sb,
             &self.cl.locks,
             self.cl.ilocks.as_ref().map(InodeLocks::object_locks),
             self.pr.as_deref(),

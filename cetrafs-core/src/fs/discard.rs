@@ -175,12 +175,10 @@ impl Volume {
         // Frees not yet committed are still quarantined (not free to discard): commit first,
         // so that what `rm` just freed is trimmed too.
         self.sync()?;
+        // The group area as this node knows it now (it grows with `cetra grow`).
+        let area_end = self.meta_sh()?.sb().group_area_end();
         let first = (start / FS_BLOCK).max(self.sb.group_start);
-        let end = start
-            .saturating_add(len)
-            .div_ceil(FS_BLOCK)
-            .min(self.sb.total_blocks)
-            .min(self.sb.group_area_end());
+        let end = start.saturating_add(len).div_ceil(FS_BLOCK).min(area_end);
         let min_blocks = min_len.div_ceil(FS_BLOCK).max(1);
         let mut done = 0;
         let mut at = first;

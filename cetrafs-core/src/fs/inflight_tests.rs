@@ -97,6 +97,9 @@ impl BlockDevice for Gated {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.dev.discard(offset, len)
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.dev.refresh_size()
+    }
 }
 
 fn formatted(nodes: u32) -> Arc<MemDevice> {

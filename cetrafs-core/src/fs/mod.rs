@@ -22,6 +22,7 @@ mod dir;
 pub mod discard;
 pub(crate) mod extent_map;
 mod fsck;
+pub mod grow;
 pub(crate) mod heap;
 mod inflight;
 mod inode_lock;
@@ -200,7 +201,8 @@ pub struct Volume {
 pub fn locate_superblock(
     dev: &dyn crate::dev::BlockDevice,
 ) -> Result<crate::format::superblock::Located> {
-    let dev_blocks = dev.geometry().size_bytes / FS_BLOCK;
+    // The size now: a grown LUN's superblock names blocks past the size at open.
+    let dev_blocks = dev.refresh_size().unwrap_or(dev.geometry().size_bytes) / FS_BLOCK;
     Superblock::locate(dev_blocks, &mut |b| {
         let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
         dev.read_at(b * FS_BLOCK, &mut buf)?;
@@ -508,7 +510,7 @@ impl Volume {
                 }
             }
         }
-        if !self.sb.is_data_block(ino) || !tx.is_used(ino)? {
+        if !tx.sb().is_data_block(ino) || !tx.is_used(ino)? {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let raw = tx.read(ino)?;
@@ -1074,6 +1076,8 @@ impl Volume {
 mod detached_ns_tests;
 #[cfg(test)]
 mod detached_tests;
+#[cfg(test)]
+mod grow_tests;
 #[cfg(test)]
 mod inflight_tests;
 #[cfg(test)]

@@ -98,6 +98,11 @@ pub(crate) struct Meta {
     /// Runs whose free is durable, waiting for their discard (fs/discard.rs); None:
     /// `nodiscard`.
     discards: Option<super::discard::DiscardQueue>,
+    /// The superblock seq of the global lock's value block this node last looked at
+    /// (`fs/grow.rs`).
+    geometry_seen: u64,
+    /// A seq newer than `geometry_seen` whose superblock this node could not adopt yet.
+    geometry_behind: Option<u64>,
 }
 
 impl Meta {
@@ -125,7 +130,41 @@ impl Meta {
             pool: None,
             emptied: std::sync::Arc::default(),
             discards: None,
+            geometry_seen: 0,
+            geometry_behind: None,
         }
+    }
+
+    pub fn geometry_seen(&self) -> u64 {
+        self.geometry_seen
+    }
+
+    pub fn set_geometry_seen(&mut self, seq: u64) {
+        self.geometry_seen = seq;
+    }
+
+    pub fn geometry_behind(&self) -> Option<u64> {
+        self.geometry_behind
+    }
+
+    pub fn set_geometry_behind(&mut self, seq: Option<u64>) {
+        self.geometry_behind = seq;
+    }
+
+    /// The volume's layout as this node knows it now (it grows with `cetra grow`).
+    pub fn sb(&self) -> &Superblock {
+        &self.sb
+    }
+
+    /// The volume grew (`fs/grow.rs`): `new` is the same volume with more groups; the
+    /// allocator learns the added groups (their headers are read) before any pointer into
+    /// them is accepted.
+    pub fn adopt_geometry(&mut self, new: Superblock) -> Result<()> {
+        if new.group_count > self.sb.group_count {
+            self.alloc.add_groups(new.group_count)?;
+        }
+        self.sb = new;
+        Ok(())
     }
 
     /// Queue durable frees for discard from now on (fs/discard.rs).

@@ -75,6 +75,9 @@ impl BlockDevice for Faulty {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.inner.discard(offset, len)
     }
+    fn refresh_size(&self) -> Result<u64> {
+        self.inner.refresh_size()
+    }
 }
 
 fn area(buckets: u64, lbs: u64) -> ObjectLockArea {

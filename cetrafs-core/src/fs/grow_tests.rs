@@ -1,0 +1,107 @@
+//! `cetra grow` on memory devices: the node that grows and the nodes that follow
+//! (`fs/grow.rs`), the refusals, and a volume that fsck finds clean afterwards.
+
+use super::multinode_tests::{assert_fsck_clean, read_all};
+use super::*;
+use crate::dev::mem::MemDevice;
+use crate::mkfs::{format, MkfsOptions};
+
+const C: Caller = Caller::ROOT;
+const MIB: u64 = 1 << 20;
+
+fn small(size: u64, opts: &MkfsOptions) -> (Arc<MemDevice>, crate::format::superblock::Superblock) {
+    let dev = Arc::new(MemDevice::new(size, 512));
+    let sb = format(&*dev, opts, &mut |_, _| {}).unwrap();
+    (dev, sb)
+}
+
+fn two_nodes() -> MkfsOptions {
+    MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: MIB,
+        ..Default::default()
+    }
+}
+
+fn mount(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+    super::multinode_tests::node(dev, host)
+}
+
+#[test]
+fn a_grow_is_seen_by_every_node_and_its_groups_are_used() {
+    let (dev, sb) = small(128 * MIB, &two_nodes());
+    assert!(sb.can_grow());
+    assert!(sb.group_capacity() >= 16 * sb.group_count);
+    let a = mount(&dev, "a");
+    let b = mount(&dev, "b");
+    let before = b.statfs().unwrap().blocks;
+    // The LUN has not grown: refused, nothing changes.
+    assert_eq!(a.grow().unwrap_err().kind(), ErrorKind::Range);
+    dev.extend(256 * MIB);
+    let g = a.grow().unwrap();
+    assert_eq!(g.old_groups, sb.group_count);
+    assert!(g.new_groups >= 2 * sb.group_count - 1, "{g:?}");
+    assert_eq!(a.statfs().unwrap().blocks, g.new_bytes / FS_BLOCK);
+    // The other node learns it at its next grant of the global lock.
+    let after = b.statfs().unwrap().blocks;
+    assert_eq!(after, g.new_bytes / FS_BLOCK);
+    assert!(after > before);
+    // More than the old volume held: b must allocate in the new groups; a reads it back.
+    let r = b.root_ino();
+    let (f, fh) = b.create(r, b"big", 0o644, C, true).unwrap();
+    let chunk: Vec<u8> = (0..MIB).map(|i| u8::try_from(i % 251).unwrap()).collect();
+    let n = g.old_bytes / MIB + 8;
+    for i in 0..n {
+        b.write(&fh, i * MIB, &chunk).unwrap();
+    }
+    b.release(&fh).unwrap();
+    b.fsync(f.ino, false).unwrap();
+    let afh = a.open(f.ino, false, false).unwrap();
+    let mut last = Vec::new();
+    a.read(&afh, (n - 1) * MIB, u32::try_from(MIB).unwrap(), &mut |d| {
+        last.extend_from_slice(d);
+    })
+    .unwrap();
+    assert!(last == chunk);
+    a.release(&afh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+    // A fresh mount finds the new size, the backup superblock at the new end.
+    let c = mount(&dev, "c");
+    assert_eq!(c.statfs().unwrap().blocks, g.new_bytes / FS_BLOCK);
+    assert_eq!(
+        read_all(&c, &c.open(f.ino, false, false).unwrap(), 16),
+        &chunk[..16]
+    );
+    c.unmount().unwrap();
+}
+
+#[test]
+fn a_grow_stops_at_the_lock_area_and_older_formats_refuse() {
+    let opts = MkfsOptions {
+        max_bytes: Some(160 * MIB),
+        ..two_nodes()
+    };
+    let (dev, sb) = small(128 * MIB, &opts);
+    let cap = sb.group_capacity();
+    assert!(cap > sb.group_count);
+    let a = mount(&dev, "a");
+    dev.extend(512 * MIB);
+    let g = a.grow().unwrap();
+    assert_eq!(g.new_groups, cap, "{g:?}");
+    assert_eq!(a.grow().unwrap_err().kind(), ErrorKind::TooBig);
+    a.unmount().unwrap();
+    assert_fsck_clean(&dev);
+
+    let v4 = MkfsOptions {
+        growable: false,
+        ..two_nodes()
+    };
+    let (dev, sb) = small(128 * MIB, &v4);
+    assert_eq!(sb.format_version(), 4);
+    let a = mount(&dev, "a");
+    dev.extend(256 * MIB);
+    assert_eq!(a.grow().unwrap_err().kind(), ErrorKind::Unsupported);
+    a.unmount().unwrap();
+}
