@@ -19,6 +19,12 @@
 //!   to a thin LUN in the background anyway (mount option `discard`), but not what was freed
 //!   under `nodiscard`, before the mount, or by a node that died with its queue.
 //!
+//! * `cetra grow MOUNTPOINT [--json]`: the LUN grew (on the array, or a LUN file extended):
+//!   add allocation groups onto the new space, online (`cetrafs_core::fs::grow`); every node
+//!   picks up the new size at its next metadata operation. A format-5 volume only, up to the
+//!   size its lock area was made for (`mkfs.cetra --max-size`). Rescan the LUN on every node
+//!   first (`iscsiadm -m session --rescan`, `multipathd resize map NAME`).
+//!
 //! * `cetra tune DEVICE [--label L] [--heartbeat-interval MS] [--io-timeout MS]`: offline
 //!   changes of the superblock (`cetrafs_core::tune`), refused while any node has the volume
 //!   mounted; meanwhile it holds the offline claim (a slot named `cetra-tune:HOST`), so no node
@@ -90,6 +96,14 @@ enum Command {
         /// New I/O timeout, ms (the interval to 300000).
         #[arg(long, value_name = "MS")]
         io_timeout: Option<u32>,
+    },
+    /// Add the space the LUN gained to a mounted volume (online; every node follows).
+    Grow {
+        /// A mountpoint of the volume.
+        mountpoint: PathBuf,
+        /// Print JSON.
+        #[arg(long)]
+        json: bool,
     },
     /// Discard all free space of a mounted volume now (as fstrim).
     Trim {
@@ -166,6 +180,13 @@ fn main() -> ExitCode {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("cetra trim: {e}");
+                ExitCode::from(1)
+            }
+        },
+        Command::Grow { mountpoint, json } => match run_grow(&mountpoint, json) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("cetra grow: {e}");
                 ExitCode::from(1)
             }
         },
@@ -468,12 +489,7 @@ nix::ioctl_readwrite!(fitrim, b'X', 121, FstrimRange);
 fn run_trim(mountpoint: &Path, minimum: u64, as_json: bool) -> Result<(), String> {
     // Only a CetraFS mountpoint: FITRIM on any other directory would trim whatever
     // filesystem holds it.
-    let info = std::fs::read_to_string("/proc/self/mountinfo")
-        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
-    let real =
-        std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
-    let device = mount_source(&info, &real)
-        .ok_or_else(|| format!("{} is not a CetraFS mountpoint", mountpoint.display()))?;
+    let (real, device) = cetra_mountpoint(mountpoint)?;
     let dir = std::fs::File::open(&real).map_err(|e| format!("{}: {e}", real.display()))?;
     let mut range = FstrimRange {
         start: 0,
@@ -505,6 +521,65 @@ fn run_trim(mountpoint: &Path, minimum: u64, as_json: bool) -> Result<(), String
             real.display(),
             size(range.len / FS_BLOCK),
             took.as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+nix::ioctl_read!(cetra_grow, b'C', 0xD1, [u64; 4]);
+
+/// The CetraFS mountpoint `mountpoint` names (canonical), with its device; else an error.
+fn cetra_mountpoint(mountpoint: &Path) -> Result<(PathBuf, PathBuf), String> {
+    let info = std::fs::read_to_string("/proc/self/mountinfo")
+        .map_err(|e| format!("/proc/self/mountinfo: {e}"))?;
+    let real =
+        std::fs::canonicalize(mountpoint).map_err(|e| format!("{}: {e}", mountpoint.display()))?;
+    let device = mount_source(&info, &real)
+        .ok_or_else(|| format!("{} is not a CetraFS mountpoint", mountpoint.display()))?;
+    Ok((real, device))
+}
+
+fn run_grow(mountpoint: &Path, as_json: bool) -> Result<(), String> {
+    let (real, device) = cetra_mountpoint(mountpoint)?;
+    let dir = std::fs::File::open(&real).map_err(|e| format!("{}: {e}", real.display()))?;
+    let mut out = [0u64; 4];
+    // SAFETY: a valid descriptor, and a pointer to a live u64[4] the ioctl fills.
+    unsafe { cetra_grow(std::os::fd::AsRawFd::as_raw_fd(&dir), &raw mut out) }.map_err(|e| {
+        use nix::errno::Errno;
+        let why = match e {
+            Errno::EPERM => " (growing needs root)",
+            Errno::EOPNOTSUPP => {
+                " (the volume is format 4 or older: online grow needs a format-5 volume, made by mkfs.cetra of this release)"
+            }
+            Errno::ERANGE => {
+                " (the LUN is not larger, by at least one allocation group, as this node sees it: grow the LUN first, then rescan it here: iscsiadm -m session --rescan; multipathd resize map NAME; a LUN file: truncate -s SIZE FILE)"
+            }
+            Errno::E2BIG => {
+                " (the volume already has as many groups as its lock area has records for: it is at the largest size mkfs.cetra --max-size made it for)"
+            }
+            _ => " (the daemon's log says why)",
+        };
+        format!("{}: {e}{why}", real.display())
+    })?;
+    let [old_groups, new_groups, old_bytes, new_bytes] = out;
+    if as_json {
+        let j = json!({
+            "mountpoint": real.display().to_string(),
+            "device": device.display().to_string(),
+            "groups_before": old_groups,
+            "groups_after": new_groups,
+            "bytes_before": old_bytes,
+            "bytes_after": new_bytes,
+        });
+        println!("{j:#}");
+    } else {
+        println!(
+            "{}: grew from {} to {} ({} to {} allocation groups); every node sees it at its next metadata operation",
+            real.display(),
+            size(old_bytes / FS_BLOCK),
+            size(new_bytes / FS_BLOCK),
+            old_groups,
+            new_groups
         );
     }
     Ok(())

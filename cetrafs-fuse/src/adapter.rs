@@ -55,6 +55,9 @@ const FSTRIM_RANGE_SIZE: usize = 24;
 /// `_IOR('C', 0xD0, u64[3])`: defragment the file (`cetra defrag`); returns extents before,
 /// extents after, blocks copied.
 const CETRA_IOC_DEFRAG: u32 = 0x8018_43D0;
+/// `_IOR('C', 0xD1, u64[4])`: grow the volume onto the space the LUN gained (`cetra grow`, on
+/// the mountpoint); returns groups before, groups after, group bytes before, after.
+const CETRA_IOC_GROW: u32 = 0x8020_43D1;
 /// `FS_*_FL` inode flag <-> `FS_XFLAG_*` pairs for the flags CetraFS stores.
 const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 
@@ -1267,6 +1270,27 @@ impl Filesystem for Adapter {
                         reply.ioctl(0, &out[..n]);
                     }
                     Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e)),
+                }
+            }
+            CETRA_IOC_GROW => {
+                // As FITRIM: the whole volume is the business of who administers it.
+                if req.uid() != 0 {
+                    reply.error(Errno::EPERM);
+                    return;
+                }
+                match self.vol.grow() {
+                    Ok(g) => {
+                        let mut out = [0u8; 32];
+                        for (i, v) in [g.old_groups, g.new_groups, g.old_bytes, g.new_bytes]
+                            .into_iter()
+                            .enumerate()
+                        {
+                            out[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+                        }
+                        let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(32);
+                        reply.ioctl(0, &out[..n]);
+                    }
+                    Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_GROW)", &e)),
                 }
             }
             FITRIM => {

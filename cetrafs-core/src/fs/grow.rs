@@ -37,8 +37,13 @@
 //! metadata operations with an error that says so, until it does; nothing is written by it
 //! meanwhile.
 //!
-//! A crash between 3 and 4 leaves a value block ahead of the superblock: nodes re-read the
-//! superblock once, find nothing newer, and carry on; a new `cetra grow` completes the grow.
+//! A crash before 4 ends leaves the old primary superblock, so the old size: the next mount
+//! and every node use it, and a new `cetra grow` does the grow again. A crash between 3 and 4
+//! also leaves a value block ahead of the superblock: nodes re-read the superblock once, find
+//! nothing newer, and carry on. The old backup copy lies in what becomes the new groups (the
+//! old unused tail), so a crash after 2 may leave the volume without a usable backup until the
+//! next grow, or fsck's `backup-superblock` repair (preen), rewrites it.
+//! `tests/tests/grow.rs` kills a daemon at each failpoint.
 //! Recovery of a node that died holding the lock scrubs it as any other; the value block
 //! stays. Recovery replays a dead node's journal against the newest superblock on disk
 //! ([`Volume::current_superblock`]), since that node may have used groups the recovering node
