@@ -25,8 +25,9 @@
 //!   size its lock area was made for (`mkfs.cetra --max-size`). Rescan the LUN on every node
 //!   first (`iscsiadm -m session --rescan`, `multipathd resize map NAME`).
 //!
-//! * `cetra tune DEVICE [--label L] [--heartbeat-interval MS] [--io-timeout MS]`: offline
-//!   changes of the superblock (`cetrafs_core::tune`), refused while any node has the volume
+//! * `cetra tune DEVICE [--label L] [--heartbeat-interval MS] [--io-timeout MS] [-N NODES]`:
+//!   offline changes of the superblock (`cetrafs_core::tune`); `-N` adds node slots, each
+//!   with a journal taken from free space (format 5). Refused while any node has the volume
 //!   mounted; meanwhile it holds the offline claim (a slot named `cetra-tune:HOST`), so no node
 //!   mounts until it is done.
 //!
@@ -96,6 +97,10 @@ enum Command {
         /// New I/O timeout, ms (the interval to 300000).
         #[arg(long, value_name = "MS")]
         io_timeout: Option<u32>,
+        /// Node slots to have: more than now, at most the heartbeat slots (64 by default); each
+        /// added slot's journal is taken from free space (format 5 and later).
+        #[arg(short = 'N', long = "max-nodes", value_name = "N")]
+        max_nodes: Option<u32>,
     },
     /// Add the space the LUN gained to a mounted volume (online; every node follows).
     Grow {
@@ -144,11 +149,13 @@ fn main() -> ExitCode {
             label,
             heartbeat_interval,
             io_timeout,
+            max_nodes,
         } => {
             let t = cetrafs_core::tune::Tune {
                 label,
                 heartbeat_interval_ms: heartbeat_interval,
                 io_timeout_ms: io_timeout,
+                max_nodes,
             };
             match run_tune(&device, &t) {
                 Ok(()) => ExitCode::SUCCESS,
@@ -328,8 +335,8 @@ fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
     let sb = located.sb;
     let describe = |sb: &cetrafs_core::format::superblock::Superblock| {
         format!(
-            "label {:?}, heartbeat every {} ms, I/O timeout {} ms",
-            sb.label, sb.heartbeat_interval_ms, sb.io_timeout_ms
+            "label {:?}, heartbeat every {} ms, I/O timeout {} ms, {} node slots",
+            sb.label, sb.heartbeat_interval_ms, sb.io_timeout_ms, sb.max_nodes
         )
     };
     if t.is_empty() {
@@ -358,7 +365,7 @@ fn run_tune(device: &Path, t: &cetrafs_core::tune::Tune) -> Result<(), String> {
     // Read again under the claim: another tune may have changed it since.
     let guarded = claim.guard(rw);
     let written = cetrafs_core::fs::read_superblock(&*guarded)
-        .and_then(|now| cetrafs_core::tune::tuned(&now, t))
+        .and_then(|now| cetrafs_core::tune::apply(&*guarded, &now, t))
         .and_then(|new| cetrafs_core::tune::write_superblock(&*guarded, &new).map(|()| new));
     drop(guarded);
     let released = claim.release();

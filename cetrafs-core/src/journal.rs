@@ -25,7 +25,7 @@ pub struct JournalArea {
 impl JournalArea {
     pub fn for_slot(sb: &Superblock, slot: u32) -> Self {
         Self {
-            start: sb.journal_start + u64::from(slot) * sb.journal_blocks,
+            start: sb.journal_of(slot),
             blocks: sb.journal_blocks,
         }
     }

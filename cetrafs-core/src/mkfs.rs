@@ -241,6 +241,7 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
         objlock_buckets,
         mailbox_start,
         sharing,
+        extra_journals: Vec::new(),
     })
 }
 

@@ -327,3 +327,45 @@ fn tune_changes_label_and_timing_only_while_unmounted() {
     m.unmount();
     assert_eq!(status(lun.path())["label"], "again");
 }
+
+/// `cetra tune -N` adds node slots to an unmounted volume (issue 11 §1): made for 2 nodes, the
+/// volume then mounts on 4 at once; each writes a file the others read; fsck is clean. More
+/// slots than the heartbeat area has, or fewer than now, are refused before anything changes.
+#[test]
+fn tune_adds_node_slots_that_four_nodes_then_use() {
+    require_fuse!();
+    let lun = Lun::new(1 << 30);
+    lun.mkfs(&["-N", "2", "--journal-size", "16M"]);
+    let tune = |args: &[&str]| {
+        run(Command::new(bin("cetra"))
+            .arg("tune")
+            .args(args)
+            .arg(lun.path()))
+    };
+    for bad in ["1", "65"] {
+        let r = tune(&["-N", bad]);
+        assert_eq!(r.code, 1, "-N {bad}: {}", r.output());
+    }
+    let r = tune(&["-N", "4"]);
+    assert_eq!(r.code, 0, "tune -N 4: {}", r.output());
+    assert!(r.stdout.contains("4 node slots"), "{}", r.output());
+    lun.assert_fsck_clean();
+    let nodes: Vec<Mount> = (1..=4)
+        .map(|i| Mount::new(&lun, &format!("node{i}")))
+        .collect();
+    for (i, m) in nodes.iter().enumerate() {
+        std::fs::write(m.p(format!("from-{i}")), format!("node {i}")).expect("write");
+    }
+    for m in &nodes {
+        for i in 0..4 {
+            let got = std::fs::read_to_string(m.p(format!("from-{i}"))).expect("read");
+            assert_eq!(got, format!("node {i}"));
+        }
+    }
+    let st = status(lun.path());
+    assert_eq!(st["max_nodes"], 4, "{st:#}");
+    for m in nodes {
+        m.unmount();
+    }
+    lun.assert_fsck_clean();
+}

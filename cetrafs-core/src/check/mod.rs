@@ -440,7 +440,7 @@ impl Checker<'_> {
                 Some(s) => format!("inode {i} ({})", s.path),
                 None => format!("inode {i}"),
             },
-            Owner::Group(_) => o.to_string(),
+            Owner::Group(_) | Owner::Journal(_) => o.to_string(),
         }
     }
 
@@ -519,6 +519,15 @@ impl Checker<'_> {
     /// Pass 2.
     fn check_groups(&mut self) -> Result<()> {
         let sb = self.sb.clone();
+        // v6: the journals of node slots added after mkfs hold their runs of group data.
+        for slot in sb.base_journals()..sb.max_nodes {
+            self.claim(
+                sb.journal_of(slot),
+                sb.journal_blocks,
+                Owner::Journal(slot),
+                &format!("journal of node slot {slot}"),
+            );
+        }
         let meta = 1 + u64::from(sb.bitmap_blocks);
         for g in 0..sb.group_count {
             let first = sb.group_first_block(g);
@@ -1234,7 +1243,7 @@ impl Checker<'_> {
     fn check_orphans(&mut self) -> Result<()> {
         use crate::format::slot_header::SlotHeader;
         for slot in 0..self.sb.max_nodes {
-            let at = self.sb.journal_start + u64::from(slot) * self.sb.journal_blocks;
+            let at = self.sb.journal_of(slot);
             let header = match SlotHeader::decode(&read_block(self.dev, at)?, at, slot) {
                 Ok(h) => h,
                 Err(e) => {

@@ -335,7 +335,7 @@ fn slot_headers(
     out: &mut Repaired,
 ) -> Result<()> {
     use crate::format::slot_header::SlotHeader;
-    let at = |slot: u32| sb.journal_start + u64::from(slot) * sb.journal_blocks;
+    let at = |slot: u32| sb.journal_of(slot);
     let plan = &report.plan;
     let slots: BTreeSet<u32> = plan.unorphan.iter().map(|&(s, _)| s).collect();
     for slot in slots {

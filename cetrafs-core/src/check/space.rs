@@ -12,6 +12,8 @@ pub enum Owner {
     Group(u64),
     /// An inode: its own block, xattr block, tree nodes and data.
     Inode(u64),
+    /// The journal of a node slot added after mkfs (format v6), inside a group.
+    Journal(u32),
 }
 
 impl fmt::Display for Owner {
@@ -19,6 +21,7 @@ impl fmt::Display for Owner {
         match self {
             Self::Group(g) => write!(f, "the header/bitmap of group {g}"),
             Self::Inode(i) => write!(f, "inode {i}"),
+            Self::Journal(s) => write!(f, "the journal of node slot {s}"),
         }
     }
 }

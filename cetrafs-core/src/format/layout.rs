@@ -145,7 +145,7 @@ impl Superblock {
         }
         let journals = self
             .journal_blocks
-            .saturating_mul(u64::from(self.max_nodes));
+            .saturating_mul(u64::from(self.base_journals()));
         if let Some(off) = within(b, self.journal_start, journals) {
             // journal_blocks > 0 here, since the area is not empty.
             return Region::Journal {
@@ -153,6 +153,22 @@ impl Superblock {
                 index: off % self.journal_blocks,
             };
         }
+        // v6: the journals of slots added after mkfs, inside groups.
+        let base = u64::from(self.base_journals());
+        for (i, &start) in (0u64..).zip(&self.extra_journals) {
+            if let Some(index) = within(b, start, self.journal_blocks) {
+                return Region::Journal {
+                    slot: base + i,
+                    index,
+                };
+            }
+        }
+        self.group_region_of(b)
+    }
+
+    /// [`Superblock::region_of`] for a block of the group area, as mkfs laid it out (an added
+    /// slot's journal counts as the group data it was taken from).
+    pub(crate) fn group_region_of(&self, b: u64) -> Region {
         let groups = self.group_blocks.saturating_mul(self.group_count);
         if let Some(off) = within(b, self.group_start, groups) {
             let (group, at) = (off / self.group_blocks, off % self.group_blocks);
@@ -179,11 +195,17 @@ impl Superblock {
             return Some((start, self.region_of(start)));
         };
         let data_end = self.group_first_block(group) + self.group_blocks;
-        match start.checked_add(len.max(1)) {
-            None => Some((start, Region::OutsideVolume)),
-            Some(end) if end > data_end => Some((data_end, self.region_of(data_end))),
-            Some(_) => None,
-        }
+        let end = match start.checked_add(len.max(1)) {
+            None => return Some((start, Region::OutsideVolume)),
+            Some(end) if end > data_end => return Some((data_end, self.region_of(data_end))),
+            Some(end) => end,
+        };
+        // A run that starts in data but reaches an added slot's journal (v6).
+        self.extra_journals
+            .iter()
+            .filter(|&&j| j > start && j < end)
+            .min()
+            .map(|&j| (j, self.region_of(j)))
     }
 
     /// Check one block pointer (`what` of inode `ino`) against the pointer rule; a violation is
@@ -259,6 +281,7 @@ mod tests {
             objlock_buckets: 0,
             mailbox_start: 0,
             sharing: None,
+            extra_journals: Vec::new(),
             probe_block: 2, // block 1 unused
             hb_start: 3,
             hb_blocks: 4, // 3..7, 7 unused

@@ -33,7 +33,9 @@
 //! 280     8 mailbox_start             fs block of the first mailbox: hb_slots     (v3, else 0)
 //!                                     mailboxes of one logical block each
 //! 288     4 sharing_mode              1 single-host, 2 multi-node                 (v4, else 0)
-//! 292  3800 zero
+//! 292     4 extra_journal_count       node slots added by `cetra tune -N`         (v6, else 0)
+//! 296  8×n  extra_journals            fs block of each added slot's journal       (v6)
+//! ..        zero
 //! 4092    4 crc32c of bytes 0..4092
 //! ```
 //!
@@ -63,6 +65,15 @@
 //! groups the volume can reach, and the decoder requires `group_count ≤ group_capacity`.
 //! `cetra grow` rewrites `total_blocks`, `group_count`, `backup_block` and `seq` (backup
 //! copy first, at the new last block); everything else stays where mkfs put it.
+//!
+//! **Node slots added after mkfs (v6, [`INCOMPAT_EXTRA_JOURNALS`]).** `cetra tune -N` raises
+//! `max_nodes` (up to `hb_slots`: the heartbeat records and mailboxes are there already) and
+//! gives each added slot a journal of `journal_blocks` taken from the free space of one
+//! allocation group (marked used in its bitmap): slot `s` of the
+//! [`Superblock::base_journals`] = `max_nodes − n` made by mkfs has its journal at
+//! `journal_start + s × journal_blocks`, slot `base + i` at `extra_journals[i]`
+//! ([`Superblock::journal_of`]). Each run lies in the data part of one group; the runs do
+//! not overlap; blocks in them are journal blocks, not data (`format/layout.rs`).
 
 use super::codec::{Reader, Writer};
 use super::FS_BLOCK_SIZE;
@@ -75,7 +86,7 @@ pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
 /// 5 with [`INCOMPAT_GROW`]. Volumes of versions 1 to 4 keep working with their version's features and stay mountable
 /// by the binaries of their version; those refuse a newer volume (by the version, and by the
 /// incompat bit they do not know).
-pub const FORMAT_VERSION: u32 = 5;
+pub const FORMAT_VERSION: u32 = 6;
 pub const LABEL_LEN: usize = 64;
 
 /// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
@@ -105,11 +116,23 @@ pub const INCOMPAT_SHARING_MODE: u32 = 0x4;
 /// must refuse the volume. mkfs sets it together with the three bits above.
 pub const INCOMPAT_GROW: u32 = 0x8;
 
+/// Incompat (v6): node slots added after mkfs (`cetra tune -N`), whose journals lie inside
+/// allocation groups, listed from byte 292. A binary that does not know it would put those
+/// slots' journals after the mkfs ones, in the group area, so it must refuse the volume.
+/// Set by `cetra tune` only, on a volume of format 5.
+pub const INCOMPAT_EXTRA_JOURNALS: u32 = 0x10;
+
+/// The most node slots `cetra tune -N` can add (the superblock's room for their journals).
+pub const MAX_EXTRA_JOURNALS: usize = (FS_BLOCK_SIZE - 4 - 296) / 8;
+
 /// Feature bits known to this release.
 pub const COMPAT_KNOWN: u32 = 0;
 pub const RO_COMPAT_KNOWN: u32 = 0;
-pub const INCOMPAT_KNOWN: u32 =
-    INCOMPAT_OVERFLOW | INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE | INCOMPAT_GROW;
+pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW
+    | INCOMPAT_OBJECT_LOCKS
+    | INCOMPAT_SHARING_MODE
+    | INCOMPAT_GROW
+    | INCOMPAT_EXTRA_JOURNALS;
 
 /// How a volume may be shared (format v4, [`INCOMPAT_SHARING_MODE`]): recorded by mkfs from
 /// the probe of the device it formatted (`dev/open.rs`, `Lun::check_sharing`).
@@ -181,6 +204,8 @@ const OBJLOCK_START: usize = INODE_LOCKS + 4;
 const OBJLOCK_BUCKETS: usize = OBJLOCK_START + 8;
 const MAILBOX_START: usize = OBJLOCK_BUCKETS + 8;
 const SHARING: usize = MAILBOX_START + 8;
+const EXTRA_COUNT: usize = SHARING + 4;
+const EXTRA_STARTS: usize = EXTRA_COUNT + 4;
 const CRC: usize = FS_BLOCK_SIZE - 4;
 const _: () = assert!(INODE_LOCKS + 4 == 264 && MAILBOX_START + 8 == 288 && SHARING == 288);
 
@@ -223,6 +248,9 @@ pub struct Superblock {
     /// v4 ([`INCOMPAT_SHARING_MODE`]): how the volume may be shared; None without the bit
     /// (unknown: volumes of format 1 to 3). Some exactly when the bit is set.
     pub sharing: Option<SharingMode>,
+    /// v6 ([`INCOMPAT_EXTRA_JOURNALS`]): the journals of the node slots `cetra tune -N` added,
+    /// slot `base_journals() + i` at `extra_journals[i]`; empty without the bit.
+    pub extra_journals: Vec<u64>,
 }
 
 /// The superblock [`Superblock::locate`] chose, and why.
@@ -279,6 +307,13 @@ impl Superblock {
         }
         if self.incompat & INCOMPAT_SHARING_MODE != 0 {
             w.u32(SHARING, self.sharing.map_or(0, SharingMode::code));
+        }
+        if self.incompat & INCOMPAT_EXTRA_JOURNALS != 0 {
+            let n = self.extra_journals.len().min(MAX_EXTRA_JOURNALS);
+            w.u32(EXTRA_COUNT, u32::try_from(n).unwrap_or(0));
+            for (i, &b) in self.extra_journals.iter().take(n).enumerate() {
+                w.u64(EXTRA_STARTS + 8 * i, b);
+            }
         }
         let crc = crc32c::crc32c(&b[..CRC]);
         Writer::new(&mut b).u32(CRC, crc);
@@ -373,7 +408,20 @@ impl Superblock {
             objlock_buckets: v3(OBJLOCK_BUCKETS)?,
             mailbox_start: v3(MAILBOX_START)?,
             sharing,
+            extra_journals: Vec::new(),
         };
+        let mut sb = sb;
+        if incompat & INCOMPAT_EXTRA_JOURNALS != 0 {
+            let n = r.u32(EXTRA_COUNT)? as usize;
+            if n == 0 || n > MAX_EXTRA_JOURNALS {
+                return Err(Error::corrupted(format!(
+                    "superblock: {n} added node slots (1 to {MAX_EXTRA_JOURNALS} with the feature)"
+                )));
+            }
+            sb.extra_journals = (0..n)
+                .map(|i| r.u64(EXTRA_STARTS + 8 * i))
+                .collect::<Result<_>>()?;
+        }
         if r.u32(FSBS)? as usize != FS_BLOCK_SIZE {
             return Err(Error::corrupted(format!(
                 "superblock: fs block size {} is not 4096",
@@ -424,6 +472,13 @@ impl Superblock {
         if self.incompat & INCOMPAT_GROW != 0 && self.group_count > self.group_capacity() {
             return bad("more groups than the lock area has group records for");
         }
+        let extra = self.incompat & INCOMPAT_EXTRA_JOURNALS != 0;
+        if extra && self.incompat & INCOMPAT_GROW == 0 {
+            return bad("added node slots (format 6) without online grow (format 5)");
+        }
+        if extra == self.extra_journals.is_empty() || self.base_journals() == 0 {
+            return bad("added node slots do not match the node count");
+        }
         // Absent regions (v2: no object locks) are empty and sit where they would be.
         let (objlock_start, mailbox_start) = if objlocks {
             (self.objlock_start, self.mailbox_start)
@@ -441,7 +496,7 @@ impl Superblock {
                 "the journal area",
                 self.journal_start,
                 self.journal_blocks
-                    .saturating_mul(u64::from(self.max_nodes)),
+                    .saturating_mul(u64::from(self.base_journals())),
             ),
             (
                 "the group area",
@@ -482,6 +537,7 @@ impl Superblock {
         if self.inode_lock_slots == 0 {
             return bad("no inode lock records");
         }
+        self.check_extra_journals()?;
         if let Err(e) =
             super::heartbeat::check_timing(self.heartbeat_interval_ms, self.io_timeout_ms)
         {
@@ -505,7 +561,9 @@ impl Superblock {
 
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
-        if self.incompat & INCOMPAT_GROW != 0 {
+        if self.incompat & INCOMPAT_EXTRA_JOURNALS != 0 {
+            6
+        } else if self.incompat & INCOMPAT_GROW != 0 {
             5
         } else if self.incompat & INCOMPAT_SHARING_MODE != 0 {
             4
@@ -515,6 +573,57 @@ impl Superblock {
             2
         } else {
             1
+        }
+    }
+
+    /// Each added slot's journal lies in the data part of one group, apart from the others.
+    fn check_extra_journals(&self) -> Result<()> {
+        let mut runs: Vec<(u64, u64)> = Vec::with_capacity(self.extra_journals.len());
+        for (i, &start) in self.extra_journals.iter().enumerate() {
+            let group_data = |b: u64| match self.group_region_of(b) {
+                super::layout::Region::GroupData { group } => Some(group),
+                _ => None,
+            };
+            let last = start.saturating_add(self.journal_blocks.saturating_sub(1));
+            if self.journal_blocks == 0
+                || group_data(start).is_none()
+                || group_data(start) != group_data(last)
+            {
+                return Err(Error::corrupted(format!(
+                    "superblock: the journal of added node slot {} (block {start}) is not inside one allocation group's data",
+                    self.base_journals() as usize + i
+                )));
+            }
+            runs.push((start, start + self.journal_blocks));
+        }
+        runs.sort_unstable();
+        if runs.windows(2).any(|w| w[1].0 < w[0].1) {
+            return Err(Error::corrupted(
+                "superblock: the journals of added node slots overlap",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The node slots whose journals mkfs placed (after the mailboxes): all but those
+    /// `cetra tune -N` added.
+    pub fn base_journals(&self) -> u32 {
+        let extra = u32::try_from(self.extra_journals.len()).unwrap_or(u32::MAX);
+        self.max_nodes.saturating_sub(extra)
+    }
+
+    /// First fs block of slot `slot`'s journal (`slot < max_nodes`; others as if mkfs had
+    /// placed them, which the caller's bounds exclude).
+    pub fn journal_of(&self, slot: u32) -> u64 {
+        let base = self.base_journals();
+        match slot
+            .checked_sub(base)
+            .and_then(|i| self.extra_journals.get(usize::try_from(i).ok()?))
+        {
+            Some(&b) => b,
+            None => self
+                .journal_start
+                .saturating_add(u64::from(slot).saturating_mul(self.journal_blocks)),
         }
     }
 
@@ -778,13 +887,61 @@ mod tests {
         assert!(e.to_string().contains("lock area"), "{e}");
     }
 
+    /// Version 6: added node slots' journals round-trip at byte 292; each must lie in one
+    /// group's data, apart from the others, and the count must leave mkfs's slots.
+    #[test]
+    fn added_node_slots_are_version_6_and_their_journals_are_checked() {
+        let sb = planned();
+        let data = sb.group_first_block(1) + 1 + u64::from(sb.bitmap_blocks) + 10;
+        let mut v6 = sb.clone();
+        v6.incompat |= INCOMPAT_EXTRA_JOURNALS;
+        v6.max_nodes += 2;
+        v6.extra_journals = vec![data, data + sb.journal_blocks];
+        let raw = v6.encode();
+        assert_eq!(u32::from_le_bytes(raw[292..296].try_into().unwrap()), 2);
+        let back = Superblock::decode(&raw).unwrap();
+        assert_eq!(back, v6);
+        assert_eq!(back.format_version(), 6);
+        assert_eq!(back.base_journals(), sb.max_nodes);
+        assert_eq!(back.journal_of(sb.max_nodes + 1), data + sb.journal_blocks);
+        assert_eq!(back.journal_of(1), sb.journal_start + sb.journal_blocks);
+        assert!(!back.is_data_block(data + 3));
+        // An extent that runs into an added journal is refused where it reaches it.
+        assert!(back.bad_data_range(data - 10, 10).is_none());
+        let (at, region) = back.bad_data_range(data - 5, 10).unwrap();
+        assert_eq!(at, data);
+        assert!(matches!(
+            region,
+            crate::format::layout::Region::Journal { index: 0, .. }
+        ));
+        for (what, journals) in [
+            ("overlap", vec![data, data + 1]),
+            (
+                "not inside",
+                vec![sb.group_first_block(1), data + sb.journal_blocks],
+            ),
+            ("not inside", vec![data, sb.journal_start]),
+        ] {
+            let bad = Superblock {
+                extra_journals: journals,
+                ..v6.clone()
+            };
+            let e = Superblock::decode(&bad.encode()).unwrap_err();
+            assert!(e.to_string().contains(what), "{what}: {e}");
+        }
+        let mut bad = v6.clone();
+        bad.max_nodes = sb.max_nodes;
+        let e = Superblock::decode(&bad.encode()).unwrap_err();
+        assert!(e.to_string().contains("node"), "{e}");
+    }
+
     /// Version 3: the object-lock fields round-trip; impossible values are refused with a
     /// message naming the region, and `locate` then falls back to the backup.
     #[test]
     fn object_lock_geometry_is_checked() {
         let sb = planned();
         assert_eq!(sb.format_version(), 5);
-        assert_eq!(FORMAT_VERSION, 5);
+        assert_eq!(FORMAT_VERSION, 6);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         let raw = sb.encode();
         assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 5);
@@ -890,12 +1047,12 @@ mod tests {
         }
         // A version this release does not know.
         let mut raw = sb.encode();
-        raw[8..12].copy_from_slice(&6u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&7u32.to_le_bytes());
         let crc = crc32c::crc32c(&raw[..CRC]);
         raw[CRC..].copy_from_slice(&crc.to_le_bytes());
         let e = Superblock::decode(&raw).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().contains("knows 1 to 5"), "{e}");
+        assert!(e.to_string().contains("knows 1 to 6"), "{e}");
         assert!(sb.check_features().is_ok());
     }
 

@@ -4,6 +4,7 @@
 use super::multinode_tests::{assert_fsck_clean, read_all};
 use super::*;
 use crate::dev::mem::MemDevice;
+use crate::dev::BlockDevice as _;
 use crate::mkfs::{format, MkfsOptions};
 
 const C: Caller = Caller::ROOT;
@@ -104,4 +105,83 @@ fn a_grow_stops_at_the_lock_area_and_older_formats_refuse() {
     dev.extend(256 * MIB);
     assert_eq!(a.grow().unwrap_err().kind(), ErrorKind::Unsupported);
     a.unmount().unwrap();
+}
+
+/// `cetra tune -N` (`tune::apply`): two node slots become four; the added slots' journals are
+/// runs inside groups, marked used; four nodes mount at once, the two new ones commit through
+/// their new journals, and fsck is clean (the runs are claimed by their slots, not leaked).
+#[test]
+fn node_slots_added_offline_get_journals_in_the_groups() {
+    let (dev, sb) = small(128 * MIB, &two_nodes());
+    let free_before = {
+        let v = mount(&dev, "a");
+        let f = v.statfs().unwrap().bfree;
+        v.unmount().unwrap();
+        f
+    };
+    let t = crate::tune::Tune {
+        max_nodes: Some(4),
+        ..Default::default()
+    };
+    // Only more slots, at most the heartbeat area's, and only on format 5.
+    for bad in [2, sb.hb_slots + 1] {
+        let t = crate::tune::Tune {
+            max_nodes: Some(bad),
+            ..Default::default()
+        };
+        assert_eq!(
+            crate::tune::apply(&*dev, &sb, &t).unwrap_err().kind(),
+            ErrorKind::InvalidInput
+        );
+    }
+    let new = crate::tune::apply(&*dev, &sb, &t).unwrap();
+    crate::tune::write_superblock(&*dev, &new).unwrap();
+    assert_eq!((new.max_nodes, new.base_journals()), (4, 2));
+    assert_eq!(new.format_version(), 6);
+    assert_eq!(new.extra_journals.len(), 2);
+    for (i, &j) in new.extra_journals.iter().enumerate() {
+        let slot = 2 + u32::try_from(i).unwrap();
+        assert_eq!(crate::journal::JournalArea::for_slot(&new, slot).start, j);
+        assert!(matches!(
+            new.group_region_of(j),
+            crate::format::layout::Region::GroupData { .. }
+        ));
+        assert!(!new.is_data_block(j), "an added journal is not file data");
+    }
+    assert_fsck_clean(&dev);
+
+    let nodes: Vec<_> = ["a", "b", "c", "d"]
+        .iter()
+        .map(|h| mount(&dev, h))
+        .collect();
+    let journal_bytes = 2 * new.journal_blocks * FS_BLOCK;
+    assert_eq!(
+        nodes[0].statfs().unwrap().bfree,
+        free_before - journal_bytes / FS_BLOCK
+    );
+    let r = nodes[0].root_ino();
+    for v in &nodes {
+        let name = format!("from-slot-{}", v.slot());
+        let (f, fh) = v.create(r, name.as_bytes(), 0o644, C, true).unwrap();
+        v.write(&fh, 0, name.as_bytes()).unwrap();
+        v.release(&fh).unwrap();
+        v.fsync(f.ino, false).unwrap();
+    }
+    // Slot 3 committed through its journal in the group area: a transaction header there.
+    let j3 = new.journal_of(3);
+    let mut raw = vec![0u8; 4096];
+    dev.read_at((j3 + 1) * FS_BLOCK, &mut raw).unwrap();
+    assert!(
+        raw.iter().any(|&b| b != 0),
+        "nothing was journaled in slot 3's journal"
+    );
+    for v in nodes {
+        v.unmount().unwrap();
+    }
+    assert_fsck_clean(&dev);
+    let v = mount(&dev, "e");
+    for s in 0..4 {
+        assert!(v.lookup(r, format!("from-slot-{s}").as_bytes()).is_ok());
+    }
+    v.unmount().unwrap();
 }
