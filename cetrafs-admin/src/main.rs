@@ -596,12 +596,71 @@ fn run_status(target: &Path, as_json: bool, watch: Option<Duration>) -> Result<(
     let device = device_of(target)?;
     let dev = open(&device)?;
     let st = status::gather(&dev, watch).map_err(|e| format!("{}: {e}", device.display()))?;
+    let pr = Fencing::read(&device);
     if as_json {
-        println!("{:#}", to_json(&device, &st));
+        println!("{:#}", to_json(&device, &st, &pr));
     } else {
-        print_table(&device, &st);
+        print_table(&device, &st, &pr);
     }
     Ok(())
+}
+
+/// What the LUN says about persistent-reservation fencing (`fence=pr`): the registered keys
+/// and the reservation holder, read with PERSISTENT RESERVE IN through `SG_IO`; None where
+/// the path has no SCSI (a file LUN, a virtio disk) or does not answer.
+#[derive(Debug, Default)]
+struct Fencing {
+    keys: Option<Vec<u64>>,
+    holder: Option<u64>,
+}
+
+impl Fencing {
+    fn read(device: &Path) -> Self {
+        use cetrafs_core::cluster::reservation::PrPath as _;
+        let opts = cetrafs_core::dev::sg::SgDeviceOptions {
+            read_only: true,
+            ..Default::default()
+        };
+        let Ok(sg) = cetrafs_core::dev::sg::SgDevice::open(device, &opts) else {
+            return Self::default();
+        };
+        Self {
+            keys: sg.read_keys().ok().map(|k| k.keys),
+            holder: sg
+                .read_reservation()
+                .ok()
+                .and_then(|r| r.holder)
+                .map(|h| h.key),
+        }
+    }
+
+    /// How slot `s` is fenced: `pr` when the LUN has its key (this generation) registered,
+    /// else `lease` (it stops writing when its lease runs out); `+watchdog` when its host
+    /// watchdog resets it too.
+    fn mode_of(&self, uuid: &str, s: &SlotStatus) -> String {
+        use cetrafs_core::scsi::pr;
+        let prefix = uuid
+            .get(..8)
+            .and_then(|h| u32::from_str_radix(h, 16).ok())
+            .unwrap_or(0);
+        let key = pr::pr_key(prefix, s.slot, s.generation);
+        let base = if self.keys.as_ref().is_some_and(|k| k.contains(&key)) {
+            "pr"
+        } else {
+            "lease"
+        };
+        if s.watchdog_ms > 0 {
+            format!("{base}+watchdog")
+        } else {
+            base.to_string()
+        }
+    }
+
+    /// The slot holding the LUN's reservation, if a CetraFS key of this volume does.
+    fn holder_slot(&self, uuid: &str) -> Option<u32> {
+        let prefix = u32::from_str_radix(uuid.get(..8)?, 16).ok()?;
+        cetrafs_core::scsi::pr::key_slot(self.holder?, prefix).flatten()
+    }
 }
 
 /// The device behind `target`: itself, unless it is a CetraFS mountpoint, whose source (the
@@ -704,7 +763,16 @@ fn slot_json(s: &SlotStatus) -> serde_json::Value {
     })
 }
 
-fn to_json(device: &Path, st: &VolumeStatus) -> serde_json::Value {
+fn to_json(device: &Path, st: &VolumeStatus, pr: &Fencing) -> serde_json::Value {
+    let slots: Vec<serde_json::Value> = st
+        .slots
+        .iter()
+        .map(|s| {
+            let mut j = slot_json(s);
+            j["fence"] = json!(pr.mode_of(&st.uuid, s));
+            j
+        })
+        .collect();
     json!({
         "device": device.display().to_string(),
         "uuid": st.uuid,
@@ -719,7 +787,11 @@ fn to_json(device: &Path, st: &VolumeStatus) -> serde_json::Value {
         "io_timeout_ms": st.io_timeout_ms,
         "watched_ms": ms(st.watched),
         "global_lock": {"mode": st.global_mode, "version": st.global_version},
-        "slots": st.slots.iter().map(slot_json).collect::<Vec<_>>(),
+        "persistent_reservations": pr.keys.as_ref().map(|k| json!({
+            "keys": k.len(),
+            "reserved_by_slot": pr.holder_slot(&st.uuid),
+        })),
+        "slots": slots,
         "groups": st.groups.iter().map(|g| json!({"group": g.group, "owner": g.owner, "free_blocks": g.free_blocks})).collect::<Vec<_>>(),
     })
 }
@@ -731,7 +803,7 @@ fn size(blocks: u64) -> String {
     format!("{gib:.1} GiB")
 }
 
-fn print_table(device: &Path, st: &VolumeStatus) {
+fn print_table(device: &Path, st: &VolumeStatus, pr: &Fencing) {
     let label = if st.label.is_empty() {
         String::new()
     } else {
@@ -754,15 +826,21 @@ fn print_table(device: &Path, st: &VolumeStatus) {
         ms(st.watched)
     );
     println!(
-        "global lock: {} (version {})",
-        st.global_mode, st.global_version
+        "global lock: {} (version {}); persistent reservations: {}",
+        st.global_mode,
+        st.global_version,
+        match (&pr.keys, pr.holder_slot(&st.uuid)) {
+            (None, _) => "none on this path (fencing by lease and watchdog)".to_string(),
+            (Some(k), Some(s)) => format!("{} keys, reserved by slot {s}", k.len()),
+            (Some(k), None) => format!("{} keys, not reserved by this volume", k.len()),
+        }
     );
     if st.slots.is_empty() {
         println!("no node has ever mounted the volume");
         return;
     }
     println!(
-        "{:<4} {:<16} {:<10} {:>4} {:>9} {:>9} {:>9} {:<9} {:>17} {:>14} {:>9} {:<8} {:>7}",
+        "{:<4} {:<16} {:<10} {:>4} {:>9} {:>9} {:>9} {:<14} {:<9} {:>17} {:>14} {:>9} {:<8} {:>7}",
         "slot",
         "host",
         "condition",
@@ -770,6 +848,7 @@ fn print_table(device: &Path, st: &VolumeStatus) {
         "age",
         "dead time",
         "watchdog",
+        "fence",
         "global",
         "inodes ex/sh/wait",
         "groups (free)",
@@ -793,7 +872,7 @@ fn print_table(device: &Path, st: &VolumeStatus) {
             (None, false) => "-",
         };
         println!(
-            "{:<4} {:<16} {:<10} {:>4} {:>9} {:>8.1}s {:>9} {:<9} {:>17} {:>14} {:>9} {:<8} {:>7}",
+            "{:<4} {:<16} {:<10} {:>4} {:>9} {:>8.1}s {:>9} {:<14} {:<9} {:>17} {:>14} {:>9} {:<8} {:>7}",
             s.slot,
             s.host,
             cond,
@@ -805,6 +884,7 @@ fn print_table(device: &Path, st: &VolumeStatus) {
             } else {
                 format!("{} ms", s.watchdog_ms)
             },
+            pr.mode_of(&st.uuid, s),
             global,
             format!(
                 "{}/{}/{}",

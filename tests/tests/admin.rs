@@ -88,7 +88,10 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
             "{host}: age {age} ms"
         );
         assert_eq!(s["dead_time_ms"], 5200, "{host}: {s:#}");
+        // A file LUN has no persistent reservations: the lease is the fence.
+        assert_eq!(s["fence"], "lease", "{host}: {s:#}");
     }
+    assert!(st["persistent_reservations"].is_null(), "{st:#}");
     assert_eq!(st["max_nodes"], 8);
     let writing = &slot_of(&st, "node2").expect("node2")["locks"]["files_open_writing"];
     assert!(writing.as_u64() >= Some(1), "node2's open file: {st:#}");
