@@ -316,12 +316,7 @@ impl Allocator {
     /// unowned, their free counts read from their headers. Fewer than now: nothing changes.
     pub fn add_groups(&mut self, count: u64) -> Result<()> {
         let have = self.groups.len() as u64;
-        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-        let mut added = Vec::new();
-        for g in have..count {
-            added.push(self.read_header(g, &mut buf)?.free_blocks);
-        }
-        for free in added {
+        for free in self.read_free(have, count)? {
             self.total_free += free;
             self.groups.push(Group {
                 class: GroupClass::Unowned,
@@ -337,18 +332,24 @@ impl Allocator {
     /// Every group header's free count, read by `HEADER_READERS` threads at once (one block
     /// per group, 1 GiB apart: the reads cannot be merged, but they can overlap).
     fn read_all_free(&self, count: u64) -> Result<Vec<u64>> {
+        self.read_free(0, count)
+    }
+
+    /// The free counts in the headers of groups `first .. end`.
+    fn read_free(&self, first: u64, end: u64) -> Result<Vec<u64>> {
         const HEADER_READERS: u64 = 8;
+        let count = end.saturating_sub(first);
         let threads = if count < 256 { 1 } else { HEADER_READERS };
         let per = count.div_ceil(threads);
         let chunk = |from: u64| -> Result<Vec<u64>> {
             let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-            (from..(from + per).min(count))
+            (from..(from + per).min(end))
                 .map(|g| self.read_header(g, &mut buf).map(|h| h.free_blocks))
                 .collect()
         };
         let parts: Vec<Result<Vec<u64>>> = std::thread::scope(|s| {
             let handles: Vec<_> = (0..threads)
-                .map(|t| s.spawn(move || chunk(t * per)))
+                .map(|t| s.spawn(move || chunk(first + t * per)))
                 .collect();
             handles
                 .into_iter()

@@ -137,6 +137,25 @@ pub fn apply(dev: &dyn BlockDevice, sb: &Superblock, t: &Tune) -> Result<Superbl
     Ok(new)
 }
 
+/// A group's free count published in its lock record's value block (which mount trusts over
+/// the header) follows the header: rewritten if one was published. Offline, under the claim,
+/// so a plain write; a record that does not decode is left to fsck.
+fn republish_free(dev: &dyn BlockDevice, sb: &Superblock, g: u64, free: u64) -> Result<()> {
+    let layout = crate::cluster::lock::LockLayout::new(sb);
+    let lbs = sb.logical_block_size as usize;
+    let index = 1 + g;
+    let at = sb.lock_start * FS_BLOCK + index * lbs as u64;
+    let raw = crate::dev::read_aligned(dev, at, lbs)?;
+    let Ok(mut rec) = layout.decode_at(&raw, index) else {
+        return Ok(());
+    };
+    if rec.group_free().is_none() {
+        return Ok(());
+    }
+    rec.set_group_free(free);
+    dev.write_at(at, &AlignedBuf::from_slice(&rec.encode(lbs)))
+}
+
 /// Take `count` free runs of `journal_blocks` from the groups' data (last group first) and
 /// mark them used; returns their first blocks. Nothing is written unless all are found.
 fn take_runs(dev: &dyn BlockDevice, sb: &Superblock, count: u32) -> Result<Vec<u64>> {
@@ -213,6 +232,7 @@ fn take_runs(dev: &dyn BlockDevice, sb: &Superblock, count: u32) -> Result<Vec<u
             )?;
         }
         dev.write_at(first * FS_BLOCK, &AlignedBuf::from_slice(&header.encode()))?;
+        republish_free(dev, sb, g, header.free_blocks)?;
     }
     dev.flush()?;
     Ok(out)

@@ -573,6 +573,18 @@ impl LockTable {
 
     /// Like [`Self::read_range`], but a record that stays corrupted is an `Err` in its own
     /// place instead of failing the whole range (the outer `Err` is a device error).
+    /// Every record in use, with its index: the global lock, the groups the volume has, the
+    /// open-file buckets. Group records reserved for a grow (format 5: most of the area on a
+    /// new volume) are never written until a grow gives them a group, so they are not read.
+    pub fn read_in_use(&self) -> Result<Vec<(u64, Result<LockRecord>)>> {
+        let groups_end = 1 + self.group_count();
+        let mut out: Vec<(u64, Result<LockRecord>)> =
+            (0..).zip(self.read_range_each(0, groups_end)?).collect();
+        let buckets = self.lock_count.saturating_sub(self.bucket_base);
+        out.extend((self.bucket_base..).zip(self.read_range_each(self.bucket_base, buckets)?));
+        Ok(out)
+    }
+
     pub fn read_range_each(&self, first: u64, n: u64) -> Result<Vec<Result<LockRecord>>> {
         self.check_range(first, n)?;
         let len = usize::try_from(n)
@@ -905,10 +917,10 @@ impl LockTable {
                 .and_then(|s| lives.get(s).copied())
                 .unwrap_or(SlotLife::Gone)
         };
-        let all = self.read_range_each(0, self.lock_count)?;
+        let all = self.read_in_use()?;
         let first = life()?;
         let mut changed = Vec::new();
-        for (index, rec) in (0..).zip(all) {
+        for (index, rec) in all {
             let Ok(rec) = rec else { continue };
             if scrubbed(&rec, &|s| at(&first, s)) == rec {
                 continue;
@@ -953,7 +965,7 @@ impl LockTable {
         check_slot(me.slot)?;
         let mut reset = Vec::new();
         let mut left = Vec::new();
-        for (index, rec) in (0..).zip(self.read_range_each(0, self.lock_count)?) {
+        for (index, rec) in self.read_in_use()? {
             let Err(why) = rec else { continue };
             let mut buf = AlignedBuf::new(self.lbs);
             self.dev.read_at(self.offset(index), &mut buf)?;

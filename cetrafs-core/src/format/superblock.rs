@@ -752,6 +752,24 @@ impl Superblock {
             }),
             Err(e) => Err(Error::new(e.kind(), e.to_string())),
         };
+        // A primary that is whole but larger than the device is a volume grown (`cetra grow`)
+        // on a path that has not seen the LUN grow: the last block of what this host sees is
+        // the backup of before the grow, which must never stand in for the grown primary (a
+        // mount would lose the new groups, fsck would write it over the primary).
+        if let Ok(p) = Self::decode(&primary_raw) {
+            if let Ok(b) = &backup {
+                if b.uuid == p.uuid && b.seq < p.seq {
+                    return Err(Error::new(
+                        ErrorKind::Range,
+                        format!(
+                            "the volume is {} MiB but this device shows {} MiB: the LUN grew and this host has not seen it yet; rescan it (iscsiadm -m session --rescan; multipathd resize map NAME) and try again",
+                            (p.total_blocks * FS_BLOCK_SIZE as u64) >> 20,
+                            (dev_blocks * FS_BLOCK_SIZE as u64) >> 20
+                        ),
+                    ));
+                }
+            }
+        }
         match backup {
             Ok(sb) => Ok(Located {
                 sb,

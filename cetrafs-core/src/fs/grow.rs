@@ -25,13 +25,17 @@
 //! 5. Adopt it here ([`Meta::adopt_geometry`]: the allocator reads the new group headers), and
 //!    release the lock as usual.
 //!
-//! # Every node picks it up ([`Volume::follow_geometry`])
+//! # Every node picks it up ([`Volume::follow_geometry`], [`newest`])
 //! Nothing can reference a new group before its superblock is written, and only a holder of
 //! the global lock allocates from a group it knows. Every later grant of the global lock (to
 //! any node, shared or exclusive) returns the record; a node that finds a value-block seq it
 //! has not looked at re-reads the primary superblock and, if it is a newer superblock of the
 //! same volume, adopts it before the operation that took the lock reads any metadata. So no
-//! node meets a pointer into a group it does not know. `df` (statfs takes the lock shared)
+//! node meets a pointer into a group it does not know. A mounting node reads the superblock
+//! again after it claimed its slot (the journals it replays may use new groups) and once more
+//! when it holds the global lock shared (no grow runs then). A path that does not show the new
+//! size never falls back to the backup of before the grow (`Superblock::locate` refuses,
+//! saying to rescan), which would lose the new groups. `df` (statfs takes the lock shared)
 //! shows the new size on every node after its next metadata operation. A node whose path to
 //! the LUN does not show the new size yet (a kernel block device not rescanned) refuses its
 //! metadata operations with an error that says so, until it does; nothing is written by it
@@ -52,6 +56,7 @@
 use super::txn::Meta;
 use super::Volume;
 use crate::cluster::lock::LockTable;
+use crate::dev::BlockDevice;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::lock_record::{LockMode, LockRecord};
 use crate::format::superblock::Superblock;
@@ -148,7 +153,6 @@ impl Volume {
         crate::failpoint::process("grow::published");
         crate::tune::write_superblock(&*self.dev, &new)?;
         self.adopt(&mut m, new.clone())?;
-        m.set_geometry_seen(new.seq);
         tracing::warn!(
             "grew the volume from {} to {} groups ({} to {} MiB)",
             old.group_count,
@@ -164,30 +168,30 @@ impl Volume {
         })
     }
 
-    /// Just granted the global lock as `rec`: if its value block names a superblock seq this
-    /// node has not looked at, adopt the newer superblock on disk (module docs).
-    /// Until that succeeds (a path not rescanned yet, an I/O error), every use of the lock
-    /// tries again ([`Meta::geometry_behind`]), so no operation runs on the old geometry.
+    /// Just granted the global lock as `rec`: if its value block names a superblock seq newer
+    /// than this node's, adopt the newer superblock on disk (module docs). Until that succeeds
+    /// (a path not rescanned yet, an I/O error), every use of the lock tries again
+    /// ([`Meta::geometry_behind`]), so no operation runs on the old geometry. After a grow that
+    /// crashed between publishing its seq and writing the superblock, the value block stays
+    /// ahead and each grant costs one superblock read, until the next grow.
     pub(super) fn follow_geometry(&self, m: &mut Meta, rec: &LockRecord) -> Result<()> {
-        let Some(seq) = rec.geometry_seq() else {
-            return Ok(());
-        };
-        if !m.sb().can_grow() || seq == m.geometry_seen() {
-            return Ok(());
+        match rec.geometry_seq() {
+            Some(seq) if m.sb().can_grow() && seq > m.sb().seq => {
+                m.set_geometry_behind(Some(seq));
+                self.catch_up_geometry(m)
+            }
+            _ => Ok(()),
         }
-        m.set_geometry_behind(Some(seq));
-        self.catch_up_geometry(m)
     }
 
     /// The rest of [`Volume::follow_geometry`], also called while the lock is held.
     pub(super) fn catch_up_geometry(&self, m: &mut Meta) -> Result<()> {
-        let Some(seq) = m.geometry_behind() else {
+        if m.geometry_behind().is_none() {
             return Ok(());
-        };
-        if let Some(new) = self.newer_superblock(m.sb())? {
+        }
+        if let Some(new) = newest(&*self.dev, m.sb())? {
             self.adopt(m, new)?;
         }
-        m.set_geometry_seen(seq);
         m.set_geometry_behind(None);
         Ok(())
     }
@@ -197,38 +201,7 @@ impl Volume {
     /// the disk, not the metadata mutex: a recovery must never wait for an operation that
     /// waits for the recovered node's locks.
     pub(super) fn current_superblock(&self) -> Result<Superblock> {
-        Ok(self
-            .newer_superblock(&self.sb)?
-            .unwrap_or_else(|| self.sb.clone()))
-    }
-
-    /// The primary superblock if it is a newer one of the same volume than `than`, once this
-    /// node's path to the LUN covers it.
-    fn newer_superblock(&self, than: &Superblock) -> Result<Option<Superblock>> {
-        let raw = crate::dev::read_aligned(&*self.dev, 0, crate::format::FS_BLOCK_SIZE)?;
-        let sb = match Superblock::decode(&raw) {
-            Ok(sb) if sb.uuid == than.uuid && sb.seq > than.seq => sb,
-            Ok(_) => return Ok(None),
-            Err(e) => {
-                // A torn or damaged primary: the grow that wrote it did not finish, or the
-                // disk is bad; the geometry this node has is still a valid one.
-                tracing::warn!("re-reading the superblock after a grow: {e}");
-                return Ok(None);
-            }
-        };
-        let have = self.dev.refresh_size()?;
-        let need = sb.total_blocks.saturating_mul(FS_BLOCK);
-        if have < need {
-            return Err(Error::new(
-                ErrorKind::Io,
-                format!(
-                    "the volume grew to {} MiB, but this node sees the LUN as {} MiB: rescan it on this host (iscsiadm -m session --rescan; multipathd resize map NAME)",
-                    need >> 20,
-                    have >> 20
-                ),
-            ));
-        }
-        Ok(Some(sb))
+        Ok(newest(&*self.dev, &self.sb)?.unwrap_or_else(|| self.sb.clone()))
     }
 
     /// Use `new` (a grown superblock of this volume) from now on.
@@ -240,4 +213,44 @@ impl Volume {
         self.refresh_group_classes(m);
         Ok(())
     }
+}
+
+/// A superblock of the same volume as `known` with a higher seq (written by a grow since), once
+/// this host's path to the LUN covers it: the primary, or, if the primary does not decode (a
+/// grow that died while writing it, a bad read), the backup in the device's last block. None
+/// when there is none. Err when there is one this path is too small for (not rescanned yet).
+/// Used by mount (before and after it takes the global lock), by every grant of that lock
+/// that names a newer seq, and by recovery.
+pub(crate) fn newest(dev: &dyn BlockDevice, known: &Superblock) -> Result<Option<Superblock>> {
+    let read = |b: u64| crate::dev::read_aligned(dev, b * FS_BLOCK, crate::format::FS_BLOCK_SIZE);
+    let newer = |sb: &Superblock| sb.uuid == known.uuid && sb.seq > known.seq;
+    let have = dev.refresh_size()?;
+    let found = match Superblock::decode(&read(0)?) {
+        Ok(sb) => Some(sb).filter(newer),
+        Err(e) => {
+            tracing::warn!(
+                "re-reading the superblock: the primary is unusable ({e}); trying the backup"
+            );
+            let last = (have / FS_BLOCK).saturating_sub(1);
+            read(last)
+                .ok()
+                .and_then(|raw| Superblock::decode(&raw).ok())
+                .filter(|sb| sb.backup_block == last && newer(sb))
+        }
+    };
+    let Some(sb) = found else {
+        return Ok(None);
+    };
+    let need = sb.total_blocks.saturating_mul(FS_BLOCK);
+    if have < need {
+        return Err(Error::new(
+            ErrorKind::Io,
+            format!(
+                "the volume grew to {} MiB, but this node sees the LUN as {} MiB: rescan it on this host (iscsiadm -m session --rescan; multipathd resize map NAME)",
+                need >> 20,
+                have >> 20
+            ),
+        ));
+    }
+    Ok(Some(sb))
 }

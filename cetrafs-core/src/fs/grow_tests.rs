@@ -185,3 +185,35 @@ fn node_slots_added_offline_get_journals_in_the_groups() {
     }
     v.unmount().unwrap();
 }
+
+/// After a grow, a host whose path still shows the old size must not fall back to the backup
+/// of before the grow (it would lose the new groups, and fsck would write it over the primary):
+/// `locate` refuses and says to rescan. A node that re-reads the superblock with the primary
+/// torn finds the grown one in the backup at the new end.
+#[test]
+fn a_path_not_rescanned_is_refused_and_a_torn_primary_falls_back_to_the_new_backup() {
+    let (dev, sb) = small(128 * MIB, &two_nodes());
+    let a = mount(&dev, "a");
+    dev.extend(256 * MIB);
+    a.grow().unwrap();
+    a.unmount().unwrap();
+    let old_blocks = sb.total_blocks;
+    let mut read = |b: u64| -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; 4096];
+        dev.read_at(b * FS_BLOCK, &mut buf)?;
+        Ok(buf)
+    };
+    let e = crate::format::superblock::Superblock::locate(old_blocks, &mut read).unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Range, "{e}");
+    assert!(e.to_string().contains("rescan"), "{e}");
+    let grown = crate::format::superblock::Superblock::locate(256 * MIB / FS_BLOCK, &mut read)
+        .unwrap()
+        .sb;
+    assert!(grown.group_count > sb.group_count);
+    // The primary torn: the newer superblock is found in the backup at the new end.
+    dev.write_at(0, &vec![0xA5u8; 4096]).unwrap();
+    let found = super::grow::newest(&*dev, &sb).unwrap().unwrap();
+    assert_eq!(found, grown);
+    // Nothing newer than itself.
+    assert!(super::grow::newest(&*dev, &grown).unwrap().is_none());
+}

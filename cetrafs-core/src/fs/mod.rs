@@ -334,8 +334,8 @@ impl Volume {
         self.meta_op(|tx| {
             let mut kept = Vec::new();
             for &ino in &orphans {
-                if self
-                    .sb
+                if tx
+                    .sb()
                     .check_data_block(ino, crate::format::layout::PointerKind::Orphan, ino)
                     .is_err()
                 {

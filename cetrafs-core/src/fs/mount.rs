@@ -94,6 +94,9 @@ impl Volume {
         dead: &[SlotView],
         member: Arc<Membership>,
     ) -> Result<Arc<Volume>> {
+        // A grow since the superblock was read (finding the other nodes can take seconds):
+        // the journals replayed below may use its groups (fs/grow.rs).
+        let sb = super::grow::newest(&*dev, &sb)?.unwrap_or(sb);
         // fence=pr: the slot key replaces the joining key before anything else is written.
         if let Some(pr) = &opts.reservations {
             let live = reservation::live_slots(&membership::scan(&*dev, &sb)?);
@@ -162,6 +165,19 @@ impl Volume {
         }
         let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks, ilocks);
         let granted = take_global_shared(&cl, me, &member, timing)?;
+        // Once more under the lock, which a grow holds exclusively: none runs from here on
+        // until this node follows it like every other (fs/grow.rs).
+        let sb = match super::grow::newest(&*dev, &sb) {
+            Ok(Some(grown)) => {
+                cl.locks.set_group_count(grown.group_count);
+                grown
+            }
+            Ok(None) => sb,
+            Err(e) => {
+                let _ = cl.locks.release_global(me);
+                return Err(e);
+            }
+        };
         let loaded = Allocator::new(dev.clone(), &sb, opts.bitmap_cache_bytes);
         let alloc = match loaded {
             Ok(a) => a,

@@ -98,10 +98,8 @@ pub(crate) struct Meta {
     /// Runs whose free is durable, waiting for their discard (fs/discard.rs); None:
     /// `nodiscard`.
     discards: Option<super::discard::DiscardQueue>,
-    /// The superblock seq of the global lock's value block this node last looked at
+    /// A value-block seq newer than this node's superblock that it could not adopt yet
     /// (`fs/grow.rs`).
-    geometry_seen: u64,
-    /// A seq newer than `geometry_seen` whose superblock this node could not adopt yet.
     geometry_behind: Option<u64>,
 }
 
@@ -130,17 +128,8 @@ impl Meta {
             pool: None,
             emptied: std::sync::Arc::default(),
             discards: None,
-            geometry_seen: 0,
             geometry_behind: None,
         }
-    }
-
-    pub fn geometry_seen(&self) -> u64 {
-        self.geometry_seen
-    }
-
-    pub fn set_geometry_seen(&mut self, seq: u64) {
-        self.geometry_seen = seq;
     }
 
     pub fn geometry_behind(&self) -> Option<u64> {
