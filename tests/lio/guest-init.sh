@@ -213,6 +213,49 @@ else
 fi
 say "tools checks done at $(up)s"
 
+# ---- cetra grow on a SCSI LUN (issue 11): an iblock backstore on dm-linear over RAM disks
+# 1..15 of brd (4 MiB each; ram0 is the stall test's), exported through tcm_loop. The table
+# grows from 10 to 15 disks (40 -> 60 MiB): LIO's iblock reports the new capacity at once
+# (READ CAPACITY through SG_IO), the kernel's sd node only after a rescan. Before the rescan
+# `cetra grow` is refused (the data path goes through sd), after it the volume grows online,
+# takes a file larger than its old free space, and fsck is clean. `cetra status` shows the
+# daemon (fence=auto) fenced by persistent reservations.
+grow_check() {
+    [ -b /dev/ram15 ] && [ -c /dev/fuse ] || { tfail "grow: no brd ram15 or no fuse"; return; }
+    table() { i=1; while [ $i -le "$1" ]; do echo "$(( (i - 1) * 8192 )) 8192 linear /dev/ram$i 0"; i=$((i + 1)); done; }
+    table 10 | dmsetup --noudevsync create growlun || { tfail "grow: dmsetup create"; return; }
+    DM=$(for d in /sys/block/dm-*; do [ "$(cat $d/dm/name)" = growlun ] && basename $d; done)
+    D=$T/core/iblock_1/grow; mkdir -p $D || { tfail "grow: mkdir $D"; return; }
+    { echo "udev_path=/dev/$DM" > $D/control && echo cetrafs-grow > $D/wwn/vpd_unit_serial &&
+        echo 1 > $D/enable; } || { tfail "grow: iblock backstore"; return; }
+    export_lun grow; GSG=$LAST_SG; GSD=$LAST_SD
+    expect "grow: mkfs $GSD" 0 "can grow to:" mkfs.cetra -f -N 2 --journal-size 4M "$GSD"
+    mkdir -p /mnt/g
+    expect "grow: mount $GSD" 0 "" mount.cetra "$GSD" /mnt/g -o host=grower
+    dd if=/dev/zero of=/mnt/g/before bs=1M count=4 2>/dev/null && sync
+    before=$(df -k /mnt/g | awk 'NR==2{print $2}')
+    expect "grow: status shows pr fencing" 0 '"fence": "pr"' cetra status --json "$GSD"
+    table 15 | dmsetup --noudevsync reload growlun && dmsetup --noudevsync resume growlun ||
+        { tfail "grow: dmsetup reload"; return; }
+    expect "grow: refused before the sd rescan" 1 "grow the LUN first" cetra grow /mnt/g
+    echo 1 > /sys/class/scsi_generic/$(basename $GSG)/device/rescan
+    expect "grow: cetra grow after the rescan" 0 "grew from" cetra grow /mnt/g
+    after=$(df -k /mnt/g | awk 'NR==2{print $2}')
+    if [ "$after" -gt "$before" ]; then tpass "grow: df $before -> $after KiB"; else tfail "grow: df $before -> $after KiB"; fi
+    # more than the old volume had free: only the new groups hold it
+    big=$(( before / 1024 + 4 ))
+    if dd if=/dev/zero of=/mnt/g/big bs=1M count=$big conv=fsync 2>/tmp/dd.err; then
+        tpass "grow: wrote $big MiB (the old volume had $((before / 1024)) MiB in all)"
+    else
+        sed 's|^|OUT grow dd: |' /tmp/dd.err > $R; tfail "grow: writing $big MiB"
+    fi
+    umount /mnt/g || tfail "grow: umount"
+    i=0; while pidof mount.cetra >/dev/null && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
+    expect "grow: fsck after the grow" 0 "$GSD: clean" fsck.cetra -n "$GSD"
+}
+grow_check
+say "grow checks done at $(up)s"
+
 # ---- multi-node file system scenarios (lio-check fs-multi, tools/lio-check/src/fsmulti.rs):
 # one LUN through three nexuses = three initiators = three nodes, each with its own
 # mount.cetra daemon (host=node1..3): visibility, concurrent O_DIRECT writers, SIGKILL of
