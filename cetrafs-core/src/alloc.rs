@@ -299,21 +299,13 @@ impl Allocator {
             windows: HashMap::new(),
             held: 0,
         };
-        for free in a.read_all_free(sb.group_count)? {
-            a.total_free += free;
-            a.groups.push(Group {
-                class: GroupClass::Unowned,
-                free,
-                checked: 0,
-                lvb_seen: None,
-                bits: None,
-            });
-        }
+        a.add_groups(sb.group_count)?;
         Ok(a)
     }
 
-    /// The volume grew (`fs/grow.rs`): groups from the current count up to `count` are added,
-    /// unowned, their free counts read from their headers. Fewer than now: nothing changes.
+    /// Groups from the current count up to `count` are added, unowned, their free counts
+    /// read from their headers: every group at mount, the new ones when the volume grew
+    /// (`fs/grow.rs`). Fewer than now: nothing changes.
     pub fn add_groups(&mut self, count: u64) -> Result<()> {
         let have = self.groups.len() as u64;
         for free in self.read_free(have, count)? {
@@ -329,13 +321,9 @@ impl Allocator {
         Ok(())
     }
 
-    /// Every group header's free count, read by `HEADER_READERS` threads at once (one block
-    /// per group, 1 GiB apart: the reads cannot be merged, but they can overlap).
-    fn read_all_free(&self, count: u64) -> Result<Vec<u64>> {
-        self.read_free(0, count)
-    }
-
-    /// The free counts in the headers of groups `first .. end`.
+    /// The free counts in the headers of groups `first .. end`, read by `HEADER_READERS`
+    /// threads at once (one block per group, 1 GiB apart: the reads cannot be merged, but
+    /// they can overlap).
     fn read_free(&self, first: u64, end: u64) -> Result<Vec<u64>> {
         const HEADER_READERS: u64 = 8;
         let count = end.saturating_sub(first);
