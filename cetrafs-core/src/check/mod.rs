@@ -19,6 +19,7 @@
 //! follows a block twice, so hostile images terminate.
 
 mod control;
+mod remap;
 pub mod repair;
 mod space;
 pub mod synth;
@@ -194,6 +195,20 @@ pub(crate) struct RepairPlan {
     pub drop_xattrs: std::collections::BTreeSet<u64>,
     /// Entries whose file type differs from their inode's: (directory, hash, name, type).
     pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
+    /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
+    /// out-of-groups or shared extent, written data past EOF), and the map to write.
+    pub maps: std::collections::BTreeMap<u64, MapFix>,
+}
+
+/// The extent map a regular file keeps (`check/remap.rs` writes it): what the check could
+/// read of it, in file order, minus the extents that overlap an earlier one or do not name
+/// group data; written extents past EOF marked unwritten.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct MapFix {
+    pub extents: Vec<Extent>,
+    /// Runs `[start, end)` of its data that another owner (or an earlier extent of its own)
+    /// held first: the extents over them get copies.
+    pub shared: Vec<(u64, u64)>,
 }
 
 impl Report {
@@ -397,6 +412,15 @@ struct Checker<'a> {
     inodes: HashMap<u64, InodeState>,
 }
 
+/// What [`Checker::claim`] made of a pointer.
+#[derive(Debug)]
+enum Claimed {
+    /// It does not name group data (reported, not claimed).
+    Outside,
+    /// Claimed; `shared`: the runs somebody held first (reported).
+    Held { shared: Vec<(u64, u64)> },
+}
+
 /// A (key, value) pair of a tree leaf.
 type LeafEntry = (u64, Vec<u8>);
 
@@ -448,7 +472,7 @@ impl Checker<'_> {
     /// blocks somebody else already holds. An inode's pointer must name the data area of one
     /// group (`Superblock::bad_data_range`, the rule the runtime applies); one that does not
     /// is reported and not claimed.
-    fn claim(&mut self, start: u64, len: u64, owner: Owner, what: &str) {
+    fn claim(&mut self, start: u64, len: u64, owner: Owner, what: &str) -> Claimed {
         if let Owner::Inode(ino) = owner {
             if let Some((at, region)) = self.sb.bad_data_range(start, len) {
                 let run = if len == 1 {
@@ -462,7 +486,7 @@ impl Checker<'_> {
                     Some(ino),
                     format!("{what} at {run}: block {at} is {region}, not file-system data"),
                 );
-                return;
+                return Claimed::Outside;
             }
         }
         let Some(end) = start.checked_add(len) else {
@@ -477,7 +501,7 @@ impl Checker<'_> {
                 ino,
                 format!("{what} at block {start} runs past the end of the block address space"),
             );
-            return;
+            return Claimed::Outside;
         };
         let (lo, hi) = (self.sb.group_start, self.group_area_end());
         if start < lo || end > hi {
@@ -499,9 +523,11 @@ impl Checker<'_> {
         }
         let (s, e) = (start.max(lo), end.min(hi));
         if s >= e {
-            return;
+            return Claimed::Outside;
         }
-        for (os, oe, prev) in self.claims.claim(s, e, owner) {
+        let shared = self.claims.claim(s, e, owner);
+        let ranges = shared.iter().map(|&(os, oe, _)| (os, oe)).collect();
+        for (os, oe, prev) in shared {
             let ino = if let Owner::Inode(i) = owner {
                 Some(i)
             } else {
@@ -514,6 +540,7 @@ impl Checker<'_> {
             );
             self.push(FindingKind::BlockShared, Some(os), ino, msg);
         }
+        Claimed::Held { shared: ranges }
     }
 
     /// Pass 2.
@@ -855,6 +882,7 @@ impl Checker<'_> {
                 });
             }
             FileKind::Regular => {
+                let before = self.report.findings.len();
                 let mut extents = Vec::new();
                 if inline_ext {
                     if inode.tree_root != 0 {
@@ -878,7 +906,20 @@ impl Checker<'_> {
                         }
                     }
                 }
-                held += self.check_extents(ino, path, inode.size, &mut extents);
+                let (n, fix) = self.check_extents(ino, path, inode.size, &mut extents);
+                held += n;
+                if self.report.findings[before..].iter().any(|f| {
+                    f.ino == Some(ino)
+                        && matches!(
+                            f.kind,
+                            FindingKind::BadTree
+                                | FindingKind::BadExtent
+                                | FindingKind::BlockOutsideGroups
+                                | FindingKind::BlockShared
+                        )
+                }) {
+                    self.report.plan.maps.insert(ino, fix);
+                }
             }
             FileKind::Symlink => {
                 if inode.tree_root != 0 {
@@ -918,14 +959,17 @@ impl Checker<'_> {
     }
 
     /// The xattr set headed by `xb`: head and overflow blocks claimed, decoded, owned by `ino`,
-    /// and assembled into a valid set. Returns the blocks it holds.
+    /// and assembled into a valid set. Returns the blocks it holds. A set with a block that is
+    /// unusable, not group data, or somebody else's is dropped by `drop-xattr`.
     fn check_xattr(&mut self, ino: u64, path: &str, xb: u64) -> Result<u64> {
         let before = self.report.findings.len();
         let held = self.check_xattr_set(ino, path, xb)?;
-        if self.report.findings[before..]
-            .iter()
-            .any(|f| f.kind == FindingKind::BadXattr)
-        {
+        if self.report.findings[before..].iter().any(|f| {
+            matches!(
+                f.kind,
+                FindingKind::BadXattr | FindingKind::BlockOutsideGroups | FindingKind::BlockShared
+            )
+        }) {
             self.report.plan.drop_xattrs.insert(ino);
         }
         Ok(held)
@@ -1033,14 +1077,25 @@ impl Checker<'_> {
         Ok(held)
     }
 
-    /// Extents in file order must not overlap; written ones must lie below EOF. Returns the
-    /// number of data blocks they hold.
-    fn check_extents(&mut self, ino: u64, path: &str, size: u64, extents: &mut [Extent]) -> u64 {
+    /// Extents in file order must not overlap; written ones must lie below EOF; each must name
+    /// group data nobody else holds. Returns the number of data blocks they hold, and the map
+    /// `rebuild-map` would write: an extent that overlaps an earlier one or does not name group
+    /// data is left out (a hole), a written one past EOF is kept unwritten (it was never
+    /// visible), a shared one is kept and its shared runs noted (it gets a copy).
+    fn check_extents(
+        &mut self,
+        ino: u64,
+        path: &str,
+        size: u64,
+        extents: &mut [Extent],
+    ) -> (u64, MapFix) {
         extents.sort_by_key(|e| e.logical);
         let eof_block = size.div_ceil(FS_BLOCK);
         let mut held = 0u64;
         let mut prev_end = 0u64;
+        let mut fix = MapFix::default();
         for (i, e) in extents.iter().enumerate() {
+            let mut kept = *e;
             let Some(end) = e.logical.checked_add(u64::from(e.len)) else {
                 self.push(
                     FindingKind::BadExtent,
@@ -1050,7 +1105,8 @@ impl Checker<'_> {
                 );
                 continue;
             };
-            if i > 0 && e.logical < prev_end {
+            let overlaps = i > 0 && e.logical < prev_end;
+            if overlaps {
                 self.push(
                     FindingKind::BadExtent,
                     Some(e.physical),
@@ -1060,6 +1116,7 @@ impl Checker<'_> {
             }
             prev_end = prev_end.max(end);
             if !e.unwritten() && e.logical >= eof_block {
+                kept.flags |= crate::format::extent::EXTENT_UNWRITTEN;
                 self.push(
                     FindingKind::BadExtent,
                     Some(e.physical),
@@ -1068,14 +1125,20 @@ impl Checker<'_> {
                 );
             }
             held += u64::from(e.len);
-            self.claim(
+            let claimed = self.claim(
                 e.physical,
                 u64::from(e.len),
                 Owner::Inode(ino),
                 &format!("{path}: data of file blocks {}-{}", e.logical, end - 1),
             );
+            if let Claimed::Held { shared } = claimed {
+                if !overlaps {
+                    fix.shared.extend(shared);
+                    fix.extents.push(kept);
+                }
+            }
         }
-        held
+        (held, fix)
     }
 
     /// Pass 3: breadth-first from the root.
@@ -1261,6 +1324,7 @@ impl Checker<'_> {
             }
             for ino in header.orphans {
                 if !self.sb.is_data_block(ino) {
+                    self.report.plan.unorphan.push((slot, ino));
                     self.push(
                         FindingKind::BlockOutsideGroups,
                         Some(at),

@@ -19,9 +19,10 @@
 //! | `block-count` | an inode's block count set to the blocks it holds | preen |
 //! | `reset-record` | a damaged or contradictory heartbeat slot, lock record, object-lock bucket or mailbox rewritten empty | preen |
 //! | `dir-parent` | a directory's parent field set to the directory that holds it | preen |
-//! | `unorphan` | an inode that still has links taken off an orphan list (the next mount would free it) | preen |
+//! | `unorphan` | an inode that still has links, or an entry that is not an inode block, taken off an orphan list (the next mount would free it, or refuse it) | preen |
 //! | `slot-header` | a slot header (orphan list) that does not decode rewritten empty (its orphans are then found unreachable) | yes |
-//! | `drop-xattr` | an unusable xattr set dropped from its inode (its blocks are then leaked, and freed) | yes |
+//! | `drop-xattr` | an unusable xattr set, or one with a block that is not group data or that another owner holds first, dropped from its inode (its blocks are then leaked, and freed) | yes |
+//! | `rebuild-map` | a regular file's extent map rewritten from what the check could read (`check/remap.rs`): a bad tree node's ranges, an extent overlapping an earlier one and an extent that is not group data become holes; a written extent past EOF becomes unwritten; an extent over blocks another owner holds first gets a copy of them (both files stay readable) | yes |
 //! | `entry-type` | a directory entry's file type set to its inode's | yes |
 //! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
@@ -31,8 +32,8 @@
 //! which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
 //! blocks are kept (they may be theirs), and freed in a later round. A directory is
 //! reconnected before the inodes in it (they are reachable once it is). A finding with no
-//! repair here (a bad tree, a block two inodes claim, an orphan still linked) is left, and
-//! fsck exits 4.
+//! repair here (a damaged directory tree, a block shared with an inode block or a tree node
+//! when the data extent came first) is left, and fsck exits 4.
 
 use super::{FindingKind, Report};
 use crate::dev::{AlignedBuf, BlockDevice};
@@ -90,6 +91,9 @@ pub fn repair(
     superblocks(dev, sb, report, &mut out)?;
     groups(dev, sb, report, mode, keep_leaked || !complete, &mut out)?;
     inodes(dev, report, mode, complete, &mut out)?;
+    if mode == Mode::All {
+        super::remap::rebuild_maps(dev, sb, report, &mut out)?;
+    }
     slot_headers(dev, sb, report, mode, &mut out)?;
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
@@ -352,7 +356,7 @@ fn slot_headers(
         h.seq = h.seq.saturating_add(1);
         write_block(dev, at(slot), &h.encode(at(slot)))?;
         out.fixed.push(format!(
-            "unorphan: node slot {slot}: inodes {linked:?}, which still have links, taken off its orphan list"
+            "unorphan: node slot {slot}: inodes {linked:?} (which still have links, or are not inode blocks) taken off its orphan list"
         ));
     }
     if mode == Mode::All {
