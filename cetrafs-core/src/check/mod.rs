@@ -195,6 +195,10 @@ pub(crate) struct RepairPlan {
     pub drop_xattrs: std::collections::BTreeSet<u64>,
     /// Entries whose file type differs from their inode's: (directory, hash, name, type).
     pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
+    /// Entries stored under a hash that is not their name's: (directory, hash, name).
+    pub rehash_entries: Vec<(u64, u64, Vec<u8>)>,
+    /// Records that hold a name twice: (directory, hash).
+    pub dup_records: Vec<(u64, u64)>,
     /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
     /// out-of-groups or shared extent, written data past EOF), and the map to write.
     pub maps: std::collections::BTreeMap<u64, MapFix>,
@@ -399,6 +403,8 @@ struct InodeState {
     orphan: bool,
     /// Where it was first reached.
     path: String,
+    /// The entry it was first reached through: (directory, hash, name).
+    entry: Option<(u64, u64, Vec<u8>)>,
 }
 
 struct Checker<'a> {
@@ -786,6 +792,7 @@ impl Checker<'_> {
             subdirs: 0,
             orphan: false,
             path: path.to_string(),
+            entry: None,
         };
         if !self.sb.is_data_block(ino) {
             self.push(
@@ -1194,6 +1201,10 @@ impl Checker<'_> {
                 for e in entries {
                     let path = join(&dir.path, &e.name);
                     if name_hash(&e.name) != *key {
+                        self.report
+                            .plan
+                            .rehash_entries
+                            .push((dir.ino, *key, e.name.clone()));
                         self.push(
                             FindingKind::BadEntry,
                             None,
@@ -1205,6 +1216,9 @@ impl Checker<'_> {
                         );
                     }
                     if !seen.insert(e.name.clone()) {
+                        if !self.report.plan.dup_records.contains(&(dir.ino, *key)) {
+                            self.report.plan.dup_records.push((dir.ino, *key));
+                        }
                         self.push(
                             FindingKind::BadEntry,
                             None,
@@ -1233,6 +1247,9 @@ impl Checker<'_> {
                         continue;
                     };
                     st.refs += 1;
+                    if st.refs == 1 {
+                        st.entry = Some((dir.ino, *key, e.name.clone()));
+                    }
                     let Some(kind) = st.kind else {
                         // Names an inode that is not one: the entry goes (with -y).
                         self.report
@@ -1264,6 +1281,7 @@ impl Checker<'_> {
                             d.subdirs += 1;
                         }
                         if refs > 1 {
+                            self.link_twice(e.ino, (dir.ino, *key, &e.name))?;
                             self.push(
                                 FindingKind::DirLinkedTwice,
                                 Some(e.ino),
@@ -1291,6 +1309,26 @@ impl Checker<'_> {
             }
         }
         self.check_orphans()
+    }
+
+    /// Directory `child`, first reached through another entry, is also named by `entry`
+    /// (directory, hash, name): the entry that `drop-entry` removes is the one that is not in
+    /// the directory its parent field names; if both are (or neither), the later one. The
+    /// first one's parent fix is then moot.
+    fn link_twice(&mut self, child: u64, entry: (u64, u64, &[u8])) -> Result<()> {
+        let (dir, key, name) = entry;
+        let parent = Inode::decode(&read_block(self.dev, child)?, child).map(|c| c.parent);
+        let first = self.inodes.get(&child).and_then(|s| s.entry.clone());
+        let drop = match first {
+            Some(f) if parent.as_ref().is_ok_and(|&p| p == dir && f.0 != dir) => {
+                self.report.plan.dir_parents.remove(&child);
+                f
+            }
+            _ => (dir, key, name.to_vec()),
+        };
+        let (d, k, n) = drop;
+        self.report.plan.drop_entries.push((d, k, Some(n)));
+        Ok(())
     }
 
     /// Orphan lists: their inodes are legitimately nameless and still hold blocks.

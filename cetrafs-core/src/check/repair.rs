@@ -24,12 +24,15 @@
 //! | `drop-xattr` | an unusable xattr set, or one with a block that is not group data or that another owner holds first, dropped from its inode (its blocks are then leaked, and freed) | yes |
 //! | `rebuild-map` | a regular file's extent map rewritten from what the check could read (`check/remap.rs`): a bad tree node's ranges, an extent overlapping an earlier one and an extent that is not group data become holes; a written extent past EOF becomes unwritten; an extent over blocks another owner holds first gets a copy of them (both files stay readable) | yes |
 //! | `entry-type` | a directory entry's file type set to its inode's | yes |
-//! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed | yes |
+//! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed; of two entries naming one directory, the one not in the directory its parent field names (or the later) | yes |
+//! | `drop-duplicate` | the second and later entries of a name in one directory record removed | yes |
+//! | `rehash-entry` | an entry stored under a hash that is not its name's moved to its name's hash (dropped if the name is there already) | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
 //!
-//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The last
-//! two change directories, so fsck makes them through the filesystem ([`plan_namespace`] says
-//! which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
+//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The
+//! repairs that change directories (`entry-type`, `drop-entry`, `drop-duplicate`,
+//! `rehash-entry`, `reconnect`) change directory trees, so fsck makes them through the
+//! filesystem ([`plan_namespace`] says which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
 //! blocks are kept (they may be theirs), and freed in a later round. A directory is
 //! reconnected before the inodes in it (they are reachable once it is). A finding with no
 //! repair here (a damaged directory tree, a block shared with an inode block or a tree node
@@ -431,11 +434,19 @@ pub struct Namespace {
     pub reconnect: Vec<u64>,
     /// `entry-type`: (directory, name hash, name, file type).
     pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
+    /// `rehash-entry`: (directory, the hash it is stored under, name).
+    pub rehash: Vec<(u64, u64, Vec<u8>)>,
+    /// `drop-duplicate`: (directory, hash) of records holding a name twice.
+    pub dedup: Vec<(u64, u64)>,
 }
 
 impl Namespace {
     pub fn is_empty(&self) -> bool {
-        self.drop_entries.is_empty() && self.reconnect.is_empty() && self.entry_types.is_empty()
+        self.drop_entries.is_empty()
+            && self.reconnect.is_empty()
+            && self.entry_types.is_empty()
+            && self.rehash.is_empty()
+            && self.dedup.is_empty()
     }
 }
 
@@ -457,6 +468,8 @@ pub fn plan_namespace(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Res
     }
     ns.drop_entries.clone_from(&report.plan.drop_entries);
     ns.entry_types.clone_from(&report.plan.entry_types);
+    ns.rehash.clone_from(&report.plan.rehash_entries);
+    ns.dedup.clone_from(&report.plan.dup_records);
     let mut found: Vec<(u64, bool, u64)> = Vec::new();
     let mut budget = RECONNECT_SCAN_MAX;
     for &(s, e) in &report.plan.leaked {
@@ -582,6 +595,21 @@ fn namespace(
             if vol.fsck_set_entry_type(*dir, *hash, name, *dtype)? {
                 out.push(format!(
                     "entry-type: directory {dir}: entry {:?} now of type {dtype}",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+        }
+        for &(dir, hash) in &ns.dedup {
+            if vol.fsck_dedup_record(dir, hash)? {
+                out.push(format!(
+                    "drop-duplicate: directory {dir}: the second entries of a name under hash {hash:#x} removed"
+                ));
+            }
+        }
+        for (dir, hash, name) in &ns.rehash {
+            if vol.fsck_rehash_entry(*dir, *hash, name)? {
+                out.push(format!(
+                    "rehash-entry: directory {dir}: entry {:?}, stored under hash {hash:#x}, moved to its name's hash",
                     String::from_utf8_lossy(name)
                 ));
             }

@@ -17,6 +17,7 @@ use super::FindingKind;
 use crate::cluster::lock::LockLayout;
 use crate::dev::{read_aligned, AlignedBuf, BlockDevice, SharedDevice};
 use crate::error::{Error, Result};
+use crate::format::dirent::DirEntry;
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::inode::Inode;
 use crate::format::lock_record::LockMode;
@@ -291,6 +292,27 @@ pub const CASES: &[Case] = &[
         preen: false,
         effect: Effect::TreeFileHoles,
     },
+    Case {
+        name: "wrong-hash",
+        what: "the target file's entry in the root moved to the record of another hash",
+        finding: FindingKind::BadEntry,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "duplicate-name",
+        what: "a second copy of the target file's entry added to its record",
+        finding: FindingKind::BadEntry,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "dir-linked-twice",
+        what: "an entry `again` naming the root's first subdirectory added inside it",
+        finding: FindingKind::DirLinkedTwice,
+        preen: false,
+        effect: Effect::Nothing,
+    },
 ];
 
 /// The case called `name`.
@@ -501,6 +523,39 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
                 let hash = crate::format::dirent::name_hash(&e.name);
                 vol.fsck_set_entry_type(vol.root_ino(), hash, &e.name, 4)?;
                 Ok(("now says directory", e.ino))
+            })?
+            .0
+        }
+        "wrong-hash" | "duplicate-name" => {
+            root_entry(shared, false, target, &|vol, e| {
+                let hash = crate::format::dirent::name_hash(&e.name);
+                let entry = DirEntry {
+                    name: e.name.clone(),
+                    ino: e.ino,
+                    dtype: e.kind.dtype(),
+                };
+                if c.name == "duplicate-name" {
+                    vol.fsck_put_entry(vol.root_ino(), hash, entry)?;
+                    return Ok(("stored twice", e.ino));
+                }
+                let other = crate::format::dirent::name_hash(b"wreck: another name");
+                vol.fsck_drop_entry(vol.root_ino(), hash, Some(&e.name))?;
+                vol.fsck_put_entry(vol.root_ino(), other, entry)?;
+                Ok(("stored under another name's hash", e.ino))
+            })?
+            .0
+        }
+        "dir-linked-twice" => {
+            root_entry(shared, true, target, &|vol, e| {
+                let name = b"again".to_vec();
+                let hash = crate::format::dirent::name_hash(&name);
+                let entry = DirEntry {
+                    name,
+                    ino: e.ino,
+                    dtype: e.kind.dtype(),
+                };
+                vol.fsck_put_entry(e.ino, hash, entry)?;
+                Ok(("also named by its own entry `again`", e.ino))
             })?
             .0
         }
