@@ -199,6 +199,8 @@ pub(crate) struct RepairPlan {
     pub rehash_entries: Vec<(u64, u64, Vec<u8>)>,
     /// Records that hold a name twice: (directory, hash).
     pub dup_records: Vec<(u64, u64)>,
+    /// Slots whose journal holds a committed transaction a mount refuses to replay.
+    pub bad_journals: Vec<u32>,
     /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
     /// out-of-groups or shared extent, written data past EOF), and the map to write.
     pub maps: std::collections::BTreeMap<u64, MapFix>,
@@ -1352,6 +1354,7 @@ impl Checker<'_> {
             let area = crate::journal::JournalArea::for_slot(&self.sb, slot);
             if let Some(tx) = crate::journal::find_tx(self.dev, area)? {
                 if let Err(e) = crate::journal::check_homes(&self.sb, &tx) {
+                    self.report.plan.bad_journals.push(slot);
                     self.push(
                         FindingKind::BadJournal,
                         Some(area.start + 1),

@@ -27,6 +27,7 @@
 //! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed; of two entries naming one directory, the one not in the directory its parent field names (or the later) | yes |
 //! | `drop-duplicate` | the second and later entries of a name in one directory record removed | yes |
 //! | `rehash-entry` | an entry stored under a hash that is not its name's moved to its name's hash (dropped if the name is there already) | yes |
+//! | `discard-journal` | a committed journal transaction that logs a block which is not a metadata home (mount and fsck's replay refuse it) discarded: the journal marked empty, the transaction's changes lost | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
 //!
 //! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The
@@ -98,6 +99,9 @@ pub fn repair(
         super::remap::rebuild_maps(dev, sb, report, &mut out)?;
     }
     slot_headers(dev, sb, report, mode, &mut out)?;
+    if mode == Mode::All {
+        journals(dev, sb, report, &mut out)?;
+    }
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
     Ok(out)
@@ -374,6 +378,32 @@ fn slot_headers(
                 "slot-header: node slot {slot}: its unusable header rewritten with an empty orphan list"
             ));
         }
+    }
+    Ok(())
+}
+
+/// `discard-journal`: a committed transaction that logs a block which is not a metadata home
+/// (`journal::check_homes`) is refused whole by mount, and by fsck's replay; it is never
+/// applied, so the volume stays as its home blocks are and the transaction's changes are lost.
+/// The journal is marked empty as a replay leaves it.
+fn journals(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+    out: &mut Repaired,
+) -> Result<()> {
+    use crate::journal::{find_tx, invalidate, JournalArea};
+    for &slot in &report.plan.bad_journals {
+        let area = JournalArea::for_slot(sb, slot);
+        let Some(tx) = find_tx(dev, area)? else {
+            continue;
+        };
+        invalidate(dev, area)?;
+        out.fixed.push(format!(
+            "discard-journal: node slot {slot}: committed transaction {} ({} blocks), which a mount refuses to replay, discarded; its changes are lost",
+            tx.seq,
+            tx.blocks.len()
+        ));
     }
     Ok(())
 }

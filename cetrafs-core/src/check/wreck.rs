@@ -313,6 +313,13 @@ pub const CASES: &[Case] = &[
         preen: false,
         effect: Effect::Nothing,
     },
+    Case {
+        name: "bad-journal",
+        what: "a committed transaction logging the primary superblock written into the journal of the last node slot",
+        finding: FindingKind::BadJournal,
+        preen: false,
+        effect: Effect::Nothing,
+    },
 ];
 
 /// The case called `name`.
@@ -558,6 +565,13 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
                 Ok(("also named by its own entry `again`", e.ino))
             })?
             .0
+        }
+        "bad-journal" => {
+            use crate::journal::{write_tx, JournalArea};
+            let slot = sb.max_nodes.saturating_sub(1);
+            let image = read_block(dev, 0)?;
+            write_tx(dev, JournalArea::for_slot(&sb, slot), 99, &[(0, &image)])?;
+            format!("node slot {slot}: transaction 99 logs block 0")
         }
         "dir-parent" => {
             let (_, ino) = root_entry(shared, true, target, &|_, e| Ok(("found", e.ino)))?;
