@@ -61,6 +61,8 @@ fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64) {
             std::fs::write(m.p(name), data).unwrap_or_else(|e| panic!("write {name}: {e}"));
         }
     }
+    // The bad-symlink case damages it.
+    std::os::unix::fs::symlink("small", m.p("link")).expect("symlink");
     // The bad-xattr case damages the target's xattr block.
     let small = std::ffi::CString::new(m.p("small").as_os_str().as_encoded_bytes()).expect("path");
     let value = [7u8; 300];
@@ -171,6 +173,13 @@ fn fsck_repairs_every_injected_corruption_and_no_file_changes() {
                 case.effect.contents_ok(role, &got, want),
                 "{what}: {path} changed"
             );
+        }
+        let link = std::fs::read_link(m.p("link"));
+        if case.effect == Effect::SymlinkGone {
+            assert!(link.is_err(), "{what}: the cleared symlink is still there");
+        } else {
+            let got = link.unwrap_or_else(|e| panic!("{what}: link: {e}"));
+            assert_eq!(got, Path::new("small"), "{what}: link changed");
         }
         m.unmount();
         std::fs::remove_file(&copy).expect("remove the case copy");

@@ -201,6 +201,9 @@ pub(crate) struct RepairPlan {
     pub dup_records: Vec<(u64, u64)>,
     /// Slots whose journal holds a committed transaction a mount refuses to replay.
     pub bad_journals: Vec<u32>,
+    /// Symlinks whose size, inline target and overflow block disagree, or whose overflow
+    /// block is unusable, not group data or somebody else's.
+    pub clear_inodes: std::collections::BTreeSet<u64>,
     /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
     /// out-of-groups or shared extent, written data past EOF), and the map to write.
     pub maps: std::collections::BTreeMap<u64, MapFix>,
@@ -1063,6 +1066,20 @@ impl Checker<'_> {
     /// A symlink's target: inline, or the inline area full and the rest in its overflow block
     /// (v2 volumes only). Returns the blocks it holds beyond the inode.
     fn check_symlink(&mut self, ino: u64, path: &str, inode: &Inode) -> Result<u64> {
+        let before = self.report.findings.len();
+        let held = self.check_symlink_target(ino, path, inode)?;
+        if self.report.findings[before..].iter().any(|f| {
+            matches!(
+                f.kind,
+                FindingKind::Symlink | FindingKind::BlockOutsideGroups | FindingKind::BlockShared
+            )
+        }) {
+            self.report.plan.clear_inodes.insert(ino);
+        }
+        Ok(held)
+    }
+
+    fn check_symlink_target(&mut self, ino: u64, path: &str, inode: &Inode) -> Result<u64> {
         let b = inode.overflow_block;
         let held = u64::from(b != 0);
         let mut msg = None;

@@ -28,7 +28,21 @@
 //! | `drop-duplicate` | the second and later entries of a name in one directory record removed | yes |
 //! | `rehash-entry` | an entry stored under a hash that is not its name's moved to its name's hash (dropped if the name is there already) | yes |
 //! | `discard-journal` | a committed journal transaction that logs a block which is not a metadata home (mount and fsck's replay refuse it) discarded: the journal marked empty, the transaction's changes lost | yes |
+//! | `clear-inode` | a symlink whose size, inline target and overflow block disagree (or whose overflow block is unusable) cleared, as e2fsck does: its inode zeroed, then the entries naming it dropped (`drop-entry`) and its blocks freed | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
+//!
+//! Not repaired, by design:
+//!
+//! | finding | why |
+//! |---|---|
+//! | `Features` | unknown compatible or read-only-compatible feature bits are a newer volume, not damage: a warning (exit 0); unknown incompatible bits make fsck refuse the volume (exit 8), since it would misread it |
+//! | `Geometry` | a logical block size other than the device's is the wrong device (or a copy onto one with other sectors), not damage: heartbeat and lock records would have to be laid out anew, which is mkfs's business |
+//! | `Orphan` (warning) | an open-unlinked inode of a stopped node: the next mount of that slot frees it |
+//!
+//! Not repaired yet (reported, exit 4): a damaged directory tree (`BadTree` of a directory:
+//! its entries under the damaged node are lost, and rebuilding it means re-inserting what is
+//! readable through the filesystem), and a block two owners hold where the second is an inode
+//! block or a directory's tree node rather than a file's data or extent tree.
 //!
 //! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The
 //! repairs that change directories (`entry-type`, `drop-entry`, `drop-duplicate`,
@@ -36,8 +50,7 @@
 //! filesystem ([`plan_namespace`] says which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
 //! blocks are kept (they may be theirs), and freed in a later round. A directory is
 //! reconnected before the inodes in it (they are reachable once it is). A finding with no
-//! repair here (a damaged directory tree, a block shared with an inode block or a tree node
-//! when the data extent came first) is left, and fsck exits 4.
+//! repair here is left, and fsck exits 4.
 
 use super::{FindingKind, Report};
 use crate::dev::{AlignedBuf, BlockDevice};
@@ -101,6 +114,7 @@ pub fn repair(
     slot_headers(dev, sb, report, mode, &mut out)?;
     if mode == Mode::All {
         journals(dev, sb, report, &mut out)?;
+        clear_symlinks(dev, report, &mut out)?;
     }
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
@@ -403,6 +417,31 @@ fn journals(
             "discard-journal: node slot {slot}: committed transaction {} ({} blocks), which a mount refuses to replay, discarded; its changes are lost",
             tx.seq,
             tx.blocks.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `clear-inode`: a symlink whose target cannot be read as it was written (size, inline
+/// bytes and overflow block disagree, or the overflow block is unusable) is cleared, as
+/// e2fsck clears an invalid symlink: which of its fields is wrong cannot be told, and a
+/// symlink served with a guessed target could point anywhere. Its inode block is zeroed; the
+/// next round finds the entries naming it naming no inode (`drop-entry`), and the round after
+/// frees its blocks (`free-leaked`).
+fn clear_symlinks(dev: &dyn BlockDevice, report: &Report, out: &mut Repaired) -> Result<()> {
+    for &ino in &report.plan.clear_inodes {
+        let Ok(inode) = Inode::decode(&read_block(dev, ino)?, ino) else {
+            continue;
+        };
+        if !inode.is_symlink() {
+            continue;
+        }
+        write_block(dev, ino, &[0u8; FS_BLOCK_SIZE])?;
+        out.fixed.push(format!(
+            "clear-inode: symlink {ino} ({} bytes, {} inline, overflow block {}) cleared",
+            inode.size,
+            inode.inline_data.len(),
+            inode.overflow_block
         ));
     }
     Ok(())

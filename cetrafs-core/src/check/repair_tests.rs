@@ -60,6 +60,8 @@ fn populated() -> (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, u64) {
     }
     v.release(&fh).unwrap();
     files.insert(TREE_FILE.to_vec(), sparse);
+    // The bad-symlink case damages it.
+    v.symlink(root, b"link", b"f0", C).unwrap();
     let d = v.mkdir(root, b"dir", 0o755, C).unwrap();
     let (_, fh) = v.create(d.ino, b"inner", 0o600, C, true).unwrap();
     v.write(&fh, 0, b"inner data").unwrap();
@@ -134,6 +136,13 @@ fn files_intact(
             "{case}: {} changed",
             String::from_utf8_lossy(name)
         );
+    }
+    let link = v.lookup(root, b"link");
+    if effect == Effect::SymlinkGone {
+        assert!(link.is_err(), "{case}: the cleared symlink is still there");
+    } else {
+        let a = link.unwrap_or_else(|e| panic!("{case}: link: {e}"));
+        assert_eq!(v.readlink(a.ino).unwrap(), b"f0", "{case}: link changed");
     }
     v.unmount().unwrap();
 }

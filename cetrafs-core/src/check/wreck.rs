@@ -8,9 +8,9 @@
 //! an inode take the target file's inode number (its block number: a `stat` on a mount gives
 //! it); that file must be a small regular file in the root directory (inline extents, at least
 //! one block written, at most two blocks per extent), and the root must hold a subdirectory,
-//! another regular file whose first extent is at least as long as the target's, and exactly
-//! one regular file with an extent tree of more than one level (more than 160 extents: every
-//! other 4 KiB block of 1.6 MB written). The cases that unlink something do it through the
+//! a symlink, another regular file whose first extent is at least as long as the target's,
+//! and exactly one regular file with an extent tree of more than one level (more than 160
+//! extents: every other 4 KiB block of 1.6 MB written). The cases that unlink something do it through the
 //! filesystem (a mount of the volume), the others write blocks.
 
 use super::FindingKind;
@@ -55,6 +55,8 @@ pub enum Effect {
     /// The target file keeps its length; each 4 KiB block of it reads as before or as zeros
     /// (a hole where a pointer was dropped).
     TargetHoles,
+    /// The root's symlink is gone (cleared); every file is unchanged.
+    SymlinkGone,
     /// The file with an extent tree keeps its length; each 4 KiB block of it reads as before or
     /// as zeros (the ranges a damaged tree node mapped are holes).
     TreeFileHoles,
@@ -320,6 +322,13 @@ pub const CASES: &[Case] = &[
         preen: false,
         effect: Effect::Nothing,
     },
+    Case {
+        name: "bad-symlink",
+        what: "the size of the root's symlink raised by 5 (it no longer matches its target)",
+        finding: FindingKind::Symlink,
+        preen: false,
+        effect: Effect::SymlinkGone,
+    },
 ];
 
 /// The case called `name`.
@@ -565,6 +574,19 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
                 Ok(("also named by its own entry `again`", e.ino))
             })?
             .0
+        }
+        "bad-symlink" => {
+            let ino = mounted(shared, &mut |vol| {
+                root_listing(vol)?
+                    .into_iter()
+                    .find(|e| e.kind == crate::fs::FileKind::Symlink)
+                    .map(|e| e.ino)
+                    .ok_or_else(|| Error::corrupted("no symlink in the root directory"))
+            })?;
+            let mut inode = target_inode(dev, ino)?;
+            inode.size += 5;
+            write_block(dev, ino, &inode.encode())?;
+            format!("symlink {ino}: size {}", inode.size)
         }
         "bad-journal" => {
             use crate::journal::{write_tx, JournalArea};
