@@ -288,6 +288,20 @@ pub const CASES: &[Case] = &[
         effect: Effect::TargetHoles,
     },
     Case {
+        name: "xattr-outside-groups",
+        what: "the target file's xattr block pointer pointed at the journal area",
+        finding: FindingKind::BlockOutsideGroups,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "orphan-outside-groups",
+        what: "a block of the journal area put on node slot 0's orphan list",
+        finding: FindingKind::BlockOutsideGroups,
+        preen: true,
+        effect: Effect::Nothing,
+    },
+    Case {
         name: "bad-tree",
         what: "garbage over the first leaf of the extent tree of the root's file that has one",
         finding: FindingKind::BadTree,
@@ -664,6 +678,20 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
             inode.blocks += 1;
             write_block(dev, target, &inode.encode())?;
             format!("inode {target}: file block {logical} -> block {physical}")
+        }
+        "xattr-outside-groups" => {
+            let mut inode = target_inode(dev, target)?;
+            inode.xattr_block = sb.journal_start;
+            write_block(dev, target, &inode.encode())?;
+            format!("inode {target}: xattr block -> {}", sb.journal_start)
+        }
+        "orphan-outside-groups" => {
+            use crate::format::slot_header::SlotHeader;
+            let at = sb.journal_start;
+            let mut h = SlotHeader::decode(&read_block(dev, at)?, at, 0)?;
+            h.orphans.push(at);
+            write_block(dev, at, &h.encode(at))?;
+            format!("block {at} on node slot 0's orphan list")
         }
         "extent-outside-groups" => {
             let mut inode = target_inode(dev, target)?;
