@@ -215,9 +215,9 @@ pub(crate) struct RepairPlan {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub(crate) struct MapFix {
     pub extents: Vec<Extent>,
-    /// Runs `[start, end)` of its data that another owner (or an earlier extent of its own)
-    /// held first: the extents over them get copies.
-    pub shared: Vec<(u64, u64)>,
+    /// The file blocks where the extents start whose blocks (some of them) another owner, or
+    /// an earlier extent of its own, held first: they get copies.
+    pub copy: std::collections::BTreeSet<u64>,
 }
 
 impl Report {
@@ -428,8 +428,8 @@ struct Checker<'a> {
 enum Claimed {
     /// It does not name group data (reported, not claimed).
     Outside,
-    /// Claimed; `shared`: the runs somebody held first (reported).
-    Held { shared: Vec<(u64, u64)> },
+    /// Claimed; `shared`: somebody held some of it first (reported).
+    Held { shared: bool },
 }
 
 /// A (key, value) pair of a tree leaf.
@@ -536,9 +536,9 @@ impl Checker<'_> {
         if s >= e {
             return Claimed::Outside;
         }
-        let shared = self.claims.claim(s, e, owner);
-        let ranges = shared.iter().map(|&(os, oe, _)| (os, oe)).collect();
-        for (os, oe, prev) in shared {
+        let held_before = self.claims.claim(s, e, owner);
+        let shared = !held_before.is_empty();
+        for (os, oe, prev) in held_before {
             let ino = if let Owner::Inode(i) = owner {
                 Some(i)
             } else {
@@ -551,7 +551,7 @@ impl Checker<'_> {
             );
             self.push(FindingKind::BlockShared, Some(os), ino, msg);
         }
-        Claimed::Held { shared: ranges }
+        Claimed::Held { shared }
     }
 
     /// Pass 2.
@@ -1159,7 +1159,9 @@ impl Checker<'_> {
             );
             if let Claimed::Held { shared } = claimed {
                 if !overlaps {
-                    fix.shared.extend(shared);
+                    if shared {
+                        fix.copy.insert(kept.logical);
+                    }
                     fix.extents.push(kept);
                 }
             }

@@ -88,8 +88,7 @@ fn rebuild_map(
     let mut extents = Vec::with_capacity(fix.extents.len());
     let mut copied = 0u64;
     for e in &fix.extents {
-        let end = e.physical.saturating_add(u64::from(e.len));
-        if fix.shared.iter().any(|&(s, x)| s < end && e.physical < x) {
+        if fix.copy.contains(&e.logical) {
             let copies = copy_extent(dev, spare, ino, e)?;
             copied += u64::from(e.len);
             extents.extend(copies);
@@ -122,7 +121,7 @@ fn rebuild_map(
         format!(" (its tree at block {old_root} released)")
     };
     Ok(Some(format!(
-        "rebuild-map: inode {ino}: extent map rewritten from its {} readable extents, {n} {shape}{was}; {copied} shared blocks copied",
+        "rebuild-map: inode {ino}: extent map rewritten from its {} readable extents, {n} {shape}{was}; {copied} blocks of shared extents copied",
         fix.extents.len()
     )))
 }

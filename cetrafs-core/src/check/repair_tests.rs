@@ -87,7 +87,11 @@ fn run_repairs(dev: &Arc<MemDevice>, mode: Mode) -> (Report, usize) {
         mode,
         &mut |_| check_volume(&**dev),
         &mount,
-        &mut |_, _, _| {},
+        &mut |_, _, done| {
+            for line in done {
+                eprintln!("  {mode:?}: repaired: {line}");
+            }
+        },
     )
     .unwrap();
     (out.last, out.fixed)

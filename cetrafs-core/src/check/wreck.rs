@@ -18,6 +18,7 @@ use crate::cluster::lock::LockLayout;
 use crate::dev::{read_aligned, AlignedBuf, BlockDevice, SharedDevice};
 use crate::error::{Error, Result};
 use crate::format::dirent::DirEntry;
+use crate::format::extent::Extent;
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::inode::Inode;
 use crate::format::lock_record::LockMode;
@@ -55,6 +56,9 @@ pub enum Effect {
     /// The target file keeps its length; each 4 KiB block of it reads as before or as zeros
     /// (a hole where a pointer was dropped).
     TargetHoles,
+    /// The file with an extent tree keeps its length; its last written 4 KiB block reads as
+    /// its first (the block it was pointed at; it now holds a copy of it).
+    TreeFileLastIsFirst,
     /// The root's symlink is gone (cleared); every file is unchanged.
     SymlinkGone,
     /// The file with an extent tree keeps its length; each 4 KiB block of it reads as before or
@@ -83,6 +87,22 @@ impl Effect {
                         .chunks(FS_BLOCK_SIZE)
                         .zip(want.chunks(FS_BLOCK_SIZE))
                         .all(|(g, w)| g == w || g.iter().all(|&b| b == 0))
+            }
+            (Self::TreeFileLastIsFirst, FileRole::TreeFile) => {
+                let mut expected = want.to_vec();
+                let blocks = expected.chunks(FS_BLOCK_SIZE).count();
+                let last = (0..blocks).rev().find(|&k| {
+                    expected
+                        .chunks(FS_BLOCK_SIZE)
+                        .nth(k)
+                        .is_some_and(|b| b.iter().any(|&x| x != 0))
+                });
+                if let (Some(k), Some(first)) = (last, want.get(..FS_BLOCK_SIZE)) {
+                    let at = k * FS_BLOCK_SIZE;
+                    let end = (at + FS_BLOCK_SIZE).min(expected.len());
+                    expected[at..end].copy_from_slice(&first[..end - at]);
+                }
+                got == expected
             }
             _ => got == want,
         }
@@ -307,6 +327,13 @@ pub const CASES: &[Case] = &[
         finding: FindingKind::BadTree,
         preen: false,
         effect: Effect::TreeFileHoles,
+    },
+    Case {
+        name: "tree-self-shared",
+        what: "the last extent in the extent tree of the root's file that has one pointed at the block of its first",
+        finding: FindingKind::BlockShared,
+        preen: false,
+        effect: Effect::TreeFileLastIsFirst,
     },
     Case {
         name: "wrong-hash",
@@ -668,7 +695,7 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
                 inode.size.div_ceil(FS_BLOCK)
             };
             let physical = take_free_block(dev, &sb)?;
-            inode.inline_extents.push(crate::format::extent::Extent {
+            inode.inline_extents.push(Extent {
                 logical,
                 physical,
                 len: 1,
@@ -702,12 +729,34 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
             write_block(dev, target, &inode.encode())?;
             format!("inode {target}: first extent -> block {}", sb.journal_start)
         }
+        "tree-self-shared" => {
+            let (ino, root) = tree_file(shared)?;
+            let first = edge_leaf(dev, root, false)?;
+            let last = edge_leaf(dev, root, true)?;
+            let physical = match &first.entries {
+                NodeEntries::Leaf(v) => v.first().map(|(k, val)| Extent::decode_value(*k, val)),
+                NodeEntries::Internal(_) => None,
+            }
+            .ok_or_else(|| Error::corrupted("an empty leaf"))??
+            .physical;
+            let mut node = last;
+            if let NodeEntries::Leaf(v) = &mut node.entries {
+                let (k, val) = v
+                    .last_mut()
+                    .ok_or_else(|| Error::corrupted("an empty leaf"))?;
+                let mut e = Extent::decode_value(*k, val)?;
+                e.physical = physical;
+                *val = e.encode_value().to_vec();
+            }
+            node.seq += 1;
+            write_block(dev, node.blockno, &node.encode())?;
+            format!(
+                "inode {ino}: its last extent (in tree node {}) -> block {physical}",
+                node.blockno
+            )
+        }
         "bad-tree" => {
-            let (ino, root) = root_files(shared)?
-                .into_iter()
-                .filter_map(|ino| Some((ino, target_inode(dev, ino).ok()?.tree_root)))
-                .find(|&(_, root)| root != 0)
-                .ok_or_else(|| Error::corrupted("no file in the root has an extent tree"))?;
+            let (ino, root) = tree_file(shared)?;
             let node = TreeNode::decode(&read_block(dev, root)?, root)?;
             let NodeEntries::Internal(children) = node.entries else {
                 return Err(Error::corrupted(format!(
@@ -753,6 +802,36 @@ fn take_free_block(dev: &dyn BlockDevice, sb: &Superblock) -> Result<u64> {
         }
     }
     Err(Error::corrupted(format!("group {g} has no free block")))
+}
+
+/// The root's regular file with an extent tree, and the tree's root.
+fn tree_file(shared: &SharedDevice) -> Result<(u64, u64)> {
+    let dev: &dyn BlockDevice = &**shared;
+    root_files(shared)?
+        .into_iter()
+        .filter_map(|ino| Some((ino, target_inode(dev, ino).ok()?.tree_root)))
+        .find(|&(_, root)| root != 0)
+        .ok_or_else(|| Error::corrupted("no file in the root has an extent tree"))
+}
+
+/// The first (or `last`) leaf of the tree rooted at `root`.
+fn edge_leaf(dev: &dyn BlockDevice, root: u64, last: bool) -> Result<TreeNode> {
+    let mut b = root;
+    for _ in 0..=crate::format::tree_node::MAX_LEVEL {
+        let node = TreeNode::decode(&read_block(dev, b)?, b)?;
+        let NodeEntries::Internal(children) = &node.entries else {
+            return Ok(node);
+        };
+        let child = if last {
+            children.last()
+        } else {
+            children.first()
+        };
+        b = child
+            .ok_or_else(|| Error::corrupted("an empty internal node"))?
+            .1;
+    }
+    Err(Error::corrupted("a tree deeper than its levels allow"))
 }
 
 /// The inode numbers of the regular files in the root directory, through a mount.
