@@ -25,12 +25,13 @@
 //! New blocks are blocks clear in their group's bitmap that the check saw nobody claim (a
 //! block marked free but in use is never handed out), in groups whose header and bitmap
 //! decode; the bitmap bits are set and the header's free count lowered before the map naming
-//! them is written.
+//! them is written. A file whose copies or tree do not fit in the free space is left as it is
+//! (its findings stay, fsck exits 4); the blocks taken for it are leaked, and freed later.
 
 use super::repair::Repaired;
 use super::{MapFix, Report};
 use crate::dev::{read_aligned, AlignedBuf, BlockDevice};
-use crate::error::{Error, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::format::extent::{Extent, MAX_EXTENT_BLOCKS};
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::inode::{flags, Inode, INLINE_EXTENTS_MAX};
@@ -61,6 +62,9 @@ pub(super) fn rebuild_maps(
         match rebuild_map(dev, &mut spare, ino, fix) {
             Ok(Some(line)) => out.fixed.push(line),
             Ok(None) => {}
+            // Not enough free space for its copies or tree: the file is left as it is (its
+            // findings stay; what was taken for it is leaked, and freed later).
+            Err(e) if e.kind() == ErrorKind::NoSpace => {}
             Err(e) => {
                 result = Err(e);
                 break;
@@ -206,7 +210,7 @@ fn write_node(
         .take(ino, 1)?
         .first()
         .copied()
-        .ok_or_else(|| Error::corrupted("no free block for a tree node"))?;
+        .ok_or_else(|| Error::new(ErrorKind::NoSpace, "no free block for a tree node"))?;
     let node = TreeNode {
         blockno: b,
         seq: 1,
@@ -253,9 +257,10 @@ impl<'a> Spare<'a> {
             left -= self.take_in(g, left, &mut runs)?;
         }
         if left > 0 {
-            return Err(Error::corrupted(format!(
-                "not enough free blocks for the repair ({want} wanted)"
-            )));
+            return Err(Error::new(
+                ErrorKind::NoSpace,
+                format!("not enough free blocks for the repair ({want} wanted)"),
+            ));
         }
         Ok(runs)
     }
@@ -352,4 +357,43 @@ impl<'a> Spare<'a> {
 fn claimed(claims: &[(u64, u64)], b: u64) -> bool {
     let i = claims.partition_point(|&(s, _)| s <= b);
     i > 0 && claims[i - 1].1 > b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::dev::mem::MemDevice;
+    use crate::mkfs::{format, MkfsOptions};
+
+    #[test]
+    fn spare_blocks_are_free_unclaimed_and_counted_and_running_out_is_no_space() {
+        let dev = MemDevice::new(40 << 20, 512);
+        let opts = MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            ..Default::default()
+        };
+        format(&dev, &opts, &mut |_, _| {}).unwrap();
+        let report = super::super::check_volume(&dev).unwrap();
+        let sb = report.superblock.clone().unwrap();
+        let claims = report.plan.claims.clone();
+        let free_before = report.stats.group_area_blocks - report.stats.used_blocks;
+        let mut spare = Spare::new(&dev, &sb, &claims);
+        let runs = spare.take(sb.root_ino, 40).unwrap();
+        assert_eq!(runs.iter().map(|r| r.1).sum::<u64>(), 40);
+        for &(s, l) in &runs {
+            assert!((s..s + l).all(|b| sb.is_data_block(b) && !claimed(&claims, b)));
+        }
+        let err = spare.take(sb.root_ino, free_before).unwrap_err();
+        assert_eq!(err.kind(), ErrorKind::NoSpace);
+        spare.finish().unwrap();
+        // The bitmaps and free counts now say the blocks taken are used: only they are leaked.
+        let after = super::super::check_volume(&dev).unwrap();
+        let leaked: u64 = after.plan.leaked.iter().map(|(s, e)| e - s).sum();
+        assert_eq!(leaked, free_before);
+        assert!(after
+            .findings
+            .iter()
+            .all(|f| f.kind == super::super::FindingKind::BlockLeaked));
+    }
 }
