@@ -49,11 +49,24 @@ fn contents() -> BTreeMap<&'static str, Vec<u8>> {
     files
 }
 
+/// The files of `dir/many` (a directory with a two-level entry tree; the bad-dir-tree case
+/// damages a leaf of it): name, inode.
+type Many = Vec<(String, u64)>;
+
 /// Populate `lun` through a real mount; returns the inode numbers of `small` (the target)
-/// and of `dir`.
-fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64) {
+/// and of `dir`, and the files of `dir/many`.
+fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64, Many) {
     let m = Mount::new(lun, "node1");
     std::fs::create_dir(m.p("dir")).expect("mkdir dir");
+    std::fs::create_dir(m.p("dir/many")).expect("mkdir dir/many");
+    let many: Many = (0..150)
+        .map(|i| {
+            let name = format!("a-rather-long-name-that-fills-directory-tree-leaves-{i:03}");
+            let path = m.p(format!("dir/many/{name}"));
+            std::fs::write(&path, b"").expect("create a file in dir/many");
+            (name, std::fs::metadata(&path).expect("stat").ino())
+        })
+        .collect();
     for (name, data) in files {
         if *name == TREE_FILE {
             write_sparse(&m.p(name), data);
@@ -78,9 +91,37 @@ fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64) {
     };
     assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
     let ino = |p: &str| std::fs::metadata(m.p(p)).expect("stat").ino();
-    let inos = (ino("small"), ino("dir"));
+    let inos = (ino("small"), ino("dir"), many);
     m.unmount();
     inos
+}
+
+/// Every file of `dir/many` is in it, or (`DirPartInLostFound`) in `lost+found` as `#INO`.
+fn many_intact(m: &Mount, what: &str, effect: Effect, dir: u64, many: &Many) {
+    let base = if effect == Effect::DirInLostFound {
+        format!("lost+found/#{dir}/many")
+    } else {
+        "dir/many".to_string()
+    };
+    let mut moved = 0;
+    for (name, ino) in many {
+        let at = m.p(format!("{base}/{name}"));
+        let found = match std::fs::metadata(&at) {
+            Ok(md) => md.ino(),
+            Err(_) if effect == Effect::DirPartInLostFound => {
+                moved += 1;
+                let lf = m.p(format!("lost+found/#{ino}"));
+                std::fs::metadata(&lf)
+                    .unwrap_or_else(|e| panic!("{what}: #{ino} is not in lost+found: {e}"))
+                    .ino()
+            }
+            Err(e) => panic!("{what}: {base}/{name}: {e}"),
+        };
+        assert_eq!(found, *ino, "{what}: {base}/{name}");
+    }
+    if effect == Effect::DirPartInLostFound {
+        assert!(moved > 0 && moved < many.len(), "{what}: {moved} moved");
+    }
 }
 
 /// Write the 4 KiB blocks of `data` that are not all zeros, one write each, leaving holes.
@@ -135,7 +176,7 @@ fn fsck_repairs_every_injected_corruption_and_no_file_changes() {
     let lun = Lun::new(1 << 30);
     lun.mkfs(&["-N", "4"]);
     let files = contents();
-    let (target, dir) = populate(&lun, &files);
+    let (target, dir, many) = populate(&lun, &files);
     let mut cases = 0;
     for case in CASES {
         let copy = copy_of(&lun, &format!("{}.img", case.name));
@@ -174,6 +215,7 @@ fn fsck_repairs_every_injected_corruption_and_no_file_changes() {
                 "{what}: {path} changed"
             );
         }
+        many_intact(&m, &what, case.effect, dir, &many);
         let link = std::fs::read_link(m.p("link"));
         if case.effect == Effect::SymlinkGone {
             assert!(link.is_err(), "{what}: the cleared symlink is still there");

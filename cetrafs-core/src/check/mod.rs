@@ -204,6 +204,9 @@ pub(crate) struct RepairPlan {
     /// Symlinks whose size, inline target and overflow block disagree, or whose overflow
     /// block is unusable, not group data or somebody else's.
     pub clear_inodes: std::collections::BTreeSet<u64>,
+    /// Directories whose entry tree `rebuild-dir` rewrites, and the records it keeps (those
+    /// the check could read, by hash, the first of a hash).
+    pub dir_trees: std::collections::BTreeMap<u64, Vec<LeafEntry>>,
     /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
     /// out-of-groups or shared extent, written data past EOF), and the map to write.
     pub maps: std::collections::BTreeMap<u64, MapFix>,
@@ -433,7 +436,7 @@ enum Claimed {
 }
 
 /// A (key, value) pair of a tree leaf.
-type LeafEntry = (u64, Vec<u8>);
+pub(crate) type LeafEntry = (u64, Vec<u8>);
 
 /// A directory waiting for its entries to be checked.
 struct PendingDir {
@@ -880,6 +883,7 @@ impl Checker<'_> {
         let mut pending = None;
         match kind {
             FileKind::Directory => {
+                let before = self.report.findings.len();
                 let leaves = if inode.tree_root != 0 {
                     let (n, leaves) = self.walk_tree(ino, inode.tree_root)?;
                     held += n;
@@ -887,6 +891,20 @@ impl Checker<'_> {
                 } else {
                     Vec::new()
                 };
+                if self.report.findings[before..].iter().any(|f| {
+                    f.ino == Some(ino)
+                        && matches!(
+                            f.kind,
+                            FindingKind::BadTree
+                                | FindingKind::BlockOutsideGroups
+                                | FindingKind::BlockShared
+                        )
+                }) {
+                    let mut records = leaves.clone();
+                    records.sort_by_key(|r| r.0);
+                    records.dedup_by_key(|r| r.0);
+                    self.report.plan.dir_trees.insert(ino, records);
+                }
                 pending = Some(PendingDir {
                     ino,
                     path: path.to_string(),

@@ -1,5 +1,13 @@
-//! `rebuild-map` (`fsck.cetra -y`): a regular file's extent map rewritten as the check could
-//! read it ([`MapFix`]):
+//! `rebuild-map` and `rebuild-dir` (`fsck.cetra -y`).
+//!
+//! `rebuild-dir`: a directory whose entry tree has a node that does not decode, belongs to
+//! someone else, breaks the B+tree rules, is not group data or is somebody else's block gets a
+//! new tree of the records the check could read (sorted by hash, the first of a hash kept).
+//! The entries under the damaged node are lost: the inodes they named are then unreachable and
+//! `reconnect` links them into `/lost+found`, as e2fsck's pass 3 does.
+//!
+//! `rebuild-map`: a regular file's extent map rewritten as the check could read it
+//! ([`MapFix`]):
 //!
 //! * the extents of a tree node that does not decode, belongs to someone else, breaks the
 //!   B+tree rules or is somebody else's block are not in it: their ranges become holes;
@@ -29,7 +37,7 @@
 //! (its findings stay, fsck exits 4); the blocks taken for it are leaked, and freed later.
 
 use super::repair::Repaired;
-use super::{MapFix, Report};
+use super::{LeafEntry, MapFix, Report};
 use crate::dev::{read_aligned, AlignedBuf, BlockDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::extent::{Extent, MAX_EXTENT_BLOCKS};
@@ -42,9 +50,7 @@ use crate::format::tree_node::{
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use std::collections::BTreeMap;
 
-/// Extents per leaf and children per internal node of a rebuilt tree.
-const LEAF_FANOUT: usize =
-    NODE_CAP / (LEAF_ENTRY_OVERHEAD + crate::format::extent::EXTENT_VALUE_LEN);
+/// Children per internal node of a rebuilt tree (leaves are packed by bytes).
 const INTERNAL_FANOUT: usize = NODE_CAP / INTERNAL_ENTRY;
 /// Blocks copied at once.
 const COPY_CHUNK: u64 = 256;
@@ -64,6 +70,17 @@ pub(super) fn rebuild_maps(
             Ok(None) => {}
             // Not enough free space for its copies or tree: the file is left as it is (its
             // findings stay; what was taken for it is leaked, and freed later).
+            Err(e) if e.kind() == ErrorKind::NoSpace => {}
+            Err(e) => {
+                result = Err(e);
+                break;
+            }
+        }
+    }
+    for (&ino, records) in report.plan.dir_trees.iter().filter(|_| result.is_ok()) {
+        match rebuild_dir(dev, &mut spare, ino, records) {
+            Ok(Some(line)) => out.fixed.push(line),
+            Ok(None) => {}
             Err(e) if e.kind() == ErrorKind::NoSpace => {}
             Err(e) => {
                 result = Err(e);
@@ -106,7 +123,11 @@ fn rebuild_map(
         inode.inline_extents = extents;
         inode.tree_root = 0;
     } else {
-        inode.tree_root = build_tree(dev, spare, ino, &extents)?;
+        let entries = extents
+            .iter()
+            .map(|e| (e.logical, e.encode_value().to_vec()))
+            .collect();
+        inode.tree_root = build_tree(dev, spare, ino, entries)?;
         inode.flags &= !flags::INLINE_EXTENTS;
         inode.inline_extents.clear();
     }
@@ -127,6 +148,32 @@ fn rebuild_map(
     Ok(Some(format!(
         "rebuild-map: inode {ino}: extent map rewritten from its {} readable extents, {n} {shape}{was}; {copied} blocks of shared extents copied",
         fix.extents.len()
+    )))
+}
+
+/// `rebuild-dir`: directory `ino`'s entry tree rewritten as a new tree of `records`.
+fn rebuild_dir(
+    dev: &dyn BlockDevice,
+    spare: &mut Spare<'_>,
+    ino: u64,
+    records: &[LeafEntry],
+) -> Result<Option<String>> {
+    let Ok(mut inode) = Inode::decode(&read_aligned(dev, ino * FS_BLOCK, FS_BLOCK_SIZE)?, ino)
+    else {
+        return Ok(None);
+    };
+    if !inode.is_dir() {
+        return Ok(None);
+    }
+    let old_root = inode.tree_root;
+    inode.tree_root = build_tree(dev, spare, ino, records.to_vec())?;
+    inode.seq = inode.seq.saturating_add(1);
+    spare.finish()?;
+    dev.write_at(ino * FS_BLOCK, &AlignedBuf::from_slice(&inode.encode()))?;
+    Ok(Some(format!(
+        "rebuild-dir: directory {ino}: entry tree rewritten from its {} readable records, rooted at block {} (its tree at block {old_root} released)",
+        records.len(),
+        inode.tree_root
     )))
 }
 
@@ -161,22 +208,39 @@ fn copy_extent(
     Ok(out)
 }
 
-/// Write `extents` (sorted, at least one) as a new tree owned by `ino`; returns its root.
+/// Write `entries` (sorted by key, keys distinct) as a new tree owned by `ino`, leaves packed
+/// by bytes; no entries make one empty root leaf. Returns its root.
 fn build_tree(
     dev: &dyn BlockDevice,
     spare: &mut Spare<'_>,
     ino: u64,
-    extents: &[Extent],
+    entries: Vec<LeafEntry>,
 ) -> Result<u64> {
     let mut level = 0u16;
     let mut children: Vec<(u64, u64)> = Vec::new();
-    for chunk in extents.chunks(LEAF_FANOUT) {
-        let entries = chunk
-            .iter()
-            .map(|e| (e.logical, e.encode_value().to_vec()))
-            .collect();
-        let b = write_node(dev, spare, ino, level, NodeEntries::Leaf(entries))?;
-        children.push((chunk[0].logical, b));
+    let mut leaf: Vec<LeafEntry> = Vec::new();
+    let mut used = 0;
+    for entry in entries {
+        let size = LEAF_ENTRY_OVERHEAD + entry.1.len();
+        if used + size > NODE_CAP {
+            let key = leaf.first().map_or(0, |e| e.0);
+            let b = write_node(
+                dev,
+                spare,
+                ino,
+                level,
+                NodeEntries::Leaf(std::mem::take(&mut leaf)),
+            )?;
+            children.push((key, b));
+            used = 0;
+        }
+        used += size;
+        leaf.push(entry);
+    }
+    if !leaf.is_empty() || children.is_empty() {
+        let key = leaf.first().map_or(0, |e| e.0);
+        let b = write_node(dev, spare, ino, level, NodeEntries::Leaf(leaf))?;
+        children.push((key, b));
     }
     while children.len() > 1 {
         level += 1;
@@ -196,7 +260,7 @@ fn build_tree(
     children
         .first()
         .map(|&(_, b)| b)
-        .ok_or_else(|| Error::corrupted("an extent tree with no extents"))
+        .ok_or_else(|| Error::corrupted("a tree with no root"))
 }
 
 fn write_node(

@@ -27,6 +27,7 @@
 //! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed; of two entries naming one directory, the one not in the directory its parent field names (or the later) | yes |
 //! | `drop-duplicate` | the second and later entries of a name in one directory record removed | yes |
 //! | `rehash-entry` | an entry stored under a hash that is not its name's moved to its name's hash (dropped if the name is there already) | yes |
+//! | `rebuild-dir` | a directory's entry tree with a damaged node (one that does not decode, is someone else's, breaks the B+tree rules, or is not group data) rewritten from the records the check could read (`check/remap.rs`); the entries under the damaged node are lost, and `reconnect` links the inodes they named into `/lost+found` | yes |
 //! | `discard-journal` | a committed journal transaction that logs a block which is not a metadata home (mount and fsck's replay refuse it) discarded: the journal marked empty, the transaction's changes lost | yes |
 //! | `clear-inode` | a symlink whose size, inline target and overflow block disagree (or whose overflow block is unusable) cleared, as e2fsck does: its inode zeroed, then the entries naming it dropped (`drop-entry`) and its blocks freed | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
@@ -39,10 +40,9 @@
 //! | `Geometry` | a logical block size other than the device's is the wrong device (or a copy onto one with other sectors), not damage: heartbeat and lock records would have to be laid out anew, which is mkfs's business |
 //! | `Orphan` (warning) | an open-unlinked inode of a stopped node: the next mount of that slot frees it |
 //!
-//! Not repaired yet (reported, exit 4): a damaged directory tree (`BadTree` of a directory:
-//! its entries under the damaged node are lost, and rebuilding it means re-inserting what is
-//! readable through the filesystem), and a block two owners hold where the second is an inode
-//! block or a directory's tree node rather than a file's data or extent tree.
+//! Not repaired yet (reported, exit 4): a block two owners hold where the second to claim it
+//! is an inode block (an inode whose number another file's extent names), rather than a
+//! file's data, a tree node or an xattr or symlink block.
 //!
 //! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The
 //! repairs that change directories (`entry-type`, `drop-entry`, `drop-duplicate`,

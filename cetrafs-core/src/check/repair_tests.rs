@@ -16,9 +16,20 @@ const C: Caller = Caller::ROOT;
 /// The populated file with an extent tree.
 const TREE_FILE: &[u8] = b"sparse";
 
-/// A volume with a few files; returns its image, the files' contents and the target inode (a
-/// small file).
-fn populated() -> (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, u64) {
+/// What [`populated`] made.
+struct Populated {
+    image: Vec<u8>,
+    files: BTreeMap<Vec<u8>, Vec<u8>>,
+    /// The target inode (a small file).
+    target: u64,
+    /// `/dir`.
+    dir: u64,
+    /// The files of `/dir/many` (a directory with a two-level tree): name, inode.
+    many: Vec<(Vec<u8>, u64)>,
+}
+
+/// A volume with a few files.
+fn populated() -> Populated {
     let dev = Arc::new(MemDevice::new(40 << 20, 512));
     let opts = MkfsOptions {
         max_nodes: 4,
@@ -66,8 +77,56 @@ fn populated() -> (Vec<u8>, BTreeMap<Vec<u8>, Vec<u8>>, u64) {
     let (_, fh) = v.create(d.ino, b"inner", 0o600, C, true).unwrap();
     v.write(&fh, 0, b"inner data").unwrap();
     v.release(&fh).unwrap();
+    // The bad-dir-tree case damages a leaf of its tree.
+    let m = v.mkdir(d.ino, b"many", 0o755, C).unwrap();
+    let mut many = Vec::new();
+    for i in 0..150 {
+        let name = format!("a-rather-long-name-that-fills-directory-tree-leaves-{i:03}");
+        let (a, fh) = v.create(m.ino, name.as_bytes(), 0o644, C, true).unwrap();
+        v.release(&fh).unwrap();
+        many.push((name.into_bytes(), a.ino));
+    }
     v.unmount().unwrap();
-    (dev.snapshot(), files, target)
+    Populated {
+        image: dev.snapshot(),
+        files,
+        target,
+        dir: d.ino,
+        many,
+    }
+}
+
+/// Every file of `/dir/many` is in it, or (`DirPartInLostFound`) in `/lost+found` as `#INO`.
+fn many_intact(dev: Arc<MemDevice>, p: &Populated, case: &str, effect: Effect) {
+    let v = Volume::mount(dev, &MountOptions::default()).unwrap();
+    let root = v.root_ino();
+    let lf = v.lookup(root, b"lost+found").map(|a| a.ino).ok();
+    let dir = if effect == Effect::DirInLostFound {
+        v.lookup(lf.expect("lost+found"), format!("#{}", p.dir).as_bytes())
+    } else {
+        v.lookup(root, b"dir")
+    }
+    .unwrap_or_else(|e| panic!("{case}: dir: {e}"));
+    let many = v.lookup(dir.ino, b"many").unwrap().ino;
+    let mut moved = 0;
+    for (name, ino) in &p.many {
+        match v.lookup(many, name) {
+            Ok(a) => assert_eq!(a.ino, *ino, "{case}"),
+            Err(_) if effect == Effect::DirPartInLostFound => {
+                let lf = lf.unwrap_or_else(|| panic!("{case}: no lost+found"));
+                let a = v
+                    .lookup(lf, format!("#{ino}").as_bytes())
+                    .unwrap_or_else(|e| panic!("{case}: #{ino} not in lost+found: {e}"));
+                assert_eq!(a.ino, *ino, "{case}");
+                moved += 1;
+            }
+            Err(e) => panic!("{case}: many/{}: {e}", String::from_utf8_lossy(name)),
+        }
+    }
+    if effect == Effect::DirPartInLostFound {
+        assert!(moved > 0 && moved < p.many.len(), "{case}: {moved} moved");
+    }
+    v.unmount().unwrap();
 }
 
 /// Repair rounds as fsck runs them.
@@ -153,7 +212,8 @@ fn files_intact(
 
 #[test]
 fn every_corruption_is_found_and_repaired_and_no_file_changes() {
-    let (image, files, target) = populated();
+    let p = populated();
+    let (image, files, target) = (p.image.clone(), &p.files, p.target);
     assert!(check_volume(&MemDevice::from_image(image.clone(), 512))
         .unwrap()
         .is_clean());
@@ -183,7 +243,8 @@ fn every_corruption_is_found_and_repaired_and_no_file_changes() {
             "{what}: still wrong after repair: {:?}",
             after.findings
         );
-        files_intact(dev.clone(), &files, case.name, case.effect, target);
+        files_intact(dev.clone(), files, case.name, case.effect, target);
+        many_intact(dev.clone(), &p, case.name, case.effect);
         if case.effect == Effect::TreeFileHoles {
             // Only the damaged leaf's ranges are holes: the other leaf's extents are kept.
             let v = Volume::mount(dev.clone(), &MountOptions::default()).unwrap();

@@ -10,7 +10,8 @@
 //! one block written, at most two blocks per extent), and the root must hold a subdirectory,
 //! a symlink, another regular file whose first extent is at least as long as the target's,
 //! and exactly one regular file with an extent tree of more than one level (more than 160
-//! extents: every other 4 KiB block of 1.6 MB written). The cases that unlink something do it through the
+//! extents: every other 4 KiB block of 1.6 MB written); the root's subdirectory must hold a
+//! directory with a two-level entry tree (150 entries with long names). The cases that unlink something do it through the
 //! filesystem (a mount of the volume), the others write blocks.
 
 use super::FindingKind;
@@ -59,6 +60,9 @@ pub enum Effect {
     /// The file with an extent tree keeps its length; its last written 4 KiB block reads as
     /// its first (the block it was pointed at; it now holds a copy of it).
     TreeFileLastIsFirst,
+    /// The entries of the first leaf of the one directory with a two-level entry tree are
+    /// gone from it; the files they named are in `/lost+found` as `#INO`, unchanged.
+    DirPartInLostFound,
     /// The root's symlink is gone (cleared); every file is unchanged.
     SymlinkGone,
     /// The file with an extent tree keeps its length; each 4 KiB block of it reads as before or
@@ -334,6 +338,13 @@ pub const CASES: &[Case] = &[
         finding: FindingKind::BlockShared,
         preen: false,
         effect: Effect::TreeFileLastIsFirst,
+    },
+    Case {
+        name: "bad-dir-tree",
+        what: "garbage over the first leaf of the entry tree of the directory that has two levels",
+        finding: FindingKind::BadTree,
+        preen: false,
+        effect: Effect::DirPartInLostFound,
     },
     Case {
         name: "wrong-hash",
@@ -755,6 +766,13 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
                 node.blockno
             )
         }
+        "bad-dir-tree" => {
+            let dir = big_dir(shared)?;
+            let root = target_inode(dev, dir)?.tree_root;
+            let leaf = edge_leaf(dev, root, false)?.blockno;
+            dev.write_at(leaf * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("directory {dir}: tree node {leaf}")
+        }
         "bad-tree" => {
             let (ino, root) = tree_file(shared)?;
             let node = TreeNode::decode(&read_block(dev, root)?, root)?;
@@ -812,6 +830,38 @@ fn tree_file(shared: &SharedDevice) -> Result<(u64, u64)> {
         .filter_map(|ino| Some((ino, target_inode(dev, ino).ok()?.tree_root)))
         .find(|&(_, root)| root != 0)
         .ok_or_else(|| Error::corrupted("no file in the root has an extent tree"))
+}
+
+/// The first directory, breadth-first from the root, whose entry tree has more than one
+/// level.
+fn big_dir(shared: &SharedDevice) -> Result<u64> {
+    let dev: &dyn BlockDevice = &**shared;
+    let two_levels = |ino: u64| -> bool {
+        target_inode(dev, ino)
+            .ok()
+            .and_then(|i| {
+                let raw = read_block(dev, i.tree_root).ok()?;
+                TreeNode::decode(&raw, i.tree_root).ok()
+            })
+            .is_some_and(|n| matches!(n.entries, NodeEntries::Internal(_)))
+    };
+    mounted(shared, &mut |vol| {
+        let mut queue = std::collections::VecDeque::from([vol.root_ino()]);
+        while let Some(dir) = queue.pop_front() {
+            if two_levels(dir) {
+                return Ok(dir);
+            }
+            let mut subdirs = Vec::new();
+            vol.readdir(dir, 0, &mut |e| {
+                if e.kind == crate::fs::FileKind::Directory && e.name != b"." && e.name != b".." {
+                    subdirs.push(e.ino);
+                }
+                true
+            })?;
+            queue.extend(subdirs);
+        }
+        Err(Error::corrupted("no directory has a two-level entry tree"))
+    })
 }
 
 /// The first (or `last`) leaf of the tree rooted at `root`.
