@@ -207,6 +207,9 @@ pub(crate) struct RepairPlan {
     /// Directories whose entry tree `rebuild-dir` rewrites, and the records it keeps (those
     /// the check could read, by hash, the first of a hash).
     pub dir_trees: std::collections::BTreeMap<u64, Vec<LeafEntry>>,
+    /// Inode blocks an earlier claim held: (the inode whose data or other blocks claimed it
+    /// first, the inode block). `rebuild-map` gives the first holder's data extent a copy.
+    pub give_back: std::collections::BTreeSet<(u64, u64)>,
     /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
     /// out-of-groups or shared extent, written data past EOF), and the map to write.
     pub maps: std::collections::BTreeMap<u64, MapFix>,
@@ -431,8 +434,8 @@ struct Checker<'a> {
 enum Claimed {
     /// It does not name group data (reported, not claimed).
     Outside,
-    /// Claimed; `shared`: somebody held some of it first (reported).
-    Held { shared: bool },
+    /// Claimed; `shared`: who held some of it first (reported).
+    Held { shared: Vec<Owner> },
 }
 
 /// A (key, value) pair of a tree leaf.
@@ -540,7 +543,7 @@ impl Checker<'_> {
             return Claimed::Outside;
         }
         let held_before = self.claims.claim(s, e, owner);
-        let shared = !held_before.is_empty();
+        let shared = held_before.iter().map(|h| h.2).collect();
         for (os, oe, prev) in held_before {
             let ino = if let Owner::Inode(i) = owner {
                 Some(i)
@@ -815,7 +818,16 @@ impl Checker<'_> {
             self.inodes.insert(ino, state);
             return Ok(None);
         }
-        self.claim(ino, 1, Owner::Inode(ino), "inode block");
+        if let Claimed::Held { shared } = self.claim(ino, 1, Owner::Inode(ino), "inode block") {
+            // An inode cannot move: a file whose data claimed its block first gets the copy.
+            for o in shared {
+                if let Owner::Inode(x) = o {
+                    if x != ino {
+                        self.report.plan.give_back.insert((x, ino));
+                    }
+                }
+            }
+        }
         let buf = read_block(self.dev, ino)?;
         let inode = match Inode::decode(&buf, ino) {
             Ok(i) => i,
@@ -1177,7 +1189,7 @@ impl Checker<'_> {
             );
             if let Claimed::Held { shared } = claimed {
                 if !overlaps {
-                    if shared {
+                    if !shared.is_empty() {
                         fix.copy.insert(kept.logical);
                     }
                     fix.extents.push(kept);

@@ -19,8 +19,9 @@
 //!   never visible. e2fsck raises `i_size` over initialised blocks past EOF because ext4 has no
 //!   other state for them; here the extent keeps its blocks in the state `fallocate
 //!   (KEEP_SIZE)` leaves, and the file reads as it did;
-//! * an extent over blocks another owner claimed first (or an earlier extent of the same file)
-//!   gets a copy, as e2fsck's pass 1B clones: new blocks are taken from the bitmaps (fsck holds
+//! * an extent over blocks another owner claimed first (or an earlier extent of the same file),
+//!   or over an inode block that the inode claimed after it (an inode cannot move), gets a
+//!   copy, as e2fsck's pass 1B clones: new blocks are taken from the bitmaps (fsck holds
 //!   the volume, so nothing else allocates), the data is copied, the extent is repointed. Both
 //!   files keep readable contents; the shared blocks' contents are the first owner's data or
 //!   the second's, whichever was written last, for both.
@@ -64,7 +65,7 @@ pub(super) fn rebuild_maps(
 ) -> Result<()> {
     let mut spare = Spare::new(dev, sb, &report.plan.claims);
     let mut result = Ok(());
-    for (&ino, fix) in &report.plan.maps {
+    for (&ino, fix) in &with_give_backs(dev, sb, report) {
         match rebuild_map(dev, &mut spare, ino, fix) {
             Ok(Some(line)) => out.fixed.push(line),
             Ok(None) => {}
@@ -91,6 +92,38 @@ pub(super) fn rebuild_maps(
     // The bits of what was taken go down even if a later file failed: its map is written.
     spare.finish()?;
     result
+}
+
+/// The map fixes of the check, plus copies of the extents over an inode block that a file's
+/// data claimed before the inode did (an inode cannot move: the data gets the copy).
+fn with_give_backs(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+) -> BTreeMap<u64, MapFix> {
+    let mut maps = report.plan.maps.clone();
+    for &(owner, block) in &report.plan.give_back {
+        let fix = match maps.entry(owner) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let Ok(map) = crate::inspect::file_map(dev, sb, owner) else {
+                    continue;
+                };
+                v.insert(MapFix {
+                    extents: map.extents,
+                    ..MapFix::default()
+                })
+            }
+        };
+        let over: Vec<u64> = fix
+            .extents
+            .iter()
+            .filter(|e| e.physical <= block && block - e.physical < u64::from(e.len))
+            .map(|e| e.logical)
+            .collect();
+        fix.copy.extend(over);
+    }
+    maps
 }
 
 fn rebuild_map(

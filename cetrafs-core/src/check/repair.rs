@@ -22,7 +22,7 @@
 //! | `unorphan` | an inode that still has links, or an entry that is not an inode block, taken off an orphan list (the next mount would free it, or refuse it) | preen |
 //! | `slot-header` | a slot header (orphan list) that does not decode rewritten empty (its orphans are then found unreachable) | yes |
 //! | `drop-xattr` | an unusable xattr set, or one with a block that is not group data or that another owner holds first, dropped from its inode (its blocks are then leaked, and freed) | yes |
-//! | `rebuild-map` | a regular file's extent map rewritten from what the check could read (`check/remap.rs`): a bad tree node's ranges, an extent overlapping an earlier one and an extent that is not group data become holes; a written extent past EOF becomes unwritten; an extent over blocks another owner holds first gets a copy of them (both files stay readable) | yes |
+//! | `rebuild-map` | a regular file's extent map rewritten from what the check could read (`check/remap.rs`): a bad tree node's ranges, an extent overlapping an earlier one and an extent that is not group data become holes; a written extent past EOF becomes unwritten; an extent over blocks another owner holds first, or over an inode block, gets a copy of them (both files stay readable) | yes |
 //! | `entry-type` | a directory entry's file type set to its inode's | yes |
 //! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed; of two entries naming one directory, the one not in the directory its parent field names (or the later) | yes |
 //! | `drop-duplicate` | the second and later entries of a name in one directory record removed | yes |
@@ -40,9 +40,8 @@
 //! | `Geometry` | a logical block size other than the device's is the wrong device (or a copy onto one with other sectors), not damage: heartbeat and lock records would have to be laid out anew, which is mkfs's business |
 //! | `Orphan` (warning) | an open-unlinked inode of a stopped node: the next mount of that slot frees it |
 //!
-//! Not repaired yet (reported, exit 4): a block two owners hold where the second to claim it
-//! is an inode block (an inode whose number another file's extent names), rather than a
-//! file's data, a tree node or an xattr or symlink block.
+//! Not repaired yet (reported, exit 4): an inode block that another inode's tree node, xattr
+//! block or symlink overflow block (not its data) names and claimed first.
 //!
 //! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The
 //! repairs that change directories (`entry-type`, `drop-entry`, `drop-duplicate`,

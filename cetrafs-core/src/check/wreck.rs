@@ -291,6 +291,13 @@ pub const CASES: &[Case] = &[
         effect: Effect::TargetChanged,
     },
     Case {
+        name: "extent-over-inode",
+        what: "the target file's first extent pointed (1 block long) at the inode block of the first file of the root's first subdirectory",
+        finding: FindingKind::BlockShared,
+        preen: false,
+        effect: Effect::TargetChanged,
+    },
+    Case {
         name: "overlapping-extent",
         what: "an extent over the target file's block 1 added, naming a free block (marked used)",
         finding: FindingKind::BadExtent,
@@ -697,6 +704,29 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
                 "inode {target}'s blocks {} are inode {}'s",
                 other.1, other.0
             )
+        }
+        "extent-over-inode" => {
+            // Breadth-first, the target (in the root) claims the block before its inode does.
+            let (_, dir) = root_entry(shared, true, target, &|_, e| Ok(("found", e.ino)))?;
+            let inner = mounted(shared, &mut |vol| {
+                let mut first = None;
+                vol.readdir(dir, 0, &mut |e| {
+                    if e.kind == crate::fs::FileKind::Regular {
+                        first = Some(e.ino);
+                        return false;
+                    }
+                    true
+                })?;
+                first.ok_or_else(|| Error::corrupted("the subdirectory holds no file"))
+            })?;
+            let mut inode = target_inode(dev, target)?;
+            first_extent(&inode)?;
+            if let Some(e) = inode.inline_extents.first_mut() {
+                e.physical = inner;
+                e.len = 1;
+            }
+            write_block(dev, target, &inode.encode())?;
+            format!("inode {target}: file block 0 -> inode block {inner}")
         }
         "overlapping-extent" | "extent-past-eof" => {
             let mut inode = target_inode(dev, target)?;
