@@ -1137,7 +1137,7 @@ impl Checker<'_> {
     /// group data nobody else holds. Returns the number of data blocks they hold, and the map
     /// `rebuild-map` would write: an extent that overlaps an earlier one or does not name group
     /// data is left out (a hole), a written one past EOF is kept unwritten (it was never
-    /// visible), a shared one is kept and its shared runs noted (it gets a copy).
+    /// visible), one over blocks somebody held first is kept and marked for a copy.
     fn check_extents(
         &mut self,
         ino: u64,
