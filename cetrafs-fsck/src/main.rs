@@ -6,6 +6,10 @@
 //! * `-y`: replay, then make every repair there is.
 //! * none of them: replay, check, repair nothing.
 //!
+//! A committed transaction that mount would refuse to replay (it logs a block that is not a
+//! metadata home) is neither replayed nor applied in memory: the check reports it, and `-y`
+//! discards it (`discard-journal`).
+//!
 //! Repairs run in rounds (check, repair, check again) until a check is clean or a round
 //! repairs nothing. Exit codes follow e2fsck: 0 no errors, 1 errors corrected, 4 errors left
 //! uncorrected, 8 operational error (cannot open or read the device, not a CetraFS volume,
@@ -140,11 +144,14 @@ fn run(cli: &Cli) -> u8 {
     // a committed transaction in its journal, so the check runs on a view with the replay
     // applied in memory, and findings are about the volume as it will be. (Without -n the
     // replay is written, under fsck's claim: repair_volume.)
+    // A transaction mount refuses to replay is left out of the view (the check reports it).
     let pending = match cetrafs_core::fs::read_superblock(&*dev)
         .and_then(|sb| journal::pending(&*dev, &sb).map(|p| (sb, p)))
     {
-        Ok((_, p)) if p.is_empty() => Vec::new(),
-        Ok((_, p)) => p,
+        Ok((sb, mut p)) => {
+            p.retain(|(_, tx)| journal::check_homes(&sb, tx).is_ok());
+            p
+        }
         Err(_) => Vec::new(), // the checker reports superblock problems itself
     };
     if !pending.is_empty() {
@@ -222,6 +229,12 @@ fn repair_claimed(
     match journal::pending(&**dev, sb) {
         Ok(p) => {
             for (slot, tx) in &p {
+                // A transaction mount would refuse is not replayed: the check reports it and
+                // `-y` discards it (discard-journal).
+                if let Err(e) = journal::check_homes(sb, tx) {
+                    println!("{shown}: not replaying the journal of node slot {slot}: {e}");
+                    continue;
+                }
                 match journal::replay(&**dev, sb, journal::JournalArea::for_slot(sb, *slot)) {
                     Ok(n) => println!("{shown}: replayed the journal of node slot {slot} (transaction {}, {n} blocks written)", tx.seq),
                     Err(e) => {

@@ -4,12 +4,13 @@
 //! A volume populated through a real mount; for every injector case, on a sparse copy of it:
 //! `fsck.cetra -n` exits 4, `fsck.cetra -y` exits 1, a second `fsck.cetra -n` exits 0, the
 //! volume mounts, and every file the corruption did not touch reads back byte-identical (one
-//! it unlinked is in `/lost+found`, byte-identical too); `-p` exits 1 on a case marked preen
+//! it unlinked is in `/lost+found`, byte-identical too; one whose blocks it gave away or
+//! dropped is compared as its `Effect` says); `-p` exits 1 on a case marked preen
 //! and 4 on one that is not (the unit test covers preen for every case).
 //! Then fsck's claim: a mount started while `fsck.cetra -y` runs is refused, naming the fsck
 //! host, and succeeds once fsck is done.
 
-use cetrafs_core::check::wreck::{Effect, CASES};
+use cetrafs_core::check::wreck::{Effect, FileRole, CASES};
 use cetrafs_core::dev::open::open_for_repair;
 use cetrafs_tests::{bin, require_fuse, run, wait_until, Lun, Mount};
 use std::collections::BTreeMap;
@@ -18,9 +19,18 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
 
+/// The file with an extent tree (the bad-tree case damages a leaf of it): every other 4 KiB
+/// block of 1.6 MB written, 200 extents (more than the 160 an inode holds).
+const TREE_FILE: &str = "sparse";
+
 /// Files written into the volume: name -> contents.
 fn contents() -> BTreeMap<&'static str, Vec<u8>> {
     let mut files = BTreeMap::new();
+    let mut sparse = vec![0u8; 399 * 4096];
+    for (k, block) in sparse.chunks_mut(4096).enumerate().step_by(2) {
+        block.fill(u8::try_from(k % 251).unwrap_or(0) + 1);
+    }
+    files.insert(TREE_FILE, sparse);
     for (name, len) in [
         ("small", 5000usize),
         ("medium", 70_000),
@@ -39,14 +49,33 @@ fn contents() -> BTreeMap<&'static str, Vec<u8>> {
     files
 }
 
+/// The files of `dir/many` (a directory with a two-level entry tree; the bad-dir-tree case
+/// damages a leaf of it): name, inode.
+type Many = Vec<(String, u64)>;
+
 /// Populate `lun` through a real mount; returns the inode numbers of `small` (the target)
-/// and of `dir`.
-fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64) {
+/// and of `dir`, and the files of `dir/many`.
+fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64, Many) {
     let m = Mount::new(lun, "node1");
     std::fs::create_dir(m.p("dir")).expect("mkdir dir");
+    std::fs::create_dir(m.p("dir/many")).expect("mkdir dir/many");
+    let many: Many = (0..150)
+        .map(|i| {
+            let name = format!("a-rather-long-name-that-fills-directory-tree-leaves-{i:03}");
+            let path = m.p(format!("dir/many/{name}"));
+            std::fs::write(&path, b"").expect("create a file in dir/many");
+            (name, std::fs::metadata(&path).expect("stat").ino())
+        })
+        .collect();
     for (name, data) in files {
-        std::fs::write(m.p(name), data).unwrap_or_else(|e| panic!("write {name}: {e}"));
+        if *name == TREE_FILE {
+            write_sparse(&m.p(name), data);
+        } else {
+            std::fs::write(m.p(name), data).unwrap_or_else(|e| panic!("write {name}: {e}"));
+        }
     }
+    // The bad-symlink case damages it.
+    std::os::unix::fs::symlink("small", m.p("link")).expect("symlink");
     // The bad-xattr case damages the target's xattr block.
     let small = std::ffi::CString::new(m.p("small").as_os_str().as_encoded_bytes()).expect("path");
     let value = [7u8; 300];
@@ -62,9 +91,51 @@ fn populate(lun: &Lun, files: &BTreeMap<&'static str, Vec<u8>>) -> (u64, u64) {
     };
     assert_eq!(r, 0, "setxattr: {}", std::io::Error::last_os_error());
     let ino = |p: &str| std::fs::metadata(m.p(p)).expect("stat").ino();
-    let inos = (ino("small"), ino("dir"));
+    let inos = (ino("small"), ino("dir"), many);
     m.unmount();
     inos
+}
+
+/// Every file of `dir/many` is in it, or (`DirPartInLostFound`) in `lost+found` as `#INO`.
+fn many_intact(m: &Mount, what: &str, effect: Effect, dir: u64, many: &Many) {
+    let base = if effect == Effect::DirInLostFound {
+        format!("lost+found/#{dir}/many")
+    } else {
+        "dir/many".to_string()
+    };
+    let mut moved = 0;
+    for (name, ino) in many {
+        let at = m.p(format!("{base}/{name}"));
+        let found = match std::fs::metadata(&at) {
+            Ok(md) => md.ino(),
+            Err(_) if effect == Effect::DirPartInLostFound => {
+                moved += 1;
+                let lf = m.p(format!("lost+found/#{ino}"));
+                std::fs::metadata(&lf)
+                    .unwrap_or_else(|e| panic!("{what}: #{ino} is not in lost+found: {e}"))
+                    .ino()
+            }
+            Err(e) => panic!("{what}: {base}/{name}: {e}"),
+        };
+        assert_eq!(found, *ino, "{what}: {base}/{name}");
+    }
+    if effect == Effect::DirPartInLostFound {
+        assert!(moved > 0 && moved < many.len(), "{what}: {moved} moved");
+    }
+}
+
+/// Write the 4 KiB blocks of `data` that are not all zeros, one write each, leaving holes.
+fn write_sparse(path: &Path, data: &[u8]) {
+    use std::os::unix::fs::FileExt as _;
+    let f =
+        std::fs::File::create(path).unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    for (k, block) in (0u64..).zip(data.chunks(4096)) {
+        if block.iter().any(|&b| b != 0) {
+            f.write_all_at(block, k * 4096)
+                .unwrap_or_else(|e| panic!("write {}: {e}", path.display()));
+        }
+    }
+    f.set_len(data.len() as u64).expect("set_len");
 }
 
 /// Where file `name` is after a repair of a case with `effect` (None: gone).
@@ -105,7 +176,7 @@ fn fsck_repairs_every_injected_corruption_and_no_file_changes() {
     let lun = Lun::new(1 << 30);
     lun.mkfs(&["-N", "4"]);
     let files = contents();
-    let (target, dir) = populate(&lun, &files);
+    let (target, dir, many) = populate(&lun, &files);
     let mut cases = 0;
     for case in CASES {
         let copy = copy_of(&lun, &format!("{}.img", case.name));
@@ -134,7 +205,23 @@ fn fsck_repairs_every_injected_corruption_and_no_file_changes() {
                 continue;
             };
             let got = std::fs::read(m.p(&path)).unwrap_or_else(|e| panic!("{what}: {path}: {e}"));
-            assert!(got == *want, "{what}: {path} changed");
+            let role = match *name {
+                "small" => FileRole::Target,
+                TREE_FILE => FileRole::TreeFile,
+                _ => FileRole::Other,
+            };
+            assert!(
+                case.effect.contents_ok(role, &got, want),
+                "{what}: {path} changed"
+            );
+        }
+        many_intact(&m, &what, case.effect, dir, &many);
+        let link = std::fs::read_link(m.p("link"));
+        if case.effect == Effect::SymlinkGone {
+            assert!(link.is_err(), "{what}: the cleared symlink is still there");
+        } else {
+            let got = link.unwrap_or_else(|e| panic!("{what}: link: {e}"));
+            assert_eq!(got, Path::new("small"), "{what}: link changed");
         }
         m.unmount();
         std::fs::remove_file(&copy).expect("remove the case copy");

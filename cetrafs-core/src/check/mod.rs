@@ -19,6 +19,7 @@
 //! follows a block twice, so hostile images terminate.
 
 mod control;
+mod remap;
 pub mod repair;
 mod space;
 pub mod synth;
@@ -194,6 +195,35 @@ pub(crate) struct RepairPlan {
     pub drop_xattrs: std::collections::BTreeSet<u64>,
     /// Entries whose file type differs from their inode's: (directory, hash, name, type).
     pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
+    /// Entries stored under a hash that is not their name's: (directory, hash, name).
+    pub rehash_entries: Vec<(u64, u64, Vec<u8>)>,
+    /// Records that hold a name twice: (directory, hash).
+    pub dup_records: Vec<(u64, u64)>,
+    /// Slots whose journal holds a committed transaction a mount refuses to replay.
+    pub bad_journals: Vec<u32>,
+    /// Symlinks whose size, inline target and overflow block disagree, or whose overflow
+    /// block is unusable, not group data or somebody else's.
+    pub clear_inodes: std::collections::BTreeSet<u64>,
+    /// Directories whose entry tree `rebuild-dir` rewrites, and the records it keeps (those
+    /// the check could read, by hash, the first of a hash).
+    pub dir_trees: std::collections::BTreeMap<u64, Vec<LeafEntry>>,
+    /// Inode blocks an earlier claim held: (the inode whose data or other blocks claimed it
+    /// first, the inode block). `rebuild-map` gives the first holder's data extent a copy.
+    pub give_back: std::collections::BTreeSet<(u64, u64)>,
+    /// Regular files whose extent map `rebuild-map` rewrites (a bad tree, a bad, overlapping,
+    /// out-of-groups or shared extent, written data past EOF), and the map to write.
+    pub maps: std::collections::BTreeMap<u64, MapFix>,
+}
+
+/// The extent map a regular file keeps (`check/remap.rs` writes it): what the check could
+/// read of it, in file order, minus the extents that overlap an earlier one or do not name
+/// group data; written extents past EOF marked unwritten.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct MapFix {
+    pub extents: Vec<Extent>,
+    /// The file blocks where the extents start whose blocks (some of them) another owner, or
+    /// an earlier extent of its own, held first: they get copies.
+    pub copy: std::collections::BTreeSet<u64>,
 }
 
 impl Report {
@@ -384,6 +414,8 @@ struct InodeState {
     orphan: bool,
     /// Where it was first reached.
     path: String,
+    /// The entry it was first reached through: (directory, hash, name).
+    entry: Option<(u64, u64, Vec<u8>)>,
 }
 
 struct Checker<'a> {
@@ -397,8 +429,17 @@ struct Checker<'a> {
     inodes: HashMap<u64, InodeState>,
 }
 
+/// What [`Checker::claim`] made of a pointer.
+#[derive(Debug)]
+enum Claimed {
+    /// It does not name group data (reported, not claimed).
+    Outside,
+    /// Claimed; `shared`: who held some of it first (reported).
+    Held { shared: Vec<Owner> },
+}
+
 /// A (key, value) pair of a tree leaf.
-type LeafEntry = (u64, Vec<u8>);
+pub(crate) type LeafEntry = (u64, Vec<u8>);
 
 /// A directory waiting for its entries to be checked.
 struct PendingDir {
@@ -448,7 +489,7 @@ impl Checker<'_> {
     /// blocks somebody else already holds. An inode's pointer must name the data area of one
     /// group (`Superblock::bad_data_range`, the rule the runtime applies); one that does not
     /// is reported and not claimed.
-    fn claim(&mut self, start: u64, len: u64, owner: Owner, what: &str) {
+    fn claim(&mut self, start: u64, len: u64, owner: Owner, what: &str) -> Claimed {
         if let Owner::Inode(ino) = owner {
             if let Some((at, region)) = self.sb.bad_data_range(start, len) {
                 let run = if len == 1 {
@@ -462,7 +503,7 @@ impl Checker<'_> {
                     Some(ino),
                     format!("{what} at {run}: block {at} is {region}, not file-system data"),
                 );
-                return;
+                return Claimed::Outside;
             }
         }
         let Some(end) = start.checked_add(len) else {
@@ -477,7 +518,7 @@ impl Checker<'_> {
                 ino,
                 format!("{what} at block {start} runs past the end of the block address space"),
             );
-            return;
+            return Claimed::Outside;
         };
         let (lo, hi) = (self.sb.group_start, self.group_area_end());
         if start < lo || end > hi {
@@ -499,9 +540,11 @@ impl Checker<'_> {
         }
         let (s, e) = (start.max(lo), end.min(hi));
         if s >= e {
-            return;
+            return Claimed::Outside;
         }
-        for (os, oe, prev) in self.claims.claim(s, e, owner) {
+        let held_before = self.claims.claim(s, e, owner);
+        let shared = held_before.iter().map(|h| h.2).collect();
+        for (os, oe, prev) in held_before {
             let ino = if let Owner::Inode(i) = owner {
                 Some(i)
             } else {
@@ -514,6 +557,7 @@ impl Checker<'_> {
             );
             self.push(FindingKind::BlockShared, Some(os), ino, msg);
         }
+        Claimed::Held { shared }
     }
 
     /// Pass 2.
@@ -768,6 +812,7 @@ impl Checker<'_> {
             subdirs: 0,
             orphan: false,
             path: path.to_string(),
+            entry: None,
         };
         if !self.sb.is_data_block(ino) {
             self.push(
@@ -782,7 +827,16 @@ impl Checker<'_> {
             self.inodes.insert(ino, state);
             return Ok(None);
         }
-        self.claim(ino, 1, Owner::Inode(ino), "inode block");
+        if let Claimed::Held { shared } = self.claim(ino, 1, Owner::Inode(ino), "inode block") {
+            // An inode cannot move: a file whose data claimed its block first gets the copy.
+            for o in shared {
+                if let Owner::Inode(x) = o {
+                    if x != ino {
+                        self.report.plan.give_back.insert((x, ino));
+                    }
+                }
+            }
+        }
         let buf = read_block(self.dev, ino)?;
         let inode = match Inode::decode(&buf, ino) {
             Ok(i) => i,
@@ -850,6 +904,7 @@ impl Checker<'_> {
         let mut pending = None;
         match kind {
             FileKind::Directory => {
+                let before = self.report.findings.len();
                 let leaves = if inode.tree_root != 0 {
                     let (n, leaves) = self.walk_tree(ino, inode.tree_root)?;
                     held += n;
@@ -857,6 +912,20 @@ impl Checker<'_> {
                 } else {
                     Vec::new()
                 };
+                if self.report.findings[before..].iter().any(|f| {
+                    f.ino == Some(ino)
+                        && matches!(
+                            f.kind,
+                            FindingKind::BadTree
+                                | FindingKind::BlockOutsideGroups
+                                | FindingKind::BlockShared
+                        )
+                }) {
+                    let mut records = leaves.clone();
+                    records.sort_by_key(|r| r.0);
+                    records.dedup_by_key(|r| r.0);
+                    self.report.plan.dir_trees.insert(ino, records);
+                }
                 pending = Some(PendingDir {
                     ino,
                     path: path.to_string(),
@@ -864,6 +933,7 @@ impl Checker<'_> {
                 });
             }
             FileKind::Regular => {
+                let before = self.report.findings.len();
                 let mut extents = Vec::new();
                 if inline_ext {
                     if inode.tree_root != 0 {
@@ -887,7 +957,20 @@ impl Checker<'_> {
                         }
                     }
                 }
-                held += self.check_extents(ino, path, inode.size, &mut extents);
+                let (n, fix) = self.check_extents(ino, path, inode.size, &mut extents);
+                held += n;
+                if self.report.findings[before..].iter().any(|f| {
+                    f.ino == Some(ino)
+                        && matches!(
+                            f.kind,
+                            FindingKind::BadTree
+                                | FindingKind::BadExtent
+                                | FindingKind::BlockOutsideGroups
+                                | FindingKind::BlockShared
+                        )
+                }) {
+                    self.report.plan.maps.insert(ino, fix);
+                }
             }
             FileKind::Symlink => {
                 if inode.tree_root != 0 {
@@ -927,14 +1010,17 @@ impl Checker<'_> {
     }
 
     /// The xattr set headed by `xb`: head and overflow blocks claimed, decoded, owned by `ino`,
-    /// and assembled into a valid set. Returns the blocks it holds.
+    /// and assembled into a valid set. Returns the blocks it holds. A set with a block that is
+    /// unusable, not group data, or somebody else's is dropped by `drop-xattr`.
     fn check_xattr(&mut self, ino: u64, path: &str, xb: u64) -> Result<u64> {
         let before = self.report.findings.len();
         let held = self.check_xattr_set(ino, path, xb)?;
-        if self.report.findings[before..]
-            .iter()
-            .any(|f| f.kind == FindingKind::BadXattr)
-        {
+        if self.report.findings[before..].iter().any(|f| {
+            matches!(
+                f.kind,
+                FindingKind::BadXattr | FindingKind::BlockOutsideGroups | FindingKind::BlockShared
+            )
+        }) {
             self.report.plan.drop_xattrs.insert(ino);
         }
         Ok(held)
@@ -1019,6 +1105,20 @@ impl Checker<'_> {
     /// A symlink's target: inline, or the inline area full and the rest in its overflow block
     /// (v2 volumes only). Returns the blocks it holds beyond the inode.
     fn check_symlink(&mut self, ino: u64, path: &str, inode: &Inode) -> Result<u64> {
+        let before = self.report.findings.len();
+        let held = self.check_symlink_target(ino, path, inode)?;
+        if self.report.findings[before..].iter().any(|f| {
+            matches!(
+                f.kind,
+                FindingKind::Symlink | FindingKind::BlockOutsideGroups | FindingKind::BlockShared
+            )
+        }) {
+            self.report.plan.clear_inodes.insert(ino);
+        }
+        Ok(held)
+    }
+
+    fn check_symlink_target(&mut self, ino: u64, path: &str, inode: &Inode) -> Result<u64> {
         let b = inode.overflow_block;
         let held = u64::from(b != 0);
         let mut msg = None;
@@ -1042,14 +1142,25 @@ impl Checker<'_> {
         Ok(held)
     }
 
-    /// Extents in file order must not overlap; written ones must lie below EOF. Returns the
-    /// number of data blocks they hold.
-    fn check_extents(&mut self, ino: u64, path: &str, size: u64, extents: &mut [Extent]) -> u64 {
+    /// Extents in file order must not overlap; written ones must lie below EOF; each must name
+    /// group data nobody else holds. Returns the number of data blocks they hold, and the map
+    /// `rebuild-map` would write: an extent that overlaps an earlier one or does not name group
+    /// data is left out (a hole), a written one past EOF is kept unwritten (it was never
+    /// visible), one over blocks somebody held first is kept and marked for a copy.
+    fn check_extents(
+        &mut self,
+        ino: u64,
+        path: &str,
+        size: u64,
+        extents: &mut [Extent],
+    ) -> (u64, MapFix) {
         extents.sort_by_key(|e| e.logical);
         let eof_block = size.div_ceil(FS_BLOCK);
         let mut held = 0u64;
         let mut prev_end = 0u64;
+        let mut fix = MapFix::default();
         for (i, e) in extents.iter().enumerate() {
+            let mut kept = *e;
             let Some(end) = e.logical.checked_add(u64::from(e.len)) else {
                 self.push(
                     FindingKind::BadExtent,
@@ -1059,7 +1170,8 @@ impl Checker<'_> {
                 );
                 continue;
             };
-            if i > 0 && e.logical < prev_end {
+            let overlaps = i > 0 && e.logical < prev_end;
+            if overlaps {
                 self.push(
                     FindingKind::BadExtent,
                     Some(e.physical),
@@ -1069,6 +1181,7 @@ impl Checker<'_> {
             }
             prev_end = prev_end.max(end);
             if !e.unwritten() && e.logical >= eof_block {
+                kept.flags |= crate::format::extent::EXTENT_UNWRITTEN;
                 self.push(
                     FindingKind::BadExtent,
                     Some(e.physical),
@@ -1077,14 +1190,22 @@ impl Checker<'_> {
                 );
             }
             held += u64::from(e.len);
-            self.claim(
+            let claimed = self.claim(
                 e.physical,
                 u64::from(e.len),
                 Owner::Inode(ino),
                 &format!("{path}: data of file blocks {}-{}", e.logical, end - 1),
             );
+            if let Claimed::Held { shared } = claimed {
+                if !overlaps {
+                    if !shared.is_empty() {
+                        fix.copy.insert(kept.logical);
+                    }
+                    fix.extents.push(kept);
+                }
+            }
         }
-        held
+        (held, fix)
     }
 
     /// Pass 3: breadth-first from the root.
@@ -1140,6 +1261,10 @@ impl Checker<'_> {
                 for e in entries {
                     let path = join(&dir.path, &e.name);
                     if name_hash(&e.name) != *key {
+                        self.report
+                            .plan
+                            .rehash_entries
+                            .push((dir.ino, *key, e.name.clone()));
                         self.push(
                             FindingKind::BadEntry,
                             None,
@@ -1151,6 +1276,9 @@ impl Checker<'_> {
                         );
                     }
                     if !seen.insert(e.name.clone()) {
+                        if !self.report.plan.dup_records.contains(&(dir.ino, *key)) {
+                            self.report.plan.dup_records.push((dir.ino, *key));
+                        }
                         self.push(
                             FindingKind::BadEntry,
                             None,
@@ -1179,6 +1307,9 @@ impl Checker<'_> {
                         continue;
                     };
                     st.refs += 1;
+                    if st.refs == 1 {
+                        st.entry = Some((dir.ino, *key, e.name.clone()));
+                    }
                     let Some(kind) = st.kind else {
                         // Names an inode that is not one: the entry goes (with -y).
                         self.report
@@ -1210,6 +1341,7 @@ impl Checker<'_> {
                             d.subdirs += 1;
                         }
                         if refs > 1 {
+                            self.link_twice(e.ino, (dir.ino, *key, &e.name))?;
                             self.push(
                                 FindingKind::DirLinkedTwice,
                                 Some(e.ino),
@@ -1239,6 +1371,26 @@ impl Checker<'_> {
         self.check_orphans()
     }
 
+    /// Directory `child`, first reached through another entry, is also named by `entry`
+    /// (directory, hash, name): the entry that `drop-entry` removes is the one that is not in
+    /// the directory its parent field names; if both are (or neither), the later one. The
+    /// first one's parent fix is then moot.
+    fn link_twice(&mut self, child: u64, entry: (u64, u64, &[u8])) -> Result<()> {
+        let (dir, key, name) = entry;
+        let parent = Inode::decode(&read_block(self.dev, child)?, child).map(|c| c.parent);
+        let first = self.inodes.get(&child).and_then(|s| s.entry.clone());
+        let drop = match first {
+            Some(f) if parent.as_ref().is_ok_and(|&p| p == dir && f.0 != dir) => {
+                self.report.plan.dir_parents.remove(&child);
+                f
+            }
+            _ => (dir, key, name.to_vec()),
+        };
+        let (d, k, n) = drop;
+        self.report.plan.drop_entries.push((d, k, Some(n)));
+        Ok(())
+    }
+
     /// Orphan lists: their inodes are legitimately nameless and still hold blocks.
     fn check_orphans(&mut self) -> Result<()> {
         use crate::format::slot_header::SlotHeader;
@@ -1260,6 +1412,7 @@ impl Checker<'_> {
             let area = crate::journal::JournalArea::for_slot(&self.sb, slot);
             if let Some(tx) = crate::journal::find_tx(self.dev, area)? {
                 if let Err(e) = crate::journal::check_homes(&self.sb, &tx) {
+                    self.report.plan.bad_journals.push(slot);
                     self.push(
                         FindingKind::BadJournal,
                         Some(area.start + 1),
@@ -1270,6 +1423,7 @@ impl Checker<'_> {
             }
             for ino in header.orphans {
                 if !self.sb.is_data_block(ino) {
+                    self.report.plan.unorphan.push((slot, ino));
                     self.push(
                         FindingKind::BlockOutsideGroups,
                         Some(at),

@@ -19,20 +19,37 @@
 //! | `block-count` | an inode's block count set to the blocks it holds | preen |
 //! | `reset-record` | a damaged or contradictory heartbeat slot, lock record, object-lock bucket or mailbox rewritten empty | preen |
 //! | `dir-parent` | a directory's parent field set to the directory that holds it | preen |
-//! | `unorphan` | an inode that still has links taken off an orphan list (the next mount would free it) | preen |
+//! | `unorphan` | an inode that still has links, or an entry that is not an inode block, taken off an orphan list (the next mount would free it, or refuse it) | preen |
 //! | `slot-header` | a slot header (orphan list) that does not decode rewritten empty (its orphans are then found unreachable) | yes |
-//! | `drop-xattr` | an unusable xattr set dropped from its inode (its blocks are then leaked, and freed) | yes |
+//! | `drop-xattr` | an unusable xattr set, or one with a block that is not group data or that another owner holds first, dropped from its inode (its blocks are then leaked, and freed) | yes |
+//! | `rebuild-map` | a regular file's extent map rewritten from what the check could read (`check/remap.rs`): a bad tree node's ranges, an extent overlapping an earlier one and an extent that is not group data become holes; a written extent past EOF becomes unwritten; an extent over blocks another owner holds first, or over an inode block, gets a copy of them (both files stay readable) | yes |
 //! | `entry-type` | a directory entry's file type set to its inode's | yes |
-//! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed | yes |
+//! | `drop-entry` | a directory entry that does not decode, or names an inode that is not one (or the root), removed; of two entries naming one directory, the one not in the directory its parent field names (or the later) | yes |
+//! | `drop-duplicate` | the second and later entries of a name in one directory record removed | yes |
+//! | `rehash-entry` | an entry stored under a hash that is not its name's moved to its name's hash (dropped if the name is there already) | yes |
+//! | `rebuild-dir` | a directory's entry tree with a damaged node (one that does not decode, is someone else's, breaks the B+tree rules, or is not group data) rewritten from the records the check could read (`check/remap.rs`); the entries under the damaged node are lost, and `reconnect` links the inodes they named into `/lost+found` | yes |
+//! | `discard-journal` | a committed journal transaction that logs a block which is not a metadata home (mount and fsck's replay refuse it) discarded: the journal marked empty, the transaction's changes lost | yes |
+//! | `clear-inode` | a symlink whose size, inline target and overflow block disagree (or whose overflow block is unusable) cleared, as e2fsck does: its inode zeroed, then the entries naming it dropped (`drop-entry`) and its blocks freed | yes |
 //! | `reconnect` | an unreachable inode (found among the blocks marked used that nothing claims) linked into `/lost+found` as `#INO` | yes |
 //!
-//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The last
-//! two change directories, so fsck makes them through the filesystem ([`plan_namespace`] says
-//! which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
+//! Not repaired, by design:
+//!
+//! | finding | why |
+//! |---|---|
+//! | `Features` | unknown compatible or read-only-compatible feature bits are a newer volume, not damage: a warning (exit 0); unknown incompatible bits make fsck refuse the volume (exit 8), since it would misread it |
+//! | `Geometry` | a logical block size other than the device's is the wrong device (or a copy onto one with other sectors), not damage: heartbeat and lock records would have to be laid out anew, which is mkfs's business |
+//! | `Orphan` (warning) | an open-unlinked inode of a stopped node: the next mount of that slot frees it |
+//!
+//! Not repaired yet (reported, exit 4): an inode block that another inode's tree node, xattr
+//! block or symlink overflow block (not its data) names and claimed first.
+//!
+//! Preen (`-p`) makes only the repairs that cannot lose data; `-y` makes them all. The
+//! repairs that change directories (`entry-type`, `drop-entry`, `drop-duplicate`,
+//! `rehash-entry`, `reconnect`) change directory trees, so fsck makes them through the
+//! filesystem ([`plan_namespace`] says which; `fs/fsck.rs` makes them); while unreachable inodes are to be reconnected, leaked
 //! blocks are kept (they may be theirs), and freed in a later round. A directory is
 //! reconnected before the inodes in it (they are reachable once it is). A finding with no
-//! repair here (a bad tree, a block two inodes claim, an orphan still linked) is left, and
-//! fsck exits 4.
+//! repair here is left, and fsck exits 4.
 
 use super::{FindingKind, Report};
 use crate::dev::{AlignedBuf, BlockDevice};
@@ -90,7 +107,14 @@ pub fn repair(
     superblocks(dev, sb, report, &mut out)?;
     groups(dev, sb, report, mode, keep_leaked || !complete, &mut out)?;
     inodes(dev, report, mode, complete, &mut out)?;
+    if mode == Mode::All {
+        super::remap::rebuild_maps(dev, sb, report, &mut out)?;
+    }
     slot_headers(dev, sb, report, mode, &mut out)?;
+    if mode == Mode::All {
+        journals(dev, sb, report, &mut out)?;
+        clear_symlinks(dev, report, &mut out)?;
+    }
     records(dev, sb, report, &mut out)?;
     dev.flush()?;
     Ok(out)
@@ -352,7 +376,7 @@ fn slot_headers(
         h.seq = h.seq.saturating_add(1);
         write_block(dev, at(slot), &h.encode(at(slot)))?;
         out.fixed.push(format!(
-            "unorphan: node slot {slot}: inodes {linked:?}, which still have links, taken off its orphan list"
+            "unorphan: node slot {slot}: inodes {linked:?} (which still have links, or are not inode blocks) taken off its orphan list"
         ));
     }
     if mode == Mode::All {
@@ -367,6 +391,57 @@ fn slot_headers(
                 "slot-header: node slot {slot}: its unusable header rewritten with an empty orphan list"
             ));
         }
+    }
+    Ok(())
+}
+
+/// `discard-journal`: a committed transaction that logs a block which is not a metadata home
+/// (`journal::check_homes`) is refused whole by mount, and by fsck's replay; it is never
+/// applied, so the volume stays as its home blocks are and the transaction's changes are lost.
+/// The journal is marked empty as a replay leaves it.
+fn journals(
+    dev: &dyn BlockDevice,
+    sb: &Superblock,
+    report: &Report,
+    out: &mut Repaired,
+) -> Result<()> {
+    use crate::journal::{find_tx, invalidate, JournalArea};
+    for &slot in &report.plan.bad_journals {
+        let area = JournalArea::for_slot(sb, slot);
+        let Some(tx) = find_tx(dev, area)? else {
+            continue;
+        };
+        invalidate(dev, area)?;
+        out.fixed.push(format!(
+            "discard-journal: node slot {slot}: committed transaction {} ({} blocks), which a mount refuses to replay, discarded; its changes are lost",
+            tx.seq,
+            tx.blocks.len()
+        ));
+    }
+    Ok(())
+}
+
+/// `clear-inode`: a symlink whose target cannot be read as it was written (size, inline
+/// bytes and overflow block disagree, or the overflow block is unusable) is cleared, as
+/// e2fsck clears an invalid symlink: which of its fields is wrong cannot be told, and a
+/// symlink served with a guessed target could point anywhere. Its inode block is zeroed; the
+/// next round finds the entries naming it naming no inode (`drop-entry`), and the round after
+/// frees its blocks (`free-leaked`).
+fn clear_symlinks(dev: &dyn BlockDevice, report: &Report, out: &mut Repaired) -> Result<()> {
+    for &ino in &report.plan.clear_inodes {
+        let Ok(inode) = Inode::decode(&read_block(dev, ino)?, ino) else {
+            continue;
+        };
+        if !inode.is_symlink() {
+            continue;
+        }
+        write_block(dev, ino, &[0u8; FS_BLOCK_SIZE])?;
+        out.fixed.push(format!(
+            "clear-inode: symlink {ino} ({} bytes, {} inline, overflow block {}) cleared",
+            inode.size,
+            inode.inline_data.len(),
+            inode.overflow_block
+        ));
     }
     Ok(())
 }
@@ -427,11 +502,19 @@ pub struct Namespace {
     pub reconnect: Vec<u64>,
     /// `entry-type`: (directory, name hash, name, file type).
     pub entry_types: Vec<(u64, u64, Vec<u8>, u8)>,
+    /// `rehash-entry`: (directory, the hash it is stored under, name).
+    pub rehash: Vec<(u64, u64, Vec<u8>)>,
+    /// `drop-duplicate`: (directory, hash) of records holding a name twice.
+    pub dedup: Vec<(u64, u64)>,
 }
 
 impl Namespace {
     pub fn is_empty(&self) -> bool {
-        self.drop_entries.is_empty() && self.reconnect.is_empty() && self.entry_types.is_empty()
+        self.drop_entries.is_empty()
+            && self.reconnect.is_empty()
+            && self.entry_types.is_empty()
+            && self.rehash.is_empty()
+            && self.dedup.is_empty()
     }
 }
 
@@ -453,6 +536,8 @@ pub fn plan_namespace(dev: &dyn BlockDevice, report: &Report, mode: Mode) -> Res
     }
     ns.drop_entries.clone_from(&report.plan.drop_entries);
     ns.entry_types.clone_from(&report.plan.entry_types);
+    ns.rehash.clone_from(&report.plan.rehash_entries);
+    ns.dedup.clone_from(&report.plan.dup_records);
     let mut found: Vec<(u64, bool, u64)> = Vec::new();
     let mut budget = RECONNECT_SCAN_MAX;
     for &(s, e) in &report.plan.leaked {
@@ -578,6 +663,21 @@ fn namespace(
             if vol.fsck_set_entry_type(*dir, *hash, name, *dtype)? {
                 out.push(format!(
                     "entry-type: directory {dir}: entry {:?} now of type {dtype}",
+                    String::from_utf8_lossy(name)
+                ));
+            }
+        }
+        for &(dir, hash) in &ns.dedup {
+            if vol.fsck_dedup_record(dir, hash)? {
+                out.push(format!(
+                    "drop-duplicate: directory {dir}: the second entries of a name under hash {hash:#x} removed"
+                ));
+            }
+        }
+        for (dir, hash, name) in &ns.rehash {
+            if vol.fsck_rehash_entry(*dir, *hash, name)? {
+                out.push(format!(
+                    "rehash-entry: directory {dir}: entry {:?}, stored under hash {hash:#x}, moved to its name's hash",
                     String::from_utf8_lossy(name)
                 ));
             }

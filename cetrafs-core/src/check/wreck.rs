@@ -7,17 +7,24 @@
 //! and what the repaired volume holds of the files it touched ([`Effect`]). Cases that change
 //! an inode take the target file's inode number (its block number: a `stat` on a mount gives
 //! it); that file must be a small regular file in the root directory (inline extents, at least
-//! one block written), and the root must hold a subdirectory. The cases that unlink something
-//! do it through the filesystem (a mount of the volume), the others write blocks.
+//! one block written, at most two blocks per extent), and the root must hold a subdirectory,
+//! a symlink, another regular file whose first extent is at least as long as the target's,
+//! and exactly one regular file with an extent tree of more than one level (more than 160
+//! extents: every other 4 KiB block of 1.6 MB written); the root's subdirectory must hold a
+//! directory with a two-level entry tree (150 entries with long names). The cases that unlink something do it through the
+//! filesystem (a mount of the volume), the others write blocks.
 
 use super::FindingKind;
 use crate::cluster::lock::LockLayout;
 use crate::dev::{read_aligned, AlignedBuf, BlockDevice, SharedDevice};
 use crate::error::{Error, Result};
+use crate::format::dirent::DirEntry;
+use crate::format::extent::Extent;
 use crate::format::group::{decode_bitmap, encode_bitmap, GroupHeader, BITS_PER_BITMAP_BLOCK};
 use crate::format::inode::Inode;
 use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
+use crate::format::tree_node::{NodeEntries, TreeNode};
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 
 /// One corruption.
@@ -44,6 +51,66 @@ pub enum Effect {
     TargetInLostFound,
     /// The root's first subdirectory is `/lost+found/#INO`, its files unchanged.
     DirInLostFound,
+    /// The target file keeps its length; its bytes are another file's (its blocks were given
+    /// to that file, it reads a copy of them), so they are not compared.
+    TargetChanged,
+    /// The target file keeps its length; each 4 KiB block of it reads as before or as zeros
+    /// (a hole where a pointer was dropped).
+    TargetHoles,
+    /// The file with an extent tree keeps its length; its last written 4 KiB block reads as
+    /// its first (the block it was pointed at; it now holds a copy of it).
+    TreeFileLastIsFirst,
+    /// The entries of the first leaf of the one directory with a two-level entry tree are
+    /// gone from it; the files they named are in `/lost+found` as `#INO`, unchanged.
+    DirPartInLostFound,
+    /// The root's symlink is gone (cleared); every file is unchanged.
+    SymlinkGone,
+    /// The file with an extent tree keeps its length; each 4 KiB block of it reads as before or
+    /// as zeros (the ranges a damaged tree node mapped are holes).
+    TreeFileHoles,
+}
+
+/// Which file of the populated volume a test compares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileRole {
+    Target,
+    /// The one file with an extent tree.
+    TreeFile,
+    Other,
+}
+
+impl Effect {
+    /// Does `got` (a file's contents after the repair) agree with `want` (before the
+    /// corruption) for a file of `role`?
+    pub fn contents_ok(self, role: FileRole, got: &[u8], want: &[u8]) -> bool {
+        match (self, role) {
+            (Self::TargetChanged, FileRole::Target) => got.len() == want.len(),
+            (Self::TargetHoles, FileRole::Target) | (Self::TreeFileHoles, FileRole::TreeFile) => {
+                got.len() == want.len()
+                    && got
+                        .chunks(FS_BLOCK_SIZE)
+                        .zip(want.chunks(FS_BLOCK_SIZE))
+                        .all(|(g, w)| g == w || g.iter().all(|&b| b == 0))
+            }
+            (Self::TreeFileLastIsFirst, FileRole::TreeFile) => {
+                let mut expected = want.to_vec();
+                let blocks = expected.chunks(FS_BLOCK_SIZE).count();
+                let last = (0..blocks).rev().find(|&k| {
+                    expected
+                        .chunks(FS_BLOCK_SIZE)
+                        .nth(k)
+                        .is_some_and(|b| b.iter().any(|&x| x != 0))
+                });
+                if let (Some(k), Some(first)) = (last, want.get(..FS_BLOCK_SIZE)) {
+                    let at = k * FS_BLOCK_SIZE;
+                    let end = (at + FS_BLOCK_SIZE).min(expected.len());
+                    expected[at..end].copy_from_slice(&first[..end - at]);
+                }
+                got == expected
+            }
+            _ => got == want,
+        }
+    }
 }
 
 pub const CASES: &[Case] = &[
@@ -215,6 +282,111 @@ pub const CASES: &[Case] = &[
         finding: FindingKind::BlockLeaked,
         preen: false,
         effect: Effect::DirInLostFound,
+    },
+    Case {
+        name: "shared-blocks",
+        what: "the target file's first extent pointed at the first blocks of another file",
+        finding: FindingKind::BlockShared,
+        preen: false,
+        effect: Effect::TargetChanged,
+    },
+    Case {
+        name: "extent-over-inode",
+        what: "the target file's first extent pointed (1 block long) at the inode block of the first file of the root's first subdirectory",
+        finding: FindingKind::BlockShared,
+        preen: false,
+        effect: Effect::TargetChanged,
+    },
+    Case {
+        name: "overlapping-extent",
+        what: "an extent over the target file's block 1 added, naming a free block (marked used)",
+        finding: FindingKind::BadExtent,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "extent-past-eof",
+        what: "a written extent at the target file's end-of-file block added, naming a free block (marked used)",
+        finding: FindingKind::BadExtent,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "extent-outside-groups",
+        what: "the target file's first extent pointed at the journal area",
+        finding: FindingKind::BlockOutsideGroups,
+        preen: false,
+        effect: Effect::TargetHoles,
+    },
+    Case {
+        name: "xattr-outside-groups",
+        what: "the target file's xattr block pointer pointed at the journal area",
+        finding: FindingKind::BlockOutsideGroups,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "orphan-outside-groups",
+        what: "a block of the journal area put on node slot 0's orphan list",
+        finding: FindingKind::BlockOutsideGroups,
+        preen: true,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "bad-tree",
+        what: "garbage over the first leaf of the extent tree of the root's file that has one",
+        finding: FindingKind::BadTree,
+        preen: false,
+        effect: Effect::TreeFileHoles,
+    },
+    Case {
+        name: "tree-self-shared",
+        what: "the last extent in the extent tree of the root's file that has one pointed at the block of its first",
+        finding: FindingKind::BlockShared,
+        preen: false,
+        effect: Effect::TreeFileLastIsFirst,
+    },
+    Case {
+        name: "bad-dir-tree",
+        what: "garbage over the first leaf of the entry tree of the directory that has two levels",
+        finding: FindingKind::BadTree,
+        preen: false,
+        effect: Effect::DirPartInLostFound,
+    },
+    Case {
+        name: "wrong-hash",
+        what: "the target file's entry in the root moved to the record of another hash",
+        finding: FindingKind::BadEntry,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "duplicate-name",
+        what: "a second copy of the target file's entry added to its record",
+        finding: FindingKind::BadEntry,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "dir-linked-twice",
+        what: "an entry `again` naming the root's first subdirectory added inside it",
+        finding: FindingKind::DirLinkedTwice,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "bad-journal",
+        what: "a committed transaction logging the primary superblock written into the journal of the last node slot",
+        finding: FindingKind::BadJournal,
+        preen: false,
+        effect: Effect::Nothing,
+    },
+    Case {
+        name: "bad-symlink",
+        what: "the size of the root's symlink raised by 5 (it no longer matches its target)",
+        finding: FindingKind::Symlink,
+        preen: false,
+        effect: Effect::SymlinkGone,
     },
 ];
 
@@ -429,6 +601,59 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
             })?
             .0
         }
+        "wrong-hash" | "duplicate-name" => {
+            root_entry(shared, false, target, &|vol, e| {
+                let hash = crate::format::dirent::name_hash(&e.name);
+                let entry = DirEntry {
+                    name: e.name.clone(),
+                    ino: e.ino,
+                    dtype: e.kind.dtype(),
+                };
+                if c.name == "duplicate-name" {
+                    vol.fsck_put_entry(vol.root_ino(), hash, entry)?;
+                    return Ok(("stored twice", e.ino));
+                }
+                let other = crate::format::dirent::name_hash(b"wreck: another name");
+                vol.fsck_drop_entry(vol.root_ino(), hash, Some(&e.name))?;
+                vol.fsck_put_entry(vol.root_ino(), other, entry)?;
+                Ok(("stored under another name's hash", e.ino))
+            })?
+            .0
+        }
+        "dir-linked-twice" => {
+            root_entry(shared, true, target, &|vol, e| {
+                let name = b"again".to_vec();
+                let hash = crate::format::dirent::name_hash(&name);
+                let entry = DirEntry {
+                    name,
+                    ino: e.ino,
+                    dtype: e.kind.dtype(),
+                };
+                vol.fsck_put_entry(e.ino, hash, entry)?;
+                Ok(("also named by its own entry `again`", e.ino))
+            })?
+            .0
+        }
+        "bad-symlink" => {
+            let ino = mounted(shared, &mut |vol| {
+                root_listing(vol)?
+                    .into_iter()
+                    .find(|e| e.kind == crate::fs::FileKind::Symlink)
+                    .map(|e| e.ino)
+                    .ok_or_else(|| Error::corrupted("no symlink in the root directory"))
+            })?;
+            let mut inode = target_inode(dev, ino)?;
+            inode.size += 5;
+            write_block(dev, ino, &inode.encode())?;
+            format!("symlink {ino}: size {}", inode.size)
+        }
+        "bad-journal" => {
+            use crate::journal::{write_tx, JournalArea};
+            let slot = sb.max_nodes.saturating_sub(1);
+            let image = read_block(dev, 0)?;
+            write_tx(dev, JournalArea::for_slot(&sb, slot), 99, &[(0, &image)])?;
+            format!("node slot {slot}: transaction 99 logs block 0")
+        }
         "dir-parent" => {
             let (_, ino) = root_entry(shared, true, target, &|_, e| Ok(("found", e.ino)))?;
             let mut inode = Inode::decode(&read_block(dev, ino)?, ino)?;
@@ -459,10 +684,272 @@ pub fn apply(shared: &SharedDevice, name: &str, target: u64) -> Result<String> {
             dev.write_at(inode.xattr_block * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
             format!("xattr block {}", inode.xattr_block)
         }
+        "shared-blocks" => {
+            let mut inode = target_inode(dev, target)?;
+            let want = first_extent(&inode)?.len;
+            let other = root_files(shared)?
+                .into_iter()
+                .filter(|&ino| ino != target)
+                .filter_map(|ino| Some((ino, target_inode(dev, ino).ok()?)))
+                .find_map(|(ino, i)| {
+                    let e = i.inline_extents.first()?;
+                    (e.len >= want).then_some((ino, e.physical))
+                })
+                .ok_or_else(|| Error::corrupted("no other file with a long enough extent"))?;
+            if let Some(e) = inode.inline_extents.first_mut() {
+                e.physical = other.1;
+            }
+            write_block(dev, target, &inode.encode())?;
+            format!(
+                "inode {target}'s blocks {} are inode {}'s",
+                other.1, other.0
+            )
+        }
+        "extent-over-inode" => {
+            // Breadth-first, the target (in the root) claims the block before its inode does.
+            let (_, dir) = root_entry(shared, true, target, &|_, e| Ok(("found", e.ino)))?;
+            let inner = mounted(shared, &mut |vol| {
+                let mut first = None;
+                vol.readdir(dir, 0, &mut |e| {
+                    if e.kind == crate::fs::FileKind::Regular {
+                        first = Some(e.ino);
+                        return false;
+                    }
+                    true
+                })?;
+                first.ok_or_else(|| Error::corrupted("the subdirectory holds no file"))
+            })?;
+            let mut inode = target_inode(dev, target)?;
+            first_extent(&inode)?;
+            if let Some(e) = inode.inline_extents.first_mut() {
+                e.physical = inner;
+                e.len = 1;
+            }
+            write_block(dev, target, &inode.encode())?;
+            format!("inode {target}: file block 0 -> inode block {inner}")
+        }
+        "overlapping-extent" | "extent-past-eof" => {
+            let mut inode = target_inode(dev, target)?;
+            let logical = if c.name == "overlapping-extent" {
+                1
+            } else {
+                inode.size.div_ceil(FS_BLOCK)
+            };
+            let physical = take_free_block(dev, &sb)?;
+            inode.inline_extents.push(Extent {
+                logical,
+                physical,
+                len: 1,
+                flags: 0,
+            });
+            inode.inline_extents.sort_by_key(|e| e.logical);
+            inode.blocks += 1;
+            write_block(dev, target, &inode.encode())?;
+            format!("inode {target}: file block {logical} -> block {physical}")
+        }
+        "xattr-outside-groups" => {
+            let mut inode = target_inode(dev, target)?;
+            inode.xattr_block = sb.journal_start;
+            write_block(dev, target, &inode.encode())?;
+            format!("inode {target}: xattr block -> {}", sb.journal_start)
+        }
+        "orphan-outside-groups" => {
+            use crate::format::slot_header::SlotHeader;
+            let at = sb.journal_start;
+            let mut h = SlotHeader::decode(&read_block(dev, at)?, at, 0)?;
+            h.orphans.push(at);
+            write_block(dev, at, &h.encode(at))?;
+            format!("block {at} on node slot 0's orphan list")
+        }
+        "extent-outside-groups" => {
+            let mut inode = target_inode(dev, target)?;
+            first_extent(&inode)?;
+            if let Some(e) = inode.inline_extents.first_mut() {
+                e.physical = sb.journal_start;
+            }
+            write_block(dev, target, &inode.encode())?;
+            format!("inode {target}: first extent -> block {}", sb.journal_start)
+        }
+        "tree-self-shared" => {
+            let (ino, root) = tree_file(shared)?;
+            let first = edge_leaf(dev, root, false)?;
+            let last = edge_leaf(dev, root, true)?;
+            let physical = match &first.entries {
+                NodeEntries::Leaf(v) => v.first().map(|(k, val)| Extent::decode_value(*k, val)),
+                NodeEntries::Internal(_) => None,
+            }
+            .ok_or_else(|| Error::corrupted("an empty leaf"))??
+            .physical;
+            let mut node = last;
+            if let NodeEntries::Leaf(v) = &mut node.entries {
+                let (k, val) = v
+                    .last_mut()
+                    .ok_or_else(|| Error::corrupted("an empty leaf"))?;
+                let mut e = Extent::decode_value(*k, val)?;
+                e.physical = physical;
+                *val = e.encode_value().to_vec();
+            }
+            node.seq += 1;
+            write_block(dev, node.blockno, &node.encode())?;
+            format!(
+                "inode {ino}: its last extent (in tree node {}) -> block {physical}",
+                node.blockno
+            )
+        }
+        "bad-dir-tree" => {
+            let dir = big_dir(shared)?;
+            let root = target_inode(dev, dir)?.tree_root;
+            let leaf = edge_leaf(dev, root, false)?.blockno;
+            dev.write_at(leaf * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("directory {dir}: tree node {leaf}")
+        }
+        "bad-tree" => {
+            let (ino, root) = tree_file(shared)?;
+            let node = TreeNode::decode(&read_block(dev, root)?, root)?;
+            let NodeEntries::Internal(children) = node.entries else {
+                return Err(Error::corrupted(format!(
+                    "inode {ino}'s extent tree is a single leaf"
+                )));
+            };
+            let (_, leaf) = children
+                .first()
+                .copied()
+                .ok_or_else(|| Error::corrupted("an empty internal node"))?;
+            dev.write_at(leaf * FS_BLOCK, &garbage(FS_BLOCK_SIZE))?;
+            format!("inode {ino}: tree node {leaf}")
+        }
         other => return Err(Error::corrupted(format!("case {other} has no injector"))),
     };
     dev.flush()?;
     Ok(format!("{}: {} ({done})", c.name, c.what))
+}
+
+/// The inode's first extent (it must have one).
+fn first_extent(inode: &Inode) -> Result<crate::format::extent::Extent> {
+    inode
+        .inline_extents
+        .first()
+        .copied()
+        .ok_or_else(|| Error::corrupted(format!("inode {} maps no block inline", inode.ino)))
+}
+
+/// A block free in the last group's bitmap, now marked used (and counted in its group's
+/// header), so only the pointer the case adds is wrong.
+fn take_free_block(dev: &dyn BlockDevice, sb: &Superblock) -> Result<u64> {
+    let g = sb.group_count.saturating_sub(1);
+    let mut bit = sb.group_blocks;
+    while bit > 0 {
+        bit -= 1;
+        if !bit_of(dev, sb, g, bit)? {
+            set_bit(dev, sb, g, bit, true)?;
+            let at = sb.group_first_block(g);
+            let mut h = GroupHeader::decode(&read_block(dev, at)?, at)?;
+            h.free_blocks = h.free_blocks.saturating_sub(1);
+            write_block(dev, at, &h.encode())?;
+            return Ok(at + bit);
+        }
+    }
+    Err(Error::corrupted(format!("group {g} has no free block")))
+}
+
+/// The root's regular file with an extent tree, and the tree's root.
+fn tree_file(shared: &SharedDevice) -> Result<(u64, u64)> {
+    let dev: &dyn BlockDevice = &**shared;
+    root_files(shared)?
+        .into_iter()
+        .filter_map(|ino| Some((ino, target_inode(dev, ino).ok()?.tree_root)))
+        .find(|&(_, root)| root != 0)
+        .ok_or_else(|| Error::corrupted("no file in the root has an extent tree"))
+}
+
+/// The first directory, breadth-first from the root, whose entry tree has more than one
+/// level.
+fn big_dir(shared: &SharedDevice) -> Result<u64> {
+    let dev: &dyn BlockDevice = &**shared;
+    let two_levels = |ino: u64| -> bool {
+        target_inode(dev, ino)
+            .ok()
+            .and_then(|i| {
+                let raw = read_block(dev, i.tree_root).ok()?;
+                TreeNode::decode(&raw, i.tree_root).ok()
+            })
+            .is_some_and(|n| matches!(n.entries, NodeEntries::Internal(_)))
+    };
+    mounted(shared, &mut |vol| {
+        let mut queue = std::collections::VecDeque::from([vol.root_ino()]);
+        while let Some(dir) = queue.pop_front() {
+            if two_levels(dir) {
+                return Ok(dir);
+            }
+            let mut subdirs = Vec::new();
+            vol.readdir(dir, 0, &mut |e| {
+                if e.kind == crate::fs::FileKind::Directory && e.name != b"." && e.name != b".." {
+                    subdirs.push(e.ino);
+                }
+                true
+            })?;
+            queue.extend(subdirs);
+        }
+        Err(Error::corrupted("no directory has a two-level entry tree"))
+    })
+}
+
+/// The first (or `last`) leaf of the tree rooted at `root`.
+fn edge_leaf(dev: &dyn BlockDevice, root: u64, last: bool) -> Result<TreeNode> {
+    let mut b = root;
+    for _ in 0..=crate::format::tree_node::MAX_LEVEL {
+        let node = TreeNode::decode(&read_block(dev, b)?, b)?;
+        let NodeEntries::Internal(children) = &node.entries else {
+            return Ok(node);
+        };
+        let child = if last {
+            children.last()
+        } else {
+            children.first()
+        };
+        b = child
+            .ok_or_else(|| Error::corrupted("an empty internal node"))?
+            .1;
+    }
+    Err(Error::corrupted("a tree deeper than its levels allow"))
+}
+
+/// The inode numbers of the regular files in the root directory, through a mount.
+fn root_files(dev: &SharedDevice) -> Result<Vec<u64>> {
+    mounted(dev, &mut |vol| {
+        Ok(root_listing(vol)?
+            .into_iter()
+            .filter(|e| e.kind == crate::fs::FileKind::Regular)
+            .map(|e| e.ino)
+            .collect())
+    })
+}
+
+/// Run `f` on a mount of the volume, and unmount.
+fn mounted<T>(dev: &SharedDevice, f: &mut dyn FnMut(&crate::fs::Volume) -> Result<T>) -> Result<T> {
+    use crate::fs::{MountOptions, Volume};
+    let vol = Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: "wreck".into(),
+            discard_rate: None,
+            ..MountOptions::default()
+        },
+    )?;
+    let r = f(&vol);
+    let unmounted = vol.unmount();
+    let done = r?;
+    unmounted?;
+    Ok(done)
+}
+
+fn root_listing(vol: &crate::fs::Volume) -> Result<Vec<crate::fs::DirListEntry>> {
+    let mut entries = Vec::new();
+    vol.readdir(vol.root_ino(), 0, &mut |e| {
+        entries.push(e.clone());
+        true
+    })?;
+    Ok(entries)
 }
 
 /// What [`root_entry`] does to the entry it found: a word for the report, and a number.
@@ -478,23 +965,9 @@ fn root_entry(
     target: u64,
     action: &EntryAction,
 ) -> Result<(String, u64)> {
-    use crate::fs::{FileKind, MountOptions, Volume};
-    let vol = Volume::mount(
-        dev.clone(),
-        &MountOptions {
-            host: "wreck".into(),
-            discard_rate: None,
-            ..MountOptions::default()
-        },
-    )?;
-    let root = vol.root_ino();
-    let mut entries = Vec::new();
-    let listed = vol.readdir(root, 0, &mut |e| {
-        entries.push(e.clone());
-        true
-    });
-    let found = listed.and_then(|()| {
-        entries
+    use crate::fs::FileKind;
+    mounted(dev, &mut |vol| {
+        let e = root_listing(vol)?
             .into_iter()
             .find(|e| {
                 if dir {
@@ -503,10 +976,8 @@ fn root_entry(
                     e.ino == target
                 }
             })
-            .ok_or_else(|| Error::corrupted("no such entry in the root directory"))
-    });
-    let r = found.and_then(|e| {
-        let (did, n) = action(&vol, &e)?;
+            .ok_or_else(|| Error::corrupted("no such entry in the root directory"))?;
+        let (did, n) = action(vol, &e)?;
         Ok((
             format!(
                 "entry {:?} (inode {}) {did}",
@@ -515,9 +986,5 @@ fn root_entry(
             ),
             n,
         ))
-    });
-    let unmounted = vol.unmount();
-    let done = r?;
-    unmounted?;
-    Ok(done)
+    })
 }

@@ -1,7 +1,8 @@
 //! The namespace repairs `fsck.cetra -y` makes through the filesystem, on a volume it has
 //! mounted in its own claimed slot (`MountOptions::claimed`): removing a directory entry
-//! without touching the inode it names (which may not be one), and linking an unreachable
-//! inode into `/lost+found`. The other repairs write blocks directly (`check/repair.rs`); these
+//! without touching the inode it names (which may not be one), moving an entry stored under
+//! the wrong hash, dropping a name's second entry, and linking an unreachable inode into
+//! `/lost+found`. The other repairs write blocks directly (`check/repair.rs`); these
 //! change directory trees, which only the filesystem's transactions do safely (splits, merges,
 //! block counts).
 
@@ -51,6 +52,85 @@ impl Volume {
             d.inode.ctime = t;
             self.save(tx, &mut d)?;
             Ok(true)
+        })
+    }
+
+    /// Move entry `name`, stored under `hash`, which is not its name's hash, to the record of
+    /// its name's hash; if the directory already has an entry of that name there, the
+    /// misplaced one is dropped (its inode's link count is left to the link-count repair).
+    /// One transaction. Returns whether there was such an entry.
+    pub fn fsck_rehash_entry(&self, dir: Ino, hash: u64, name: &[u8]) -> Result<bool> {
+        self.check_writable()?;
+        self.meta_op(|tx| {
+            let st = self.dir_state(tx, dir)?;
+            let mut d = st.write();
+            if d.inode.tree_root == 0 {
+                return Ok(false);
+            }
+            let (moved, delta) = {
+                let mut t = Tree::new(tx, d.inode.tree_root, dir);
+                let Some(value) = t.get(hash)? else {
+                    return Ok(false);
+                };
+                let mut list = decode_entries(&value)?;
+                let Some(i) = list.iter().position(|e| e.name == name) else {
+                    return Ok(false);
+                };
+                let moved = list.remove(i);
+                if list.is_empty() {
+                    t.remove(hash)?;
+                } else {
+                    t.insert(hash, &encode_entries(&list))?;
+                }
+                (moved, t.delta)
+            };
+            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
+            if dir_lookup(tx, &d.inode, name)?.is_none() {
+                dir_insert(tx, &mut d.inode, moved)?;
+            }
+            let t = now();
+            d.inode.mtime = t;
+            d.inode.ctime = t;
+            self.save(tx, &mut d)?;
+            Ok(true)
+        })
+    }
+
+    /// Keep only the first entry of each name in the record under `hash` of directory `dir`.
+    /// Returns whether it had a name twice.
+    pub fn fsck_dedup_record(&self, dir: Ino, hash: u64) -> Result<bool> {
+        self.fsck_edit_record(dir, hash, &|value| {
+            let mut list = decode_entries(value)?;
+            let before = list.len();
+            let mut seen = std::collections::HashSet::new();
+            list.retain(|e| seen.insert(e.name.clone()));
+            Ok((list.len() != before).then_some(list))
+        })
+    }
+
+    /// The corruption injector's (`check/wreck.rs`): add `e` to the record under `hash` of
+    /// directory `dir` as it is (whatever its name hashes to, whether the record already
+    /// names it), touching no link count.
+    pub fn fsck_put_entry(&self, dir: Ino, hash: u64, e: DirEntry) -> Result<()> {
+        self.check_writable()?;
+        self.meta_op(move |tx| {
+            let st = self.dir_state(tx, dir)?;
+            let mut d = st.write();
+            if d.inode.tree_root == 0 {
+                return Err(Error::corrupted(format!("directory {dir} has no tree")));
+            }
+            let delta = {
+                let mut t = Tree::new(tx, d.inode.tree_root, dir);
+                let mut list = match t.get(hash)? {
+                    Some(v) => decode_entries(&v)?,
+                    None => Vec::new(),
+                };
+                list.push(e);
+                t.insert(hash, &encode_entries(&list))?;
+                t.delta
+            };
+            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
+            self.save(tx, &mut d)
         })
     }
 
