@@ -57,6 +57,20 @@ fn stopped(pid: i32) -> bool {
         .unwrap_or(false)
 }
 
+/// SIGCONT to each pid when dropped (also when the test panics).
+struct ResumeOnDrop(Vec<i32>);
+
+impl Drop for ResumeOnDrop {
+    fn drop(&mut self) {
+        for &pid in &self.0 {
+            // SAFETY: kill only sends a signal; a pid that is gone is ESRCH, ignored.
+            unsafe {
+                libc::kill(pid, libc::SIGCONT);
+            }
+        }
+    }
+}
+
 #[test]
 fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
     require_fuse!();
@@ -102,6 +116,11 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
     // node1 dies; follow its slot through the LUN itself (a stopped recoverer's mountpoint
     // would hang a stat).
     let pid1 = node1.pid();
+    // Both survivors stop at the failpoint when they recover a node. On a loaded machine the
+    // second can find the stopped first silent for its dead time and recover it too: whatever
+    // happens, neither is left stopped when the test ends (a stopped daemon's mount would hang
+    // the unmount, and every mount after it).
+    let _resume = ResumeOnDrop(vec![node2.pid(), node3.pid()]);
     node1.abandon(Some(libc::SIGKILL)).expect("SIGKILL node1");
     let t = Instant::now();
     let mut seen: Vec<String> = Vec::new();
