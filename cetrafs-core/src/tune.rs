@@ -60,15 +60,7 @@ pub fn tuned(sb: &Superblock, t: &Tune) -> Result<Superblock> {
 /// Can `sb` have `nodes` node slots by adding some?
 fn check_node_slots(sb: &Superblock, nodes: u32) -> Result<()> {
     let inval = |m: String| Err(Error::new(ErrorKind::InvalidInput, m));
-    if !sb.can_grow() {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "adding node slots needs a format-5 volume (this one is format {})",
-                sb.format_version()
-            ),
-        ));
-    }
+    sb.require_growable("adding node slots")?;
     if nodes <= sb.max_nodes {
         return inval(format!(
             "the volume has {} node slots; cetra tune can only add slots",

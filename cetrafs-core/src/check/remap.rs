@@ -64,31 +64,27 @@ pub(super) fn rebuild_maps(
     out: &mut Repaired,
 ) -> Result<()> {
     let mut spare = Spare::new(dev, sb, &report.plan.claims);
-    let mut result = Ok(());
-    for (&ino, fix) in &with_give_backs(dev, sb, report) {
-        match rebuild_map(dev, &mut spare, ino, fix) {
-            Ok(Some(line)) => out.fixed.push(line),
-            Ok(None) => {}
-            // Not enough free space for its copies or tree: the file is left as it is (its
-            // findings stay; what was taken for it is leaked, and freed later).
-            Err(e) if e.kind() == ErrorKind::NoSpace => {}
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
+    // One repair's outcome: a line, or nothing to do, or not enough free space for its copies
+    // or tree (the file or directory is left as it is: its findings stay, what was taken for
+    // it is leaked and freed later). Any other error ends the run.
+    let mut note = |r: Result<Option<String>>| match r {
+        Ok(line) => {
+            out.fixed.extend(line);
+            Ok(())
         }
-    }
-    for (&ino, records) in report.plan.dir_trees.iter().filter(|_| result.is_ok()) {
-        match rebuild_dir(dev, &mut spare, ino, records) {
-            Ok(Some(line)) => out.fixed.push(line),
-            Ok(None) => {}
-            Err(e) if e.kind() == ErrorKind::NoSpace => {}
-            Err(e) => {
-                result = Err(e);
-                break;
-            }
-        }
-    }
+        Err(e) if e.kind() == ErrorKind::NoSpace => Ok(()),
+        Err(e) => Err(e),
+    };
+    let result = with_give_backs(dev, sb, report)
+        .iter()
+        .try_for_each(|(&ino, fix)| note(rebuild_map(dev, &mut spare, ino, fix)))
+        .and_then(|()| {
+            report
+                .plan
+                .dir_trees
+                .iter()
+                .try_for_each(|(&ino, records)| note(rebuild_dir(dev, &mut spare, ino, records)))
+        });
     // The bits of what was taken go down even if a later file failed: its map is written.
     spare.finish()?;
     result

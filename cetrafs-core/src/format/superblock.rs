@@ -632,6 +632,21 @@ impl Superblock {
         self.incompat & INCOMPAT_GROW != 0
     }
 
+    /// Unsupported, naming `what` and this volume's format, unless it is format 5 or later
+    /// (the grow and `tune -N` need the lock area's spare group records and the value block).
+    pub fn require_growable(&self, what: &str) -> Result<()> {
+        if self.can_grow() {
+            return Ok(());
+        }
+        Err(Error::new(
+            ErrorKind::Unsupported,
+            format!(
+                "{what} needs a format-5 volume, made by mkfs.cetra of this release (this one is format {})",
+                self.format_version()
+            ),
+        ))
+    }
+
     /// Groups the lock area has records for: the most `group_count` can become by growing
     /// (records `1 ..= group_capacity`; the open-file buckets follow them).
     pub fn group_capacity(&self) -> u64 {

@@ -75,15 +75,7 @@ pub struct Grown {
 /// The geometry of `sb` grown onto a device of `dev_bytes`: Err when no whole group fits in
 /// the new space or the lock area has no record for one more group.
 pub fn grown(sb: &Superblock, dev_bytes: u64) -> Result<Superblock> {
-    if !sb.can_grow() {
-        return Err(Error::new(
-            ErrorKind::Unsupported,
-            format!(
-                "this volume is format version {}; online grow needs format 5 (a volume made by mkfs.cetra of this release)",
-                sb.format_version()
-            ),
-        ));
-    }
+    sb.require_growable("online grow")?;
     let total = dev_bytes / FS_BLOCK;
     let backup = total.saturating_sub(1);
     let fit = backup.saturating_sub(sb.group_start) / sb.group_blocks.max(1);
