@@ -20,37 +20,46 @@ pub const LOST_AND_FOUND: &[u8] = b"lost+found";
 type RecordEdit<'a> = dyn Fn(&[u8]) -> Result<Option<Vec<DirEntry>>> + 'a;
 
 impl Volume {
-    /// Rewrite the record under `hash` in directory `dir` as `edit` says, in one transaction
-    /// (the directory's block count and times follow). Returns whether it changed anything.
-    fn fsck_edit_record(&self, dir: Ino, hash: u64, edit: &RecordEdit<'_>) -> Result<bool> {
+    /// One transaction on directory `dir`'s entry tree: `change` edits it (and the inode's
+    /// block count); when it says it changed something, the times follow and the inode is
+    /// saved. A directory without a tree: nothing (false).
+    fn fsck_change_dir(
+        &self,
+        dir: Ino,
+        change: impl FnOnce(&mut super::txn::Tx<'_>, &mut crate::format::inode::Inode) -> Result<bool>,
+    ) -> Result<bool> {
         self.check_writable()?;
         self.meta_op(|tx| {
             let st = self.dir_state(tx, dir)?;
             let mut d = st.write();
-            if d.inode.tree_root == 0 {
+            if d.inode.tree_root == 0 || !change(tx, &mut d.inode)? {
                 return Ok(false);
             }
-            let delta = {
-                let mut t = Tree::new(tx, d.inode.tree_root, dir);
-                let Some(value) = t.get(hash)? else {
-                    return Ok(false);
-                };
-                match edit(&value)? {
-                    None => return Ok(false),
-                    Some(list) if list.is_empty() => {
-                        t.remove(hash)?;
-                    }
-                    Some(list) => {
-                        t.insert(hash, &encode_entries(&list))?;
-                    }
-                }
-                t.delta
-            };
-            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
             let t = now();
             d.inode.mtime = t;
             d.inode.ctime = t;
             self.save(tx, &mut d)?;
+            Ok(true)
+        })
+    }
+
+    /// Rewrite the record under `hash` in directory `dir` as `edit` says, in one transaction
+    /// (the directory's block count and times follow). Returns whether it changed anything.
+    fn fsck_edit_record(&self, dir: Ino, hash: u64, edit: &RecordEdit<'_>) -> Result<bool> {
+        self.fsck_change_dir(dir, |tx, inode| {
+            let mut t = Tree::new(tx, inode.tree_root, dir);
+            let Some(value) = t.get(hash)? else {
+                return Ok(false);
+            };
+            match edit(&value)? {
+                None => return Ok(false),
+                Some(list) if list.is_empty() => {
+                    t.remove(hash)?;
+                }
+                Some(list) => t.insert(hash, &encode_entries(&list))?,
+            }
+            let delta = t.delta;
+            inode.blocks = inode.blocks.saturating_add_signed(delta);
             Ok(true)
         })
     }
@@ -60,15 +69,9 @@ impl Volume {
     /// misplaced one is dropped (its inode's link count is left to the link-count repair).
     /// One transaction. Returns whether there was such an entry.
     pub fn fsck_rehash_entry(&self, dir: Ino, hash: u64, name: &[u8]) -> Result<bool> {
-        self.check_writable()?;
-        self.meta_op(|tx| {
-            let st = self.dir_state(tx, dir)?;
-            let mut d = st.write();
-            if d.inode.tree_root == 0 {
-                return Ok(false);
-            }
+        self.fsck_change_dir(dir, |tx, inode| {
             let (moved, delta) = {
-                let mut t = Tree::new(tx, d.inode.tree_root, dir);
+                let mut t = Tree::new(tx, inode.tree_root, dir);
                 let Some(value) = t.get(hash)? else {
                     return Ok(false);
                 };
@@ -84,14 +87,10 @@ impl Volume {
                 }
                 (moved, t.delta)
             };
-            d.inode.blocks = d.inode.blocks.saturating_add_signed(delta);
-            if dir_lookup(tx, &d.inode, name)?.is_none() {
-                dir_insert(tx, &mut d.inode, moved)?;
+            inode.blocks = inode.blocks.saturating_add_signed(delta);
+            if dir_lookup(tx, inode, name)?.is_none() {
+                dir_insert(tx, inode, moved)?;
             }
-            let t = now();
-            d.inode.mtime = t;
-            d.inode.ctime = t;
-            self.save(tx, &mut d)?;
             Ok(true)
         })
     }
