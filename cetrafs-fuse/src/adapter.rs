@@ -5,6 +5,8 @@
 
 use crate::creds::RequestCreds;
 use crate::options::Options;
+use crate::options::Transport;
+use crate::uring;
 use cetrafs_core::fs::{
     Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
     SetAttr, SetTime, Volume, Whence, WriteAt, WriteDone, WriteStarted, Written,
@@ -22,6 +24,7 @@ use std::ffi::OsStr;
 use std::io;
 use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tracing::{debug, error, info, warn};
@@ -116,6 +119,37 @@ pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     cfg
 }
 
+/// Which of the daemon's adapters this is. All share one volume; only the session's adapter
+/// negotiates with the kernel and unmounts the volume at the end.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Role {
+    /// The adapter of the /dev/fuse session: INIT, then every request the kernel sends there.
+    Session,
+    /// The `io_uring` transport's (uring.rs): requests that arrive on the rings.
+    Ring,
+}
+
+/// What INIT settled, shared by the session's adapter with the `io_uring` transport.
+#[derive(Debug, Default)]
+pub struct Negotiated {
+    /// The kernel's INIT capabilities (`FUSE_INIT_EXT` left out) and ABI version.
+    kernel: OnceLock<(u64, u32, u32)>,
+    /// `FUSE_OVER_IO_URING` was offered and taken: the rings may be registered.
+    uring: AtomicBool,
+}
+
+impl Negotiated {
+    /// The kernel's capabilities and ABI (major, minor), once INIT was answered.
+    pub fn kernel(&self) -> Option<(u64, u32, u32)> {
+        self.kernel.get().copied()
+    }
+
+    /// Whether INIT took `FUSE_OVER_IO_URING`.
+    pub fn uring(&self) -> bool {
+        self.uring.load(Ordering::Acquire)
+    }
+}
+
 #[derive(Debug)]
 pub struct Adapter {
     vol: Arc<Volume>,
@@ -127,6 +161,11 @@ pub struct Adapter {
     outcome: UnmountOutcome,
     /// The session's channel for notifications, set once the session exists.
     notifier: Arc<OnceLock<Notifier>>,
+    role: Role,
+    transport: Transport,
+    negotiated: Arc<Negotiated>,
+    /// The `io_uring` transport once it runs: stopped before the volume is unmounted.
+    rings: Arc<OnceLock<uring::Rings>>,
 }
 
 /// Start the FUSE session for `fs` on `mountpoint` (mount(2) and the INIT handshake), and
@@ -153,7 +192,101 @@ impl Adapter {
             posix_acl: false,
             outcome,
             notifier: Arc::new(OnceLock::new()),
+            role: Role::Session,
+            transport: opts.transport,
+            negotiated: Arc::new(Negotiated::default()),
+            rings: Arc::new(OnceLock::new()),
         }
+    }
+
+    /// An adapter for the `io_uring` transport over the same volume, notifier and INIT outcome.
+    /// Its `init` only repeats the session's choices (for the bridge session that serves the
+    /// rings' other requests) and its `destroy` does nothing.
+    pub fn for_rings(&self) -> Self {
+        Self {
+            vol: Arc::clone(&self.vol),
+            root: self.root,
+            attr_ttl: self.attr_ttl,
+            entry_ttl: self.entry_ttl,
+            posix_acl: self.posix_acl,
+            outcome: Arc::clone(&self.outcome),
+            notifier: Arc::clone(&self.notifier),
+            role: Role::Ring,
+            transport: self.transport,
+            negotiated: Arc::clone(&self.negotiated),
+            rings: Arc::clone(&self.rings),
+        }
+    }
+
+    /// What INIT settled (shared with every adapter made by [`Adapter::for_rings`]).
+    pub fn negotiated(&self) -> Arc<Negotiated> {
+        Arc::clone(&self.negotiated)
+    }
+
+    /// Hand the running `io_uring` transport over, so the session stops it before unmounting.
+    pub fn set_rings(&self, rings: uring::Rings) {
+        if let Err(r) = self.rings.set(rings) {
+            warn!("a second io_uring transport was started; stopping it");
+            r.stop();
+        }
+    }
+
+    /// READ: `sink` gets the bytes once (short at EOF, nothing at or past it).
+    pub(crate) fn read_to(
+        &self,
+        of: &OpenFile,
+        offset: u64,
+        size: u32,
+        sink: &mut dyn FnMut(&[u8]),
+    ) -> Result<(), Errno> {
+        // Volume::read hands the bytes to its callback once; the sink replies from there so
+        // the data is not copied again.
+        let mut called = false;
+        let r = self.vol.read(of, offset, size, &mut |bytes| {
+            if called {
+                error!(
+                    "read of inode {}: the volume delivered data twice; extra data dropped",
+                    of.ino
+                );
+            } else {
+                called = true;
+                sink(bytes);
+            }
+        });
+        match r {
+            Ok(()) if !called => {
+                sink(&[]);
+                Ok(())
+            }
+            Ok(()) => Ok(()),
+            Err(e) if called => {
+                error!("read of inode {}: failed after replying: {e}", of.ino);
+                Ok(())
+            }
+            Err(e) => Err(Self::fail("read", &e)),
+        }
+    }
+
+    /// WRITE, waiting for the write to be mapped (and made durable for `O_SYNC`/`O_DSYNC`).
+    pub(crate) fn write_waiting(
+        &self,
+        who: &RequestCreds,
+        of: &OpenFile,
+        offset: u64,
+        data: &[u8],
+        how: WriteHow,
+    ) -> Result<u32, Errno> {
+        let w = self
+            .vol
+            .write_by(of, how.at(offset), data, who)
+            .map_err(|e| Self::fail("write", &e))?;
+        self.written_at(of.ino, offset, &w);
+        if let Some(data_only) = how.sync {
+            self.vol
+                .fsync(of.ino, data_only)
+                .map_err(|e| Self::fail("write (O_SYNC)", &e))?;
+        }
+        Ok(w.bytes)
     }
 
     /// Kernel nodeid -> volume inode.
@@ -317,6 +450,55 @@ impl Adapter {
     }
 }
 
+/// How a WRITE request is to be carried out, from the open file's flags and the request's
+/// write flags (the same for either transport).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct WriteHow {
+    /// Placed at the file's size, not at the offset the kernel computed.
+    append: bool,
+    /// Durable before the answer: `O_DSYNC` (`Some(true)`: data only) or `O_SYNC`.
+    sync: Option<bool>,
+    /// The caller lacks `CAP_FSETID`: setuid/setgid bits go.
+    kill_suid: bool,
+}
+
+/// `FUSE_WRITE_CACHE` and `FUSE_WRITE_KILL_SUIDGID` (`write_flags` of `fuse_write_in`).
+const WRITE_CACHE: u32 = 1 << 0;
+const WRITE_KILL_SUIDGID: u32 = 1 << 2;
+
+impl WriteHow {
+    pub(crate) fn new(open_flags: i32, write_flags: u32) -> Self {
+        Self {
+            // The kernel sends the open file's flags (f_flags) with every write. It computed an
+            // O_APPEND write's offset from its cached size, which another node's appends make
+            // stale: the core places the write at the file's size instead (pwritev2's
+            // RWF_APPEND is not in these flags, so such a write goes where the kernel said). A
+            // write-back of mmap'ed pages (FUSE_WRITE_CACHE) goes where its pages are.
+            append: open_flags & libc::O_APPEND != 0 && write_flags & WRITE_CACHE == 0,
+            // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an
+            // fsync (it only does for page-cache writes): such a write must be durable before
+            // we answer. O_SYNC includes the O_DSYNC bit.
+            sync: (open_flags & libc::O_DSYNC != 0)
+                .then_some(open_flags & libc::O_SYNC != libc::O_SYNC),
+            // The kernel flags a write whose caller lacks CAP_FSETID (it does so for direct
+            // I/O whatever the INIT flags); the core removes what that caller's write must.
+            kill_suid: write_flags & WRITE_KILL_SUIDGID != 0,
+        }
+    }
+
+    fn at(self, offset: u64) -> WriteAt {
+        if self.append {
+            WriteAt::End
+        } else {
+            WriteAt::Offset(offset)
+        }
+    }
+
+    pub(crate) fn kill_suid(self) -> bool {
+        self.kill_suid
+    }
+}
+
 /// Map a core error to the errno the caller sees. The one place this mapping lives.
 pub fn errno(e: &Error) -> Errno {
     Errno::from_i32(e.errno())
@@ -430,6 +612,15 @@ unsafe fn fh_borrow<'a>(fh: FileHandle) -> &'a OpenFile {
     unsafe { &*(fh.0 as *const OpenFile) }
 }
 
+/// [`fh_borrow`] for a handle as the kernel's request carries it (the `io_uring` transport).
+///
+/// # Safety
+/// As for [`fh_borrow`].
+pub(crate) unsafe fn open_file<'a>(fh: u64) -> &'a OpenFile {
+    // SAFETY: the caller's contract is fh_borrow's.
+    unsafe { fh_borrow(FileHandle(fh)) }
+}
+
 fn fh_from_open(of: Arc<OpenFile>) -> FileHandle {
     FileHandle(Arc::into_raw(of) as u64)
 }
@@ -483,6 +674,29 @@ impl Filesystem for Adapter {
         // ls -l in a big directory: attributes come with the entries instead of one LOOKUP each.
         let _ =
             k.add_capabilities(InitFlags::FUSE_DO_READDIRPLUS | InitFlags::FUSE_READDIRPLUS_AUTO);
+        // FUSE over io_uring (Linux 6.14+, when `fuse.enable_uring=1`): requests then arrive
+        // on per-CPU rings once uring.rs has registered them; until then, and for FORGET and
+        // INTERRUPT always, they come through /dev/fuse as before.
+        if self.role == Role::Session {
+            let abi = k.kernel_abi();
+            let _ = self.negotiated.kernel.set((caps.bits(), abi.0, abi.1));
+            let offered = caps.contains(InitFlags::FUSE_OVER_IO_URING);
+            match self.transport {
+                Transport::Auto | Transport::Uring if offered => {
+                    let _ = k.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+                    self.negotiated.uring.store(true, Ordering::Release);
+                }
+                Transport::Classic | Transport::Auto => {}
+                Transport::Uring => {
+                    return Err(io::Error::other(
+                        "transport=uring, but the kernel's FUSE does not offer io_uring: \
+                         set the fuse module parameter enable_uring=1 (Linux 6.14+; \
+                         echo 1 > /sys/module/fuse/parameters/enable_uring) or mount with \
+                         transport=auto",
+                    ));
+                }
+            }
+        }
         // Deliberately NOT FUSE_WRITEBACK_CACHE: a node-local dirty page cache has no
         // cross-node coherence.
         // Setuid/setgid removal: neither FUSE_HANDLE_KILLPRIV nor _V2 is requested, because
@@ -492,15 +706,29 @@ impl Filesystem for Adapter {
         // CAP_FSETID. What it leaves to us (the write flag; setgid without group-exec when the
         // caller is not in the group; open with O_TRUNC, which it never flags) the core's
         // rules (fs/suid.rs) complete with the caller's credentials (creds.rs).
-        info!(
-            "FUSE session ready (kernel ABI {:?}, POSIX ACLs {})",
-            k.kernel_abi(),
-            if self.posix_acl { "on" } else { "off" }
-        );
+        if self.role == Role::Session {
+            info!(
+                "FUSE session ready (kernel ABI {:?}, POSIX ACLs {}, io_uring {})",
+                k.kernel_abi(),
+                if self.posix_acl { "on" } else { "off" },
+                if self.negotiated.uring() {
+                    "negotiated"
+                } else {
+                    "off"
+                }
+            );
+        }
         Ok(())
     }
 
     fn destroy(&mut self) {
+        if self.role != Role::Session {
+            return;
+        }
+        // No ring thread may still be serving a request while the volume goes.
+        if let Some(rings) = self.rings.get() {
+            rings.stop();
+        }
         let r = self.vol.unmount();
         match &r {
             Ok(()) => info!("volume flushed and unmounted"),
@@ -737,26 +965,14 @@ impl Filesystem for Adapter {
     ) {
         // SAFETY: the kernel sends READ only with an fh from our open/create that is not yet released.
         let of = unsafe { fh_borrow(fh) };
-        // Volume::read hands the bytes to its callback once (short at EOF); reply from there so
-        // the data is not copied again.
         let mut reply = Some(reply);
-        let r = self.vol.read(of, offset, size, &mut |bytes| {
+        let r = self.read_to(of, offset, size, &mut |bytes| {
             if let Some(rp) = reply.take() {
                 rp.data(bytes);
-            } else {
-                error!(
-                    "read of inode {}: the volume delivered data twice; extra data dropped",
-                    of.ino
-                );
             }
         });
-        if let Some(rp) = reply {
-            match r {
-                Ok(()) => rp.data(&[]),
-                Err(e) => rp.error(Self::fail("read", &e)),
-            }
-        } else if let Err(e) = r {
-            error!("read of inode {}: failed after replying: {e}", of.ino);
+        if let (Some(rp), Err(e)) = (reply, r) {
+            rp.error(e);
         }
     }
 
@@ -774,29 +990,9 @@ impl Filesystem for Adapter {
     ) {
         // SAFETY: the kernel sends WRITE only with an fh from our open/create that is not yet released.
         let of = unsafe { fh_borrow(fh) };
-        // The payload is not aligned for O_DIRECT (§1.3 #5); the core copies it into its
-        // aligned buffer, so it is passed straight through.
-        // The kernel flags a write whose caller lacks CAP_FSETID (it does so for direct I/O
-        // whatever the INIT flags); the core removes what that caller's write must.
-        let kill = write_flags.contains(WriteFlags::FUSE_WRITE_KILL_SUIDGID);
-        let who = creds(req).with_fsetid(!kill);
-        // The kernel sends the open file's flags (f_flags) with every write. It computed an
-        // O_APPEND write's offset from its cached size, which another node's appends make
-        // stale: the core places the write at the file's size instead (pwritev2's RWF_APPEND
-        // is not in these flags, so such a write goes where the kernel said). A write-back of
-        // mmap'ed pages (FUSE_WRITE_CACHE) goes where its pages are, whatever the flags.
-        let at = if flags.0 & libc::O_APPEND != 0
-            && !write_flags.contains(WriteFlags::FUSE_WRITE_CACHE)
-        {
-            WriteAt::End
-        } else {
-            WriteAt::Offset(offset)
-        };
-        // With FOPEN_DIRECT_IO the kernel does not turn O_SYNC/O_DSYNC writes into an fsync
-        // (it only does for page-cache writes): such a write must be durable before we answer,
-        // so it is waited for here (below). O_SYNC includes the O_DSYNC bit.
-        let sync = flags.0 & libc::O_DSYNC != 0;
-        if !sync && matches!(at, WriteAt::Offset(_)) {
+        let how = WriteHow::new(flags.0, write_flags.bits());
+        let who = creds(req).with_fsetid(!how.kill_suid);
+        if how.sync.is_none() && !how.append {
             // An allocating write does not wait here to be mapped: the thread that maps it
             // answers, and this worker goes on to the next request. A queued write went where
             // the kernel said and removed no bits (a write that must remove them takes the
@@ -806,6 +1002,7 @@ impl Filesystem for Adapter {
                 Ok(w) => reply.written(w.bytes),
                 Err(e) => reply.error(Self::fail("write", &e)),
             });
+            let at = how.at(offset);
             if let WriteStarted::Done(r, done) = self.vol.write_then(of, at, data, &who, done) {
                 if let Ok(w) = &r {
                     self.written_at(of.ino, offset, w);
@@ -814,22 +1011,10 @@ impl Filesystem for Adapter {
             }
             return;
         }
-        let n = match self.vol.write_by(of, at, data, &who) {
-            Ok(w) => {
-                self.written_at(of.ino, offset, &w);
-                w.bytes
-            }
-            Err(e) => return reply.error(Self::fail("write", &e)),
-        };
-        if sync {
-            if let Err(e) = self
-                .vol
-                .fsync(of.ino, flags.0 & libc::O_SYNC != libc::O_SYNC)
-            {
-                return reply.error(Self::fail("write (O_SYNC)", &e));
-            }
+        match self.write_waiting(&who, of, offset, data, how) {
+            Ok(n) => reply.written(n),
+            Err(e) => reply.error(e),
         }
-        reply.written(n);
     }
 
     fn flush(

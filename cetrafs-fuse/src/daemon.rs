@@ -592,6 +592,8 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
     let outcome: UnmountOutcome = Arc::new(Mutex::new(None));
     let fs = Adapter::new(Arc::clone(&vol), &args.opts, Arc::clone(&outcome));
     let cfg = adapter::session_config(&args.device, &args.opts);
+    // The io_uring transport's adapters, made before the session owns `fs`.
+    let rings = (fs.for_rings(), fs.for_rings(), fs.negotiated());
     // Session::new performs the mount(2) and the FUSE INIT handshake. If it fails, dropping
     // the adapter runs destroy, which unmounts the volume.
     let session = match adapter::start_session(fs, &args.mountpoint, &cfg) {
@@ -604,6 +606,36 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         }
     };
     drop(vol);
+    let transport = match session.as_fd().try_clone_to_owned() {
+        Ok(dev) => Transport {
+            dev: Some(dev),
+            ring_fs: rings.0,
+            bridge_fs: rings.1,
+            negotiated: rings.2,
+            threads: cfg.n_threads.unwrap_or(1),
+            required: args.opts.transport == crate::options::Transport::Uring,
+        },
+        Err(e) => {
+            warn!("no second /dev/fuse descriptor for io_uring ({e}): classic transport");
+            Transport {
+                dev: None,
+                ring_fs: rings.0,
+                bridge_fs: rings.1,
+                negotiated: rings.2,
+                threads: 0,
+                required: args.opts.transport == crate::options::Transport::Uring,
+            }
+        }
+    };
+
+    // Right away: once INIT took io_uring, the kernel holds every request until the rings
+    // are registered.
+    if let Err(e) = transport.start() {
+        return fail(
+            &mut notifier,
+            format!("FUSE mount on {}: {e}", args.mountpoint.display()),
+        );
+    }
 
     spawn_signal_thread(sigs, args.mountpoint.clone());
     spawn_ready_thread(args.mountpoint.clone(), mp_dev, notifier);
@@ -640,6 +672,45 @@ fn connection_ended(run: std::io::Result<()>) -> std::io::Result<()> {
             Ok(())
         }
         other => other,
+    }
+}
+
+/// The request transport, started once the session's INIT is answered (the kernel refuses
+/// rings before): FUSE over `io_uring` if INIT took it (uring.rs), else /dev/fuse alone. The
+/// log says which.
+struct Transport {
+    dev: Option<std::os::fd::OwnedFd>,
+    ring_fs: Adapter,
+    bridge_fs: Adapter,
+    negotiated: Arc<adapter::Negotiated>,
+    threads: usize,
+    /// `transport=uring`: no rings, no mount.
+    required: bool,
+}
+
+impl Transport {
+    fn start(self) -> Result<(), String> {
+        let kernel = self.negotiated.kernel();
+        let (Some(dev), Some(kernel), true) = (self.dev, kernel, self.negotiated.uring()) else {
+            info!("FUSE transport: classic /dev/fuse");
+            return Ok(());
+        };
+        let keep = self.ring_fs.for_rings();
+        match crate::uring::start(dev, self.ring_fs, self.bridge_fs, kernel, self.threads) {
+            Ok((rings, what)) => {
+                keep.set_rings(rings);
+                info!("FUSE transport: {what}");
+                Ok(())
+            }
+            Err((e, _)) if self.required => {
+                Err(format!("FUSE over io_uring (transport=uring): {e}"))
+            }
+            Err((e, true)) => {
+                warn!("FUSE over io_uring: {e}; FUSE transport: classic /dev/fuse");
+                Ok(())
+            }
+            Err((e, false)) => Err(format!("FUSE over io_uring: {e}")),
+        }
     }
 }
 

@@ -8,6 +8,7 @@ mod adapter;
 mod creds;
 mod daemon;
 mod options;
+mod uring;
 
 use options::Command;
 

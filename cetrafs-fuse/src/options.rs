@@ -95,6 +95,32 @@ pub struct Options {
     pub nodev: bool,
     pub noexec: bool,
     pub noatime: bool,
+    /// `transport=`: how FUSE requests reach the daemon.
+    pub transport: Transport,
+}
+
+/// How FUSE requests reach the daemon (`transport=`; uring.rs).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    /// FUSE over `io_uring` when the kernel offers it (`fuse.enable_uring=1`), else /dev/fuse.
+    Auto,
+    /// /dev/fuse reads and writes only.
+    Classic,
+    /// FUSE over `io_uring` or no mount.
+    Uring,
+}
+
+impl Transport {
+    fn parse(v: &str) -> Result<Self, UsageError> {
+        match v {
+            "auto" => Ok(Self::Auto),
+            "classic" => Ok(Self::Classic),
+            "uring" => Ok(Self::Uring),
+            _ => Err(usage(format!(
+                "transport={v}: use auto (io_uring when the kernel offers it), classic or uring"
+            ))),
+        }
+    }
 }
 
 impl Default for Options {
@@ -119,6 +145,7 @@ impl Default for Options {
             nodev: false,
             noexec: false,
             noatime: false,
+            transport: Transport::Auto,
         }
     }
 }
@@ -168,6 +195,7 @@ impl Options {
                     self.pr_preempt =
                         cetrafs_core::cluster::reservation::Preempt::parse(v).map_err(usage)?;
                 }
+                ("transport", Some(v)) => self.transport = Transport::parse(v)?,
                 ("renew", Some("caw")) => self.caw_renewal = true,
                 ("renew", Some("write")) => self.caw_renewal = false,
                 ("renew", _) => {
@@ -201,6 +229,7 @@ impl Options {
                             | "watchdog"
                             | "fence"
                             | "pr_preempt"
+                            | "transport"
                     ) =>
                 {
                     return Err(usage(format!("option {k} needs a value ({k}=...)")))
@@ -626,6 +655,27 @@ mod tests {
             assert!(e.0.contains("expected whole MiB"), "{bad}: {e}");
         }
         assert!(p(&["d", "m", "-o", "inode_cache"])
+            .unwrap_err()
+            .0
+            .contains("needs a value"));
+    }
+
+    #[test]
+    fn transport_option() {
+        assert_eq!(mount(&["d", "m"]).opts.transport, Transport::Auto);
+        for (v, t) in [
+            ("auto", Transport::Auto),
+            ("classic", Transport::Classic),
+            ("uring", Transport::Uring),
+        ] {
+            let o = format!("transport={v}");
+            assert_eq!(mount(&["d", "m", "-o", &o]).opts.transport, t);
+        }
+        assert!(p(&["d", "m", "-o", "transport=io_uring"])
+            .unwrap_err()
+            .0
+            .contains("use auto"));
+        assert!(p(&["d", "m", "-o", "transport"])
             .unwrap_err()
             .0
             .contains("needs a value"));

@@ -1,0 +1,656 @@
+//! FUSE over `io_uring`: the request transport of Linux 6.14+ when the fuse module's
+//! `enable_uring` parameter is set (`transport=auto`, the default, or `transport=uring`).
+//!
+//! **What the kernel does** (`fs/fuse/dev_uring.c`). INIT (adapter.rs) takes
+//! `FUSE_OVER_IO_URING`. The daemon then registers *entries* with `IORING_OP_URING_CMD`
+//! commands (128-byte SQEs) on a /dev/fuse descriptor of the connection: each entry names a
+//! header buffer (`fuse_uring_req_header`: 128 bytes for `fuse_in_header`/`fuse_out_header`,
+//! 128 for the operation's own header such as `fuse_read_in`, 32 for `fuse_uring_ent_in_out`)
+//! and a payload buffer of at least the connection's largest request (`max_write`, 1 MiB), and
+//! a queue id: one queue per possible CPU. Once every queue has an entry the connection
+//! switches: a request goes to a free entry of the queue of the CPU its caller runs on, and
+//! arrives as the completion of that entry's command; the answer goes back in the same buffers
+//! with `COMMIT_AND_FETCH`, which also makes the entry wait for the next request. One
+//! `io_uring_enter` per request, where /dev/fuse takes a `read` and a `writev`, and the
+//! request stays on its CPU. FORGET and INTERRUPT still come through /dev/fuse, which the
+//! fuser session keeps serving (as it does every request before the rings are complete).
+//!
+//! **Layout here.** For each queue, `threads / queues` worker threads (rounded up; the same
+//! total as the /dev/fuse workers, `CETRA_FUSE_THREADS`, 32 by default), pinned to that CPU
+//! when the system allows, each with its own ring and one entry: the kernel runs an entry's
+//! completion in the task that submitted its command, and a worker does its device I/O
+//! synchronously, so one entry per thread keeps one request per thread in flight, like a
+//! /dev/fuse worker. The buffers are allocated once per thread, never per request.
+//!
+//! **Which code answers.** READ and WRITE (the data path) are answered in the worker through
+//! the adapter's own read and write code ([`Adapter::read_to`], [`Adapter::write_waiting`]):
+//! the device's bytes are copied once, into the entry's payload buffer. DESTROY is answered
+//! here (the session's end runs the adapter's `destroy`). Every other request goes through the
+//! **bridge**: a second fuser session over a `SOCK_SEQPACKET` socket pair, whose adapter is
+//! the same volume's ([`Adapter::for_rings`]). The request is rebuilt in /dev/fuse form
+//! (`fuse_in_header`, the operation's header, the payload), and fuser's answer is copied back
+//! into the entry. So every operation keeps one implementation, fuser's decoding and
+//! adapter.rs, whichever transport carried it; the extra socket round trip costs only the
+//! operations off the data path.
+//!
+//! **End.** At unmount the kernel completes the entries' commands with an error, and the
+//! workers end; the session's `destroy` waits for them ([`Rings::stop`], bounded) before it
+//! unmounts the volume. The buffers are never freed (a process's worth: the kernel may still
+//! hold their addresses until the rings are torn down).
+
+use crate::adapter::{self, Adapter, WriteHow};
+use crate::creds::RequestCreds;
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use std::collections::HashMap;
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+use tracing::{debug, error, warn};
+
+/// `fuse_uring_req_header`: `in_out` (128), `op_in` (128), `fuse_uring_ent_in_out` (32).
+const OP_IN: usize = 128;
+const ENT_IN_OUT: usize = 256;
+const HEADER_LEN: usize = 288;
+/// `fuse_uring_cmd` values (`cmd_op` of the SQE).
+const CMD_REGISTER: u32 = 1;
+const CMD_COMMIT_AND_FETCH: u32 = 2;
+/// Opcodes answered in the worker.
+const FUSE_READ: u32 = 15;
+const FUSE_WRITE: u32 = 16;
+const FUSE_INIT: u32 = 26;
+const FUSE_DESTROY: u32 = 38;
+/// sizeof `fuse_in_header`, `fuse_out_header`, `fuse_read_in`/`fuse_write_in`, `fuse_init_in`.
+const IN_HEADER: usize = 40;
+const OUT_HEADER: usize = 16;
+const RW_IN: usize = 40;
+const INIT_IN: usize = 64;
+/// The payload buffer: the connection's largest request or answer (`max_write` and
+/// `max_pages` are both 1 MiB: adapter.rs).
+const PAYLOAD_LEN: usize = 1 << 20;
+/// Workers of the bridge session (operations off the data path).
+const BRIDGE_THREADS: usize = 4;
+/// Socket buffers of the bridge: a whole answer (a READDIR, an xattr) is one message.
+const BRIDGE_SOCKET_BUFFER: libc::c_int = 4 << 20;
+/// How long [`Rings::stop`] waits for the workers once the connection is gone.
+const STOP_WAIT: Duration = Duration::from_secs(5);
+
+/// An entry's header buffer (the kernel reads and writes it in place).
+#[repr(C, align(64))]
+struct Header([u8; HEADER_LEN]);
+
+/// The running transport.
+#[derive(Debug)]
+pub struct Rings {
+    /// One message per worker that ended.
+    ended: Mutex<mpsc::Receiver<()>>,
+    workers: usize,
+}
+
+impl Rings {
+    /// Wait (at most a few seconds) until every worker has ended. Called once the connection
+    /// is gone, when the kernel has completed every entry's command with an error.
+    pub fn stop(&self) {
+        let deadline = Instant::now() + STOP_WAIT;
+        let Ok(ended) = self.ended.lock() else {
+            return;
+        };
+        let mut left = self.workers;
+        while left > 0 {
+            let wait = deadline.saturating_duration_since(Instant::now());
+            match ended.recv_timeout(wait) {
+                Ok(()) => left -= 1,
+                Err(mpsc::RecvTimeoutError::Disconnected) => return,
+                Err(mpsc::RecvTimeoutError::Timeout) => {
+                    warn!("{left} io_uring workers still serving after the session ended");
+                    return;
+                }
+            }
+        }
+    }
+}
+
+/// Register the rings on `dev` (a /dev/fuse descriptor of the session) once INIT took
+/// `FUSE_OVER_IO_URING`: `threads` workers in all, spread over the kernel's queues. `ring_fs`
+/// answers the data path, `bridge_fs` the rest; `kernel` is what the kernel's INIT offered
+/// (capabilities, ABI major and minor), repeated to the bridge session. Returns once every
+/// worker's entry is registered (or the first failure); the description says what runs.
+///
+/// **Must run right after INIT**: from then on the kernel holds every request until the rings
+/// are complete. On failure it therefore tells the kernel to give `io_uring` up (a refused
+/// registration does: requests then flow through /dev/fuse); the error's flag says whether
+/// that worked (if not, the mount cannot serve anything).
+pub fn start(
+    dev: OwnedFd,
+    ring_fs: Adapter,
+    bridge_fs: Adapter,
+    kernel: (u64, u32, u32),
+    threads: usize,
+) -> Result<(Rings, String), (io::Error, bool)> {
+    let raw = dev.as_raw_fd();
+    start_rings(dev, ring_fs, bridge_fs, kernel, threads).map_err(|e| match abandon(raw) {
+        Ok(()) => (e, true),
+        Err(a) => (
+            io::Error::other(format!(
+                "{e}; and the kernel could not be told to use /dev/fuse instead ({a})"
+            )),
+            false,
+        ),
+    })
+}
+
+/// Make the kernel give `io_uring` up for this connection: a registration it refuses (no
+/// buffers) turns `fc->io_uring` off and wakes the requests waiting for the rings.
+fn abandon(dev: RawFd) -> io::Result<()> {
+    let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
+    let e = command(dev, CMD_REGISTER, 0, 0, None);
+    // SAFETY: the entry names no buffer.
+    unsafe { ring.submission().push(&e) }.map_err(|_| io::Error::other("submission queue full"))?;
+    ring.submit_and_wait(1)?;
+    let r = ring.completion().next().map(|c| c.result());
+    match r {
+        Some(r) if r < 0 => Ok(()),
+        _ => Err(io::Error::other(
+            "the kernel accepted an entry without buffers",
+        )),
+    }
+}
+
+fn start_rings(
+    dev: OwnedFd,
+    ring_fs: Adapter,
+    bridge_fs: Adapter,
+    kernel: (u64, u32, u32),
+    threads: usize,
+) -> io::Result<(Rings, String)> {
+    let queues = possible_cpus()?;
+    let per_queue = threads.div_ceil(queues).max(1);
+    let bridge = Bridge::start(bridge_fs, kernel)?;
+    let ctx = Arc::new(Ctx {
+        dev,
+        fs: ring_fs,
+        bridge,
+    });
+    let (ended_tx, ended) = mpsc::channel();
+    let (reg_tx, reg_rx) = mpsc::channel();
+    let mut started = 0;
+    for q in 0..queues {
+        let qid = u16::try_from(q).map_err(|_| io::Error::other("too many CPUs"))?;
+        for t in 0..per_queue {
+            let (ctx, reg, ended) = (Arc::clone(&ctx), reg_tx.clone(), ended_tx.clone());
+            std::thread::Builder::new()
+                .name(format!("cetra-uring-{q}.{t}"))
+                .spawn(move || {
+                    worker(&ctx, qid, &reg);
+                    let _ = ended.send(());
+                })?;
+            started += 1;
+        }
+    }
+    drop(reg_tx);
+    let mut pinned = 0;
+    for _ in 0..started {
+        match reg_rx.recv() {
+            Ok(Ok(p)) => pinned += usize::from(p),
+            Ok(Err(e)) => return Err(e),
+            Err(_) => {
+                return Err(io::Error::other(
+                    "an io_uring worker ended before registering",
+                ))
+            }
+        }
+    }
+    let rings = Rings {
+        ended: Mutex::new(ended),
+        workers: started,
+    };
+    let what = format!(
+        "FUSE over io_uring: {queues} queues x {per_queue} workers ({pinned} pinned to their CPU), \
+         {} KiB payload each; FORGET/INTERRUPT and requests before registration on /dev/fuse",
+        PAYLOAD_LEN >> 10
+    );
+    Ok((rings, what))
+}
+
+/// The kernel's queue count: `num_possible_cpus()`, from /sys/devices/system/cpu/possible
+/// ("0-3", "0,2-5").
+fn possible_cpus() -> io::Result<usize> {
+    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
+    let mut n = 0;
+    for part in s.trim().split(',').filter(|p| !p.is_empty()) {
+        let bad = || io::Error::other(format!("cannot read possible CPUs from {s:?}"));
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
+        n += b.checked_sub(a).ok_or_else(bad)? + 1;
+    }
+    if n == 0 {
+        return Err(io::Error::other("no possible CPUs listed"));
+    }
+    Ok(n)
+}
+
+/// What every worker shares.
+struct Ctx {
+    dev: OwnedFd,
+    fs: Adapter,
+    bridge: Arc<Bridge>,
+}
+
+/// A `FUSE_IO_URING_CMD_*` command: `fuse_uring_cmd_req` (flags, commit id, queue id) in the
+/// SQE's command area; a registration also names the entry's two buffers (`iov`).
+fn command(dev: RawFd, op: u32, commit_id: u64, qid: u16, iov: Option<u64>) -> squeue::Entry128 {
+    let mut cmd = [0u8; 80];
+    cmd[8..16].copy_from_slice(&commit_id.to_le_bytes());
+    cmd[16..18].copy_from_slice(&qid.to_le_bytes());
+    let mut b = opcode::UringCmd80::new(types::Fd(dev), op).cmd(cmd);
+    if let Some(addr) = iov {
+        b = b.addr(Some(addr));
+    }
+    let mut e = b.build();
+    if iov.is_some() {
+        // SAFETY: Entry128 is #[repr(C)] with the 64-byte `io_uring_sqe` first, whose `len`
+        // (u32, the iovec count the kernel requires to be 2) is at byte 24; the crate has no
+        // setter for it on this opcode. The write stays inside the entry.
+        unsafe {
+            std::ptr::from_mut(&mut e)
+                .cast::<u8>()
+                .add(24)
+                .cast::<u32>()
+                .write_unaligned(2);
+        }
+    }
+    e
+}
+
+/// Pin the calling thread to `cpu` (best effort: a cpuset may forbid it). Returns whether it
+/// is pinned.
+fn pin(cpu: usize) -> bool {
+    // SAFETY: cpu_set_t is plain data; CPU_ZERO/CPU_SET write inside it (CPU_SET ignores an
+    // index beyond the set), and sched_setaffinity reads `size_of` bytes of it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_ZERO(&mut set);
+        libc::CPU_SET(cpu, &mut set);
+        libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &raw const set) == 0
+    }
+}
+
+/// One worker: register an entry on queue `qid`, report (whether it is pinned), then answer
+/// requests until the connection ends.
+fn worker(ctx: &Ctx, qid: u16, registered: &mpsc::Sender<io::Result<bool>>) {
+    let pinned = pin(usize::from(qid));
+    let mut ring = match IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4) {
+        Ok(r) => r,
+        Err(e) => {
+            let _ = registered.send(Err(io::Error::other(format!(
+                "io_uring with 128-byte entries: {e}"
+            ))));
+            return;
+        }
+    };
+    // Never freed: the kernel keeps these addresses until the rings are torn down.
+    let header: &'static mut Header = Box::leak(Box::new(Header([0; HEADER_LEN])));
+    let payload: &'static mut [u8] = Box::leak(vec![0u8; PAYLOAD_LEN].into_boxed_slice());
+    let iov: &'static [libc::iovec; 2] = Box::leak(Box::new([
+        libc::iovec {
+            iov_base: header.0.as_mut_ptr().cast(),
+            iov_len: HEADER_LEN,
+        },
+        libc::iovec {
+            iov_base: payload.as_mut_ptr().cast(),
+            iov_len: PAYLOAD_LEN,
+        },
+    ]));
+    let dev = ctx.dev.as_raw_fd();
+    let reg = command(dev, CMD_REGISTER, 0, qid, Some(iov.as_ptr() as u64));
+    // SAFETY: the entry names `iov` and, through it, `header` and `payload`: all leaked, so
+    // they outlive the command.
+    let pushed = unsafe { ring.submission().push(&reg) };
+    let submitted = match pushed {
+        Ok(()) => ring.submit().map(|_| ()),
+        Err(_) => Err(io::Error::other("submission queue full")),
+    };
+    // A refusal completes at once (the command is queued otherwise).
+    let refused = ring
+        .completion()
+        .next()
+        .map(|c| c.result())
+        .filter(|r| *r < 0);
+    let outcome = match (submitted, refused) {
+        (Err(e), _) => Err(e),
+        (Ok(()), Some(r)) => Err(io::Error::other(format!(
+            "registering an entry on queue {qid}: {}",
+            io::Error::from_raw_os_error(-r)
+        ))),
+        (Ok(()), None) => Ok(pinned),
+    };
+    let ok = outcome.is_ok();
+    let _ = registered.send(outcome);
+    if !ok {
+        return;
+    }
+    loop {
+        match ring.submit_and_wait(1) {
+            Ok(_) => {}
+            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+            Err(e) => {
+                error!("io_uring queue {qid}: {e}; this worker stops");
+                return;
+            }
+        }
+        let Some(cqe) = ring.completion().next() else {
+            continue;
+        };
+        let r = cqe.result();
+        if r < 0 {
+            match -r {
+                libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {
+                    debug!("io_uring queue {qid}: connection ended");
+                }
+                e => warn!(
+                    "io_uring queue {qid}: {}; this worker stops",
+                    io::Error::from_raw_os_error(e)
+                ),
+            }
+            return;
+        }
+        let commit = answer(ctx, &mut header.0, payload);
+        let next = command(dev, CMD_COMMIT_AND_FETCH, commit, qid, None);
+        // SAFETY: the entry's buffers were registered with the leaked ones above.
+        if unsafe { ring.submission().push(&next) }.is_err() {
+            error!("io_uring queue {qid}: submission queue full; this worker stops");
+            return;
+        }
+    }
+}
+
+fn u32_at(b: &[u8], at: usize) -> u32 {
+    b.get(at..at + 4)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u32::from_le_bytes)
+}
+
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    b.get(at..at + 8)
+        .and_then(|s| s.try_into().ok())
+        .map_or(0, u64::from_le_bytes)
+}
+
+fn put(b: &mut [u8], at: usize, v: &[u8]) {
+    if let Some(d) = b.get_mut(at..at + v.len()) {
+        d.copy_from_slice(v);
+    }
+}
+
+/// Answer the request in the entry's buffers: the answer's payload into `payload`, its
+/// `fuse_out_header` and payload size into `h`. Returns the commit id.
+fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) -> u64 {
+    let len = u32_at(h, 0) as usize;
+    let opcode = u32_at(h, 4);
+    let unique = u64_at(h, 8);
+    let commit = u64_at(h, ENT_IN_OUT + 8);
+    let in_payload = (u32_at(h, ENT_IN_OUT + 16) as usize).min(payload.len());
+    let op = &h[OP_IN..OP_IN + RW_IN];
+    let who = || RequestCreds::new(u32_at(h, 32), u32_at(h, 24), u32_at(h, 28));
+    let r = match opcode {
+        FUSE_READ => {
+            let size = u32_at(op, 16).min(u32::try_from(payload.len()).unwrap_or(u32::MAX));
+            // SAFETY: the kernel sends READ only with an fh from our open/create that is not
+            // yet released (adapter::open_file's contract).
+            let of = unsafe { adapter::open_file(u64_at(op, 0)) };
+            let mut n = 0;
+            ctx.fs
+                .read_to(of, u64_at(op, 8), size, &mut |b| {
+                    n = b.len().min(payload.len());
+                    payload[..n].copy_from_slice(&b[..n]);
+                })
+                .map(|()| n)
+                .map_err(fuser::Errno::code)
+        }
+        FUSE_WRITE => {
+            let size = (u32_at(op, 16) as usize).min(in_payload);
+            // The open file's flags, as an int (`fuse_write_in.flags`).
+            let flags = i32::from_le_bytes(u32_at(op, 32).to_le_bytes());
+            let how = WriteHow::new(flags, u32_at(op, 20));
+            let creds = who().with_fsetid(!how.kill_suid());
+            // SAFETY: as for READ.
+            let of = unsafe { adapter::open_file(u64_at(op, 0)) };
+            ctx.fs
+                .write_waiting(&creds, of, u64_at(op, 8), &payload[..size], how)
+                .map(|n| {
+                    // fuse_write_out {size, padding}
+                    put(payload, 0, &n.to_le_bytes());
+                    put(payload, 4, &[0; 4]);
+                    8
+                })
+                .map_err(fuser::Errno::code)
+        }
+        FUSE_DESTROY => Ok(0),
+        _ => {
+            if let Some(op_len) = len
+                .checked_sub(IN_HEADER + in_payload)
+                .filter(|n| *n <= OP_IN)
+            {
+                ctx.bridge.forward(h, op_len, payload, in_payload)
+            } else {
+                error!("io_uring request {opcode}: length {len} does not add up; answered EIO");
+                Err(libc::EIO)
+            }
+        }
+    };
+    let (error, body) = match r {
+        Ok(n) => (0, n),
+        Err(e) => (-e, 0),
+    };
+    let out_len = u32::try_from(OUT_HEADER + body).unwrap_or(u32::MAX);
+    put(h, 0, &out_len.to_le_bytes());
+    put(h, 4, &error.to_le_bytes());
+    put(h, 8, &unique.to_le_bytes());
+    put(
+        h,
+        ENT_IN_OUT + 16,
+        &u32::try_from(body).unwrap_or(0).to_le_bytes(),
+    );
+    commit
+}
+
+/// The fuser session that answers the rings' requests off the data path.
+struct Bridge {
+    sock: OwnedFd,
+    waiting: Mutex<HashMap<u64, mpsc::SyncSender<Vec<u8>>>>,
+}
+
+impl Bridge {
+    fn start(fs: Adapter, kernel: (u64, u32, u32)) -> io::Result<Arc<Self>> {
+        let mut fds = [0; 2];
+        // SAFETY: socketpair writes two descriptors into `fds`, which are owned below.
+        let r = unsafe {
+            libc::socketpair(
+                libc::AF_UNIX,
+                libc::SOCK_SEQPACKET | libc::SOCK_CLOEXEC,
+                0,
+                fds.as_mut_ptr(),
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: both are fresh descriptors from socketpair, owned by nothing else.
+        let (ours, theirs) =
+            unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        for fd in [&ours, &theirs] {
+            for opt in [libc::SO_SNDBUFFORCE, libc::SO_RCVBUFFORCE] {
+                let v = BRIDGE_SOCKET_BUFFER;
+                // SAFETY: setsockopt reads one c_int from `v`.
+                unsafe {
+                    libc::setsockopt(
+                        fd.as_raw_fd(),
+                        libc::SOL_SOCKET,
+                        opt,
+                        (&raw const v).cast(),
+                        libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4),
+                    );
+                }
+            }
+        }
+        // The bridge session's INIT: what the kernel offered the real one, so the adapter
+        // settles the same (ACLs); its answer is dropped by the reader.
+        let (caps, major, minor) = kernel;
+        let mut init = Vec::with_capacity(IN_HEADER + INIT_IN);
+        init.extend_from_slice(
+            &u32::try_from(IN_HEADER + INIT_IN)
+                .unwrap_or(0)
+                .to_le_bytes(),
+        );
+        init.extend_from_slice(&FUSE_INIT.to_le_bytes());
+        init.extend_from_slice(&1u64.to_le_bytes()); // unique (odd: never a kernel request's)
+        init.resize(IN_HEADER, 0);
+        init.extend_from_slice(&major.to_le_bytes());
+        init.extend_from_slice(&minor.to_le_bytes());
+        init.extend_from_slice(&(128u32 << 10).to_le_bytes()); // max_readahead
+        let ext = 1u64 << 30; // FUSE_INIT_EXT: flags2 holds the high half
+        let flags = caps | ext;
+        init.extend_from_slice(
+            &u32::try_from(flags & 0xffff_ffff)
+                .unwrap_or(0)
+                .to_le_bytes(),
+        );
+        init.extend_from_slice(&u32::try_from(flags >> 32).unwrap_or(0).to_le_bytes());
+        init.resize(IN_HEADER + INIT_IN, 0);
+        send(&ours, &init)?;
+        let mut cfg = fuser::Config::default();
+        cfg.n_threads = Some(BRIDGE_THREADS);
+        cfg.clone_fd = false;
+        cfg.acl = fuser::SessionACL::All;
+        let session = fuser::Session::from_fd(fs, theirs, fuser::SessionACL::All, cfg)?;
+        std::thread::Builder::new()
+            .name("cetra-bridge".into())
+            .spawn(move || {
+                if let Err(e) = session.run() {
+                    debug!("io_uring bridge session ended: {e}");
+                }
+            })?;
+        let bridge = Arc::new(Self {
+            sock: ours,
+            waiting: Mutex::new(HashMap::new()),
+        });
+        let reader = Arc::clone(&bridge);
+        std::thread::Builder::new()
+            .name("cetra-bridge-rd".into())
+            .spawn(move || reader.read_answers())?;
+        Ok(bridge)
+    }
+
+    /// Hand answers to the workers waiting for them, by request id.
+    fn read_answers(&self) {
+        let mut buf = vec![0u8; PAYLOAD_LEN + 4096];
+        loop {
+            // SAFETY: recv writes at most buf.len() bytes into buf.
+            let n =
+                unsafe { libc::recv(self.sock.as_raw_fd(), buf.as_mut_ptr().cast(), buf.len(), 0) };
+            let Ok(n) = usize::try_from(n) else {
+                let e = io::Error::last_os_error();
+                if e.raw_os_error() == Some(libc::EINTR) {
+                    continue;
+                }
+                error!("io_uring bridge: {e}; requests off the data path will fail");
+                break;
+            };
+            if n == 0 {
+                break;
+            }
+            let unique = u64_at(&buf, 8);
+            let waiter = self.waiting.lock().ok().and_then(|mut w| w.remove(&unique));
+            if let Some(w) = waiter {
+                let _ = w.send(buf[..n].to_vec());
+            }
+        }
+        // Wake every worker still waiting: they answer EIO.
+        if let Ok(mut w) = self.waiting.lock() {
+            w.clear();
+        }
+    }
+
+    /// Have the bridge session answer the request in the entry (header `h` with `op_len`
+    /// bytes of operation header, `in_payload` bytes of payload); its answer's payload goes
+    /// into `payload`. Returns the payload's length or the errno.
+    fn forward(
+        &self,
+        h: &[u8; HEADER_LEN],
+        op_len: usize,
+        payload: &mut [u8],
+        in_payload: usize,
+    ) -> Result<usize, i32> {
+        let unique = u64_at(h, 8);
+        let mut msg = Vec::with_capacity(IN_HEADER + op_len + in_payload);
+        msg.extend_from_slice(&h[..IN_HEADER]);
+        msg.extend_from_slice(&h[OP_IN..OP_IN + op_len]);
+        msg.extend_from_slice(&payload[..in_payload]);
+        let (tx, rx) = mpsc::sync_channel(1);
+        self.waiting
+            .lock()
+            .map_err(|_| libc::EIO)?
+            .insert(unique, tx);
+        if let Err(e) = send(&self.sock, &msg) {
+            error!("io_uring bridge: {e}");
+            if let Ok(mut w) = self.waiting.lock() {
+                w.remove(&unique);
+            }
+            return Err(libc::EIO);
+        }
+        let answer = rx.recv().map_err(|_| libc::EIO)?;
+        let error = i32::from_le_bytes(u32_at(&answer, 4).to_le_bytes());
+        if error != 0 {
+            return Err(-error);
+        }
+        let body = answer.get(OUT_HEADER..).unwrap_or(&[]);
+        let n = body.len().min(payload.len());
+        payload[..n].copy_from_slice(&body[..n]);
+        Ok(n)
+    }
+}
+
+/// One message on the bridge socket.
+fn send(sock: &OwnedFd, msg: &[u8]) -> io::Result<()> {
+    loop {
+        // SAFETY: send reads msg.len() bytes from msg.
+        let n = unsafe { libc::send(sock.as_raw_fd(), msg.as_ptr().cast(), msg.len(), 0) };
+        if n >= 0 {
+            return Ok(());
+        }
+        let e = io::Error::last_os_error();
+        if e.raw_os_error() != Some(libc::EINTR) {
+            return Err(e);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn register_command_names_two_buffers_and_the_queue() {
+        let e = command(7, CMD_REGISTER, 0, 3, Some(0x1000));
+        // SAFETY: Entry128 is 128 plain bytes (#[repr(C)]).
+        let raw: [u8; 128] = unsafe { std::mem::transmute(e) };
+        assert_eq!(raw[0], 46, "IORING_OP_URING_CMD");
+        assert_eq!(u32_at(&raw, 4), 7, "fd");
+        assert_eq!(u32_at(&raw, 8), CMD_REGISTER, "cmd_op");
+        assert_eq!(u64_at(&raw, 16), 0x1000, "addr: the iovecs");
+        assert_eq!(u32_at(&raw, 24), 2, "len: two iovecs");
+        assert_eq!(u64_at(&raw, 48 + 8), 0, "commit_id");
+        assert_eq!(u32_at(&raw, 48 + 16) & 0xffff, 3, "qid");
+        let c = command(7, CMD_COMMIT_AND_FETCH, 0xabc0, 1, None);
+        // SAFETY: as above.
+        let raw: [u8; 128] = unsafe { std::mem::transmute(c) };
+        assert_eq!(u32_at(&raw, 24), 0);
+        assert_eq!(u64_at(&raw, 56), 0xabc0);
+    }
+
+    #[test]
+    fn possible_cpus_reads_this_machine() {
+        assert!(possible_cpus().unwrap() >= 1);
+    }
+}
