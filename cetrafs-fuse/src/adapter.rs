@@ -1,7 +1,7 @@
-//! The only file that names fuser types: `impl fuser::Filesystem` as a thin translation onto
-//! [`cetrafs_core::fs::Volume`]. Policy lives in the core; what stays here is what FUSE itself
-//! asks of a filesystem (file handles, reply shapes, xattr size probes, ACL upkeep under
-//! `FUSE_POSIX_ACL`, the kernel's root nodeid).
+//! `impl fuser::Filesystem` as a thin translation onto [`cetrafs_core::fs::Volume`] (with
+//! uring.rs, the only file that names fuser types). Policy lives in the core; what stays here
+//! is what FUSE itself asks of a filesystem (file handles, reply shapes, xattr size probes,
+//! ACL upkeep under `FUSE_POSIX_ACL`, the kernel's root nodeid).
 
 use crate::creds::RequestCreds;
 use crate::options::Options;

@@ -618,6 +618,7 @@ impl Mount {
             mountpoint.display(),
             started.elapsed()
         );
+        check_transport(&log, log_start);
         Ok(Self {
             mountpoint,
             device: device.to_path_buf(),
@@ -970,6 +971,29 @@ pub fn lstat(p: &Path) -> io::Result<libc::stat> {
     // SAFETY: valid C string and out-pointer.
     cvt(unsafe { libc::lstat(c.as_ptr(), &raw mut s) })?;
     Ok(s)
+}
+
+/// `CETRA_EXPECT_TRANSPORT=uring|classic` (scripts/test runs the end-to-end tests once with
+/// each): the daemon that just mounted must say it serves FUSE requests that way, so a pass
+/// meant for FUSE over `io_uring` cannot quietly run on /dev/fuse.
+fn check_transport(log: &Path, log_start: u64) {
+    let Ok(want) = std::env::var("CETRA_EXPECT_TRANSPORT") else {
+        return;
+    };
+    let line = match want.as_str() {
+        "uring" => "FUSE transport: FUSE over io_uring",
+        "classic" => "FUSE transport: classic /dev/fuse",
+        other => panic!("CETRA_EXPECT_TRANSPORT={other}: expected uring or classic"),
+    };
+    let text = read_lossy(log);
+    let own = text
+        .get(usize::try_from(log_start).unwrap_or(0)..)
+        .unwrap_or(&text);
+    assert!(
+        own.contains(line),
+        "CETRA_EXPECT_TRANSPORT={want}, but the daemon's log ({}) does not say {line:?}:\n{own}",
+        log.display()
+    );
 }
 
 /// Seed for a randomized test: `$CETRA_SEED` if set, else random. Printed so failures can be replayed.
