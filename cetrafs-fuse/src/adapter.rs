@@ -267,6 +267,19 @@ impl Adapter {
         }
     }
 
+    /// READ into the transport's reply buffer (straight from the device when it is aligned);
+    /// the count read.
+    pub(crate) fn read_into(
+        &self,
+        of: &OpenFile,
+        offset: u64,
+        dst: &mut [u8],
+    ) -> Result<usize, Errno> {
+        self.vol
+            .read_into(of, offset, dst)
+            .map_err(|e| Self::fail("read", &e))
+    }
+
     /// WRITE, waiting for the write to be mapped (and made durable for `O_SYNC`/`O_DSYNC`).
     pub(crate) fn write_waiting(
         &self,

@@ -25,8 +25,9 @@
 //! /dev/fuse worker. The buffers are allocated once per thread, never per request.
 //!
 //! **Which code answers.** READ and WRITE (the data path) are answered in the worker through
-//! the adapter's own read and write code ([`Adapter::read_to`], [`Adapter::write_waiting`]):
-//! the device's bytes are copied once, into the entry's payload buffer. DESTROY is answered
+//! the adapter's own read and write code ([`Adapter::read_into`], [`Adapter::write_waiting`]).
+//! The payload buffer is page-aligned, so an aligned READ (what `O_DIRECT` guests send) is
+//! read from the LUN straight into it: the kernel's copy to the caller is the only one. DESTROY is answered
 //! here (the session's end runs the adapter's `destroy`). Every other request goes through the
 //! **bridge**: a second fuser session over a `SOCK_SEQPACKET` socket pair, whose adapter is
 //! the same volume's ([`Adapter::for_rings`]). The request is rebuilt in /dev/fuse form
@@ -42,6 +43,7 @@
 
 use crate::adapter::{self, Adapter, WriteHow};
 use crate::creds::RequestCreds;
+use cetrafs_core::dev::AlignedBuf;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
@@ -280,7 +282,8 @@ fn worker(ctx: &Ctx, qid: u16, registered: &mpsc::Sender<io::Result<()>>) {
     };
     // Never freed: the kernel keeps these addresses until the rings are torn down.
     let header: &'static mut Header = Box::leak(Box::new(Header([0; HEADER_LEN])));
-    let payload: &'static mut [u8] = Box::leak(vec![0u8; PAYLOAD_LEN].into_boxed_slice());
+    // Page-aligned, so an aligned READ is read from the device straight into it.
+    let payload: &'static mut [u8] = &mut Box::leak(Box::new(AlignedBuf::new(PAYLOAD_LEN)))[..];
     let iov: &'static [libc::iovec; 2] = Box::leak(Box::new([
         libc::iovec {
             iov_base: header.0.as_mut_ptr().cast(),
@@ -388,13 +391,8 @@ fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) -> u64 {
             // SAFETY: the kernel sends READ only with an fh from our open/create that is not
             // yet released (adapter::open_file's contract).
             let of = unsafe { adapter::open_file(u64_at(op, 0)) };
-            let mut n = 0;
             ctx.fs
-                .read_to(of, u64_at(op, 8), size, &mut |b| {
-                    n = b.len().min(payload.len());
-                    payload[..n].copy_from_slice(&b[..n]);
-                })
-                .map(|()| n)
+                .read_into(of, u64_at(op, 8), &mut payload[..size as usize])
                 .map_err(fuser::Errno::code)
         }
         FUSE_WRITE => {

@@ -379,35 +379,76 @@ impl Volume {
         let a0 = offset - offset % lbs;
         let a1 = end.div_ceil(lbs) * lbs;
         with_buf(us(a1 - a0), |buf| {
-            let mut pos = a0;
-            while pos < a1 {
-                let fb = pos / FS_BLOCK;
-                let (stop, phys) = match inner.extents.find(fb) {
-                    Some(e) if !e.unwritten() => (
-                        a1.min(e.end() * FS_BLOCK),
-                        Some((e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK),
-                    ),
-                    Some(e) => (a1.min(e.end() * FS_BLOCK), None),
-                    None => (
-                        a1.min(
-                            inner
-                                .extents
-                                .next_from(fb)
-                                .map_or(u64::MAX, |e| e.logical * FS_BLOCK),
-                        ),
-                        None,
-                    ),
-                };
-                let part = &mut buf[us(pos - a0)..us(stop - a0)];
-                match phys {
-                    Some(p) => self.dev.read_at(p, part)?,
-                    None => part.fill(0),
-                }
-                pos = stop;
-            }
+            self.fill(inner, a0, buf)?;
             reply(&buf[us(offset - a0)..us(end - a0)]);
             Ok(())
         })
+    }
+
+    /// [`Volume::read`] into the caller's buffer: up to `dst.len()` bytes at `offset`, and the
+    /// count read (short at EOF). When `offset` is a multiple of the device's logical block
+    /// and `dst` is aligned for it (an [`crate::dev::AlignedBuf`]), the device reads straight
+    /// into `dst` (a FUSE transport's reply buffer: no copy in the daemon); otherwise through
+    /// [`Volume::read`]'s buffer and one copy.
+    pub fn read_into(&self, fh: &OpenFile, offset: u64, dst: &mut [u8]) -> Result<usize> {
+        let lbs = self.dev.geometry().lbs();
+        let size = u32::try_from(dst.len()).unwrap_or(u32::MAX);
+        let direct = offset.is_multiple_of(lbs)
+            && (dst.as_ptr() as usize).is_multiple_of(crate::dev::IO_ALIGN)
+            && (dst.len() as u64).is_multiple_of(lbs);
+        if !direct {
+            let mut n = 0;
+            self.read(fh, offset, size, &mut |b| {
+                n = b.len().min(dst.len());
+                dst[..n].copy_from_slice(&b[..n]);
+            })?;
+            return Ok(n);
+        }
+        let Some(admitted) = self.admit(&fh.state, true)? else {
+            bail!(Io, "inode {}: no admission to the data path", fh.ino);
+        };
+        let inner = &admitted.inner;
+        let fsize = inner.inode.size;
+        if offset >= fsize || dst.is_empty() {
+            return Ok(0);
+        }
+        let end = fsize.min(offset + u64::from(size));
+        let a1 = end.div_ceil(lbs) * lbs;
+        self.fill(inner, offset, &mut dst[..us(a1 - offset)])?;
+        Ok(us(end - offset))
+    }
+
+    /// Fill `buf` with the file's bytes from `a0` on (both multiples of the logical block):
+    /// written extents from the device, holes and unwritten extents as zeros.
+    fn fill(&self, inner: &super::InodeInner, a0: u64, buf: &mut [u8]) -> Result<()> {
+        let a1 = a0 + buf.len() as u64;
+        let mut pos = a0;
+        while pos < a1 {
+            let fb = pos / FS_BLOCK;
+            let (stop, phys) = match inner.extents.find(fb) {
+                Some(e) if !e.unwritten() => (
+                    a1.min(e.end() * FS_BLOCK),
+                    Some((e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK),
+                ),
+                Some(e) => (a1.min(e.end() * FS_BLOCK), None),
+                None => (
+                    a1.min(
+                        inner
+                            .extents
+                            .next_from(fb)
+                            .map_or(u64::MAX, |e| e.logical * FS_BLOCK),
+                    ),
+                    None,
+                ),
+            };
+            let part = &mut buf[us(pos - a0)..us(stop - a0)];
+            match phys {
+                Some(p) => self.dev.read_at(p, part)?,
+                None => part.fill(0),
+            }
+            pos = stop;
+        }
+        Ok(())
     }
 
     /// Write as a privileged caller (setuid/setgid bits are kept); see [`Volume::write_by`].

@@ -134,6 +134,53 @@ fn holes_unwritten_punch_truncate() {
 }
 
 #[test]
+fn read_into_a_callers_buffer_reads_what_read_does() {
+    let (_dev, v) = fresh(256 << 20);
+    let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
+    // Written data, a hole, an unwritten extent and a short tail.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
+    v.write(&fh, 0, &data[..100_000]).unwrap();
+    v.fallocate(
+        a.ino,
+        131_072,
+        65_536,
+        FallocMode::Allocate { keep_size: false },
+    )
+    .unwrap();
+    v.write(&fh, 262_144, &data[100_000..103_001]).unwrap();
+    let size = v.getattr(a.ino).unwrap().size;
+    let mut buf = crate::dev::AlignedBuf::new((1 << 20) + 4096);
+    for (off, len) in [
+        (0u64, 4096usize),
+        (4096, 65_536),
+        (98_304, 8192),
+        (126_976, 12_288),
+        (258_048, 8192),
+        (262_144, 1 << 20),
+        (size, 4096),
+        // Not aligned (offset, length): read through the bounce buffer.
+        (5, 100),
+        (99_999, 3),
+        (262_145, 4095),
+    ] {
+        let want = read_all(&v, &fh, off, u32::try_from(len).unwrap());
+        // An aligned window, and a window one byte into the buffer (not aligned).
+        for shift in [0usize, 1] {
+            let dst = &mut buf[shift..shift + len];
+            dst.fill(0xEE);
+            let n = v.read_into(&fh, off, dst).unwrap();
+            assert_eq!(n, want.len(), "offset {off} length {len} shift {shift}");
+            assert_eq!(
+                &buf[shift..shift + n],
+                &want[..],
+                "offset {off} length {len}"
+            );
+        }
+    }
+    v.release(&fh).unwrap();
+}
+
+#[test]
 fn namespace_operations() {
     let (dev, v) = fresh(256 << 20);
     let r = v.root_ino();
