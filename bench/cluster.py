@@ -30,6 +30,9 @@ import platform
 import sys
 import time
 
+# The merged-histogram percentile lives with bench/run.sh's report (this directory is on the path).
+from report import pct as hist_pct
+
 
 def pct(sorted_vals, q):
     if not sorted_vals:
@@ -115,18 +118,6 @@ def cmd_bounce(a):
 
 
 # ---- report ------------------------------------------------------------------------------------
-
-
-def hist_pct(bins, q):
-    total = sum(bins.values())
-    if not total:
-        return None
-    need, acc = total * q / 100.0, 0
-    for v in sorted(bins):
-        acc += bins[v]
-        if acc >= need:
-            return v / 1000
-    return max(bins) / 1000
 
 
 def fio_group(res, name):
