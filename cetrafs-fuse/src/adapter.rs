@@ -695,10 +695,23 @@ impl Filesystem for Adapter {
             let _ = self.negotiated.kernel.set((caps.bits(), abi.0, abi.1));
             let offered = caps.contains(InitFlags::FUSE_OVER_IO_URING);
             match self.transport {
-                Transport::Auto | Transport::Uring if offered => {
-                    let _ = k.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
-                    self.negotiated.uring.store(true, Ordering::Release);
-                }
+                // Only if this process can make rings: once INIT takes it, the kernel holds
+                // every request until they are registered.
+                Transport::Auto | Transport::Uring if offered => match uring::usable() {
+                    Ok(()) => {
+                        let _ = k.add_capabilities(InitFlags::FUSE_OVER_IO_URING);
+                        self.negotiated.uring.store(true, Ordering::Release);
+                    }
+                    Err(e) if self.transport == Transport::Uring => {
+                        return Err(io::Error::other(format!(
+                            "transport=uring, but this process cannot use io_uring ({e}): \
+                             a seccomp profile or the sysctl kernel.io_uring_disabled may forbid it"
+                        )));
+                    }
+                    Err(e) => {
+                        warn!("FUSE over io_uring is offered but io_uring is unusable here ({e}): classic transport");
+                    }
+                },
                 Transport::Classic | Transport::Auto => {}
                 Transport::Uring => {
                     return Err(io::Error::other(

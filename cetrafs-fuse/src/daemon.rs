@@ -17,7 +17,7 @@ use cetrafs_core::sync::LockPolicy;
 use nix::sys::signal::{SigSet, Signal};
 use std::fs::{File, OpenOptions};
 use std::io::{IsTerminal, Read, Write};
-use std::os::fd::AsFd;
+use std::os::fd::{AsFd, AsRawFd};
 use std::os::unix::fs::{MetadataExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
@@ -617,6 +617,15 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         },
         Err(e) => {
             warn!("no second /dev/fuse descriptor for io_uring ({e}): classic transport");
+            // INIT took io_uring: the kernel holds every request until told otherwise.
+            if rings.2.uring() {
+                if let Err(a) = crate::uring::abandon(session.as_fd().as_raw_fd()) {
+                    return fail(
+                        &mut notifier,
+                        format!("FUSE over io_uring: no descriptor ({e}), and could not turn it off ({a})"),
+                    );
+                }
+            }
             Transport {
                 dev: None,
                 ring_fs: rings.0,
@@ -696,9 +705,15 @@ impl Transport {
             return Ok(());
         };
         let keep = self.ring_fs.for_rings();
-        match crate::uring::start(dev, self.ring_fs, self.bridge_fs, kernel, self.threads) {
-            Ok((rings, what)) => {
-                keep.set_rings(rings);
+        let (rings, r) =
+            crate::uring::start(dev, self.ring_fs, self.bridge_fs, kernel, self.threads);
+        // Workers that registered may serve requests even after a failure: the session's
+        // end waits for them all the same.
+        if let Some(rings) = rings {
+            keep.set_rings(rings);
+        }
+        match r {
+            Ok(what) => {
                 info!("FUSE transport: {what}");
                 Ok(())
             }

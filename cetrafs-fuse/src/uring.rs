@@ -15,8 +15,9 @@
 //! request stays on its CPU. FORGET and INTERRUPT still come through /dev/fuse, which the
 //! fuser session keeps serving (as it does every request before the rings are complete).
 //!
-//! **Layout here.** For each queue, `threads / queues` worker threads (rounded up; the same
-//! total as the /dev/fuse workers, `CETRA_FUSE_THREADS`, 32 by default), each with its own
+//! **Layout here.** For each queue, `threads / queues` worker threads (the same total as the
+//! /dev/fuse workers, `CETRA_FUSE_THREADS`, 32 by default; at least one per possible CPU,
+//! since the kernel uses the rings only once every queue has an entry), each with its own
 //! ring and one entry. They are not pinned to their queue's CPU: measured on 2 cores, pinning
 //! made a QD1 read wait 108 µs instead of 71 (the worker then shares the CPU of the caller it
 //! answers), and gained nothing at QD32. The kernel runs an entry's
@@ -48,6 +49,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -133,9 +135,10 @@ pub fn start(
     bridge_fs: Adapter,
     kernel: (u64, u32, u32),
     threads: usize,
-) -> Result<(Rings, String), (io::Error, bool)> {
+) -> (Option<Rings>, Result<String, (io::Error, bool)>) {
     let raw = dev.as_raw_fd();
-    start_rings(dev, ring_fs, bridge_fs, kernel, threads).map_err(|e| match abandon(raw) {
+    let (rings, r) = start_rings(dev, ring_fs, bridge_fs, kernel, threads);
+    let r = r.map_err(|e| match abandon(raw) {
         Ok(()) => (e, true),
         Err(a) => (
             io::Error::other(format!(
@@ -143,12 +146,24 @@ pub fn start(
             )),
             false,
         ),
-    })
+    });
+    (rings, r)
 }
 
-/// Make the kernel give `io_uring` up for this connection: a registration it refuses (no
-/// buffers) turns `fc->io_uring` off and wakes the requests waiting for the rings.
-fn abandon(dev: RawFd) -> io::Result<()> {
+/// Can this process use `io_uring` with 128-byte entries at all (a seccomp profile or
+/// `kernel.io_uring_disabled` may forbid it)? Asked before INIT takes `FUSE_OVER_IO_URING`,
+/// since afterwards the kernel holds every request until the rings are registered.
+pub fn usable() -> io::Result<()> {
+    IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .build(2)
+        .map(drop)
+}
+
+/// Make the kernel give `io_uring` up for this connection: a registration it refuses for
+/// want of buffers (`EINVAL` from the register step, the one refusal that turns
+/// `fc->io_uring` off) wakes the requests waiting for the rings. Any other answer (the
+/// connection is gone, the parameter is off) is reported as a failure.
+pub fn abandon(dev: RawFd) -> io::Result<()> {
     let mut ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(2)?;
     let e = command(dev, CMD_REGISTER, 0, 0, None);
     // SAFETY: the entry names no buffer.
@@ -156,23 +171,34 @@ fn abandon(dev: RawFd) -> io::Result<()> {
     ring.submit_and_wait(1)?;
     let r = ring.completion().next().map(|c| c.result());
     match r {
-        Some(r) if r < 0 => Ok(()),
+        Some(r) if r == -libc::EINVAL => Ok(()),
+        Some(r) if r < 0 => Err(io::Error::from_raw_os_error(-r)),
         _ => Err(io::Error::other(
             "the kernel accepted an entry without buffers",
         )),
     }
 }
 
+/// Start the bridge and the workers; the workers that were started are in the returned
+/// [`Rings`] whatever happened (a failed start may leave some registered, serving).
 fn start_rings(
     dev: OwnedFd,
     ring_fs: Adapter,
     bridge_fs: Adapter,
     kernel: (u64, u32, u32),
     threads: usize,
-) -> io::Result<(Rings, String)> {
-    let queues = possible_cpus()?;
-    let per_queue = threads.div_ceil(queues).max(1);
-    let bridge = Bridge::start(bridge_fs, kernel)?;
+) -> (Option<Rings>, io::Result<String>) {
+    let queues = match possible_cpus() {
+        Ok(q) => q,
+        Err(e) => return (None, Err(e)),
+    };
+    // Every queue needs an entry before the kernel uses any: at least one worker per
+    // possible CPU, else `threads` in all.
+    let per_queue = (threads / queues).max(1);
+    let bridge = match Bridge::start(bridge_fs, kernel) {
+        Ok(b) => b,
+        Err(e) => return (None, Err(e)),
+    };
     let ctx = Arc::new(Ctx {
         dev,
         fs: ring_fs,
@@ -181,16 +207,24 @@ fn start_rings(
     let (ended_tx, ended) = mpsc::channel();
     let (reg_tx, reg_rx) = mpsc::channel();
     let mut started = 0;
-    for q in 0..queues {
-        let qid = u16::try_from(q).map_err(|_| io::Error::other("too many CPUs"))?;
+    let mut failed = None;
+    'spawn: for q in 0..queues {
+        let Ok(qid) = u16::try_from(q) else {
+            failed = Some(io::Error::other("too many CPUs"));
+            break;
+        };
         for t in 0..per_queue {
             let (ctx, reg, ended) = (Arc::clone(&ctx), reg_tx.clone(), ended_tx.clone());
-            std::thread::Builder::new()
+            let spawned = std::thread::Builder::new()
                 .name(format!("cetra-uring-{q}.{t}"))
                 .spawn(move || {
                     worker(&ctx, qid, &reg);
                     let _ = ended.send(());
-                })?;
+                });
+            if let Err(e) = spawned {
+                failed = Some(e);
+                break 'spawn;
+            }
             started += 1;
         }
     }
@@ -198,11 +232,13 @@ fn start_rings(
     for _ in 0..started {
         match reg_rx.recv() {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => return Err(e),
+            Ok(Err(e)) => {
+                failed.get_or_insert(e);
+            }
             Err(_) => {
-                return Err(io::Error::other(
+                failed.get_or_insert(io::Error::other(
                     "an io_uring worker ended before registering",
-                ))
+                ));
             }
         }
     }
@@ -210,12 +246,15 @@ fn start_rings(
         ended: Mutex::new(ended),
         workers: started,
     };
+    if let Some(e) = failed {
+        return (Some(rings), Err(e));
+    }
     let what = format!(
         "FUSE over io_uring: {queues} queues x {per_queue} workers, {} KiB payload each; \
          FORGET/INTERRUPT and requests before registration on /dev/fuse",
         PAYLOAD_LEN >> 10
     );
-    Ok((rings, what))
+    (Some(rings), Ok(what))
 }
 
 /// The kernel's queue count: `num_possible_cpus()`, from /sys/devices/system/cpu/possible
@@ -303,38 +342,39 @@ fn worker(ctx: &Ctx, qid: u16, registered: &mpsc::Sender<io::Result<()>>) {
         Ok(()) => ring.submit().map(|_| ()),
         Err(_) => Err(io::Error::other("submission queue full")),
     };
-    // A refusal completes at once (the command is queued otherwise).
-    let refused = ring
-        .completion()
-        .next()
-        .map(|c| c.result())
-        .filter(|r| *r < 0);
-    let outcome = match (submitted, refused) {
+    // A refusal completes at once; so may a request, once the other queues are complete.
+    let first = ring.completion().next().map(|c| c.result());
+    let outcome = match (submitted, first) {
         (Err(e), _) => Err(e),
-        (Ok(()), Some(r)) => Err(io::Error::other(format!(
+        (Ok(()), Some(r)) if r < 0 => Err(io::Error::other(format!(
             "registering an entry on queue {qid}: {}",
             io::Error::from_raw_os_error(-r)
         ))),
-        (Ok(()), None) => Ok(()),
+        (Ok(()), _) => Ok(()),
     };
     let ok = outcome.is_ok();
     let _ = registered.send(outcome);
     if !ok {
         return;
     }
+    let mut ready = first;
     loop {
-        match ring.submit_and_wait(1) {
-            Ok(_) => {}
-            Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
-            Err(e) => {
-                error!("io_uring queue {qid}: {e}; this worker stops");
-                return;
+        let r = if let Some(r) = ready.take() {
+            r
+        } else {
+            match ring.submit_and_wait(1) {
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                Err(e) => {
+                    error!("io_uring queue {qid}: {e}; this worker stops");
+                    return;
+                }
             }
-        }
-        let Some(cqe) = ring.completion().next() else {
-            continue;
+            let Some(cqe) = ring.completion().next() else {
+                continue;
+            };
+            cqe.result()
         };
-        let r = cqe.result();
         if r < 0 {
             match -r {
                 libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {
@@ -446,6 +486,8 @@ fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) -> u64 {
 struct Bridge {
     sock: OwnedFd,
     waiting: Mutex<HashMap<u64, mpsc::SyncSender<Vec<u8>>>>,
+    /// The answer reader has stopped: nothing forwarded would be answered.
+    closed: AtomicBool,
 }
 
 impl Bridge {
@@ -467,17 +509,16 @@ impl Bridge {
         let (ours, theirs) =
             unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
         for fd in [&ours, &theirs] {
-            for opt in [libc::SO_SNDBUFFORCE, libc::SO_RCVBUFFORCE] {
-                let v = BRIDGE_SOCKET_BUFFER;
-                // SAFETY: setsockopt reads one c_int from `v`.
-                unsafe {
-                    libc::setsockopt(
-                        fd.as_raw_fd(),
-                        libc::SOL_SOCKET,
-                        opt,
-                        (&raw const v).cast(),
-                        libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4),
-                    );
+            for (force, plain) in [
+                (libc::SO_SNDBUFFORCE, libc::SO_SNDBUF),
+                (libc::SO_RCVBUFFORCE, libc::SO_RCVBUF),
+            ] {
+                // Without CAP_NET_ADMIN only up to the system's maximum (an answer bigger
+                // than the buffer fails in the bridge session and its request gets EIO).
+                if set_int(fd, force, BRIDGE_SOCKET_BUFFER).is_err() {
+                    if let Err(e) = set_int(fd, plain, BRIDGE_SOCKET_BUFFER) {
+                        warn!("io_uring bridge: socket buffer: {e}");
+                    }
                 }
             }
         }
@@ -521,6 +562,7 @@ impl Bridge {
         let bridge = Arc::new(Self {
             sock: ours,
             waiting: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
         });
         let reader = Arc::clone(&bridge);
         std::thread::Builder::new()
@@ -553,7 +595,8 @@ impl Bridge {
                 let _ = w.send(buf[..n].to_vec());
             }
         }
-        // Wake every worker still waiting: they answer EIO.
+        // Wake every worker still waiting (they answer EIO), and refuse later requests.
+        self.closed.store(true, Ordering::Release);
         if let Ok(mut w) = self.waiting.lock() {
             w.clear();
         }
@@ -579,6 +622,13 @@ impl Bridge {
             .lock()
             .map_err(|_| libc::EIO)?
             .insert(unique, tx);
+        // After the insert: a reader that stopped since has dropped `tx` or set `closed`.
+        if self.closed.load(Ordering::Acquire) {
+            if let Ok(mut w) = self.waiting.lock() {
+                w.remove(&unique);
+            }
+            return Err(libc::EIO);
+        }
         if let Err(e) = send(&self.sock, &msg) {
             error!("io_uring bridge: {e}");
             if let Ok(mut w) = self.waiting.lock() {
@@ -595,6 +645,25 @@ impl Bridge {
         let n = body.len().min(payload.len());
         payload[..n].copy_from_slice(&body[..n]);
         Ok(n)
+    }
+}
+
+/// `setsockopt(SOL_SOCKET, opt, v)`.
+fn set_int(fd: &OwnedFd, opt: libc::c_int, v: libc::c_int) -> io::Result<()> {
+    // SAFETY: setsockopt reads one c_int from `v`.
+    let r = unsafe {
+        libc::setsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            opt,
+            (&raw const v).cast(),
+            libc::socklen_t::try_from(std::mem::size_of::<libc::c_int>()).unwrap_or(4),
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
     }
 }
 
