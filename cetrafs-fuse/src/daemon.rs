@@ -606,35 +606,31 @@ fn serve(args: &Args, mut notifier: Notifier) -> i32 {
         }
     };
     drop(vol);
-    let transport = match session.as_fd().try_clone_to_owned() {
-        Ok(dev) => Transport {
-            dev: Some(dev),
-            ring_fs: rings.0,
-            bridge_fs: rings.1,
-            negotiated: rings.2,
-            threads: cfg.n_threads.unwrap_or(1),
-            required: args.opts.transport == crate::options::Transport::Uring,
-        },
-        Err(e) => {
-            warn!("no second /dev/fuse descriptor for io_uring ({e}): classic transport");
+    // The rings' own /dev/fuse descriptor (the session keeps its own).
+    let dev = match session.as_fd().try_clone_to_owned() {
+        Ok(dev) => Some(dev),
+        Err(e) if rings.2.uring() => {
             // INIT took io_uring: the kernel holds every request until told otherwise.
-            if rings.2.uring() {
-                if let Err(a) = crate::uring::abandon(session.as_fd().as_raw_fd()) {
-                    return fail(
-                        &mut notifier,
-                        format!("FUSE over io_uring: no descriptor ({e}), and could not turn it off ({a})"),
-                    );
-                }
+            if let Err(a) = crate::uring::abandon(session.as_fd().as_raw_fd()) {
+                return fail(
+                    &mut notifier,
+                    format!(
+                        "FUSE over io_uring: no descriptor ({e}), and could not turn it off ({a})"
+                    ),
+                );
             }
-            Transport {
-                dev: None,
-                ring_fs: rings.0,
-                bridge_fs: rings.1,
-                negotiated: rings.2,
-                threads: 0,
-                required: args.opts.transport == crate::options::Transport::Uring,
-            }
+            warn!("no second /dev/fuse descriptor for io_uring ({e}): classic transport");
+            None
         }
+        Err(_) => None,
+    };
+    let transport = Transport {
+        dev,
+        ring_fs: rings.0,
+        bridge_fs: rings.1,
+        negotiated: rings.2,
+        threads: cfg.n_threads.unwrap_or(1),
+        required: args.opts.transport == crate::options::Transport::Uring,
     };
 
     // Right away: once INIT took io_uring, the kernel holds every request until the rings

@@ -364,22 +364,16 @@ impl Volume {
         size: u32,
         reply: &mut dyn FnMut(&[u8]),
     ) -> Result<()> {
-        // The block map is used only while current (see fs/cluster.rs, data path).
-        let Some(admitted) = self.admit(&fh.state, true)? else {
-            bail!(Io, "inode {}: no admission to the data path", fh.ino);
-        };
-        let inner = &admitted.inner;
-        let fsize = inner.inode.size;
-        if offset >= fsize || size == 0 {
+        let (admitted, end) = self.read_span(fh, offset, u64::from(size))?;
+        let Some(end) = end else {
             reply(&[]);
             return Ok(());
-        }
-        let end = fsize.min(offset + u64::from(size));
+        };
         let lbs = self.dev.geometry().lbs();
         let a0 = offset - offset % lbs;
         let a1 = end.div_ceil(lbs) * lbs;
         with_buf(us(a1 - a0), |buf| {
-            self.fill(inner, a0, buf)?;
+            self.fill(&admitted.inner, a0, buf)?;
             reply(&buf[us(offset - a0)..us(end - a0)]);
             Ok(())
         })
@@ -404,18 +398,30 @@ impl Volume {
             })?;
             return Ok(n);
         }
+        let (admitted, end) = self.read_span(fh, offset, u64::from(size))?;
+        let Some(end) = end else {
+            return Ok(0);
+        };
+        let a1 = end.div_ceil(lbs) * lbs;
+        self.fill(&admitted.inner, offset, &mut dst[..us(a1 - offset)])?;
+        Ok(us(end - offset))
+    }
+
+    /// Admission to the data path for a read of `len` bytes at `offset` (the block map is
+    /// used only while current: fs/cluster.rs), and where the read ends: `None` when there is
+    /// nothing to read (at or past EOF, or `len` 0).
+    fn read_span<'a>(
+        &'a self,
+        fh: &'a OpenFile,
+        offset: u64,
+        len: u64,
+    ) -> Result<(super::cluster::Admitted<'a>, Option<u64>)> {
         let Some(admitted) = self.admit(&fh.state, true)? else {
             bail!(Io, "inode {}: no admission to the data path", fh.ino);
         };
-        let inner = &admitted.inner;
-        let fsize = inner.inode.size;
-        if offset >= fsize || dst.is_empty() {
-            return Ok(0);
-        }
-        let end = fsize.min(offset + u64::from(size));
-        let a1 = end.div_ceil(lbs) * lbs;
-        self.fill(inner, offset, &mut dst[..us(a1 - offset)])?;
-        Ok(us(end - offset))
+        let fsize = admitted.inner.inode.size;
+        let end = (offset < fsize && len > 0).then(|| fsize.min(offset + len));
+        Ok((admitted, end))
     }
 
     /// Fill `buf` with the file's bytes from `a0` on (both multiples of the logical block):
