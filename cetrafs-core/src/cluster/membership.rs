@@ -643,6 +643,22 @@ impl BlockDevice for LeaseGuard {
         );
         self.seen(self.inner.write_at(offset, buf))
     }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        self.check()?;
+        self.seen(self.inner.read_many(reads))
+    }
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        self.check()?;
+        for (offset, buf) in writes {
+            // As in write_at, for each write of the lot.
+            crate::failpoint::process_at(
+                "lease::write_checked",
+                *offset,
+                u64::try_from(buf.len()).unwrap_or(u64::MAX),
+            );
+        }
+        self.seen(self.inner.write_many(writes))
+    }
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         self.check()?;
         self.seen(self.inner.compare_and_write(lba, expected, new))

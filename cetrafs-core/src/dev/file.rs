@@ -162,6 +162,182 @@ impl FileDevice {
     }
 }
 
+impl FileDevice {
+    /// Run `ops` (checked, aligned) in flight together on this thread's ring; one that the
+    /// ring cannot take (none on this kernel or under this seccomp profile) or that comes
+    /// back short is finished with a plain `pread`/`pwrite`.
+    fn batch(&self, ops: &[batch::Op], what: &str) -> Result<()> {
+        let fd = self.file.as_raw_fd();
+        let done = batch::run(fd, ops);
+        for (op, r) in ops.iter().zip(done) {
+            let e = match r {
+                Ok(n) if n == op.len => continue,
+                // Short (a signal, the end of a regular file): the rest the plain way.
+                Ok(n) => match op.finish(&self.file, n) {
+                    Ok(()) => continue,
+                    Err(e) => e,
+                },
+                Err(e) => e,
+            };
+            return Err(Error::io(
+                format!(
+                    "{what} of {} bytes at {} on {}",
+                    op.len,
+                    op.offset,
+                    self.path.display()
+                ),
+                e,
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Several reads or writes in flight from one thread: a ring per thread (`io_uring`), made
+/// on first use and kept; a thread whose ring could not be made does them one by one.
+mod batch {
+    use io_uring::{opcode, types, IoUring};
+    use std::cell::RefCell;
+    use std::fs::File;
+    use std::io;
+    use std::os::unix::fs::FileExt;
+    use std::os::unix::io::RawFd;
+
+    /// Ring size: at most this many in flight per submission.
+    const DEPTH: u32 = 64;
+
+    /// One read (into `ptr`) or write (from `ptr`) of `len` bytes at `offset`.
+    pub(super) struct Op {
+        pub offset: u64,
+        pub len: usize,
+        ptr: *mut u8,
+        write: bool,
+    }
+
+    impl Op {
+        pub fn read(offset: u64, buf: &mut [u8]) -> Self {
+            Self {
+                offset,
+                len: buf.len(),
+                ptr: buf.as_mut_ptr(),
+                write: false,
+            }
+        }
+        pub fn write(offset: u64, buf: &[u8]) -> Self {
+            Self {
+                offset,
+                len: buf.len(),
+                ptr: buf.as_ptr().cast_mut(),
+                write: true,
+            }
+        }
+
+        /// The part after the first `done` bytes, synchronously.
+        pub fn finish(&self, file: &File, done: usize) -> io::Result<()> {
+            let rest = self.len.saturating_sub(done);
+            let at = self.offset + done as u64;
+            if self.write {
+                // SAFETY: `ptr..ptr+len` is the caller's slice, borrowed for the whole batch
+                // (run's callers hold the borrow until it returns).
+                let b = unsafe { std::slice::from_raw_parts(self.ptr.add(done), rest) };
+                file.write_all_at(b, at)
+            } else {
+                // SAFETY: as above; a read's slice is borrowed mutably.
+                let b = unsafe { std::slice::from_raw_parts_mut(self.ptr.add(done), rest) };
+                file.read_exact_at(b, at)
+            }
+        }
+    }
+
+    thread_local! {
+        /// This thread's ring; `Err` once making one failed (never tried again).
+        static RING: RefCell<Option<io::Result<IoUring>>> = const { RefCell::new(None) };
+    }
+
+    /// Run every op; each one's bytes done or its error.
+    pub(super) fn run(fd: RawFd, ops: &[Op]) -> Vec<io::Result<usize>> {
+        RING.with(|cell| {
+            let mut cell = cell.borrow_mut();
+            // Only this thread submits, and it reaps only while it waits (task work then,
+            // not by interrupting it); kernels before 6.1 get the plain ring.
+            let ring = cell.get_or_insert_with(|| {
+                IoUring::builder()
+                    .setup_single_issuer()
+                    .setup_defer_taskrun()
+                    .build(DEPTH)
+                    .or_else(|_| IoUring::new(DEPTH))
+            });
+            match ring {
+                Ok(ring) => ops
+                    .chunks(DEPTH as usize)
+                    .flat_map(|chunk| on_ring(ring, fd, chunk))
+                    .collect(),
+                // Done one by one by the caller's fallback (`finish` from 0).
+                Err(_) => ops.iter().map(|_| Ok(0)).collect(),
+            }
+        })
+    }
+
+    /// One chunk (at most `DEPTH` ops) on `ring`.
+    fn on_ring(ring: &mut IoUring, fd: RawFd, ops: &[Op]) -> Vec<io::Result<usize>> {
+        let mut out: Vec<io::Result<usize>> = ops.iter().map(|_| Ok(0)).collect();
+        let mut queued = 0usize;
+        for (i, op) in ops.iter().enumerate() {
+            let len = u32::try_from(op.len).unwrap_or(u32::MAX);
+            let e = if op.write {
+                opcode::Write::new(types::Fd(fd), op.ptr.cast_const(), len)
+                    .offset(op.offset)
+                    .build()
+            } else {
+                opcode::Read::new(types::Fd(fd), op.ptr, len)
+                    .offset(op.offset)
+                    .build()
+            }
+            .user_data(i as u64);
+            // SAFETY: the buffer (`ptr`, `len`) is the caller's slice, borrowed until `run`
+            // returns, and this function does not return before every queued entry completed.
+            if unsafe { ring.submission().push(&e) }.is_ok() {
+                queued += 1;
+            }
+        }
+        let mut left = queued;
+        while left > 0 {
+            match ring.submit_and_wait(left) {
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    // Cannot wait for the ones in flight: their buffers may still be written
+                    // by the kernel, which no caller could survive. A ring that fails here
+                    // is broken; nothing else is safe.
+                    panic!("io_uring wait with {left} I/Os in flight failed: {e}");
+                }
+            }
+            for c in ring.completion() {
+                left -= 1;
+                let Some(slot) = usize::try_from(c.user_data())
+                    .ok()
+                    .and_then(|i| out.get_mut(i))
+                else {
+                    continue;
+                };
+                *slot = match c.result() {
+                    // Done again the plain way by the caller (`finish` from 0).
+                    r if r == -libc::EAGAIN || r == -libc::EINTR => Ok(0),
+                    r => usize::try_from(r).map_err(|_| io::Error::from_raw_os_error(-r)),
+                };
+            }
+        }
+        out
+    }
+}
+
 /// `O_DIRECT` needs the buffer address aligned to the logical block size; our callers pass
 /// `AlignedBuf` (4096-aligned) sub-slices at logical-block offsets, which qualify without a copy.
 fn aligned(buf: &[u8], lbs: u32) -> bool {
@@ -212,6 +388,36 @@ impl BlockDevice for FileDevice {
                 e,
             )
         })
+    }
+
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        let lbs = self.geo.logical_block_size;
+        if reads.len() < 2 || !reads.iter().all(|(_, b)| aligned(b, lbs)) {
+            return reads.iter_mut().try_for_each(|(o, b)| self.read_at(*o, b));
+        }
+        for (o, b) in reads.iter() {
+            check_io(&self.geo, self.size.get(), *o, b.len(), "read")?;
+        }
+        let ops: Vec<batch::Op> = reads
+            .iter_mut()
+            .map(|(o, b)| batch::Op::read(*o, b))
+            .collect();
+        self.batch(&ops, "read")
+    }
+
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        let lbs = self.geo.logical_block_size;
+        if writes.len() < 2 || !writes.iter().all(|(_, b)| aligned(b, lbs)) {
+            return writes.iter().try_for_each(|(o, b)| self.write_at(*o, b));
+        }
+        for (o, b) in writes {
+            check_io(&self.geo, self.size.get(), *o, b.len(), "write")?;
+        }
+        let ops: Vec<batch::Op> = writes
+            .iter()
+            .map(|(o, b)| batch::Op::write(*o, b))
+            .collect();
+        self.batch(&ops, "write")
     }
 
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
@@ -291,5 +497,70 @@ impl BlockDevice for FileDevice {
             }
             Ok(())
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn device(name: &str) -> (FileDevice, PathBuf) {
+        let p = std::env::temp_dir().join(format!("cetrafs-file-{name}-{}", std::process::id()));
+        File::create(&p).unwrap().set_len(1 << 20).unwrap();
+        let opts = FileDeviceOptions {
+            // tmpfs has no O_DIRECT; the ring does not care.
+            direct: false,
+            ..FileDeviceOptions::default()
+        };
+        (FileDevice::open(&p, &opts).unwrap(), p)
+    }
+
+    fn pattern(seed: u8, len: usize) -> AlignedBuf {
+        let v: Vec<u8> = (0..len)
+            .map(|i| u8::try_from(i % 251).unwrap() ^ seed)
+            .collect();
+        AlignedBuf::from_slice(&v)
+    }
+
+    #[test]
+    fn many_reads_and_writes_in_flight_land_like_one_at_a_time() {
+        let (d, p) = device("many");
+        // Aligned buffers (the ring) and a lot bigger than one ring's depth.
+        let bufs: Vec<AlignedBuf> = (0..70u8).map(|i| pattern(i, 4096)).collect();
+        let writes: Vec<(u64, &[u8])> = bufs
+            .iter()
+            .enumerate()
+            .map(|(i, b)| (i as u64 * 8192, &b[..]))
+            .collect();
+        d.write_many(&writes).unwrap();
+        let mut back: Vec<AlignedBuf> = (0..70).map(|_| AlignedBuf::new(4096)).collect();
+        let mut reads: Vec<(u64, &mut [u8])> = back
+            .iter_mut()
+            .enumerate()
+            .map(|(i, b)| (i as u64 * 8192, &mut b[..]))
+            .collect();
+        d.read_many(&mut reads).unwrap();
+        for (i, b) in back.iter().enumerate() {
+            assert_eq!(&b[..], &bufs[i][..], "block {i}");
+            let mut one = AlignedBuf::new(4096);
+            d.read_at(i as u64 * 8192 + 4096, &mut one).unwrap();
+            assert!(one.iter().all(|&x| x == 0), "gap after block {i}");
+        }
+        // Not aligned (one byte into a buffer): one at a time, the same bytes.
+        let mut raw = vec![0u8; 4097];
+        let mut raw2 = vec![0u8; 513];
+        let mut reads: Vec<(u64, &mut [u8])> = vec![(0, &mut raw[1..]), (8192, &mut raw2[1..])];
+        d.read_many(&mut reads).unwrap();
+        assert_eq!(&raw[1..], &bufs[0][..]);
+        assert_eq!(&raw2[1..], &bufs[1][..512]);
+        // Out of range: refused before anything is submitted.
+        let mut tail = AlignedBuf::new(4096);
+        let mut head = AlignedBuf::new(4096);
+        let mut reads: Vec<(u64, &mut [u8])> = vec![(0, &mut head[..]), (1 << 20, &mut tail[..])];
+        assert_eq!(
+            d.read_many(&mut reads).unwrap_err().kind(),
+            ErrorKind::Range
+        );
+        std::fs::remove_file(p).unwrap();
     }
 }

@@ -64,6 +64,18 @@ pub trait BlockDevice: Send + Sync + Debug {
     fn geometry(&self) -> &Geometry;
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()>;
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()>;
+    /// Several reads (offset, buffer: as for [`BlockDevice::read_at`]) in flight at once, all
+    /// finished when it returns; on an error, which of them landed is unspecified. Devices
+    /// that can keep several in flight from one thread (a file or block node: `io_uring`)
+    /// submit them together, one system call for the lot; the default reads one after another.
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        reads.iter_mut().try_for_each(|(o, b)| self.read_at(*o, b))
+    }
+    /// Several writes at once, as [`BlockDevice::read_many`]; all finished (not flushed) when
+    /// it returns. Their ranges must not overlap.
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        writes.iter().try_for_each(|(o, b)| self.write_at(*o, b))
+    }
     /// Atomically: if logical block `lba` equals `expected`, replace it with `new`.
     /// Both slices are exactly one logical block.
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome>;

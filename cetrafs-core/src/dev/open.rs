@@ -377,6 +377,12 @@ impl BlockDevice for ScsiLun {
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         self.data.write_at(offset, buf)
     }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        self.data.read_many(reads)
+    }
+    fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
+        self.data.write_many(writes)
+    }
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         self.sg.compare_and_write(lba, expected, new)
     }

@@ -144,6 +144,9 @@ impl BlockDevice for WriteLog {
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.inner.read_at(offset, buf)
     }
+    fn read_many(&self, reads: &mut [(u64, &mut [u8])]) -> Result<()> {
+        self.inner.read_many(reads)
+    }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let t = realtime_ns();
         self.inner.write_at(offset, buf)?;
