@@ -725,6 +725,31 @@ impl Volume {
         }
     }
 
+    /// [`Volume::admit`] without waiting for anything: None when the inode's lock must first
+    /// be taken or its cache validated, a handoff or a metadata change of the inode is under
+    /// way (its gate or its write lock is held or wanted), or (v2) the inode is not current.
+    /// A thread may hold several of these at once (a batch of requests: `read_batch`), which
+    /// a waiting admission must not do.
+    pub(super) fn admit_now<'a>(&'a self, st: &'a InodeState) -> Option<Admitted<'a>> {
+        if let Some(il) = &self.cl.ilocks {
+            let dl = st.data_lock(il);
+            if !il.is_ready(dl) {
+                return None;
+            }
+            let inner = st.try_read()?;
+            let gate = il.try_fast(dl)?;
+            return Some(Admitted { inner, _gate: gate });
+        }
+        let gate = self.cl.data_gate.try_read().ok()?;
+        if !self.is_current(st) {
+            return None;
+        }
+        Some(Admitted {
+            inner: st.try_read()?,
+            _gate: gate,
+        })
+    }
+
     /// Reload `st` from disk under the global lock (shared), whatever its epoch.
     fn reload(&self, st: &InodeState) -> Result<()> {
         let mut meta = self.meta_sh()?;

@@ -70,6 +70,37 @@ fn with_buf<R>(len: usize, f: impl FnOnce(&mut [u8]) -> R) -> R {
     })
 }
 
+/// One READ of a [`Volume::read_batch`]: `dst.len()` bytes at `offset`.
+#[derive(Debug)]
+pub struct BatchRead<'a> {
+    pub fh: &'a OpenFile,
+    pub offset: u64,
+    pub dst: &'a mut [u8],
+    /// Set when the batch answered it: the count read (short at EOF). None: answer it alone.
+    pub done: Option<Result<usize>>,
+}
+
+/// One WRITE of a [`Volume::write_batch`]: `data` at `offset` on behalf of `who`.
+pub struct BatchWrite<'a> {
+    pub fh: &'a OpenFile,
+    pub offset: u64,
+    pub data: &'a [u8],
+    pub who: &'a dyn Credentials,
+    /// Set when the batch wrote it: the count written. None: answer it alone.
+    pub done: Option<Result<u32>>,
+}
+
+impl std::fmt::Debug for BatchWrite<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BatchWrite")
+            .field("ino", &self.fh.ino)
+            .field("offset", &self.offset)
+            .field("len", &self.data.len())
+            .field("done", &self.done)
+            .finish_non_exhaustive()
+    }
+}
+
 fn us(v: u64) -> usize {
     usize::try_from(v).unwrap_or(usize::MAX)
 }
@@ -427,6 +458,19 @@ impl Volume {
     /// Fill `buf` with the file's bytes from `a0` on (both multiples of the logical block):
     /// written extents from the device, holes and unwritten extents as zeros.
     fn fill(&self, inner: &super::InodeInner, a0: u64, buf: &mut [u8]) -> Result<()> {
+        let mut reads = Vec::new();
+        Self::plan_fill(inner, a0, buf, &mut reads);
+        self.dev.read_many(&mut reads)
+    }
+
+    /// [`Volume::fill`]'s plan: holes and unwritten extents are zeroed here, and the device
+    /// reads that fill the rest are added to `reads`.
+    fn plan_fill<'b>(
+        inner: &super::InodeInner,
+        a0: u64,
+        mut buf: &'b mut [u8],
+        reads: &mut Vec<(u64, &'b mut [u8])>,
+    ) {
         let a1 = a0 + buf.len() as u64;
         let mut pos = a0;
         while pos < a1 {
@@ -447,14 +491,14 @@ impl Volume {
                     None,
                 ),
             };
-            let part = &mut buf[us(pos - a0)..us(stop - a0)];
+            let (part, rest) = std::mem::take(&mut buf).split_at_mut(us(stop - pos));
+            buf = rest;
             match phys {
-                Some(p) => self.dev.read_at(p, part)?,
+                Some(p) => reads.push((p, part)),
                 None => part.fill(0),
             }
             pos = stop;
         }
-        Ok(())
     }
 
     /// Write as a privileged caller (setuid/setgid bits are kept); see [`Volume::write_by`].
@@ -1218,46 +1262,20 @@ impl Volume {
         data: &[u8],
         who: &dyn Credentials,
     ) -> Result<bool> {
-        let lbs = self.dev.geometry().lbs();
-        let end = offset + data.len() as u64;
-        if !offset.is_multiple_of(lbs) || !end.is_multiple_of(lbs) {
+        if !self.fast_write_aligned(offset, data) {
             return Ok(false);
         }
         let Some(admitted) = self.admit(st, false)? else {
             return Ok(false);
         };
-        let inner = &admitted.inner;
-        if st.no_fast_writes.load(Ordering::Acquire) > 0
-            || inner.freed
-            || end > inner.inode.size
-            || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
-            || self.read_only
-            // Rare: bits to remove need a metadata update (who is asked only then).
-            || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
-        {
+        let Some(spans) = self.fast_write_spans(st, &admitted.inner, offset, data.len(), who)
+        else {
             return Ok(false);
-        }
-        let mut pos = offset;
-        while pos < end {
-            match inner.extents.find(pos / FS_BLOCK) {
-                Some(e) if !e.unwritten() => pos = e.end() * FS_BLOCK,
-                _ => return Ok(false),
-            }
-        }
+        };
         let put = |buf: &[u8]| {
-            let mut pos = offset;
-            while pos < end {
-                let fb = pos / FS_BLOCK;
-                let Some(e) = inner.extents.find(fb) else {
-                    unreachable!("checked above")
-                };
-                let stop = end.min(e.end() * FS_BLOCK);
-                let phys = (e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK;
-                self.dev
-                    .write_at(phys, &buf[us(pos - offset)..us(stop - offset)])?;
-                pos = stop;
-            }
-            Ok::<(), crate::Error>(())
+            let writes: Vec<(u64, &[u8])> =
+                spans.iter().map(|(p, r)| (*p, &buf[r.clone()])).collect();
+            self.dev.write_many(&writes)
         };
         // Data already aligned for the device (a FUSE transport's page-aligned buffer) goes
         // as it is; anything else through the aligned buffer.
@@ -1271,6 +1289,150 @@ impl Volume {
         }
         st.note_write();
         Ok(true)
+    }
+
+    /// The first test of the fast path for a write of `data` at `offset`: whole logical blocks.
+    fn fast_write_aligned(&self, offset: u64, data: &[u8]) -> bool {
+        let lbs = self.dev.geometry().lbs();
+        offset.is_multiple_of(lbs) && (data.len() as u64).is_multiple_of(lbs)
+    }
+
+    /// May a write of `len` bytes at `offset` take the fast path under `inner` (admitted), and
+    /// if so, where its parts go: (device offset, range of the data) per written extent it
+    /// covers. It may if it lies inside written extents below EOF, the file takes fast-path
+    /// writes now (no defrag), is neither immutable nor append-only, the volume is writable,
+    /// and the write removes no setuid/setgid bit. The one home of that rule.
+    fn fast_write_spans(
+        &self,
+        st: &InodeState,
+        inner: &super::InodeInner,
+        offset: u64,
+        len: usize,
+        who: &dyn Credentials,
+    ) -> Option<Vec<(u64, std::ops::Range<usize>)>> {
+        let end = offset + len as u64;
+        if st.no_fast_writes.load(Ordering::Acquire) > 0
+            || inner.freed
+            || end > inner.inode.size
+            || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
+            || self.read_only
+            // Rare: bits to remove need a metadata update (who is asked only then).
+            || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
+        {
+            return None;
+        }
+        let mut spans = Vec::new();
+        let mut pos = offset;
+        while pos < end {
+            let fb = pos / FS_BLOCK;
+            match inner.extents.find(fb) {
+                Some(e) if !e.unwritten() => {
+                    let stop = end.min(e.end() * FS_BLOCK);
+                    let phys = (e.physical + (fb - e.logical)) * FS_BLOCK + pos % FS_BLOCK;
+                    spans.push((phys, us(pos - offset)..us(stop - offset)));
+                    pos = stop;
+                }
+                _ => return None,
+            }
+        }
+        Some(spans)
+    }
+
+    /// Answer the reads of `batch` that can be answered now without waiting, their device
+    /// reads all in flight at once ([`BlockDevice::read_many`]: one system call for the lot
+    /// on a file or block node). A read is taken when it is aligned as
+    /// [`Volume::read_into`]'s direct case and its admission to the data path needs no wait
+    /// (the inode's lock held and its cache valid, no handoff or metadata change of it under
+    /// way: [`Volume::admit_now`]); its `done` is then set. The others (`done` stays None),
+    /// and all of them if the device fails, are for the caller to answer one by one
+    /// ([`Volume::read_into`]), where any error is reported for its own request.
+    ///
+    /// [`BlockDevice::read_many`]: crate::dev::BlockDevice::read_many
+    pub fn read_batch(&self, batch: &mut [BatchRead<'_>]) {
+        let lbs = self.dev.geometry().lbs();
+        let mut held = Vec::with_capacity(batch.len());
+        let mut reads = Vec::with_capacity(batch.len());
+        let mut counts = Vec::with_capacity(batch.len());
+        for (i, r) in batch.iter_mut().enumerate() {
+            let direct = r.offset.is_multiple_of(lbs)
+                && (r.dst.as_ptr() as usize).is_multiple_of(crate::dev::IO_ALIGN)
+                && (r.dst.len() as u64).is_multiple_of(lbs);
+            if !direct {
+                continue;
+            }
+            let fh: &OpenFile = r.fh;
+            let Some(admitted) = self.admit_now(&fh.state) else {
+                continue;
+            };
+            let fsize = admitted.inner.inode.size;
+            let len = r.dst.len() as u64;
+            let n = if r.offset < fsize && len > 0 {
+                let end = fsize.min(r.offset + len);
+                let a1 = end.div_ceil(lbs) * lbs;
+                Self::plan_fill(
+                    &admitted.inner,
+                    r.offset,
+                    &mut r.dst[..us(a1 - r.offset)],
+                    &mut reads,
+                );
+                end - r.offset
+            } else {
+                0
+            };
+            held.push(admitted);
+            counts.push((i, us(n)));
+        }
+        let ok = self.dev.read_many(&mut reads).is_ok();
+        drop(reads);
+        drop(held);
+        if ok {
+            for (i, n) in counts {
+                batch[i].done = Some(Ok(n));
+            }
+        }
+    }
+
+    /// The writes of `batch` that can go now without waiting, their device writes all in
+    /// flight at once, as [`Volume::read_batch`]: a write is taken when it may take the fast
+    /// path ([`Volume::fast_write_spans`]: an overwrite of written blocks below EOF), its data
+    /// is aligned for the device, and its admission needs no wait. The others (`done` stays
+    /// None; all of them if the device fails, whose writes are then made again) are for the
+    /// caller to answer one by one ([`Volume::write_by`]).
+    pub fn write_batch(&self, batch: &mut [BatchWrite<'_>]) {
+        let mut held = Vec::with_capacity(batch.len());
+        let mut writes: Vec<(u64, &[u8])> = Vec::with_capacity(batch.len());
+        let mut taken = Vec::with_capacity(batch.len());
+        for (i, w) in batch.iter().enumerate() {
+            if !w.fh.writable
+                || w.data.is_empty()
+                || !self.fast_write_aligned(w.offset, w.data)
+                || !(w.data.as_ptr() as usize).is_multiple_of(crate::dev::IO_ALIGN)
+            {
+                continue;
+            }
+            let st = &w.fh.state;
+            let Some(admitted) = self.admit_now(st) else {
+                continue;
+            };
+            let Some(spans) =
+                self.fast_write_spans(st, &admitted.inner, w.offset, w.data.len(), w.who)
+            else {
+                continue;
+            };
+            writes.extend(spans.into_iter().map(|(p, r)| (p, &w.data[r])));
+            held.push(admitted);
+            taken.push(i);
+        }
+        let ok = self.dev.write_many(&writes).is_ok();
+        drop(writes);
+        drop(held);
+        if ok {
+            for i in taken {
+                let w = &mut batch[i];
+                w.fh.state.note_write();
+                w.done = Some(Ok(u32::try_from(w.data.len()).unwrap_or(u32::MAX)));
+            }
+        }
     }
 
     /// Write `data` at `offset`, allocating and converting as needed (exclusive inode lock held).

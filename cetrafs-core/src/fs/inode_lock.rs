@@ -538,6 +538,19 @@ impl InodeLocks {
         dl.ready.load(Ordering::Acquire).then_some(g)
     }
 
+    /// [`fast`](Self::fast) without waiting: None also when a handoff holds or waits for the
+    /// gate. (A thread that already holds the gate, for another request of a batch, must not
+    /// wait for it: a handoff waiting in between would wait for that thread.)
+    pub fn try_fast<'a>(&self, dl: &'a DataLock) -> Option<RwLockReadGuard<'a, ()>> {
+        let g = match dl.gate.try_read() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+            Err(std::sync::TryLockError::Poisoned(e)) => panic!("inode gate poisoned: {e}"),
+        };
+        self.stamp(dl);
+        dl.ready.load(Ordering::Acquire).then_some(g)
+    }
+
     /// Make `ino`'s cache usable by the fast path: hold its lock at least shared and validate
     /// the cache under that hold, calling `reload` (which reloads the inode under the global
     /// lock) when the version moved since this node's last grant.

@@ -34,7 +34,10 @@ pub(crate) mod txn;
 
 pub use crate::alloc::{BitmapCacheStats, DEFAULT_BITMAP_CACHE};
 pub use block_cache::{BlockCacheStats, DEFAULT_BUDGET as DEFAULT_META_CACHE};
-pub use data::{WriteDone, WriteStarted, ALLOC_GRANULE, DEFAULT_ALLOC_GRANULE, MAX_ALLOC_GRANULE};
+pub use data::{
+    BatchRead, BatchWrite, WriteDone, WriteStarted, ALLOC_GRANULE, DEFAULT_ALLOC_GRANULE,
+    MAX_ALLOC_GRANULE,
+};
 pub use defrag::{Defragged, MAX_RUNS as DEFRAG_MAX_RUNS, PROGRESS_XATTR as DEFRAG_PROGRESS_XATTR};
 pub use inode_lock::MAX_CACHED as MAX_CACHED_INODE_LOCKS;
 pub use inode_table::{InodeTableStats, DEFAULT_BUDGET as DEFAULT_INODE_CACHE};
@@ -135,6 +138,16 @@ impl InodeState {
     }
     fn read(&self) -> RwLockReadGuard<'_, InodeInner> {
         self.inner.read().or_panic()
+    }
+    /// The read lock if it can be had without waiting (a writer holds or waits for it: no).
+    fn try_read(&self) -> Option<RwLockReadGuard<'_, InodeInner>> {
+        match self.inner.try_read() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+            Err(std::sync::TryLockError::Poisoned(e)) => {
+                panic!("inode lock poisoned: {e}")
+            }
+        }
     }
     fn write(&self) -> RwLockWriteGuard<'_, InodeInner> {
         self.inner.write().or_panic()

@@ -199,6 +199,135 @@ fn an_aligned_overwrite_goes_from_the_callers_buffer() {
 }
 
 #[test]
+fn a_batch_of_reads_answers_what_read_does() {
+    let (_dev, v) = fresh(256 << 20);
+    let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
+    // Written data, a hole, an unwritten extent and a short tail.
+    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
+    v.write(&fh, 0, &data[..100_000]).unwrap();
+    v.fallocate(
+        a.ino,
+        131_072,
+        65_536,
+        FallocMode::Allocate { keep_size: false },
+    )
+    .unwrap();
+    v.write(&fh, 262_144, &data[100_000..103_001]).unwrap();
+    let size = v.getattr(a.ino).unwrap().size;
+    // A first read admits the inode to the data path (takes its lock shared): a batch only
+    // takes reads that need no wait.
+    read_all(&v, &fh, 0, 4096);
+    let reqs = [
+        (0u64, 4096usize),
+        (4096, 65_536),
+        (98_304, 8192),
+        (126_976, 12_288),
+        (258_048, 8192),
+        (262_144, 1 << 20),
+        (size.next_multiple_of(4096), 4096),
+        (size.next_multiple_of(4096) + (1 << 20), 4096),
+        (0, 4096),
+    ];
+    let mut bufs: Vec<crate::dev::AlignedBuf> = reqs
+        .iter()
+        .map(|&(_, len)| crate::dev::AlignedBuf::new(len + 4096))
+        .collect();
+    let mut batch: Vec<BatchRead<'_>> = reqs
+        .iter()
+        .zip(bufs.iter_mut())
+        .enumerate()
+        .map(|(i, (&(offset, len), b))| {
+            b.fill(0xEE);
+            // The last one is one byte into its buffer: not for the device, left alone.
+            let shift = usize::from(i == reqs.len() - 1);
+            BatchRead {
+                fh: &fh,
+                offset,
+                dst: &mut b[shift..shift + len],
+                done: None,
+            }
+        })
+        .collect();
+    v.read_batch(&mut batch);
+    let done: Vec<Option<usize>> = batch
+        .into_iter()
+        .map(|b| b.done.map(Result::unwrap))
+        .collect();
+    assert_eq!(
+        done[reqs.len() - 1],
+        None,
+        "a misaligned buffer is left alone"
+    );
+    for (i, &(off, len)) in reqs.iter().enumerate().take(reqs.len() - 1) {
+        let want = read_all(&v, &fh, off, u32::try_from(len).unwrap());
+        assert_eq!(done[i], Some(want.len()), "offset {off} length {len}");
+        assert_eq!(
+            &bufs[i][..want.len()],
+            &want[..],
+            "offset {off} length {len}"
+        );
+    }
+    v.release(&fh).unwrap();
+}
+
+#[test]
+fn a_batch_of_writes_takes_only_fast_path_overwrites() {
+    let (_dev, v) = fresh(256 << 20);
+    let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
+    v.write(&fh, 0, &vec![7u8; 1 << 20]).unwrap();
+    // A hole from 1 MiB to 2 MiB, then written data to 2 MiB + 64 KiB.
+    v.write(&fh, 2 << 20, &vec![7u8; 65_536]).unwrap();
+    read_all(&v, &fh, 0, 4096);
+    let size = v.getattr(a.ino).unwrap().size;
+    let mut bufs: Vec<crate::dev::AlignedBuf> = (0..6u8)
+        .map(|i| {
+            let mut b = crate::dev::AlignedBuf::new(2 * 8192);
+            b.fill(0x30 + i);
+            b
+        })
+        .collect();
+    let reqs: [(u64, usize); 6] = [
+        (40_960, 8192),           // overwrite: taken
+        (1 << 20, 8192),          // into the hole: allocates, left alone
+        (size - 4096, 8192),      // past EOF: left alone
+        ((2 << 20) + 4096, 4096), // overwrite after the hole: taken
+        (81_920, 4096),           // misaligned data: left alone
+        (40_960 + 8192, 4096),    // next to the first: taken
+    ];
+    let mut batch: Vec<BatchWrite<'_>> = reqs
+        .iter()
+        .zip(bufs.iter_mut())
+        .enumerate()
+        .map(|(i, (&(offset, len), b))| {
+            let shift = usize::from(i == 4);
+            BatchWrite {
+                fh: &fh,
+                offset,
+                data: &b[shift..shift + len],
+                who: &C,
+                done: None,
+            }
+        })
+        .collect();
+    v.write_batch(&mut batch);
+    let done: Vec<Option<u32>> = batch
+        .into_iter()
+        .map(|b| b.done.map(Result::unwrap))
+        .collect();
+    assert_eq!(done, [Some(8192), None, None, Some(4096), None, Some(4096)]);
+    for (i, &(off, len)) in reqs.iter().enumerate() {
+        let got = read_all(&v, &fh, off, u32::try_from(len).unwrap());
+        let mark = 0x30 + u8::try_from(i).unwrap();
+        if done[i].is_some() {
+            assert!(got.iter().all(|&x| x == mark), "write {i} landed");
+        } else {
+            assert!(!got.contains(&mark), "write {i} left alone");
+        }
+    }
+    v.release(&fh).unwrap();
+}
+
+#[test]
 fn namespace_operations() {
     let (dev, v) = fresh(256 << 20);
     let r = v.root_ino();
