@@ -8,8 +8,9 @@ use crate::options::Options;
 use crate::options::Transport;
 use crate::uring;
 use cetrafs_core::fs::{
-    Attr, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino, OpenFile, RenameFlags,
-    SetAttr, SetTime, Volume, Whence, WriteAt, WriteDone, WriteStarted, Written,
+    Attr, BatchRead, BatchWrite, Caller, DirListEntry, EntryAttr, FallocMode, FileKind, Ino,
+    OpenFile, RenameFlags, SetAttr, SetTime, Volume, Whence, WriteAt, WriteDone, WriteStarted,
+    Written,
 };
 use cetrafs_core::sync::LockPolicy;
 use cetrafs_core::{Error, ErrorKind};
@@ -280,6 +281,19 @@ impl Adapter {
             .map_err(|e| Self::fail("read", &e))
     }
 
+    /// The READs of a batch that need no wait, their device reads in flight together
+    /// (`Volume::read_batch`); the others are left for [`Adapter::read_into`].
+    pub(crate) fn read_batch(&self, batch: &mut [BatchRead<'_>]) {
+        self.vol.read_batch(batch);
+    }
+
+    /// The WRITEs of a batch that are fast-path overwrites needing no wait
+    /// (`Volume::write_batch`); the others are left for [`Adapter::write_waiting`]. Only for
+    /// writes `how` allows ([`WriteHow::batchable`]).
+    pub(crate) fn write_batch(&self, batch: &mut [BatchWrite<'_>]) {
+        self.vol.write_batch(batch);
+    }
+
     /// WRITE, waiting for the write to be mapped (and made durable for `O_SYNC`/`O_DSYNC`).
     pub(crate) fn write_waiting(
         &self,
@@ -509,6 +523,11 @@ impl WriteHow {
 
     pub(crate) fn kill_suid(self) -> bool {
         self.kill_suid
+    }
+
+    /// May it go in a batch (`Volume::write_batch`: written at its offset, no flush)?
+    pub(crate) fn batchable(self) -> bool {
+        !self.append && self.sync.is_none()
     }
 }
 

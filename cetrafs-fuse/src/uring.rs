@@ -15,20 +15,36 @@
 //! request stays on its CPU. FORGET and INTERRUPT still come through /dev/fuse, which the
 //! fuser session keeps serving (as it does every request before the rings are complete).
 //!
-//! **Layout here.** For each queue, `threads / queues` worker threads (the same total as the
-//! /dev/fuse workers, `CETRA_FUSE_THREADS`, 32 by default; at least one per possible CPU,
-//! since the kernel uses the rings only once every queue has an entry), each with its own
-//! ring and one entry. They are not pinned to their queue's CPU: measured on 2 cores, pinning
-//! made a QD1 read wait 108 µs instead of 71 (the worker then shares the CPU of the caller it
-//! answers), and gained nothing at QD32. The kernel runs an entry's
-//! completion in the task that submitted its command, and a worker does its device I/O
-//! synchronously, so one entry per thread keeps one request per thread in flight, like a
-//! /dev/fuse worker. The buffers are allocated once per thread, never per request.
+//! **Layout here.** For each queue, [`WORKERS_PER_QUEUE`] worker threads, each with its own
+//! ring and its share of the queue's entries (`threads / queues` per queue: the same total as
+//! the /dev/fuse workers, `CETRA_FUSE_THREADS`, 32 by default; at least one entry per possible
+//! CPU, since the kernel uses the rings only once every queue has an entry). Each entry has
+//! its own buffers, allocated once, never per request. The workers are not pinned to their
+//! queue's CPU: measured on 2 cores, pinning made a QD1 read wait 108 µs instead of 71 (the
+//! worker then shares the CPU of the caller it answers).
 //!
-//! **Which code answers.** READ and WRITE (the data path) are answered in the worker through
-//! the adapter's own read and write code ([`Adapter::read_into`], [`Adapter::write_waiting`]).
-//! The payload buffer is page-aligned, so an aligned READ (what `O_DIRECT` guests send) is
-//! read from the LUN straight into it: the kernel's copy to the caller is the only one. DESTROY is answered
+//! **A worker answers in batches.** It waits for completions, takes all that are there at
+//! once, and answers them together: the READs and WRITEs that need no wait go to the volume
+//! as one batch (`Volume::read_batch`, `Volume::write_batch`: the fast path's admission taken
+//! without waiting, then every request's device I/O in flight at once, one system call for
+//! the lot), and every answer goes back with the worker's next wait (`COMMIT_AND_FETCH`
+//! for each, one `io_uring_enter`). Under a queue depth of 32 one wake-up of a worker thus
+//! serves many requests, where one /dev/fuse worker serves one per wake-up (two context
+//! switches per request were most of the daemon's CPU). Its rings are made with
+//! `SINGLE_ISSUER | DEFER_TASKRUN`: the kernel hands over completions when the worker waits,
+//! without interrupting it. A request that may wait — anything off the data path, a READ
+//! or WRITE whose admission waits for the cluster (the inode's lock not held here, a handoff
+//! or a change of it under way), an allocating, appending or `O_SYNC` write — goes to a
+//! **helper** (`threads` helper threads for all workers), which answers it as the one-entry
+//! workers of the first version did and hands the entry back to its worker (an eventfd the
+//! worker's ring has a read pending on), so a worker never stops taking fast requests while
+//! one waits.
+//!
+//! **Which code answers.** READ and WRITE (the data path) are answered through the
+//! adapter's own read and write code (the batches, [`Adapter::read_into`],
+//! [`Adapter::write_waiting`]). The payload buffers are page-aligned, so an aligned READ (what
+//! `O_DIRECT` guests send) is read from the LUN straight into it and an aligned WRITE goes to
+//! the LUN from it: the kernel's copy is the only one. DESTROY is answered
 //! here (the session's end runs the adapter's `destroy`). Every other request goes through the
 //! **bridge**: a second fuser session over a `SOCK_SEQPACKET` socket pair, whose adapter is
 //! the same volume's ([`Adapter::for_rings`]). The request is rebuilt in /dev/fuse form
@@ -37,14 +53,14 @@
 //! adapter.rs, whichever transport carried it; the extra socket round trip costs only the
 //! operations off the data path.
 //!
-//! **End.** At unmount the kernel completes the entries' commands with an error, and the
-//! workers end; the session's `destroy` waits for them ([`Rings::stop`], bounded) before it
-//! unmounts the volume. The buffers are never freed (a process's worth: the kernel may still
+//! **End.** At unmount the kernel completes the entries' commands with an error (an entry
+//! with a helper: its commit), and a worker ends once all of its entries have; the session's
+//! `destroy` waits for the workers ([`Rings::stop`], bounded) before it unmounts the volume. The buffers are never freed (a process's worth: the kernel may still
 //! hold their addresses until the rings are torn down).
 
 use crate::adapter::{self, Adapter, WriteHow};
 use crate::creds::RequestCreds;
-use cetrafs_core::dev::AlignedBuf;
+use cetrafs_core::fs::{BatchRead, BatchWrite};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::HashMap;
 use std::io;
@@ -81,6 +97,9 @@ const PAYLOAD_LEN: usize = 1 << 20;
 const BRIDGE_THREADS: usize = 16;
 /// Socket buffers of the bridge: a whole answer (a READDIR, an xattr) is one message.
 const BRIDGE_SOCKET_BUFFER: libc::c_int = 4 << 20;
+/// Workers per queue (each with its share of the queue's entries): two, so that one takes
+/// requests while the other waits for its batch's device I/O.
+const WORKERS_PER_QUEUE: usize = 2;
 /// How long [`Rings::stop`] waits for the workers once the connection is gone.
 const STOP_WAIT: Duration = Duration::from_secs(5);
 
@@ -194,7 +213,12 @@ fn start_rings(
     };
     // Every queue needs an entry before the kernel uses any: at least one worker per
     // possible CPU, else `threads` in all.
-    let per_queue = (threads / queues).max(1);
+    // A caller's requests all go to the queue of the CPU it runs on, so one VM's I/O thread
+    // at queue depth 32 needs 32 entries on one queue: every queue gets `threads` entries
+    // (payloads are resident only as far as requests touch them: `payload`).
+    let per_queue = threads.max(1);
+    let workers = WORKERS_PER_QUEUE.min(per_queue);
+    let entries = per_queue.div_ceil(workers);
     let bridge = match Bridge::start(bridge_fs, kernel) {
         Ok(b) => b,
         Err(e) => return (None, Err(e)),
@@ -203,7 +227,14 @@ fn start_rings(
         dev,
         fs: ring_fs,
         bridge,
+        helpers: std::sync::OnceLock::new(),
     });
+    match Helpers::start(&ctx, threads) {
+        Ok(h) => {
+            let _ = ctx.helpers.set(h);
+        }
+        Err(e) => return (None, Err(e)),
+    }
     let (ended_tx, ended) = mpsc::channel();
     let (reg_tx, reg_rx) = mpsc::channel();
     let mut started = 0;
@@ -213,12 +244,12 @@ fn start_rings(
             failed = Some(io::Error::other("too many CPUs"));
             break;
         };
-        for t in 0..per_queue {
+        for t in 0..workers {
             let (ctx, reg, ended) = (Arc::clone(&ctx), reg_tx.clone(), ended_tx.clone());
             let spawned = std::thread::Builder::new()
                 .name(format!("cetra-uring-{q}.{t}"))
                 .spawn(move || {
-                    worker(&ctx, qid, &reg);
+                    worker(&ctx, qid, entries, &reg);
                     let _ = ended.send(());
                 });
             if let Err(e) = spawned {
@@ -250,8 +281,9 @@ fn start_rings(
         return (Some(rings), Err(e));
     }
     let what = format!(
-        "FUSE over io_uring: {queues} queues x {per_queue} workers, {} KiB payload each; \
-         FORGET/INTERRUPT and requests before registration on /dev/fuse",
+        "FUSE over io_uring: {queues} queues x {workers} workers x {entries} entries, \
+         {} KiB payload each, {threads} helpers; FORGET/INTERRUPT and requests before \
+         registration on /dev/fuse",
         PAYLOAD_LEN >> 10
     );
     (Some(rings), Ok(what))
@@ -279,6 +311,8 @@ struct Ctx {
     dev: OwnedFd,
     fs: Adapter,
     bridge: Arc<Bridge>,
+    /// Set once, right after the context is made (the helpers share it).
+    helpers: std::sync::OnceLock<Helpers>,
 }
 
 /// A `FUSE_IO_URING_CMD_*` command: `fuse_uring_cmd_req` (flags, commit id, queue id) in the
@@ -307,61 +341,246 @@ fn command(dev: RawFd, op: u32, commit_id: u64, qid: u16, iov: Option<u64>) -> s
     e
 }
 
-/// One worker: register an entry on queue `qid`, report, then answer requests until the
-/// connection ends.
-fn worker(ctx: &Ctx, qid: u16, registered: &mpsc::Sender<io::Result<()>>) {
-    let mut ring = match IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(4) {
-        Ok(r) => r,
-        Err(e) => {
+/// One entry's buffers, which the kernel reads and writes in place. Leaked: the kernel keeps
+/// their addresses until the rings are torn down.
+#[repr(C)]
+struct Entry {
+    header: Header,
+    /// Page-aligned, so an aligned READ is read from the device straight into it.
+    payload: &'static mut [u8],
+    iov: [libc::iovec; 2],
+}
+
+/// A payload buffer: `PAYLOAD_LEN` bytes of anonymous memory, page-aligned (so an aligned
+/// READ is read from the device straight into it), resident only as far as requests have
+/// touched it (a 4 KiB request touches 4 KiB): every queue has all `threads` entries, and a
+/// machine has a queue per CPU. Never freed. None if the memory cannot be mapped.
+fn payload() -> Option<&'static mut [u8]> {
+    // SAFETY: a new private anonymous mapping; nothing else refers to it.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            PAYLOAD_LEN,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return None;
+    }
+    // SAFETY: the mapping is PAYLOAD_LEN bytes, zeroed, and never unmapped; this is its only
+    // reference.
+    Some(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), PAYLOAD_LEN) })
+}
+
+/// An entry handed from its worker to a helper and back. The entry is used by one thread
+/// at a time: its worker, or the helper it gave the entry to until the helper hands it back
+/// ([`Back::done`]); the kernel only between a commit and the request that completes it.
+struct EntryPtr(*mut Entry);
+
+// SAFETY: see the type's doc: one thread at a time, handed over through a channel or a mutex.
+unsafe impl Send for EntryPtr {}
+
+/// Where helpers hand answered entries back to their worker: the entry indexes, then a
+/// count on the eventfd the worker's ring has a read pending on.
+struct Back {
+    done: Mutex<Vec<usize>>,
+    efd: OwnedFd,
+}
+
+impl Back {
+    fn new() -> io::Result<Self> {
+        // SAFETY: eventfd returns a new descriptor or -1.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh descriptor owned by nothing else.
+        let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self {
+            done: Mutex::new(Vec::new()),
+            efd,
+        })
+    }
+
+    fn hand_back(&self, idx: usize) {
+        match self.done.lock() {
+            Ok(mut d) => d.push(idx),
+            Err(_) => return,
+        }
+        let one = 1u64;
+        // SAFETY: writes the 8 bytes of `one` to the eventfd.
+        let _ = unsafe { libc::write(self.efd.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+}
+
+/// A request the worker does not answer itself (one that may wait), for a helper.
+struct Job {
+    entry: EntryPtr,
+    idx: usize,
+    back: Arc<Back>,
+}
+
+/// The helpers: threads that answer, one at a time and as the old one-entry workers did,
+/// the requests that may wait (everything off the data path, through the bridge; a READ or
+/// WRITE whose admission must wait for the cluster, an allocating or appending write, a
+/// sync write), so that a worker never stops taking fast requests while one waits.
+struct Helpers {
+    jobs: Mutex<mpsc::Sender<Job>>,
+}
+
+impl Helpers {
+    fn start(ctx: &Arc<Ctx>, n: usize) -> io::Result<Self> {
+        let (tx, rx) = mpsc::channel::<Job>();
+        let rx = Arc::new(Mutex::new(rx));
+        for i in 0..n {
+            let (ctx, rx) = (Arc::clone(ctx), Arc::clone(&rx));
+            std::thread::Builder::new()
+                .name(format!("cetra-uring-h{i}"))
+                .spawn(move || loop {
+                    let job = match rx.lock() {
+                        Ok(r) => r.recv(),
+                        Err(_) => return,
+                    };
+                    let Ok(job) = job else {
+                        return;
+                    };
+                    // SAFETY: the worker handed this entry over (EntryPtr's rule).
+                    let e = unsafe { &mut *job.entry.0 };
+                    answer(&ctx, &mut e.header.0, e.payload);
+                    job.back.hand_back(job.idx);
+                })?;
+        }
+        Ok(Self {
+            jobs: Mutex::new(tx),
+        })
+    }
+
+    /// Give the entry to a helper; false if none will take it (they are gone).
+    fn take(&self, job: Job) -> bool {
+        self.jobs.lock().is_ok_and(|tx| tx.send(job).is_ok())
+    }
+}
+
+/// `user_data` of the eventfd read in a worker's ring (entries use their index).
+const EVENT: u64 = u64::MAX;
+
+/// One worker: register `entries` entries on queue `qid`, report, then answer requests until
+/// the connection ends. Requests are taken as they come, all that completed at once: their
+/// READs and WRITEs that can be answered without waiting go to the volume as one batch
+/// (`Volume::read_batch`/`write_batch`: their device I/O in flight together, one system
+/// call), the rest to the helpers, and every answer goes back with the next wait.
+fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io::Result<()>>) {
+    let depth = u32::try_from((entries + 2).next_power_of_two()).unwrap_or(1024);
+    // Only this thread submits, and it collects completions only when it waits: the kernel
+    // then runs their task work at that wait, not by interrupting the thread (kernels before
+    // 6.1 do not know this; then the plain ring).
+    let ring = IoUring::<squeue::Entry128, cqueue::Entry>::builder()
+        .setup_single_issuer()
+        .setup_defer_taskrun()
+        .build(depth)
+        .or_else(|_| IoUring::<squeue::Entry128, cqueue::Entry>::builder().build(depth));
+    let back = Back::new().map(Arc::new);
+    let (mut ring, back) = match (ring, back) {
+        (Ok(r), Ok(b)) => (r, b),
+        (Err(e), _) | (_, Err(e)) => {
             let _ = registered.send(Err(io::Error::other(format!(
                 "io_uring with 128-byte entries: {e}"
             ))));
             return;
         }
     };
-    // Never freed: the kernel keeps these addresses until the rings are torn down.
-    let header: &'static mut Header = Box::leak(Box::new(Header([0; HEADER_LEN])));
-    // Page-aligned, so an aligned READ is read from the device straight into it.
-    let payload: &'static mut [u8] = &mut Box::leak(Box::new(AlignedBuf::new(PAYLOAD_LEN)))[..];
-    let iov: &'static [libc::iovec; 2] = Box::leak(Box::new([
-        libc::iovec {
-            iov_base: header.0.as_mut_ptr().cast(),
-            iov_len: HEADER_LEN,
-        },
-        libc::iovec {
-            iov_base: payload.as_mut_ptr().cast(),
-            iov_len: PAYLOAD_LEN,
-        },
-    ]));
+    let ents: Vec<EntryPtr> = (0..entries)
+        .map(|_| {
+            let payload = payload()?;
+            let e: &'static mut Entry = Box::leak(Box::new(Entry {
+                header: Header([0; HEADER_LEN]),
+                payload,
+                iov: [libc::iovec {
+                    iov_base: std::ptr::null_mut(),
+                    iov_len: 0,
+                }; 2],
+            }));
+            e.iov = [
+                libc::iovec {
+                    iov_base: e.header.0.as_mut_ptr().cast(),
+                    iov_len: HEADER_LEN,
+                },
+                libc::iovec {
+                    iov_base: e.payload.as_mut_ptr().cast(),
+                    iov_len: PAYLOAD_LEN,
+                },
+            ];
+            Some(EntryPtr(e))
+        })
+        .collect::<Option<_>>()
+        .unwrap_or_default();
+    if ents.len() != entries {
+        let _ = registered.send(Err(io::Error::other(format!(
+            "io_uring queue {qid}: no memory for {entries} payload buffers: {}",
+            io::Error::last_os_error()
+        ))));
+        return;
+    }
+    // Never freed: the kernel may write it after this worker ended (the pending read).
+    let counter: &'static mut u64 = Box::leak(Box::new(0));
+    let counter: *mut u64 = counter;
     let dev = ctx.dev.as_raw_fd();
-    let reg = command(dev, CMD_REGISTER, 0, qid, Some(iov.as_ptr() as u64));
-    // SAFETY: the entry names `iov` and, through it, `header` and `payload`: all leaked, so
-    // they outlive the command.
-    let pushed = unsafe { ring.submission().push(&reg) };
-    let submitted = match pushed {
-        Ok(()) => ring.submit().map(|_| ()),
-        Err(_) => Err(io::Error::other("submission queue full")),
+    let arm = |ring: &mut IoUring<squeue::Entry128, cqueue::Entry>| {
+        let e = opcode::Read::new(types::Fd(back.efd.as_raw_fd()), counter.cast(), 8)
+            .build()
+            .user_data(EVENT)
+            .into();
+        // SAFETY: `counter` is leaked, so it outlives the read.
+        unsafe { ring.submission().push(&e) }.is_ok()
+    };
+    let mut pushed = arm(&mut ring);
+    for (i, e) in ents.iter().enumerate() {
+        // SAFETY: the entry is leaked; only this thread uses it now.
+        let iov = unsafe { (*e.0).iov.as_ptr() } as u64;
+        let reg = command(dev, CMD_REGISTER, 0, qid, Some(iov)).user_data(i as u64);
+        // SAFETY: the entry names `iov` and, through it, the entry's leaked buffers.
+        pushed &= unsafe { ring.submission().push(&reg) }.is_ok();
+    }
+    let submitted = if pushed {
+        ring.submit().map(|_| ())
+    } else {
+        Err(io::Error::other("submission queue full"))
     };
     // A refusal completes at once; so may a request, once the other queues are complete.
-    let first = ring.completion().next().map(|c| c.result());
-    let outcome = match (submitted, first) {
+    let mut ready: Vec<(u64, i32)> = ring
+        .completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect();
+    let refused = ready.iter().find(|(u, r)| *u != EVENT && *r < 0);
+    let outcome = match (submitted, refused) {
         (Err(e), _) => Err(e),
-        (Ok(()), Some(r)) if r < 0 => Err(io::Error::other(format!(
+        (Ok(()), Some((_, r))) => Err(io::Error::other(format!(
             "registering an entry on queue {qid}: {}",
             io::Error::from_raw_os_error(-r)
         ))),
-        (Ok(()), _) => Ok(()),
+        (Ok(()), None) => Ok(()),
     };
     let ok = outcome.is_ok();
     let _ = registered.send(outcome);
     if !ok {
         return;
     }
-    let mut ready = first;
+    let mut serve = Serve {
+        ctx,
+        qid,
+        ents: &ents,
+        back: &back,
+        live: entries,
+        away: 0,
+        reads: Vec::with_capacity(entries),
+        writes: Vec::with_capacity(entries),
+        commits: Vec::with_capacity(entries),
+    };
     loop {
-        let r = if let Some(r) = ready.take() {
-            r
-        } else {
+        if ready.is_empty() {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
                 Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
@@ -370,29 +589,229 @@ fn worker(ctx: &Ctx, qid: u16, registered: &mpsc::Sender<io::Result<()>>) {
                     return;
                 }
             }
-            let Some(cqe) = ring.completion().next() else {
-                continue;
-            };
-            cqe.result()
-        };
-        if r < 0 {
-            match -r {
-                libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {
-                    debug!("io_uring queue {qid}: connection ended");
-                }
-                e => warn!(
-                    "io_uring queue {qid}: {}; this worker stops",
-                    io::Error::from_raw_os_error(e)
-                ),
-            }
-            return;
+            ready.extend(ring.completion().map(|c| (c.user_data(), c.result())));
         }
-        let commit = answer(ctx, &mut header.0, payload);
-        let next = command(dev, CMD_COMMIT_AND_FETCH, commit, qid, None);
-        // SAFETY: the entry's buffers were registered with the leaked ones above.
-        if unsafe { ring.submission().push(&next) }.is_err() {
+        let rearm = serve.take(&mut ready);
+        if rearm && !arm(&mut ring) {
             error!("io_uring queue {qid}: submission queue full; this worker stops");
             return;
+        }
+        for (idx, commit) in serve.commits.drain(..) {
+            let next = command(dev, CMD_COMMIT_AND_FETCH, commit, qid, None).user_data(idx as u64);
+            // SAFETY: the entry's buffers were registered with the leaked ones above.
+            if unsafe { ring.submission().push(&next) }.is_err() {
+                error!("io_uring queue {qid}: submission queue full; this worker stops");
+                return;
+            }
+        }
+        if serve.live == 0 && serve.away == 0 {
+            debug!("io_uring queue {qid}: connection ended");
+            return;
+        }
+    }
+}
+
+/// A worker's state between waits.
+struct Serve<'a> {
+    ctx: &'a Arc<Ctx>,
+    qid: u16,
+    ents: &'a [EntryPtr],
+    back: &'a Arc<Back>,
+    /// Entries whose command the kernel has not ended.
+    live: usize,
+    /// Entries with a helper.
+    away: usize,
+    reads: Vec<usize>,
+    writes: Vec<usize>,
+    /// Answered entries to commit: (index, commit id).
+    commits: Vec<(usize, u64)>,
+}
+
+impl Serve<'_> {
+    /// The entry at `idx`. SAFETY (callers): the entry is this worker's now (not with a
+    /// helper, not committed), and no other reference to it lives.
+    #[expect(
+        clippy::mut_from_ref,
+        reason = "the entries are the kernel's and ours by turns"
+    )]
+    unsafe fn entry(&self, idx: usize) -> &mut Entry {
+        // SAFETY: the caller's contract; the pointer is a leaked entry.
+        unsafe { &mut *self.ents[idx].0 }
+    }
+
+    /// Take the completions in `ready` (emptied): answer what can be answered now, hand the
+    /// rest to helpers, queue the commits. Returns whether the eventfd read completed (to
+    /// be armed again).
+    fn take(&mut self, ready: &mut Vec<(u64, i32)>) -> bool {
+        let mut rearm = false;
+        for (ud, r) in ready.drain(..) {
+            if ud == EVENT {
+                rearm = true;
+                let done = self
+                    .back
+                    .done
+                    .lock()
+                    .map(|mut d| std::mem::take(&mut *d))
+                    .unwrap_or_default();
+                for idx in done {
+                    self.away -= 1;
+                    // SAFETY: the helper handed it back.
+                    let commit = commit_id(&unsafe { self.entry(idx) }.header.0);
+                    self.commits.push((idx, commit));
+                }
+                continue;
+            }
+            let Some(idx) = usize::try_from(ud).ok().filter(|i| *i < self.ents.len()) else {
+                continue;
+            };
+            if r < 0 {
+                match -r {
+                    libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {}
+                    e => warn!(
+                        "io_uring queue {}: {}; one entry stops",
+                        self.qid,
+                        io::Error::from_raw_os_error(e)
+                    ),
+                }
+                self.live -= 1;
+                continue;
+            }
+            // SAFETY: the kernel completed the entry's command: it is this worker's.
+            let h = &unsafe { self.entry(idx) }.header.0;
+            match u32_at(h, 4) {
+                FUSE_READ => self.reads.push(idx),
+                FUSE_WRITE => self.writes.push(idx),
+                FUSE_DESTROY => {
+                    let commit = commit_id(h);
+                    // SAFETY: as above.
+                    reply(&mut unsafe { self.entry(idx) }.header.0, Ok(0));
+                    self.commits.push((idx, commit));
+                }
+                _ => self.away(idx),
+            }
+        }
+        self.batch_reads();
+        self.batch_writes();
+        rearm
+    }
+
+    /// Hand entry `idx` to a helper (answered EIO if none is left).
+    fn away(&mut self, idx: usize) {
+        let job = Job {
+            entry: EntryPtr(self.ents[idx].0),
+            idx,
+            back: Arc::clone(self.back),
+        };
+        if self.ctx.helpers.get().is_some_and(|h| h.take(job)) {
+            self.away += 1;
+        } else {
+            // SAFETY: this worker's (the helper did not take it).
+            let h = &mut unsafe { self.entry(idx) }.header.0;
+            let commit = commit_id(h);
+            reply(h, Err(libc::EIO));
+            self.commits.push((idx, commit));
+        }
+    }
+
+    fn batch_reads(&mut self) {
+        if self.reads.is_empty() {
+            return;
+        }
+        let idxs = std::mem::take(&mut self.reads);
+        let mut batch = Vec::with_capacity(idxs.len());
+        for &idx in &idxs {
+            // SAFETY: this worker's; each index once, so the references do not alias.
+            let e = unsafe { self.entry(idx) };
+            let op = &e.header.0[OP_IN..OP_IN + RW_IN];
+            let size = (u32_at(op, 16) as usize).min(e.payload.len());
+            batch.push(BatchRead {
+                // SAFETY: the kernel sends READ only with an fh from our open/create that is
+                // not yet released (adapter::open_file's contract).
+                fh: unsafe { adapter::open_file(u64_at(op, 0)) },
+                offset: u64_at(op, 8),
+                dst: &mut e.payload[..size],
+                done: None,
+            });
+        }
+        self.ctx.fs.read_batch(&mut batch);
+        let done: Vec<Option<Result<usize, i32>>> = batch
+            .into_iter()
+            .map(|b| b.done.map(|r| r.map_err(|e| adapter::errno(&e).code())))
+            .collect();
+        for (idx, d) in idxs.into_iter().zip(done) {
+            match d {
+                Some(r) => {
+                    // SAFETY: this worker's; the batch's references are gone.
+                    let h = &mut unsafe { self.entry(idx) }.header.0;
+                    let commit = commit_id(h);
+                    reply(h, r);
+                    self.commits.push((idx, commit));
+                }
+                None => self.away(idx),
+            }
+        }
+    }
+
+    fn batch_writes(&mut self) {
+        if self.writes.is_empty() {
+            return;
+        }
+        let idxs = std::mem::take(&mut self.writes);
+        let mut creds = Vec::with_capacity(idxs.len());
+        let mut mine = Vec::with_capacity(idxs.len());
+        for &idx in &idxs {
+            // SAFETY: this worker's.
+            let h = &unsafe { self.entry(idx) }.header.0;
+            let op = &h[OP_IN..OP_IN + RW_IN];
+            // The open file's flags, as an int (`fuse_write_in.flags`).
+            let flags = i32::from_le_bytes(u32_at(op, 32).to_le_bytes());
+            let how = WriteHow::new(flags, u32_at(op, 20));
+            if how.batchable() {
+                creds.push(creds_of(h).with_fsetid(!how.kill_suid()));
+                mine.push(idx);
+            } else {
+                self.away(idx);
+            }
+        }
+        let mut batch = Vec::with_capacity(mine.len());
+        for (&idx, who) in mine.iter().zip(&creds) {
+            // SAFETY: this worker's; each index once.
+            let e = unsafe { self.entry(idx) };
+            let op = &e.header.0[OP_IN..OP_IN + RW_IN];
+            let in_payload = (u32_at(&e.header.0, ENT_IN_OUT + 16) as usize).min(e.payload.len());
+            let size = (u32_at(op, 16) as usize).min(in_payload);
+            batch.push(BatchWrite {
+                // SAFETY: as for READ.
+                fh: unsafe { adapter::open_file(u64_at(op, 0)) },
+                offset: u64_at(op, 8),
+                data: &e.payload[..size],
+                who,
+                done: None,
+            });
+        }
+        self.ctx.fs.write_batch(&mut batch);
+        let done: Vec<Option<Result<u32, i32>>> = batch
+            .into_iter()
+            .map(|b| b.done.map(|r| r.map_err(|e| adapter::errno(&e).code())))
+            .collect();
+        for (idx, d) in mine.into_iter().zip(done) {
+            match d {
+                Some(Ok(n)) => {
+                    // SAFETY: this worker's; the batch's references are gone.
+                    let e = unsafe { self.entry(idx) };
+                    let commit = commit_id(&e.header.0);
+                    reply(&mut e.header.0, Ok(write_out(e.payload, n)));
+                    self.commits.push((idx, commit));
+                }
+                Some(Err(errno)) => {
+                    // SAFETY: as above.
+                    let h = &mut unsafe { self.entry(idx) }.header.0;
+                    let commit = commit_id(h);
+                    reply(h, Err(errno));
+                    self.commits.push((idx, commit));
+                }
+                None => self.away(idx),
+            }
         }
     }
 }
@@ -415,16 +834,47 @@ fn put(b: &mut [u8], at: usize, v: &[u8]) {
     }
 }
 
-/// Answer the request in the entry's buffers: the answer's payload into `payload`, its
-/// `fuse_out_header` and payload size into `h`. Returns the commit id.
-fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) -> u64 {
+/// The commit id of the request in an entry's header.
+fn commit_id(h: &[u8; HEADER_LEN]) -> u64 {
+    u64_at(h, ENT_IN_OUT + 8)
+}
+
+/// The caller of the request in an entry's header (`fuse_in_header`: uid, gid, pid).
+fn creds_of(h: &[u8; HEADER_LEN]) -> RequestCreds {
+    RequestCreds::new(u32_at(h, 32), u32_at(h, 24), u32_at(h, 28))
+}
+
+/// `fuse_write_out {size, padding}` into the payload; its length.
+fn write_out(payload: &mut [u8], n: u32) -> usize {
+    put(payload, 0, &n.to_le_bytes());
+    put(payload, 4, &[0; 4]);
+    8
+}
+
+/// Write the answer into the entry's header: `fuse_out_header` (length, error; the request's
+/// `unique` is already in place: in and out headers share its offset) and the payload size.
+fn reply(h: &mut [u8; HEADER_LEN], r: Result<usize, i32>) {
+    let (error, body) = match r {
+        Ok(n) => (0, n),
+        Err(e) => (-e, 0),
+    };
+    let out_len = u32::try_from(OUT_HEADER + body).unwrap_or(u32::MAX);
+    put(h, 0, &out_len.to_le_bytes());
+    put(h, 4, &error.to_le_bytes());
+    put(
+        h,
+        ENT_IN_OUT + 16,
+        &u32::try_from(body).unwrap_or(0).to_le_bytes(),
+    );
+}
+
+/// Answer the request in the entry's buffers, waiting as long as it takes (a helper): the
+/// answer's payload into `payload`, its `fuse_out_header` and payload size into `h`.
+fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) {
     let len = u32_at(h, 0) as usize;
     let opcode = u32_at(h, 4);
-    let unique = u64_at(h, 8);
-    let commit = u64_at(h, ENT_IN_OUT + 8);
     let in_payload = (u32_at(h, ENT_IN_OUT + 16) as usize).min(payload.len());
     let op = &h[OP_IN..OP_IN + RW_IN];
-    let who = || RequestCreds::new(u32_at(h, 32), u32_at(h, 24), u32_at(h, 28));
     let r = match opcode {
         FUSE_READ => {
             let size = u32_at(op, 16).min(u32::try_from(payload.len()).unwrap_or(u32::MAX));
@@ -440,17 +890,12 @@ fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) -> u64 {
             // The open file's flags, as an int (`fuse_write_in.flags`).
             let flags = i32::from_le_bytes(u32_at(op, 32).to_le_bytes());
             let how = WriteHow::new(flags, u32_at(op, 20));
-            let creds = who().with_fsetid(!how.kill_suid());
+            let creds = creds_of(h).with_fsetid(!how.kill_suid());
             // SAFETY: as for READ.
             let of = unsafe { adapter::open_file(u64_at(op, 0)) };
             ctx.fs
                 .write_waiting(&creds, of, u64_at(op, 8), &payload[..size], how)
-                .map(|n| {
-                    // fuse_write_out {size, padding}
-                    put(payload, 0, &n.to_le_bytes());
-                    put(payload, 4, &[0; 4]);
-                    8
-                })
+                .map(|n| write_out(payload, n))
                 .map_err(fuser::Errno::code)
         }
         FUSE_DESTROY => Ok(0),
@@ -466,20 +911,7 @@ fn answer(ctx: &Ctx, h: &mut [u8; HEADER_LEN], payload: &mut [u8]) -> u64 {
             }
         }
     };
-    let (error, body) = match r {
-        Ok(n) => (0, n),
-        Err(e) => (-e, 0),
-    };
-    let out_len = u32::try_from(OUT_HEADER + body).unwrap_or(u32::MAX);
-    put(h, 0, &out_len.to_le_bytes());
-    put(h, 4, &error.to_le_bytes());
-    put(h, 8, &unique.to_le_bytes());
-    put(
-        h,
-        ENT_IN_OUT + 16,
-        &u32::try_from(body).unwrap_or(0).to_le_bytes(),
-    );
-    commit
+    reply(h, r);
 }
 
 /// The fuser session that answers the rings' requests off the data path.

@@ -72,7 +72,7 @@ pub trait BlockDevice: Send + Sync + Debug {
         reads.iter_mut().try_for_each(|(o, b)| self.read_at(*o, b))
     }
     /// Several writes at once, as [`BlockDevice::read_many`]; all finished (not flushed) when
-    /// it returns. Their ranges must not overlap.
+    /// it returns. Overlapping ones land in no particular order (as concurrent writes do).
     fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
         writes.iter().try_for_each(|(o, b)| self.write_at(*o, b))
     }
