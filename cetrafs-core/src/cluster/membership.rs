@@ -621,6 +621,9 @@ impl LeaseGuard {
     }
 }
 
+/// Writes of a `write_many` sent after one lease check (a file device's ring depth).
+const LEASE_CHECKED_WRITES: usize = 64;
+
 impl BlockDevice for LeaseGuard {
     fn geometry(&self) -> &Geometry {
         self.inner.geometry()
@@ -648,16 +651,21 @@ impl BlockDevice for LeaseGuard {
         self.seen(self.inner.read_many(reads))
     }
     fn write_many(&self, writes: &[(u64, &[u8])]) -> Result<()> {
-        self.check()?;
-        for (offset, buf) in writes {
-            // As in write_at, for each write of the lot.
-            crate::failpoint::process_at(
-                "lease::write_checked",
-                *offset,
-                u64::try_from(buf.len()).unwrap_or(u64::MAX),
-            );
+        // The lease is checked again before each group that goes out together (the device
+        // below submits at most this many at once), not once for a long list.
+        for group in writes.chunks(LEASE_CHECKED_WRITES) {
+            self.check()?;
+            for (offset, buf) in group {
+                // As in write_at, for each write of the lot.
+                crate::failpoint::process_at(
+                    "lease::write_checked",
+                    *offset,
+                    u64::try_from(buf.len()).unwrap_or(u64::MAX),
+                );
+            }
+            self.seen(self.inner.write_many(group))?;
         }
-        self.seen(self.inner.write_many(writes))
+        Ok(())
     }
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
         self.check()?;
