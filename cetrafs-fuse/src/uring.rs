@@ -15,11 +15,13 @@
 //! request stays on its CPU. FORGET and INTERRUPT still come through /dev/fuse, which the
 //! fuser session keeps serving (as it does every request before the rings are complete).
 //!
-//! **Layout here.** For each queue, [`WORKERS_PER_QUEUE`] worker threads, each with its own
-//! ring and its share of the queue's entries (`threads / queues` per queue: the same total as
-//! the /dev/fuse workers, `CETRA_FUSE_THREADS`, 32 by default; at least one entry per possible
-//! CPU, since the kernel uses the rings only once every queue has an entry). Each entry has
-//! its own buffers, allocated once, never per request. The workers are not pinned to their
+//! **Layout here.** For each queue (one per possible CPU), [`WORKERS_PER_QUEUE`] worker
+//! threads, each with its own ring and its share of the queue's `threads` entries
+//! (`CETRA_FUSE_THREADS`, 32 by default): a caller's requests all go to the queue of its CPU,
+//! so one VM thread at QD32 needs 32 entries on one queue. Each entry has its own buffers,
+//! allocated once, never per request; payloads are resident only as far as requests touched
+//! them. Costs that grow with the CPU count (not yet bounded): a ring, an eventfd and a
+//! device ring per worker, and up to `threads` MiB of payload per queue. The workers are not pinned to their
 //! queue's CPU: measured on 2 cores, pinning made a QD1 read wait 108 µs instead of 71 (the
 //! worker then shares the CPU of the caller it answers).
 //!
@@ -583,7 +585,16 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
         if ready.is_empty() {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
-                Err(e) if e.raw_os_error() == Some(libc::EINTR) => continue,
+                // Transient (a signal, short of memory for a moment): entries are in flight,
+                // so stopping here would strand them.
+                Err(e)
+                    if matches!(
+                        e.raw_os_error(),
+                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                    ) =>
+                {
+                    continue
+                }
                 Err(e) => {
                     error!("io_uring queue {qid}: {e}; this worker stops");
                     return;
@@ -681,18 +692,23 @@ impl Serve<'_> {
             match u32_at(h, 4) {
                 FUSE_READ => self.reads.push(idx),
                 FUSE_WRITE => self.writes.push(idx),
-                FUSE_DESTROY => {
-                    let commit = commit_id(h);
-                    // SAFETY: as above.
-                    reply(&mut unsafe { self.entry(idx) }.header.0, Ok(0));
-                    self.commits.push((idx, commit));
-                }
+                FUSE_DESTROY => self.answered(idx, Ok(0)),
                 _ => self.away(idx),
             }
         }
         self.batch_reads();
         self.batch_writes();
         rearm
+    }
+
+    /// Entry `idx` (this worker's) is answered with `r`: write the answer's header and queue
+    /// its commit.
+    fn answered(&mut self, idx: usize, r: Result<usize, i32>) {
+        // SAFETY: this worker's; no other reference to it lives (callers' borrows ended).
+        let h = &mut unsafe { self.entry(idx) }.header.0;
+        let commit = commit_id(h);
+        reply(h, r);
+        self.commits.push((idx, commit));
     }
 
     /// Hand entry `idx` to a helper (answered EIO if none is left).
@@ -705,11 +721,7 @@ impl Serve<'_> {
         if self.ctx.helpers.get().is_some_and(|h| h.take(job)) {
             self.away += 1;
         } else {
-            // SAFETY: this worker's (the helper did not take it).
-            let h = &mut unsafe { self.entry(idx) }.header.0;
-            let commit = commit_id(h);
-            reply(h, Err(libc::EIO));
-            self.commits.push((idx, commit));
+            self.answered(idx, Err(libc::EIO));
         }
     }
 
@@ -740,13 +752,7 @@ impl Serve<'_> {
             .collect();
         for (idx, d) in idxs.into_iter().zip(done) {
             match d {
-                Some(r) => {
-                    // SAFETY: this worker's; the batch's references are gone.
-                    let h = &mut unsafe { self.entry(idx) }.header.0;
-                    let commit = commit_id(h);
-                    reply(h, r);
-                    self.commits.push((idx, commit));
-                }
+                Some(r) => self.answered(idx, r),
                 None => self.away(idx),
             }
         }
@@ -796,19 +802,10 @@ impl Serve<'_> {
             .collect();
         for (idx, d) in mine.into_iter().zip(done) {
             match d {
-                Some(Ok(n)) => {
+                Some(r) => {
                     // SAFETY: this worker's; the batch's references are gone.
-                    let e = unsafe { self.entry(idx) };
-                    let commit = commit_id(&e.header.0);
-                    reply(&mut e.header.0, Ok(write_out(e.payload, n)));
-                    self.commits.push((idx, commit));
-                }
-                Some(Err(errno)) => {
-                    // SAFETY: as above.
-                    let h = &mut unsafe { self.entry(idx) }.header.0;
-                    let commit = commit_id(h);
-                    reply(h, Err(errno));
-                    self.commits.push((idx, commit));
+                    let r = r.map(|n| write_out(unsafe { self.entry(idx) }.payload, n));
+                    self.answered(idx, r);
                 }
                 None => self.away(idx),
             }

@@ -133,11 +133,9 @@ fn holes_unwritten_punch_truncate() {
     v.release(&fh).unwrap();
 }
 
-#[test]
-fn read_into_a_callers_buffer_reads_what_read_does() {
-    let (_dev, v) = fresh(256 << 20);
+/// A file of written data, a hole, an unwritten extent and a short tail: its handle and size.
+fn mixed_file(v: &Volume) -> (Arc<OpenFile>, u64) {
     let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
-    // Written data, a hole, an unwritten extent and a short tail.
     let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
     v.write(&fh, 0, &data[..100_000]).unwrap();
     v.fallocate(
@@ -149,6 +147,13 @@ fn read_into_a_callers_buffer_reads_what_read_does() {
     .unwrap();
     v.write(&fh, 262_144, &data[100_000..103_001]).unwrap();
     let size = v.getattr(a.ino).unwrap().size;
+    (fh, size)
+}
+
+#[test]
+fn read_into_a_callers_buffer_reads_what_read_does() {
+    let (_dev, v) = fresh(256 << 20);
+    let (fh, size) = mixed_file(&v);
     let mut buf = crate::dev::AlignedBuf::new((1 << 20) + 4096);
     for (off, len) in [
         (0u64, 4096usize),
@@ -201,19 +206,7 @@ fn an_aligned_overwrite_goes_from_the_callers_buffer() {
 #[test]
 fn a_batch_of_reads_answers_what_read_does() {
     let (_dev, v) = fresh(256 << 20);
-    let (a, fh) = v.create(v.root_ino(), b"img", 0o600, C, true).unwrap();
-    // Written data, a hole, an unwritten extent and a short tail.
-    let data: Vec<u8> = (0..200_000u32).map(|i| (i % 253) as u8 + 1).collect();
-    v.write(&fh, 0, &data[..100_000]).unwrap();
-    v.fallocate(
-        a.ino,
-        131_072,
-        65_536,
-        FallocMode::Allocate { keep_size: false },
-    )
-    .unwrap();
-    v.write(&fh, 262_144, &data[100_000..103_001]).unwrap();
-    let size = v.getattr(a.ino).unwrap().size;
+    let (fh, size) = mixed_file(&v);
     // A first read admits the inode to the data path (takes its lock shared): a batch only
     // takes reads that need no wait.
     read_all(&v, &fh, 0, 4096);
