@@ -15,13 +15,16 @@
 //! request stays on its CPU. FORGET and INTERRUPT still come through /dev/fuse, which the
 //! fuser session keeps serving (as it does every request before the rings are complete).
 //!
-//! **Layout here.** For each queue (one per possible CPU), [`WORKERS_PER_QUEUE`] worker
-//! threads, each with its own ring and its share of the queue's `threads` entries
+//! **Layout here** ([`Layout`]). For each queue of a CPU online at mount, [`WORKERS_PER_QUEUE`]
+//! worker threads, each with its own ring and its share of the queue's `threads` entries
 //! (`CETRA_FUSE_THREADS`, 32 by default): a caller's requests all go to the queue of its CPU,
-//! so one VM thread at QD32 needs 32 entries on one queue. Each entry has its own buffers,
+//! so one VM thread at QD32 needs 32 entries on one queue. The queues of possible but
+//! offline CPUs share one spare worker, one entry each (they need one before the kernel uses
+//! any queue; a CPU plugged in later is served, slowly). Each entry has its own buffers,
 //! allocated once, never per request; payloads are resident only as far as requests touched
-//! them. Costs that grow with the CPU count (not yet bounded): a ring, an eventfd and a
-//! device ring per worker, and up to `threads` MiB of payload per queue. The workers are not pinned to their
+//! them. What grows with the online CPUs: a ring, an eventfd and a device ring per worker
+//! (the descriptor limit is raised to its hard limit), and up to `threads` MiB of touched
+//! payload per queue. The workers are not pinned to their
 //! queue's CPU: measured on 2 cores, pinning made a QD1 read wait 108 µs instead of 71 (the
 //! worker then shares the CPU of the caller it answers).
 //!
@@ -115,12 +118,23 @@ pub struct Rings {
     /// One message per worker that ended.
     ended: Mutex<mpsc::Receiver<()>>,
     workers: usize,
+    /// The helpers' job queue: closed by [`Rings::stop`], which ends the helpers.
+    jobs: Jobs,
 }
 
 impl Rings {
     /// Wait (at most a few seconds) until every worker has ended. Called once the connection
     /// is gone, when the kernel has completed every entry's command with an error.
+    /// Then the helpers are told to end (a worker still serving answers EIO from then on
+    /// what it would have handed to one).
     pub fn stop(&self) {
+        self.wait_workers();
+        if let Ok(mut jobs) = self.jobs.lock() {
+            jobs.take();
+        }
+    }
+
+    fn wait_workers(&self) {
         let deadline = Instant::now() + STOP_WAIT;
         let Ok(ended) = self.ended.lock() else {
             return;
@@ -209,57 +223,44 @@ fn start_rings(
     kernel: (u64, u32, u32),
     threads: usize,
 ) -> (Option<Rings>, io::Result<String>) {
-    let queues = match possible_cpus() {
-        Ok(q) => q,
+    let layout = match Layout::of_this_machine(threads) {
+        Ok(l) => l,
         Err(e) => return (None, Err(e)),
     };
-    // Every queue needs an entry before the kernel uses any: at least one worker per
-    // possible CPU, else `threads` in all.
-    // A caller's requests all go to the queue of the CPU it runs on, so one VM's I/O thread
-    // at queue depth 32 needs 32 entries on one queue: every queue gets `threads` entries
-    // (payloads are resident only as far as requests touch them: `payload`).
-    let per_queue = threads.max(1);
-    let workers = WORKERS_PER_QUEUE.min(per_queue);
-    let entries = per_queue.div_ceil(workers);
+    raise_fd_limit();
     let bridge = match Bridge::start(bridge_fs, kernel) {
         Ok(b) => b,
         Err(e) => return (None, Err(e)),
     };
+    let jobs: Jobs = Arc::new(Mutex::new(None));
     let ctx = Arc::new(Ctx {
         dev,
         fs: ring_fs,
         bridge,
-        helpers: std::sync::OnceLock::new(),
+        helpers: Helpers {
+            jobs: Arc::clone(&jobs),
+        },
     });
-    match Helpers::start(&ctx, threads) {
-        Ok(h) => {
-            let _ = ctx.helpers.set(h);
-        }
-        Err(e) => return (None, Err(e)),
+    if let Err(e) = Helpers::start(&ctx, threads) {
+        return (None, Err(e));
     }
     let (ended_tx, ended) = mpsc::channel();
     let (reg_tx, reg_rx) = mpsc::channel();
     let mut started = 0;
     let mut failed = None;
-    'spawn: for q in 0..queues {
-        let Ok(qid) = u16::try_from(q) else {
-            failed = Some(io::Error::other("too many CPUs"));
+    for (name, plan) in layout.workers() {
+        let (ctx, reg, ended) = (Arc::clone(&ctx), reg_tx.clone(), ended_tx.clone());
+        let spawned = std::thread::Builder::new()
+            .name(format!("cetra-uring-{name}"))
+            .spawn(move || {
+                worker(&ctx, &plan, &reg);
+                let _ = ended.send(());
+            });
+        if let Err(e) = spawned {
+            failed = Some(e);
             break;
-        };
-        for t in 0..workers {
-            let (ctx, reg, ended) = (Arc::clone(&ctx), reg_tx.clone(), ended_tx.clone());
-            let spawned = std::thread::Builder::new()
-                .name(format!("cetra-uring-{q}.{t}"))
-                .spawn(move || {
-                    worker(&ctx, qid, entries, &reg);
-                    let _ = ended.send(());
-                });
-            if let Err(e) = spawned {
-                failed = Some(e);
-                break 'spawn;
-            }
-            started += 1;
         }
+        started += 1;
     }
     drop(reg_tx);
     for _ in 0..started {
@@ -278,34 +279,151 @@ fn start_rings(
     let rings = Rings {
         ended: Mutex::new(ended),
         workers: started,
+        jobs,
     };
     if let Some(e) = failed {
         return (Some(rings), Err(e));
     }
     let what = format!(
-        "FUSE over io_uring: {queues} queues x {workers} workers x {entries} entries, \
-         {} KiB payload each, {threads} helpers; FORGET/INTERRUPT and requests before \
-         registration on /dev/fuse",
+        "FUSE over io_uring: {layout}, {} KiB payload each, {threads} helpers; \
+         FORGET/INTERRUPT and requests before registration on /dev/fuse",
         PAYLOAD_LEN >> 10
     );
     (Some(rings), Ok(what))
 }
 
-/// The kernel's queue count: `num_possible_cpus()`, from /sys/devices/system/cpu/possible
-/// ("0-3", "0,2-5").
-fn possible_cpus() -> io::Result<usize> {
-    let s = std::fs::read_to_string("/sys/devices/system/cpu/possible")?;
-    let mut n = 0;
+/// Which worker registers which entries on which queue. The kernel has one queue per
+/// possible CPU and uses none before every queue has an entry; a request goes to the queue
+/// of the CPU its caller runs on. So the queues of the CPUs online now get
+/// [`WORKERS_PER_QUEUE`] workers and `threads` entries each (a VM's I/O thread at queue depth
+/// 32 needs 32 entries on one queue), and the queues of CPUs that are not (possible but
+/// offline: hot-pluggable, or a firmware table listing more than the machine has) share one
+/// spare worker with one entry each, so that threads, descriptors and buffers grow with the
+/// CPUs that run, not with the ones that might.
+#[derive(Debug, PartialEq, Eq)]
+struct Layout {
+    /// Queue ids of online CPUs.
+    busy: Vec<u16>,
+    /// Queue ids of the other possible CPUs.
+    spare: Vec<u16>,
+    workers: usize,
+    entries: usize,
+}
+
+impl Layout {
+    fn of_this_machine(threads: usize) -> io::Result<Self> {
+        let possible = read_cpus("possible")?;
+        // If the online list cannot be read, every possible CPU counts as online.
+        let online = read_cpus("online").unwrap_or_else(|_| possible.clone());
+        Self::new(&possible, &online, threads)
+    }
+
+    fn new(possible: &[usize], online: &[usize], threads: usize) -> io::Result<Self> {
+        // The kernel's queue ids are 0..num_possible_cpus().
+        let queues = possible.len();
+        if queues == 0 {
+            return Err(io::Error::other("no possible CPUs listed"));
+        }
+        let qid = |q: usize| u16::try_from(q).map_err(|_| io::Error::other("too many CPUs"));
+        let (mut busy, mut spare) = (Vec::new(), Vec::new());
+        for q in 0..queues {
+            if online.contains(&q) {
+                busy.push(qid(q)?);
+            } else {
+                spare.push(qid(q)?);
+            }
+        }
+        if busy.is_empty() {
+            // Not a list this kernel would give: serve every queue in full.
+            busy = std::mem::take(&mut spare);
+        }
+        let per_queue = threads.max(1);
+        let workers = WORKERS_PER_QUEUE.min(per_queue);
+        Ok(Self {
+            busy,
+            spare,
+            workers,
+            entries: per_queue.div_ceil(workers),
+        })
+    }
+
+    /// Each worker's name and the queue of each of its entries.
+    fn workers(&self) -> Vec<(String, Vec<u16>)> {
+        let mut out = Vec::new();
+        for &q in &self.busy {
+            for t in 0..self.workers {
+                out.push((format!("{q}.{t}"), vec![q; self.entries]));
+            }
+        }
+        if !self.spare.is_empty() {
+            out.push(("spare".to_owned(), self.spare.clone()));
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} queues x {} workers x {} entries",
+            self.busy.len(),
+            self.workers,
+            self.entries
+        )?;
+        if !self.spare.is_empty() {
+            write!(
+                f,
+                " (+ {} queues of offline CPUs: one spare worker, one entry each)",
+                self.spare.len()
+            )?;
+        }
+        Ok(())
+    }
+}
+
+/// A CPU list of /sys/devices/system/cpu (`possible`, `online`: "0-3", "0,2-5").
+fn read_cpus(which: &str) -> io::Result<Vec<usize>> {
+    let s = std::fs::read_to_string(format!("/sys/devices/system/cpu/{which}"))?;
+    cpu_list(&s).ok_or_else(|| io::Error::other(format!("cannot read {which} CPUs from {s:?}")))
+}
+
+fn cpu_list(s: &str) -> Option<Vec<usize>> {
+    let mut out = Vec::new();
     for part in s.trim().split(',').filter(|p| !p.is_empty()) {
-        let bad = || io::Error::other(format!("cannot read possible CPUs from {s:?}"));
         let (a, b) = part.split_once('-').unwrap_or((part, part));
-        let (a, b): (usize, usize) = (a.parse().map_err(|_| bad())?, b.parse().map_err(|_| bad())?);
-        n += b.checked_sub(a).ok_or_else(bad)? + 1;
+        let (a, b): (usize, usize) = (a.parse().ok()?, b.parse().ok()?);
+        if b < a || b - a > 1 << 16 {
+            return None;
+        }
+        out.extend(a..=b);
     }
-    if n == 0 {
-        return Err(io::Error::other("no possible CPUs listed"));
+    Some(out)
+}
+
+/// Every worker holds a ring and an eventfd, and each thread that batches device I/O a ring
+/// of its own: on a machine with many CPUs that passes the usual soft limit of 1,024
+/// descriptors. Take the hard limit (what the administrator allows).
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &raw mut lim) } != 0
+        || lim.rlim_cur >= lim.rlim_max
+    {
+        return;
     }
-    Ok(n)
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: reads the struct it is given.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &raw const lim) } != 0 {
+        warn!(
+            "could not raise the descriptor limit to {}: {}",
+            lim.rlim_max,
+            io::Error::last_os_error()
+        );
+    }
 }
 
 /// What every worker shares.
@@ -313,8 +431,7 @@ struct Ctx {
     dev: OwnedFd,
     fs: Adapter,
     bridge: Arc<Bridge>,
-    /// Set once, right after the context is made (the helpers share it).
-    helpers: std::sync::OnceLock<Helpers>,
+    helpers: Helpers,
 }
 
 /// A `FUSE_IO_URING_CMD_*` command: `fuse_uring_cmd_req` (flags, commit id, queue id) in the
@@ -351,6 +468,8 @@ struct Entry {
     /// Page-aligned, so an aligned READ is read from the device straight into it.
     payload: &'static mut [u8],
     iov: [libc::iovec; 2],
+    /// The queue it is registered on.
+    qid: u16,
 }
 
 /// A payload buffer: `PAYLOAD_LEN` bytes of anonymous memory, page-aligned (so an aligned
@@ -425,16 +544,21 @@ struct Job {
     back: Arc<Back>,
 }
 
+/// The helpers' job queue; `None` once closed (at the session's end: [`Rings::stop`]).
+type Jobs = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+
 /// The helpers: threads that answer, one at a time and as the old one-entry workers did,
 /// the requests that may wait (everything off the data path, through the bridge; a READ or
 /// WRITE whose admission must wait for the cluster, an allocating or appending write, a
-/// sync write), so that a worker never stops taking fast requests while one waits.
+/// sync write), so that a worker never stops taking fast requests while one waits. They end
+/// when their queue is closed.
 struct Helpers {
-    jobs: Mutex<mpsc::Sender<Job>>,
+    jobs: Jobs,
 }
 
 impl Helpers {
-    fn start(ctx: &Arc<Ctx>, n: usize) -> io::Result<Self> {
+    /// Start `n` helpers taking jobs from `ctx.helpers`'s queue.
+    fn start(ctx: &Arc<Ctx>, n: usize) -> io::Result<()> {
         let (tx, rx) = mpsc::channel::<Job>();
         let rx = Arc::new(Mutex::new(rx));
         for i in 0..n {
@@ -455,26 +579,35 @@ impl Helpers {
                     job.back.hand_back(job.idx);
                 })?;
         }
-        Ok(Self {
-            jobs: Mutex::new(tx),
-        })
+        if let Ok(mut jobs) = ctx.helpers.jobs.lock() {
+            *jobs = Some(tx);
+        }
+        Ok(())
     }
 
     /// Give the entry to a helper; false if none will take it (they are gone).
     fn take(&self, job: Job) -> bool {
-        self.jobs.lock().is_ok_and(|tx| tx.send(job).is_ok())
+        self.jobs
+            .lock()
+            .is_ok_and(|tx| tx.as_ref().is_some_and(|tx| tx.send(job).is_ok()))
     }
 }
 
 /// `user_data` of the eventfd read in a worker's ring (entries use their index).
 const EVENT: u64 = u64::MAX;
 
-/// One worker: register `entries` entries on queue `qid`, report, then answer requests until
-/// the connection ends. Requests are taken as they come, all that completed at once: their
-/// READs and WRITEs that can be answered without waiting go to the volume as one batch
-/// (`Volume::read_batch`/`write_batch`: their device I/O in flight together, one system
-/// call), the rest to the helpers, and every answer goes back with the next wait.
-fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io::Result<()>>) {
+/// One worker: register an entry on queue `plan[i]` for each `i`, report, then answer
+/// requests until the connection ends. Requests are taken as they come, all that completed
+/// at once: their READs and WRITEs that can be answered without waiting go to the volume as
+/// one batch each (`Volume::read_batch`/`write_batch`: their device I/O in flight together,
+/// one system call), the rest to the helpers; the READs' answers are committed before the
+/// WRITEs' device I/O starts, the rest with the next wait.
+fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>>) {
+    let entries = plan.len();
+    let name = match (plan.first(), plan.last()) {
+        (Some(a), Some(b)) if a == b => format!("io_uring queue {a}"),
+        _ => format!("io_uring spare worker ({entries} queues)"),
+    };
     let depth = u32::try_from((entries + 2).next_power_of_two()).unwrap_or(1024);
     // Only this thread submits, and it collects completions only when it waits: the kernel
     // then runs their task work at that wait, not by interrupting the thread (kernels before
@@ -494,8 +627,9 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
             return;
         }
     };
-    let ents: Vec<EntryPtr> = (0..entries)
-        .map(|_| {
+    let ents: Vec<EntryPtr> = plan
+        .iter()
+        .map(|&qid| {
             let payload = payload()?;
             let e: &'static mut Entry = Box::leak(Box::new(Entry {
                 header: Header([0; HEADER_LEN]),
@@ -504,6 +638,7 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
                     iov_base: std::ptr::null_mut(),
                     iov_len: 0,
                 }; 2],
+                qid,
             }));
             e.iov = [
                 libc::iovec {
@@ -521,7 +656,7 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
         .unwrap_or_default();
     if ents.len() != entries {
         let _ = registered.send(Err(io::Error::other(format!(
-            "io_uring queue {qid}: no memory for {entries} payload buffers: {}",
+            "{name}: no memory for {entries} payload buffers: {}",
             io::Error::last_os_error()
         ))));
         return;
@@ -541,7 +676,7 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
     let mut pushed = arm(&mut ring);
     for (i, e) in ents.iter().enumerate() {
         // SAFETY: the entry is leaked; only this thread uses it now.
-        let iov = unsafe { (*e.0).iov.as_ptr() } as u64;
+        let (iov, qid) = unsafe { ((*e.0).iov.as_ptr() as u64, (*e.0).qid) };
         let reg = command(dev, CMD_REGISTER, 0, qid, Some(iov)).user_data(i as u64);
         // SAFETY: the entry names `iov` and, through it, the entry's leaked buffers.
         pushed &= unsafe { ring.submission().push(&reg) }.is_ok();
@@ -551,28 +686,13 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
     } else {
         Err(io::Error::other("submission queue full"))
     };
-    // A refusal completes at once; so may a request, once the other queues are complete.
-    let mut ready: Vec<(u64, i32)> = ring
-        .completion()
-        .map(|c| (c.user_data(), c.result()))
-        .collect();
-    let refused = ready.iter().find(|(u, r)| *u != EVENT && *r < 0);
-    let outcome = match (submitted, refused) {
-        (Err(e), _) => Err(e),
-        (Ok(()), Some((_, r))) => Err(io::Error::other(format!(
-            "registering an entry on queue {qid}: {}",
-            io::Error::from_raw_os_error(-r)
-        ))),
-        (Ok(()), None) => Ok(()),
-    };
-    let ok = outcome.is_ok();
-    let _ = registered.send(outcome);
-    if !ok {
+    if let Err(e) = submitted {
+        // Nothing registered (or the ring cannot say what was): nothing to serve.
+        let _ = registered.send(Err(io::Error::other(format!("{name}: {e}"))));
         return;
     }
     let mut serve = Serve {
         ctx,
-        qid,
         ents: &ents,
         back: &back,
         live: entries,
@@ -581,7 +701,44 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
         writes: Vec::with_capacity(entries),
         commits: Vec::with_capacity(entries),
     };
-    loop {
+    // A refusal completes at once (so may a request, once the other queues are complete):
+    // an entry the kernel refused is not live; the ones it took are served even so (they
+    // may be handed requests), and the failure is reported.
+    let mut ready: Vec<(u64, i32)> = ring
+        .completion()
+        .map(|c| (c.user_data(), c.result()))
+        .collect();
+    let refused = ready
+        .iter()
+        .filter(|(u, r)| *u != EVENT && *r < 0)
+        .map(|(_, r)| *r)
+        .collect::<Vec<_>>();
+    ready.retain(|(u, r)| *u == EVENT || *r >= 0);
+    serve.live -= refused.len();
+    let _ = registered.send(match refused.first() {
+        Some(r) => Err(io::Error::other(format!(
+            "{name}: {} of {entries} entries refused: {}",
+            refused.len(),
+            io::Error::from_raw_os_error(-r)
+        ))),
+        None => Ok(()),
+    });
+    if serve.live == 0 {
+        return;
+    }
+    let commit = |ring: &mut IoUring<squeue::Entry128, cqueue::Entry>, serve: &mut Serve| {
+        for (idx, commit) in serve.commits.drain(..) {
+            // SAFETY: answered: this worker's until the commit below.
+            let qid = unsafe { (*ents[idx].0).qid };
+            let next = command(dev, CMD_COMMIT_AND_FETCH, commit, qid, None).user_data(idx as u64);
+            // SAFETY: the entry's buffers were registered with the leaked ones above.
+            if unsafe { ring.submission().push(&next) }.is_err() {
+                return false;
+            }
+        }
+        true
+    };
+    let stopped = loop {
         if ready.is_empty() {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
@@ -595,37 +752,45 @@ fn worker(ctx: &Arc<Ctx>, qid: u16, entries: usize, registered: &mpsc::Sender<io
                 {
                     continue
                 }
-                Err(e) => {
-                    error!("io_uring queue {qid}: {e}; this worker stops");
-                    return;
-                }
+                Err(e) => break e,
             }
             ready.extend(ring.completion().map(|c| (c.user_data(), c.result())));
         }
         let rearm = serve.take(&mut ready);
         if rearm && !arm(&mut ring) {
-            error!("io_uring queue {qid}: submission queue full; this worker stops");
-            return;
+            break io::Error::other("submission queue full");
         }
-        for (idx, commit) in serve.commits.drain(..) {
-            let next = command(dev, CMD_COMMIT_AND_FETCH, commit, qid, None).user_data(idx as u64);
-            // SAFETY: the entry's buffers were registered with the leaked ones above.
-            if unsafe { ring.submission().push(&next) }.is_err() {
-                error!("io_uring queue {qid}: submission queue full; this worker stops");
-                return;
+        serve.batch_reads();
+        if !serve.writes.is_empty() && !serve.commits.is_empty() {
+            // The READs' answers go now, not after the WRITEs' device I/O.
+            if !commit(&mut ring, &mut serve) {
+                break io::Error::other("submission queue full");
+            }
+            if let Err(e) = ring.submit() {
+                if !matches!(
+                    e.raw_os_error(),
+                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+                ) {
+                    break e;
+                }
             }
         }
+        serve.batch_writes();
+        if !commit(&mut ring, &mut serve) {
+            break io::Error::other("submission queue full");
+        }
         if serve.live == 0 && serve.away == 0 {
-            debug!("io_uring queue {qid}: connection ended");
+            debug!("{name}: connection ended");
             return;
         }
-    }
+    };
+    error!("{name}: {stopped}; this worker stops");
+    serve.wait_helpers();
 }
 
 /// A worker's state between waits.
 struct Serve<'a> {
     ctx: &'a Arc<Ctx>,
-    qid: u16,
     ents: &'a [EntryPtr],
     back: &'a Arc<Back>,
     /// Entries whose command the kernel has not ended.
@@ -650,26 +815,15 @@ impl Serve<'_> {
         unsafe { &mut *self.ents[idx].0 }
     }
 
-    /// Take the completions in `ready` (emptied): answer what can be answered now, hand the
-    /// rest to helpers, queue the commits. Returns whether the eventfd read completed (to
-    /// be armed again).
+    /// Take the completions in `ready` (emptied): queue the commits of what helpers handed
+    /// back, sort READs and WRITEs out for the batches, hand the rest to helpers. Returns
+    /// whether the eventfd read completed (to be armed again).
     fn take(&mut self, ready: &mut Vec<(u64, i32)>) -> bool {
         let mut rearm = false;
         for (ud, r) in ready.drain(..) {
             if ud == EVENT {
                 rearm = true;
-                let done = self
-                    .back
-                    .done
-                    .lock()
-                    .map(|mut d| std::mem::take(&mut *d))
-                    .unwrap_or_default();
-                for idx in done {
-                    self.away -= 1;
-                    // SAFETY: the helper handed it back.
-                    let commit = commit_id(&unsafe { self.entry(idx) }.header.0);
-                    self.commits.push((idx, commit));
-                }
+                self.handed_back();
                 continue;
             }
             let Some(idx) = usize::try_from(ud).ok().filter(|i| *i < self.ents.len()) else {
@@ -680,7 +834,8 @@ impl Serve<'_> {
                     libc::ENOTCONN | libc::ECANCELED | libc::ENODEV | libc::ECONNABORTED => {}
                     e => warn!(
                         "io_uring queue {}: {}; one entry stops",
-                        self.qid,
+                        // SAFETY: its command ended: this worker's.
+                        unsafe { self.entry(idx) }.qid,
                         io::Error::from_raw_os_error(e)
                     ),
                 }
@@ -696,9 +851,33 @@ impl Serve<'_> {
                 _ => self.away(idx),
             }
         }
-        self.batch_reads();
-        self.batch_writes();
         rearm
+    }
+
+    /// Queue the commits of the entries helpers handed back.
+    fn handed_back(&mut self) {
+        let done = self
+            .back
+            .done
+            .lock()
+            .map(|mut d| std::mem::take(&mut *d))
+            .unwrap_or_default();
+        for idx in done {
+            self.away -= 1;
+            // SAFETY: the helper handed it back.
+            let commit = commit_id(&unsafe { self.entry(idx) }.header.0);
+            self.commits.push((idx, commit));
+        }
+    }
+
+    /// A worker whose ring failed waits until the helpers are done with its entries (their
+    /// buffers are then no one's; the kernel ends their commands with the connection).
+    fn wait_helpers(&mut self) {
+        while self.away > 0 {
+            std::thread::sleep(Duration::from_millis(10));
+            self.handed_back();
+            self.commits.clear();
+        }
     }
 
     /// Entry `idx` (this worker's) is answered with `r`: write the answer's header and queue
@@ -718,7 +897,7 @@ impl Serve<'_> {
             idx,
             back: Arc::clone(self.back),
         };
-        if self.ctx.helpers.get().is_some_and(|h| h.take(job)) {
+        if self.ctx.helpers.take(job) {
             self.away += 1;
         } else {
             self.answered(idx, Err(libc::EIO));
@@ -1135,7 +1314,39 @@ mod tests {
     }
 
     #[test]
-    fn possible_cpus_reads_this_machine() {
-        assert!(possible_cpus().unwrap() >= 1);
+    fn cpu_lists_read_like_the_kernel_writes_them() {
+        assert_eq!(cpu_list("0-3\n"), Some(vec![0, 1, 2, 3]));
+        assert_eq!(cpu_list("0,2-4"), Some(vec![0, 2, 3, 4]));
+        assert_eq!(cpu_list("5"), Some(vec![5]));
+        assert_eq!(cpu_list("\n"), Some(vec![]));
+        for bad in ["3-1", "a", "0-", "-2", "0-99999999"] {
+            assert_eq!(cpu_list(bad), None, "{bad}");
+        }
+        assert!(!read_cpus("possible").unwrap().is_empty());
+    }
+
+    #[test]
+    fn offline_cpus_share_one_spare_worker() {
+        let l = Layout::new(&[0, 1, 2, 3, 4, 5], &[0, 1], 32).unwrap();
+        let w = l.workers();
+        assert_eq!(w.len(), 2 * WORKERS_PER_QUEUE + 1);
+        let on_queue = |q: u16| w.iter().flat_map(|(_, p)| p).filter(|x| **x == q).count();
+        assert_eq!(on_queue(0), 32);
+        assert_eq!(on_queue(1), 32);
+        for q in 2..6 {
+            assert_eq!(on_queue(q), 1, "queue {q}");
+        }
+        assert_eq!(w.last().unwrap(), &("spare".to_owned(), vec![2, 3, 4, 5]));
+        // All online: no spare worker; one thread: one worker, one entry per queue.
+        let l = Layout::new(&[0, 1], &[0, 1], 1).unwrap();
+        assert_eq!(
+            l.workers(),
+            vec![("0.0".into(), vec![0]), ("1.0".into(), vec![1])]
+        );
+        // No online list that makes sense: every queue in full.
+        let l = Layout::new(&[0, 1], &[7], 4).unwrap();
+        assert_eq!(l.spare, Vec::<u16>::new());
+        assert_eq!(l.busy, vec![0, 1]);
+        assert!(Layout::new(&[], &[], 4).is_err());
     }
 }
