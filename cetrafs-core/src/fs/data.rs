@@ -1382,7 +1382,16 @@ impl Volume {
             held.push(admitted);
             counts.push((i, us(n)));
         }
-        let ok = self.dev.read_many(&mut reads).is_ok();
+        let ok = self
+            .dev
+            .read_many(&mut reads)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "a batch of {} reads failed ({e}); each is made again",
+                    reads.len()
+                );
+            })
+            .is_ok();
         drop(reads);
         drop(held);
         if ok {
@@ -1423,7 +1432,16 @@ impl Volume {
             held.push(admitted);
             taken.push(i);
         }
-        let ok = self.dev.write_many(&writes).is_ok();
+        let ok = self
+            .dev
+            .write_many(&writes)
+            .inspect_err(|e| {
+                tracing::warn!(
+                    "a batch of {} writes failed ({e}); each is made again",
+                    writes.len()
+                );
+            })
+            .is_ok();
         drop(writes);
         if ok {
             // Under the admissions, as try_fast_write does: a metadata change of the inode
