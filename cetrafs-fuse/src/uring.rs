@@ -708,18 +708,18 @@ fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>
         .completion()
         .map(|c| (c.user_data(), c.result()))
         .collect();
-    let refused = ready
+    let refusal = ready
         .iter()
-        .filter(|(u, r)| *u != EVENT && *r < 0)
-        .map(|(_, r)| *r)
-        .collect::<Vec<_>>();
+        .find(|(u, r)| *u != EVENT && *r < 0)
+        .map(|(_, r)| -r);
+    let before = ready.len();
     ready.retain(|(u, r)| *u == EVENT || *r >= 0);
-    serve.live -= refused.len();
-    let _ = registered.send(match refused.first() {
-        Some(r) => Err(io::Error::other(format!(
-            "{name}: {} of {entries} entries refused: {}",
-            refused.len(),
-            io::Error::from_raw_os_error(-r)
+    let refused = before - ready.len();
+    serve.live -= refused;
+    let _ = registered.send(match refusal {
+        Some(e) => Err(io::Error::other(format!(
+            "{name}: {refused} of {entries} entries refused: {}",
+            io::Error::from_raw_os_error(e)
         ))),
         None => Ok(()),
     });
@@ -742,16 +742,7 @@ fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>
         if ready.is_empty() {
             match ring.submit_and_wait(1) {
                 Ok(_) => {}
-                // Transient (a signal, short of memory for a moment): entries are in flight,
-                // so stopping here would strand them.
-                Err(e)
-                    if matches!(
-                        e.raw_os_error(),
-                        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                    ) =>
-                {
-                    continue
-                }
+                Err(e) if transient(&e) => continue,
                 Err(e) => break e,
             }
             ready.extend(ring.completion().map(|c| (c.user_data(), c.result())));
@@ -766,13 +757,9 @@ fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>
             if !commit(&mut ring, &mut serve) {
                 break io::Error::other("submission queue full");
             }
-            if let Err(e) = ring.submit() {
-                if !matches!(
-                    e.raw_os_error(),
-                    Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
-                ) {
-                    break e;
-                }
+            match ring.submit() {
+                Err(e) if !transient(&e) => break e,
+                _ => {}
             }
         }
         serve.batch_writes();
@@ -786,6 +773,15 @@ fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>
     };
     error!("{name}: {stopped}; this worker stops");
     serve.wait_helpers();
+}
+
+/// An `io_uring_enter` failure to try again (a signal, short of memory for a moment):
+/// entries are in flight, so stopping on it would strand them.
+fn transient(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EINTR | libc::EAGAIN | libc::EBUSY)
+    )
 }
 
 /// A worker's state between waits.
