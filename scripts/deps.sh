@@ -57,3 +57,10 @@ fi
 for tool in "cargo clippy" "cargo fmt"; do
     $tool --version >/dev/null 2>&1 || echo "deps.sh: WARNING: '$tool' is missing; the lint steps will fail" >&2
 done
+
+# The test runner (scripts/test): cargo-nextest, prebuilt on the usual Rust machines; built
+# from crates.io otherwise (a few minutes, once).
+if ! cargo nextest --version >/dev/null 2>&1; then
+    echo "deps.sh: installing cargo-nextest"
+    cargo install --locked cargo-nextest
+fi

@@ -9,6 +9,12 @@
 //! * [`require_fuse!`]: skip loudly when /dev/fuse is missing, unless `CETRA_REQUIRE_E2E=1`
 //!   (set by `scripts/test`), in which case a missing FUSE is a failure.
 //!
+//! * A hang is diagnosed, not waited out: with `CETRA_TEST_DEADLINE_SECS` set (scripts/test
+//!   sets it below the test runner's own timeout), a test process still running that long
+//!   after its first mount prints where each of its daemons' threads and its own threads wait
+//!   (kernel stacks), kills its daemons, detaches its mounts and aborts, so that the next test
+//!   does not inherit a stopped daemon's mount.
+//!
 //! Binaries are taken from `$CETRA_BIN_DIR`, else from the `target/{release,debug}` directory
 //! that has all three and the newest `mount-cetra`. Build them first: `cargo build --release --bins`.
 
@@ -365,9 +371,138 @@ impl Lun {
 // ---------------------------------------------------------------------------------------------
 // Mount
 
+/// Every mount this process made: (mountpoint, daemon log), for [`watch_deadline`].
+static MOUNTED: std::sync::Mutex<Vec<(PathBuf, PathBuf)>> = std::sync::Mutex::new(Vec::new());
+
+/// With `CETRA_TEST_DEADLINE_SECS` set, a thread that, that long from now, describes where
+/// this process and its daemons wait, kills the daemons, detaches the mounts and aborts.
+fn watch_deadline() {
+    let Some(secs) = std::env::var("CETRA_TEST_DEADLINE_SECS")
+        .ok()
+        .and_then(|s| s.parse::<u64>().ok())
+    else {
+        return;
+    };
+    let spawned = std::thread::Builder::new()
+        .name("deadline".into())
+        .spawn(move || {
+            std::thread::sleep(Duration::from_secs(secs));
+            let mut out = format!(
+                "\n=== test deadline: still running {secs} s after its first mount ===\n{}",
+                threads_of("self")
+            );
+            // Commands this test runs (a `cetra status`, an fsck) that wait too.
+            let me = std::process::id().to_string();
+            for pid in children_of(&me) {
+                let cmd = fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+                let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
+                if cmd.contains("mount-cetra") {
+                    continue; // below, with its mount
+                }
+                let _ = write!(out, "--- child {pid}: {cmd}\n{}", threads_of(&pid));
+            }
+            let mounted = MOUNTED.lock().map(|m| m.clone()).unwrap_or_default();
+            let mut pids = Vec::new();
+            for (mp, log) in &mounted {
+                for pid in daemon_pids(mp) {
+                    let text = read_lossy(log);
+                    let tail: Vec<&str> = text.lines().rev().take(30).collect();
+                    let _ = write!(
+                        out,
+                        "--- daemon {pid} of {}\n{}--- last lines of {}:\n",
+                        mp.display(),
+                        threads_of(&pid.to_string()),
+                        log.display()
+                    );
+                    for l in tail.iter().rev() {
+                        let _ = writeln!(out, "  {l}");
+                    }
+                    pids.push(pid);
+                }
+            }
+            // Past the test harness's output capture, which an abort would discard.
+            let _ = io::stderr().write_all(out.as_bytes());
+            for &pid in &pids {
+                // SAFETY: signals to daemons this process started (found by their mountpoints).
+                unsafe {
+                    libc::kill(pid, libc::SIGCONT);
+                    libc::kill(pid, libc::SIGKILL);
+                }
+            }
+            for pid in pids {
+                let _ = wait_pid(pid, Duration::from_secs(5));
+            }
+            for (mp, _) in &mounted {
+                let _ = lazy_unmount(mp);
+            }
+            std::process::abort();
+        });
+    if let Err(e) = spawned {
+        eprintln!("no deadline thread: {e}");
+    }
+}
+
+/// Pids of the processes whose parent is `pid`.
+fn children_of(pid: &str) -> Vec<String> {
+    let Ok(rd) = fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    rd.flatten()
+        .filter_map(|e| {
+            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
+            let ppid = stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?;
+            (ppid == pid).then(|| e.file_name().to_string_lossy().into_owned())
+        })
+        .collect()
+}
+
+/// The threads of process `pid` ("self" for this one), those waiting alike in one line:
+/// names, state, wait channel and kernel stack.
+fn threads_of(pid: &str) -> String {
+    let mut alike: Vec<(String, Vec<String>)> = Vec::new();
+    if let Ok(rd) = fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in rd.flatten() {
+            let p = t.path();
+            let get = |f: &str| fs::read_to_string(p.join(f)).unwrap_or_default();
+            let stat = get("stat");
+            let state = stat
+                .rsplit_once(") ")
+                .map_or("?", |(_, r)| &r[..1.min(r.len())]);
+            let stack: Vec<String> = get("stack")
+                .lines()
+                .take(8)
+                .map(|l| l.split_whitespace().nth(1).unwrap_or(l).to_owned())
+                .collect();
+            let how = format!(
+                "{state} wchan={} stack: {}",
+                get("wchan"),
+                stack.join(" < ")
+            );
+            let name = get("comm").trim().to_owned();
+            match alike.iter_mut().find(|(h, _)| *h == how) {
+                Some((_, names)) => names.push(name),
+                None => alike.push((how, vec![name])),
+            }
+        }
+    }
+    let mut out = String::new();
+    for (how, names) in alike {
+        let more = names.len().saturating_sub(3);
+        let shown = names.iter().take(3).cloned().collect::<Vec<_>>().join(", ");
+        let more = if more > 0 {
+            format!(" +{more}")
+        } else {
+            String::new()
+        };
+        let _ = writeln!(out, "  [{shown}{more}] {how}");
+    }
+    out
+}
+
 fn become_subreaper() {
     static ONCE: OnceLock<()> = OnceLock::new();
     ONCE.get_or_init(|| {
+        watch_deadline();
         // SAFETY: prctl(PR_SET_CHILD_SUBREAPER, 1) takes no pointers and affects only this process.
         let r = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
         assert_eq!(
@@ -619,6 +754,9 @@ impl Mount {
             started.elapsed()
         );
         check_transport(&log, log_start);
+        if let Ok(mut m) = MOUNTED.lock() {
+            m.push((mountpoint.clone(), log.clone()));
+        }
         Ok(Self {
             mountpoint,
             device: device.to_path_buf(),
