@@ -47,8 +47,10 @@ if [ "$mode" = libfuzzer ]; then
 else
     echo "smoke: stable random-mutation driver (no coverage guidance), ${secs}s per target"
     cargo build --release --no-default-features --bins --quiet
+    # Where cargo put them: CARGO_TARGET_DIR (absolute, or relative to fuzz/) or fuzz/target.
+    bins=${CARGO_TARGET_DIR:-target}/release
     for t in "${targets[@]}"; do
-        "target/release/$t" "$secs" || failed+=("$t")
+        "$bins/$t" "$secs" || failed+=("$t")
     done
 fi
 
