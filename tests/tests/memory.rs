@@ -59,8 +59,12 @@ fn mount_of_a_large_volume_stays_small_and_counts_follow_other_nodes() {
             "daemon peak RSS {hwm} KiB on a 4 TiB volume (bound {RSS_BOUND_KIB} KiB)"
         );
     }
+    // A bound on scale, not a benchmark: the mount takes ~0.3 s alone here (it reads ~40 MB
+    // of a 4 TiB volume), but took 3.3 s with three other tests running beside it (CI runs
+    // four at once). The bound is there for a mount that grows with the volume, not for a
+    // busy machine.
     assert!(
-        mount_time < Duration::from_secs(3),
+        mount_time < Duration::from_secs(10),
         "mounting 4 TiB took {mount_time:?}"
     );
 
