@@ -442,6 +442,14 @@ fn watch_deadline() {
     }
 }
 
+/// The fields of `/proc/<pid>/stat` after the command name (state first, then the parent's
+/// pid, ...); `pid` may be "self" or a task path such as "123/task/124".
+pub fn proc_stat(pid: &str) -> Option<Vec<String>> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (_, rest) = stat.rsplit_once(") ")?;
+    Some(rest.split_whitespace().map(str::to_owned).collect())
+}
+
 /// Pids of the processes whose parent is `pid`.
 fn children_of(pid: &str) -> Vec<String> {
     let Ok(rd) = fs::read_dir("/proc") else {
@@ -449,9 +457,9 @@ fn children_of(pid: &str) -> Vec<String> {
     };
     rd.flatten()
         .filter_map(|e| {
-            let stat = fs::read_to_string(e.path().join("stat")).ok()?;
-            let ppid = stat.rsplit_once(") ")?.1.split_whitespace().nth(1)?;
-            (ppid == pid).then(|| e.file_name().to_string_lossy().into_owned())
+            let name = e.file_name().to_string_lossy().into_owned();
+            let stat = proc_stat(&name)?;
+            (stat.get(1)? == pid).then_some(name)
         })
         .collect()
 }
@@ -464,10 +472,10 @@ fn threads_of(pid: &str) -> String {
         for t in rd.flatten() {
             let p = t.path();
             let get = |f: &str| fs::read_to_string(p.join(f)).unwrap_or_default();
-            let stat = get("stat");
-            let state = stat
-                .rsplit_once(") ")
-                .map_or("?", |(_, r)| &r[..1.min(r.len())]);
+            let task = format!("{pid}/task/{}", t.file_name().to_string_lossy());
+            let state = proc_stat(&task)
+                .and_then(|f| f.into_iter().next())
+                .unwrap_or_else(|| "?".to_owned());
             let stack: Vec<String> = get("stack")
                 .lines()
                 .take(8)

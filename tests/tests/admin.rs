@@ -7,7 +7,7 @@
 //! itself (SIGSTOP) with node1's slot in the Recovering state: the test sees that state, then
 //! resumes the recoverer (SIGCONT) and sees the slot freed.
 
-use cetrafs_tests::{bin, poll_until, require_fuse, run, secs, Lun, Mount};
+use cetrafs_tests::{bin, poll_until, proc_stat, require_fuse, run, secs, Lun, Mount};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -51,10 +51,7 @@ fn slot_of<'a>(st: &'a Value, host: &str) -> Option<&'a Value> {
 
 /// Is process `pid` stopped (state T in /proc/PID/stat)?
 fn stopped(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| s.rsplit_once(") ").map(|(_, rest)| rest.starts_with('T')))
-        .unwrap_or(false)
+    proc_stat(&pid.to_string()).is_some_and(|f| f.first().is_some_and(|s| s == "T"))
 }
 
 /// SIGCONT to each pid when dropped (also when the test panics).
