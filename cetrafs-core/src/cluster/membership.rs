@@ -714,13 +714,7 @@ pub fn local_writer_gone(h: &Heartbeat, local_host: &str) -> bool {
         return std::io::Error::last_os_error().raw_os_error() == Some(libc::ESRCH);
     }
     // A zombie (killed, not yet reaped: daemons are reparented) has no I/O in flight either.
-    std::fs::read_to_string(format!("/proc/{pid}/stat"))
-        .ok()
-        .and_then(|s| {
-            s.rsplit_once(')')
-                .map(|(_, rest)| rest.trim_start().starts_with('Z'))
-        })
-        .unwrap_or(false)
+    crate::cluster::procs::state(pid) == Some('Z')
 }
 
 /// How long to watch a live-looking slot before calling it dead.

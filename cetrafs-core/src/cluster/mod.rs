@@ -9,6 +9,7 @@ pub mod machine;
 pub mod mailbox;
 pub mod membership;
 pub mod object_lock;
+pub mod procs;
 pub mod recovery;
 pub mod reservation;
 pub mod timing;

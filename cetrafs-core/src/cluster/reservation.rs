@@ -448,33 +448,47 @@ pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::P
             .filter(|m| m.rdev() != 0)
             .map(|m| m.rdev())
     };
-    let wanted: Vec<(u64, &std::path::PathBuf)> = devs
+    let wanted: Vec<(u64, std::path::PathBuf)> = devs
         .iter()
-        .filter_map(|d| rdev(d).map(|r| (r, d)))
+        .filter_map(|d| rdev(d).map(|r| (r, d.clone())))
         .collect();
-    let (me, parent) = (std::process::id(), std::os::unix::process::parent_id());
-    for e in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Ok(pid) = e.file_name().to_string_lossy().parse::<u32>() else {
-            continue;
-        };
-        let exe = std::fs::read_link(e.path().join("exe")).unwrap_or_default();
-        let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
-        let name = name.as_deref().unwrap_or("");
-        let name = name.strip_suffix(" (deleted)").unwrap_or(name);
-        if pid == me || pid == parent || !matches!(name, "mount.cetra" | "mount-cetra") {
-            continue;
-        }
-        let Ok(fds) = std::fs::read_dir(e.path().join("fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            let hit = rdev(&fd.path()).and_then(|r| wanted.iter().find(|(w, _)| *w == r));
-            if let Some(&(_, d)) = hit {
-                return Some((i32::try_from(pid).unwrap_or(-1), d.clone()));
+    let parent = i32::try_from(std::os::unix::process::parent_id()).unwrap_or(-1);
+    // Every process is looked at through `cluster/procs.rs` (a process stuck in exec blocks
+    // reads of its `exe` and `fd/`); only descriptors that name a device node are stat'ed, so
+    // a file on a FUSE mount that does not answer is never touched.
+    let scan = crate::cluster::procs::scan(
+        move |pid, dir| {
+            let exe = std::fs::read_link(dir.join("exe")).unwrap_or_default();
+            let name = exe.file_name().map(|n| n.to_string_lossy().into_owned());
+            let name = name.as_deref().unwrap_or("");
+            let name = name.strip_suffix(" (deleted)").unwrap_or(name);
+            if pid == parent || !matches!(name, "mount.cetra" | "mount-cetra") {
+                return None;
             }
-        }
+            std::fs::read_dir(dir.join("fd"))
+                .ok()?
+                .flatten()
+                .find_map(|fd| {
+                    let target = std::fs::read_link(fd.path()).ok()?;
+                    if !target.starts_with("/dev/") {
+                        return None;
+                    }
+                    let r = rdev(&target)?;
+                    wanted.iter().find(|(w, _)| *w == r).map(|(_, d)| d.clone())
+                })
+        },
+        crate::cluster::procs::PER_PROCESS,
+        std::time::Instant::now() + std::time::Duration::from_secs(30),
+    );
+    if !scan.unreadable.is_empty() {
+        tracing::warn!(
+            "{} process(es) could not be looked at in time (stuck in the kernel?) while \
+             looking for another daemon on {devs:?}: {:?}",
+            scan.unreadable.len(),
+            scan.unreadable
+        );
     }
-    None
+    scan.found.into_iter().next()
 }
 
 /// (slot, generation) of every live slot in `views`: whose keys a reservation must not cut off.

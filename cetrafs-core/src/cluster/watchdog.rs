@@ -23,8 +23,11 @@
 //! the node fenced itself, or its renewal stopped (a hung daemon, storage gone) — the thread:
 //! 1. sends SIGTERM to every process that uses the mount (a file descriptor, working or root
 //!    directory, executable or memory mapping under the mountpoint: `/proc`, never a call
-//!    into the mount), waits up to [`USER_GRACE`] for them to exit, then SIGKILLs those left:
-//!    a VM whose disk is on a fenced node stops instead of running on with EIO;
+//!    into the mount), and SIGKILL to those left [`KILL_SETTLE`] before [`USER_GRACE`] has
+//!    passed: a VM whose disk is on a fenced node stops instead of running on with EIO. The
+//!    whole step ends by [`USER_GRACE`], whatever the scan meets: a process stuck in the kernel
+//!    blocks reads of its `/proc` entries, and is passed over after a bound
+//!    (`cluster/procs.rs`);
 //! 2. stops the watchdog for good without a magic close (watchdog-mux: closes its connection,
 //!    so the host resets within the hardware timeout; a device: stops petting, it fires at
 //!    its timeout). Only a reset stops writes already queued below the process (dm-multipath
@@ -41,6 +44,7 @@
 //! recover the node (`Heartbeat::dead_time`), so its host is reset before anyone writes on its
 //! behalf.
 
+use crate::cluster::procs;
 use crate::error::{Error, Result};
 use crate::sync::LockPolicy;
 use std::io::Write;
@@ -61,8 +65,11 @@ pub const MUX_HW_TIMEOUT: Duration = Duration::from_secs(10);
 const DEVICE_TIMEOUT_UNKNOWN: Duration = Duration::from_secs(10);
 /// How often the thread looks at the lease and pets.
 pub const PET_EVERY: Duration = Duration::from_secs(1);
-/// How long the users of the mount get between SIGTERM and SIGKILL.
+/// How long stopping the users of the mount takes at most, all included: the scan of `/proc`,
+/// SIGTERM, SIGKILL [`KILL_SETTLE`] before the end to those left, and their exit.
 pub const USER_GRACE: Duration = Duration::from_secs(5);
+/// How long before the end of [`USER_GRACE`] the users still there get SIGKILL.
+pub const KILL_SETTLE: Duration = Duration::from_secs(1);
 
 /// What `watchdog=` asks for.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
@@ -176,8 +183,8 @@ impl Watchdog {
         }
     }
 
-    /// Latest host reset after the lease is gone: the thread's look, the users' grace, the
-    /// hardware timeout.
+    /// Latest host reset after the lease is gone: the thread's look, stopping the users
+    /// (bounded by [`USER_GRACE`] in all), the hardware timeout.
     pub fn fires_within(&self) -> Duration {
         PET_EVERY + USER_GRACE + self.timeout
     }
@@ -282,55 +289,64 @@ fn under(p: &Path, mountpoint: &Path) -> bool {
     p.starts_with(mountpoint)
 }
 
-/// Processes (other than this one) that use files under `mountpoint`: open descriptors,
-/// working and root directory, executable, memory mappings. Read from `/proc` only (links
-/// and text, never a call into the mount, which may not answer).
-pub fn users_of(mountpoint: &Path) -> Vec<i32> {
-    let me = i32::try_from(std::process::id()).unwrap_or(0);
-    let Ok(procs) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    let mut out = Vec::new();
-    for e in procs.flatten() {
-        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
-            continue;
-        };
-        if pid == me {
-            continue;
-        }
-        let base = e.path();
-        let link_under = |p: PathBuf| std::fs::read_link(p).is_ok_and(|t| under(&t, mountpoint));
-        let uses = ["cwd", "root", "exe"]
-            .iter()
-            .any(|l| link_under(base.join(l)))
-            || std::fs::read_dir(base.join("fd"))
-                .is_ok_and(|fds| fds.flatten().any(|fd| link_under(fd.path())))
-            || std::fs::read_to_string(base.join("maps")).is_ok_and(|m| {
-                m.lines().any(|l| {
-                    l.split_whitespace()
-                        .nth(5)
-                        .is_some_and(|f| under(Path::new(f), mountpoint))
-                })
-            });
-        if uses {
-            out.push(pid);
-        }
-    }
-    out
+/// Does the process whose `/proc` directory is `dir` use files under `mountpoint`: an open
+/// descriptor, its working or root directory, its executable, a memory mapping? Links and
+/// text only, never a call into the mount (which may not answer).
+fn uses(dir: &Path, mountpoint: &Path) -> bool {
+    let link_under = |p: PathBuf| std::fs::read_link(p).is_ok_and(|t| under(&t, mountpoint));
+    ["cwd", "root", "exe"]
+        .iter()
+        .any(|l| link_under(dir.join(l)))
+        || std::fs::read_dir(dir.join("fd"))
+            .is_ok_and(|fds| fds.flatten().any(|fd| link_under(fd.path())))
+        || std::fs::read_to_string(dir.join("maps")).is_ok_and(|m| {
+            m.lines().any(|l| {
+                l.split_whitespace()
+                    .nth(5)
+                    .is_some_and(|f| under(Path::new(f), mountpoint))
+            })
+        })
 }
 
-/// SIGTERM every user of `mountpoint`, give them `grace` to exit, SIGKILL those left. Returns
-/// how many processes were signalled.
-pub fn stop_users(mountpoint: &Path, grace: Duration) -> usize {
-    let users = users_of(mountpoint);
+/// Processes (other than this one) that use files under `mountpoint` ([`uses`]), looked at
+/// until `until` at the latest (`cluster/procs.rs`: a stuck process is passed over).
+pub fn users_of(mountpoint: &Path, until: Instant) -> procs::Scan<()> {
+    let mp = mountpoint.to_path_buf();
+    procs::scan(
+        move |_, dir| uses(dir, &mp).then_some(()),
+        procs::PER_PROCESS,
+        until,
+    )
+}
+
+/// Stop the users of `mountpoint` within `within` in all (module doc, step 1): SIGTERM each
+/// as it is found, SIGKILL those left [`KILL_SETTLE`] before the end, return once they are
+/// gone or the time is up. Returns how many processes were signalled.
+pub fn stop_users(mountpoint: &Path, within: Duration) -> usize {
+    let start = Instant::now();
+    let kill_at = start + within.saturating_sub(KILL_SETTLE);
+    let end = start + within;
+    let scan = users_of(mountpoint, kill_at);
+    if !scan.unreadable.is_empty() {
+        tracing::error!(
+            "fenced: {} process(es) could not be looked at in time (stuck in the kernel?), so \
+             whether they use {} is unknown: {:?}",
+            scan.unreadable.len(),
+            mountpoint.display(),
+            scan.unreadable
+        );
+    }
+    let users: Vec<i32> = scan.found.into_iter().map(|(p, ())| p).collect();
     if users.is_empty() {
         return 0;
     }
     tracing::error!(
-        "fenced: stopping {} process(es) using {} (SIGTERM, SIGKILL after {} s): {users:?}",
+        "fenced: stopping {} process(es) using {} (SIGTERM, SIGKILL after {:.1} s): {users:?}",
         users.len(),
         mountpoint.display(),
-        grace.as_secs()
+        kill_at
+            .saturating_duration_since(Instant::now())
+            .as_secs_f32()
     );
     let signal = |pid: i32, sig: nix::sys::signal::Signal| {
         let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
@@ -338,24 +354,16 @@ pub fn stop_users(mountpoint: &Path, grace: Duration) -> usize {
     for &p in &users {
         signal(p, nix::sys::signal::Signal::SIGTERM);
     }
-    let alive = |pid: i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
-            s.rsplit_once(')')
-                .is_some_and(|(_, rest)| !rest.trim_start().starts_with('Z'))
-        })
-    };
-    let deadline = Instant::now() + grace;
-    while Instant::now() < deadline && users.iter().any(|&p| alive(p)) {
+    while Instant::now() < kill_at && users.iter().any(|&p| procs::alive(p)) {
         std::thread::sleep(Duration::from_millis(50));
     }
-    for &p in users.iter().filter(|&&p| alive(p)) {
+    for &p in users.iter().filter(|&&p| procs::alive(p)) {
         tracing::error!("fenced: process {p} did not exit after SIGTERM; SIGKILL");
         signal(p, nix::sys::signal::Signal::SIGKILL);
     }
     // SIGKILL is delivered asynchronously: the watchdog goes only once they are gone (or a
-    // process stuck in the kernel has had a second).
-    let deadline = Instant::now() + Duration::from_secs(1);
-    while Instant::now() < deadline && users.iter().any(|&p| alive(p)) {
+    // process stuck in the kernel has had the rest of the time).
+    while Instant::now() < end && users.iter().any(|&p| procs::alive(p)) {
         std::thread::sleep(Duration::from_millis(10));
     }
     users.len()
@@ -416,7 +424,9 @@ mod tests {
             .spawn()
             .unwrap();
         std::thread::sleep(Duration::from_millis(200));
-        assert!(users_of(&mnt).contains(&i32::try_from(user.id()).unwrap()));
+        let pid = i32::try_from(user.id()).unwrap();
+        let found = users_of(&mnt, Instant::now() + Duration::from_secs(30)).found;
+        assert!(found.iter().any(|&(p, ())| p == pid), "{found:?}");
         let valid = Arc::new(AtomicBool::new(true));
         let v2 = valid.clone();
         wd.spawn(
@@ -441,7 +451,8 @@ mod tests {
         );
         assert!(wd.is_stopped());
         assert!(
-            closed_after >= USER_GRACE && closed_after < USER_GRACE + PET_EVERY * 3,
+            closed_after >= USER_GRACE.saturating_sub(KILL_SETTLE)
+                && closed_after < USER_GRACE + PET_EVERY * 3,
             "closed {closed_after:?} after the lease was gone (SIGTERM ignored: grace, SIGKILL)"
         );
         let _ = user.wait();

@@ -1,0 +1,220 @@
+//! This host's processes, read through `/proc` without ever waiting on one of them.
+//!
+//! **Why a module for it.** Most of a process's `/proc` entries wait for the process while it
+//! is inside `execve(2)`, and an exec can stall for ever: it closes the process's
+//! close-on-exec descriptors, and closing a file on a FUSE (or NFS) mount whose server does
+//! not answer waits for that server. Measured on 6.18 with a child exec'ing while it held a
+//! file of a SIGSTOPped FUSE daemon: reads of its `stat`, `wchan`, `io`, `environ`, `maps`,
+//! `stack`, `ns/*` and the links `exe`, `cwd`, `fd/*` blocked until the daemon resumed;
+//! `status`, `comm`, `cmdline`, `statm` and `limits` answered at once. One such process
+//! anywhere on the host used to stall the fence path's scan for the users of a mount
+//! ([`crate::cluster::watchdog::stop_users`]) and with it the watchdog's stop: the host was
+//! then reset by watchdog-mux's client timeout, long after the bound the node advertised.
+//!
+//! So:
+//! * [`state`] reads a process's state from `status`, never `stat`;
+//! * [`scan`] looks at every process through a worker thread, at most [`PER_PROCESS`] each
+//!   and all of them by a deadline: a process that does not answer in time is reported as
+//!   unreadable, and the scan goes on with a fresh worker (the stuck one is left to finish
+//!   whenever that process does, and its late answer is ignored).
+
+use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// How long [`scan`] waits for one process before it calls it unreadable. A normal look
+/// takes well under a millisecond; this leaves room for a loaded 2-core machine.
+pub const PER_PROCESS: Duration = Duration::from_secs(1);
+
+/// What a [`scan`] found.
+#[derive(Debug)]
+pub struct Scan<T> {
+    /// Processes whose look returned something, with what it returned.
+    pub found: Vec<(i32, T)>,
+    /// Processes that did not answer within [`PER_PROCESS`], or were not reached before the
+    /// deadline.
+    pub unreadable: Vec<i32>,
+}
+
+/// The state letter of process `pid` (`R`, `S`, `D`, `T`, `Z`, ...), from `/proc/<pid>/status`
+/// (module doc: never `stat`). None: no such process.
+#[must_use]
+pub fn state(pid: i32) -> Option<char> {
+    let text = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix("State:"))
+        .and_then(|s| s.trim_start().chars().next())
+}
+
+/// Does process `pid` exist and is not a zombie (killed, not yet reaped)?
+#[must_use]
+pub fn alive(pid: i32) -> bool {
+    state(pid).is_some_and(|s| s != 'Z' && s != 'X')
+}
+
+/// Pids of every process but this one.
+fn others() -> Vec<i32> {
+    let me = i32::try_from(std::process::id()).unwrap_or(0);
+    std::fs::read_dir("/proc")
+        .map(|rd| {
+            rd.flatten()
+                .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+                .filter(|&p| p != me)
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+enum Msg<T> {
+    Start(u32, i32),
+    Done(u32, i32, Option<T>),
+    End(u32),
+}
+
+/// Run `look(pid, /proc/<pid>)` on every other process (module doc): at most `per_process`
+/// each, nothing started after `until`.
+pub fn scan<T, F>(look: F, per_process: Duration, until: Instant) -> Scan<T>
+where
+    T: Send + 'static,
+    F: Fn(i32, &Path) -> Option<T> + Send + Sync + 'static,
+{
+    let queue = Arc::new(Mutex::new(VecDeque::from(others())));
+    let look = Arc::new(look);
+    let (tx, rx) = mpsc::channel::<Msg<T>>();
+    let start_worker = |id: u32| {
+        let (queue, look, tx) = (queue.clone(), look.clone(), tx.clone());
+        std::thread::Builder::new()
+            .name("cetra-procscan".into())
+            .spawn(move || loop {
+                let next = queue.lock().ok().and_then(|mut q| q.pop_front());
+                let Some(pid) = next else {
+                    let _ = tx.send(Msg::End(id));
+                    return;
+                };
+                if tx.send(Msg::Start(id, pid)).is_err() {
+                    return;
+                }
+                let got = look(pid, &PathBuf::from(format!("/proc/{pid}")));
+                if tx.send(Msg::Done(id, pid, got)).is_err() {
+                    return;
+                }
+            })
+            .is_ok()
+    };
+    let mut out = Scan {
+        found: Vec::new(),
+        unreadable: Vec::new(),
+    };
+    let mut worker = 0u32;
+    let mut running = start_worker(worker);
+    let mut in_flight: Option<i32> = None;
+    while running {
+        let now = Instant::now();
+        if now >= until {
+            break;
+        }
+        match rx.recv_timeout(per_process.min(until - now)) {
+            Ok(Msg::Start(id, pid)) if id == worker => in_flight = Some(pid),
+            Ok(Msg::Done(id, pid, got)) if id == worker => {
+                in_flight = None;
+                if let Some(t) = got {
+                    out.found.push((pid, t));
+                }
+            }
+            Ok(Msg::End(id)) if id == worker => running = false,
+            // A worker given up on answering late.
+            Ok(_) => {}
+            Err(mpsc::RecvTimeoutError::Timeout) => {
+                if let Some(pid) = in_flight.take() {
+                    out.unreadable.push(pid);
+                    worker += 1;
+                    running = start_worker(worker);
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Disconnected) => running = false,
+        }
+    }
+    // Whatever was not looked at by the deadline (or for want of a thread).
+    out.unreadable.extend(in_flight);
+    if let Ok(mut q) = queue.lock() {
+        out.unreadable.extend(q.drain(..));
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn child() -> std::process::Child {
+        std::process::Command::new("sleep")
+            .arg("30")
+            .spawn()
+            .unwrap()
+    }
+
+    #[test]
+    fn state_of_a_live_process_and_of_none() {
+        let mut c = child();
+        let pid = i32::try_from(c.id()).unwrap();
+        // Running, sleeping, or still in its exec: alive in every case.
+        assert!(state(pid).is_some_and(|s| s != 'Z'), "{:?}", state(pid));
+        assert!(alive(pid));
+        c.kill().unwrap();
+        // Killed, not reaped: a zombie.
+        let t = Instant::now();
+        while state(pid) != Some('Z') && t.elapsed() < Duration::from_secs(5) {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        assert_eq!(state(pid), Some('Z'));
+        assert!(!alive(pid));
+        c.wait().unwrap();
+        assert_eq!(state(pid), None);
+        assert!(!alive(pid));
+    }
+
+    /// A process whose look never returns is reported unreadable after the bound, and the
+    /// scan still reaches every other process.
+    #[test]
+    fn a_process_that_does_not_answer_is_skipped_not_waited_for() {
+        let (mut stuck, mut other) = (child(), child());
+        let (s, o) = (
+            i32::try_from(stuck.id()).unwrap(),
+            i32::try_from(other.id()).unwrap(),
+        );
+        let t = Instant::now();
+        let got = scan(
+            move |pid, dir| {
+                if pid == s {
+                    std::thread::sleep(Duration::from_hours(1));
+                }
+                (pid == o || pid == s).then(|| dir.to_path_buf())
+            },
+            Duration::from_millis(200),
+            Instant::now() + Duration::from_secs(20),
+        );
+        let took = t.elapsed();
+        assert_eq!(got.unreadable, vec![s]);
+        assert_eq!(got.found, vec![(o, PathBuf::from(format!("/proc/{o}")))]);
+        assert!(took < Duration::from_secs(5), "took {took:?}");
+        let _ = (stuck.kill(), other.kill(), stuck.wait(), other.wait());
+    }
+
+    /// Nothing starts after the deadline: what is left is unreadable, and the scan returns.
+    #[test]
+    fn the_deadline_bounds_the_whole_scan() {
+        let t = Instant::now();
+        let got = scan(
+            |_, _| -> Option<()> {
+                std::thread::sleep(Duration::from_millis(100));
+                None
+            },
+            Duration::from_secs(1),
+            Instant::now() + Duration::from_millis(300),
+        );
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        assert!(!got.unreadable.is_empty());
+    }
+}
