@@ -399,7 +399,7 @@ fn watch_deadline() {
                 if cmd.contains("mount-cetra") {
                     continue; // below, with its mount
                 }
-                let _ = write!(out, "--- child {pid}: {cmd}\n{}", threads_of(&pid));
+                let _ = write!(out, "--- child {pid}: {cmd}\n{}", threads_of_bounded(&pid));
             }
             let mounted = MOUNTED.lock().map(|m| m.clone()).unwrap_or_default();
             let mut pids = Vec::new();
@@ -411,7 +411,7 @@ fn watch_deadline() {
                         out,
                         "--- daemon {pid} of {}\n{}--- last lines of {}:\n",
                         mp.display(),
-                        threads_of(&pid.to_string()),
+                        threads_of_bounded(&pid.to_string()),
                         log.display()
                     );
                     for l in tail.iter().rev() {
@@ -442,12 +442,14 @@ fn watch_deadline() {
     }
 }
 
-/// The fields of `/proc/<pid>/stat` after the command name (state first, then the parent's
-/// pid, ...); `pid` may be "self" or a task path such as "123/task/124".
-pub fn proc_stat(pid: &str) -> Option<Vec<String>> {
-    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    let (_, rest) = stat.rsplit_once(") ")?;
-    Some(rest.split_whitespace().map(str::to_owned).collect())
+/// Field `key` of `/proc/<pid>/status` (`pid` may be "self" or "123/task/124"), trimmed.
+/// `status`, not `stat`: most of a process's /proc entries block while it is stuck in an exec
+/// (`cetrafs-core` cluster/procs.rs), `status` answers.
+pub fn proc_status(pid: &str, key: &str) -> Option<String> {
+    let text = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    text.lines()
+        .find_map(|l| l.strip_prefix(key)?.strip_prefix(':'))
+        .map(|v| v.trim().to_owned())
 }
 
 /// Pids of the processes whose parent is `pid`.
@@ -458,10 +460,35 @@ fn children_of(pid: &str) -> Vec<String> {
     rd.flatten()
         .filter_map(|e| {
             let name = e.file_name().to_string_lossy().into_owned();
-            let stat = proc_stat(&name)?;
-            (stat.get(1)? == pid).then_some(name)
+            (proc_status(&name, "PPid")? == pid).then_some(name)
         })
         .collect()
+}
+
+/// `f()` on a thread of its own, given up on after `within` (None then; the thread is left).
+fn bounded<T: Send + 'static>(
+    within: Duration,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> Option<T> {
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::Builder::new()
+        .spawn(move || {
+            let _ = tx.send(f());
+        })
+        .ok()?;
+    rx.recv_timeout(within).ok()
+}
+
+/// [`threads_of`], or a note that its /proc entries do not answer (a process stuck in an
+/// exec: `cetrafs-core` cluster/procs.rs).
+fn threads_of_bounded(pid: &str) -> String {
+    let p = pid.to_owned();
+    bounded(Duration::from_secs(2), move || threads_of(&p)).unwrap_or_else(|| {
+        format!(
+            "  (its /proc entries do not answer: stuck in an exec? state {:?})\n",
+            proc_status(pid, "State")
+        )
+    })
 }
 
 /// The threads of process `pid` ("self" for this one), those waiting alike in one line:
@@ -473,9 +500,7 @@ fn threads_of(pid: &str) -> String {
             let p = t.path();
             let get = |f: &str| fs::read_to_string(p.join(f)).unwrap_or_default();
             let task = format!("{pid}/task/{}", t.file_name().to_string_lossy());
-            let state = proc_stat(&task)
-                .and_then(|f| f.into_iter().next())
-                .unwrap_or_else(|| "?".to_owned());
+            let state = proc_status(&task, "State").unwrap_or_else(|| "?".to_owned());
             let stack: Vec<String> = get("stack")
                 .lines()
                 .take(8)
@@ -550,6 +575,12 @@ fn daemon_pids(mountpoint: &Path) -> Vec<i32> {
         let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<i32>().ok()) else {
             continue;
         };
+        // `comm` first (a daemon's is `exe` once it re-executed itself): it always answers,
+        // and only daemons' command lines are read then.
+        let comm = fs::read_to_string(e.path().join("comm")).unwrap_or_default();
+        if !matches!(comm.trim(), "exe" | "mount-cetra" | "mount.cetra") {
+            continue;
+        }
         let Ok(cmdline) = fs::read(e.path().join("cmdline")) else {
             continue;
         };

@@ -7,7 +7,7 @@
 //! itself (SIGSTOP) with node1's slot in the Recovering state: the test sees that state, then
 //! resumes the recoverer (SIGCONT) and sees the slot freed.
 
-use cetrafs_tests::{bin, poll_until, proc_stat, require_fuse, run, secs, Lun, Mount};
+use cetrafs_tests::{bin, poll_until, proc_status, require_fuse, run, secs, Lun, Mount};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -49,9 +49,19 @@ fn slot_of<'a>(st: &'a Value, host: &str) -> Option<&'a Value> {
         .find(|s| s["host"].as_str() == Some(host))
 }
 
-/// Is process `pid` stopped (state T in /proc/PID/stat)?
+/// Is process `pid` stopped (state T in /proc/PID/status)?
 fn stopped(pid: i32) -> bool {
-    proc_stat(&pid.to_string()).is_some_and(|f| f.first().is_some_and(|s| s == "T"))
+    proc_status(&pid.to_string(), "State").is_some_and(|s| s.starts_with('T'))
+}
+
+/// A child process killed and reaped when this goes out of scope, panics included.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// SIGCONT to each pid when dropped (also when the test panics).
@@ -83,9 +93,21 @@ fn status_shows_three_nodes_and_a_killed_one_dead_recovering_free() {
         f.sync_all().expect("fsync through node1");
     }
 
-    // node2 keeps a file open for writing: its open registration shows.
-    let held = std::fs::File::create(node2.p("held")).expect("create through node2");
-    held.sync_all().expect("fsync through node2");
+    // node2 keeps a file open for writing: its open registration shows. A child process holds
+    // it, not this one: every command this test runs would otherwise inherit the descriptor
+    // until its exec closes it, and that close must not depend on node2, which this test
+    // stops at a failpoint.
+    let held = {
+        let f = std::fs::File::create(node2.p("held")).expect("create through node2");
+        f.sync_all().expect("fsync through node2");
+        KillOnDrop(
+            Command::new("sleep")
+                .arg("600")
+                .stdout(f)
+                .spawn()
+                .expect("a process holding node2's file"),
+        )
+    };
     // Three nodes, asked from node3 (its mountpoint resolves to the LUN).
     let st = status(node3.path());
     for host in ["node1", "node2", "node3"] {
