@@ -44,6 +44,40 @@ fn serve_one(listener: UnixListener) -> mpsc::Receiver<(Instant, u8)> {
     rx
 }
 
+/// A user of the mount that ignores SIGTERM, with its working directory and a descriptor in
+/// it.
+fn start_user(m: &Mount) -> std::process::Child {
+    std::process::Command::new("sh")
+        .arg("-c")
+        .arg("trap '' TERM; exec 3<.; while :; do sleep 0.1; done")
+        .current_dir(m.path())
+        .spawn()
+        .expect("start a user of the mount")
+}
+
+/// `user`, a process using the mount that ignores SIGTERM, was ended by the fenced daemon with
+/// SIGKILL before its watchdog closed (the daemon saw it gone from /proc; its parent, this
+/// test, reaps it).
+fn assert_sigkilled(user: &mut std::process::Child, m: &Mount) {
+    let mut status = None;
+    cetrafs_tests::poll_until(Duration::from_secs(2), || {
+        status = user.try_wait().ok().flatten();
+        status.is_some()
+    });
+    let status = status.unwrap_or_else(|| {
+        let _ = user.kill();
+        panic!(
+            "the user of the mount was still running when the watchdog closed; log:\n{}",
+            m.own_log()
+        )
+    });
+    assert_eq!(
+        std::os::unix::process::ExitStatusExt::signal(&status),
+        Some(libc::SIGKILL),
+        "SIGTERM ignored, so SIGKILL: {status:?}"
+    );
+}
+
 fn formatted() -> Lun {
     let lun = Lun::new(1 << 30);
     lun.mkfs(&[
@@ -84,13 +118,7 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
         .recv_timeout(Duration::from_secs(5))
         .expect("the daemon pets its watchdog");
     assert_eq!(first.1, b'p');
-    // A user of the mount that ignores SIGTERM, with its working directory in it.
-    let mut user = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' TERM; exec 3<.; while :; do sleep 0.1; done")
-        .current_dir(m.path())
-        .spawn()
-        .expect("start a user of the mount");
+    let mut user = start_user(&m);
     std::thread::sleep(Duration::from_millis(300));
     assert!(user.try_wait().expect("user").is_none());
 
@@ -130,24 +158,7 @@ fn a_paused_node_stops_its_users_then_its_watchdog() {
     };
     assert!(!saw_v, "a fenced node must not magic-close its watchdog");
     // The user was stopped before: SIGTERM ignored, SIGKILL 4 s later.
-    // (The daemon saw it gone from /proc; its parent, this test, reaps it.)
-    let mut status = None;
-    for _ in 0..100 {
-        status = user.try_wait().expect("user");
-        if status.is_some() {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-    let status = status.unwrap_or_else(|| {
-        let _ = user.kill();
-        panic!("the user of the mount was still running when the watchdog closed")
-    });
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(libc::SIGKILL),
-        "SIGTERM ignored, so SIGKILL: {status:?}"
-    );
+    assert_sigkilled(&mut user, &m);
     let took = closed.duration_since(resumed);
     eprintln!(
         "watchdog: last pet {:?} before the resume, connection closed {:?} after it",
@@ -331,14 +342,10 @@ fn a_process_stuck_in_its_exec_does_not_hold_up_the_fence() {
 
     // The mount's user, started first: a process this test starts while it holds `f` would
     // be stuck in its exec too.
-    let mut user = std::process::Command::new("sh")
-        .arg("-c")
-        .arg("trap '' TERM; exec 3<.; while :; do sleep 0.1; done")
-        .current_dir(m.path())
-        .spawn()
-        .expect("start a user of the mount");
-    // The stuck process: this test holds `f` of a FUSE mount that never answers FLUSH and
-    // spawns `true`, whose exec then waits for ever to close its inherited copy of `f`.
+    let mut user = start_user(&m);
+    // The stuck process: this test holds `f` of a FUSE mount that stops reading requests and
+    // spawns `true`, whose exec then waits to close its inherited copy of `f` (until the
+    // gate opens).
     let hang = lun.dir().join("never-flushes");
     std::fs::create_dir_all(&hang).expect("mountpoint");
     let gate = Gate::new();
@@ -410,26 +417,13 @@ fn a_process_stuck_in_its_exec_does_not_hold_up_the_fence() {
             }
         }
     };
-    let mut status = None;
-    cetrafs_tests::poll_until(Duration::from_secs(2), || {
-        status = user.try_wait().ok().flatten();
-        status.is_some()
-    });
+    assert_sigkilled(&mut user, &m);
     let log = m.own_log();
     // Let the stuck exec finish (the server reads its FLUSH), then unmount.
     drop(opened);
     let _ = spawner.join();
     drop(f);
     drop(session);
-    let status = status.unwrap_or_else(|| {
-        let _ = user.kill();
-        panic!("the user of the mount was still running when the watchdog closed; log:\n{log}")
-    });
-    assert_eq!(
-        std::os::unix::process::ExitStatusExt::signal(&status),
-        Some(libc::SIGKILL),
-        "{status:?}"
-    );
     assert!(
         closed < Duration::from_secs(10),
         "closed {closed:?} after the resume"
