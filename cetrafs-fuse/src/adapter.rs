@@ -471,7 +471,7 @@ impl Adapter {
             // No page cache for file data: another node may change the blocks at any time.
             // Parallel direct writes: no per-inode write serialization in the kernel (§1.3 #3).
             // No FLUSH at close(2): `flush` has nothing to do (writes reach the device before
-            // they are acknowledged; shared mappings are written back at munmap, as on ext4),
+            // they are acknowledged; the kernel writes shared mappings back at munmap),
             // so a close saves a round trip, and it cannot wait on this daemon: an exec closes
             // its close-on-exec files, and an exec stuck on a stopped daemon blocks most of its
             // /proc entries for every reader on the host (`cetrafs-core` cluster/procs.rs).

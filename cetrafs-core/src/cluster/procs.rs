@@ -73,22 +73,42 @@ enum Msg<T> {
     End(u32),
 }
 
+/// The pids left to look at, and which worker may take them (a replaced worker that comes
+/// back finds another id here and ends: it takes nothing it would report to nobody).
+struct Work {
+    worker: u32,
+    pids: VecDeque<i32>,
+}
+
+/// No worker takes anything more.
+const STOPPED: u32 = u32::MAX;
+
 /// Run `look(pid, /proc/<pid>)` on every other process (module doc): at most `per_process`
-/// each, nothing started after `until`.
+/// each, nothing started after `until`. Every pid ends in `found` (if its look returned
+/// something), in `unreadable`, or was looked at and returned nothing.
 pub fn scan<T, F>(look: F, per_process: Duration, until: Instant) -> Scan<T>
 where
     T: Send + 'static,
     F: Fn(i32, &Path) -> Option<T> + Send + Sync + 'static,
 {
-    let queue = Arc::new(Mutex::new(VecDeque::from(others())));
+    let work = Arc::new(Mutex::new(Work {
+        worker: 0,
+        pids: VecDeque::from(others()),
+    }));
     let look = Arc::new(look);
     let (tx, rx) = mpsc::channel::<Msg<T>>();
     let start_worker = |id: u32| {
-        let (queue, look, tx) = (queue.clone(), look.clone(), tx.clone());
+        let (work, look, tx) = (work.clone(), look.clone(), tx.clone());
         std::thread::Builder::new()
             .name("cetra-procscan".into())
             .spawn(move || loop {
-                let next = queue.lock().ok().and_then(|mut q| q.pop_front());
+                let next = work.lock().ok().and_then(|mut w| {
+                    if w.worker == id {
+                        w.pids.pop_front()
+                    } else {
+                        None
+                    }
+                });
                 let Some(pid) = next else {
                     let _ = tx.send(Msg::End(id));
                     return;
@@ -108,39 +128,61 @@ where
         unreadable: Vec::new(),
     };
     let mut worker = 0u32;
-    let mut running = start_worker(worker);
     let mut in_flight: Option<i32> = None;
+    // Takes one message; false once the current worker has ended.
+    let take = |m: Msg<T>, worker: u32, in_flight: &mut Option<i32>, out: &mut Scan<T>| {
+        match m {
+            Msg::Start(id, pid) if id == worker => *in_flight = Some(pid),
+            Msg::Done(id, pid, got) if id == worker => {
+                *in_flight = None;
+                if let Some(t) = got {
+                    out.found.push((pid, t));
+                }
+            }
+            Msg::End(id) if id == worker => return false,
+            // A replaced worker's late answer: its pid is already unreadable.
+            _ => {}
+        }
+        true
+    };
+    let mut running = start_worker(worker);
     while running {
         let now = Instant::now();
         if now >= until {
             break;
         }
         match rx.recv_timeout(per_process.min(until - now)) {
-            Ok(Msg::Start(id, pid)) if id == worker => in_flight = Some(pid),
-            Ok(Msg::Done(id, pid, got)) if id == worker => {
-                in_flight = None;
-                if let Some(t) = got {
-                    out.found.push((pid, t));
-                }
-            }
-            Ok(Msg::End(id)) if id == worker => running = false,
-            // A worker given up on answering late.
-            Ok(_) => {}
+            Ok(m) => running = take(m, worker, &mut in_flight, &mut out),
             Err(mpsc::RecvTimeoutError::Timeout) => {
+                if Instant::now() >= until {
+                    break;
+                }
                 if let Some(pid) = in_flight.take() {
                     out.unreadable.push(pid);
                     worker += 1;
+                    if let Ok(mut w) = work.lock() {
+                        w.worker = worker;
+                    }
                     running = start_worker(worker);
                 }
             }
             Err(mpsc::RecvTimeoutError::Disconnected) => running = false,
         }
     }
-    // Whatever was not looked at by the deadline (or for want of a thread).
-    out.unreadable.extend(in_flight);
-    if let Ok(mut q) = queue.lock() {
-        out.unreadable.extend(q.drain(..));
+    // Stop every worker, then keep what the current one said before it saw that; whatever is
+    // in flight or left was not looked at in time (or for want of a thread).
+    let left: Vec<i32> = work
+        .lock()
+        .map(|mut w| {
+            w.worker = STOPPED;
+            w.pids.drain(..).collect()
+        })
+        .unwrap_or_default();
+    while let Ok(m) = rx.try_recv() {
+        take(m, worker, &mut in_flight, &mut out);
     }
+    out.unreadable.extend(in_flight);
+    out.unreadable.extend(left);
     out
 }
 
@@ -200,6 +242,43 @@ mod tests {
         assert_eq!(got.found, vec![(o, PathBuf::from(format!("/proc/{o}")))]);
         assert!(took < Duration::from_secs(5), "took {took:?}");
         let _ = (stuck.kill(), other.kill(), stuck.wait(), other.wait());
+    }
+
+    /// A look that takes longer than the bound and then returns: that process is unreadable,
+    /// and every other one is still looked at once, by the worker that replaced it.
+    #[test]
+    fn a_slow_look_loses_no_other_process() {
+        let mut slow = child();
+        let s = i32::try_from(slow.id()).unwrap();
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let seen2 = seen.clone();
+        let got = scan(
+            move |pid, _| {
+                if pid == s {
+                    std::thread::sleep(Duration::from_millis(500));
+                }
+                seen2.lock().unwrap().push(pid);
+                Some(())
+            },
+            Duration::from_millis(100),
+            Instant::now() + Duration::from_secs(20),
+        );
+        let _ = (slow.kill(), slow.wait());
+        assert_eq!(got.unreadable, vec![s]);
+        // Every process but the slow one found exactly once; none lost, none twice.
+        let mut found: Vec<i32> = got.found.iter().map(|&(p, ())| p).collect();
+        found.sort_unstable();
+        let n = found.len();
+        found.dedup();
+        assert_eq!(found.len(), n, "a pid found twice");
+        assert!(!found.contains(&s));
+        let seen = seen.lock().unwrap().clone();
+        for p in seen.iter().filter(|&&p| p != s) {
+            assert!(
+                found.contains(p),
+                "{p} was looked at but is in neither list"
+            );
+        }
     }
 
     /// Nothing starts after the deadline: what is left is unreadable, and the scan returns.

@@ -454,8 +454,8 @@ pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::P
         .collect();
     let parent = i32::try_from(std::os::unix::process::parent_id()).unwrap_or(-1);
     // Every process is looked at through `cluster/procs.rs` (a process stuck in exec blocks
-    // reads of its `exe` and `fd/`); only descriptors that name a device node are stat'ed, so
-    // a file on a FUSE mount that does not answer is never touched.
+    // reads of its `exe` and `fd/`); its descriptors are stat'ed from cached attributes only,
+    // so a file on a FUSE or NFS mount that does not answer is never asked.
     let scan = crate::cluster::procs::scan(
         move |pid, dir| {
             let exe = std::fs::read_link(dir.join("exe")).unwrap_or_default();
@@ -469,11 +469,7 @@ pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::P
                 .ok()?
                 .flatten()
                 .find_map(|fd| {
-                    let target = std::fs::read_link(fd.path()).ok()?;
-                    if !target.starts_with("/dev/") {
-                        return None;
-                    }
-                    let r = rdev(&target)?;
+                    let r = cached_rdev(&fd.path())?;
                     wanted.iter().find(|(w, _)| *w == r).map(|(_, d)| d.clone())
                 })
         },
@@ -489,6 +485,33 @@ pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::P
         );
     }
     scan.found.into_iter().next()
+}
+
+/// The device number of the block device `p` (a `/proc/<pid>/fd/N` link: the open file
+/// itself, a deleted node or one in another mount namespace included), from the attributes
+/// the kernel has cached (`AT_STATX_DONT_SYNC`: a FUSE or NFS file is not asked). None if it
+/// is not a block device.
+fn cached_rdev(p: &Path) -> Option<u64> {
+    use std::os::unix::ffi::OsStrExt;
+    let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
+    let mut st = std::mem::MaybeUninit::<libc::statx>::zeroed();
+    // SAFETY: a NUL-terminated path and a pointer to a statx buffer the kernel fills.
+    let r = unsafe {
+        libc::statx(
+            libc::AT_FDCWD,
+            c.as_ptr(),
+            libc::AT_STATX_DONT_SYNC,
+            libc::STATX_TYPE,
+            st.as_mut_ptr(),
+        )
+    };
+    if r != 0 {
+        return None;
+    }
+    // SAFETY: statx returned 0: the buffer is filled (and was zeroed before).
+    let st = unsafe { st.assume_init() };
+    (u32::from(st.stx_mode) & libc::S_IFMT == libc::S_IFBLK)
+        .then(|| libc::makedev(st.stx_rdev_major, st.stx_rdev_minor))
 }
 
 /// (slot, generation) of every live slot in `views`: whose keys a reservation must not cut off.

@@ -319,9 +319,10 @@ pub fn users_of(mountpoint: &Path, until: Instant) -> procs::Scan<()> {
     )
 }
 
-/// Stop the users of `mountpoint` within `within` in all (module doc, step 1): SIGTERM each
-/// as it is found, SIGKILL those left [`KILL_SETTLE`] before the end, return once they are
-/// gone or the time is up. Returns how many processes were signalled.
+/// Stop the users of `mountpoint` within `within` in all (module doc, step 1): SIGTERM to
+/// each once the scan (itself bounded by the SIGKILL time) is over, SIGKILL to those left
+/// [`KILL_SETTLE`] before the end, return once they are gone or the time is up. Returns how
+/// many processes were signalled.
 pub fn stop_users(mountpoint: &Path, within: Duration) -> usize {
     let start = Instant::now();
     let kill_at = start + within.saturating_sub(KILL_SETTLE);
