@@ -452,6 +452,17 @@ pub fn proc_status(pid: &str, key: &str) -> Option<String> {
         .map(|v| v.trim().to_owned())
 }
 
+/// A child process killed and reaped when this goes out of scope, panics included.
+#[derive(Debug)]
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// Pids of the processes whose parent is `pid`.
 fn children_of(pid: &str) -> Vec<String> {
     let Ok(rd) = fs::read_dir("/proc") else {

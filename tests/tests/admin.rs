@@ -7,7 +7,9 @@
 //! itself (SIGSTOP) with node1's slot in the Recovering state: the test sees that state, then
 //! resumes the recoverer (SIGCONT) and sees the slot freed.
 
-use cetrafs_tests::{bin, poll_until, proc_status, require_fuse, run, secs, Lun, Mount};
+use cetrafs_tests::{
+    bin, poll_until, proc_status, require_fuse, run, secs, KillOnDrop, Lun, Mount,
+};
 use serde_json::Value;
 use std::path::Path;
 use std::process::Command;
@@ -52,16 +54,6 @@ fn slot_of<'a>(st: &'a Value, host: &str) -> Option<&'a Value> {
 /// Is process `pid` stopped (state T in /proc/PID/status)?
 fn stopped(pid: i32) -> bool {
     proc_status(&pid.to_string(), "State").is_some_and(|s| s.starts_with('T'))
-}
-
-/// A child process killed and reaped when this goes out of scope, panics included.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
 }
 
 /// SIGCONT to each pid when dropped (also when the test panics).
