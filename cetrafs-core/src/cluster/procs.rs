@@ -102,20 +102,16 @@ where
         std::thread::Builder::new()
             .name("cetra-procscan".into())
             .spawn(move || loop {
+                // Start is sent under the lock: once the scan holds it to stop the workers,
+                // every pid taken is in the channel (so none is lost between take and Start).
                 let next = work.lock().ok().and_then(|mut w| {
-                    if w.worker == id {
-                        w.pids.pop_front()
-                    } else {
-                        None
-                    }
+                    let pid = (w.worker == id).then(|| w.pids.pop_front()).flatten()?;
+                    tx.send(Msg::Start(id, pid)).ok().map(|()| pid)
                 });
                 let Some(pid) = next else {
                     let _ = tx.send(Msg::End(id));
                     return;
                 };
-                if tx.send(Msg::Start(id, pid)).is_err() {
-                    return;
-                }
                 let got = look(pid, &PathBuf::from(format!("/proc/{pid}")));
                 if tx.send(Msg::Done(id, pid, got)).is_err() {
                     return;
