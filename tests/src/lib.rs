@@ -477,7 +477,7 @@ fn children_of(pid: &str) -> Vec<String> {
 }
 
 /// `f()` on a thread of its own, given up on after `within` (None then; the thread is left).
-fn bounded<T: Send + 'static>(
+pub fn bounded<T: Send + 'static>(
     within: Duration,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> Option<T> {

@@ -375,16 +375,11 @@ fn a_process_stuck_in_its_exec_does_not_hold_up_the_fence() {
     };
     // Really stuck: reads of some of its /proc entries do not return.
     let blocks = |pid: &str, entry: &str| {
-        let (tx, rx) = mpsc::channel();
         let path = format!("/proc/{pid}/{entry}");
-        std::thread::spawn(move || {
-            let _ = tx.send(
-                std::fs::read_link(&path)
-                    .or_else(|_| std::fs::read_to_string(&path).map(PathBuf::from))
-                    .is_ok(),
-            );
-        });
-        rx.recv_timeout(Duration::from_secs(1)).is_err()
+        cetrafs_tests::bounded(Duration::from_secs(1), move || {
+            std::fs::read_link(&path).or_else(|_| std::fs::read_to_string(&path).map(PathBuf::from))
+        })
+        .is_none()
     };
     let mut stuck = None;
     cetrafs_tests::poll_until(Duration::from_secs(10), || {

@@ -441,16 +441,9 @@ impl Reservations {
 /// `comm` is `exe` once they re-executed themselves), devices by device number, so
 /// `/dev/sdb` and a `by-id` link match. Runs before any PERSISTENT RESERVE OUT of a mount.
 pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::PathBuf)> {
-    use std::os::unix::fs::MetadataExt;
-    let rdev = |p: &Path| {
-        std::fs::metadata(p)
-            .ok()
-            .filter(|m| m.rdev() != 0)
-            .map(|m| m.rdev())
-    };
     let wanted: Vec<(u64, std::path::PathBuf)> = devs
         .iter()
-        .filter_map(|d| rdev(d).map(|r| (r, d.clone())))
+        .filter_map(|d| cached_rdev(d).map(|r| (r, d.clone())))
         .collect();
     let parent = i32::try_from(std::os::unix::process::parent_id()).unwrap_or(-1);
     // Every process is looked at through `cluster/procs.rs` (a process stuck in exec blocks
@@ -487,10 +480,10 @@ pub fn other_daemon_on(devs: &[std::path::PathBuf]) -> Option<(i32, std::path::P
     scan.found.into_iter().next()
 }
 
-/// The device number of the block device `p` (a `/proc/<pid>/fd/N` link: the open file
-/// itself, a deleted node or one in another mount namespace included), from the attributes
-/// the kernel has cached (`AT_STATX_DONT_SYNC`: a FUSE or NFS file is not asked). None if it
-/// is not a block device.
+/// The device number of the block device `p`: a device path, or a `/proc/<pid>/fd/N` link
+/// (the open file itself, a deleted node or one in another mount namespace included). From
+/// the attributes the kernel has cached (`AT_STATX_DONT_SYNC`: a FUSE or NFS file is not
+/// asked). None if it is not a block device.
 fn cached_rdev(p: &Path) -> Option<u64> {
     use std::os::unix::ffi::OsStrExt;
     let c = std::ffi::CString::new(p.as_os_str().as_bytes()).ok()?;
