@@ -241,6 +241,34 @@ impl Reservations {
         self.preempt
     }
 
+    /// Run `f` (a command any one path may carry: READ KEYS, READ RESERVATION, RESERVE,
+    /// PREEMPT) on the first path whose transport carries it. An I/O error (the path's
+    /// session is down: ENODEV, a transport host byte, a timeout) moves on to the next path,
+    /// as dm-multipath does for reads and writes, which it does not do for `SG_IO`; any answer
+    /// of the target (GOOD, RESERVATION CONFLICT, a sense key) is the LUN's and is returned.
+    /// All paths failing returns the last error. Found on a real multipath map
+    /// (tests/lio/san): with the first path's portal down, every reservation check and a
+    /// recovery's PREEMPT failed although the other path was live.
+    fn on_some_path<T>(&self, f: impl Fn(&dyn PrPath) -> Result<T>) -> Result<(T, &dyn PrPath)> {
+        let mut last = None;
+        for p in &self.paths {
+            match f(p.as_ref()) {
+                Ok(v) => return Ok((v, p.as_ref())),
+                Err(e) if e.kind() == ErrorKind::Io && !crate::scsi::reservation_conflict(&e) => {
+                    if self.paths.len() > 1 {
+                        tracing::warn!(
+                            "fence=pr: {} failed ({e}); trying the next path",
+                            p.label()
+                        );
+                    }
+                    last = Some(e);
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        Err(last.unwrap_or_else(|| Error::new(ErrorKind::InvalidInput, "no path")))
+    }
+
     fn register_everywhere(&self, key: u64) -> Result<()> {
         // Stored first: a registration that fails half-way is undone by `leave` all the same.
         self.key.store(key, Ordering::Release);
@@ -285,8 +313,7 @@ impl Reservations {
     /// Another type is left alone with a warning (someone else reserved the LUN).
     pub fn ensure_reserved(&self, live: &[(u32, u64)]) -> Result<()> {
         *self.checked.lock().or_panic() = Some(Instant::now());
-        let path = &self.paths[0];
-        let r = path.read_reservation()?;
+        let (r, _) = self.on_some_path(|p| p.read_reservation())?;
         if let Some(h) = &r.holder {
             if h.pr_type() != Some(TYPE) {
                 tracing::warn!(
@@ -297,7 +324,7 @@ impl Reservations {
             }
             return Ok(());
         }
-        let keys = path.read_keys()?;
+        let (keys, _) = self.on_some_path(|p| p.read_keys())?;
         let missing: Vec<u32> = live
             .iter()
             .filter(|(s, g)| !keys.keys.contains(&pr::pr_key(self.prefix, *s, *g)))
@@ -310,8 +337,8 @@ impl Reservations {
             return Ok(());
         }
         let key = self.key();
-        match path.reserve(key) {
-            Ok(()) => {
+        match self.on_some_path(|p| p.reserve(key)) {
+            Ok(((), _)) => {
                 tracing::info!(
                     "fence=pr: reserved the LUN {TYPE} with key {key:#018x}: only registered nodes can write"
                 );
@@ -319,7 +346,7 @@ impl Reservations {
             }
             // Another node reserved it between our read and our RESERVE.
             Err(e) if crate::scsi::reservation_conflict(&e) => {
-                match path.read_reservation()?.holder {
+                match self.on_some_path(|p| p.read_reservation())?.0.holder {
                     Some(_) => Ok(()),
                     None => Err(e.wrap("reserving the LUN")),
                 }
@@ -360,9 +387,9 @@ impl Reservations {
         still_mine: &dyn Fn() -> Result<bool>,
     ) -> Result<Vec<u64>> {
         let me = self.key();
-        let path = &self.paths[0];
-        let mut victims: Vec<u64> = path
-            .read_keys()?
+        let mut victims: Vec<u64> = self
+            .on_some_path(|p| p.read_keys())?
+            .0
             .keys
             .into_iter()
             .filter(|k| *k != me && pr::key_slot(*k, self.prefix) == Some(Some(slot)))
@@ -378,8 +405,8 @@ impl Reservations {
                     "not preempting reservation key {v:#018x}: node slot {slot} is no longer this node's to fence (another node took its recovery over)"
                 );
             }
-            match path.preempt(me, v, self.preempt) {
-                Ok(()) => {
+            match self.on_some_path(|p| p.preempt(me, v, self.preempt)) {
+                Ok(((), path)) => {
                     tracing::warn!(
                         "fence=pr: {} of reservation key {v:#018x} (node slot {slot}) through {}: the target refuses its writes from now on{}",
                         self.preempt.command(),
@@ -395,7 +422,7 @@ impl Reservations {
                 // Refused because the key is gone already (another survivor was first): done.
                 Err(e)
                     if crate::scsi::reservation_conflict(&e)
-                        && !path.read_keys()?.keys.contains(&v) => {}
+                        && !self.on_some_path(|p| p.read_keys())?.0.keys.contains(&v) => {}
                 Err(e) => {
                     return Err(e.wrap(format!(
                         "{} of reservation key {v:#018x} (node slot {slot})",
@@ -405,9 +432,9 @@ impl Reservations {
             }
         }
         if !done.is_empty()
-            && !path
-                .read_reservation()
-                .is_ok_and(|r| r.holder.is_some_and(|h| h.pr_type() == Some(TYPE)))
+            && !self
+                .on_some_path(|p| p.read_reservation())
+                .is_ok_and(|(r, _)| r.holder.is_some_and(|h| h.pr_type() == Some(TYPE)))
         {
             tracing::warn!(
                 "fence=pr: node slot {slot}'s key is removed but the LUN is not reserved {TYPE} (a live node without a key, or the check failed): the target does not refuse its writes; fencing stays in software"
@@ -730,6 +757,9 @@ mod tests {
         regs: BTreeMap<usize, u64>,
         holder: Option<(usize, u64)>,
         preempts: Vec<(u64, Preempt)>,
+        /// Nexuses whose transport is down (their session failed): every command fails
+        /// with `ENODEV`, as `SG_IO` on a path of a failed iSCSI session does.
+        down: std::collections::BTreeSet<usize>,
     }
 
     #[derive(Debug)]
@@ -741,6 +771,18 @@ mod tests {
     fn conflict() -> Error {
         // What SgDevice reports: the predicate must accept it.
         Error::io("test", std::io::Error::from_raw_os_error(libc::EBADE))
+    }
+
+    impl Nexus {
+        fn up(&self) -> Result<()> {
+            if self.t.lock().unwrap().down.contains(&self.id) {
+                return Err(Error::io(
+                    "SG_IO ioctl failed",
+                    std::io::Error::from_raw_os_error(libc::ENODEV),
+                ));
+            }
+            Ok(())
+        }
     }
 
     impl PrPath for Nexus {
@@ -755,6 +797,7 @@ mod tests {
             Ok(pr::Capabilities::parse(&d).unwrap())
         }
         fn read_keys(&self) -> Result<pr::Keys> {
+            self.up()?;
             Ok(pr::Keys {
                 generation: 0,
                 keys: self.t.lock().unwrap().regs.values().copied().collect(),
@@ -762,6 +805,7 @@ mod tests {
             })
         }
         fn read_reservation(&self) -> Result<pr::Reservation> {
+            self.up()?;
             let t = self.t.lock().unwrap();
             Ok(pr::Reservation {
                 generation: 0,
@@ -773,6 +817,7 @@ mod tests {
             })
         }
         fn register_and_ignore(&self, key: u64) -> Result<()> {
+            self.up()?;
             let mut t = self.t.lock().unwrap();
             if key == 0 {
                 t.regs.remove(&self.id);
@@ -788,6 +833,7 @@ mod tests {
             Ok(())
         }
         fn reserve(&self, key: u64) -> Result<()> {
+            self.up()?;
             let mut t = self.t.lock().unwrap();
             if t.regs.get(&self.id) != Some(&key) || t.holder.is_some_and(|(n, _)| n != self.id) {
                 return Err(conflict());
@@ -796,6 +842,7 @@ mod tests {
             Ok(())
         }
         fn preempt(&self, key: u64, victim: u64, how: Preempt) -> Result<()> {
+            self.up()?;
             let mut t = self.t.lock().unwrap();
             if t.regs.get(&self.id) != Some(&key) || !t.regs.values().any(|k| *k == victim) {
                 return Err(conflict());
@@ -847,6 +894,25 @@ mod tests {
             Some((0, a.key())),
             "a reserved, b found it reserved"
         );
+    }
+
+    #[test]
+    fn a_dead_first_path_does_not_stop_the_checks_or_a_recovery() {
+        let t = Arc::new(Mutex::new(Target::default()));
+        let a = joined(&t, &[0, 1], 0, 1, &[(0, 1)]);
+        let b = joined(&t, &[2, 3], 1, 4, &[(0, 1), (1, 4)]);
+        // a's first path (and b's) loses its session: a portal went down
+        t.lock().unwrap().down.extend([0, 2]);
+        a.ensure_reserved(&[(0, 1), (1, 4)]).unwrap();
+        assert_eq!(a.preempt_slot(1, &|| Ok(true)).unwrap(), vec![b.key()]);
+        let tt = t.lock().unwrap();
+        assert!(!tt.regs.values().any(|k| *k == b.key()), "{tt:?}");
+        drop(tt);
+        // every path down: the error is the path's, not a conflict
+        t.lock().unwrap().down.insert(1);
+        let e = a.ensure_reserved(&[(0, 1)]).unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io, "{e}");
+        assert!(!crate::scsi::reservation_conflict(&e));
     }
 
     #[test]
