@@ -80,30 +80,24 @@ writer)
     name=$1; mb=$2
     rm -f /tmp/writer-$name.stop
     mkdir -p $M/$name.d
-    (
-        pass=0
-        while [ ! -e /tmp/writer-$name.stop ]; do
-            pass=$((pass + 1))
-            if dd if=/dev/urandom of=$M/$name bs=1M count="$mb" oflag=direct conv=fsync,notrunc 2> /tmp/writer-$name.err; then
-                echo "pass $pass ok $(cut -d' ' -f1 /proc/uptime)"
-            else
-                echo "pass $pass ERROR $(cut -d' ' -f1 /proc/uptime): $(tail -1 /tmp/writer-$name.err)"; sleep 0.5
-            fi
-        done
-    ) > /tmp/writer-$name.log 2>&1 < /dev/null &
-    echo $! > /tmp/writer-$name.pid
-    (
-        pass=0
-        while [ ! -e /tmp/writer-$name.stop ]; do
-            pass=$((pass + 1)); f=$M/$name.d/f$pass
-            if { echo $pass > $f && sync $f && mv $f $f.x && rm $f.x; } 2> /tmp/meta-$name.err; then
-                echo "pass $pass ok $(cut -d' ' -f1 /proc/uptime)"
-            else
-                echo "pass $pass ERROR $(cut -d' ' -f1 /proc/uptime): $(tail -1 /tmp/meta-$name.err)"; sleep 0.5
-            fi
-        done
-    ) > /tmp/meta-$name.log 2>&1 < /dev/null &
-    echo $! > /tmp/meta-$name.pid
+    # loop KIND COMMAND: run COMMAND (with $pass set) until the stop file exists; a line per pass
+    # in /tmp/KIND-NAME.log, its pid in /tmp/KIND-NAME.pid
+    loop() {
+        (
+            pass=0
+            while [ ! -e /tmp/writer-$name.stop ]; do
+                pass=$((pass + 1))
+                if eval "$2" 2> /tmp/$1-$name.err; then
+                    echo "pass $pass ok $(cut -d' ' -f1 /proc/uptime)"
+                else
+                    echo "pass $pass ERROR $(cut -d' ' -f1 /proc/uptime): $(tail -1 /tmp/$1-$name.err)"; sleep 0.5
+                fi
+            done
+        ) > /tmp/$1-$name.log 2>&1 < /dev/null &
+        echo $! > /tmp/$1-$name.pid
+    }
+    loop writer 'dd if=/dev/urandom of=$M/$name bs=1M count="$mb" oflag=direct conv=fsync,notrunc'
+    loop meta 'f=$M/$name.d/f$pass; echo $pass > $f && sync $f && mv $f $f.x && rm $f.x'
     ;;
 stop-writer)
     touch /tmp/writer-$1.stop
