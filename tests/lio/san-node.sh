@@ -9,6 +9,7 @@
 #                                   earlier mount's log is kept as /tmp/cetra.log.1, .2, ...)
 #                                   and wait (90 s) until it is mounted
 #   san-node umount                 unmount and wait until the daemon exited (its exit status)
+#   san-node kill                   SIGKILL the daemon and detach its mount (umount -l)
 #   san-node writer NAME MB         background, two loops: one writes /mnt/cetra/NAME (MB MiB,
 #                                   O_DIRECT, 1 MiB at a time, then fsync) over and over, a line
 #                                   per pass ("ok" or "ERROR", uptime) in /tmp/writer-NAME.log;
@@ -75,6 +76,11 @@ umount)
         i=$((i + 1)); [ $i -lt 300 ] || die "daemon $pid still running 60 s after umount"
         sleep 0.2
     done
+    ;;
+kill)
+    kill -9 $(pidof mount.cetra) 2>/dev/null
+    sleep 0.5
+    umount -l $M
     ;;
 writer)
     name=$1; mb=$2
