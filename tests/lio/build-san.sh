@@ -30,7 +30,7 @@ if [ -e "$CACHE/san.cpio" ] && [ "$(cat "$CACHE/san.stamp" 2>/dev/null)" = "$STA
 fi
 
 # ---- 1. packages (downloaded into the cache, extracted into a scratch root)
-PKGS="open-iscsi libopeniscsiusr libisns0 multipath-tools kpartx liburcu8 libaio1 libedit2 libjson-c5
+PKGS="open-iscsi libopeniscsiusr libisns0 multipath-tools liburcu8 libaio1 libedit2 libjson-c5
       libdevmapper1.02.1 dmsetup udev libudev1 libkmod2 libblkid1 libacl1 libcap2 libselinux1 libpcre2-8-0
       sg3-utils-udev python3.11-minimal libpython3.11-minimal libpython3.11-stdlib python3-six
       python3-pyudev python3-rtslib-fb libffi8 libexpat1 zlib1g libgcc-s1"
@@ -81,18 +81,17 @@ libs_of() { # FILE...: the shared libraries (full paths) the files need; fails o
         awk '/=>/{print $3} /ld-linux/{print $1}' <<< "$out"
     done | sort -u
 }
-BINS="$SR/sbin/iscsid $SR/sbin/iscsiadm $SR/sbin/multipathd $SR/sbin/multipath $SR/sbin/kpartx
-      $SR/bin/udevadm $SR/lib/udev/scsi_id $SR/sbin/dmsetup
-      $SR/usr/bin/python3.11"
-for b in $BINS; do [ -x "$b" ] || { echo "build-san: $b missing from the packages" >&2; exit 1; }; done
-cp $SR/sbin/iscsid $SR/sbin/iscsiadm $SR/sbin/multipathd $SR/sbin/multipath $SR/sbin/kpartx \
-   $SR/sbin/dmsetup "$ST/sbin/"
+# PATH-IN-THE-PACKAGES:DIRECTORY-IN-THE-GUEST
+for pair in sbin/iscsid:sbin sbin/iscsiadm:sbin sbin/multipathd:sbin sbin/multipath:sbin \
+            sbin/dmsetup:sbin bin/udevadm:sbin lib/udev/scsi_id:lib/udev usr/bin/python3.11:bin; do
+    src=$SR/${pair%%:*}
+    [ -x "$src" ] || { echo "build-san: $src missing from the packages" >&2; exit 1; }
+    cp "$src" "$ST/${pair#*:}/"
+done
 # systemd-udevd is udevadm under another name (a multi-call binary)
-cp "$SR/bin/udevadm" "$ST/sbin/"
 ln -s udevadm "$ST/sbin/systemd-udevd"
-cp "$SR/lib/udev/scsi_id" "$SR/lib/udev/kpartx_id" "$ST/lib/udev/" 2>/dev/null || cp "$SR/lib/udev/scsi_id" "$ST/lib/udev/"
+ln -s python3.11 "$ST/bin/python3"
 cp "$SR"/lib/multipath/*.so "$ST/lib/multipath/"
-cp "$SR/usr/bin/python3.11" "$ST/bin/python3"
 # the standard library without what a target restore never imports
 PYLIB=$SR/usr/lib/python3.11
 mkdir -p "$ST/usr/lib/python3.11" "$ST/usr/lib/python3/dist-packages"
@@ -102,7 +101,7 @@ mkdir -p "$ST/usr/lib/python3.11" "$ST/usr/lib/python3/dist-packages"
 for m in rtslib_fb six.py pyudev; do cp -a "$SR/usr/lib/python3/dist-packages/$m" "$ST/usr/lib/python3/dist-packages/"; done
 cp "$SR/usr/bin/targetctl" "$ST/bin/targetctl"
 sed -i '1s|.*|#!/bin/python3|' "$ST/bin/targetctl"
-libs_of "$ST"/sbin/* "$ST/bin/python3" "$ST"/lib/multipath/*.so "$ST/lib/udev/scsi_id" \
+libs_of "$ST"/sbin/* "$ST/bin/python3.11" "$ST"/lib/multipath/*.so "$ST/lib/udev/scsi_id" \
     "$ST"/usr/lib/python3.11/lib-dynload/_ctypes*.so > "$WORK/san-libs" || exit 1
 # opened with dlopen, so not visible to ldd: libudev by pyudev (ctypes), libgcc_s by glibc's
 # pthread_cancel (multipathd's threads)
@@ -118,7 +117,7 @@ done
 
 # ---- 4. udev rules: what names SCSI disks (ID_SERIAL, by-id), multipath's and device-mapper's
 for r in 50-udev-default 55-scsi-sg3_id 58-scsi-sg3_symlink 60-persistent-storage 60-block \
-         11-dm-mpath 56-dm-mpath 60-multipath 62-multipath 66-kpartx 68-del-part-nodes \
+         11-dm-mpath 56-dm-mpath 60-multipath 62-multipath 68-del-part-nodes \
          55-dm 95-dm-notify 60-persistent-storage-dm; do
     f=$(ls "$SR"/lib/udev/rules.d/$r.rules "$SR"/usr/lib/udev/rules.d/$r.rules 2>/dev/null | head -1 || true)
     [ -n "$f" ] && cp "$f" "$ST/lib/udev/rules.d/"
