@@ -5,11 +5,14 @@
 //! once. Meanwhile node2 writes a file of its own into the space just freed (so some of its
 //! blocks were queued for discard when it took them): every byte of it reads back, and fsck is
 //! clean. Mounted `nodiscard`, a delete leaves the LUN file as it was, and `cetra trim` (the
-//! `FITRIM` ioctl, as `fstrim`) gives the space back at once.
+//! `FITRIM` ioctl, as `fstrim`) gives the space back at once. A VM's TRIM (a hole punched in
+//! its image, open for writing on its node) needs no cluster lock: it goes on, and its space
+//! reaches the LUN, while another node that died holding the global lock is not recovered yet.
 
 use cetrafs_tests::{bin, poll_until, require_fuse, run, Lun, Mount};
 use std::io::{Read as _, Write as _};
-use std::os::unix::fs::MetadataExt as _;
+use std::os::fd::AsRawFd as _;
+use std::os::unix::fs::{FileExt as _, MetadataExt as _};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -143,5 +146,122 @@ fn cetra_trim_gives_back_what_nodiscard_kept() {
         r.output()
     );
     node.unmount();
+    lun.assert_fsck_clean();
+}
+
+/// What a guest's TRIM arrives as through QEMU (`discard=unmap` on a raw image).
+fn punch(f: &std::fs::File, offset: u64, len: u64) {
+    let (off, n) = (
+        libc::off_t::try_from(offset).expect("offset"),
+        libc::off_t::try_from(len).expect("length"),
+    );
+    // SAFETY: fallocate on a descriptor this test owns; no memory is passed.
+    let r = unsafe {
+        libc::fallocate(
+            f.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off,
+            n,
+        )
+    };
+    assert_eq!(
+        r,
+        0,
+        "punching {len} bytes at {offset}: {}",
+        std::io::Error::last_os_error()
+    );
+}
+
+#[test]
+fn a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock() {
+    require_fuse!();
+    let lun = Lun::new(GIB);
+    // Test timings: dead time 5.2 s.
+    lun.mkfs(&[
+        "--heartbeat-interval",
+        "100",
+        "--io-timeout",
+        "500",
+        "-N",
+        "4",
+    ]);
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    // node1's VM image: 64 MiB thin, 32 MiB written, open for writing as the VM keeps it.
+    let img = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .open(node1.p("img"))
+        .expect("create img");
+    img.set_len(64 * MIB as u64).expect("size img");
+    for i in 0..32u64 {
+        img.write_all_at(&vec![0xA5; MIB], i * MIB as u64)
+            .expect("write img");
+    }
+    img.sync_all().expect("fsync img");
+    for d in ["x", "y"] {
+        std::fs::create_dir(node1.p(d)).expect("mkdir on node1");
+    }
+    std::fs::write(node1.p("x/g"), b"g").expect("write x/g");
+    let full = allocated(&lun);
+    // node2 takes the global lock exclusively (a move between directories always does,
+    // docs/locking.md §15) and dies holding it.
+    for d in ["a", "b"] {
+        std::fs::create_dir(node2.p(d)).expect("mkdir on node2");
+    }
+    std::fs::write(node2.p("a/f"), b"f").expect("write a/f");
+    std::fs::rename(node2.p("a/f"), node2.p("b/f")).expect("rename on node2");
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    // The guest trims every other MiB of what it wrote and flushes.
+    for i in (0..32u64).step_by(2) {
+        punch(&img, i * MIB as u64, MIB as u64);
+    }
+    img.sync_all().expect("fsync img after the trim");
+    let trimmed = killed.elapsed();
+    // The trim reaches the LUN (default discard rate: 64 MiB/s) before node2 is recovered.
+    let discarded = poll_until(Duration::from_secs(3), || {
+        allocated(&lun) + 12 * MIB as u64 <= full
+    });
+    let discarded_at = killed.elapsed();
+    // What needs the global lock waits for node2's recovery: it really held it.
+    std::fs::rename(node1.p("x/g"), node1.p("y/g")).expect("rename on node1");
+    let waited = killed.elapsed();
+    eprintln!(
+        "16 MiB trimmed {:.2} s after node2's death, on the LUN at {:.2} s ({} -> {} MiB); \
+         a move between directories waited {:.2} s",
+        trimmed.as_secs_f64(),
+        discarded_at.as_secs_f64(),
+        full >> 20,
+        allocated(&lun) >> 20,
+        waited.as_secs_f64()
+    );
+    assert!(
+        waited >= Duration::from_secs(4),
+        "node1's move needed node2's global lock only {waited:?} after node2 died: the test \
+         did not leave the lock with the dead node"
+    );
+    assert!(
+        trimmed < Duration::from_secs(3),
+        "the trim took {trimmed:?}: it waited for the dead node's global lock"
+    );
+    assert!(
+        discarded.is_some(),
+        "the trimmed space was not given back to the LUN within 3 s ({} -> {} MiB)",
+        full >> 20,
+        allocated(&lun) >> 20
+    );
+    let mut back = vec![0u8; 32 * MIB];
+    img.read_exact_at(&mut back, 0).expect("read img");
+    for (i, chunk) in (0u64..).zip(back.chunks(MIB)) {
+        let want = if i % 2 == 0 { 0 } else { 0xA5 };
+        assert!(chunk.iter().all(|&x| x == want), "MiB {i} of the image");
+    }
+    drop(img);
+    node1.unmount();
     lun.assert_fsck_clean();
 }

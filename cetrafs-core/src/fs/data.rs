@@ -1660,6 +1660,9 @@ impl Volume {
             .ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
         // Every mode changes the block map: the file's allocating writes in flight go first.
         let _drained = self.quiesce(ino);
+        if mode == FallocMode::PunchHole && self.punch_owned(ino, offset, end)? {
+            return Ok(());
+        }
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
@@ -1723,6 +1726,70 @@ impl Volume {
             inner.inode.ctime = t;
             self.save(tx, &mut inner)
         })
+    }
+
+    /// A hole punched in a file whose lock this node owns (a VM's TRIM of its image), made
+    /// without the global lock: the freed runs go into this node's pool in the same
+    /// transaction (the pool inode is their deferred-free record: still marked used in the
+    /// bitmaps, given back to them with the pool, under the global lock; a crash leaves them
+    /// to the pool's free by the recovery). Ok(false), with nothing changed, when it cannot:
+    /// the inode is not loaded or not owned, a handoff of it has begun, it is immutable or
+    /// append-only, or the pool has no room for the runs ([`Meta::pool_takes_frees`]: too
+    /// many runs, or more than [`pool::FREES_MAX`] blocks), and the caller punches on the
+    /// metadata path. The caller drained the file's writes in flight.
+    ///
+    /// [`pool::FREES_MAX`]: super::pool::FREES_MAX
+    fn punch_owned(&self, ino: Ino, offset: u64, end: u64) -> Result<bool> {
+        let Some(st) = self.inodes.get(ino) else {
+            return Ok(false);
+        };
+        // Whole blocks strictly inside the range.
+        let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
+        let refused = || {
+            crate::Error::new(
+                crate::ErrorKind::NeedsGlobalLock,
+                "punched on the metadata path",
+            )
+        };
+        let r = self.change_owned(&st, |tx, inner| {
+            if inner.freed
+                || !inner.inode.is_reg()
+                || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
+            {
+                return Err(refused());
+            }
+            // The extents the hole frees, looked up by range (an image may have a million).
+            let (mut runs, mut blocks, mut b) = (0, 0, f0);
+            while let Some(e) = inner.extents.next_from(b).filter(|e| e.logical < f1) {
+                runs += 1;
+                blocks += e.end().min(f1) - e.logical.max(f0);
+                b = e.end();
+                if runs > crate::format::inode::INLINE_EXTENTS_MAX {
+                    return Err(refused());
+                }
+            }
+            if !tx.meta_mut().pool_takes_frees(runs, blocks) {
+                return Err(refused());
+            }
+            Self::fold_pending(&st, inner);
+            if f0 < f1 {
+                let freed = inner.extents.punch(f0, f1);
+                Self::free_runs(tx, inner, freed)?;
+                self.zero_written(inner, offset, f0 * FS_BLOCK)?;
+                self.zero_written(inner, f1 * FS_BLOCK, end)?;
+            } else {
+                self.zero_written(inner, offset, end)?;
+            }
+            let t = super::now();
+            inner.inode.mtime = t;
+            inner.inode.ctime = t;
+            self.save(tx, inner)
+        });
+        match r {
+            Ok(done) => Ok(done),
+            Err(e) if e.kind() == crate::ErrorKind::NeedsGlobalLock => Ok(false),
+            Err(e) => Err(e),
+        }
     }
 
     /// The file's extent map (for tools and tests: extent counts, fragmentation).

@@ -290,3 +290,104 @@ fn a_crash_image_with_a_pool_checks_clean_and_the_next_mount_frees_the_pool() {
         v2.release(&fh).unwrap();
     });
 }
+
+/// A hole punched in an owned file (a VM's TRIM of its image) is made without the global
+/// lock: the freed blocks go into the pool (usable once the free is durable), the file reads
+/// zeros there, another node sees the hole, and a punch of a file this node no longer owns
+/// takes the global path.
+#[test]
+fn a_hole_punched_in_an_owned_file_frees_into_the_pool_without_the_global_lock() {
+    let (dev, a, b, f, fh) = grown_elsewhere(40, 0xEE);
+    a.fsync(f.ino, false).unwrap();
+    let pool0 = a.lock_meta().pool_available();
+    let blocks0 = a.getattr(f.ino).unwrap().blocks;
+    // What the kernel asks before it sends a punch (or a write that may remove privileges):
+    // answered without the global lock too.
+    let e = a.getxattr(f.ino, b"security.capability").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::NoData);
+    assert!(a.listxattr(f.ino).unwrap().is_empty());
+    for i in [3u64, 7, 11] {
+        a.fallocate(f.ino, i * STRIDE, 4096, FallocMode::PunchHole)
+            .unwrap();
+    }
+    // Inside one block: nothing freed, the bytes zeroed.
+    a.fallocate(f.ino, 20 * STRIDE + 100, 200, FallocMode::PunchHole)
+        .unwrap();
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "a punch of an owned file took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_eq!(
+        a.lock_meta().pool_available(),
+        pool0,
+        "freed blocks usable before their free is durable"
+    );
+    a.fsync(f.ino, false).unwrap();
+    assert_eq!(a.lock_meta().pool_available(), pool0 + 3);
+    assert_eq!(a.getattr(f.ino).unwrap().blocks, blocks0 - 3 * 8);
+    let mut partial = vec![20u8; 4096];
+    partial[100..300].fill(0);
+    for v in [&a, &b] {
+        let h = v.open(f.ino, false, false).unwrap();
+        for i in [3u64, 7, 11] {
+            assert_eq!(read_at(v, &h, i * STRIDE, 4096), vec![0; 4096]);
+        }
+        assert_eq!(read_at(v, &h, 4 * STRIDE, 4096), vec![4; 4096]);
+        assert_eq!(read_at(v, &h, 20 * STRIDE, 4096), partial);
+        v.release(&h).unwrap();
+    }
+    // b read the inode: a's hold is shared now, so its next punch takes the global lock.
+    assert_eq!(b.getattr(f.ino).unwrap().blocks, blocks0 - 3 * 8);
+    a.fallocate(f.ino, 5 * STRIDE, 4096, FallocMode::PunchHole)
+        .unwrap();
+    assert_eq!(gml(&a), LockMode::Exclusive);
+    assert_eq!(a.lock_meta().pool_available(), pool0 + 3);
+    let h = b.open(f.ino, false, false).unwrap();
+    assert_eq!(read_at(&b, &h, 5 * STRIDE, 4096), vec![0; 4096]);
+    b.release(&h).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+/// A crash after holes were punched into the pool: the file keeps its holes, the pool (with
+/// the freed blocks) is freed by the next mount, and the volume checks clean.
+#[test]
+fn a_crash_after_holes_punched_into_the_pool_loses_no_block() {
+    let (dev, a) = super::tests::fresh(512 << 20);
+    let r = a.root_ino();
+    a.mknod(r, b"first", libc::S_IFREG | 0o644, 0, C).unwrap();
+    let (f, fh) = thin_image(&a, b"img");
+    for i in 0..20u8 {
+        a.write(&fh, u64::from(i) * STRIDE, &[i + 1; 4096]).unwrap();
+    }
+    let pool0 = {
+        a.fsync(f.ino, false).unwrap();
+        a.lock_meta().pool_available()
+    };
+    for i in [2u64, 9, 15] {
+        a.fallocate(f.ino, i * STRIDE, 4096, FallocMode::PunchHole)
+            .unwrap();
+    }
+    a.fsync(f.ino, false).unwrap();
+    assert_eq!(
+        a.lock_meta().pool_available(),
+        pool0 + 3,
+        "not punched into the pool"
+    );
+    let image = dev.snapshot();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    let _ = dev;
+    super::tests::crashed_image_recovers(image, |v2| {
+        let fh = v2.open(f.ino, false, false).unwrap();
+        for i in [2u64, 9, 15] {
+            assert_eq!(read_at(v2, &fh, i * STRIDE, 4096), vec![0; 4096]);
+        }
+        assert_eq!(read_at(v2, &fh, 3 * STRIDE, 4096), vec![4; 4096]);
+        v2.release(&fh).unwrap();
+    });
+}

@@ -17,6 +17,14 @@
 //!   global lock no other node holds bitmap blocks (it gave the lock up only with none in
 //!   flight, fs/inflight.rs) and every block in a pool is marked used (fs/pool.rs), so a block
 //!   reallocated before its discard ran is never discarded.
+//! * **Runs a hole punched into the pool: the metadata mutex only.** A hole punched without
+//!   the global lock in a file this node owns (a VM's TRIM: fs/data.rs) frees its runs into
+//!   this node's pool, which stays marked used in the bitmaps. Those are queued apart (when
+//!   the pool's commit point releases them, `Pool::committed`) and discarded every tick under
+//!   the metadata mutex alone: only the parts still in the pool that no write, spare or pin
+//!   holds (`Pool::unclaimed`), and a reservation of pool blocks needs that mutex, so a block
+//!   is never handed to a write before its discard is done. No other node allocates a pool's
+//!   blocks. A guest's TRIM therefore reaches the LUN without any cluster lock.
 //! * **At a limited rate** (mount option `discard=MiB/s`, default [`DEFAULT_RATE`], in
 //!   VMFS's 25–100 MB/s range; `nodiscard` turns it off): every [`TICK`] the discarder takes at
 //!   most a tick's worth of the queue, lowest blocks first. A tick with an empty queue costs a
@@ -32,6 +40,7 @@
 //!   disk, only space the SAN keeps until a trim. A queue longer than [`MAX_RUNS`] runs drops
 //!   new runs (counted in the log).
 
+use super::txn::FreedTo;
 use super::Volume;
 use crate::error::Result;
 use crate::format::FS_BLOCK;
@@ -122,37 +131,55 @@ impl DiscardQueue {
 }
 
 impl Volume {
-    /// Discard at most `budget` blocks of the queue, lowest first: under the global lock
-    /// (exclusive) and the metadata mutex, only the parts nothing claims (see the module
-    /// docs). Returns the blocks discarded. With an empty queue this takes no lock.
+    /// Discard at most `budget` blocks of the queues, lowest first, only the parts nothing
+    /// claims (see the module docs): runs freed into this node's pool first, under the
+    /// metadata mutex alone ([`Volume::discard_pooled`]), then runs freed into the bitmaps,
+    /// under the global lock (exclusive) and the metadata mutex. Returns the blocks
+    /// discarded. With empty queues this takes no cluster lock.
     pub fn discard_queued(&self, budget: u64) -> Result<u64> {
-        if self.lock_meta().discards_queued() == 0 {
-            return Ok(0);
+        let mut done = self.discard_pooled(budget)?;
+        if done >= budget || self.lock_meta().discards_queued(FreedTo::Bitmaps) == 0 {
+            return Ok(done);
         }
         let mut m = self.meta_ex()?;
-        let (runs, dropped) = m.take_discards(budget);
+        let (runs, dropped) = m.take_discards(FreedTo::Bitmaps, budget - done);
         if dropped > 0 {
             tracing::info!("discard queue full: {dropped} freed runs left for a trim");
         }
-        let mut done = 0;
         for (start, len) in runs {
-            done += self.discard_unclaimed(&mut m, start, len, 1)?;
+            let unclaimed = m.unclaimed(start, len)?;
+            done += self.discard_runs(&unclaimed, 1)?;
         }
         Ok(done)
     }
 
-    /// The one place a discard is issued: the parts of blocks `[start, start + len)` that
-    /// nothing claims, in runs of at least `min_blocks`, with `m` holding the global lock
-    /// exclusively (`Meta::unclaimed` refuses otherwise). Returns the blocks discarded.
-    fn discard_unclaimed(
-        &self,
-        m: &mut super::txn::Meta,
-        start: u64,
-        len: u64,
-        min_blocks: u64,
-    ) -> Result<u64> {
+    /// Discard at most `budget` blocks of the runs a hole punched without the global lock
+    /// freed into this node's pool (fs/data.rs): the parts still in the pool that nothing
+    /// holds, under the metadata mutex, which a reservation of pool blocks needs, so none
+    /// can be handed to a write before its discard is done. No cluster lock: the pool's
+    /// blocks are marked used in the bitmaps, so no other node allocates them.
+    pub fn discard_pooled(&self, budget: u64) -> Result<u64> {
+        let mut m = self.lock_meta();
+        if m.discards_queued(FreedTo::Pool) == 0 {
+            return Ok(0);
+        }
+        let (runs, dropped) = m.take_discards(FreedTo::Pool, budget);
+        if dropped > 0 {
+            tracing::info!("discard queue full: {dropped} punched runs left for a trim");
+        }
         let mut done = 0;
-        for (s, l) in m.unclaimed(start, len)? {
+        for (start, len) in runs {
+            done += self.discard_runs(&m.pool_unclaimed(start, len), 1)?;
+        }
+        Ok(done)
+    }
+
+    /// The one place a discard is issued: `runs` that the caller found unclaimed and keeps
+    /// so (it holds the locks that say so), those of at least `min_blocks`. Returns the
+    /// blocks discarded.
+    fn discard_runs(&self, runs: &[(u64, u64)], min_blocks: u64) -> Result<u64> {
+        let mut done = 0;
+        for &(s, l) in runs {
             if l < min_blocks {
                 continue;
             }
@@ -185,7 +212,8 @@ impl Volume {
         while at < end {
             let n = TRIM_STEP.min(end - at);
             let mut m = self.meta_ex()?;
-            done += self.discard_unclaimed(&mut m, at, n, min_blocks)?;
+            let unclaimed = m.unclaimed(at, n)?;
+            done += self.discard_runs(&unclaimed, min_blocks)?;
             drop(m);
             at += n;
         }
@@ -194,7 +222,8 @@ impl Volume {
 
     /// Blocks waiting for their discard.
     pub fn discards_queued(&self) -> u64 {
-        self.lock_meta().discards_queued()
+        let m = self.lock_meta();
+        m.discards_queued(FreedTo::Bitmaps) + m.discards_queued(FreedTo::Pool)
     }
 
     /// The background discarder: every [`TICK`], at most `rate` bytes per second of the
@@ -214,7 +243,13 @@ impl Volume {
                     if v.unmounted.load(Ordering::Relaxed) || v.member.is_fenced() {
                         break;
                     }
-                    if v.discards_queued() == 0 {
+                    // Runs punched into the pool need no cluster lock: every tick, first.
+                    let mut spent = v.discard_pooled(per_tick).unwrap_or_else(|e| {
+                        tracing::warn!("background discard failed: {e}");
+                        0
+                    });
+                    total += spent;
+                    if v.lock_meta().discards_queued(FreedTo::Bitmaps) == 0 {
                         waited = 0;
                         continue;
                     }
@@ -226,7 +261,8 @@ impl Volume {
                     // node keeps the global lock in between): the mutex is never held across
                     // more than a tick's discards.
                     for _ in 0..std::mem::take(&mut waited) {
-                        match v.discard_queued(per_tick) {
+                        let budget = per_tick.saturating_sub(std::mem::take(&mut spent));
+                        match v.discard_queued(budget.max(1)) {
                             Ok(0) => break,
                             Ok(n) => total += n,
                             // A hint: the blocks stay allocated on the SAN until a trim.
@@ -393,6 +429,78 @@ mod volume_tests {
         for &blk in &b_blocks {
             assert!(block(&dev, blk).iter().all(|&x| x == 0xB2), "block {blk}");
         }
+        v.unmount().unwrap();
+        let report = crate::check::check_volume(&*dev).unwrap();
+        assert!(report.is_clean(), "{:?}", report.findings);
+    }
+
+    /// A hole punched in a file this node owns frees into its pool (no global lock, fs/data.rs):
+    /// the runs are discarded once the free is durable, under the metadata mutex, and blocks
+    /// the pool hands to a later write keep that write's data.
+    #[test]
+    fn holes_punched_into_the_pool_are_discarded_and_reused_blocks_never() {
+        let (dev0, v0) = fresh(512 << 20);
+        v0.unmount().unwrap();
+        let dev = Arc::new(MemDevice::from_image(dev0.snapshot(), 512));
+        let opts = MountOptions {
+            discard_rate: Some(0),
+            ..MountOptions::default()
+        };
+        let v = Volume::mount(dev.clone(), &opts).unwrap();
+        let (f, fh) = v.create(v.root_ino(), b"img", 0o644, C, true).unwrap();
+        let size = super::super::SetAttr {
+            size: Some(64 << 20),
+            ..Default::default()
+        };
+        v.setattr(f.ino, &size, C).unwrap();
+        for mib in 0..4u64 {
+            v.write(&fh, mib << 20, &vec![0xD1; 1 << 20]).unwrap();
+        }
+        v.sync().unwrap();
+        v.discard_queued(u64::MAX).unwrap();
+        let before = blocks_of(&v, f.ino);
+        let pool0 = v.lock_meta().pool_available();
+        v.fallocate(f.ino, 1 << 20, 1 << 20, super::super::FallocMode::PunchHole)
+            .unwrap();
+        let punched: BTreeSet<u64> = before.difference(&blocks_of(&v, f.ino)).copied().collect();
+        assert_eq!(punched.len(), 256);
+        assert_eq!(v.discards_queued(), 0, "queued before the free was durable");
+        v.sync().unwrap();
+        assert_eq!(
+            v.lock_meta().pool_available(),
+            pool0 + 256,
+            "the hole was not punched into the pool"
+        );
+        assert_eq!(v.discards_queued(), 256);
+        assert_eq!(v.discard_queued(u64::MAX).unwrap(), 256);
+        for &b in &punched {
+            assert!(block(&dev, b).iter().all(|&x| x == DISCARDED), "block {b}");
+        }
+        // Punched again and refilled by a write before the discard runs: the write's blocks
+        // keep its data.
+        v.fallocate(f.ino, 2 << 20, 1 << 20, super::super::FallocMode::PunchHole)
+            .unwrap();
+        v.sync().unwrap();
+        assert_eq!(v.discards_queued(), 256);
+        for mib in 1..3u64 {
+            v.write(&fh, mib << 20, &vec![0xE2; 1 << 20]).unwrap();
+        }
+        let after = blocks_of(&v, f.ino);
+        v.discard_queued(u64::MAX).unwrap();
+        assert_eq!(v.discards_queued(), 0);
+        let mut back = Vec::new();
+        v.read(&fh, 0, 4 << 20, &mut |d| back.extend_from_slice(d))
+            .unwrap();
+        assert!(back[..1 << 20].iter().all(|&x| x == 0xD1));
+        assert!(back[1 << 20..3 << 20].iter().all(|&x| x == 0xE2));
+        assert!(back[3 << 20..].iter().all(|&x| x == 0xD1));
+        for &b in &after {
+            assert!(
+                block(&dev, b).iter().all(|&x| x != DISCARDED),
+                "block {b} discarded"
+            );
+        }
+        v.release(&fh).unwrap();
         v.unmount().unwrap();
         let report = crate::check::check_volume(&*dev).unwrap();
         assert!(report.is_clean(), "{:?}", report.findings);

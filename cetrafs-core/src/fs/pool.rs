@@ -74,6 +74,10 @@ pub const NAMES_MIN: u64 = 32;
 pub const NAMES_FRAGMENTS: usize = 8;
 /// Blocks set aside for tree nodes at every refill ([`Pool::take_one`] uses them first).
 pub const SPARE: usize = 64;
+/// Most blocks the pool may hold after a hole punched without the global lock gave it the
+/// freed runs (fs/data.rs): larger frees go to the bitmaps under the global lock, so that a
+/// guest's TRIM does not keep space from the other nodes until its image is closed.
+pub const FREES_MAX: u64 = 2 * CHUNK;
 
 #[derive(Debug)]
 pub(crate) struct Pool {
@@ -347,13 +351,30 @@ impl Pool {
     }
 
     /// A commit point made this transaction's frees durable: their runs may be used (not a
-    /// pinned one).
-    pub fn committed(&mut self) {
-        for (s, _) in std::mem::take(&mut self.quarantine) {
+    /// pinned one). Returns the runs released (what fs/discard.rs may discard).
+    pub fn committed(&mut self) -> Vec<(u64, u64)> {
+        let mut released = Vec::new();
+        for (s, l) in std::mem::take(&mut self.quarantine) {
             if !self.pinned.contains(&s) {
                 self.held.remove(&s);
+                released.push((s, l));
             }
         }
+        released
+    }
+
+    /// The parts of blocks `[start, start + len)` that are in the pool and that nothing
+    /// holds (no write in flight, no spare, no quarantine, no pin): what a discard may hit
+    /// while the metadata mutex is held (a reservation needs it).
+    pub fn unclaimed(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = start.saturating_add(len);
+        self.free_runs()
+            .into_iter()
+            .filter_map(|(s, l)| {
+                let (a, b) = (s.max(start), (s + l).min(end));
+                (a < b).then(|| (a, b - a))
+            })
+            .collect()
     }
 
     /// Keep block `b`, just given back ([`Pool::give`]), out of use until [`Pool::unpin`].

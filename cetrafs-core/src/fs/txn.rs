@@ -58,6 +58,27 @@ use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
 use std::collections::{BTreeMap, HashMap};
 
+/// Pool inode extents a hole punched without the global lock leaves free beyond its own runs
+/// (tree nodes of the file it frees: [`Meta::pool_takes_frees`]).
+const FREES_ROOM_SPARE: usize = 16;
+
+/// Where a freed run went, for its discard (fs/discard.rs): into the bitmaps, or into this
+/// node's pool (a hole punched without the global lock).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FreedTo {
+    Bitmaps,
+    Pool,
+}
+
+impl FreedTo {
+    fn queue(self) -> usize {
+        match self {
+            Self::Bitmaps => 0,
+            Self::Pool => 1,
+        }
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Meta {
     alloc: Allocator,
@@ -95,9 +116,9 @@ pub(crate) struct Meta {
     /// with the node's lock server (fs/detached.rs), which reads it without the mutex: a
     /// change made while it read `c` is home, and out of the journal, once it is past `c`.
     emptied: std::sync::Arc<std::sync::atomic::AtomicU64>,
-    /// Runs whose free is durable, waiting for their discard (fs/discard.rs); None:
-    /// `nodiscard`.
-    discards: Option<super::discard::DiscardQueue>,
+    /// Runs whose free is durable, waiting for their discard (fs/discard.rs), freed to the
+    /// bitmaps and to this node's pool; None: `nodiscard`.
+    discards: Option<[super::discard::DiscardQueue; 2]>,
     /// A value-block seq newer than this node's superblock that it could not adopt yet
     /// (`fs/grow.rs`).
     geometry_behind: Option<u64>,
@@ -161,19 +182,26 @@ impl Meta {
         self.discards.get_or_insert_with(Default::default);
     }
 
-    /// Blocks queued for discard.
-    pub fn discards_queued(&self) -> u64 {
-        self.discards
-            .as_ref()
-            .map_or(0, super::discard::DiscardQueue::blocks)
+    /// Blocks queued for discard, of runs freed `to` the bitmaps or the pool.
+    pub fn discards_queued(&self, to: FreedTo) -> u64 {
+        self.discards.as_ref().map_or(0, |q| q[to.queue()].blocks())
     }
 
-    /// Take at most `budget` blocks of queued runs, and how many runs a full queue dropped
-    /// since the last call.
-    pub fn take_discards(&mut self, budget: u64) -> (Vec<(u64, u64)>, u64) {
-        self.discards
-            .as_mut()
-            .map_or((Vec::new(), 0), |q| (q.take(budget), q.take_dropped()))
+    /// Take at most `budget` blocks of queued runs freed `to` the bitmaps or the pool, and
+    /// how many runs a full queue dropped since the last call.
+    pub fn take_discards(&mut self, to: FreedTo, budget: u64) -> (Vec<(u64, u64)>, u64) {
+        self.discards.as_mut().map_or((Vec::new(), 0), |q| {
+            let q = &mut q[to.queue()];
+            (q.take(budget), q.take_dropped())
+        })
+    }
+
+    /// Under the metadata mutex (a reservation needs it): the parts of a run that are in
+    /// this node's pool and that nothing holds, which a discard may cover (`Pool::unclaimed`).
+    pub fn pool_unclaimed(&self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        self.pool
+            .as_ref()
+            .map_or_else(Vec::new, |p| p.unclaimed(start, len))
     }
 
     /// Under the global lock (exclusive): the parts of a run nothing claims, which a discard
@@ -220,6 +248,25 @@ impl Meta {
         if let Some(p) = &mut self.pool {
             p.unpin(b);
         }
+    }
+
+    /// May a change without the global lock free `runs` runs of `blocks` blocks of a file
+    /// into the pool (a hole punched in a file this node owns: fs/data.rs)? There must be a
+    /// pool with room in its inode for those runs and for the tree nodes the change may free
+    /// (each may be a fragment of its own) beyond what writes in flight may add, blocks for a
+    /// tree node it may need, and the pool must stay within [`pool::FREES_MAX`] blocks.
+    ///
+    /// [`pool::FREES_MAX`]: super::pool::FREES_MAX
+    pub fn pool_takes_frees(&self, runs: usize, blocks: u64) -> bool {
+        use super::pool::{FREES_MAX, TREE_MARGIN};
+        let writes = self.inflight.pooled();
+        let margin = TREE_MARGIN.saturating_mul(u64::try_from(writes + 1).unwrap_or(u64::MAX));
+        self.pool.as_ref().is_some_and(|p| {
+            let room = crate::format::inode::INLINE_EXTENTS_MAX.saturating_sub(p.fragments());
+            room >= 2 * (writes + 1) + 2 * runs + FREES_ROOM_SPARE
+                && p.available() >= margin
+                && p.blocks().saturating_add(blocks) <= FREES_MAX
+        })
     }
 
     /// Is the pool below a quarter of its last refill (time to top it up)?
@@ -386,13 +433,14 @@ impl Meta {
     /// A commit point completed: frees are durable, and everything changed before is home.
     fn committed(&mut self) {
         let released = self.alloc.committed();
+        let pooled = self.pool.as_mut().map(super::pool::Pool::committed);
         if let Some(q) = &mut self.discards {
             for (start, len) in released {
-                q.push(start, len);
+                q[FreedTo::Bitmaps.queue()].push(start, len);
             }
-        }
-        if let Some(p) = &mut self.pool {
-            p.committed();
+            for (start, len) in pooled.into_iter().flatten() {
+                q[FreedTo::Pool.queue()].push(start, len);
+            }
         }
     }
 
