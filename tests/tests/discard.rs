@@ -6,8 +6,9 @@
 //! blocks were queued for discard when it took them): every byte of it reads back, and fsck is
 //! clean. Mounted `nodiscard`, a delete leaves the LUN file as it was, and `cetra trim` (the
 //! `FITRIM` ioctl, as `fstrim`) gives the space back at once. A VM's TRIM (a hole punched in
-//! its image, open for writing on its node) needs no cluster lock: it goes on, and its space
-//! reaches the LUN, while another node that died holding the global lock is not recovered yet.
+//! its image, open for writing on its node) and its write-zeroes need no cluster lock: they go
+//! on, and the space reaches the LUN, while another node that died holding the global lock is
+//! not recovered yet.
 
 use cetrafs_tests::{bin, poll_until, require_fuse, run, Lun, Mount};
 use std::io::{Read as _, Write as _};
@@ -150,24 +151,21 @@ fn cetra_trim_gives_back_what_nodiscard_kept() {
 }
 
 /// What a guest's TRIM arrives as through QEMU (`discard=unmap` on a raw image).
-fn punch(f: &std::fs::File, offset: u64, len: u64) {
+const PUNCH: libc::c_int = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+/// What its write-zeroes arrive as (`detect-zeroes=on`).
+const ZERO: libc::c_int = libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE;
+
+fn fallocate(f: &std::fs::File, mode: libc::c_int, offset: u64, len: u64) {
     let (off, n) = (
         libc::off_t::try_from(offset).expect("offset"),
         libc::off_t::try_from(len).expect("length"),
     );
     // SAFETY: fallocate on a descriptor this test owns; no memory is passed.
-    let r = unsafe {
-        libc::fallocate(
-            f.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off,
-            n,
-        )
-    };
+    let r = unsafe { libc::fallocate(f.as_raw_fd(), mode, off, n) };
     assert_eq!(
         r,
         0,
-        "punching {len} bytes at {offset}: {}",
+        "fallocate mode {mode:#x} of {len} bytes at {offset}: {}",
         std::io::Error::last_os_error()
     );
 }
@@ -219,8 +217,10 @@ fn a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock() {
     let killed = Instant::now();
     // The guest trims every other MiB of what it wrote and flushes.
     for i in (0..32u64).step_by(2) {
-        punch(&img, i * MIB as u64, MIB as u64);
+        fallocate(&img, PUNCH, i * MIB as u64, MIB as u64);
     }
+    // And its write-zeroes (QEMU's `detect-zeroes`) of MiB 1.
+    fallocate(&img, ZERO, MIB as u64, MIB as u64);
     img.sync_all().expect("fsync img after the trim");
     let trimmed = killed.elapsed();
     // The trim reaches the LUN (default discard rate: 64 MiB/s) before node2 is recovered.
@@ -232,7 +232,7 @@ fn a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock() {
     std::fs::rename(node1.p("x/g"), node1.p("y/g")).expect("rename on node1");
     let waited = killed.elapsed();
     eprintln!(
-        "16 MiB trimmed {:.2} s after node2's death, on the LUN at {:.2} s ({} -> {} MiB); \
+        "16 MiB trimmed and 1 MiB zeroed {:.2} s after node2's death, on the LUN at {:.2} s ({} -> {} MiB); \
          a move between directories waited {:.2} s",
         trimmed.as_secs_f64(),
         discarded_at.as_secs_f64(),
@@ -258,7 +258,7 @@ fn a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock() {
     let mut back = vec![0u8; 32 * MIB];
     img.read_exact_at(&mut back, 0).expect("read img");
     for (i, chunk) in (0u64..).zip(back.chunks(MIB)) {
-        let want = if i % 2 == 0 { 0 } else { 0xA5 };
+        let want = if i % 2 == 0 || i == 1 { 0 } else { 0xA5 };
         assert!(chunk.iter().all(|&x| x == want), "MiB {i} of the image");
     }
     drop(img);

@@ -1627,27 +1627,64 @@ impl Volume {
         Ok(())
     }
 
-    /// Map every hole in file blocks [b0, b1) with unwritten extents.
+    /// Map every hole in file blocks [b0, b1) with unwritten extents: from the bitmaps, or,
+    /// without the global lock, from this node's pool (which [`Volume::falloc_owned`] made
+    /// sure holds enough before anything changed).
     fn allocate_unwritten(tx: &mut Tx<'_>, inner: &mut InodeInner, b0: u64, b1: u64) -> Result<()> {
-        let mut b = b0;
-        while b < b1 {
-            if let Some(e) = inner.extents.find(b) {
-                b = e.end();
-                continue;
-            }
-            let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
-            let seg_end = b1.min(next);
-            let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-            let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
+        let ino = inner.inode.ino;
+        for (b, n) in Self::holes(inner, b0, b1) {
+            let goal = inner.extents.goal_for(b).unwrap_or(ino + 1);
+            let runs = if tx.is_detached() {
+                let runs = tx.reserve_pooled(goal, n, ino, 0).ok_or_else(|| {
+                    crate::Error::new(crate::ErrorKind::NoSpace, "this node's block pool is short")
+                })?;
+                for &(p, l) in &runs {
+                    tx.commit_pooled(p, l);
+                }
+                runs
+            } else {
+                tx.alloc_data(goal, n, ino)?
+            };
             let mut lb = b;
             for (p, l) in runs {
                 inner.inode.blocks += l;
                 inner.extents.insert(lb, p, l, true);
                 lb += l;
             }
-            b = seg_end;
         }
         Ok(())
+    }
+
+    /// The holes of file blocks [b0, b1): (first block, length), in order.
+    fn holes(inner: &InodeInner, b0: u64, b1: u64) -> Vec<(u64, u64)> {
+        let mut out = Vec::new();
+        let mut b = b0;
+        while b < b1 {
+            match inner.extents.next_from(b) {
+                Some(e) if e.logical <= b => b = e.end(),
+                next => {
+                    let stop = next.map_or(b1, |e| e.logical.min(b1));
+                    out.push((b, stop - b));
+                    b = stop;
+                }
+            }
+        }
+        out
+    }
+
+    /// The extents of file blocks [b0, b1), at most `max`: (count, blocks inside the range);
+    /// None if there are more.
+    fn mapped(inner: &InodeInner, b0: u64, b1: u64, max: usize) -> Option<(usize, u64)> {
+        let (mut n, mut blocks, mut b) = (0, 0, b0);
+        while let Some(e) = inner.extents.next_from(b).filter(|e| e.logical < b1) {
+            n += 1;
+            if n > max {
+                return None;
+            }
+            blocks += e.end().min(b1) - e.logical.max(b0);
+            b = e.end();
+        }
+        Some((n, blocks))
     }
 
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
@@ -1660,130 +1697,135 @@ impl Volume {
             .ok_or_else(|| crate::Error::new(crate::ErrorKind::InvalidInput, "range overflows"))?;
         // Every mode changes the block map: the file's allocating writes in flight go first.
         let _drained = self.quiesce(ino);
-        if mode == FallocMode::PunchHole && self.punch_owned(ino, offset, end)? {
+        if self.falloc_owned(ino, offset, end, mode)? {
             return Ok(());
         }
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             self.own_inode(tx, ino)?;
-            if !inner.inode.is_reg() {
-                bail!(InvalidInput, "fallocate on a non-regular file");
-            }
-            if inner.inode.flags & flags::IMMUTABLE != 0 {
-                bail!(PermissionDenied, "inode {ino} is immutable");
-            }
-            Self::fold_pending(&st, &mut inner);
-            let t = super::now();
-            let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
-            // Whole blocks strictly inside the range.
-            let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
-            let mut grows = None;
-            match mode {
-                FallocMode::Allocate { keep_size } => {
-                    Self::allocate_unwritten(tx, &mut inner, b0, b1)?;
-                    if !keep_size && end > inner.inode.size {
-                        grows = Some(end);
-                    }
-                }
-                FallocMode::PunchHole => {
-                    if inner.inode.flags & flags::APPEND != 0 {
-                        bail!(PermissionDenied, "inode {ino} is append-only");
-                    }
-                    if f0 < f1 {
-                        Self::prepare_free(tx, &inner, f0, f1)?;
-                        let freed = inner.extents.punch(f0, f1);
-                        Self::free_runs(tx, &mut inner, freed)?;
-                        self.zero_written(&inner, offset, f0 * FS_BLOCK)?;
-                        self.zero_written(&inner, f1 * FS_BLOCK, end)?;
-                    } else {
-                        self.zero_written(&inner, offset, end)?;
-                    }
-                    inner.inode.mtime = t;
-                }
-                FallocMode::ZeroRange { keep_size } => {
-                    if inner.inode.flags & flags::APPEND != 0 {
-                        bail!(PermissionDenied, "inode {ino} is append-only");
-                    }
-                    if f0 < f1 {
-                        inner.extents.set_unwritten(f0, f1, true);
-                        Self::allocate_unwritten(tx, &mut inner, f0, f1)?;
-                        self.zero_written(&inner, offset, f0 * FS_BLOCK)?;
-                        self.zero_written(&inner, f1 * FS_BLOCK, end)?;
-                    } else {
-                        self.zero_written(&inner, offset, end)?;
-                    }
-                    if !keep_size && end > inner.inode.size {
-                        grows = Some(end);
-                    }
-                    inner.inode.mtime = t;
-                }
-            }
-            if let Some(s) = grows {
-                inner.inode.size = s;
-                inner.inode.mtime = t;
-            }
-            inner.inode.ctime = t;
-            self.save(tx, &mut inner)
+            self.falloc_change(tx, &st, &mut inner, offset, end, mode)
         })
     }
 
-    /// A hole punched in a file whose lock this node owns (a VM's TRIM of its image), made
-    /// without the global lock: the freed runs go into this node's pool in the same
-    /// transaction (the pool inode is their deferred-free record: still marked used in the
-    /// bitmaps, given back to them with the pool, under the global lock; a crash leaves them
-    /// to the pool's free by the recovery). Ok(false), with nothing changed, when it cannot:
-    /// the inode is not loaded or not owned, a handoff of it has begun, it is immutable or
-    /// append-only, or the pool has no room for the runs ([`Meta::pool_takes_frees`]: too
-    /// many runs, or more than [`pool::FREES_MAX`] blocks), and the caller punches on the
-    /// metadata path. The caller drained the file's writes in flight.
+    /// What `fallocate` of bytes [offset, end) in `mode` does to the file, on the global path
+    /// and without it alike (the caller holds the inode's locks and drained its writes): the
+    /// one home of each mode's rule. Without the global lock ([`Volume::falloc_owned`]) a
+    /// punched hole frees into this node's pool and new unwritten extents come from it.
+    fn falloc_change(
+        &self,
+        tx: &mut Tx<'_>,
+        st: &InodeState,
+        inner: &mut InodeInner,
+        offset: u64,
+        end: u64,
+        mode: FallocMode,
+    ) -> Result<()> {
+        let ino = inner.inode.ino;
+        if !inner.inode.is_reg() {
+            bail!(InvalidInput, "fallocate on a non-regular file");
+        }
+        if inner.inode.flags & flags::IMMUTABLE != 0 {
+            bail!(PermissionDenied, "inode {ino} is immutable");
+        }
+        if !matches!(mode, FallocMode::Allocate { .. }) && inner.inode.flags & flags::APPEND != 0 {
+            bail!(PermissionDenied, "inode {ino} is append-only");
+        }
+        Self::fold_pending(st, inner);
+        let t = super::now();
+        let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+        // Whole blocks strictly inside the range.
+        let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
+        let mut grows = None;
+        match mode {
+            FallocMode::Allocate { keep_size } => {
+                Self::allocate_unwritten(tx, inner, b0, b1)?;
+                if !keep_size && end > inner.inode.size {
+                    grows = Some(end);
+                }
+            }
+            FallocMode::PunchHole => {
+                if f0 < f1 {
+                    Self::prepare_free(tx, inner, f0, f1)?;
+                    let freed = inner.extents.punch(f0, f1);
+                    Self::free_runs(tx, inner, freed)?;
+                    self.zero_written(inner, offset, f0 * FS_BLOCK)?;
+                    self.zero_written(inner, f1 * FS_BLOCK, end)?;
+                } else {
+                    self.zero_written(inner, offset, end)?;
+                }
+                inner.inode.mtime = t;
+            }
+            FallocMode::ZeroRange { keep_size } => {
+                if f0 < f1 {
+                    inner.extents.set_unwritten(f0, f1, true);
+                    Self::allocate_unwritten(tx, inner, f0, f1)?;
+                    self.zero_written(inner, offset, f0 * FS_BLOCK)?;
+                    self.zero_written(inner, f1 * FS_BLOCK, end)?;
+                } else {
+                    self.zero_written(inner, offset, end)?;
+                }
+                if !keep_size && end > inner.inode.size {
+                    grows = Some(end);
+                }
+                inner.inode.mtime = t;
+            }
+        }
+        if let Some(s) = grows {
+            inner.inode.size = s;
+            inner.inode.mtime = t;
+        }
+        inner.inode.ctime = t;
+        self.save(tx, inner)
+    }
+
+    /// `fallocate` of a file whose lock this node owns (a VM's image, open for writing here),
+    /// made without the global lock: a guest's TRIM arrives as a punched hole, and its
+    /// write-zeroes (QEMU's `detect-zeroes`) as a zeroed range. Freed runs go into this node's
+    /// pool in the same transaction (the pool inode is their deferred-free record: still
+    /// marked used in the bitmaps, given back to them with the pool, under the global lock;
+    /// a crash leaves them to the pool's free by the recovery), and new unwritten extents
+    /// come from it. Ok(false), with nothing changed, when it cannot: the inode is not
+    /// loaded or not owned, a handoff of it has begun, or the pool has not the room or the
+    /// blocks ([`Meta::pool_takes_frees`], [`Meta::pool_gives`]: too many runs, more than
+    /// [`pool::FREES_MAX`] blocks freed into it, fewer blocks than the holes need); then the
+    /// caller takes the metadata path. The caller drained the file's writes in flight.
     ///
     /// [`pool::FREES_MAX`]: super::pool::FREES_MAX
-    fn punch_owned(&self, ino: Ino, offset: u64, end: u64) -> Result<bool> {
+    fn falloc_owned(&self, ino: Ino, offset: u64, end: u64, mode: FallocMode) -> Result<bool> {
         let Some(st) = self.inodes.get(ino) else {
             return Ok(false);
         };
-        // Whole blocks strictly inside the range.
-        let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
+        let max = crate::format::inode::INLINE_EXTENTS_MAX;
         let refused = || {
             crate::Error::new(
                 crate::ErrorKind::NeedsGlobalLock,
-                "punched on the metadata path",
+                "fallocate on the metadata path",
             )
         };
         let r = self.change_owned(&st, |tx, inner| {
-            if inner.freed
-                || !inner.inode.is_reg()
-                || inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0
-            {
-                return Err(refused());
-            }
-            // The extents the hole frees, looked up by range (an image may have a million).
-            let (mut runs, mut blocks, mut b) = (0, 0, f0);
-            while let Some(e) = inner.extents.next_from(b).filter(|e| e.logical < f1) {
-                runs += 1;
-                blocks += e.end().min(f1) - e.logical.max(f0);
-                b = e.end();
-                if runs > crate::format::inode::INLINE_EXTENTS_MAX {
-                    return Err(refused());
+            let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+            let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
+            let holes = |a: u64, b: u64| {
+                let h = Self::holes(inner, a, b);
+                (h.len() <= max).then(|| (h.len(), h.iter().map(|r| r.1).sum::<u64>()))
+            };
+            let m = tx.meta_mut();
+            let fits = match mode {
+                FallocMode::PunchHole => Self::mapped(inner, f0, f1, max)
+                    .is_some_and(|(runs, blocks)| m.pool_takes_frees(runs, blocks)),
+                // Zeroing splits the extents at both ends of the range, and fills its holes.
+                FallocMode::ZeroRange { .. } => {
+                    holes(f0, f1.max(f0)).is_some_and(|(n, blocks)| m.pool_gives(n + 2, blocks))
                 }
-            }
-            if !tx.meta_mut().pool_takes_frees(runs, blocks) {
+                FallocMode::Allocate { .. } => {
+                    holes(b0, b1).is_some_and(|(n, blocks)| m.pool_gives(n, blocks))
+                }
+            };
+            if !fits {
                 return Err(refused());
             }
-            Self::fold_pending(&st, inner);
-            if f0 < f1 {
-                let freed = inner.extents.punch(f0, f1);
-                Self::free_runs(tx, inner, freed)?;
-                self.zero_written(inner, offset, f0 * FS_BLOCK)?;
-                self.zero_written(inner, f1 * FS_BLOCK, end)?;
-            } else {
-                self.zero_written(inner, offset, end)?;
-            }
-            let t = super::now();
-            inner.inode.mtime = t;
-            inner.inode.ctime = t;
-            self.save(tx, inner)
+            self.falloc_change(tx, &st, inner, offset, end, mode)
         });
         match r {
             Ok(done) => Ok(done),

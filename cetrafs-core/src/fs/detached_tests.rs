@@ -391,3 +391,129 @@ fn a_crash_after_holes_punched_into_the_pool_loses_no_block() {
         v2.release(&fh).unwrap();
     });
 }
+
+/// Zeroing a range of an owned file (QEMU's write-zeroes, `detect-zeroes`) and preallocating
+/// in it go without the global lock too: written blocks become unwritten (read as zeros,
+/// keep their place), holes get unwritten extents from the pool, and the file may grow.
+#[test]
+fn zeroing_and_preallocating_an_owned_file_take_no_global_lock() {
+    let (dev, a, b, f, fh) = grown_elsewhere(40, 0xEE);
+    a.fsync(f.ino, false).unwrap();
+    let pool0 = a.lock_meta().pool_available();
+    let blocks0 = a.getattr(f.ino).unwrap().blocks;
+    let zero = FallocMode::ZeroRange { keep_size: true };
+    // A written block.
+    a.fallocate(f.ino, 3 * STRIDE, 4096, zero).unwrap();
+    // A hole of 4 blocks, and 2 blocks preallocated in another.
+    a.fallocate(f.ino, STRIDE + 4096, 4 * 4096, zero).unwrap();
+    a.fallocate(
+        f.ino,
+        2 * STRIDE + 4096,
+        2 * 4096,
+        FallocMode::Allocate { keep_size: true },
+    )
+    .unwrap();
+    // Bytes inside one written block.
+    a.fallocate(f.ino, 4 * STRIDE + 100, 200, zero).unwrap();
+    // Past the end, growing the file.
+    a.fallocate(
+        f.ino,
+        IMAGE,
+        2 * 4096,
+        FallocMode::ZeroRange { keep_size: false },
+    )
+    .unwrap();
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "fallocate of an owned file took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    a.fsync(f.ino, false).unwrap();
+    assert_eq!(a.lock_meta().pool_available(), pool0 - 8);
+    assert_eq!(a.getattr(f.ino).unwrap().blocks, blocks0 + 8 * 8);
+    let mut partial = vec![4u8; 4096];
+    partial[100..300].fill(0);
+    for v in [&a, &b] {
+        assert_eq!(v.getattr(f.ino).unwrap().size, IMAGE + 2 * 4096);
+        let h = v.open(f.ino, false, false).unwrap();
+        assert_eq!(read_at(v, &h, 3 * STRIDE, 4096), vec![0; 4096]);
+        assert_eq!(read_at(v, &h, STRIDE, 6 * 4096)[..4096], [1; 4096]);
+        assert_eq!(read_at(v, &h, STRIDE + 4096, 4 * 4096), vec![0; 4 * 4096]);
+        assert_eq!(read_at(v, &h, 4 * STRIDE, 4096), partial);
+        assert_eq!(read_at(v, &h, 5 * STRIDE, 4096), vec![5; 4096]);
+        assert_eq!(read_at(v, &h, IMAGE, 2 * 4096), vec![0; 2 * 4096]);
+        v.release(&h).unwrap();
+    }
+    // The zeroed block kept its place: written again, it is an overwrite.
+    a.write(&fh, 3 * STRIDE, &[7; 4096]).unwrap();
+    let h = b.open(f.ino, false, false).unwrap();
+    assert_eq!(read_at(&b, &h, 3 * STRIDE, 4096), vec![7; 4096]);
+    b.release(&h).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+/// Random aligned writes, punched holes, zeroed and preallocated ranges (unaligned ends
+/// included) into an owned image while another node holds the global lock: the file always
+/// reads as a byte model says, none of it takes the global lock, the other node reads the
+/// same bytes afterwards, and the volume checks clean.
+#[test]
+fn random_writes_and_fallocates_of_an_owned_file_match_a_model() {
+    const SPAN: u64 = 2 << 20;
+    let (dev, a, b, f, fh) = grown_elsewhere(2, 0x11);
+    let mut model = vec![0u8; usize::try_from(2 * STRIDE).unwrap()];
+    model[..4096].fill(0x11);
+    model[usize::try_from(STRIDE).unwrap()..][..4096].fill(1);
+    model.resize(usize::try_from(SPAN).unwrap(), 0);
+    let mut x = 0x9E37_79B9_7F4A_7C15u64;
+    let mut rnd = |n: u64| {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x % n
+    };
+    let us = |v: u64| usize::try_from(v).unwrap();
+    for op in 0..400u32 {
+        match rnd(5) {
+            0 | 1 => {
+                let (b0, n) = (rnd(SPAN / 4096 - 8), 1 + rnd(8));
+                let fill = u8::try_from(1 + rnd(250)).unwrap();
+                a.write(&fh, b0 * 4096, &vec![fill; us(n * 4096)]).unwrap();
+                model[us(b0 * 4096)..us((b0 + n) * 4096)].fill(fill);
+            }
+            k => {
+                let off = rnd(SPAN - (64 << 10));
+                let len = 1 + rnd(48 << 10);
+                let mode = match k {
+                    2 => FallocMode::PunchHole,
+                    3 => FallocMode::ZeroRange { keep_size: true },
+                    _ => FallocMode::Allocate { keep_size: true },
+                };
+                a.fallocate(f.ino, off, len, mode).unwrap();
+                if k != 4 {
+                    model[us(off)..us(off + len)].fill(0);
+                }
+            }
+        }
+        if op % 50 == 49 {
+            a.fsync(f.ino, false).unwrap();
+            assert_eq!(
+                read_at(&a, &fh, 0, u32::try_from(SPAN).unwrap()),
+                model,
+                "after op {op}"
+            );
+        }
+    }
+    assert_eq!(gml(&a), LockMode::Free, "an operation took the global lock");
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    let h = b.open(f.ino, false, false).unwrap();
+    assert_eq!(read_at(&b, &h, 0, u32::try_from(SPAN).unwrap()), model);
+    b.release(&h).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}

@@ -24,7 +24,7 @@
 //!   go back into it ([`give`](Pool::give)), held until the next commit point (a freed block
 //!   must not receive new contents before its free is durable).
 //! * **The deferred-free record of frees without the global lock**: a hole punched in a file
-//!   this node owns (a VM's TRIM, fs/data.rs `punch_owned`) gives the freed runs to the pool
+//!   this node owns (a VM's TRIM, fs/data.rs `falloc_owned`) gives the freed runs to the pool
 //!   in its transaction, within [`FREES_MAX`]; they stay marked used in the bitmaps and go back
 //!   to them with the pool. Their discard runs under the metadata mutex only, on the parts
 //!   nothing holds ([`unclaimed`](Pool::unclaimed), fs/discard.rs).

@@ -269,6 +269,21 @@ impl Meta {
         })
     }
 
+    /// May a change without the global lock take `blocks` blocks of the pool for `runs` new
+    /// extents of a file (the unwritten extents of an `fallocate`: fs/data.rs)? Room in the
+    /// pool inode for a fragment per run beyond what writes in flight may add, and the blocks
+    /// beyond what those writes keep back for their tree nodes and this change's.
+    pub fn pool_gives(&self, runs: usize, blocks: u64) -> bool {
+        use super::pool::TREE_MARGIN;
+        let writes = self.inflight.pooled();
+        let margin = TREE_MARGIN.saturating_mul(u64::try_from(writes + 2).unwrap_or(u64::MAX));
+        self.pool.as_ref().is_some_and(|p| {
+            let room = crate::format::inode::INLINE_EXTENTS_MAX.saturating_sub(p.fragments());
+            room >= 2 * (writes + 1) + 2 * runs + FREES_ROOM_SPARE
+                && p.available() >= blocks.saturating_add(margin)
+        })
+    }
+
     /// Is the pool below a quarter of its last refill (time to top it up)?
     pub fn pool_is_low(&self) -> bool {
         self.pool.as_ref().is_some_and(super::pool::Pool::is_low)
@@ -661,6 +676,7 @@ impl<'a> Tx<'a> {
 
     /// A held pool run is mapped by a file in this transaction.
     pub fn commit_pooled(&mut self, start: u64, len: u64) {
+        self.touched = true;
         if let Some(p) = &mut self.meta.pool {
             p.commit(start, len);
         }
