@@ -509,9 +509,10 @@ impl Volume {
 
     /// Write `data` where `at` says on behalf of `who`. A write that must remove setuid/setgid
     /// bits ([`suid::on_write`]) takes the metadata path, and the bits go in the same
-    /// transaction as the write's size and mtime update. An append ([`WriteAt::End`]) always
-    /// takes the metadata path, where its offset is chosen ([`Volume::write_slow`]); an empty
-    /// one reports the size this node knows.
+    /// transaction as the write's size and mtime update. An append ([`WriteAt::End`]) never
+    /// takes the fast path: its offset is chosen under the metadata mutex with the file's
+    /// size known to be current ([`Volume::write_owned`] for a file this node owns, else the
+    /// metadata path, [`Volume::write_slow`]); an empty one reports the size this node knows.
     pub fn write_by(
         &self,
         fh: &OpenFile,
@@ -594,11 +595,13 @@ impl Volume {
     /// (b) when a partial block of a written extent must be read, modified and written (which
     /// must not race a fast-path write into the rest of that block), do it all under the locks.
     ///
-    /// **An append's offset is chosen here, and only here**: it is the file's size read under
-    /// the metadata mutex with the global lock exclusive (no other node can change the file
-    /// until this write is mapped: the lock is not given up while it is in flight) and after
-    /// every write in flight into the file is mapped (one of them may extend it). Returns the
-    /// offset written at and the setuid/setgid bits removed.
+    /// **An append's offset is chosen here** (or, for a file this node owns, by
+    /// [`Volume::write_owned`] under the same rule with the inode's lock in place of the
+    /// global lock): it is the file's size read under the metadata mutex with the global lock
+    /// exclusive (no other node can change the file until this write is mapped: the lock is
+    /// not given up while it is in flight) and after every write in flight into the file is
+    /// mapped (one of them may extend it). Returns the offset written at and the
+    /// setuid/setgid bits removed.
     ///
     /// [`inflight`]: super::inflight
     fn write_slow(
@@ -614,6 +617,9 @@ impl Volume {
             if let Some(dropped) = self.try_detached(st, offset, data, who, done)? {
                 return Ok((offset, dropped));
             }
+        }
+        if let Some(offset) = self.write_owned(st, at, data, who)? {
+            return Ok((offset, 0));
         }
         let (plan, id, offset, pooled) = loop {
             let mut meta = self.meta_ex()?;
@@ -738,6 +744,74 @@ impl Volume {
             tracing::debug!("the block pool could not be refilled: {e}");
         }
         self.detached.refilled();
+    }
+
+    /// A write that neither the fast path nor [`Volume::try_detached`] takes — a
+    /// read-modify-write of a written block (a small write into a log file's last block), an
+    /// append — into a file this node owns, made whole under the metadata mutex and the
+    /// inode's write lock **without the global lock**, as the metadata path makes it with it
+    /// ([`Volume::write_locked`]); its new blocks come from this node's pool. An append's
+    /// offset is the size this node's copy shows: the copy is current (the lock is this
+    /// node's alone) and no write into the file is in flight (else refused). Returns the
+    /// offset written at; None, with nothing changed, when it cannot: the file is not owned
+    /// or a handoff of it has begun, a write into the range is in flight, a setuid/setgid bit
+    /// would have to go, a write at an offset needs no read-modify-write (it is an
+    /// allocating write that [`Volume::try_detached`] left to the metadata path to refill the
+    /// pool), or the pool lacks the blocks or the room ([`Meta::pool_gives`]). Errors of the
+    /// file itself (removed, immutable, append-only) are answered as on the metadata path.
+    fn write_owned(
+        &self,
+        st: &Arc<InodeState>,
+        at: WriteAt,
+        data: &[u8],
+        who: &dyn Credentials,
+    ) -> Result<Option<u64>> {
+        let len = data.len() as u64;
+        let refused = || crate::Error::new(crate::ErrorKind::NeedsGlobalLock, "a locked write");
+        let mut written_at = None;
+        let r = self.change_owned(st, |tx, inner| {
+            let (offset, (w0, w1)) = match at {
+                WriteAt::Offset(o) => (o, (o / FS_BLOCK, (o + len).div_ceil(FS_BLOCK))),
+                WriteAt::End => (inner.inode.size, (0, u64::MAX)),
+            };
+            let end = offset + len;
+            if tx.inflight().must_wait(st.ino, w0, w1)
+                || (matches!(at, WriteAt::Offset(_)) && !Self::needs_rmw(inner, offset, end))
+                || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
+            {
+                return Err(refused());
+            }
+            Self::check_write(st.ino, inner, offset)?;
+            let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
+            let holes = Self::holes(inner, b0, b1);
+            let mut unwritten = false;
+            let mut b = b0;
+            while let Some(e) = inner.extents.next_from(b).filter(|e| e.logical < b1) {
+                unwritten |= e.unwritten();
+                b = e.end();
+            }
+            // Holes take blocks; a write into an unwritten extent splits it (a tree node).
+            if (!holes.is_empty() || unwritten)
+                && (holes.len() > crate::format::inode::INLINE_EXTENTS_MAX
+                    || !tx
+                        .meta_mut()
+                        .pool_gives(holes.len() + 2, holes.iter().map(|h| h.1).sum()))
+            {
+                return Err(refused());
+            }
+            let r = self.write_locked(tx, inner, offset, data);
+            // Whatever was written and mapped before an error is kept consistent.
+            Self::note_written(st, inner, if r.is_ok() { end } else { 0 });
+            self.save(tx, inner)?;
+            r?;
+            written_at = Some(offset);
+            Ok(())
+        });
+        match r {
+            Ok(_) => Ok(written_at),
+            Err(e) if e.kind() == crate::ErrorKind::NeedsGlobalLock => Ok(None),
+            Err(e) => Err(e),
+        }
     }
 
     /// An allocating write without the global lock (fs/detached.rs), if it can be one: this
@@ -1485,7 +1559,7 @@ impl Volume {
                 let next = inner.extents.next_from(b).map_or(u64::MAX, |e| e.logical);
                 let seg_end = fb1.min(next);
                 let goal = inner.extents.goal_for(b).unwrap_or(inner.inode.ino + 1);
-                let runs = tx.alloc_data(goal, seg_end - b, inner.inode.ino)?;
+                let runs = Self::alloc_blocks(tx, goal, seg_end - b, inner.inode.ino)?;
                 let mut lb = b;
                 for (p, l) in runs {
                     inner.inode.blocks += l;
@@ -1634,17 +1708,7 @@ impl Volume {
         let ino = inner.inode.ino;
         for (b, n) in Self::holes(inner, b0, b1) {
             let goal = inner.extents.goal_for(b).unwrap_or(ino + 1);
-            let runs = if tx.is_detached() {
-                let runs = tx.reserve_pooled(goal, n, ino, 0).ok_or_else(|| {
-                    crate::Error::new(crate::ErrorKind::NoSpace, "this node's block pool is short")
-                })?;
-                for &(p, l) in &runs {
-                    tx.commit_pooled(p, l);
-                }
-                runs
-            } else {
-                tx.alloc_data(goal, n, ino)?
-            };
+            let runs = Self::alloc_blocks(tx, goal, n, ino)?;
             let mut lb = b;
             for (p, l) in runs {
                 inner.inode.blocks += l;
@@ -1653,6 +1717,22 @@ impl Volume {
             }
         }
         Ok(())
+    }
+
+    /// `n` blocks for file `ino` near `goal`, mapped by this transaction: from the bitmaps,
+    /// or, without the global lock, from this node's pool (whose caller made sure before
+    /// changing anything that it holds them: [`Meta::pool_gives`]).
+    fn alloc_blocks(tx: &mut Tx<'_>, goal: u64, n: u64, ino: Ino) -> Result<Vec<(u64, u64)>> {
+        if !tx.is_detached() {
+            return tx.alloc_data(goal, n, ino);
+        }
+        let runs = tx.reserve_pooled(goal, n, ino, 0).ok_or_else(|| {
+            crate::Error::new(crate::ErrorKind::NoSpace, "this node's block pool is short")
+        })?;
+        for &(p, l) in &runs {
+            tx.commit_pooled(p, l);
+        }
+        Ok(runs)
     }
 
     /// The holes of file blocks [b0, b1): (first block, length), in order.

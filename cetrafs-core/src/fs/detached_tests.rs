@@ -517,3 +517,54 @@ fn random_writes_and_fallocates_of_an_owned_file_match_a_model() {
     b.unmount().unwrap();
     assert_fsck_clean(&dev);
 }
+
+/// A log file on a node that owns it: appends (offsets from the owned copy) and small writes
+/// into written blocks (read, modified and written under the inode's locks) go without the
+/// global lock, new blocks from the pool; another node reads every byte afterwards.
+#[test]
+fn appends_and_partial_writes_of_an_owned_file_take_no_global_lock() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    // An image gives a a pool; the log's first write makes its lock a's.
+    let (_, img) = thin_image(&a, b"img");
+    a.write(&img, 0, &[1; 4096]).unwrap();
+    let (log, fh) = a.create(a.root_ino(), b"log", 0o644, C, true).unwrap();
+    a.write(&fh, 0, b"first line\n").unwrap();
+    let mut model = b"first line\n".to_vec();
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    for i in 0..300u32 {
+        let line = format!(
+            "line {i} {}\n",
+            "x".repeat(usize::try_from(i % 97).unwrap())
+        );
+        let w = a.write_by(&fh, WriteAt::End, line.as_bytes(), &C).unwrap();
+        assert_eq!(w.offset, model.len() as u64, "append {i}");
+        model.extend_from_slice(line.as_bytes());
+        if i % 10 == 9 {
+            // A small rewrite inside what is written (a read-modify-write of its block).
+            let at = (u64::from(i) * 7919) % (model.len() as u64 - 8);
+            a.write(&fh, at, b"REWRITE!").unwrap();
+            let at = usize::try_from(at).unwrap();
+            model[at..at + 8].copy_from_slice(b"REWRITE!");
+        }
+    }
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "a write of an owned file took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    let n = u32::try_from(model.len()).unwrap();
+    assert_eq!(read_at(&a, &fh, 0, n + 100), model);
+    let h = b.open(log.ino, false, false).unwrap();
+    assert_eq!(b.getattr(log.ino).unwrap().size, model.len() as u64);
+    assert_eq!(read_at(&b, &h, 0, n + 100), model);
+    b.release(&h).unwrap();
+    a.release(&fh).unwrap();
+    a.release(&img).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}

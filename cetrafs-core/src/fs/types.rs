@@ -124,8 +124,9 @@ pub enum WriteAt {
     /// At this byte offset (pwrite, or write at the file position).
     Offset(u64),
     /// At the end of the file (`O_APPEND)`: the volume reads the file's size under the metadata
-    /// lock held exclusively, so appends from any number of nodes never overlap. Whatever
-    /// offset the caller's kernel computed from its cached size is not used.
+    /// mutex with the file's inode lock held exclusively (under the global lock, or owned by
+    /// this node), so appends from any number of nodes never overlap. Whatever offset the
+    /// caller's kernel computed from its cached size is not used.
     End,
 }
 
