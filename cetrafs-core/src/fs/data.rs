@@ -51,6 +51,10 @@ pub const ALLOC_GRANULE: u64 = 64 << 10;
 pub const MAX_ALLOC_GRANULE: u64 = 1 << 20;
 /// Sparse files at least this large allocate by granule (module doc).
 pub const GRANULE_MIN_SIZE: u64 = 16 << 20;
+/// Appends to a file at least this large keep this node's pool filled (as writes to an
+/// image do), so that the next appends go without the global lock ([`Volume::write_owned`]):
+/// a log, not a file that `echo >>` touches once.
+const APPEND_POOL_MIN: u64 = 64 << 10;
 /// Pool blocks a write without the global lock leaves for the tree nodes its mapping (and
 /// the mappings of the other writes in flight) may need (fs/pool.rs).
 const POOL_MARGIN: u64 = super::pool::TREE_MARGIN * 8;
@@ -639,7 +643,7 @@ impl Volume {
             self.own_inode(&mut tx, st.ino)?;
             // Held exclusively now: the next writes may go without the global lock, from a
             // pool this hold keeps filled (fs/detached.rs).
-            self.keep_pool(&mut tx, &inner, st.ino);
+            self.keep_pool(&mut tx, &inner, st.ino, at == WriteAt::End);
             let offset = match at {
                 WriteAt::Offset(o) => o,
                 WriteAt::End => inner.inode.size,
@@ -725,7 +729,7 @@ impl Volume {
     /// Under the global lock, with `ino`'s lock held exclusively: keep this node's pool
     /// usable for the file's next writes (fs/pool.rs). Only costs the detached path if it
     /// fails, so a failure is logged, not returned.
-    fn keep_pool(&self, tx: &mut Tx<'_>, inner: &InodeInner, ino: Ino) {
+    fn keep_pool(&self, tx: &mut Tx<'_>, inner: &InodeInner, ino: Ino, append: bool) {
         let Some(il) = &self.cl.ilocks else {
             return;
         };
@@ -733,9 +737,9 @@ impl Volume {
             return;
         }
         self.reopen_owned(il, ino);
-        if inner.inode.size < GRANULE_MIN_SIZE {
-            // Not a VM image: small files are written under the global lock, and a pool
-            // would be made and given back around each of them.
+        if inner.inode.size < GRANULE_MIN_SIZE && !(append && inner.inode.size >= APPEND_POOL_MIN) {
+            // Not a VM image, nor a log being appended to: small files are written under
+            // the global lock, and a pool would be made and given back around each of them.
             self.detached.refilled();
             return;
         }

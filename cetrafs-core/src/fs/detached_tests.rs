@@ -520,18 +520,28 @@ fn random_writes_and_fallocates_of_an_owned_file_match_a_model() {
 
 /// A log file on a node that owns it: appends (offsets from the owned copy) and small writes
 /// into written blocks (read, modified and written under the inode's locks) go without the
-/// global lock, new blocks from the pool; another node reads every byte afterwards.
+/// global lock, new blocks from the pool that appends to a log keep filled; another node
+/// reads every byte afterwards.
 #[test]
 fn appends_and_partial_writes_of_an_owned_file_take_no_global_lock() {
     let dev = volume(4);
     let a = node(&dev, "a");
     let b = node(&dev, "b");
-    // An image gives a a pool; the log's first write makes its lock a's.
-    let (_, img) = thin_image(&a, b"img");
-    a.write(&img, 0, &[1; 4096]).unwrap();
+    // The log's first write makes its lock a's; an append to it once it is 64 KiB fills
+    // a's pool (as a write to an image does).
     let (log, fh) = a.create(a.root_ino(), b"log", 0o644, C, true).unwrap();
-    a.write(&fh, 0, b"first line\n").unwrap();
-    let mut model = b"first line\n".to_vec();
+    let mut model = vec![b'-'; 70 << 10];
+    a.write(&fh, 0, &model).unwrap();
+    a.release(&fh).unwrap();
+    // The create filled a pool; it goes back at the last writer's close once idle.
+    std::thread::sleep(super::detached::POOL_IDLE + Duration::from_millis(100));
+    a.release(&a.open(log.ino, true, false).unwrap()).unwrap();
+    let fh = a.open(log.ino, true, false).unwrap();
+    assert_eq!(a.lock_meta().pool_available(), 0, "the pool stayed");
+    // An append that needs a new block: on the metadata path (no pool), which fills one.
+    a.write_by(&fh, WriteAt::End, &[b'+'; 4096], &C).unwrap();
+    model.extend_from_slice(&[b'+'; 4096]);
+    assert!(a.lock_meta().pool_available() > 0, "no pool for a log");
     b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
     assert_eq!(gml(&b), LockMode::Exclusive);
     for i in 0..300u32 {
@@ -563,7 +573,6 @@ fn appends_and_partial_writes_of_an_owned_file_take_no_global_lock() {
     assert_eq!(read_at(&b, &h, 0, n + 100), model);
     b.release(&h).unwrap();
     a.release(&fh).unwrap();
-    a.release(&img).unwrap();
     a.unmount().unwrap();
     b.unmount().unwrap();
     assert_fsck_clean(&dev);
