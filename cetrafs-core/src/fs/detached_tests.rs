@@ -32,6 +32,14 @@ fn read_at(v: &Volume, fh: &OpenFile, offset: u64, len: u32) -> Vec<u8> {
     out
 }
 
+/// The end of a two-node test: `a` closes `fh`, both unmount, and the volume checks clean.
+fn close_both(dev: &Arc<MemDevice>, a: &Volume, b: &Volume, fh: &Arc<OpenFile>) {
+    a.release(fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(dev);
+}
+
 fn gml(v: &Volume) -> LockMode {
     v.lock_meta().gml()
 }
@@ -102,10 +110,7 @@ fn an_owned_file_grows_while_another_node_holds_the_global_lock() {
     a.write(&fh, 40 * STRIDE, &[40; 4096]).unwrap();
     assert_eq!(read_at(&b, &bfh, 40 * STRIDE, 4096), vec![40; 4096]);
     b.release(&bfh).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    close_both(&dev, &a, &b, &fh);
 }
 
 /// A handoff's "everything is home" and the seal that stops new detached writes are one step
@@ -165,10 +170,7 @@ fn another_node_truncates_a_file_grown_without_the_global_lock() {
     assert_eq!(a.getattr(f.ino).unwrap().size, 5 * STRIDE);
     assert_eq!(read_at(&a, &fh, 4 * STRIDE, 4096), vec![4; 4096]);
     assert!(read_at(&a, &fh, 6 * STRIDE, 4096).is_empty());
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    close_both(&dev, &a, &b, &fh);
 }
 
 #[test]
@@ -347,10 +349,7 @@ fn a_hole_punched_in_an_owned_file_frees_into_the_pool_without_the_global_lock()
     let h = b.open(f.ino, false, false).unwrap();
     assert_eq!(read_at(&b, &h, 5 * STRIDE, 4096), vec![0; 4096]);
     b.release(&h).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    close_both(&dev, &a, &b, &fh);
 }
 
 /// A crash after holes were punched into the pool: the file keeps its holes, the pool (with
@@ -381,7 +380,6 @@ fn a_crash_after_holes_punched_into_the_pool_loses_no_block() {
     let image = dev.snapshot();
     a.release(&fh).unwrap();
     a.unmount().unwrap();
-    let _ = dev;
     super::tests::crashed_image_recovers(image, |v2| {
         let fh = v2.open(f.ino, false, false).unwrap();
         for i in [2u64, 9, 15] {
@@ -450,10 +448,7 @@ fn zeroing_and_preallocating_an_owned_file_take_no_global_lock() {
     let h = b.open(f.ino, false, false).unwrap();
     assert_eq!(read_at(&b, &h, 3 * STRIDE, 4096), vec![7; 4096]);
     b.release(&h).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    close_both(&dev, &a, &b, &fh);
 }
 
 /// Random aligned writes, punched holes, zeroed and preallocated ranges (unaligned ends
@@ -512,10 +507,7 @@ fn random_writes_and_fallocates_of_an_owned_file_match_a_model() {
     let h = b.open(f.ino, false, false).unwrap();
     assert_eq!(read_at(&b, &h, 0, u32::try_from(SPAN).unwrap()), model);
     b.release(&h).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    close_both(&dev, &a, &b, &fh);
 }
 
 /// A log file on a node that owns it: appends (offsets from the owned copy) and small writes
@@ -572,8 +564,5 @@ fn appends_and_partial_writes_of_an_owned_file_take_no_global_lock() {
     assert_eq!(b.getattr(log.ino).unwrap().size, model.len() as u64);
     assert_eq!(read_at(&b, &h, 0, n + 100), model);
     b.release(&h).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    close_both(&dev, &a, &b, &fh);
 }

@@ -384,9 +384,10 @@ mod volume_tests {
         a.ino
     }
 
-    #[test]
-    fn durable_frees_are_discarded_and_reused_blocks_never() {
-        let (dev0, v0) = fresh(64 << 20);
+    /// A fresh volume of `bytes` mounted with discards queued but left to the test
+    /// (`discard_rate` 0: no background discarder).
+    fn queued_discards(bytes: u64) -> (Arc<MemDevice>, Arc<Volume>) {
+        let (dev0, v0) = fresh(bytes);
         v0.unmount().unwrap();
         let dev = Arc::new(MemDevice::from_image(dev0.snapshot(), 512));
         let opts = MountOptions {
@@ -394,6 +395,12 @@ mod volume_tests {
             ..MountOptions::default()
         };
         let v = Volume::mount(dev.clone(), &opts).unwrap();
+        (dev, v)
+    }
+
+    #[test]
+    fn durable_frees_are_discarded_and_reused_blocks_never() {
+        let (dev, v) = queued_discards(64 << 20);
         // A freed file: queued only once the free is durable, then every block discarded.
         let a = file(&v, b"a", 8 << 20, 0xA1);
         let a_blocks = blocks_of(&v, a);
@@ -439,14 +446,7 @@ mod volume_tests {
     /// the pool hands to a later write keep that write's data.
     #[test]
     fn holes_punched_into_the_pool_are_discarded_and_reused_blocks_never() {
-        let (dev0, v0) = fresh(512 << 20);
-        v0.unmount().unwrap();
-        let dev = Arc::new(MemDevice::from_image(dev0.snapshot(), 512));
-        let opts = MountOptions {
-            discard_rate: Some(0),
-            ..MountOptions::default()
-        };
-        let v = Volume::mount(dev.clone(), &opts).unwrap();
+        let (dev, v) = queued_discards(512 << 20);
         let (f, fh) = v.create(v.root_ino(), b"img", 0o644, C, true).unwrap();
         let size = super::super::SetAttr {
             size: Some(64 << 20),
