@@ -771,6 +771,13 @@ impl Volume {
         who: &dyn Credentials,
     ) -> Result<Option<u64>> {
         let len = data.len() as u64;
+        if let WriteAt::Offset(o) = at {
+            // The usual case (an allocating write left to the metadata path) without the
+            // metadata mutex; asked again under it below.
+            if !Self::needs_rmw(&st.read(), o, o + len) {
+                return Ok(None);
+            }
+        }
         let refused = || crate::Error::new(crate::ErrorKind::NeedsGlobalLock, "a locked write");
         let mut written_at = None;
         let r = self.change_owned(st, |tx, inner| {

@@ -417,10 +417,14 @@ impl Volume {
         let mut inner = st.write();
         let r = f(&mut tx, &mut inner);
         drop(inner);
-        // What was done is consistent: committed even on error (as meta_op does).
+        // What was done is consistent: committed even on error (as meta_op does). A change
+        // refused before it touched anything leaves nothing to write home at a handoff.
+        let touched = tx.touched();
         let c = tx.commit();
         let r = r.and(c);
-        self.detached.changed(st.ino);
+        if touched {
+            self.detached.changed(st.ino);
+        }
         self.detached.end(st.ino);
         drop(meta);
         self.inflight_done.notify_all();
