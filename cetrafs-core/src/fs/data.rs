@@ -761,7 +761,7 @@ impl Volume {
     /// or a handoff of it has begun, a write into the range is in flight, a setuid/setgid bit
     /// would have to go, a write at an offset needs no read-modify-write (it is an
     /// allocating write that [`Volume::try_detached`] left to the metadata path to refill the
-    /// pool), or the pool lacks the blocks or the room ([`Meta::pool_gives`]). Errors of the
+    /// pool), or the pool lacks the blocks or the room ([`Meta::pool_fits`]). Errors of the
     /// file itself (removed, immutable, append-only) are answered as on the metadata path.
     fn write_owned(
         &self,
@@ -804,9 +804,11 @@ impl Volume {
             // Holes take blocks; a write into an unwritten extent splits it (a tree node).
             if (!holes.is_empty() || unwritten)
                 && (holes.len() > crate::format::inode::INLINE_EXTENTS_MAX
-                    || !tx
-                        .meta_mut()
-                        .pool_gives(holes.len() + 2, holes.iter().map(|h| h.1).sum()))
+                    || !tx.meta_mut().pool_fits(
+                        holes.len() + 2,
+                        0,
+                        holes.iter().map(|h| h.1).sum(),
+                    ))
             {
                 return Err(refused());
             }
@@ -1732,7 +1734,7 @@ impl Volume {
 
     /// `n` blocks for file `ino` near `goal`, mapped by this transaction: from the bitmaps,
     /// or, without the global lock, from this node's pool (whose caller made sure before
-    /// changing anything that it holds them: [`Meta::pool_gives`]).
+    /// changing anything that it holds them: [`Meta::pool_fits`]).
     fn alloc_blocks(tx: &mut Tx<'_>, goal: u64, n: u64, ino: Ino) -> Result<Vec<(u64, u64)>> {
         if !tx.is_detached() {
             return tx.alloc_data(goal, n, ino);
@@ -1878,7 +1880,7 @@ impl Volume {
     /// a crash leaves them to the pool's free by the recovery), and new unwritten extents
     /// come from it. Ok(false), with nothing changed, when it cannot: the inode is not
     /// loaded or not owned, a handoff of it has begun, or the pool has not the room or the
-    /// blocks ([`Meta::pool_takes_frees`], [`Meta::pool_gives`]: too many runs, more than
+    /// blocks ([`Meta::pool_fits`]: too many runs, more than
     /// [`pool::FREES_MAX`] blocks freed into it, fewer blocks than the holes need); then the
     /// caller takes the metadata path. The caller drained the file's writes in flight.
     ///
@@ -1904,13 +1906,13 @@ impl Volume {
             let m = tx.meta_mut();
             let fits = match mode {
                 FallocMode::PunchHole => Self::mapped(inner, f0, f1, max)
-                    .is_some_and(|(runs, blocks)| m.pool_takes_frees(runs, blocks)),
+                    .is_some_and(|(runs, blocks)| m.pool_fits(runs, blocks, 0)),
                 // Zeroing splits the extents at both ends of the range, and fills its holes.
                 FallocMode::ZeroRange { .. } => {
-                    holes(f0, f1.max(f0)).is_some_and(|(n, blocks)| m.pool_gives(n + 2, blocks))
+                    holes(f0, f1.max(f0)).is_some_and(|(n, blocks)| m.pool_fits(n + 2, 0, blocks))
                 }
                 FallocMode::Allocate { .. } => {
-                    holes(b0, b1).is_some_and(|(n, blocks)| m.pool_gives(n, blocks))
+                    holes(b0, b1).is_some_and(|(n, blocks)| m.pool_fits(n, 0, blocks))
                 }
             };
             if !fits {

@@ -59,7 +59,7 @@ use crate::journal::{self, JournalArea};
 use std::collections::{BTreeMap, HashMap};
 
 /// Pool inode extents a hole punched without the global lock leaves free beyond its own runs
-/// (tree nodes of the file it frees: [`Meta::pool_takes_frees`]).
+/// (tree nodes of the file it frees: [`Meta::pool_fits`]).
 const FREES_ROOM_SPARE: usize = 16;
 
 /// Where a freed run went, for its discard (fs/discard.rs): into the bitmaps, or into this
@@ -250,37 +250,25 @@ impl Meta {
         }
     }
 
-    /// May a change without the global lock free `runs` runs of `blocks` blocks of a file
-    /// into the pool (a hole punched in a file this node owns: fs/data.rs)? There must be a
-    /// pool with room in its inode for those runs and for the tree nodes the change may free
-    /// (each may be a fragment of its own) beyond what writes in flight may add, blocks for a
-    /// tree node it may need, and the pool must stay within [`pool::FREES_MAX`] blocks.
+    /// May a change without the global lock (fs/data.rs: a hole punched in, a range zeroed
+    /// or preallocated in, or a locked write to a file this node owns) add up to `runs`
+    /// extents to the pool inode, give the pool `freed` blocks and take `taken` of its
+    /// blocks? There must be a pool with room in its inode for those extents and for the
+    /// tree nodes the change may free (each may be a fragment of its own) beyond what writes
+    /// in flight may add; the blocks taken beyond what those writes keep back for their tree
+    /// nodes and this change's; and, when it frees, the pool must stay within
+    /// [`pool::FREES_MAX`] blocks.
     ///
     /// [`pool::FREES_MAX`]: super::pool::FREES_MAX
-    pub fn pool_takes_frees(&self, runs: usize, blocks: u64) -> bool {
+    pub fn pool_fits(&self, runs: usize, freed: u64, taken: u64) -> bool {
         use super::pool::{FREES_MAX, TREE_MARGIN};
-        let writes = self.inflight.pooled();
-        let margin = TREE_MARGIN.saturating_mul(u64::try_from(writes + 1).unwrap_or(u64::MAX));
-        self.pool.as_ref().is_some_and(|p| {
-            let room = crate::format::inode::INLINE_EXTENTS_MAX.saturating_sub(p.fragments());
-            room >= 2 * (writes + 1) + 2 * runs + FREES_ROOM_SPARE
-                && p.available() >= margin
-                && p.blocks().saturating_add(blocks) <= FREES_MAX
-        })
-    }
-
-    /// May a change without the global lock take `blocks` blocks of the pool for `runs` new
-    /// extents of a file (the unwritten extents of an `fallocate`: fs/data.rs)? Room in the
-    /// pool inode for a fragment per run beyond what writes in flight may add, and the blocks
-    /// beyond what those writes keep back for their tree nodes and this change's.
-    pub fn pool_gives(&self, runs: usize, blocks: u64) -> bool {
-        use super::pool::TREE_MARGIN;
         let writes = self.inflight.pooled();
         let margin = TREE_MARGIN.saturating_mul(u64::try_from(writes + 2).unwrap_or(u64::MAX));
         self.pool.as_ref().is_some_and(|p| {
             let room = crate::format::inode::INLINE_EXTENTS_MAX.saturating_sub(p.fragments());
             room >= 2 * (writes + 1) + 2 * runs + FREES_ROOM_SPARE
-                && p.available() >= blocks.saturating_add(margin)
+                && p.available() >= taken.saturating_add(margin)
+                && (freed == 0 || p.blocks().saturating_add(freed) <= FREES_MAX)
         })
     }
 
