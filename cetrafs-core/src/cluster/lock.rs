@@ -21,7 +21,9 @@
 //! lesson). A record that fails its checksum is re-read a few times before it is reported as
 //! corrupted: a target may return a torn block while another initiator's CAW is running.
 //! Contended loops back off with jitter: 0.5 ms doubling to 2 ms for the first 20 ms of a
-//! wait, then on to 8 ms, each sleep ±50 % ([`BACKOFF_QUICK_MAX`]).
+//! wait, then on to 8 ms, each sleep ±50 % ([`BACKOFF_QUICK_MAX`]). In a loop, a CAW that
+//! failed without landing (a path failing over) is a lost round too, for up to the lease's
+//! fail time ([`IoPatience`]).
 //!
 //! # The global lock (record 0)
 //! `acquire_global(me, mode)` loops:
@@ -64,6 +66,7 @@
 //! carries the slot generation; entries of an older generation of my own slot are stale and
 //! dropped when I next write the bucket); `open_others` lists other nodes' entries.
 
+use crate::cluster::timing::Timing;
 use crate::dev::{AlignedBuf, BlockDevice, CawOutcome, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::lock_record::{
@@ -129,6 +132,89 @@ impl Backoff {
         std::thread::sleep(self.cur.mul_f64(f));
         self.slept += self.cur;
         self.cur = Self::next(self.cur, self.max, self.slept);
+    }
+}
+
+/// First pause after a lock record's I/O failed; it doubles up to [`IO_PAUSE_MAX`].
+const IO_PAUSE_FIRST: Duration = Duration::from_millis(20);
+/// See [`IO_PAUSE_FIRST`].
+const IO_PAUSE_MAX: Duration = Duration::from_millis(500);
+
+/// How a read-modify-CAW loop on a lock record rides out failed COMPARE AND WRITEs (the one
+/// home of that rule, for the lock table and the object locks alike).
+///
+/// On a dm-multipath map a COMPARE AND WRITE goes through `SG_IO` to the path dm picked, and dm
+/// does not retry an ioctl on another path: while an iSCSI portal is down and multipathd has
+/// not yet failed its path (its checker: tens of seconds), a CAW can end in
+/// `DID_TRANSPORT_DISRUPTED`, outcome unknown. The read-back (a plain `O_DIRECT` read, which dm
+/// does retry on another path) tells whether it landed; when it did not, giving up would turn
+/// a path failover into `EIO` for an unlink. So an [`ErrorKind::Io`] error of the record's CAW
+/// counts as a lost round: pause (20 ms doubling to 0.5 s), read again and decide again, until
+/// the errors have lasted `budget` in a row. The budget is the lease's fail time: by then the
+/// heartbeat, whose CAW goes the same way, has failed too and
+/// [`LeaseGuard`](crate::cluster::membership::LeaseGuard) answers `Fenced`, which is never
+/// absorbed (nor is any other kind: a corrupted record, a reservation conflict). A failed
+/// *read* is returned at once: the block layer below already retried it on every path.
+#[derive(Debug)]
+pub(crate) struct IoPatience {
+    budget: Duration,
+    since: Option<Instant>,
+    errors: u32,
+    pause: Duration,
+}
+
+impl IoPatience {
+    pub(crate) fn new(budget: Duration) -> Self {
+        Self {
+            budget,
+            since: None,
+            errors: 0,
+            pause: IO_PAUSE_FIRST,
+        }
+    }
+
+    /// `Ok(())`: the error was absorbed after a pause, read the record again. Otherwise the
+    /// error to return, saying for how long the I/O failed when it was retried at all.
+    pub(crate) fn absorb(&mut self, e: Error, what: &dyn std::fmt::Display) -> Result<()> {
+        if e.kind() != ErrorKind::Io {
+            return Err(e);
+        }
+        let since = *self.since.get_or_insert_with(Instant::now);
+        if since.elapsed() >= self.budget {
+            if self.errors == 0 {
+                return Err(e);
+            }
+            return Err(e.wrap(format!(
+                "{what}: still failing after {} errors in {} ms",
+                self.errors + 1,
+                since.elapsed().as_millis()
+            )));
+        }
+        self.errors += 1;
+        if self.errors == 1 {
+            tracing::warn!(
+                "{what}: {e}; reading it again (lock I/O errors are retried for up to {} s)",
+                self.budget.as_secs()
+            );
+        }
+        std::thread::sleep(self.pause);
+        self.pause = (self.pause * 2).min(IO_PAUSE_MAX);
+        Ok(())
+    }
+
+    /// A round's I/O worked: the next error starts a new streak.
+    pub(crate) fn ok(&mut self, what: &dyn std::fmt::Display) {
+        if let Some(since) = self.since.take() {
+            if self.errors > 0 {
+                tracing::info!(
+                    "{what}: lock I/O works again after {} error(s) in {} ms",
+                    self.errors,
+                    since.elapsed().as_millis()
+                );
+            }
+        }
+        self.errors = 0;
+        self.pause = IO_PAUSE_FIRST;
     }
 }
 
@@ -271,6 +357,8 @@ pub struct LockTable {
     buckets: u64,
     backoff_first: Duration,
     backoff_max: Duration,
+    /// How long I/O errors in a row are retried through ([`IoPatience`]).
+    io_patience: Duration,
 }
 
 /// The first slot of `set` after `slot` in ascending order, wrapping; `NO_SLOT` if none.
@@ -455,6 +543,7 @@ impl LockTable {
             buckets: l.buckets,
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
+            io_patience: Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms).fail_time(),
         }
     }
 
@@ -479,6 +568,14 @@ impl LockTable {
 
     fn backoff(&self) -> Backoff {
         Backoff::new(self.backoff_first, self.backoff_max)
+    }
+
+    /// How long I/O errors of a lock change are retried through (default: the lease's fail
+    /// time from the superblock's timings; tests shorten it).
+    #[must_use]
+    pub fn with_io_patience(mut self, budget: Duration) -> Self {
+        self.io_patience = budget;
+        self
     }
 
     pub fn group_index(&self, g: u64) -> u64 {
@@ -647,13 +744,20 @@ impl LockTable {
         mut f: impl FnMut(&LockRecord) -> Option<LockRecord>,
     ) -> Result<Option<LockRecord>> {
         let mut backoff = self.backoff();
+        let mut io = IoPatience::new(self.io_patience);
+        let what = format!("lock record {index}");
         loop {
             let (raw, cur) = self.read(index)?;
             let Some(mut new) = f(&cur) else {
                 return Ok(None);
             };
-            if self.swap(index, &raw, &mut new)? {
-                return Ok(Some(new));
+            match self.swap(index, &raw, &mut new) {
+                Ok(true) => return Ok(Some(new)),
+                Ok(false) => io.ok(&what),
+                Err(e) => {
+                    io.absorb(e, &what)?;
+                    continue;
+                }
             }
             backoff.sleep();
         }
@@ -689,6 +793,8 @@ impl LockTable {
         let mut backoff = self.backoff();
         let mut last: Option<Vec<u8>> = None;
         let mut since = Instant::now();
+        let mut io = IoPatience::new(self.io_patience);
+        let what = "the global lock (record 0)";
         loop {
             if let Some(e) = abort() {
                 self.leave_waiters(me);
@@ -731,15 +837,29 @@ impl LockTable {
                 }
                 new.waiters.remove(me.slot);
                 new.next = NO_SLOT;
-                if self.swap(Self::GLOBAL, &raw, &mut new)? {
-                    return Ok(new);
+                match self.swap(Self::GLOBAL, &raw, &mut new) {
+                    Ok(true) => return Ok(new),
+                    Ok(false) => io.ok(&what),
+                    // Unknown outcome: the next round's read shows whether we hold it.
+                    Err(e) => {
+                        io.absorb(e, &what)?;
+                        continue;
+                    }
                 }
             } else if !rec.waiters.contains(me.slot) {
                 let mut new = rec.clone();
                 new.waiters.insert(me.slot);
                 // A lost race is fine: the next round sees the new record and tries again.
-                if self.swap(Self::GLOBAL, &raw, &mut new)? {
-                    notify(&new);
+                match self.swap(Self::GLOBAL, &raw, &mut new) {
+                    Ok(true) => {
+                        io.ok(&what);
+                        notify(&new);
+                    }
+                    Ok(false) => io.ok(&what),
+                    Err(e) => {
+                        io.absorb(e, &what)?;
+                        continue;
+                    }
                 }
             } else {
                 notify(&rec);
@@ -1279,7 +1399,8 @@ mod tests {
     #[derive(Debug)]
     struct Liar {
         inner: MemDevice,
-        /// 0 honest, 1 written but Err, 2 written but Miscompare, 3 not written and Err.
+        /// 0 honest, 1 written but Err, 2 written but Miscompare, 3 not written and Err
+        /// (a CAW failed in transport: `DID_TRANSPORT_DISRUPTED`), 4 not written and Fenced.
         mode: AtomicU32,
     }
 
@@ -1295,6 +1416,7 @@ mod tests {
         }
         fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
             match self.mode.load(Ordering::Relaxed) {
+                4 => Err(Error::new(ErrorKind::Fenced, "node is fenced")),
                 0 => self.inner.compare_and_write(lba, expected, new),
                 1 => {
                     self.inner.compare_and_write(lba, expected, new)?;
@@ -1358,6 +1480,71 @@ mod tests {
             .unwrap();
         assert!(LockTable::holds(&g, me(1), LockMode::Exclusive));
         t.release_global(me(1)).unwrap();
+        assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
+    }
+
+    /// A path failover under dm-multipath: for a while every CAW fails in transport without
+    /// landing (`SG_IO` goes to the failed path until multipathd fails it). A lock change waits that out instead of failing — in the SAN portal
+    /// test an unlink got EIO from the global lock's CAW. Errors that outlast the patience
+    /// are returned, saying so, and a fence is returned at once.
+    #[test]
+    fn lock_changes_ride_out_a_path_failover_within_the_patience() {
+        let (mem, sb) = formatted(512);
+        let liar = Arc::new(Liar {
+            inner: mem,
+            mode: AtomicU32::new(3),
+        });
+        let heal_after = |d: Duration| {
+            let liar = liar.clone();
+            std::thread::spawn(move || {
+                std::thread::sleep(d);
+                liar.mode.store(0, Ordering::Relaxed);
+            })
+        };
+        let t = LockTable::new(liar.clone(), &sb)
+            .with_backoff(FAST_FIRST, FAST_MAX)
+            .with_io_patience(Duration::from_secs(20));
+        let t0 = Instant::now();
+        let heal = heal_after(Duration::from_millis(300));
+        let g = t
+            .acquire_global(me(1), LockMode::Exclusive, Duration::from_secs(1), &never)
+            .unwrap();
+        heal.join().unwrap();
+        assert!(t0.elapsed() >= Duration::from_millis(300));
+        assert!(LockTable::holds(&g, me(1), LockMode::Exclusive));
+        // The same for a read-modify-CAW (`update`): the release.
+        liar.mode.store(3, Ordering::Relaxed);
+        let heal = heal_after(Duration::from_millis(200));
+        t.release_global(me(1)).unwrap();
+        heal.join().unwrap();
+        assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
+        // Errors beyond the patience are returned, and say how long they lasted.
+        let short = LockTable::new(liar.clone(), &sb)
+            .with_backoff(FAST_FIRST, FAST_MAX)
+            .with_io_patience(Duration::from_millis(200));
+        liar.mode.store(3, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let e = short
+            .acquire_global(me(2), LockMode::Shared, Duration::from_secs(1), &never)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Io);
+        assert!(e.to_string().contains("still failing after"), "{e}");
+        assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
+        let e = short.publish_group_free(0, 7).unwrap_err();
+        assert!(e.to_string().contains("still failing after"), "{e}");
+        // A fenced node's lock I/O is never retried.
+        liar.mode.store(4, Ordering::Relaxed);
+        let t0 = Instant::now();
+        let e = t
+            .acquire_global(me(2), LockMode::Shared, Duration::from_secs(1), &never)
+            .unwrap_err();
+        assert_eq!(e.kind(), ErrorKind::Fenced);
+        assert!(
+            t0.elapsed() < Duration::from_millis(100),
+            "{:?}",
+            t0.elapsed()
+        );
+        liar.mode.store(0, Ordering::Relaxed);
         assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
     }
 

@@ -123,8 +123,8 @@
 //! for; cached locks it is not using are handed over on request, so no cycle can form.
 
 use super::lock::{
-    caw_read_back, check_slot, fresh_nonce, is_stale, read_validated, Backoff, Me, SlotLife,
-    BACKOFF_FIRST, BACKOFF_MAX,
+    caw_read_back, check_slot, fresh_nonce, is_stale, read_validated, Backoff, IoPatience, Me,
+    SlotLife, BACKOFF_FIRST, BACKOFF_MAX,
 };
 use super::mailbox::{Mailboxes, Posted};
 use crate::dev::SharedDevice;
@@ -250,9 +250,9 @@ pub fn lock_order(set: &mut Vec<LockWant>) {
     set.sort_by_key(order_key);
 }
 
-/// How many CAW errors of unknown outcome in a row a lock change re-reads through before it
-/// gives up with the error.
-const UNKNOWN_OUTCOME_RETRIES: u32 = 3;
+/// How long I/O errors of a lock change in a row are retried through unless
+/// [`ObjectLocks::with_io_patience`] says otherwise (the mount sets the lease's fail time).
+const DEFAULT_IO_PATIENCE: Duration = Duration::from_secs(10);
 
 /// Where the two record arrays live: `buckets` bucket records from byte `bucket_offset`,
 /// `mailboxes` mailbox records (one per node slot) from byte `mailbox_offset`.
@@ -349,6 +349,8 @@ pub struct ObjectLocks {
     refresh: Duration,
     backoff_first: Duration,
     backoff_max: Duration,
+    /// How long I/O errors in a row are retried through ([`IoPatience`]).
+    io_patience: Duration,
     pub stats: Stats,
 }
 
@@ -476,8 +478,17 @@ impl ObjectLocks {
             refresh: Duration::from_millis(50),
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
+            io_patience: DEFAULT_IO_PATIENCE,
             stats: Stats::default(),
         })
+    }
+
+    /// How long I/O errors of a lock change in a row are retried through (the lease's fail
+    /// time on a mounted node: by then the lease has run out and the node is fenced).
+    #[must_use]
+    pub fn with_io_patience(mut self, budget: Duration) -> Self {
+        self.io_patience = budget;
+        self
     }
 
     /// Other contention backoff bounds (tests on memory devices poll faster).
@@ -566,28 +577,24 @@ impl ObjectLocks {
         Ok(won)
     }
 
-    /// [`swap`](Self::swap) inside a read-modify-CAW loop: an error of unknown outcome (our
-    /// image may have landed and been changed since by another writer, so the read-back cannot
-    /// tell) counts as a lost round — the loop re-reads and sees what is true — up to
-    /// [`UNKNOWN_OUTCOME_RETRIES`] times in a row; then it is returned.
+    /// [`swap`](Self::swap) inside a read-modify-CAW loop: an I/O error (our image may have
+    /// landed and been changed since by another writer, so the read-back cannot tell) counts
+    /// as a lost round — the loop re-reads and sees what is true — for as long as `io` allows
+    /// ([`IoPatience`]); then it is returned.
     fn swap_in_loop(
         &self,
         index: u64,
         expected: &[u8],
         new: &mut Bucket,
-        errors: &mut u32,
+        io: &mut IoPatience,
     ) -> Result<bool> {
+        let what = format_args!("object-lock bucket {index}");
         match self.swap(index, expected, new) {
             Ok(won) => {
-                *errors = 0;
+                io.ok(&what);
                 Ok(won)
             }
-            Err(e) if e.kind() == crate::ErrorKind::Io && *errors < UNKNOWN_OUTCOME_RETRIES => {
-                *errors += 1;
-                tracing::debug!("object-lock bucket {index}: {e}; reading it again");
-                Ok(false)
-            }
-            Err(e) => Err(e),
+            Err(e) => io.absorb(e, &what).map(|()| false),
         }
     }
 
@@ -598,13 +605,13 @@ impl ObjectLocks {
         mut f: impl FnMut(&Bucket) -> Option<Bucket>,
     ) -> Result<Option<Bucket>> {
         let mut backoff = self.backoff();
-        let mut errors = 0;
+        let mut io = IoPatience::new(self.io_patience);
         loop {
             let (raw, cur) = self.read_bucket(index)?;
             let Some(mut new) = f(&cur) else {
                 return Ok(None);
             };
-            if self.swap_in_loop(index, &raw, &mut new, &mut errors)? {
+            if self.swap_in_loop(index, &raw, &mut new, &mut io)? {
                 return Ok(Some(new));
             }
             backoff.sleep();
@@ -728,7 +735,7 @@ impl ObjectLocks {
         let mut since = Instant::now();
         let mut asked = HashMap::new();
         let mut room_asked = (None, 0);
-        let mut errors = 0;
+        let mut io = IoPatience::new(self.io_patience);
         loop {
             if let Some(e) = abort() {
                 self.leave(me, obj);
@@ -777,7 +784,7 @@ impl ObjectLocks {
                         },
                         contended: x.waiters().next().is_some(),
                     });
-                    if self.swap_in_loop(index, &raw, &mut nb, &mut errors)? {
+                    if self.swap_in_loop(index, &raw, &mut nb, &mut io)? {
                         if let Some(g) = g {
                             return Ok(g);
                         }
@@ -797,7 +804,7 @@ impl ObjectLocks {
                         gen: me.gen,
                     });
                     if self.place(&mut nb, ne, fresh, false) {
-                        self.swap_in_loop(index, &raw, &mut nb, &mut errors)?
+                        self.swap_in_loop(index, &raw, &mut nb, &mut io)?
                     } else {
                         self.ask_room(me, &b, o, &mut room_asked, &mut asked);
                         false

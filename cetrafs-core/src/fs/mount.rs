@@ -652,6 +652,7 @@ fn open_object_locks(dev: &SharedDevice, sb: &Superblock) -> Result<Option<Objec
     // poll, then its release CAW) is noticed within 2 ms instead of up to 8.
     Ok(Some(
         ObjectLocks::new(dev.clone(), area, timing.io_timeout * 2)?
-            .with_backoff(WAIT_POLL_FIRST, WAIT_POLL_MAX),
+            .with_backoff(WAIT_POLL_FIRST, WAIT_POLL_MAX)
+            .with_io_patience(timing.fail_time()),
     ))
 }
