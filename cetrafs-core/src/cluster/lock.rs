@@ -148,13 +148,15 @@ const IO_PAUSE_MAX: Duration = Duration::from_millis(500);
 /// not yet failed its path (its checker: tens of seconds), a CAW can end in
 /// `DID_TRANSPORT_DISRUPTED`, outcome unknown. The read-back (a plain `O_DIRECT` read, which dm
 /// does retry on another path) tells whether it landed; when it did not, giving up would turn
-/// a path failover into `EIO` for an unlink. So an [`ErrorKind::Io`] error of the record's CAW
-/// counts as a lost round: pause (20 ms doubling to 0.5 s), read again and decide again, until
-/// the errors have lasted `budget` in a row. The budget is the lease's fail time: by then the
-/// heartbeat, whose CAW goes the same way, has failed too and
-/// [`LeaseGuard`](crate::cluster::membership::LeaseGuard) answers `Fenced`, which is never
-/// absorbed (nor is any other kind: a corrupted record, a reservation conflict). A failed
-/// *read* is returned at once: the block layer below already retried it on every path.
+/// a path failover into `EIO` for an unlink. So a CAW error of unknown outcome
+/// ([`crate::scsi::outcome_unknown`]: a SCSI timeout, transport failure or abort) counts as a
+/// lost round: pause (20 ms doubling to 0.5 s), read again and decide again, until the errors
+/// have lasted `budget` in a row. The budget is the lease's fail time: by then the heartbeat,
+/// whose CAW goes the same way, has failed too and
+/// [`LeaseGuard`](crate::cluster::membership::LeaseGuard) answers `Fenced`. Every other error
+/// is returned at once: a fence, a reservation conflict, a corrupted record, a plain `EIO` of
+/// a file or block device (nothing below would route it elsewhere), and a failed *read* (the
+/// block layer below already retried it on every path).
 #[derive(Debug)]
 pub(crate) struct IoPatience {
     budget: Duration,
@@ -176,7 +178,7 @@ impl IoPatience {
     /// `Ok(())`: the error was absorbed after a pause, read the record again. Otherwise the
     /// error to return, saying for how long the I/O failed when it was retried at all.
     pub(crate) fn absorb(&mut self, e: Error, what: &dyn std::fmt::Display) -> Result<()> {
-        if e.kind() != ErrorKind::Io {
+        if !crate::scsi::outcome_unknown(&e) {
             return Err(e);
         }
         let since = *self.since.get_or_insert_with(Instant::now);
@@ -1400,7 +1402,8 @@ mod tests {
     struct Liar {
         inner: MemDevice,
         /// 0 honest, 1 written but Err, 2 written but Miscompare, 3 not written and Err
-        /// (a CAW failed in transport: `DID_TRANSPORT_DISRUPTED`), 4 not written and Fenced.
+        /// (a CAW failed in transport: `DID_TRANSPORT_DISRUPTED`), 4 not written and Fenced,
+        /// 5 not written and a plain EIO (a file device).
         mode: AtomicU32,
     }
 
@@ -1417,6 +1420,7 @@ mod tests {
         fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
             match self.mode.load(Ordering::Relaxed) {
                 4 => Err(Error::new(ErrorKind::Fenced, "node is fenced")),
+                5 => Err(Error::new(ErrorKind::Io, "injected write error")),
                 0 => self.inner.compare_and_write(lba, expected, new),
                 1 => {
                     self.inner.compare_and_write(lba, expected, new)?;
@@ -1426,7 +1430,14 @@ mod tests {
                     self.inner.compare_and_write(lba, expected, new)?;
                     Ok(CawOutcome::Miscompare)
                 }
-                _ => Err(Error::new(ErrorKind::Io, "command timed out")),
+                _ => Err(crate::scsi::ScsiFailure::new(
+                    crate::scsi::FailureKind::Transport,
+                    crate::scsi::CommandKind::CompareAndWrite,
+                    true,
+                    None,
+                    "host_status 0x0e DID_TRANSPORT_DISRUPTED".into(),
+                )
+                .into_error("COMPARE AND WRITE")),
             }
         }
         fn flush(&self) -> Result<()> {
@@ -1532,18 +1543,20 @@ mod tests {
         assert!(t0.elapsed() < Duration::from_secs(5), "{:?}", t0.elapsed());
         let e = short.publish_group_free(0, 7).unwrap_err();
         assert!(e.to_string().contains("still failing after"), "{e}");
-        // A fenced node's lock I/O is never retried.
-        liar.mode.store(4, Ordering::Relaxed);
-        let t0 = Instant::now();
-        let e = t
-            .acquire_global(me(2), LockMode::Shared, Duration::from_secs(1), &never)
-            .unwrap_err();
-        assert_eq!(e.kind(), ErrorKind::Fenced);
-        assert!(
-            t0.elapsed() < Duration::from_millis(100),
-            "{:?}",
-            t0.elapsed()
-        );
+        // A fenced node's lock I/O, and a plain EIO, are never retried.
+        for (mode, kind) in [(4, ErrorKind::Fenced), (5, ErrorKind::Io)] {
+            liar.mode.store(mode, Ordering::Relaxed);
+            let t0 = Instant::now();
+            let e = t
+                .acquire_global(me(2), LockMode::Shared, Duration::from_secs(1), &never)
+                .unwrap_err();
+            assert_eq!(e.kind(), kind);
+            assert!(
+                t0.elapsed() < Duration::from_millis(100),
+                "{:?}",
+                t0.elapsed()
+            );
+        }
         liar.mode.store(0, Ordering::Relaxed);
         assert_eq!(t.read(0).unwrap().1.mode, LockMode::Free);
     }

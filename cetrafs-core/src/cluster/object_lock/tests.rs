@@ -65,7 +65,14 @@ impl BlockDevice for Faulty {
             if n % 2 == 1 {
                 return Ok(CawOutcome::Miscompare);
             }
-            return Err(Error::new(ErrorKind::Io, "command timed out"));
+            return Err(crate::scsi::ScsiFailure::new(
+                crate::scsi::FailureKind::Timeout,
+                crate::scsi::CommandKind::CompareAndWrite,
+                true,
+                None,
+                "command timed out".into(),
+            )
+            .into_error("COMPARE AND WRITE"));
         }
         Ok(r)
     }
