@@ -1927,6 +1927,65 @@ impl Volume {
         }
     }
 
+    /// `setattr` of a file whose lock this node owns (a VM's image, a container's log or
+    /// database, open for writing here), made without the global lock: a size change and
+    /// times. A truncate frees into this node's pool in the same transaction, as a punched
+    /// hole does ([`Volume::falloc_owned`]); growth changes the size alone. Ok(None), with
+    /// nothing changed, when it cannot: not a regular file, a change of mode, owner or group
+    /// (ACL xattrs and the setuid rules stay on the metadata path), a size change that would remove setuid or
+    /// setgid bits, the inode not loaded or not owned, a handoff of it begun, or a pool without
+    /// the room for the truncated runs ([`Meta::pool_fits`]); then the caller takes the
+    /// metadata path. The caller drained the file's writes in flight.
+    pub(super) fn setattr_owned(
+        &self,
+        ino: Ino,
+        set: &super::SetAttr,
+        who: &dyn super::suid::Credentials,
+    ) -> Result<Option<super::Attr>> {
+        if set.mode.is_some() || set.uid.is_some() || set.gid.is_some() {
+            return Ok(None);
+        }
+        let Some(st) = self.inodes.get(ino) else {
+            return Ok(None);
+        };
+        let refused = || {
+            crate::Error::new(
+                crate::ErrorKind::NeedsGlobalLock,
+                "setattr on the metadata path",
+            )
+        };
+        let mut attr = None;
+        let r = self.change_owned(&st, |tx, inner| {
+            // Directories and symlinks keep the metadata path.
+            if !inner.inode.is_reg() {
+                return Err(refused());
+            }
+            if let Some(size) = set.size {
+                if super::suid::on_write(inner.inode.mode, inner.inode.gid, who) != 0 {
+                    return Err(refused());
+                }
+                if size < inner.inode.size {
+                    let max = crate::format::inode::INLINE_EXTENTS_MAX;
+                    let keep = size.div_ceil(FS_BLOCK);
+                    let m = tx.meta_mut();
+                    let fits = Self::mapped(inner, keep, u64::MAX, max)
+                        .is_some_and(|(runs, blocks)| m.pool_fits(runs, blocks, 0));
+                    if !fits {
+                        return Err(refused());
+                    }
+                }
+            }
+            attr = Some(self.setattr_change(tx, &st, inner, set, who)?);
+            Ok(())
+        });
+        match r {
+            Ok(true) => Ok(attr),
+            Ok(false) => Ok(None),
+            Err(e) if e.kind() == crate::ErrorKind::NeedsGlobalLock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
     /// The file's extent map (for tools and tests: extent counts, fragmentation).
     pub fn extents(&self, ino: Ino) -> Result<Vec<crate::format::extent::Extent>> {
         let mut meta = self.meta_sh()?;

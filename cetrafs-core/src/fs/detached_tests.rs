@@ -352,10 +352,11 @@ fn a_hole_punched_in_an_owned_file_frees_into_the_pool_without_the_global_lock()
     close_both(&dev, &a, &b, &fh);
 }
 
-/// A crash after holes were punched into the pool: the file keeps its holes, the pool (with
-/// the freed blocks) is freed by the next mount, and the volume checks clean.
+/// A crash after holes were punched, and a tail truncated, into the pool: the file keeps its
+/// holes, the pool (with the freed blocks) is freed by the next mount, and the volume checks
+/// clean.
 #[test]
-fn a_crash_after_holes_punched_into_the_pool_loses_no_block() {
+fn a_crash_after_holes_punched_and_a_truncate_into_the_pool_loses_no_block() {
     let (dev, a) = super::tests::fresh(512 << 20);
     let r = a.root_ino();
     a.mknod(r, b"first", libc::S_IFREG | 0o644, 0, C).unwrap();
@@ -371,21 +372,32 @@ fn a_crash_after_holes_punched_into_the_pool_loses_no_block() {
         a.fallocate(f.ino, i * STRIDE, 4096, FallocMode::PunchHole)
             .unwrap();
     }
+    // And a truncate of the last two written blocks, grown back: into the pool too.
+    for size in [18 * STRIDE, IMAGE] {
+        let set = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        a.setattr(f.ino, &set, C).unwrap();
+    }
     a.fsync(f.ino, false).unwrap();
+    // This node allocates by 1 MiB granule: the cut frees every block from 18 strides to
+    // the end of the last granule (20 strides).
     assert_eq!(
         a.lock_meta().pool_available(),
-        pool0 + 3,
-        "not punched into the pool"
+        pool0 + 3 + 2 * STRIDE / 4096,
+        "not punched or truncated into the pool"
     );
     let image = dev.snapshot();
     a.release(&fh).unwrap();
     a.unmount().unwrap();
     super::tests::crashed_image_recovers(image, |v2| {
         let fh = v2.open(f.ino, false, false).unwrap();
-        for i in [2u64, 9, 15] {
+        for i in [2u64, 9, 15, 18, 19] {
             assert_eq!(read_at(v2, &fh, i * STRIDE, 4096), vec![0; 4096]);
         }
         assert_eq!(read_at(v2, &fh, 3 * STRIDE, 4096), vec![4; 4096]);
+        assert_eq!(read_at(v2, &fh, 17 * STRIDE, 4096), vec![18; 4096]);
         v2.release(&fh).unwrap();
     });
 }
@@ -451,8 +463,68 @@ fn zeroing_and_preallocating_an_owned_file_take_no_global_lock() {
     close_both(&dev, &a, &b, &fh);
 }
 
+/// A truncate of an owned file, and its growth back, go without the global lock: the
+/// truncated blocks go into the pool (usable once the free is durable), the partial last
+/// block reads as zeros past the cut, and the other node sees the same afterwards.
+#[test]
+fn truncating_an_owned_file_frees_into_the_pool_without_the_global_lock() {
+    let (dev, a, b, f, fh) = grown_elsewhere(20, 0xEE);
+    a.fsync(f.ino, false).unwrap();
+    let pool0 = a.lock_meta().pool_available();
+    let blocks0 = a.getattr(f.ino).unwrap().blocks;
+    let resize = |size: u64| {
+        let set = SetAttr {
+            size: Some(size),
+            ..Default::default()
+        };
+        a.setattr(f.ino, &set, C).unwrap()
+    };
+    let cut = 10 * STRIDE + 100;
+    assert_eq!(resize(cut).size, cut);
+    assert_eq!(
+        a.lock_meta().pool_available(),
+        pool0,
+        "truncated blocks usable before their free is durable"
+    );
+    // The image grows back (a VM disk resized): the size alone.
+    assert_eq!(resize(IMAGE).size, IMAGE);
+    let touch = SetAttr {
+        mtime: Some(SetTime::At(Timespec {
+            sec: 1_000,
+            nsec: 7,
+        })),
+        ..Default::default()
+    };
+    a.setattr(f.ino, &touch, C).unwrap();
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "a truncate of an owned file took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    a.fsync(f.ino, false).unwrap();
+    // Blocks 11..19 were freed, block 10 kept (100 bytes of it).
+    assert_eq!(a.lock_meta().pool_available(), pool0 + 9);
+    assert_eq!(a.getattr(f.ino).unwrap().blocks, blocks0 - 9 * 8);
+    let mut tail = vec![0u8; 4096];
+    tail[..100].fill(10);
+    for v in [&a, &b] {
+        let attr = v.getattr(f.ino).unwrap();
+        assert_eq!(
+            (attr.size, attr.mtime.sec, attr.mtime.nsec),
+            (IMAGE, 1_000, 7)
+        );
+        let h = v.open(f.ino, false, false).unwrap();
+        assert_eq!(read_at(v, &h, 9 * STRIDE, 4096), vec![9; 4096]);
+        assert_eq!(read_at(v, &h, 10 * STRIDE, 4096), tail);
+        assert_eq!(read_at(v, &h, 15 * STRIDE, 4096), vec![0; 4096]);
+        v.release(&h).unwrap();
+    }
+    close_both(&dev, &a, &b, &fh);
+}
+
 /// Random aligned writes, punched holes, zeroed and preallocated ranges (unaligned ends
-/// included) into an owned image while another node holds the global lock: the file always
+/// included), and truncates into an owned image while another node holds the global lock: the file always
 /// reads as a byte model says, none of it takes the global lock, the other node reads the
 /// same bytes afterwards, and the volume checks clean.
 #[test]
@@ -472,12 +544,24 @@ fn random_writes_and_fallocates_of_an_owned_file_match_a_model() {
     };
     let us = |v: u64| usize::try_from(v).unwrap();
     for op in 0..400u32 {
-        match rnd(5) {
+        match rnd(6) {
             0 | 1 => {
                 let (b0, n) = (rnd(SPAN / 4096 - 8), 1 + rnd(8));
                 let fill = u8::try_from(1 + rnd(250)).unwrap();
                 a.write(&fh, b0 * 4096, &vec![fill; us(n * 4096)]).unwrap();
                 model[us(b0 * 4096)..us((b0 + n) * 4096)].fill(fill);
+            }
+            5 => {
+                // A truncate into the span, and back to the image's size.
+                let size = SPAN / 2 + rnd(SPAN / 2);
+                for s in [size, IMAGE] {
+                    let set = SetAttr {
+                        size: Some(s),
+                        ..Default::default()
+                    };
+                    a.setattr(f.ino, &set, C).unwrap();
+                }
+                model[us(size)..].fill(0);
             }
             k => {
                 let off = rnd(SPAN - (64 << 10));

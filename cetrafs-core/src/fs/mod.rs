@@ -798,67 +798,84 @@ impl Volume {
         self.check_writable()?;
         // A size change waits for the file's allocating writes in flight (fs/inflight.rs).
         let _drained = set.size.map(|_| self.quiesce(ino));
+        if let Some(attr) = self.setattr_owned(ino, set, who)? {
+            return Ok(attr);
+        }
         self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             // A truncate frees blocks and zeroes a partial one: own the inode before either.
             self.own_inode(tx, ino)?;
-            Self::fold_pending(&st, &mut inner);
-            let fl = inner.inode.flags;
-            let changes_content = set.size.is_some();
-            let changes_meta = set.mode.is_some()
-                || set.uid.is_some()
-                || set.gid.is_some()
-                || set.atime.is_some()
-                || set.mtime.is_some();
-            if fl & flags::IMMUTABLE != 0 && (changes_content || changes_meta) {
-                bail!(PermissionDenied, "inode {ino} is immutable");
-            }
-            if fl & flags::APPEND != 0 && set.size.is_some_and(|s| s < inner.inode.size) {
-                bail!(PermissionDenied, "inode {ino} is append-only");
-            }
-            let t = now();
-            // Decided on the mode and group before this change, as the kernel does.
-            let (old_mode, old_gid) = (inner.inode.mode, inner.inode.gid);
-            let mut drop = 0;
-            if set.size.is_some() {
-                drop |= suid::on_write(old_mode, old_gid, who);
-            }
-            if set.uid.is_some() || set.gid.is_some() {
-                drop |= suid::on_chown(old_mode, old_gid, who);
-            }
-            if let Some(size) = set.size {
-                if !inner.inode.is_reg() {
-                    bail!(InvalidInput, "cannot change the size of a non-regular file");
-                }
-                self.truncate_locked(tx, &mut inner, size)?;
-                inner.inode.mtime = t;
-            }
-            if let Some(m) = set.mode {
-                inner.inode.mode = (inner.inode.mode & libc::S_IFMT) | (m & 0o7777);
-                self.chmod_acl(tx, &mut inner.inode, m)?;
-            }
-            if let Some(u) = set.uid {
-                inner.inode.uid = u;
-            }
-            if let Some(g) = set.gid {
-                inner.inode.gid = g;
-            }
-            inner.inode.mode &= !drop;
-            let pick = |s: SetTime| match s {
-                SetTime::Now => t,
-                SetTime::At(x) => x,
-            };
-            if let Some(a) = set.atime {
-                inner.inode.atime = pick(a);
-            }
-            if let Some(m) = set.mtime {
-                inner.inode.mtime = pick(m);
-            }
-            inner.inode.ctime = set.ctime.unwrap_or(t);
-            self.save(tx, &mut inner)?;
-            Ok(Self::attr_of(&inner.inode))
+            self.setattr_change(tx, &st, &mut inner, set, who)
         })
+    }
+
+    /// What `setattr` does to the inode, on the global path and without it alike (the caller
+    /// holds the inode's locks and drained its writes): the one home of its rules.
+    fn setattr_change(
+        &self,
+        tx: &mut Tx<'_>,
+        st: &InodeState,
+        inner: &mut InodeInner,
+        set: &SetAttr,
+        who: &dyn Credentials,
+    ) -> Result<Attr> {
+        let ino = inner.inode.ino;
+        Self::fold_pending(st, inner);
+        let fl = inner.inode.flags;
+        let changes_content = set.size.is_some();
+        let changes_meta = set.mode.is_some()
+            || set.uid.is_some()
+            || set.gid.is_some()
+            || set.atime.is_some()
+            || set.mtime.is_some();
+        if fl & flags::IMMUTABLE != 0 && (changes_content || changes_meta) {
+            bail!(PermissionDenied, "inode {ino} is immutable");
+        }
+        if fl & flags::APPEND != 0 && set.size.is_some_and(|s| s < inner.inode.size) {
+            bail!(PermissionDenied, "inode {ino} is append-only");
+        }
+        let t = now();
+        // Decided on the mode and group before this change, as the kernel does.
+        let (old_mode, old_gid) = (inner.inode.mode, inner.inode.gid);
+        let mut drop = 0;
+        if set.size.is_some() {
+            drop |= suid::on_write(old_mode, old_gid, who);
+        }
+        if set.uid.is_some() || set.gid.is_some() {
+            drop |= suid::on_chown(old_mode, old_gid, who);
+        }
+        if let Some(size) = set.size {
+            if !inner.inode.is_reg() {
+                bail!(InvalidInput, "cannot change the size of a non-regular file");
+            }
+            self.truncate_locked(tx, inner, size)?;
+            inner.inode.mtime = t;
+        }
+        if let Some(m) = set.mode {
+            inner.inode.mode = (inner.inode.mode & libc::S_IFMT) | (m & 0o7777);
+            self.chmod_acl(tx, &mut inner.inode, m)?;
+        }
+        if let Some(u) = set.uid {
+            inner.inode.uid = u;
+        }
+        if let Some(g) = set.gid {
+            inner.inode.gid = g;
+        }
+        inner.inode.mode &= !drop;
+        let pick = |s: SetTime| match s {
+            SetTime::Now => t,
+            SetTime::At(x) => x,
+        };
+        if let Some(a) = set.atime {
+            inner.inode.atime = pick(a);
+        }
+        if let Some(m) = set.mtime {
+            inner.inode.mtime = pick(m);
+        }
+        inner.inode.ctime = set.ctime.unwrap_or(t);
+        self.save(tx, inner)?;
+        Ok(Self::attr_of(&inner.inode))
     }
 
     pub fn statfs(&self) -> Result<StatFs> {
