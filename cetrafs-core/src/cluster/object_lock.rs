@@ -250,7 +250,7 @@ pub fn lock_order(set: &mut Vec<LockWant>) {
     set.sort_by_key(order_key);
 }
 
-/// How long I/O errors of a lock change in a row are retried through unless
+/// How long CAW errors of unknown outcome in a row are retried through unless
 /// [`ObjectLocks::with_io_patience`] says otherwise (the mount sets the lease's fail time).
 const DEFAULT_IO_PATIENCE: Duration = Duration::from_secs(10);
 
@@ -577,10 +577,10 @@ impl ObjectLocks {
         Ok(won)
     }
 
-    /// [`swap`](Self::swap) inside a read-modify-CAW loop: an I/O error (our image may have
-    /// landed and been changed since by another writer, so the read-back cannot tell) counts
-    /// as a lost round — the loop re-reads and sees what is true — for as long as `io` allows
-    /// ([`IoPatience`]); then it is returned.
+    /// [`swap`](Self::swap) inside a read-modify-CAW loop: a CAW error of unknown outcome
+    /// (our image may have landed and been changed since by another writer, so the read-back
+    /// cannot tell) counts as a lost round — the loop re-reads and sees what is true — for as
+    /// long as `io` allows ([`IoPatience`]); then it, and any other error, is returned.
     fn swap_in_loop(
         &self,
         index: u64,
