@@ -778,7 +778,7 @@ impl Volume {
                 return Ok(None);
             }
         }
-        let refused = || crate::Error::new(crate::ErrorKind::NeedsGlobalLock, "a locked write");
+        let refused = || Self::refused("a locked write");
         let mut written_at = None;
         let r = self.change_owned(st, |tx, inner| {
             let (offset, (w0, w1)) = match at {
@@ -820,11 +820,7 @@ impl Volume {
             written_at = Some(offset);
             Ok(())
         });
-        match r {
-            Ok(_) => Ok(written_at),
-            Err(e) if e.kind() == crate::ErrorKind::NeedsGlobalLock => Ok(None),
-            Err(e) => Err(e),
-        }
+        r.map(|_| written_at)
     }
 
     /// An allocating write without the global lock (fs/detached.rs), if it can be one: this
@@ -1890,13 +1886,8 @@ impl Volume {
             return Ok(false);
         };
         let max = crate::format::inode::INLINE_EXTENTS_MAX;
-        let refused = || {
-            crate::Error::new(
-                crate::ErrorKind::NeedsGlobalLock,
-                "fallocate on the metadata path",
-            )
-        };
-        let r = self.change_owned(&st, |tx, inner| {
+        let refused = || Self::refused("fallocate");
+        self.change_owned(&st, |tx, inner| {
             let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
             let (f0, f1) = (offset.div_ceil(FS_BLOCK), end / FS_BLOCK);
             let holes = |a: u64, b: u64| {
@@ -1919,12 +1910,7 @@ impl Volume {
                 return Err(refused());
             }
             self.falloc_change(tx, &st, inner, offset, end, mode)
-        });
-        match r {
-            Ok(done) => Ok(done),
-            Err(e) if e.kind() == crate::ErrorKind::NeedsGlobalLock => Ok(false),
-            Err(e) => Err(e),
-        }
+        })
     }
 
     /// `setattr` of a file whose lock this node owns (a VM's image, a container's log or
@@ -1948,12 +1934,7 @@ impl Volume {
         let Some(st) = self.inodes.get(ino) else {
             return Ok(None);
         };
-        let refused = || {
-            crate::Error::new(
-                crate::ErrorKind::NeedsGlobalLock,
-                "setattr on the metadata path",
-            )
-        };
+        let refused = || Self::refused("setattr");
         let mut attr = None;
         let r = self.change_owned(&st, |tx, inner| {
             // Directories and symlinks keep the metadata path.
@@ -1978,12 +1959,7 @@ impl Volume {
             attr = Some(self.setattr_change(tx, &st, inner, set, who)?);
             Ok(())
         });
-        match r {
-            Ok(true) => Ok(attr),
-            Ok(false) => Ok(None),
-            Err(e) if e.kind() == crate::ErrorKind::NeedsGlobalLock => Ok(None),
-            Err(e) => Err(e),
-        }
+        Ok(if r? { attr } else { None })
     }
 
     /// The file's extent map (for tools and tests: extent counts, fragmentation).

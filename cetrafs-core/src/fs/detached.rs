@@ -44,7 +44,7 @@
 use super::inode_lock::{InodeLocks, Seal};
 use super::txn::{Meta, Tx};
 use super::{Ino, Volume};
-use crate::error::Result;
+use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockPolicy;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -399,8 +399,9 @@ impl Volume {
 
     /// A small change of an inode this node owns (rule 1), made without the global lock: `f`
     /// runs on a detached transaction under the metadata mutex and the inode's write lock.
-    /// Ok(false) (nothing done) when the inode is not owned or a handoff of it has begun:
-    /// then the caller takes the metadata path.
+    /// Ok(false) (nothing done) when the inode is not owned, a handoff of it has begun, or `f`
+    /// refused with [`Volume::refused`] before it touched anything: then the caller takes the
+    /// metadata path (as `meta_op` retries such a refusal under the global lock).
     pub(super) fn change_owned(
         &self,
         st: &super::InodeState,
@@ -428,7 +429,20 @@ impl Volume {
         self.detached.end(st.ino);
         drop(meta);
         self.inflight_done.notify_all();
-        r.map(|()| true)
+        match r {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == ErrorKind::NeedsGlobalLock && !touched => Ok(false),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The error a [`change_owned`](Self::change_owned) closure returns to refuse, before it
+    /// changes anything, a change the metadata path must make (`what` names it).
+    pub(super) fn refused(what: &str) -> Error {
+        Error::new(
+            ErrorKind::NeedsGlobalLock,
+            format!("{what} on the metadata path"),
+        )
     }
 
     /// Under the global lock, after a change that left `ino`'s lock this node's exclusively:
