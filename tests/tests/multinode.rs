@@ -2456,3 +2456,78 @@ fn open_locks() {
 // Keep the fail time in the one place of timing constants even though only DEAD_TIME is used
 // in assertions: it documents the margin the sigstop test relies on.
 const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
+
+// ---------------------------------------------------------------------------------------------
+// 4d. A node that stopped using the global lock gives it back (docs/locking.md §5, "A hold
+//     nobody uses"), so its death blocks no other node's metadata change.
+// ---------------------------------------------------------------------------------------------
+
+/// node2 moves a file between two directories (which takes the global lock exclusively), then
+/// does nothing for 2 s and is SIGKILLed. node1's own move between directories right after the
+/// kill must not wait for node2's recovery (dead time 5.2 s here): node2 gave the lock back
+/// after a second unused. Before that rule node2 kept the lock until someone asked for it, and
+/// node1's move waited the whole dead time. The converse, a node killed right after such a move
+/// (still holding the lock, so the move waits), is checked by discard.rs
+/// `a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock`. node1 then recovers node2, and
+/// fsck is clean.
+#[test]
+fn a_node_that_dies_idle_holds_no_global_lock() {
+    require_fuse!();
+    let _serial = serial();
+    let lun = Lun::new(1 << 30);
+    let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
+    lun.mkfs(&["--heartbeat-interval", &hb, "--io-timeout", &io, "-N", "4"]);
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    for d in ["x", "y"] {
+        fs::create_dir(node1.p(d)).expect("mkdir on node1");
+    }
+    fs::write(node1.p("x/g"), b"g").expect("write x/g on node1");
+    for d in ["a", "b"] {
+        fs::create_dir(node2.p(d)).expect("mkdir on node2");
+    }
+    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    fs::rename(node2.p("a/f"), node2.p("b/f")).expect("move a/f to b/f on node2");
+    std::thread::sleep(Duration::from_secs(2));
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    fs::rename(node1.p("x/g"), node1.p("y/g")).expect("move x/g to y/g on node1");
+    let waited = killed.elapsed();
+    eprintln!(
+        "node1's move between directories took {:.3} s after node2 died idle (dead time {:.1} s)",
+        waited.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        waited < Duration::from_secs(2),
+        "node1's move waited {waited:?} after node2's death: node2 still held the global lock \
+         2 s after it last used it\n{}",
+        node1.log()
+    );
+    let recovered = poll_until(DEAD_TIME + RECOVERY_SLACK, || {
+        node1
+            .log()
+            .lines()
+            .any(|l| l.contains("recovered") && l.contains("node2"))
+    });
+    assert!(
+        recovered.is_some(),
+        "node1 did not recover node2 within {:?}\n{}",
+        DEAD_TIME + RECOVERY_SLACK,
+        node1.log()
+    );
+    assert_eq!(
+        fs::read(node1.p("y/g")).expect("read y/g on node1"),
+        b"g",
+        "the moved file"
+    );
+    assert_eq!(
+        fs::read(node1.p("b/f")).expect("read node2's b/f on node1"),
+        b"f",
+        "node2's moved file"
+    );
+    node1.unmount();
+    lun.assert_fsck_clean();
+}

@@ -94,6 +94,14 @@ const HOLD_MIN: Duration = Duration::from_millis(100);
 const HOLD_MAX: Duration = Duration::from_secs(1);
 /// See [`HOLD_IDLE`].
 const HOLD_COST_FACTOR: u32 = 4;
+/// On a v3 volume a node gives the global lock back once it has not used it for this long,
+/// even if nobody asks: unlike an inode lock (which blocks only its own object while a dead
+/// holder waits for recovery), a global hold left with a node that dies stalls every metadata
+/// change that still needs it, on every node, for the whole dead time (84 s by default). A node
+/// mostly idle on the global lock (its images written through inode locks and the pool) then
+/// holds it only around its operations. Cost: one acquire (a read and a CAW) for its next
+/// operation after a second's pause, and the release's commit point, at most once a second.
+const GLOBAL_IDLE_RELEASE: Duration = Duration::from_secs(1);
 
 /// When this node took the global lock and last used it (nanoseconds since `base`), and
 /// what its last handoff cost, for the hold window ([`HOLD_IDLE`]).
@@ -132,6 +140,11 @@ impl HoldWindow {
     /// A metadata operation is about to use the lock.
     fn used(&self) {
         self.used.store(self.now(), Ordering::Release);
+    }
+
+    /// How long since the lock was last used (or taken).
+    fn idle(&self) -> Duration {
+        Duration::from_nanos(self.now().saturating_sub(self.used.load(Ordering::Acquire)))
     }
 
     /// How long the lock has been held since it was taken.
@@ -1041,6 +1054,37 @@ impl Volume {
         }
     }
 
+    /// Give the global lock back when this node has not used it for [`GLOBAL_IDLE_RELEASE`]
+    /// (v3 volumes; called by the mailbox thread at every tick): the same handoff as for a
+    /// waiter (everything home, the journal emptied), with nobody waiting. Skipped while an
+    /// operation runs (the metadata mutex is taken) or allocating writes still hold bitmap
+    /// blocks; a failure is logged and tried again at a later tick (a fence ends the thread).
+    fn release_idle_global(&self) {
+        let cl = &self.cl;
+        if cl.held.load(Ordering::Acquire) == 0 || cl.hold.idle() < GLOBAL_IDLE_RELEASE {
+            return;
+        }
+        let Some(mut m) = self.meta.try_lock().or_panic() else {
+            return;
+        };
+        // Re-checked under the mutex: an operation may have taken, used or given it meanwhile.
+        if m.gml() == LockMode::Free
+            || cl.hold.idle() < GLOBAL_IDLE_RELEASE
+            || m.inflight().holds_bitmap_blocks()
+        {
+            return;
+        }
+        let mode = m.gml();
+        match self.handoff(&mut m) {
+            Ok(()) => tracing::debug!(
+                "gave the global lock ({mode:?}) back after {} ms unused",
+                GLOBAL_IDLE_RELEASE.as_millis()
+            ),
+            Err(e) if e.kind() == ErrorKind::Fenced => {}
+            Err(e) => tracing::warn!("giving the unused global lock back failed: {e}"),
+        }
+    }
+
     /// One mailbox tick (v3): requests for the global lock are handled as the keeper does
     /// (and cleared once settled); the rest are inode-lock requests (`fs/inode_lock.rs`).
     fn mailbox_tick(&self, il: &InodeLocks) -> Result<GlobalAsk> {
@@ -1080,6 +1124,17 @@ impl Volume {
             homing
                 .upgrade()
                 .map_or(Ok(true), |v| v.home_for_handoff(ino, seal))
+        }));
+        // A file open for writing here keeps its exclusive hold however idle (a VM's image:
+        // its next allocating write must not need the global lock to own it again); every
+        // other exclusive hold goes back after `IDLE_AFTER` unused (fs/inode_lock.rs).
+        let keeping = Arc::downgrade(vol);
+        il.set_keeping(Box::new(move |ino| {
+            keeping.upgrade().is_some_and(|v| {
+                v.inodes
+                    .peek(ino)
+                    .is_some_and(|st| st.writers.load(Ordering::Acquire) > 0)
+            })
         }));
         let weak = Arc::downgrade(vol);
         let spawned = std::thread::Builder::new()
@@ -1123,6 +1178,9 @@ impl Volume {
                             None
                         }
                     };
+                    if again.is_none() {
+                        v.release_idle_global();
+                    }
                     more = il.sweep();
                     if let Some(at) = il.last_exchange() {
                         pacer.activity(at);

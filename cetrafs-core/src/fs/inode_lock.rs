@@ -83,15 +83,23 @@
 //!   the state never used its lock for the data path) and that was not used for
 //!   [`IDLE_AFTER`] is given back, and its entry dropped. The memory of an entry a state
 //!   refers to is charged to that state in the inode table's budget (`fs/inode_table.rs`);
-//!   the rest live at most about two sweeps.
+//!   the rest live at most about two sweeps;
+//! * **idle exclusive holds**: in the same pass, every exclusive hold not used for
+//!   [`IDLE_AFTER`], of loaded inodes too, unless the volume's keeping hook
+//!   ([`InodeLocks::set_keeping`]) keeps it: a file open for writing on this node (a VM's
+//!   image) keeps its exclusive hold as long as it is open. A dead node's exclusive hold
+//!   blocks every other node's use of its object, reads included, until the node is
+//!   recovered (the volume's root, whose lookups every path crosses, was the worst case);
+//!   a shared hold blocks only writers, so shared holds stay cached.
 //!
 //! "Not used for [`IDLE_AFTER`]" is judged against the clock of the sweep's previous tick, so
 //! a lock used while the thread was late (slow CAWs, a long drain) is not taken for idle.
 //!
 //! A give-back is a handoff nobody asked for: the same drain (`ready` cleared, `handing` set,
 //! the gate taken exclusively), then the release CAW, then the same bookkeeping, so a local
-//! acquire that races it starts again exactly as after a requested handoff; nothing needs
-//! writing home for the reason of rule 3. **A give-back in the middle of a metadata change**
+//! acquire that races it starts again exactly as after a requested handoff, and what changes
+//! without the global lock left under an exclusive hold is written home first (the homing
+//! hook, rule 3). **A give-back in the middle of a metadata change**
 //! (an operation that called [`InodeLocks::own`] and runs on for more than [`IDLE_AFTER`]
 //! under the global lock) is safe for the same reason a room request at that moment is: the
 //! exclusive grant moved the version past every other node's validator, so any other node
@@ -247,6 +255,9 @@ pub(crate) struct InodeLocks {
     /// Before an exclusive hold goes to another node: is what it protects home? (The
     /// volume's `home_for_handoff`, fs/detached.rs; Ok(false) = not yet, ask again next tick.)
     homing: std::sync::OnceLock<HomingHook>,
+    /// Exclusive holds the sweep keeps however idle (the volume's `keeps_exclusive`: files
+    /// open for writing on this node). Unset: none.
+    keeping: std::sync::OnceLock<KeepingHook>,
     /// Buckets read by [`InodeLocks::foreign_exclusive`] in the epoch they were read in.
     seen_buckets: Mutex<(u64, HashMap<u64, crate::format::object_lock::Bucket>)>,
     pub stats: InodeLockStats,
@@ -260,6 +271,17 @@ pub(crate) type Homing = Box<dyn Fn(u64, Seal<'_>) -> Result<bool> + Send + Sync
 pub(crate) type Seal<'a> = &'a mut dyn FnMut() -> bool;
 
 struct HomingHook(Homing);
+
+/// See [`InodeLocks::set_keeping`].
+pub(crate) type Keeping = Box<dyn Fn(u64) -> bool + Send + Sync>;
+
+struct KeepingHook(Keeping);
+
+impl std::fmt::Debug for KeepingHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeepingHook")
+    }
+}
 
 impl std::fmt::Debug for HomingHook {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -298,6 +320,7 @@ impl InodeLocks {
             count_retry: AtomicU64::new(0),
             last_warn: Mutex::new(None),
             homing: std::sync::OnceLock::new(),
+            keeping: std::sync::OnceLock::new(),
             seen_buckets: Mutex::new((u64::MAX, HashMap::new())),
             stats: InodeLockStats::default(),
         }
@@ -314,6 +337,13 @@ impl InodeLocks {
     /// allowed (the volume is gone): the handoff seals then.
     pub fn set_homing(&self, f: Homing) {
         let _ = self.homing.set(HomingHook(f));
+    }
+
+    /// Which exclusive holds the sweep keeps however long they are idle (module doc, "idle
+    /// exclusive holds"): called by the sweep, with none of this module's locks held, for
+    /// each candidate. Set once, at mount; unset, every idle exclusive hold is given back.
+    pub fn set_keeping(&self, f: Keeping) {
+        let _ = self.keeping.set(KeepingHook(f));
     }
 
     /// A handoff's first step (module doc, rule 3): if what the hold protects is home, seal
@@ -796,6 +826,7 @@ impl InodeLocks {
             return more;
         }
         let mut victims: Vec<(u64, Arc<DataLock>)> = Vec::new();
+        let mut exclusive: Vec<(u64, Arc<DataLock>)> = Vec::new();
         {
             let t = self.table.lock().or_panic();
             if over {
@@ -844,8 +875,31 @@ impl InodeLocks {
                     more = true;
                 }
                 victims.extend(forgotten.into_iter().take(room));
+                // Idle exclusive holds of inodes still loaded: looked at below, outside the
+                // table's lock (the keeping hook looks into the inode table).
+                let chosen: std::collections::HashSet<u64> = victims.iter().map(|v| v.0).collect();
+                let room = SWEEP_BATCH.saturating_sub(victims.len());
+                exclusive = t
+                    .iter()
+                    .filter(|(ino, dl)| {
+                        idle(dl)
+                            && !chosen.contains(ino)
+                            && dl
+                                .state
+                                .try_lock()
+                                .is_ok_and(|s| s.held == Held::Exclusive && !s.handing)
+                    })
+                    .take(room + 1)
+                    .map(|(ino, dl)| (*ino, Arc::clone(dl)))
+                    .collect();
+                if exclusive.len() > room {
+                    more = true;
+                    exclusive.truncate(room);
+                }
             }
         }
+        let keeps = |ino: u64| self.keeping.get().is_some_and(|k| (k.0)(ino));
+        victims.extend(exclusive.into_iter().filter(|(ino, _)| !keeps(*ino)));
         let mut looked = Vec::with_capacity(victims.len());
         for (ino, dl) in victims {
             if began.elapsed() >= SWEEP_BUDGET {

@@ -289,3 +289,91 @@ fn idle_locks_are_given_back_beyond_the_limit_and_once_their_inode_is_forgotten(
     b.unmount().unwrap();
     assert_fsck_clean(&dev);
 }
+
+/// Does `v` hold inode `ino`'s lock exclusively, as its bucket on disk says?
+fn owns_on_disk(v: &Volume, ino: u64) -> bool {
+    let ol = v.cl.ilocks.as_ref().unwrap().object_locks();
+    let obj = crate::cluster::object_lock::ObjectId::inode(ino).unwrap();
+    let (_, bucket) = ol.read_bucket(ol.bucket_of(obj)).unwrap();
+    bucket
+        .entry(obj.raw())
+        .and_then(|e| e.mention(v.cl.me.slot))
+        .is_some_and(|m| m.role == crate::format::object_lock::Role::Owner)
+}
+
+/// A node that stops using what it changed gives back its exclusive holds (and the global
+/// lock) after about a second, so that its death would block nobody; the exclusive hold of a
+/// file it has open for writing stays (a VM's image: its next allocating write needs no
+/// global lock). Another node then changes the directory without asking the first.
+#[test]
+fn idle_exclusive_holds_go_back_unless_their_file_is_open_for_writing() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let d = a.mkdir(r, b"d", 0o755, C).unwrap().ino;
+    let (img, img_fh) = a.create(d, b"img", 0o644, C, true).unwrap();
+    a.write(&img_fh, 0, &[1; 8192]).unwrap();
+    let (log, log_fh) = a.create(d, b"log", 0o644, C, true).unwrap();
+    a.write(&log_fh, 0, &[2; 4096]).unwrap();
+    a.release(&log_fh).unwrap();
+    a.sync().unwrap();
+    assert!(owns_on_disk(&a, d), "creating in d made a own it");
+    assert!(owns_on_disk(&a, log.ino), "writing log made a own it");
+    assert!(owns_on_disk(&a, img.ino), "writing img made a own it");
+    eventually(
+        "the idle directory's and closed file's locks go back",
+        || !owns_on_disk(&a, d) && !owns_on_disk(&a, log.ino),
+    );
+    eventually("the unused global lock goes back", || {
+        use crate::format::lock_record::LockMode;
+        let (_, rec) =
+            a.cl.locks
+                .read(crate::cluster::lock::LockTable::GLOBAL)
+                .unwrap();
+        let me = a.cl.me.slot;
+        let holds = match rec.mode {
+            LockMode::Exclusive => rec.owner == me,
+            LockMode::Shared => rec.holders.iter().any(|s| s == me),
+            LockMode::Free => false,
+        };
+        !holds
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    assert!(
+        owns_on_disk(&a, img.ino),
+        "the file open for writing kept its exclusive hold"
+    );
+    // b changes d and log without a's help: nothing of theirs is held by a any more.
+    let handed =
+        a.cl.ilocks
+            .as_ref()
+            .unwrap()
+            .stats
+            .handed
+            .load(Ordering::Relaxed);
+    let b2 = b.clone();
+    within(Duration::from_secs(10), move || {
+        let (_, fh) = b2.create(d, b"other", 0o644, C, false).unwrap();
+        b2.release(&fh).unwrap();
+        b2.unlink(d, b"log").unwrap();
+    });
+    assert_eq!(
+        a.cl.ilocks
+            .as_ref()
+            .unwrap()
+            .stats
+            .handed
+            .load(Ordering::Relaxed),
+        handed,
+        "b asked a for a lock it had given back"
+    );
+    // a's image still takes writes, and a sees b's changes.
+    a.write(&img_fh, 8192, &[3; 4096]).unwrap();
+    assert!(a.lookup(d, b"log").is_err(), "a sees b's unlink");
+    assert!(a.lookup(d, b"other").is_ok(), "a sees b's create");
+    a.release(&img_fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}

@@ -284,6 +284,12 @@ impl InodeTable {
         self.inner.lock().or_panic()
     }
 
+    /// The loaded state of `ino`, if any, without counting or marking it as used (for
+    /// background threads that only look).
+    pub fn peek(&self, ino: Ino) -> Option<Arc<InodeState>> {
+        self.lock().states.get(&ino).map(|e| e.state.clone())
+    }
+
     /// The loaded state of `ino`, if any (a hit marks it recently used).
     pub fn get(&self, ino: Ino) -> Option<Arc<InodeState>> {
         let mut t = self.lock();
