@@ -24,7 +24,7 @@
 //!   this node's monotonic clock; a slot silent for its dead time is recovered (see
 //!   `cluster/recovery.rs` and `docs/recovery.md`).
 
-use super::inode_lock::InodeLocks;
+use super::inode_lock::{Held, InodeLocks};
 use super::txn::{Meta, Tx};
 use super::{InodeState, Volume};
 use crate::cluster::lock::{LockTable, Me};
@@ -236,6 +236,8 @@ pub(crate) struct Cluster {
     /// Per-inode locks for the data path (format v3 volumes; None on v2: the data path then
     /// depends on the global lock). See `fs/inode_lock.rs`.
     pub ilocks: Option<InodeLocks>,
+    /// `MountOptions::idle_locks` is `Keep`: no lock goes back only because it is idle.
+    pub keep_idle: bool,
 }
 
 fn mode_code(m: LockMode) -> u8 {
@@ -272,6 +274,7 @@ impl Cluster {
             global_asked: Mutex::new(HashMap::new()),
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
+            keep_idle: false,
         }
     }
 
@@ -1061,7 +1064,10 @@ impl Volume {
     /// blocks; a failure is logged and tried again at a later tick (a fence ends the thread).
     fn release_idle_global(&self) {
         let cl = &self.cl;
-        if cl.held.load(Ordering::Acquire) == 0 || cl.hold.idle() < GLOBAL_IDLE_RELEASE {
+        if cl.keep_idle
+            || cl.held.load(Ordering::Acquire) == 0
+            || cl.hold.idle() < GLOBAL_IDLE_RELEASE
+        {
             return;
         }
         let Some(mut m) = self.meta.try_lock().or_panic() else {
@@ -1081,7 +1087,11 @@ impl Volume {
                 GLOBAL_IDLE_RELEASE.as_millis()
             ),
             Err(e) if e.kind() == ErrorKind::Fenced => {}
-            Err(e) => tracing::warn!("giving the unused global lock back failed: {e}"),
+            Err(e) => {
+                // Tried again a second from now, not at every tick.
+                cl.hold.used();
+                tracing::warn!("giving the unused global lock back failed: {e}");
+            }
         }
     }
 
@@ -1126,15 +1136,22 @@ impl Volume {
                 .map_or(Ok(true), |v| v.home_for_handoff(ino, seal))
         }));
         // A file open for writing here keeps its exclusive hold however idle (a VM's image:
-        // its next allocating write must not need the global lock to own it again); every
-        // other exclusive hold goes back after `IDLE_AFTER` unused (fs/inode_lock.rs).
+        // its next allocating write must not need the global lock to own it again), a file
+        // open here keeps a shared one; every other hold goes back after `IDLE_AFTER` unused
+        // (fs/inode_lock.rs, "idle holds").
         let keeping = Arc::downgrade(vol);
         il.set_keeping(Box::new(move |ino| {
-            keeping.upgrade().is_some_and(|v| {
-                v.inodes
-                    .peek(ino)
-                    .is_some_and(|st| st.writers.load(Ordering::Acquire) > 0)
-            })
+            let Some(v) = keeping.upgrade() else {
+                return Held::Nothing;
+            };
+            if v.cl.keep_idle {
+                return Held::Exclusive;
+            }
+            match v.inodes.peek(ino) {
+                Some(st) if st.writers.load(Ordering::Acquire) > 0 => Held::Exclusive,
+                Some(st) if st.opens.load(Ordering::Acquire) > 0 => Held::Shared,
+                _ => Held::Nothing,
+            }
         }));
         let weak = Arc::downgrade(vol);
         let spawned = std::thread::Builder::new()

@@ -1,7 +1,7 @@
 //! Namespace changes without the global lock (`fs/detached_ns.rs`), with several nodes on one
 //! memory device.
 
-use super::multinode_tests::{assert_fsck_clean, node, volume};
+use super::multinode_tests::{assert_fsck_clean, node_keeping as node, volume};
 use super::*;
 use crate::format::lock_record::LockMode;
 

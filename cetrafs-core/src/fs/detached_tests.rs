@@ -16,10 +16,14 @@ const IMAGE: u64 = 1 << 30;
 /// allocations, which 1 MiB granules would turn into overwrites (the granule has its own test,
 /// fs/tests.rs); on this 512 MiB device the pool is 8 MiB, so granules would also refill it,
 /// under the global lock, every few writes.
+///
+/// It keeps idle locks (`IdleLocks::Keep`): these tests show what one node does while another
+/// holds the global lock, or while it owns a file's lock, however slowly they run.
 fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     let opts = MountOptions {
         host: host.into(),
         alloc_granule: crate::format::FS_BLOCK,
+        idle_locks: IdleLocks::Keep,
         ..MountOptions::default()
     };
     Volume::mount(dev.clone(), &opts).unwrap()

@@ -84,13 +84,14 @@
 //!   [`IDLE_AFTER`] is given back, and its entry dropped. The memory of an entry a state
 //!   refers to is charged to that state in the inode table's budget (`fs/inode_table.rs`);
 //!   the rest live at most about two sweeps;
-//! * **idle exclusive holds**: in the same pass, every exclusive hold not used for
-//!   [`IDLE_AFTER`], of loaded inodes too, unless the volume's keeping hook
-//!   ([`InodeLocks::set_keeping`]) keeps it: a file open for writing on this node (a VM's
-//!   image) keeps its exclusive hold as long as it is open. A dead node's exclusive hold
-//!   blocks every other node's use of its object, reads included, until the node is
-//!   recovered (the volume's root, whose lookups every path crosses, was the worst case);
-//!   a shared hold blocks only writers, so shared holds stay cached.
+//! * **idle holds**: in the same pass, every hold not used for [`IDLE_AFTER`], of loaded
+//!   inodes too, unless the volume's keeping hook ([`InodeLocks::set_keeping`]) keeps it: a
+//!   file open for writing on this node (a VM's image) keeps its hold in either mode, a file
+//!   open for reading its shared hold. A dead node's hold blocks the others until it is
+//!   recovered (an exclusive one every use, a shared one every change, and a change waits for
+//!   it holding the global lock); the volume's root, whose lookups every path crosses, was
+//!   the worst case. A grant counts as a use, and a lock used after the sweep chose it is left
+//!   alone. More than [`SWEEP_BATCH`] such holds are given back over the next ticks.
 //!
 //! "Not used for [`IDLE_AFTER`]" is judged against the clock of the sweep's previous tick, so
 //! a lock used while the thread was late (slow CAWs, a long drain) is not taken for idle.
@@ -255,8 +256,8 @@ pub(crate) struct InodeLocks {
     /// Before an exclusive hold goes to another node: is what it protects home? (The
     /// volume's `home_for_handoff`, fs/detached.rs; Ok(false) = not yet, ask again next tick.)
     homing: std::sync::OnceLock<HomingHook>,
-    /// Exclusive holds the sweep keeps however idle (the volume's `keeps_exclusive`: files
-    /// open for writing on this node). Unset: none.
+    /// Which holds the sweep keeps however idle (the volume's: those of files open on this
+    /// node). Unset: none.
     keeping: std::sync::OnceLock<KeepingHook>,
     /// Buckets read by [`InodeLocks::foreign_exclusive`] in the epoch they were read in.
     seen_buckets: Mutex<(u64, HashMap<u64, crate::format::object_lock::Bucket>)>,
@@ -272,8 +273,9 @@ pub(crate) type Seal<'a> = &'a mut dyn FnMut() -> bool;
 
 struct HomingHook(Homing);
 
-/// See [`InodeLocks::set_keeping`].
-pub(crate) type Keeping = Box<dyn Fn(u64) -> bool + Send + Sync>;
+/// See [`InodeLocks::set_keeping`]: what the volume keeps of inode `ino`'s lock however
+/// idle (`Exclusive`: any hold, `Shared`: a shared one, `Nothing`: none).
+pub(super) type Keeping = Box<dyn Fn(u64) -> Held + Send + Sync>;
 
 struct KeepingHook(Keeping);
 
@@ -339,10 +341,10 @@ impl InodeLocks {
         let _ = self.homing.set(HomingHook(f));
     }
 
-    /// Which exclusive holds the sweep keeps however long they are idle (module doc, "idle
-    /// exclusive holds"): called by the sweep, with none of this module's locks held, for
-    /// each candidate. Set once, at mount; unset, every idle exclusive hold is given back.
-    pub fn set_keeping(&self, f: Keeping) {
+    /// Which holds the sweep keeps however long they are idle (module doc, "idle holds"):
+    /// called by the sweep, with none of this module's locks held, for each candidate. Set
+    /// once, at mount; unset, every idle hold is given back.
+    pub(super) fn set_keeping(&self, f: Keeping) {
         let _ = self.keeping.set(KeepingHook(f));
     }
 
@@ -669,6 +671,8 @@ impl InodeLocks {
         }
         self.set_held(&mut s, Held::of(grant.mode));
         s.version = grant.version;
+        // A hold is in use from its grant: one that took a second to come is not idle yet.
+        self.stamp(dl);
         Ok(Some((grant, s)))
     }
 
@@ -826,7 +830,7 @@ impl InodeLocks {
             return more;
         }
         let mut victims: Vec<(u64, Arc<DataLock>)> = Vec::new();
-        let mut exclusive: Vec<(u64, Arc<DataLock>)> = Vec::new();
+        let mut idle_held: Vec<(u64, Held)> = Vec::new();
         {
             let t = self.table.lock().or_panic();
             if over {
@@ -875,37 +879,46 @@ impl InodeLocks {
                     more = true;
                 }
                 victims.extend(forgotten.into_iter().take(room));
-                // Idle exclusive holds of inodes still loaded: looked at below, outside the
-                // table's lock (the keeping hook looks into the inode table).
+                // Idle holds of inodes still loaded: sorted out below, outside the table's lock
+                // (the keeping hook looks into the inode table).
                 let chosen: std::collections::HashSet<u64> = victims.iter().map(|v| v.0).collect();
-                let room = SWEEP_BATCH.saturating_sub(victims.len());
-                exclusive = t
+                idle_held = t
                     .iter()
-                    .filter(|(ino, dl)| {
-                        idle(dl)
-                            && !chosen.contains(ino)
-                            && dl
-                                .state
-                                .try_lock()
-                                .is_ok_and(|s| s.held == Held::Exclusive && !s.handing)
+                    .filter(|(ino, dl)| idle(dl) && !chosen.contains(ino))
+                    .filter_map(|(ino, dl)| {
+                        let s = dl.state.try_lock().ok()?;
+                        (s.held != Held::Nothing && !s.handing).then_some((*ino, s.held))
                     })
-                    .take(room + 1)
-                    .map(|(ino, dl)| (*ino, Arc::clone(dl)))
                     .collect();
-                if exclusive.len() > room {
-                    more = true;
-                    exclusive.truncate(room);
-                }
             }
         }
-        let keeps = |ino: u64| self.keeping.get().is_some_and(|k| (k.0)(ino));
-        victims.extend(exclusive.into_iter().filter(|(ino, _)| !keeps(*ino)));
+        if !idle_held.is_empty() {
+            let room = SWEEP_BATCH.saturating_sub(victims.len());
+            let kept = |ino: u64, held: Held| {
+                let keep = self.keeping.get().map_or(Held::Nothing, |k| (k.0)(ino));
+                keep == Held::Exclusive || keep == held
+            };
+            let mut back = idle_held
+                .into_iter()
+                .filter(|&(ino, held)| !kept(ino, held))
+                .filter_map(|(ino, _)| self.existing(ino).map(|dl| (ino, dl)));
+            victims.extend(back.by_ref().take(room));
+            if back.next().is_some() {
+                // The rest at the next tick (due again then), not after another second.
+                let mut last = self.last_sweep.lock().or_panic();
+                *last = Instant::now().checked_sub(IDLE_AFTER).unwrap_or(*last);
+            }
+        }
         let mut looked = Vec::with_capacity(victims.len());
         for (ino, dl) in victims {
             if began.elapsed() >= SWEEP_BUDGET {
                 // More to do: the mailbox thread comes back at once, after its mailbox.
                 more = true;
                 break;
+            }
+            if !idle(&dl) {
+                // Used since it was chosen: not idle any more.
+                continue;
             }
             let held = dl.state.lock().or_panic().held;
             if held != Held::Nothing {

@@ -163,7 +163,8 @@ impl Volume {
                 il.object_locks().capacity()
             );
         }
-        let cl = cluster::Cluster::new(locks, me, timing, opts.file_locks, ilocks);
+        let mut cl = cluster::Cluster::new(locks, me, timing, opts.file_locks, ilocks);
+        cl.keep_idle = opts.idle_locks == super::IdleLocks::Keep;
         let granted = take_global_shared(&cl, me, &member, timing)?;
         // Once more under the lock, which a grow holds exclusively: none runs from here on
         // until this node follows it like every other (fs/grow.rs).

@@ -23,6 +23,20 @@ pub(super) fn volume(nodes: u32) -> Arc<MemDevice> {
     dev
 }
 
+/// A node that keeps idle locks until asked (`IdleLocks::Keep`): for tests that show what one
+/// node does while another holds a lock, however slowly they run.
+pub(super) fn node_keeping(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+    Volume::mount(
+        dev.clone(),
+        &MountOptions {
+            host: host.into(),
+            idle_locks: IdleLocks::Keep,
+            ..MountOptions::default()
+        },
+    )
+    .unwrap()
+}
+
 pub(super) fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     Volume::mount(
         dev.clone(),

@@ -273,6 +273,22 @@ pub struct MountOptions {
     /// Mount in a slot the caller already holds (fsck's claim, `cluster/fsck_claim.rs`): no
     /// slot is claimed, and unmount leaves the slot to the caller.
     pub claimed: Option<ClaimedSlot>,
+    /// What happens to locks this node holds but has not used for a second
+    /// ([`IdleLocks`]).
+    pub idle_locks: IdleLocks,
+}
+
+/// What a node does with the global lock and inode locks it holds but has not used for a
+/// second (docs/locking.md §5, "A hold nobody uses goes back").
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum IdleLocks {
+    /// Give them back (the global lock; inode locks except those of files open here).
+    #[default]
+    GiveBack,
+    /// Keep them until another node asks. For tests that need one node to hold a lock while
+    /// others show they work without it; a real node should not: if it dies, what it keeps
+    /// stalls the others until it is recovered.
+    Keep,
 }
 
 /// The slot of [`MountOptions::claimed`], and the slots its holder watched for their dead
@@ -302,6 +318,7 @@ impl Default for MountOptions {
             reservations: None,
             discard_rate: Some(super::discard::DEFAULT_RATE),
             claimed: None,
+            idle_locks: IdleLocks::GiveBack,
         }
     }
 }
