@@ -2468,8 +2468,9 @@ const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
 /// after a second unused. Before that rule node2 kept the lock until someone asked for it, and
 /// node1's move waited the whole dead time. The converse, a node killed right after such a move
 /// (still holding the lock, so the move waits), is checked by discard.rs
-/// `a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock`. node1 then recovers node2, and
-/// fsck is clean.
+/// `a_vms_trim_goes_on_while_a_dead_node_holds_the_global_lock`. Then a thin image on node1
+/// grows by 96 MiB, through several refills of its block pool (each needs the global lock),
+/// before node2 is recovered. node1 then recovers node2, and fsck is clean.
 #[test]
 fn a_node_that_dies_idle_holds_no_global_lock() {
     require_fuse!();
@@ -2508,6 +2509,37 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
          or the root's lock 3 s after it last used them\n{}",
         node1.log()
     );
+    // A thin image grows on node1 past several refills of its block pool (each takes the
+    // global lock; on this 1 GiB LUN a refill is about 11 MiB), all before node2's recovery.
+    const GROW_MIB: usize = 96;
+    let img = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(node1.p("y/thin.img"))
+        .expect("create y/thin.img on node1");
+    img.set_len(512 << 20).expect("size y/thin.img");
+    let chunk = vec![0x5A_u8; 1 << 20];
+    for i in 0..GROW_MIB {
+        img.write_all_at(&chunk, (i as u64) << 20)
+            .expect("grow y/thin.img on node1");
+    }
+    img.sync_all().expect("fsync y/thin.img");
+    let grown = killed.elapsed();
+    let recovered_by_then = node1
+        .log()
+        .lines()
+        .any(|l| l.contains("recovered") && l.contains("node2"));
+    eprintln!(
+        "node1 wrote {GROW_MIB} MiB into a thin image {:.3} s after node2's death (recovered by then: {recovered_by_then})",
+        grown.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before node1's image had grown ({grown:?}): the test proves nothing \
+         on a machine this slow\n{}",
+        node1.log()
+    );
     let recovered = poll_until(DEAD_TIME + RECOVERY_SLACK, || {
         node1
             .log()
@@ -2530,6 +2562,13 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
         b"f",
         "node2's moved file"
     );
+    let mut back = vec![0u8; 1 << 20];
+    for i in 0..GROW_MIB {
+        img.read_exact_at(&mut back, (i as u64) << 20)
+            .expect("read y/thin.img back");
+        assert!(back.iter().all(|&b| b == 0x5A), "MiB {i} of y/thin.img");
+    }
+    drop(img);
     node1.unmount();
     lun.assert_fsck_clean();
 }
