@@ -2473,6 +2473,7 @@ const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
 /// before node2 is recovered. node1 then recovers node2, and fsck is clean.
 #[test]
 fn a_node_that_dies_idle_holds_no_global_lock() {
+    const GROW_MIB: usize = 96;
     require_fuse!();
     let _serial = serial();
     let lun = Lun::new(1 << 30);
@@ -2511,7 +2512,6 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
     );
     // A thin image grows on node1 past several refills of its block pool (each takes the
     // global lock; on this 1 GiB LUN a refill is about 11 MiB), all before node2's recovery.
-    const GROW_MIB: usize = 96;
     let img = fs::OpenOptions::new()
         .read(true)
         .write(true)
