@@ -140,6 +140,16 @@ const IO_PAUSE_FIRST: Duration = Duration::from_millis(20);
 /// See [`IO_PAUSE_FIRST`].
 const IO_PAUSE_MAX: Duration = Duration::from_millis(500);
 
+/// "lock record N", for messages about one record of the lock table.
+#[derive(Debug, Clone, Copy)]
+struct RecordName(u64);
+
+impl std::fmt::Display for RecordName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "lock record {}", self.0)
+    }
+}
+
 /// How a read-modify-CAW loop on a lock record rides out failed COMPARE AND WRITEs (the one
 /// home of that rule, for the lock table and the object locks alike).
 ///
@@ -733,7 +743,7 @@ impl LockTable {
             self.lba(index),
             expected,
             &image,
-            &format_args!("lock record {index}"),
+            &RecordName(index),
             || Ok(self.read(index)?.1.nonce == nonce),
         )
     }
@@ -747,7 +757,8 @@ impl LockTable {
     ) -> Result<Option<LockRecord>> {
         let mut backoff = self.backoff();
         let mut io = IoPatience::new(self.io_patience);
-        let what = format!("lock record {index}");
+        // Named only if an error needs it: no string is built per call.
+        let what = RecordName(index);
         loop {
             let (raw, cur) = self.read(index)?;
             let Some(mut new) = f(&cur) else {
