@@ -1776,6 +1776,14 @@ impl Volume {
         Some((n, blocks))
     }
 
+    /// Would freeing what `inner` maps in file blocks [`b0`, `b1`) fit into this node's pool
+    /// ([`Meta::pool_fits`])? The test of a hole punched, and of a truncate, without the
+    /// global lock.
+    fn frees_fit(m: &Meta, inner: &InodeInner, b0: u64, b1: u64) -> bool {
+        Self::mapped(inner, b0, b1, crate::format::inode::INLINE_EXTENTS_MAX)
+            .is_some_and(|(runs, blocks)| m.pool_fits(runs, blocks, 0))
+    }
+
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
         self.check_writable()?;
         if len == 0 {
@@ -1896,8 +1904,7 @@ impl Volume {
             };
             let m = tx.meta_mut();
             let fits = match mode {
-                FallocMode::PunchHole => Self::mapped(inner, f0, f1, max)
-                    .is_some_and(|(runs, blocks)| m.pool_fits(runs, blocks, 0)),
+                FallocMode::PunchHole => Self::frees_fit(m, inner, f0, f1),
                 // Zeroing splits the extents at both ends of the range, and fills its holes.
                 FallocMode::ZeroRange { .. } => {
                     holes(f0, f1.max(f0)).is_some_and(|(n, blocks)| m.pool_fits(n + 2, 0, blocks))
@@ -1945,15 +1952,10 @@ impl Volume {
                 if super::suid::on_write(inner.inode.mode, inner.inode.gid, who) != 0 {
                     return Err(refused());
                 }
-                if size < inner.inode.size {
-                    let max = crate::format::inode::INLINE_EXTENTS_MAX;
-                    let keep = size.div_ceil(FS_BLOCK);
-                    let m = tx.meta_mut();
-                    let fits = Self::mapped(inner, keep, u64::MAX, max)
-                        .is_some_and(|(runs, blocks)| m.pool_fits(runs, blocks, 0));
-                    if !fits {
-                        return Err(refused());
-                    }
+                let keep = size.div_ceil(FS_BLOCK);
+                if size < inner.inode.size && !Self::frees_fit(tx.meta_mut(), inner, keep, u64::MAX)
+                {
+                    return Err(refused());
                 }
             }
             attr = Some(self.setattr_change(tx, &st, inner, set, who)?);
