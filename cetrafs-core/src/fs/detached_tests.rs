@@ -48,6 +48,13 @@ fn gml(v: &Volume) -> LockMode {
     v.lock_meta().gml()
 }
 
+/// `a` worked without the global lock (`what` took it otherwise), which `b` still holds
+/// exclusively.
+fn assert_still_detached(a: &Volume, b: &Volume, what: &str) {
+    assert_eq!(gml(a), LockMode::Free, "{what}");
+    assert_eq!(gml(b), LockMode::Exclusive);
+}
+
 /// A thin VM image: created, then made 1 GiB sparse (as `qemu-img create` does).
 fn thin_image(v: &Volume, name: &[u8]) -> (Attr, Arc<OpenFile>) {
     let (f, fh) = v.create(v.root_ino(), name, 0o644, C, true).unwrap();
@@ -86,12 +93,11 @@ fn grown_elsewhere(
     for i in 1..n {
         a.write(&fh, u64::from(i) * STRIDE, &[i; 4096]).unwrap();
     }
-    assert_eq!(
-        gml(&a),
-        LockMode::Free,
-        "an allocating write of an owned file took the global lock"
+    assert_still_detached(
+        &a,
+        &b,
+        "an allocating write of an owned file took the global lock",
     );
-    assert_eq!(gml(&b), LockMode::Exclusive);
     (dev, a, b, f, fh)
 }
 
@@ -319,12 +325,7 @@ fn a_hole_punched_in_an_owned_file_frees_into_the_pool_without_the_global_lock()
     // Inside one block: nothing freed, the bytes zeroed.
     a.fallocate(f.ino, 20 * STRIDE + 100, 200, FallocMode::PunchHole)
         .unwrap();
-    assert_eq!(
-        gml(&a),
-        LockMode::Free,
-        "a punch of an owned file took the global lock"
-    );
-    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_still_detached(&a, &b, "a punch of an owned file took the global lock");
     assert_eq!(
         a.lock_meta().pool_available(),
         pool0,
@@ -437,12 +438,7 @@ fn zeroing_and_preallocating_an_owned_file_take_no_global_lock() {
         FallocMode::ZeroRange { keep_size: false },
     )
     .unwrap();
-    assert_eq!(
-        gml(&a),
-        LockMode::Free,
-        "fallocate of an owned file took the global lock"
-    );
-    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_still_detached(&a, &b, "fallocate of an owned file took the global lock");
     a.fsync(f.ino, false).unwrap();
     assert_eq!(a.lock_meta().pool_available(), pool0 - 8);
     assert_eq!(a.getattr(f.ino).unwrap().blocks, blocks0 + 8 * 8);
@@ -500,12 +496,7 @@ fn truncating_an_owned_file_frees_into_the_pool_without_the_global_lock() {
         ..Default::default()
     };
     a.setattr(f.ino, &touch, C).unwrap();
-    assert_eq!(
-        gml(&a),
-        LockMode::Free,
-        "a truncate of an owned file took the global lock"
-    );
-    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_still_detached(&a, &b, "a truncate of an owned file took the global lock");
     a.fsync(f.ino, false).unwrap();
     // Blocks 11..19 were freed, block 10 kept (100 bytes of it).
     assert_eq!(a.lock_meta().pool_available(), pool0 + 9);
@@ -590,8 +581,7 @@ fn random_writes_and_fallocates_of_an_owned_file_match_a_model() {
             );
         }
     }
-    assert_eq!(gml(&a), LockMode::Free, "an operation took the global lock");
-    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_still_detached(&a, &b, "an operation took the global lock");
     let h = b.open(f.ino, false, false).unwrap();
     assert_eq!(read_at(&b, &h, 0, u32::try_from(SPAN).unwrap()), model);
     b.release(&h).unwrap();
@@ -640,12 +630,7 @@ fn appends_and_partial_writes_of_an_owned_file_take_no_global_lock() {
             model[at..at + 8].copy_from_slice(b"REWRITE!");
         }
     }
-    assert_eq!(
-        gml(&a),
-        LockMode::Free,
-        "a write of an owned file took the global lock"
-    );
-    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_still_detached(&a, &b, "a write of an owned file took the global lock");
     let n = u32::try_from(model.len()).unwrap();
     assert_eq!(read_at(&a, &fh, 0, n + 100), model);
     let h = b.open(log.ino, false, false).unwrap();
