@@ -144,7 +144,12 @@ impl HoldWindow {
 
     /// How long since the lock was last used (or taken).
     fn idle(&self) -> Duration {
-        Duration::from_nanos(self.now().saturating_sub(self.used.load(Ordering::Acquire)))
+        self.idle_at(self.now())
+    }
+
+    /// [`HoldWindow::idle`] at time `t` (nanoseconds since `base`).
+    fn idle_at(&self, t: u64) -> Duration {
+        Duration::from_nanos(t.saturating_sub(self.used.load(Ordering::Acquire)))
     }
 
     /// How long the lock has been held since it was taken.
@@ -189,7 +194,7 @@ impl HoldWindow {
     /// [`HoldWindow::left`] at time `t` (nanoseconds since `base`).
     fn left_at(&self, t: u64, in_flight: bool) -> Duration {
         let held = Duration::from_nanos(t.saturating_sub(self.since.load(Ordering::Acquire)));
-        let idle = Duration::from_nanos(t.saturating_sub(self.used.load(Ordering::Acquire)));
+        let idle = self.idle_at(t);
         let busy_left = self.window().saturating_sub(held);
         if in_flight {
             busy_left
