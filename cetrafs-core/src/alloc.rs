@@ -59,6 +59,19 @@
 //! *Where* a node allocates is a policy on top: each node owns some groups (long-held group
 //! locks, see cluster/lock.rs) and looks there first, then in groups nobody owns, and only then
 //! in other nodes' groups — so three nodes writing three images fill three separate regions.
+//!
+//! **Group marks (format 7, docs/locking.md §9).** On such a volume the owner of a group also
+//! changes it *without* the global lock: it refills its block pool from it
+//! ([`Allocator::alloc_in`]) while the group's lock record carries its *mark*. So under the
+//! global lock a group another node owns is no longer safe to use as it is: before this
+//! allocator loads such a group's bitmap (to allocate, free, check a block or find what a
+//! discard may take) it asks its [`GroupGate`] for the mark, which waits a bounded time for
+//! the owner's refill to end, and then re-reads the group's header (the owner may have changed
+//! it since this node last looked). The marks stay until the caller has written everything
+//! home and takes them back ([`Allocator::take_marked`], at the global lock's handoff);
+//! reservation windows in those groups are dropped then, since the owner may fill them next.
+//! A group whose mark does not come is skipped by an allocation and by a discard, and fails
+//! a free with `Busy` (nothing changed).
 
 use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -118,6 +131,14 @@ pub enum GroupClass {
     Mine = 0,
     Unowned = 1,
     Others = 2,
+}
+
+/// Format 7: how an allocator under the global lock gets the right to use a group another
+/// node owns (module docs, "Group marks").
+pub trait GroupGate: Send + Sync + fmt::Debug {
+    /// Put this node's mark on group `g`, waiting a bounded time while another node's mark is
+    /// on it. Ok(false): it did not go away.
+    fn mark(&self, g: u64) -> Result<bool>;
 }
 
 /// What this node knows of one group, loaded or not.
@@ -190,6 +211,10 @@ pub struct Allocator {
     windows: HashMap<u64, u64>,
     /// Blocks held for writes in flight (in `resv`, not in `used`): not free, not yet used.
     held: u64,
+    /// Format 7: marks groups of other nodes before using them (module docs); None before.
+    gate: Option<std::sync::Arc<dyn GroupGate>>,
+    /// Groups of other nodes this node's mark is on (taken back by [`Self::take_marked`]).
+    marked: BTreeSet<usize>,
 }
 
 fn get(words: &[u64], bit: u64) -> bool {
@@ -298,6 +323,8 @@ impl Allocator {
             quarantine: Vec::new(),
             windows: HashMap::new(),
             held: 0,
+            gate: None,
+            marked: BTreeSet::new(),
         };
         a.add_groups(sb.group_count)?;
         Ok(a)
@@ -474,8 +501,22 @@ impl Allocator {
         Ok(())
     }
 
-    /// Group `g`'s bitmap, current: checked at this generation and loaded.
+    /// Group `g`'s bitmap, current: checked at this generation and loaded. `Busy` if it is
+    /// another node's group whose mark could not be had (module docs, "Group marks").
     fn load(&mut self, g: usize) -> Result<&mut Bitmap> {
+        if !self.gated(g)? {
+            return Err(Error::new(
+                ErrorKind::Busy,
+                format!(
+                    "allocation group {g} is being changed by the node that owns it; try again"
+                ),
+            ));
+        }
+        self.load_current(g)
+    }
+
+    /// [`Self::load`] without asking for a mark.
+    fn load_current(&mut self, g: usize) -> Result<&mut Bitmap> {
         if self.groups[g].checked != self.gen && self.groups[g].bits.is_some() {
             self.check(g)?;
         }
@@ -632,6 +673,137 @@ impl Allocator {
             .collect()
     }
 
+    /// Format 7: use `gate` for every group of another node (module docs, "Group marks").
+    pub fn set_gate(&mut self, gate: std::sync::Arc<dyn GroupGate>) {
+        self.gate = Some(gate);
+    }
+
+    /// May group `g` be used now? Yes unless it is another node's group on a volume with
+    /// group marks and its mark could not be had. A new mark makes the group unchecked, so
+    /// its header is read again before anything of it is used.
+    fn gated(&mut self, g: usize) -> Result<bool> {
+        if !self.needs_mark(g) {
+            return Ok(true);
+        }
+        let Some(gate) = &self.gate else {
+            return Ok(true);
+        };
+        if !gate.mark(g as u64)? {
+            return Ok(false);
+        }
+        self.marked.insert(g);
+        self.forget_checked(g);
+        Ok(true)
+    }
+
+    /// Must this node put its mark on group `g` before it uses it (format 7: another node's
+    /// group, not marked yet)?
+    fn needs_mark(&self, g: usize) -> bool {
+        self.gate.is_some()
+            && self.groups[g].class == GroupClass::Others
+            && !self.marked.contains(&g)
+    }
+
+    /// Group `g` may have changed on disk without this node knowing: its next use reads its
+    /// header, and a bitmap that no longer matches is dropped with the reservation windows
+    /// in it (they may be taken meanwhile).
+    fn forget_checked(&mut self, g: usize) {
+        self.groups[g].checked = self.gen.wrapping_sub(1);
+        let owners: Vec<u64> = self
+            .resv
+            .iter()
+            .filter(|(_, r)| self.locate(r.start).is_some_and(|(rg, _)| rg == g))
+            .map(|(&o, _)| o)
+            .collect();
+        for o in owners {
+            self.drop_reservation(o);
+        }
+    }
+
+    /// The groups of other nodes this node's mark is on, forgotten here (the caller takes the
+    /// marks off once everything it changed there is home: the global lock's handoff). Their
+    /// reservation windows go: their owners may fill them next.
+    pub fn take_marked(&mut self) -> Vec<u64> {
+        let marked = std::mem::take(&mut self.marked);
+        for &g in &marked {
+            self.forget_checked(g);
+        }
+        marked.into_iter().map(|g| g as u64).collect()
+    }
+
+    /// A mark [`Self::take_marked`] returned could not be taken off: it is still this node's.
+    pub fn keep_marked(&mut self, g: u64) {
+        if let Some(i) = usize::try_from(g).ok().filter(|&i| i < self.groups.len()) {
+            self.marked.insert(i);
+        }
+    }
+
+    /// Format 7, without the global lock: take up to `want` blocks from group `g` alone, which
+    /// this node owns and has marked (fs/txn.rs `refill_pool_marked`), in at most `max_runs`
+    /// runs of at least `min` blocks where it can. The group's header is read first (another node may have
+    /// changed the group under the global lock since). Nothing of this node may be held for
+    /// writes in flight there. Returns the runs (marked used in the bitmap, dirty).
+    pub fn alloc_in(
+        &mut self,
+        g: u64,
+        want: u64,
+        min: u64,
+        max_runs: usize,
+    ) -> Result<Vec<(u64, u64)>> {
+        let gi = usize::try_from(g)
+            .ok()
+            .filter(|&i| i < self.groups.len())
+            .ok_or_else(|| Error::new(ErrorKind::Range, format!("no allocation group {g}")))?;
+        self.forget_checked(gi);
+        self.check(gi)?;
+        let mut runs = Vec::new();
+        let r = self.alloc_in_runs(gi, want, min, max_runs, &mut runs);
+        if let Err(e) = r {
+            // Nothing of it was handed to a transaction: undo it (the bitmap is loaded).
+            for (s, l) in runs {
+                if let Some((g, bit)) = self.locate(s) {
+                    let _ = self.mark(g, bit, l, false);
+                }
+            }
+            return Err(e);
+        }
+        Ok(runs)
+    }
+
+    fn alloc_in_runs(
+        &mut self,
+        gi: usize,
+        want: u64,
+        min: u64,
+        max_runs: usize,
+        runs: &mut Vec<(u64, u64)>,
+    ) -> Result<()> {
+        let first = self.first_block(gi as u64);
+        let limit = self.group_blocks;
+        let mut need = want;
+        for min in [min.max(1), 1] {
+            let mut from = 0;
+            while need > 0 && runs.len() < max_runs {
+                let bm = self.load(gi)?;
+                let Some(b) = bm.next_free(from, limit) else {
+                    break;
+                };
+                let len = bm.run_len(b, limit, need);
+                from = b + len;
+                if len < min {
+                    continue;
+                }
+                self.mark(gi, b, len, true)?;
+                runs.push((first + b, len));
+                need -= len;
+            }
+            if need == 0 {
+                break;
+            }
+        }
+        Ok(())
+    }
+
     pub fn set_class(&mut self, g: u64, class: GroupClass) {
         if let Some(grp) = usize::try_from(g).ok().and_then(|i| self.groups.get_mut(i)) {
             grp.class = class;
@@ -664,6 +836,17 @@ impl Allocator {
         Ok(self.groups[i].free)
     }
 
+    /// The groups this node owns and their free counts, the most free first.
+    pub fn mine_by_free(&self) -> Vec<(u64, u64)> {
+        let mut v: Vec<(u64, u64)> = (0u64..)
+            .zip(&self.groups)
+            .filter(|(_, g)| g.class == GroupClass::Mine && g.free > 0)
+            .map(|(i, g)| (i, g.free))
+            .collect();
+        v.sort_by_key(|&(_, free)| std::cmp::Reverse(free));
+        v
+    }
+
     /// Free blocks in the groups this node owns.
     pub fn free_in_mine(&self) -> u64 {
         self.groups
@@ -674,10 +857,24 @@ impl Allocator {
     }
 
     /// Is `block` allocated? (Loads its group's bitmap.) A block outside the group area is not.
+    ///
+    /// Format 7, another node's group: a used bit is believed without the group's mark (its
+    /// owner's refills only ever set bits, and every free there needs the global lock, whose
+    /// moves make this node check the group again), so looking up an inode there costs no
+    /// lock-record I/O. A free bit, or a bitmap read torn by the owner's home write, is asked
+    /// again under the mark.
     pub fn is_used(&mut self, block: u64) -> Result<bool> {
         let Some((g, bit)) = self.locate(block) else {
             return Ok(false);
         };
+        if self.needs_mark(g) {
+            match self.load_current(g) {
+                Ok(bm) if get(&bm.used, bit) => return Ok(true),
+                Ok(_) => {}
+                Err(e) if e.kind() == ErrorKind::Corrupted => {}
+                Err(e) => return Err(e),
+            }
+        }
         Ok(get(&self.load(g)?.used, bit))
     }
 
@@ -942,7 +1139,7 @@ impl Allocator {
         let limit = self.group_blocks;
         for i in 0..=n {
             let g = (g0 + i) % n;
-            if self.groups[g].free < min || self.groups[g].class != class {
+            if self.groups[g].free < min || self.groups[g].class != class || !self.gated(g)? {
                 continue;
             }
             let first = self.first_block(g as u64);
@@ -1042,6 +1239,11 @@ impl Allocator {
                 break;
             };
             let n = (end - at).min(self.group_blocks - bit);
+            if !self.gated(g)? {
+                // Its owner is changing it: nothing there is known to be unclaimed.
+                at += n;
+                continue;
+            }
             let bm = self.load(g)?;
             for b in bit..bit + n {
                 if get(&bm.used, b) || get(&bm.resv, b) {

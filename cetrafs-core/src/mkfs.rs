@@ -9,8 +9,8 @@ use crate::format::inode::{Inode, Timespec};
 use crate::format::mailbox::Mailbox;
 use crate::format::object_lock::Bucket;
 use crate::format::superblock::{
-    SharingMode, Superblock, INCOMPAT_GROW, INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW,
-    INCOMPAT_SHARING_MODE,
+    SharingMode, Superblock, INCOMPAT_GROUP_MARKS, INCOMPAT_GROW, INCOMPAT_OBJECT_LOCKS,
+    INCOMPAT_OVERFLOW, INCOMPAT_SHARING_MODE,
 };
 use crate::format::FS_BLOCK;
 
@@ -65,6 +65,10 @@ pub struct MkfsOptions {
     /// Format version 5 (the default): the volume can grow online (`INCOMPAT_GROW`, `cetra
     /// grow`); ignored without `sharing` (format 5 builds on format 4).
     pub growable: bool,
+    /// Format version 7 (the default): group marks (`INCOMPAT_GROUP_MARKS`, docs/locking.md
+    /// §9): a node refills its block pool from its own groups without the global lock.
+    /// Ignored without `growable` (format 7 builds on format 5).
+    pub group_marks: bool,
     /// v5: the largest size (bytes) the volume can grow to, which sizes the lock area's group
     /// records (one logical block per group); None: [`DEFAULT_GROW_FACTOR`] times the device,
     /// at most [`DEFAULT_MAX_GROW_BYTES`] (never less than the device).
@@ -84,6 +88,7 @@ impl Default for MkfsOptions {
             object_locks: true,
             sharing: Some(SharingMode::SingleHost),
             growable: true,
+            group_marks: true,
             max_bytes: None,
         }
     }
@@ -205,6 +210,11 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     };
     let incompat = if growable {
         incompat | INCOMPAT_GROW
+    } else {
+        incompat
+    };
+    let incompat = if growable && opts.group_marks {
+        incompat | INCOMPAT_GROUP_MARKS
     } else {
         incompat
     };
@@ -460,7 +470,7 @@ mod tests {
                 ..Default::default()
             };
             let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
-            assert_eq!(sb.format_version(), 5);
+            assert_eq!(sb.format_version(), 7);
             assert_eq!(
                 sb.sharing,
                 Some(crate::format::superblock::SharingMode::SingleHost)
@@ -580,6 +590,7 @@ mod tests {
             object_locks: bool,
             record_sharing: bool,
             growable: bool,
+            group_marks: bool,
         ) {
             let opts = MkfsOptions {
                 max_nodes: nodes,
@@ -587,23 +598,26 @@ mod tests {
                 object_locks,
                 sharing: record_sharing.then_some(SharingMode::MultiNode),
                 growable,
+                group_marks,
                 ..Default::default()
             };
             if let Ok(sb) = plan(mib << 20, lbs, &opts) {
                 let back = Superblock::decode(&sb.encode()).unwrap();
                 proptest::prop_assert_eq!(&back, &sb);
-                let want = match (object_locks, record_sharing, growable) {
-                    (false, _, _) => 2,
-                    (true, false, _) => 3,
-                    (true, true, false) => 4,
-                    (true, true, true) => 5,
+                let want = match (object_locks, record_sharing, growable, group_marks) {
+                    (false, ..) => 2,
+                    (true, false, ..) => 3,
+                    (true, true, false, _) => 4,
+                    (true, true, true, false) => 5,
+                    (true, true, true, true) => 7,
                 };
                 proptest::prop_assert_eq!(back.format_version(), want);
                 proptest::prop_assert_eq!(back.sharing.is_some(), want >= 4);
-                proptest::prop_assert_eq!(back.can_grow(), want == 5);
+                proptest::prop_assert_eq!(back.can_grow(), want >= 5);
+                proptest::prop_assert_eq!(back.has_group_marks(), want == 7);
                 // Room for 16 times the device (at most 64 TiB), never less than it has.
                 proptest::prop_assert!(back.group_capacity() >= back.group_count);
-                if want == 5 {
+                if want >= 5 {
                     let wanted = ((mib << 20) * DEFAULT_GROW_FACTOR).min(DEFAULT_MAX_GROW_BYTES)
                         / (back.group_blocks * FS_BLOCK);
                     proptest::prop_assert!(back.group_capacity() >= wanted);

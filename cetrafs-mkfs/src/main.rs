@@ -51,11 +51,13 @@ struct Cli {
     /// Logical block size to use for a regular file (block devices report their own).
     #[arg(long = "logical-block-size", value_parser = ["512", "4096"])]
     logical_block_size: Option<String>,
-    /// On-disk format version: 5 (default) can grow online (`cetra grow`); 4 records the
+    /// On-disk format version: 7 (default) lets a node refill its block pool from its own
+    /// allocation groups without the global lock (group marks); 5 can grow online (`cetra
+    /// grow`) and stays mountable by version-5 binaries; 4 records the
     /// sharing mode (single-host or multi-node, from the COMPARE AND WRITE probe) and enforces
     /// it at mount; 3 has per-object locks and stays mountable by version-3 binaries; 2 has the
     /// global lock only. Each version has everything of the versions below it.
-    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4", "5"], default_value = "5")]
+    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4", "5", "7"], default_value = "7")]
     format_version: String,
     /// Format 5: the largest size `cetra grow` can take the volume to (K/M/G/T suffixes;
     /// default: 16 times the device, at most 64T). Costs one logical block of lock area per
@@ -182,9 +184,10 @@ fn validate(cli: &Cli) -> Result<MkfsOptions, Failure> {
         io_timeout_ms: cli.io_timeout,
         object_locks: cli.format_version != "2",
         // Format 4: replaced by what the probe finds, before anything is written (`run`).
-        sharing: matches!(cli.format_version.as_str(), "4" | "5")
+        sharing: matches!(cli.format_version.as_str(), "4" | "5" | "7")
             .then_some(SharingMode::SingleHost),
-        growable: cli.format_version == "5",
+        growable: matches!(cli.format_version.as_str(), "5" | "7"),
+        group_marks: cli.format_version == "7",
         max_bytes: cli.max_size,
         ..MkfsOptions::default()
     })

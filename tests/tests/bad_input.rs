@@ -299,7 +299,7 @@ fn fsck_checks_the_object_lock_area() {
     use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role};
     let lun = Lun::new(LUN_SIZE);
     let out = lun.mkfs(&[]);
-    assert!(out.stdout.contains("format version:     5"), "{out}");
+    assert!(out.stdout.contains("format version:     7"), "{out}");
     assert!(out.stdout.contains("can grow to:"), "{out}");
     assert!(
         out.stdout.contains("object locks:       8192 buckets"),
@@ -307,7 +307,8 @@ fn fsck_checks_the_object_lock_area() {
     );
     assert!(out.stdout.contains("recorded: single-host"), "{out}");
     let sb = superblock(&lun, 0).expect("superblock");
-    assert_eq!(sb.format_version(), 5);
+    assert_eq!(sb.format_version(), 7);
+    assert!(sb.has_group_marks());
     assert_eq!(
         sb.sharing,
         Some(cetrafs_core::format::superblock::SharingMode::SingleHost)
@@ -359,6 +360,14 @@ fn fsck_checks_the_object_lock_area() {
         "{f}"
     );
     lun.poke(at, &good);
+    lun.assert_fsck_clean();
+
+    // Version 5 on request: online grow, no group marks; still clean.
+    let out = lun.mkfs(&["-f", "--format-version", "5"]);
+    assert!(out.stdout.contains("format version:     5"), "{out}");
+    let sb = superblock(&lun, 0).expect("superblock");
+    assert_eq!((sb.format_version(), sb.can_grow()), (5, true));
+    assert!(!sb.has_group_marks());
     lun.assert_fsck_clean();
 
     // Version 4 on request: the sharing mode, no online grow; still clean.

@@ -2184,7 +2184,7 @@ fn single_host_volume_refuses_a_second_machine() {
     {
         use cetrafs_core::format::superblock::{SharingMode, Superblock};
         let sb = Superblock::decode(&c.lun.peek(0, BLK)).expect("superblock");
-        assert_eq!(sb.format_version(), 5);
+        assert_eq!(sb.format_version(), 7);
         assert_eq!(sb.sharing, Some(SharingMode::SingleHost), "mkfs on a file");
     }
     let on = |m: &'static str| [("CETRA_MACHINE_ID", m)];
@@ -2461,6 +2461,108 @@ const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
 // 4d. A node that stopped using the global lock gives it back (docs/locking.md §5, "A hold
 //     nobody uses"), so its death blocks no other node's metadata change.
 // ---------------------------------------------------------------------------------------------
+
+/// Format 7 (group marks): a thin image keeps growing past several refills of its node's
+/// block pool while another node lies dead holding the global lock — each refill takes blocks
+/// from a group its node owns, under the group's mark, without the global lock. Before,
+/// the first refill after the pool ran out waited for the dead node's recovery (the issue's
+/// "a node SIGKILLed while its VM grows a thin image" freeze).
+#[test]
+fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
+    const GROW_MIB: usize = 64;
+    require_fuse!();
+    let _serial = serial();
+    let lun = Lun::new(1 << 30);
+    let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
+    // Groups of 256 MiB: the group node1 claims holds the whole growth, so no refill needs a
+    // new group (claiming one takes the global lock).
+    lun.mkfs(&[
+        "--heartbeat-interval",
+        &hb,
+        "--io-timeout",
+        &io,
+        "-N",
+        "4",
+        "--group-size",
+        "256M",
+    ]);
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    fs::create_dir(node1.p("y")).expect("mkdir on node1");
+    let img = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(node1.p("y/thin.img"))
+        .expect("create y/thin.img on node1");
+    img.set_len(512 << 20).expect("size y/thin.img");
+    let chunk = vec![0x6B_u8; 1 << 20];
+    // The first write takes the global lock: node1 owns the image and has a pool.
+    img.write_all_at(&chunk, 0).expect("first write on node1");
+    for d in ["a", "b"] {
+        fs::create_dir(node2.p(d)).expect("mkdir on node2");
+    }
+    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    // Moves between directories need the global lock; node2 keeps it after the last one
+    // (nobody asks for it) and is killed well inside the second after which an idle hold
+    // goes back.
+    for i in 0..10 {
+        let (from, to) = if i % 2 == 0 {
+            ("a/f", "b/f")
+        } else {
+            ("b/f", "a/f")
+        };
+        fs::rename(node2.p(from), node2.p(to)).expect("move on node2");
+    }
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    for i in 1..=GROW_MIB {
+        img.write_all_at(&chunk, (i as u64) << 20)
+            .expect("grow y/thin.img on node1");
+    }
+    img.sync_all().expect("fsync y/thin.img");
+    let grown = killed.elapsed();
+    let recovered_by_then = node1
+        .log()
+        .lines()
+        .any(|l| l.contains("recovered") && l.contains("node2"));
+    eprintln!(
+        "node1 wrote {GROW_MIB} MiB into a thin image {:.3} s after node2 died holding the global lock (dead time {:.1} s; recovered by then: {recovered_by_then})",
+        grown.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before node1's image had grown ({grown:?}): node1 waited for the \
+         global lock, or this machine is too slow for the test\n{}",
+        node1.log()
+    );
+    let recovered = poll_until(DEAD_TIME + RECOVERY_SLACK, || {
+        node1
+            .log()
+            .lines()
+            .any(|l| l.contains("recovered") && l.contains("node2"))
+    });
+    assert!(
+        recovered.is_some(),
+        "node1 did not recover node2 within {:?}\n{}",
+        DEAD_TIME + RECOVERY_SLACK,
+        node1.log()
+    );
+    let f = fs::read(node1.p("a/f")).or_else(|_| fs::read(node1.p("b/f")));
+    assert_eq!(f.expect("node2's moved file"), b"f");
+    let mut back = vec![0u8; 1 << 20];
+    for i in 0..=GROW_MIB {
+        img.read_exact_at(&mut back, (i as u64) << 20)
+            .expect("read y/thin.img back");
+        assert!(back.iter().all(|&b| b == 0x6B), "MiB {i} of y/thin.img");
+    }
+    drop(img);
+    node1.unmount();
+    lun.assert_fsck_clean();
+}
 
 /// node2 moves a file between two directories (which takes the global lock exclusively), then
 /// does nothing for 3 s and is SIGKILLed. node1's own move between directories right after the

@@ -99,6 +99,17 @@ pub struct Me {
     pub gen: u64,
 }
 
+/// What [`LockTable::mark_group`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupMark {
+    /// The mark names this node now (it may have already).
+    Marked,
+    /// Another node's mark is on the group (that slot).
+    Busy(u32),
+    /// Asked for a refill's mark, but the group is not this node's.
+    NotMine,
+}
+
 /// Jittered exponential backoff, doubling only up to [`BACKOFF_QUICK_MAX`] during the first
 /// [`BACKOFF_QUICK_SPAN`] of the wait.
 #[derive(Debug)]
@@ -525,7 +536,12 @@ fn scrubbed(rec: &LockRecord, life: &dyn Fn(u32) -> SlotLife) -> LockRecord {
         n.waiters.remove(s);
     }
     if n.next != NO_SLOT && is_stale(life(n.next), None) {
-        n.next = next_after(&n.waiters, n.next);
+        // A group's `next` is its mark (format 7), not a handoff target: nobody inherits it.
+        n.next = if rec.kind == LockKind::Group {
+            NO_SLOT
+        } else {
+            next_after(&n.waiters, n.next)
+        };
     }
     n.entries
         .retain(|e| !is_stale(life(e.slot), Some(e.slot_gen)));
@@ -1147,7 +1163,7 @@ impl LockTable {
             n.owner_gen = me.gen;
             n.holders = SlotSet::default();
             n.waiters.remove(me.slot);
-            n.next = NO_SLOT;
+            // `next` is the group's mark (format 7): independent of who owns it, kept.
             n.version = r.version.wrapping_add(1);
             Some(n)
         })?;
@@ -1165,6 +1181,58 @@ impl LockTable {
             }
             let mut n = r.clone();
             n.waiters.insert(me.slot);
+            Some(n)
+        })?;
+        Ok(())
+    }
+
+    /// Put this node's **mark** on group `g` (format 7, docs/locking.md §9 "Group marks"):
+    /// the record's `next` names the one node that may change the group's bitmap outside the
+    /// ordinary rule (its owner refilling without the global lock, or another node changing a
+    /// group it does not own under the global lock). `owner_only`: only if the group is this
+    /// node's (a refill). Version + 1, so a node that checks the group later re-reads it.
+    pub fn mark_group(&self, g: u64, me: Me, owner_only: bool) -> Result<GroupMark> {
+        self.check_group(g)?;
+        check_slot(me.slot)?;
+        let mut out = GroupMark::Marked;
+        self.update(self.group_index(g), |r| {
+            let mine = r.mode == LockMode::Exclusive && r.owner == me.slot && r.owner_gen == me.gen;
+            if owner_only && !mine {
+                out = GroupMark::NotMine;
+                return None;
+            }
+            if r.next == me.slot {
+                out = GroupMark::Marked;
+                return None;
+            }
+            if r.next != NO_SLOT {
+                out = GroupMark::Busy(r.next);
+                return None;
+            }
+            out = GroupMark::Marked;
+            let mut n = r.clone();
+            n.next = me.slot;
+            n.version = r.version.wrapping_add(1);
+            Some(n)
+        })?;
+        Ok(out)
+    }
+
+    /// Take this node's mark off group `g` (everything it changed there is home), publishing
+    /// `free` in the value block if given. A no-op if the mark is not this node's.
+    pub fn unmark_group(&self, g: u64, me: Me, free: Option<u64>) -> Result<()> {
+        self.check_group(g)?;
+        check_slot(me.slot)?;
+        self.update(self.group_index(g), |r| {
+            if r.next != me.slot {
+                return None;
+            }
+            let mut n = r.clone();
+            n.next = NO_SLOT;
+            n.version = r.version.wrapping_add(1);
+            if let Some(free) = free {
+                n.set_group_free(free);
+            }
             Some(n)
         })?;
         Ok(())
@@ -2096,5 +2164,56 @@ mod tests {
         assert_eq!((r.owner, r.version, r.group_free()), (2, 2, Some(99)));
         assert!(t.claim_group(sb.group_count, me(1)).is_err());
         assert!(t.publish_group_free(sb.group_count, 1).is_err());
+    }
+
+    /// Format 7: one mark per group; a refill's mark only on the owner's own group; a mark
+    /// survives a change of owner; a dead node's mark goes with `scrub_slot`.
+    #[test]
+    fn lock_group_marks() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        assert!(t.claim_group(0, me(1)).unwrap());
+        assert_eq!(t.mark_group(0, me(2), true).unwrap(), GroupMark::NotMine);
+        assert_eq!(t.mark_group(0, me(1), true).unwrap(), GroupMark::Marked);
+        let v = t.read(1).unwrap().1.version;
+        assert_eq!(
+            t.mark_group(0, me(1), true).unwrap(),
+            GroupMark::Marked,
+            "again"
+        );
+        assert_eq!(t.read(1).unwrap().1.version, v, "nothing written");
+        assert_eq!(t.mark_group(0, me(2), false).unwrap(), GroupMark::Busy(1));
+        t.unmark_group(0, me(2), Some(5)).unwrap();
+        assert_eq!(t.read(1).unwrap().1.next, 1, "not 2's mark");
+        t.unmark_group(0, me(1), Some(40)).unwrap();
+        let r = t.read(1).unwrap().1;
+        assert_eq!(
+            (r.next, r.version, r.group_free()),
+            (NO_SLOT, v + 1, Some(40))
+        );
+        // Another node borrows the group; its owner's refill finds it busy.
+        assert_eq!(t.mark_group(0, me(2), false).unwrap(), GroupMark::Marked);
+        assert_eq!(t.mark_group(0, me(1), true).unwrap(), GroupMark::Busy(2));
+        // The owner leaves; the mark stays with the borrower, and a new owner keeps it.
+        t.release_group(0, me(1), 40).unwrap();
+        assert!(t.claim_group(0, me(3)).unwrap());
+        assert_eq!(t.read(1).unwrap().1.next, 2);
+        // The borrower dies: its recoverer takes the mark off.
+        t.scrub_slot(2).unwrap();
+        let r = t.read(1).unwrap().1;
+        assert_eq!((r.owner, r.next), (3, NO_SLOT));
+        // And a stale mark found by a scrub of stale mentions is dropped, not handed on.
+        assert_eq!(t.mark_group(0, me(3), true).unwrap(), GroupMark::Marked);
+        let mut stale = t.read(1).unwrap().1;
+        stale.next = 4;
+        stale.waiters.insert(5);
+        let life = |s: u32| {
+            if s == 4 {
+                SlotLife::Gone
+            } else {
+                SlotLife::Unknown
+            }
+        };
+        assert_eq!(scrubbed(&stale, &life).next, NO_SLOT);
     }
 }

@@ -6,7 +6,9 @@
 //!   0     8 magic "CETRAFS\0"         identifies the volume (also what mkfs/blkid look for)
 //!   8     4 format_version            the oldest version that knows the incompat bits: 1 without
 //!                                     any, 2 with INCOMPAT_OVERFLOW, 3 with INCOMPAT_OBJECT_LOCKS,
-//!                                     4 with INCOMPAT_SHARING_MODE, 5 with INCOMPAT_GROW
+//!                                     4 with INCOMPAT_SHARING_MODE, 5 with INCOMPAT_GROW,
+//!                                     6 with INCOMPAT_EXTRA_JOURNALS, 7 with
+//!                                     INCOMPAT_GROUP_MARKS
 //!  12     4 compat features           unknown bits: ignore
 //!  16     4 ro_compat features        unknown bits: mount read-only only
 //!  20     4 incompat features         unknown bits: refuse to mount
@@ -74,6 +76,15 @@
 //! `journal_start + s × journal_blocks`, slot `base + i` at `extra_journals[i]`
 //! ([`Superblock::journal_of`]). Each run lies in the data part of one group; the runs do
 //! not overlap; blocks in them are journal blocks, not data (`format/layout.rs`).
+//!
+//! **Group marks (v7, [`INCOMPAT_GROUP_MARKS`]).** No new field: the rule for changing an
+//! allocation group's bitmap changes (`docs/locking.md` §9, "Group marks"). The owner of a
+//! group refills its block pool from it *without* the global lock, while the group's lock
+//! record names it in `next` (the group's *mark*); any other node changes (or reads for a
+//! decision) a group that another node owns only under the global lock *and* with the mark
+//! naming it. A binary that does not know this would borrow from, free into or trim a group
+//! while its owner refills from it, so it must refuse the volume. mkfs sets it together with
+//! the bits of format 5.
 
 use super::codec::{Reader, Writer};
 use super::FS_BLOCK_SIZE;
@@ -83,10 +94,11 @@ pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
 /// The newest format version this release reads and writes. A volume's version follows from
 /// its incompat features ([`Superblock::format_version`]): 1 without any, 2 with
 /// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`], 4 with [`INCOMPAT_SHARING_MODE`],
-/// 5 with [`INCOMPAT_GROW`]. Volumes of versions 1 to 4 keep working with their version's features and stay mountable
+/// 5 with [`INCOMPAT_GROW`], 6 with [`INCOMPAT_EXTRA_JOURNALS`], 7 with
+/// [`INCOMPAT_GROUP_MARKS`]. Volumes of versions 1 to 6 keep working with their version's features and stay mountable
 /// by the binaries of their version; those refuse a newer volume (by the version, and by the
 /// incompat bit they do not know).
-pub const FORMAT_VERSION: u32 = 6;
+pub const FORMAT_VERSION: u32 = 7;
 pub const LABEL_LEN: usize = 64;
 
 /// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
@@ -122,6 +134,13 @@ pub const INCOMPAT_GROW: u32 = 0x8;
 /// Set by `cetra tune` only, on a volume of format 5.
 pub const INCOMPAT_EXTRA_JOURNALS: u32 = 0x10;
 
+/// Incompat (v7): group marks (`docs/locking.md` §9). A group's owner refills its block pool
+/// from the group without the global lock while the group's lock record names it in `next`;
+/// every other node changes or trims a group another node owns only under the global lock
+/// with that mark naming it. A binary that does not know this would change such a group
+/// while its owner does, so it must refuse the volume. mkfs sets it with the format-5 bits.
+pub const INCOMPAT_GROUP_MARKS: u32 = 0x20;
+
 /// The most node slots `cetra tune -N` can add (the superblock's room for their journals).
 pub const MAX_EXTRA_JOURNALS: usize = (FS_BLOCK_SIZE - 4 - 296) / 8;
 
@@ -132,7 +151,8 @@ pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW
     | INCOMPAT_OBJECT_LOCKS
     | INCOMPAT_SHARING_MODE
     | INCOMPAT_GROW
-    | INCOMPAT_EXTRA_JOURNALS;
+    | INCOMPAT_EXTRA_JOURNALS
+    | INCOMPAT_GROUP_MARKS;
 
 /// How a volume may be shared (format v4, [`INCOMPAT_SHARING_MODE`]): recorded by mkfs from
 /// the probe of the device it formatted (`dev/open.rs`, `Lun::check_sharing`).
@@ -472,6 +492,9 @@ impl Superblock {
         if self.incompat & INCOMPAT_GROW != 0 && self.group_count > self.group_capacity() {
             return bad("more groups than the lock area has group records for");
         }
+        if self.incompat & INCOMPAT_GROUP_MARKS != 0 && self.incompat & INCOMPAT_GROW == 0 {
+            return bad("group marks (format 7) without online grow (format 5)");
+        }
         let extra = self.incompat & INCOMPAT_EXTRA_JOURNALS != 0;
         if extra && self.incompat & INCOMPAT_GROW == 0 {
             return bad("added node slots (format 6) without online grow (format 5)");
@@ -561,7 +584,9 @@ impl Superblock {
 
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
-        if self.incompat & INCOMPAT_EXTRA_JOURNALS != 0 {
+        if self.incompat & INCOMPAT_GROUP_MARKS != 0 {
+            7
+        } else if self.incompat & INCOMPAT_EXTRA_JOURNALS != 0 {
             6
         } else if self.incompat & INCOMPAT_GROW != 0 {
             5
@@ -653,6 +678,11 @@ impl Superblock {
         self.lock_count
             .saturating_sub(u64::from(self.inode_lock_slots))
             .saturating_sub(1)
+    }
+
+    /// Does the volume use group marks (v7, [`INCOMPAT_GROUP_MARKS`])?
+    pub fn has_group_marks(&self) -> bool {
+        self.incompat & INCOMPAT_GROUP_MARKS != 0
     }
 
     /// Does the volume have the per-object lock area and mailboxes (v3)?
@@ -903,7 +933,7 @@ mod tests {
         assert!(sb.can_grow());
         assert!(sb.group_capacity() > sb.group_count);
         let mut v4 = sb.clone();
-        v4.incompat &= !INCOMPAT_GROW;
+        v4.incompat &= !(INCOMPAT_GROW | INCOMPAT_GROUP_MARKS);
         let back = Superblock::decode(&v4.encode()).unwrap();
         assert_eq!((back.format_version(), back.can_grow()), (4, false));
         // The bit without the sharing mode, and more groups than records.
@@ -922,11 +952,29 @@ mod tests {
 
     /// Version 6: added node slots' journals round-trip at byte 292; each must lie in one
     /// group's data, apart from the others, and the count must leave mkfs's slots.
+    /// Version 7: the group-marks bit, only on top of version 5; without it the volume is
+    /// version 5 as before, and a binary of version 6 refuses it by the bit.
+    #[test]
+    fn group_marks_are_version_7() {
+        let sb = planned();
+        assert!(sb.has_group_marks());
+        assert_eq!(sb.format_version(), 7);
+        let mut v5 = sb.clone();
+        v5.incompat &= !INCOMPAT_GROUP_MARKS;
+        let back = Superblock::decode(&v5.encode()).unwrap();
+        assert_eq!((back.format_version(), back.has_group_marks()), (5, false));
+        let mut bad = sb.clone();
+        bad.incompat &= !(INCOMPAT_GROW | INCOMPAT_SHARING_MODE);
+        let e = Superblock::decode(&bad.encode()).unwrap_err();
+        assert!(e.to_string().contains("group marks"), "{e}");
+    }
+
     #[test]
     fn added_node_slots_are_version_6_and_their_journals_are_checked() {
         let sb = planned();
         let data = sb.group_first_block(1) + 1 + u64::from(sb.bitmap_blocks) + 10;
         let mut v6 = sb.clone();
+        v6.incompat &= !INCOMPAT_GROUP_MARKS;
         v6.incompat |= INCOMPAT_EXTRA_JOURNALS;
         v6.max_nodes += 2;
         v6.extra_journals = vec![data, data + sb.journal_blocks];
@@ -973,11 +1021,11 @@ mod tests {
     #[test]
     fn object_lock_geometry_is_checked() {
         let sb = planned();
-        assert_eq!(sb.format_version(), 5);
-        assert_eq!(FORMAT_VERSION, 6);
+        assert_eq!(sb.format_version(), 7);
+        assert_eq!(FORMAT_VERSION, 7);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         let raw = sb.encode();
-        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 5);
+        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 7);
         assert_eq!(
             u64::from_le_bytes(raw[264..272].try_into().unwrap()),
             sb.objlock_start
@@ -1048,7 +1096,8 @@ mod tests {
     fn version_follows_the_object_lock_bit() {
         let sb = planned();
         let mut v2 = sb.clone();
-        v2.incompat &= !(INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE | INCOMPAT_GROW);
+        v2.incompat &=
+            !(INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE | INCOMPAT_GROW | INCOMPAT_GROUP_MARKS);
         v2.sharing = None;
         assert_eq!(v2.format_version(), 2);
         assert!(v2.object_lock_area().is_none());
@@ -1080,12 +1129,12 @@ mod tests {
         }
         // A version this release does not know.
         let mut raw = sb.encode();
-        raw[8..12].copy_from_slice(&7u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&8u32.to_le_bytes());
         let crc = crc32c::crc32c(&raw[..CRC]);
         raw[CRC..].copy_from_slice(&crc.to_le_bytes());
         let e = Superblock::decode(&raw).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().contains("knows 1 to 6"), "{e}");
+        assert!(e.to_string().contains("knows 1 to 7"), "{e}");
         assert!(sb.check_features().is_ok());
     }
 
@@ -1111,14 +1160,14 @@ mod tests {
             assert_eq!(u32::from_le_bytes(raw[288..292].try_into().unwrap()), code);
             let back = Superblock::decode(&raw).unwrap();
             assert_eq!(back.sharing, Some(mode));
-            assert_eq!(back.format_version(), 5);
+            assert_eq!(back.format_version(), 7);
         }
         assert_eq!(SharingMode::SingleHost.to_string(), "single-host");
         assert_eq!(SharingMode::MultiNode.to_string(), "multi-node");
 
         // A version-3 volume: no bit, the mode is unknown, and byte 288 is not read.
         let mut v3 = sb.clone();
-        v3.incompat &= !(INCOMPAT_SHARING_MODE | INCOMPAT_GROW);
+        v3.incompat &= !(INCOMPAT_SHARING_MODE | INCOMPAT_GROW | INCOMPAT_GROUP_MARKS);
         v3.sharing = None;
         assert_eq!(v3.format_version(), 3);
         let mut raw = v3.encode();

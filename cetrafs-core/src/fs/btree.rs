@@ -506,6 +506,29 @@ impl<'t, 'a> Tree<'t, 'a> {
         Ok(())
     }
 
+    /// Every node of the tree (what [`Tree::destroy`] frees), read as `destroy` reads them.
+    pub fn node_blocks(&mut self) -> Result<Vec<u64>> {
+        let mut out = Vec::new();
+        self.node_blocks_in(self.root, 0, &mut out)?;
+        Ok(out)
+    }
+
+    fn node_blocks_in(&mut self, b: u64, depth: u16, out: &mut Vec<u64>) -> Result<()> {
+        if depth > crate::format::tree_node::MAX_LEVEL {
+            return Err(Error::corrupted(format!(
+                "tree of inode {} is deeper than possible",
+                self.owner
+            )));
+        }
+        if let NodeEntries::Internal(v) = self.read(b)?.entries {
+            for (_, c) in v {
+                self.node_blocks_in(c, depth + 1, out)?;
+            }
+        }
+        out.push(b);
+        Ok(())
+    }
+
     pub fn is_empty(&mut self) -> Result<bool> {
         Ok(self.read(self.root)?.is_empty())
     }

@@ -214,7 +214,7 @@ pub(super) struct Admitted<'a> {
 /// This node's cluster state, shared by the filesystem threads.
 #[derive(Debug)]
 pub(crate) struct Cluster {
-    pub locks: LockTable,
+    pub locks: Arc<LockTable>,
     pub me: Me,
     pub timing: Timing,
     pub file_locks: bool,
@@ -267,7 +267,7 @@ impl Cluster {
     ) -> Self {
         Self {
             ilocks,
-            locks,
+            locks: Arc::new(locks),
             me,
             timing,
             file_locks,
@@ -614,6 +614,7 @@ impl Volume {
                 return Err(e);
             }
             self.publish_groups(m);
+            self.unmark_groups(m);
             self.give_back_global_dirs();
         }
         let held = self.cl.hold.held();
@@ -680,6 +681,7 @@ impl Volume {
         use crate::alloc::GroupClass;
         if !self.read_only && m.gml() == LockMode::Exclusive {
             self.publish_groups(m);
+            self.unmark_groups(m);
             for g in 0..self.cl.locks.group_count() {
                 if m.groups().class(g) == Some(GroupClass::Mine) {
                     let released = m

@@ -51,6 +51,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+/// After a refill from a marked group could not top the pool up, the next try waits this long.
+const MARKED_REFILL_RETRY: Duration = Duration::from_millis(200);
+
 /// How long the lock server tries the metadata mutex before it asks its holder to serve.
 const TRY_META_FOR: Duration = Duration::from_millis(2);
 
@@ -64,6 +67,8 @@ pub(crate) struct Detached {
     serve_wanted: AtomicBool,
     /// A write took the metadata path to top the pool up (the others go on without).
     refilling: AtomicBool,
+    /// When a refill from a marked group last could not top the pool up (format 7).
+    marked_refill_failed: Mutex<Option<Instant>>,
     /// Handles open for writing on this node: the pool is given back when none is left.
     writers: std::sync::atomic::AtomicUsize,
     /// When this node last changed the namespace without the global lock (ms since `base`).
@@ -149,6 +154,7 @@ impl Detached {
             emptied,
             serve_wanted: AtomicBool::new(false),
             refilling: AtomicBool::new(false),
+            marked_refill_failed: Mutex::new(None),
             writers: std::sync::atomic::AtomicUsize::new(0),
             ns_used: AtomicU64::new(0),
             base: Instant::now(),
@@ -314,6 +320,21 @@ impl Detached {
     /// The metadata path looked after the pool.
     pub fn refilled(&self) {
         self.refilling.store(false, Ordering::Release);
+    }
+
+    /// May a refill from a marked group (`fs/group_marks.rs`) be tried now? Not within
+    /// [`MARKED_REFILL_RETRY`] of one that could not, so that writes do not each pay for the
+    /// lock-record reads of a refill that cannot succeed.
+    pub fn may_refill_marked(&self) -> bool {
+        self.marked_refill_failed
+            .lock()
+            .or_panic()
+            .is_none_or(|t| t.elapsed() >= MARKED_REFILL_RETRY)
+    }
+
+    /// A refill from a marked group could (true) or could not (false) top the pool up.
+    pub fn marked_refill_done(&self, ok: bool) {
+        *self.marked_refill_failed.lock().or_panic() = (!ok).then(Instant::now);
     }
 
     /// A detached write of `ino` begins (caller: the metadata mutex, after

@@ -569,6 +569,10 @@ impl Volume {
                     String::from_utf8_lossy(name)
                 );
             }
+            if is_dir || inner.inode.nlink <= 1 {
+                // The last link may free the inode: nothing changes unless that can be done.
+                Self::prepare_inode_free(tx, &inner)?;
+            }
             dir_remove(tx, &mut p.inode, name)?;
             if is_dir {
                 p.inode.nlink -= 1;
@@ -766,6 +770,13 @@ impl Volume {
                 victim = Some(vst);
             }
             let victim_dir = victim.as_ref().is_some_and(|v| v.read().inode.is_dir());
+            if let Some(v) = &victim {
+                let v = v.read();
+                if victim_dir || v.inode.nlink <= 1 {
+                    // Its last link may free it: nothing changes unless that can be done.
+                    Self::prepare_inode_free(tx, &v)?;
+                }
+            }
             // The whiteout inode is written before any entry changes, so that a failure
             // leaves the rename undone rather than done without its whiteout.
             let whiteout = match rflags.whiteout {

@@ -137,7 +137,11 @@ fn node_slots_added_offline_get_journals_in_the_groups() {
     let new = crate::tune::apply(&*dev, &sb, &t).unwrap();
     crate::tune::write_superblock(&*dev, &new).unwrap();
     assert_eq!((new.max_nodes, new.base_journals()), (4, 2));
-    assert_eq!(new.format_version(), 6);
+    assert_eq!(
+        new.format_version(),
+        7,
+        "group marks (7) and added slots (6)"
+    );
     assert_eq!(new.extra_journals.len(), 2);
     for (i, &j) in new.extra_journals.iter().enumerate() {
         let slot = 2 + u32::try_from(i).unwrap();

@@ -22,6 +22,7 @@ mod dir;
 pub mod discard;
 pub(crate) mod extent_map;
 mod fsck;
+mod group_marks;
 pub mod grow;
 pub(crate) mod heap;
 mod inflight;
@@ -630,6 +631,26 @@ impl Volume {
     }
 
     /// Release every block an inode holds and the inode itself.
+    /// Load every bitmap a free of this inode frees into (its block, data, tree nodes), and on
+    /// format 7 put this node's mark on each that another node owns (`fs/group_marks.rs`). Its
+    /// xattr and overflow blocks are not: a failure there only leaks them (fsck reports it).
+    /// Callers that change names first call it before they do, so that an error changes
+    /// nothing.
+    fn prepare_inode_free(tx: &mut Tx<'_>, inner: &InodeInner) -> Result<()> {
+        tx.prepare_free(inner.inode.ino)?;
+        if inner.inode.is_reg() {
+            Self::prepare_free(tx, inner, 0, u64::MAX)?;
+        }
+        if inner.inode.tree_root != 0 && !tx.is_detached() {
+            let nodes =
+                btree::Tree::new(tx, inner.inode.tree_root, inner.inode.ino).node_blocks()?;
+            for b in nodes {
+                tx.prepare_free(b)?;
+            }
+        }
+        Ok(())
+    }
+
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
         // Nodes whose copy of the inode is still marked valid must drop it before its blocks
@@ -637,11 +658,10 @@ impl Volume {
         // (checked by the caller before anything changed).
         self.check_fresh(tx, ino)?;
         self.before_change(tx, ino)?;
-        // Every bitmap this frees into is loaded first: a read that fails leaves the inode
-        // (and its orphan entry) as it was, instead of freeing half its blocks.
-        if inner.inode.is_reg() {
-            Self::prepare_free(tx, inner, 0, u64::MAX)?;
-        }
+        // Every bitmap this frees into is loaded first (format 7: and marked, if another
+        // node owns its group): a read that fails, or a mark that does not come, leaves the
+        // inode (and its orphan entry) as it was, instead of freeing half its blocks.
+        Self::prepare_inode_free(tx, inner)?;
         if inner.inode.nlink == 0 && tx.is_detached() {
             // A fresh inode is on no other node's list. On this node's only if its unlink
             // took the global path; then so does its free: slot headers are changed under
@@ -1124,6 +1144,8 @@ impl Volume {
 mod detached_ns_tests;
 #[cfg(test)]
 mod detached_tests;
+#[cfg(test)]
+mod group_marks_tests;
 #[cfg(test)]
 mod grow_tests;
 #[cfg(test)]

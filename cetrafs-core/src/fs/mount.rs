@@ -189,6 +189,11 @@ impl Volume {
         };
         let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
         meta.joined(member.slot, granted.version);
+        if sb.has_group_marks() {
+            // Format 7: another node's group is used under its mark only (fs/group_marks.rs).
+            let gate = super::group_marks::MarkGate::new(cl.locks.clone(), me);
+            meta.groups().set_gate(Arc::new(gate));
+        }
         let emptied = meta.emptied_counter();
         let vol = Arc::new(Volume {
             dev,

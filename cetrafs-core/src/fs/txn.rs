@@ -528,6 +528,26 @@ impl Groups<'_> {
     pub fn take_changed(&mut self) -> Vec<(u64, u64)> {
         self.0.take_changed()
     }
+
+    /// Format 7: mark other nodes' groups through `gate` before using them (alloc.rs).
+    pub fn set_gate(&mut self, gate: std::sync::Arc<dyn crate::alloc::GroupGate>) {
+        self.0.set_gate(gate);
+    }
+
+    /// The other nodes' groups this node's mark is on (to take the marks off).
+    pub fn take_marked(&mut self) -> Vec<u64> {
+        self.0.take_marked()
+    }
+
+    /// A mark could not be taken off: still this node's.
+    pub fn keep_marked(&mut self, g: u64) {
+        self.0.keep_marked(g);
+    }
+
+    /// Groups this node owns, with the most free blocks first (where a refill looks).
+    pub fn mine_by_free(&self) -> Vec<(u64, u64)> {
+        self.0.mine_by_free()
+    }
 }
 
 #[derive(Debug)]
@@ -761,6 +781,40 @@ impl<'a> Tx<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Format 7, without the global lock (`fs/group_marks.rs`): top the pool up from group `g`
+    /// alone, which this node owns and has marked. Up to a refill's worth, as
+    /// [`Tx::ensure_pool`] takes; false if the pool is not low or the group had nothing.
+    /// Only this transaction's commit and a commit point may follow (the bitmap blocks must
+    /// be home before the mark goes).
+    pub fn refill_pool_marked(&mut self, g: u64) -> Result<bool> {
+        use super::pool::{CHUNK, LOW_FRACTION, MIN_CHUNK};
+        debug_assert!(self.detached);
+        let chunk = CHUNK.min(self.meta.alloc.free_blocks() / 64);
+        let Some((available, fragments)) = self
+            .meta
+            .pool
+            .as_ref()
+            .map(|p| (p.available(), p.fragments()))
+        else {
+            return Ok(false);
+        };
+        if chunk < MIN_CHUNK || available >= chunk / LOW_FRACTION {
+            return Ok(false);
+        }
+        // At most as many runs as the inode has room for: nothing to free again (a free
+        // could fail half-way, and this transaction must not).
+        let room = super::pool::FRAGMENTS_MAX.saturating_sub(fragments).max(1);
+        let runs = self.meta.alloc.alloc_in(g, chunk, MIN_CHUNK, room)?;
+        if runs.is_empty() {
+            return Ok(false);
+        }
+        self.touched = true;
+        if let Some(p) = &mut self.meta.pool {
+            p.refill(&runs, chunk);
+        }
+        Ok(true)
     }
 
     /// Under the global lock (exclusive), nothing in flight: give every pool block back to

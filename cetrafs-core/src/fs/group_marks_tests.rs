@@ -1,0 +1,165 @@
+//! Group marks (format 7, `fs/group_marks.rs`), with two nodes on one memory device.
+
+use super::multinode_tests::{assert_fsck_clean, volume};
+use super::*;
+use crate::dev::mem::MemDevice;
+use crate::format::lock_record::LockMode;
+use std::time::{Duration, Instant};
+
+const C: Caller = Caller::ROOT;
+const MIB: u64 = 1 << 20;
+
+/// A node that allocates exactly the blocks written and keeps idle locks: these tests show
+/// what one node does while the other holds the global lock.
+fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+    let opts = MountOptions {
+        host: host.into(),
+        alloc_granule: crate::format::FS_BLOCK,
+        idle_locks: IdleLocks::Keep,
+        ..MountOptions::default()
+    };
+    Volume::mount(dev.clone(), &opts).unwrap()
+}
+
+fn gml(v: &Volume) -> LockMode {
+    v.lock_meta().gml()
+}
+
+/// The byte at `off` of the test pattern.
+fn pattern(off: u64) -> Vec<u8> {
+    (0..MIB)
+        .map(|i| ((off / MIB + i / 4096) % 251) as u8)
+        .collect()
+}
+
+/// A thin VM image of 1 GiB, created on `v` (as `qemu-img create` makes one).
+fn thin_image(v: &Volume, name: &[u8]) -> (Attr, Arc<OpenFile>) {
+    let (f, fh) = v.create(v.root_ino(), name, 0o644, C, true).unwrap();
+    let set = SetAttr {
+        size: Some(1 << 30),
+        ..Default::default()
+    };
+    v.setattr(f.ino, &set, C).unwrap();
+    (f, fh)
+}
+
+/// Group records whose mark names `v`.
+fn marked_by(v: &Volume) -> Vec<u64> {
+    let recs = v.cl.locks.group_records().unwrap();
+    (0u64..)
+        .zip(recs)
+        .filter(|(_, r)| r.next == v.cl.me.slot)
+        .map(|(g, _)| g)
+        .collect()
+}
+
+/// The point of marks: a thin image grows through several pool refills while another node
+/// holds the global lock exclusively (as a node that died holding it would, until it is
+/// recovered). Before format 7 the first refill waited for the global lock.
+#[test]
+fn a_thin_image_outgrows_its_pool_while_another_node_holds_the_global_lock() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    assert!(a.sb.has_group_marks());
+    let (f, fh) = thin_image(&a, b"img");
+    a.write(&fh, 0, &pattern(0)).unwrap();
+    let pool = a.lock_meta().pool_available() * FS_BLOCK;
+    assert!(pool > 0, "no pool after the first write");
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    // Four pools' worth: at least three refills, each from one of a's own groups.
+    let total = (4 * pool).div_ceil(MIB) * MIB + MIB;
+    let t = Instant::now();
+    for off in (MIB..total).step_by(usize::try_from(MIB).unwrap()) {
+        a.write(&fh, off, &pattern(off)).unwrap();
+    }
+    assert!(
+        t.elapsed() < Duration::from_secs(20),
+        "the growth took {:?}",
+        t.elapsed()
+    );
+    assert_eq!(gml(&a), LockMode::Free, "a refill took the global lock");
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert!(marked_by(&a).is_empty(), "a refill left its mark");
+    // b reads it all (a writes its inode home when b asks for its lock).
+    let bfh = b.open(f.ino, false, false).unwrap();
+    for off in (0..total).step_by(usize::try_from(MIB).unwrap()) {
+        let mut got = Vec::new();
+        b.read(&bfh, off, 1 << 20, &mut |d| got.extend_from_slice(d))
+            .unwrap();
+        assert!(got == pattern(off), "b read other bytes at {off}");
+    }
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
+/// A free into a group another node owns needs the group's mark: while the owner's mark is
+/// on it (a refill in progress) the free waits, then fails with `Busy` and changes nothing;
+/// once the mark is gone it goes through, under this node's mark, which the global lock's
+/// handoff takes off again. The owner's next refill from that group sees the free.
+#[test]
+fn a_free_into_another_nodes_group_waits_for_its_mark() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let (old, fh) = a.create(a.root_ino(), b"old", 0o644, C, true).unwrap();
+    for off in (0..8 * MIB).step_by(usize::try_from(MIB).unwrap()) {
+        a.write(&fh, off, &pattern(off)).unwrap();
+    }
+    a.release(&fh).unwrap();
+    a.fsync(old.ino, false).unwrap();
+    let mine: Vec<u64> = a
+        .lock_meta()
+        .groups()
+        .mine_by_free()
+        .into_iter()
+        .map(|(g, _)| g)
+        .collect();
+    assert!(!mine.is_empty(), "a owns no group");
+    // a's refill is "in progress" in every group it owns.
+    for &g in &mine {
+        let m = a.cl.locks.mark_group(g, a.cl.me, true).unwrap();
+        assert_eq!(m, crate::cluster::lock::GroupMark::Marked);
+    }
+    let t = Instant::now();
+    let e = b.unlink(b.root_ino(), b"old").unwrap_err();
+    assert_eq!(e.kind(), ErrorKind::Busy, "{e}");
+    assert!(t.elapsed() >= group_marks::MARK_PATIENCE, "did not wait");
+    assert_eq!(b.lookup(b.root_ino(), b"old").unwrap().ino, old.ino);
+    for &g in &mine {
+        a.cl.locks.unmark_group(g, a.cl.me, None).unwrap();
+    }
+    b.unlink(b.root_ino(), b"old").unwrap();
+    let borrowed = marked_by(&b);
+    assert!(
+        !borrowed.is_empty(),
+        "b freed into a's groups without a mark"
+    );
+    assert!(borrowed.iter().all(|g| mine.contains(g)));
+    // a takes the global lock: b's handoff takes its marks off.
+    let (_, fh) = thin_image(&a, b"img");
+    a.write(&fh, 0, &pattern(0)).unwrap();
+    assert!(marked_by(&b).is_empty(), "the handoff left b's marks");
+    assert!(a.lock_meta().pool_available() > 0, "no pool after a write");
+    // b takes it back and keeps it (a move between directories needs it); a's refills
+    // reuse what b freed (re-reading the groups).
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    let e = b.mkdir(b.root_ino(), b"e", 0o755, C).unwrap();
+    b.rename(b.root_ino(), b"d", e.ino, b"d", RenameFlags::default())
+        .unwrap();
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    let free_before = a.lock_meta().free_blocks();
+    for off in (MIB..24 * MIB).step_by(usize::try_from(MIB).unwrap()) {
+        a.write(&fh, off, &pattern(off)).unwrap();
+    }
+    assert_eq!(gml(&a), LockMode::Free);
+    assert!(a.lock_meta().free_blocks() < free_before);
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
