@@ -2503,6 +2503,11 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
         fs::create_dir(node2.p(d)).expect("mkdir on node2");
     }
     fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    // Durable (an fsync commits the node's whole transaction, the directories too); the
+    // moves below may be lost with node2, but the file is in a/ or b/ after the recovery.
+    fs::File::open(node2.p("a/f"))
+        .and_then(|f| f.sync_all())
+        .expect("fsync a/f on node2");
     // Moves between directories need the global lock; node2 keeps it after the last one
     // (nobody asks for it) and is killed well inside the second after which an idle hold
     // goes back.
