@@ -64,14 +64,15 @@
 //! changes it *without* the global lock: it refills its block pool from it
 //! ([`Allocator::alloc_in`]) while the group's lock record carries its *mark*. So under the
 //! global lock a group another node owns is no longer safe to use as it is: before this
-//! allocator loads such a group's bitmap (to allocate, free, check a block or find what a
-//! discard may take) it asks its [`GroupGate`] for the mark, which waits a bounded time for
-//! the owner's refill to end, and then re-reads the group's header (the owner may have changed
-//! it since this node last looked). The marks stay until the caller has written everything
-//! home and takes them back ([`Allocator::take_marked`], at the global lock's handoff);
-//! reservation windows in those groups are dropped then, since the owner may fill them next.
-//! A group whose mark does not come is skipped by an allocation and by a discard, and fails
-//! a free with `Busy` (nothing changed).
+//! allocator loads such a group's bitmap to allocate from it or free into it, it asks its
+//! [`GroupGate`] for the mark — an allocation waits a moment for the owner's refill to end and
+//! else looks elsewhere, a free waits until the mark goes (a refill takes milliseconds; a
+//! dead owner's mark goes when it is recovered) — and then re-reads the group's header (the
+//! owner may have changed it since this node last looked). The marks stay until the caller
+//! has written everything home and takes them back ([`Allocator::take_marked`], at the global
+//! lock's handoff); reservation windows in those groups are dropped then, since the owner may
+//! fill them next. `is_used` takes no mark (it also runs under a shared hold), and a discard
+//! leaves such groups to their owners ([`Allocator::unclaimed`]).
 
 use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -136,9 +137,11 @@ pub enum GroupClass {
 /// Format 7: how an allocator under the global lock gets the right to use a group another
 /// node owns (module docs, "Group marks").
 pub trait GroupGate: Send + Sync + fmt::Debug {
-    /// Put this node's mark on group `g`, waiting a bounded time while another node's mark is
-    /// on it. Ok(false): it did not go away.
-    fn mark(&self, g: u64) -> Result<bool>;
+    /// Put this node's mark on group `g`, waiting while another node's mark is on it: a
+    /// moment unless `patient`, else until that mark goes (its owner's refill ends, or its
+    /// dead owner is recovered). Ok(false): it did not go in that time. An error may leave
+    /// the mark on (the caller takes it off later).
+    fn mark(&self, g: u64, patient: bool) -> Result<bool>;
 }
 
 /// What this node knows of one group, loaded or not.
@@ -215,6 +218,10 @@ pub struct Allocator {
     gate: Option<std::sync::Arc<dyn GroupGate>>,
     /// Groups of other nodes this node's mark is on (taken back by [`Self::take_marked`]).
     marked: BTreeSet<usize>,
+    /// Groups this node's mark may still be on, though it does not use them under it (a
+    /// mark whose CAW ended in doubt, one that could not be taken off): taken off with the
+    /// others, never used without marking them again.
+    unmark_later: BTreeSet<usize>,
 }
 
 fn get(words: &[u64], bit: u64) -> bool {
@@ -325,6 +332,7 @@ impl Allocator {
             held: 0,
             gate: None,
             marked: BTreeSet::new(),
+            unmark_later: BTreeSet::new(),
         };
         a.add_groups(sb.group_count)?;
         Ok(a)
@@ -504,7 +512,7 @@ impl Allocator {
     /// Group `g`'s bitmap, current: checked at this generation and loaded. `Busy` if it is
     /// another node's group whose mark could not be had (module docs, "Group marks").
     fn load(&mut self, g: usize) -> Result<&mut Bitmap> {
-        if !self.gated(g)? {
+        if !self.gated(g, true)? {
             return Err(Error::new(
                 ErrorKind::Busy,
                 format!(
@@ -681,15 +689,21 @@ impl Allocator {
     /// May group `g` be used now? Yes unless it is another node's group on a volume with
     /// group marks and its mark could not be had. A new mark makes the group unchecked, so
     /// its header is read again before anything of it is used.
-    fn gated(&mut self, g: usize) -> Result<bool> {
+    fn gated(&mut self, g: usize, patient: bool) -> Result<bool> {
         if !self.needs_mark(g) {
             return Ok(true);
         }
         let Some(gate) = &self.gate else {
             return Ok(true);
         };
-        if !gate.mark(g as u64)? {
-            return Ok(false);
+        match gate.mark(g as u64, patient) {
+            Ok(true) => {}
+            Ok(false) => return Ok(false),
+            Err(e) => {
+                // The CAW may have landed: take it off at the handoff.
+                self.unmark_later.insert(g);
+                return Err(e);
+            }
         }
         self.marked.insert(g);
         self.forget_checked(g);
@@ -724,18 +738,26 @@ impl Allocator {
     /// marks off once everything it changed there is home: the global lock's handoff). Their
     /// reservation windows go: their owners may fill them next.
     pub fn take_marked(&mut self) -> Vec<u64> {
-        let marked = std::mem::take(&mut self.marked);
+        let mut marked = std::mem::take(&mut self.marked);
         for &g in &marked {
             self.forget_checked(g);
         }
+        marked.append(&mut self.unmark_later);
         marked.into_iter().map(|g| g as u64).collect()
     }
 
-    /// A mark [`Self::take_marked`] returned could not be taken off: it is still this node's.
-    pub fn keep_marked(&mut self, g: u64) {
+    /// This node's mark may be on group `g` without this node using the group under it (a
+    /// take-off that failed, perhaps after its CAW landed; a mark whose CAW ended in doubt):
+    /// taken off by the next [`Self::take_marked`]. The group is marked again before any use.
+    pub fn unmark_later(&mut self, g: u64) {
         if let Some(i) = usize::try_from(g).ok().filter(|&i| i < self.groups.len()) {
-            self.marked.insert(i);
+            self.unmark_later.insert(i);
         }
+    }
+
+    /// Is a take-off of this node's marks pending ([`Self::unmark_later`])?
+    pub fn has_marks_to_take_off(&self) -> bool {
+        !self.unmark_later.is_empty()
     }
 
     /// Format 7, without the global lock: take up to `want` blocks from group `g` alone, which
@@ -858,24 +880,38 @@ impl Allocator {
 
     /// Is `block` allocated? (Loads its group's bitmap.) A block outside the group area is not.
     ///
-    /// Format 7, another node's group: a used bit is believed without the group's mark (its
-    /// owner's refills only ever set bits, and every free there needs the global lock, whose
-    /// moves make this node check the group again), so looking up an inode there costs no
-    /// lock-record I/O. A free bit, or a bitmap read torn by the owner's home write, is asked
-    /// again under the mark.
+    /// Format 7, another node's group: never under a mark (this runs under a shared hold of
+    /// the global lock too, which takes no marks). A used bit is believed (its owner's refills
+    /// only ever set bits, and every free there needs the global lock, whose moves make this
+    /// node check the group again), so looking up an inode there costs no I/O; a clear bit is
+    /// read again from the disk (a refill may have set it since; a torn read is retried).
     pub fn is_used(&mut self, block: u64) -> Result<bool> {
         let Some((g, bit)) = self.locate(block) else {
             return Ok(false);
         };
-        if self.needs_mark(g) {
+        if !self.needs_mark(g) {
+            return Ok(get(&self.load(g)?.used, bit));
+        }
+        match self.load_current(g) {
+            Ok(bm) if get(&bm.used, bit) => return Ok(true),
+            Ok(_) => {}
+            Err(e) if e.kind() == ErrorKind::Corrupted => {}
+            Err(e) => return Err(e),
+        }
+        // Clear, or torn: read the group again (a torn read is retried: the owner's home
+        // writes of a refill take a moment).
+        let mut tries = 0;
+        loop {
+            self.forget_checked(g);
             match self.load_current(g) {
-                Ok(bm) if get(&bm.used, bit) => return Ok(true),
-                Ok(_) => {}
-                Err(e) if e.kind() == ErrorKind::Corrupted => {}
+                Ok(bm) => return Ok(get(&bm.used, bit)),
+                Err(e) if e.kind() == ErrorKind::Corrupted && tries < 3 => {
+                    tries += 1;
+                    std::thread::sleep(std::time::Duration::from_millis(5));
+                }
                 Err(e) => return Err(e),
             }
         }
-        Ok(get(&self.load(g)?.used, bit))
     }
 
     fn all_checked(&self) -> bool {
@@ -1139,7 +1175,10 @@ impl Allocator {
         let limit = self.group_blocks;
         for i in 0..=n {
             let g = (g0 + i) % n;
-            if self.groups[g].free < min || self.groups[g].class != class || !self.gated(g)? {
+            if self.groups[g].free < min
+                || self.groups[g].class != class
+                || !self.gated(g, false)?
+            {
                 continue;
             }
             let first = self.first_block(g as u64);
@@ -1239,8 +1278,9 @@ impl Allocator {
                 break;
             };
             let n = (end - at).min(self.group_blocks - bit);
-            if !self.gated(g)? {
-                // Its owner is changing it: nothing there is known to be unclaimed.
+            if self.needs_mark(g) {
+                // Format 7, another node's group: left to its owner's discards and trims (a
+                // mark held for a discard would keep the owner from refilling from it).
                 at += n;
                 continue;
             }

@@ -316,7 +316,7 @@ fn fsck_checks_the_object_lock_area() {
     assert!(
         lun.fsck()
             .stdout
-            .contains("format version 5, sharing mode single-host"),
+            .contains("format version 7, sharing mode single-host"),
         "fsck prints the recorded mode"
     );
     let area = sb.object_lock_area().expect("v3 has an object-lock area");

@@ -2464,9 +2464,12 @@ const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
 
 /// Format 7 (group marks): a thin image keeps growing past several refills of its node's
 /// block pool while another node lies dead holding the global lock — each refill takes blocks
-/// from a group its node owns, under the group's mark, without the global lock. Before,
-/// the first refill after the pool ran out waited for the dead node's recovery (the issue's
-/// "a node SIGKILLed while its VM grows a thin image" freeze).
+/// from a group its node owns, under the group's mark, without the global lock — and while
+/// another process on the same node waits for that lock (a node waits for it without its
+/// metadata mutex). Before, the first refill after the pool ran out waited for the dead
+/// node's recovery, and so did every allocating write once any process of the node waited
+/// for the global lock (the issue's "a node SIGKILLed while its VM grows a thin image"
+/// freeze).
 #[test]
 fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     const GROW_MIB: usize = 64;
@@ -2488,7 +2491,10 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     ]);
     let node1 = Mount::new(&lun, "node1");
     let node2 = Mount::new(&lun, "node2");
-    fs::create_dir(node1.p("y")).expect("mkdir on node1");
+    for d in ["y", "z"] {
+        fs::create_dir(node1.p(d)).expect("mkdir on node1");
+    }
+    fs::write(node1.p("y/m"), b"m").expect("write y/m on node1");
     let img = fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -2523,12 +2529,25 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
         .abandon(Some(libc::SIGKILL))
         .expect("kill node2's daemon");
     let killed = Instant::now();
+    // Meanwhile another process on node1 moves a file between directories: it waits for the
+    // global lock until node2 is recovered, and the image's writes must not wait with it.
+    let (from, to) = (node1.p("y/m"), node1.p("z/m"));
+    let mover = std::thread::spawn(move || {
+        let r = fs::rename(&from, &to);
+        (r, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(200));
     for i in 1..=GROW_MIB {
         img.write_all_at(&chunk, (i as u64) << 20)
             .expect("grow y/thin.img on node1");
     }
     img.sync_all().expect("fsync y/thin.img");
     let grown = killed.elapsed();
+    assert!(
+        !mover.is_finished(),
+        "node1's move between directories did not wait for node2's global lock: the test \
+         proves nothing"
+    );
     let recovered_by_then = node1
         .log()
         .lines()
@@ -2556,6 +2575,13 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
         DEAD_TIME + RECOVERY_SLACK,
         node1.log()
     );
+    let (moved, at) = mover.join().expect("the mover thread");
+    moved.expect("move y/m to z/m on node1");
+    eprintln!(
+        "node1's move waited {:.3} s (until node2's recovery)",
+        (at - killed).as_secs_f64()
+    );
+    assert_eq!(fs::read(node1.p("z/m")).expect("read z/m"), b"m");
     let f = fs::read(node1.p("a/f")).or_else(|_| fs::read(node1.p("b/f")));
     assert_eq!(f.expect("node2's moved file"), b"f");
     let mut back = vec![0u8; 1 << 20];

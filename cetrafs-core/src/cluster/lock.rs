@@ -104,8 +104,9 @@ pub struct Me {
 pub enum GroupMark {
     /// The mark names this node now (it may have already).
     Marked,
-    /// Another node's mark is on the group (that slot).
-    Busy(u32),
+    /// Another node's mark is on the group: that slot's, at that record version (a new mark,
+    /// even of the same slot, has a new version).
+    Busy { slot: u32, version: u64 },
     /// Asked for a refill's mark, but the group is not this node's.
     NotMine,
 }
@@ -1206,7 +1207,10 @@ impl LockTable {
                 return None;
             }
             if r.next != NO_SLOT {
-                out = GroupMark::Busy(r.next);
+                out = GroupMark::Busy {
+                    slot: r.next,
+                    version: r.version,
+                };
                 return None;
             }
             out = GroupMark::Marked;
@@ -2182,7 +2186,10 @@ mod tests {
             "again"
         );
         assert_eq!(t.read(1).unwrap().1.version, v, "nothing written");
-        assert_eq!(t.mark_group(0, me(2), false).unwrap(), GroupMark::Busy(1));
+        assert!(matches!(
+            t.mark_group(0, me(2), false).unwrap(),
+            GroupMark::Busy { slot: 1, .. }
+        ));
         t.unmark_group(0, me(2), Some(5)).unwrap();
         assert_eq!(t.read(1).unwrap().1.next, 1, "not 2's mark");
         t.unmark_group(0, me(1), Some(40)).unwrap();
@@ -2193,7 +2200,10 @@ mod tests {
         );
         // Another node borrows the group; its owner's refill finds it busy.
         assert_eq!(t.mark_group(0, me(2), false).unwrap(), GroupMark::Marked);
-        assert_eq!(t.mark_group(0, me(1), true).unwrap(), GroupMark::Busy(2));
+        assert!(matches!(
+            t.mark_group(0, me(1), true).unwrap(),
+            GroupMark::Busy { slot: 2, .. }
+        ));
         // The owner leaves; the mark stays with the borrower, and a new owner keeps it.
         t.release_group(0, me(1), 40).unwrap();
         assert!(t.claim_group(0, me(3)).unwrap());

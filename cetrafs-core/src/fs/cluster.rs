@@ -232,6 +232,9 @@ pub(crate) struct Cluster {
     hold: HoldWindow,
     /// When this node last asked each slot for the global lock (v3, `ask_global_holders`).
     global_asked: Mutex<HashMap<u32, Instant>>,
+    /// One thread of this node at a time waits for the global lock, without the metadata
+    /// mutex (`Volume::meta_in`).
+    acquiring: Mutex<()>,
     /// Fast-path data I/O holds this shared; giving up the global lock takes it exclusively
     /// (after bumping the epoch) so that no I/O through a soon-stale block map is in flight.
     pub data_gate: std::sync::RwLock<()>,
@@ -277,6 +280,7 @@ impl Cluster {
             handoff_wanted: AtomicBool::new(false),
             hold: HoldWindow::new(),
             global_asked: Mutex::new(HashMap::new()),
+            acquiring: Mutex::new(()),
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             keep_idle: false,
@@ -362,7 +366,54 @@ impl Volume {
     }
 
     fn meta_in(&self, mode: LockMode) -> Result<MutexGuard<'_, Meta>> {
+        let (m, held) = self.meta_held(self.lock_meta(), mode)?;
+        if held {
+            return Ok(m);
+        }
+        drop(m);
+        // Wait for the global lock **without the metadata mutex**, one thread of this node at
+        // a time: what needs no global lock (allocating writes of files this node owns, pool
+        // refills from its marked groups, changes in directories it owns, inode lock handoffs
+        // asked by other nodes) goes on meanwhile, also while the node waits for a dead
+        // node's recovery. A thread that finds the lock taken by another thread of this node
+        // while it waited for its turn uses that grant.
+        let turn = self.cl.acquiring.lock().or_panic();
+        let (mut m, held) = self.meta_held(self.lock_meta(), mode)?;
+        if held {
+            return Ok(m);
+        }
+        if let Some(e) = self.abort_if_fenced() {
+            return Err(e);
+        }
+        if m.gml() == LockMode::Shared {
+            // Never wait for an upgrade while holding shared: two upgraders would wait for
+            // each other. Shared holders have nothing to write back.
+            self.cl.locks.release_global(self.cl.me)?;
+            m.set_gml(LockMode::Free);
+            self.cl.held.store(0, Ordering::Release);
+        }
+        drop(m);
+        let rec = self.wait_for_global(mode)?;
         let mut m = self.lock_meta();
+        if self.unmounted.load(Ordering::Acquire) {
+            // The unmount gave the locks back while this thread waited: nobody would release
+            // this grant.
+            let _ = self.cl.locks.release_global(self.cl.me);
+            bail!(Io, "volume is unmounted");
+        }
+        self.install_grant(&mut m, mode, &rec)?;
+        drop(turn);
+        Ok(m)
+    }
+
+    /// The first part of [`Volume::meta_in`], under the metadata mutex: hand the lock over if
+    /// another node waits and the hold window is over; true if this node holds the global
+    /// lock in (at least) `mode` now.
+    fn meta_held<'a>(
+        &'a self,
+        mut m: MutexGuard<'a, Meta>,
+        mode: LockMode,
+    ) -> Result<(MutexGuard<'a, Meta>, bool)> {
         // A background thread (a recovery's last steps, the committer) that reaches here after
         // unmount gave the locks back must not take them again: nobody would release them.
         if self.unmounted.load(Ordering::Acquire) {
@@ -383,37 +434,38 @@ impl Volume {
         if covers(m.gml(), mode) {
             cl.hold.used();
             self.catch_up_geometry(&mut m)?;
-            return Ok(m);
+            return Ok((m, true));
         }
-        if let Some(e) = self.abort_if_fenced() {
-            return Err(e);
-        }
-        if m.gml() == LockMode::Shared {
-            // Never wait for an upgrade while holding shared: two upgraders would wait for
-            // each other. Shared holders have nothing to write back.
-            cl.locks.release_global(cl.me)?;
-            m.set_gml(LockMode::Free);
-            cl.held.store(0, Ordering::Release);
-        }
+        Ok((m, false))
+    }
+
+    /// Wait until this node holds the global lock in `mode` (the caller has this node's
+    /// acquiring turn and not the metadata mutex). Returns the record as granted.
+    fn wait_for_global(&self, mode: LockMode) -> Result<LockRecord> {
+        let cl = &self.cl;
         // Each acquire asks the holders at once; only its own re-posts are rate-limited. (A
         // limit across acquires held back every other request of two nodes trading the lock
         // every 25 ms until the 50 ms were up: handoffs of 20-40 ms instead of 5.)
         cl.global_asked.lock().or_panic().clear();
-        // While it waits it holds the metadata mutex, so it does this node's part of an inode
-        // handoff that another node (perhaps the one it waits for) asked for (fs/detached.rs).
-        let waiting = std::cell::RefCell::new(m);
-        let rec = cl.locks.acquire_global_notify(
+        cl.locks.acquire_global_notify(
             cl.me,
             mode,
             cl.handoff_grace(),
             &|| {
-                self.serve_duties(&mut waiting.borrow_mut());
+                // The lock server asks whoever holds the metadata mutex to do this node's part
+                // of an inode handoff (fs/detached.rs rule 4); if nobody does, do it here.
+                if let Some(mut m) = self.meta.try_lock().or_panic() {
+                    self.serve_duties(&mut m);
+                }
                 self.abort_if_fenced()
             },
             &|rec| self.ask_global_holders(rec, mode),
-        );
-        let mut m = waiting.into_inner();
-        let rec = rec?;
+        )
+    }
+
+    /// The global lock was granted in `mode` (`rec`): the metadata state follows it.
+    fn install_grant(&self, m: &mut Meta, mode: LockMode, rec: &LockRecord) -> Result<()> {
+        let cl = &self.cl;
         let expected = if mode == LockMode::Exclusive {
             m.gml_version() + 1
         } else {
@@ -423,16 +475,16 @@ impl Volume {
         cl.held.store(mode_code(mode), Ordering::Release);
         cl.hold.taken();
         if rec.version != expected {
-            self.invalidate(&mut m);
+            self.invalidate(m);
         }
         m.set_gml_version(rec.version);
         cl.seen_version.store(rec.version, Ordering::Release);
         // A grow (fs/grow.rs) is adopted before anything is read under this grant.
-        self.follow_geometry(&mut m, &rec)?;
+        self.follow_geometry(m, rec)?;
         if mode == LockMode::Exclusive && !self.read_only {
-            self.ensure_groups(&mut m);
+            self.ensure_groups(m);
         }
-        Ok(m)
+        Ok(())
     }
 
     /// Waiting for the global lock on a v3 volume: post a request into the mailbox of each
@@ -505,6 +557,15 @@ impl Volume {
             Ok(r) => r,
             Err(e) => {
                 tracing::warn!("reading allocation group owners failed: {e}");
+                if self.sb.has_group_marks() {
+                    // Another node may own a group this node thinks nobody owns (claimed
+                    // since): every group not this node's needs a mark until the next read.
+                    for g in 0..self.cl.locks.group_count() {
+                        if m.groups().class(g) == Some(GroupClass::Unowned) {
+                            m.groups().set_class(g, GroupClass::Others);
+                        }
+                    }
+                }
                 return;
             }
         };

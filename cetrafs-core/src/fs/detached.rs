@@ -34,12 +34,13 @@
 //!    exclusively, so what it found stays true until it gives the global lock up; every
 //!    inode loaded under that hold is re-read after (the epoch, `docs/locking.md` §7).
 //! 4. **No wait holds what the owner needs.** The owner's handoff needs its metadata mutex (to
-//!    map and commit). A thread that waits for the cluster while holding that mutex — for the
-//!    global lock (`Volume::meta_in`) or for a shared hold in rule 3 — therefore does the
-//!    owner's part itself when asked ([`Volume::serve_duties`]): maps the detached writes
-//!    whose data is written, and makes a commit point. The lock server never blocks on the
-//!    mutex: it tries it for a moment, then asks the holder to serve and looks again at the
-//!    next tick.
+//!    map and commit). A thread waits for the global lock without that mutex
+//!    (`Volume::meta_in`: one thread of the node at a time, on its acquiring turn), and does
+//!    the owner's part itself when asked if the mutex is free then. A thread that waits for
+//!    a shared hold in rule 3 holds the mutex, and therefore does the owner's part itself
+//!    when asked ([`Volume::serve_duties`]): maps the detached writes whose data is written,
+//!    and makes a commit point. The lock server never blocks on the mutex: it tries it for a
+//!    moment, then asks the holder to serve and looks again at the next tick.
 
 use super::inode_lock::{InodeLocks, Seal};
 use super::txn::{Meta, Tx};
@@ -536,8 +537,8 @@ impl Volume {
     }
 
     /// Rule 4: called by a thread that holds the metadata mutex while it waits for the
-    /// cluster. If the lock server asked, map the detached writes whose data is written and
-    /// make a commit point.
+    /// cluster (or took it for a moment while it waits for the global lock). If the lock
+    /// server asked, map the detached writes whose data is written and make a commit point.
     pub(super) fn serve_duties(&self, m: &mut Meta) {
         if !self.detached.serve_wanted.swap(false, Ordering::AcqRel) {
             return;

@@ -25,13 +25,15 @@
 //!
 //! # Waiting, dying
 //! A refill holds its mark for one commit point (a few milliseconds). A node under the global
-//! lock that finds another node's mark waits for it at most [`MARK_PATIENCE`] (it holds the
-//! global lock meanwhile, and a dead marker is recovered only by a node that takes the global
-//! lock), and not again while the same mark stays: then an allocation skips the group, a
-//! discard leaves it alone, and a free fails with `Busy` before it changes anything (an
-//! unlink or a rename over a last link marks every group the inode's blocks lie in before
-//! it removes the name: `Volume::prepare_inode_free`). Looking up an inode in such a group
-//! needs no mark (alloc.rs `is_used`). A refill that finds another node's mark tries its next group, and
+//! lock that finds another node's mark on a group it would allocate from waits
+//! [`MARK_PATIENCE`], then looks elsewhere (and does not wait for that mark again). One that
+//! must free there waits until the mark goes: the refill ends, or its node, dead, is
+//! recovered — a recovery takes the dead node's marks off after its replay without the
+//! global lock, so the wait ends at most a dead time later (bounded at three dead times and
+//! 30 s, then `Busy`). An unlink or a rename over a last link marks every group the inode's
+//! blocks lie in before it removes the name (`Volume::prepare_inode_free`), so it waits with
+//! nothing changed. Looking up an inode in such a group needs no mark (alloc.rs `is_used`),
+//! and a discard leaves such groups to their owners. A refill that finds another node's mark tries its next group, and
 //! without one takes the global path as before. A dead node's marks are taken off by its
 //! recoverer after its journal is replayed, with its other locks (`LockTable::scrub_slot`).
 //! A refill whose commit point fails leaves its mark and fences this node: what reached the
@@ -56,8 +58,9 @@ enum Refill {
     Undone(crate::error::Error),
 }
 
-/// How long a node under the global lock waits for another node's mark on a group.
-pub const MARK_PATIENCE: Duration = Duration::from_secs(1);
+/// How long a node under the global lock waits for another node's mark on a group it would
+/// only allocate from (it looks elsewhere then).
+pub const MARK_PATIENCE: Duration = Duration::from_millis(200);
 
 /// The allocator's [`GroupGate`] on a format-7 volume: this node's mark, through the lock
 /// table.
@@ -65,26 +68,38 @@ pub const MARK_PATIENCE: Duration = Duration::from_secs(1);
 pub(super) struct MarkGate {
     locks: Arc<LockTable>,
     me: Me,
-    /// Groups whose mark outlasted [`MARK_PATIENCE`], with the slot whose mark it was: while
-    /// that mark stays, the next use of the group does not wait again (a node that died
+    /// How long a free waits for another node's mark: until a node that died holding it
+    /// would have been found dead and recovered, with room to spare. Past that the free
+    /// fails (`Busy`) before it changes anything.
+    patience: Duration,
+    /// Groups whose mark outlasted [`MARK_PATIENCE`], with that mark (slot, record version):
+    /// while the same mark stays, an allocation does not wait for it again (a node that died
     /// during a refill keeps its mark until it is recovered).
-    stuck: Mutex<HashMap<u64, u32>>,
+    stuck: Mutex<HashMap<u64, (u32, u64)>>,
 }
 
 impl MarkGate {
-    pub fn new(locks: Arc<LockTable>, me: Me) -> Self {
+    /// `dead_time`: the volume's (cluster/timing.rs).
+    pub fn new(locks: Arc<LockTable>, me: Me, dead_time: Duration) -> Self {
         Self {
             locks,
             me,
+            patience: dead_time * 3 + Duration::from_secs(30),
             stuck: Mutex::new(HashMap::new()),
         }
     }
 }
 
 impl GroupGate for MarkGate {
-    fn mark(&self, g: u64) -> Result<bool> {
+    fn mark(&self, g: u64, patient: bool) -> Result<bool> {
         let start = Instant::now();
+        let limit = if patient {
+            self.patience
+        } else {
+            MARK_PATIENCE
+        };
         let mut pause = Duration::from_millis(1);
+        let mut warned = false;
         loop {
             crate::failpoint!("group::mark");
             match self.locks.mark_group(g, self.me, false)? {
@@ -93,18 +108,25 @@ impl GroupGate for MarkGate {
                     return Ok(true);
                 }
                 GroupMark::NotMine => return Ok(false),
-                GroupMark::Busy(slot) => {
+                GroupMark::Busy { slot, version } => {
                     let mut stuck = self.stuck.lock().or_panic();
-                    if stuck.get(&g) == Some(&slot) {
+                    if !patient && stuck.get(&g) == Some(&(slot, version)) {
                         return Ok(false);
                     }
-                    if start.elapsed() >= MARK_PATIENCE {
+                    let waited = start.elapsed();
+                    if waited >= limit {
                         tracing::warn!(
-                            "allocation group {g}: node slot {slot}'s mark stayed for {} ms; not using the group while it stays",
-                            MARK_PATIENCE.as_millis()
+                            "allocation group {g}: node slot {slot}'s mark stayed for {} ms; not using the group now",
+                            waited.as_millis()
                         );
-                        stuck.insert(g, slot);
+                        stuck.insert(g, (slot, version));
                         return Ok(false);
+                    }
+                    if patient && !warned && waited >= Duration::from_secs(1) {
+                        tracing::warn!(
+                            "allocation group {g}: waiting for node slot {slot}'s mark to go (a refill of a node that stopped?) before freeing blocks there"
+                        );
+                        warned = true;
                     }
                 }
             }
@@ -128,12 +150,17 @@ impl Volume {
             return false;
         }
         let me = self.cl.me;
+        if m.groups().has_marks_to_take_off() {
+            self.unmark_groups(m);
+        }
         for (g, _) in m.groups().mine_by_free() {
             match self.cl.locks.mark_group(g, me, true) {
                 Ok(GroupMark::Marked) => {}
-                Ok(GroupMark::Busy(_) | GroupMark::NotMine) => continue,
+                Ok(GroupMark::Busy { .. } | GroupMark::NotMine) => continue,
                 Err(e) => {
+                    // The CAW may have landed.
                     tracing::debug!("marking allocation group {g} failed: {e}");
+                    m.groups().unmark_later(g);
                     return false;
                 }
             }
@@ -146,9 +173,10 @@ impl Volume {
                                 m.groups().note_published(g, free);
                             }
                         }
-                        // Still ours: the next refill of this group takes it off.
+                        // Perhaps still ours: the next refill or handoff takes it off.
                         Err(e) => {
                             tracing::warn!("taking the mark off allocation group {g} failed: {e}");
+                            m.groups().unmark_later(g);
                         }
                     }
                     if taken {
@@ -161,7 +189,9 @@ impl Volume {
                 Ok(Refill::Undone(e)) => {
                     // Nothing of it reached a transaction (the allocator undid its part).
                     tracing::warn!("refilling the pool from allocation group {g} failed: {e}");
-                    let _ = self.unmark(g, None);
+                    if self.unmark(g, None).is_err() {
+                        m.groups().unmark_later(g);
+                    }
                     return false;
                 }
                 Err(e) => {
@@ -199,12 +229,14 @@ impl Volume {
     }
 
     /// At the global lock's handoff (or unmount), everything home and the journal emptied:
-    /// take this node's marks off the other nodes' groups it used under the lock.
+    /// take this node's marks off the other nodes' groups it used under the lock, and off any
+    /// group a take-off failed for before. One that fails again is tried at the next handoff
+    /// or refill; the group is marked again before it is used.
     pub(super) fn unmark_groups(&self, m: &mut Meta) {
         for g in m.groups().take_marked() {
             if let Err(e) = self.unmark(g, None) {
                 tracing::warn!("taking this node's mark off allocation group {g} failed: {e}");
-                m.groups().keep_marked(g);
+                m.groups().unmark_later(g);
             }
         }
     }

@@ -3,7 +3,8 @@
 //!
 //! Concurrency: metadata operations serialize on one per-volume mutex (`meta`, which also owns
 //! the allocator and the metadata block cache) and, across nodes, on the cluster's global
-//! metadata lock (`cluster.rs`); each inode has its own `RwLock`. Lock order is global lock →
+//! metadata lock (`cluster.rs`; a thread waits for it on the node's acquiring turn, without the
+//! metadata mutex); each inode has its own `RwLock`. Lock order is acquiring turn → global lock →
 //! meta → inode table → inode. The data path (read/write inside already-written extents) takes
 //! only the inode's lock in shared mode and does one device I/O per contiguous run.
 
@@ -641,7 +642,7 @@ impl Volume {
         if inner.inode.is_reg() {
             Self::prepare_free(tx, inner, 0, u64::MAX)?;
         }
-        if inner.inode.tree_root != 0 && !tx.is_detached() {
+        if inner.inode.tree_root != 0 && !tx.is_detached() && tx.sb().has_group_marks() {
             let nodes =
                 btree::Tree::new(tx, inner.inode.tree_root, inner.inode.ino).node_blocks()?;
             for b in nodes {

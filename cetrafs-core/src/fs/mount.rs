@@ -191,7 +191,7 @@ impl Volume {
         meta.joined(member.slot, granted.version);
         if sb.has_group_marks() {
             // Format 7: another node's group is used under its mark only (fs/group_marks.rs).
-            let gate = super::group_marks::MarkGate::new(cl.locks.clone(), me);
+            let gate = super::group_marks::MarkGate::new(cl.locks.clone(), me, timing.dead_time());
             meta.groups().set_gate(Arc::new(gate));
         }
         let emptied = meta.emptied_counter();

@@ -345,6 +345,13 @@ impl Pool {
         out
     }
 
+    /// Runs [`Pool::compact`] took out go back in (their frees could not be prepared).
+    pub fn uncompact(&mut self, runs: &[(u64, u64)]) {
+        for &(s, l) in runs {
+            self.map.insert(s, s, l, true);
+        }
+    }
+
     /// Unmount: every run leaves the pool (nothing is in flight), for the caller to free.
     pub fn drain_to(&mut self) -> Vec<(u64, u64)> {
         self.pinned.clear();

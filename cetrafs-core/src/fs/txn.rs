@@ -539,9 +539,14 @@ impl Groups<'_> {
         self.0.take_marked()
     }
 
-    /// A mark could not be taken off: still this node's.
-    pub fn keep_marked(&mut self, g: u64) {
-        self.0.keep_marked(g);
+    /// This node's mark may still be on group `g`: take it off with the next ones.
+    pub fn unmark_later(&mut self, g: u64) {
+        self.0.unmark_later(g);
+    }
+
+    /// Is a take-off of this node's marks pending?
+    pub fn has_marks_to_take_off(&self) -> bool {
+        self.0.has_marks_to_take_off()
     }
 
     /// Groups this node owns, with the most free blocks first (where a refill looks).
@@ -1023,8 +1028,25 @@ impl<'a> Tx<'a> {
         if let Some(mut p) = self.meta.pool.take() {
             if !self.detached && p.needs_compaction() {
                 // Under the global lock: give the extra runs back rather than fail to save.
-                for (s, l) in p.compact(super::pool::FRAGMENTS_MAX / 2) {
-                    self.meta.alloc.free(s, l)?;
+                // Their bitmaps are loaded (format 7: and marked) first; if one cannot be,
+                // the runs stay in the pool (it is under the inode's limit still).
+                let runs = p.compact(super::pool::FRAGMENTS_MAX / 2);
+                match runs
+                    .iter()
+                    .try_for_each(|&(s, _)| self.meta.alloc.prepare_free(s))
+                {
+                    Ok(()) => {
+                        for &(s, l) in &runs {
+                            if let Err(e) = self.meta.alloc.free(s, l) {
+                                self.meta.pool = Some(p);
+                                return Err(e);
+                            }
+                        }
+                    }
+                    Err(e) => {
+                        tracing::debug!("the pool keeps its short runs for now: {e}");
+                        p.uncompact(&runs);
+                    }
                 }
             }
             let r = p.save(&mut self);
