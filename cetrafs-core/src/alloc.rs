@@ -762,9 +762,9 @@ impl Allocator {
 
     /// Format 7, without the global lock: take up to `want` blocks from group `g` alone, which
     /// this node owns and has marked (fs/txn.rs `refill_pool_marked`), in at most `max_runs`
-    /// runs of at least `min` blocks where it can. The group's header is read first (another node may have
-    /// changed the group under the global lock since). Nothing of this node may be held for
-    /// writes in flight there. Returns the runs (marked used in the bitmap, dirty).
+    /// runs of at least `min` blocks where it can. The group's header is read first (another
+    /// node may have changed the group under the global lock since). Nothing of this node may
+    /// be held for writes in flight there. Returns the runs (marked used in the bitmap, dirty).
     pub fn alloc_in(
         &mut self,
         g: u64,

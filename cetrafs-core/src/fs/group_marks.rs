@@ -33,9 +33,10 @@
 //! 30 s, then `Busy`). An unlink or a rename over a last link marks every group the inode's
 //! blocks lie in before it removes the name (`Volume::prepare_inode_free`), so it waits with
 //! nothing changed. Looking up an inode in such a group needs no mark (alloc.rs `is_used`),
-//! and a discard leaves such groups to their owners. A refill that finds another node's mark tries its next group, and
-//! without one takes the global path as before. A dead node's marks are taken off by its
-//! recoverer after its journal is replayed, with its other locks (`LockTable::scrub_slot`).
+//! and a discard leaves such groups to their owners. A refill that finds another node's mark
+//! tries its next group, and without one takes the global path as before. A dead node's
+//! marks are taken off by its recoverer after its journal is replayed, with its other locks
+//! (`LockTable::scrub_slot`).
 //! A refill whose commit point fails leaves its mark and fences this node: what reached the
 //! disk is unknown, so the others must recover it before anyone uses the group again.
 

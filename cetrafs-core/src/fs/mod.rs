@@ -631,7 +631,6 @@ impl Volume {
         local && (self.detached.is_fresh(st.ino) || !self.open_elsewhere(st.ino))
     }
 
-    /// Release every block an inode holds and the inode itself.
     /// Load every bitmap a free of this inode frees into (its block, data, tree nodes), and on
     /// format 7 put this node's mark on each that another node owns (`fs/group_marks.rs`). Its
     /// xattr and overflow blocks are not: a failure there only leaks them (fsck reports it).
@@ -652,6 +651,7 @@ impl Volume {
         Ok(())
     }
 
+    /// Release every block an inode holds and the inode itself.
     fn free_inode(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         let ino = inner.inode.ino;
         // Nodes whose copy of the inode is still marked valid must drop it before its blocks
