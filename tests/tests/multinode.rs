@@ -2462,6 +2462,24 @@ const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
 //     nobody uses"), so its death blocks no other node's metadata change.
 // ---------------------------------------------------------------------------------------------
 
+/// Has `node` logged that it recovered `dead`?
+fn has_recovered(node: &Mount, dead: &str) -> bool {
+    node.log()
+        .lines()
+        .any(|l| l.contains("recovered") && l.contains(dead))
+}
+
+/// `node` recovers `dead` within the dead time and the recovery slack (panics otherwise).
+fn await_recovery(node: &Mount, dead: &str) {
+    let recovered = poll_until(DEAD_TIME + RECOVERY_SLACK, || has_recovered(node, dead));
+    assert!(
+        recovered.is_some(),
+        "the node did not recover {dead} within {:?}\n{}",
+        DEAD_TIME + RECOVERY_SLACK,
+        node.log()
+    );
+}
+
 /// Format 7 (group marks): a thin image keeps growing past several refills of its node's
 /// block pool while another node lies dead holding the global lock — each refill takes blocks
 /// from a group its node owns, under the group's mark, without the global lock — and while
@@ -2548,10 +2566,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
         "node1's move between directories did not wait for node2's global lock: the test \
          proves nothing"
     );
-    let recovered_by_then = node1
-        .log()
-        .lines()
-        .any(|l| l.contains("recovered") && l.contains("node2"));
+    let recovered_by_then = has_recovered(&node1, "node2");
     eprintln!(
         "node1 wrote {GROW_MIB} MiB into a thin image {:.3} s after node2 died holding the global lock (dead time {:.1} s; recovered by then: {recovered_by_then})",
         grown.as_secs_f64(),
@@ -2563,18 +2578,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
          global lock, or this machine is too slow for the test\n{}",
         node1.log()
     );
-    let recovered = poll_until(DEAD_TIME + RECOVERY_SLACK, || {
-        node1
-            .log()
-            .lines()
-            .any(|l| l.contains("recovered") && l.contains("node2"))
-    });
-    assert!(
-        recovered.is_some(),
-        "node1 did not recover node2 within {:?}\n{}",
-        DEAD_TIME + RECOVERY_SLACK,
-        node1.log()
-    );
+    await_recovery(&node1, "node2");
     let (moved, at) = mover.join().expect("the mover thread");
     moved.expect("move y/m to z/m on node1");
     eprintln!(
@@ -2659,10 +2663,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
     }
     img.sync_all().expect("fsync y/thin.img");
     let grown = killed.elapsed();
-    let recovered_by_then = node1
-        .log()
-        .lines()
-        .any(|l| l.contains("recovered") && l.contains("node2"));
+    let recovered_by_then = has_recovered(&node1, "node2");
     eprintln!(
         "node1 wrote {GROW_MIB} MiB into a thin image {:.3} s after node2's death (recovered by then: {recovered_by_then})",
         grown.as_secs_f64()
@@ -2673,18 +2674,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
          on a machine this slow\n{}",
         node1.log()
     );
-    let recovered = poll_until(DEAD_TIME + RECOVERY_SLACK, || {
-        node1
-            .log()
-            .lines()
-            .any(|l| l.contains("recovered") && l.contains("node2"))
-    });
-    assert!(
-        recovered.is_some(),
-        "node1 did not recover node2 within {:?}\n{}",
-        DEAD_TIME + RECOVERY_SLACK,
-        node1.log()
-    );
+    await_recovery(&node1, "node2");
     assert_eq!(
         fs::read(node1.p("y/g")).expect("read y/g on node1"),
         b"g",

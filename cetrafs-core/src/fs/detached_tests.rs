@@ -19,7 +19,7 @@ const IMAGE: u64 = 1 << 30;
 ///
 /// It keeps idle locks (`IdleLocks::Keep`): these tests show what one node does while another
 /// holds the global lock, or while it owns a file's lock, however slowly they run.
-fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
+pub(super) fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
     let opts = MountOptions {
         host: host.into(),
         alloc_granule: crate::format::FS_BLOCK,
@@ -44,7 +44,7 @@ fn close_both(dev: &Arc<MemDevice>, a: &Volume, b: &Volume, fh: &Arc<OpenFile>) 
     assert_fsck_clean(dev);
 }
 
-fn gml(v: &Volume) -> LockMode {
+pub(super) fn gml(v: &Volume) -> LockMode {
     v.lock_meta().gml()
 }
 
@@ -56,7 +56,7 @@ fn assert_still_detached(a: &Volume, b: &Volume, what: &str) {
 }
 
 /// A thin VM image: created, then made 1 GiB sparse (as `qemu-img create` does).
-fn thin_image(v: &Volume, name: &[u8]) -> (Attr, Arc<OpenFile>) {
+pub(super) fn thin_image(v: &Volume, name: &[u8]) -> (Attr, Arc<OpenFile>) {
     let (f, fh) = v.create(v.root_ino(), name, 0o644, C, true).unwrap();
     let set = SetAttr {
         size: Some(IMAGE),

@@ -1,46 +1,19 @@
 //! Group marks (format 7, `fs/group_marks.rs`), with two nodes on one memory device.
 
+use super::detached_tests::{gml, node, thin_image};
 use super::multinode_tests::{assert_fsck_clean, volume};
 use super::*;
-use crate::dev::mem::MemDevice;
 use crate::format::lock_record::LockMode;
 use std::time::{Duration, Instant};
 
 const C: Caller = Caller::ROOT;
 const MIB: u64 = 1 << 20;
 
-/// A node that allocates exactly the blocks written and keeps idle locks: these tests show
-/// what one node does while the other holds the global lock.
-fn node(dev: &Arc<MemDevice>, host: &str) -> Arc<Volume> {
-    let opts = MountOptions {
-        host: host.into(),
-        alloc_granule: crate::format::FS_BLOCK,
-        idle_locks: IdleLocks::Keep,
-        ..MountOptions::default()
-    };
-    Volume::mount(dev.clone(), &opts).unwrap()
-}
-
-fn gml(v: &Volume) -> LockMode {
-    v.lock_meta().gml()
-}
-
-/// The byte at `off` of the test pattern.
+/// The test pattern's MiB at byte `off` (a multiple of a MiB).
 fn pattern(off: u64) -> Vec<u8> {
     (0..MIB)
         .map(|i| ((off / MIB + i / 4096) % 251) as u8)
         .collect()
-}
-
-/// A thin VM image of 1 GiB, created on `v` (as `qemu-img create` makes one).
-fn thin_image(v: &Volume, name: &[u8]) -> (Attr, Arc<OpenFile>) {
-    let (f, fh) = v.create(v.root_ino(), name, 0o644, C, true).unwrap();
-    let set = SetAttr {
-        size: Some(1 << 30),
-        ..Default::default()
-    };
-    v.setattr(f.ino, &set, C).unwrap();
-    (f, fh)
 }
 
 /// Group records whose mark names `v`.
