@@ -72,8 +72,8 @@ fn a_thin_image_outgrows_its_pool_while_another_node_holds_the_global_lock() {
 
 /// A free into a group another node owns needs the group's mark: while the owner's mark is
 /// on it (a refill in progress) the free waits (before it removes the name); once the mark
-/// is gone it goes through, under this node's mark, which the global
-/// lock's handoff takes off again. The owner's next refill from that group sees the free.
+/// is gone it goes through, under this node's mark, which the global lock's handoff takes off
+/// again. The owner's next refill from that group sees the free.
 #[test]
 fn a_free_into_another_nodes_group_waits_for_its_mark() {
     let dev = volume(4);
