@@ -905,7 +905,7 @@ impl Allocator {
             self.forget_checked(g);
             match self.load_current(g) {
                 Ok(bm) => return Ok(get(&bm.used, bit)),
-                Err(e) if e.kind() == ErrorKind::Corrupted && tries < 3 => {
+                Err(e) if e.kind() == ErrorKind::Corrupted && tries < 40 => {
                     tries += 1;
                     std::thread::sleep(std::time::Duration::from_millis(5));
                 }
@@ -1121,9 +1121,10 @@ impl Allocator {
     /// the next free run of that size.
     fn reserve_next(&mut self, owner: u64, goal: u64, want: u64, next: u64) -> Result<()> {
         let limit = self.group_blocks;
+        // A hint: another node's group is used only if its mark comes at once.
         let here = match self.locate(goal) {
-            Some((g, bit)) => self.load(g)?.run_len(bit, limit, next),
-            None => 0,
+            Some((g, bit)) if self.gated(g, false)? => self.load(g)?.run_len(bit, limit, next),
+            _ => 0,
         };
         let spot = if here > 0 {
             Some((goal, here))
@@ -1220,6 +1221,22 @@ impl Allocator {
     /// committed while the inode on disk still maps them).
     pub fn prepare_free(&mut self, start: u64) -> Result<()> {
         if let Some((g, _)) = self.locate(start) {
+            self.load(g)?;
+        }
+        Ok(())
+    }
+
+    /// [`Self::prepare_free`] for a free that may as well wait (giving back spare pool runs):
+    /// on format 7, `Busy` at once if another node's mark is on the group, instead of waiting
+    /// for it.
+    pub fn prepare_free_now(&mut self, start: u64) -> Result<()> {
+        if let Some((g, _)) = self.locate(start) {
+            if !self.gated(g, false)? {
+                return Err(Error::new(
+                    ErrorKind::Busy,
+                    format!("allocation group {g} is being changed by the node that owns it"),
+                ));
+            }
             self.load(g)?;
         }
         Ok(())

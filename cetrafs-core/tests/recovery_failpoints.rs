@@ -1,4 +1,5 @@
-//! A recovery that fails part-way is retried (the `failpoints` feature; run with
+//! A recovery that fails part-way is retried, and one that waits for a second dead node does
+//! not stop the watcher (the `failpoints` feature; run with
 //! `cargo test -p cetrafs-core --features failpoints --test recovery_failpoints`). Two nodes on
 //! one volume; node a goes silent (its device drops every write from then on, as if its host
 //! lost the LUN or was reset); node b's watcher claims a's slot after the dead time and
@@ -61,8 +62,18 @@ impl BlockDevice for Node {
     }
 }
 
+/// The failpoints are process-wide: the tests of this binary take turns.
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn take_turn() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 #[test]
 fn a_recovery_that_failed_part_way_is_retried() {
+    let _turn = take_turn();
     let dev = Arc::new(MemDevice::new(256 << 20, 512));
     let mk = MkfsOptions {
         max_nodes: 4,
@@ -126,4 +137,72 @@ fn a_recovery_that_failed_part_way_is_retried() {
     );
     b.unmount().unwrap();
     drop(a);
+}
+
+/// Two nodes die a moment apart, the second holding the global lock. The survivor's watcher
+/// claims the first, whose last steps (its orphans, under the global lock) wait for the
+/// second's recovery: they run on a thread of their own, so the watcher goes on, recovers the
+/// second (which frees the global lock) and then both finish. Run by the watcher itself, the
+/// first recovery's last steps waited for ever and the second was never started.
+#[test]
+fn a_recovery_waiting_for_a_second_dead_node_does_not_stop_the_watcher() {
+    let _turn = take_turn();
+    let dev = Arc::new(MemDevice::new(256 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 4,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    let sb = format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let wrap = || {
+        Arc::new(Node {
+            dev: dev.clone(),
+            silent: AtomicBool::new(false),
+        })
+    };
+    let (node_b, node_c) = (wrap(), wrap());
+    let opts = |host: &str| MountOptions {
+        host: host.into(),
+        ..MountOptions::default()
+    };
+    let a = Volume::mount(dev.clone(), &opts("a")).unwrap();
+    let b = Volume::mount(node_b.clone(), &opts("b")).unwrap();
+    let c = Volume::mount(node_c.clone(), &opts("c")).unwrap();
+    let caller = cetrafs_core::fs::Caller::ROOT;
+    // c takes the global lock exclusively (a move between directories needs it) and keeps it.
+    let d = c.mkdir(c.root_ino(), b"d", 0o755, caller).unwrap();
+    c.mkdir(c.root_ino(), b"e", 0o755, caller).unwrap();
+    c.rename(
+        c.root_ino(),
+        b"e",
+        d.ino,
+        b"e",
+        cetrafs_core::fs::RenameFlags::default(),
+    )
+    .unwrap();
+    // b first, then c a few heartbeats later: a finds b dead one scan before c.
+    node_b.silent.store(true, Ordering::Release);
+    std::thread::sleep(Duration::from_millis(300));
+    node_c.silent.store(true, Ordering::Release);
+    let free = |slot: u32| {
+        membership::scan(&*dev, &sb).unwrap()[slot as usize]
+            .record
+            .as_ref()
+            .is_none_or(|h| h.state == SlotState::Free)
+    };
+    let t0 = Instant::now();
+    while !(free(b.slot()) && free(c.slot())) {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "a did not recover both b and c"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!("b and c recovered {:?} after c went silent", t0.elapsed());
+    // The global lock is free again for a.
+    a.mkdir(a.root_ino(), b"after", 0o755, caller).unwrap();
+    a.unmount().unwrap();
+    drop((b, c));
 }

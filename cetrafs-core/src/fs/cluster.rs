@@ -235,6 +235,8 @@ pub(crate) struct Cluster {
     /// One thread of this node at a time waits for the global lock, without the metadata
     /// mutex (`Volume::meta_in`).
     acquiring: Mutex<()>,
+    /// Slots whose recovery's last steps run on a thread of their own (`Volume::watch_tick`).
+    finishing: Mutex<std::collections::HashSet<u32>>,
     /// Fast-path data I/O holds this shared; giving up the global lock takes it exclusively
     /// (after bumping the epoch) so that no I/O through a soon-stale block map is in flight.
     pub data_gate: std::sync::RwLock<()>,
@@ -281,6 +283,7 @@ impl Cluster {
             hold: HoldWindow::new(),
             global_asked: Mutex::new(HashMap::new()),
             acquiring: Mutex::new(()),
+            finishing: Mutex::new(std::collections::HashSet::new()),
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             keep_idle: false,
@@ -457,7 +460,7 @@ impl Volume {
                 if let Some(mut m) = self.meta.try_lock().or_panic() {
                     self.serve_duties(&mut m);
                 }
-                self.abort_if_fenced()
+                self.lock_abort()
             },
             &|rec| self.ask_global_holders(rec, mode),
         )
@@ -712,7 +715,7 @@ impl Volume {
             return;
         }
         let mut tx = Tx::new(&*self.dev, m);
-        let r = tx.return_pool();
+        let r = tx.return_pool(false);
         let c = tx.commit();
         if let Err(e) = r.and(c) {
             tracing::warn!("giving the idle block pool back failed: {e}");
@@ -740,9 +743,17 @@ impl Volume {
     /// At unmount: give back the global lock and the allocation groups.
     pub(super) fn leave_cluster(&self, m: &mut Meta) -> Result<()> {
         use crate::alloc::GroupClass;
+        if !self.read_only {
+            // Everything is home: this node's marks go (whatever its hold). If one cannot be
+            // taken off, the slot must not be freed: its recoverer takes it off instead (a
+            // free slot is never recovered).
+            self.unmark_groups(m);
+            if m.groups().has_marks_to_take_off() {
+                bail!(Io, "taking this node's marks off allocation groups failed");
+            }
+        }
         if !self.read_only && m.gml() == LockMode::Exclusive {
             self.publish_groups(m);
-            self.unmark_groups(m);
             for g in 0..self.cl.locks.group_count() {
                 if m.groups().class(g) == Some(GroupClass::Mine) {
                     let released = m
@@ -1141,6 +1152,11 @@ impl Volume {
         let Some(mut m) = self.meta.try_lock().or_panic() else {
             return;
         };
+        if m.gml() != LockMode::Exclusive && m.groups().has_marks_to_take_off() {
+            // Format 7: marks a take-off failed for before, retried here too (an idle node
+            // may not refill or hand the lock over for a long time).
+            self.unmark_groups(&mut m);
+        }
         // Re-checked under the mutex: an operation may have taken, used or given it meanwhile.
         if m.gml() == LockMode::Free
             || cl.hold.idle() < GLOBAL_IDLE_RELEASE
@@ -1307,7 +1323,7 @@ impl Volume {
         }
     }
 
-    fn watch_tick(&self, seen: &mut HashMap<u32, (Vec<u8>, Instant)>) -> Result<()> {
+    fn watch_tick(self: &Arc<Self>, seen: &mut HashMap<u32, (Vec<u8>, Instant)>) -> Result<()> {
         let views = membership::scan(&*self.dev, &self.sb)?;
         self.cl.set_live(&views);
         if let Some(pr) = self.pr.as_deref().filter(|_| !self.read_only) {
@@ -1370,25 +1386,56 @@ impl Volume {
                 due.push((v.clone(), silent));
             }
         }
+        // Every due node's locks are released here, its last steps on a thread of their own:
+        // a last step takes the global lock, which another dead node may hold (found dead in
+        // this scan or a later one: the watcher must go on to recover it), and a free may wait
+        // for a dead node's group mark, which its claim takes off.
+        let mut claimed = Vec::new();
         for (v, silent) in due {
-            if let Err(e) = self.recover_slot(&v, silent) {
-                tracing::warn!(
+            if self.cl.finishing.lock().or_panic().contains(&v.slot) {
+                continue;
+            }
+            match self.claim_slot(&v) {
+                Ok(Some(c)) => claimed.push((v, c, silent)),
+                Ok(None) => {}
+                Err(e) => tracing::warn!(
                     "recovery of {} failed (will retry): {e}",
                     membership::describe(&v)
-                );
+                ),
+            }
+        }
+        for (v, c, silent) in claimed {
+            self.cl.finishing.lock().or_panic().insert(v.slot);
+            let vol = Arc::clone(self);
+            let slot = v.slot;
+            let spawned = std::thread::Builder::new()
+                .name("cetra-recover".into())
+                .spawn(move || {
+                    if let Err(e) = vol.finish_recovery(&c, silent) {
+                        tracing::warn!(
+                            "recovery of {} failed (will retry): {e}",
+                            membership::describe(&v)
+                        );
+                    }
+                    vol.cl.finishing.lock().or_panic().remove(&slot);
+                });
+            if let Err(e) = spawned {
+                tracing::warn!("no thread for the last steps of a recovery ({e}); retried");
+                self.cl.finishing.lock().or_panic().remove(&slot);
             }
         }
         Ok(())
     }
 
-    /// Recover a dead node: claim, replay its journal, release its locks, free its orphans,
-    /// clear its slot. Every step is idempotent; see docs/recovery.md.
-    pub(super) fn recover_slot(&self, v: &SlotView, silent: Duration) -> Result<()> {
+    /// Recover a dead node, first part: claim its slot, replay its journal, release its locks
+    /// (its group marks too). None if another node claimed it. Every step is idempotent; see
+    /// docs/recovery.md. [`Volume::finish_recovery`] does the rest.
+    pub(super) fn claim_slot(&self, v: &SlotView) -> Result<Option<recovery::Claimed>> {
         // The dead node may have used groups a grow added that this node has not adopted yet.
         let sb = self.current_superblock()?;
         // ... and may own such a group: its record is scrubbed with the others.
         self.cl.locks.set_group_count(sb.group_count);
-        let Some(claimed) = recovery::claim_and_release(
+        recovery::claim_and_release(
             &*self.dev,
             &sb,
             &self.cl.locks,
@@ -1396,11 +1443,7 @@ impl Volume {
             self.pr.as_deref(),
             v,
             self.cl.me,
-        )?
-        else {
-            return Ok(());
-        };
-        self.finish_recovery(&claimed, silent)
+        )
     }
 
     /// The part of a recovery that needs the filesystem: free the dead node's open-unlinked

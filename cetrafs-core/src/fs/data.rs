@@ -371,7 +371,14 @@ impl Volume {
             // Again under the mutex: a namespace change may have parked or pinned a block in
             // the pool since.
             if give_pool && self.detached.pool_idle() && tx.inflight().pooled() == 0 {
-                tx.return_pool()?;
+                match tx.return_pool(false) {
+                    // Format 7: a group of the pool's is being refilled by its owner; the
+                    // pool goes back later (nothing changed).
+                    Err(e) if e.kind() == crate::ErrorKind::Busy => {
+                        tracing::debug!("the block pool stays for now: {e}");
+                    }
+                    r => r?,
+                }
             }
             match self.refresh(tx, st) {
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),

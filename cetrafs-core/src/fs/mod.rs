@@ -465,7 +465,7 @@ impl Volume {
                 self.free_inode(&mut tx, &mut inner)?;
             }
         }
-        tx.return_pool()?;
+        tx.return_pool(true)?;
         tx.commit()?;
         meta.close(&*self.dev)?;
         self.leave_cluster(&mut meta)?;

@@ -824,15 +824,20 @@ impl<'a> Tx<'a> {
 
     /// Under the global lock (exclusive), nothing in flight: give every pool block back to
     /// the bitmaps, free the pool inode and take it off the orphan list (clean unmount).
-    pub fn return_pool(&mut self) -> Result<()> {
+    pub fn return_pool(&mut self, wait: bool) -> Result<()> {
         debug_assert!(!self.detached);
         let Some(runs) = self.meta.pool.as_ref().map(super::pool::Pool::runs) else {
             return Ok(());
         };
         // Every bitmap the frees need is loaded first: a read that fails leaves the pool as
         // it was, rather than its runs freed in the bitmaps and still listed by its inode.
+        // (`wait` false: a group another node is refilling from fails it at once, format 7.)
         for &(s, _) in &runs {
-            self.prepare_free(s)?;
+            if wait {
+                self.prepare_free(s)?;
+            } else {
+                self.meta.alloc.prepare_free_now(s)?;
+            }
         }
         let Some(mut p) = self.meta.pool.take() else {
             return Ok(());
@@ -1033,11 +1038,12 @@ impl<'a> Tx<'a> {
                 let runs = p.compact(super::pool::FRAGMENTS_MAX / 2);
                 match runs
                     .iter()
-                    .try_for_each(|&(s, _)| self.meta.alloc.prepare_free(s))
+                    .try_for_each(|&(s, _)| self.meta.alloc.prepare_free_now(s))
                 {
                     Ok(()) => {
-                        for &(s, l) in &runs {
+                        for (i, &(s, l)) in runs.iter().enumerate() {
                             if let Err(e) = self.meta.alloc.free(s, l) {
+                                p.uncompact(&runs[i..]);
                                 self.meta.pool = Some(p);
                                 return Err(e);
                             }
