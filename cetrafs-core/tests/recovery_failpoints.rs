@@ -62,6 +62,30 @@ impl BlockDevice for Node {
     }
 }
 
+impl Node {
+    /// A node's view of `dev`, not silent yet.
+    fn on(dev: &Arc<MemDevice>) -> Arc<Self> {
+        Arc::new(Self {
+            dev: dev.clone(),
+            silent: AtomicBool::new(false),
+        })
+    }
+}
+
+/// A volume for up to four nodes with short timings (dead time 1.2 s).
+fn volume() -> (Arc<MemDevice>, cetrafs_core::format::superblock::Superblock) {
+    let dev = Arc::new(MemDevice::new(256 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 4,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    let sb = format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    (dev, sb)
+}
+
 /// The failpoints are process-wide: the tests of this binary take turns.
 static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
@@ -74,19 +98,8 @@ fn take_turn() -> std::sync::MutexGuard<'static, ()> {
 #[test]
 fn a_recovery_that_failed_part_way_is_retried() {
     let _turn = take_turn();
-    let dev = Arc::new(MemDevice::new(256 << 20, 512));
-    let mk = MkfsOptions {
-        max_nodes: 4,
-        journal_bytes: 1 << 20,
-        heartbeat_interval_ms: 50,
-        io_timeout_ms: 100,
-        ..Default::default()
-    };
-    format(&*dev, &mk, &mut |_, _| {}).unwrap();
-    let node_a = Arc::new(Node {
-        dev: dev.clone(),
-        silent: AtomicBool::new(false),
-    });
+    let (dev, _) = volume();
+    let node_a = Node::on(&dev);
     let opts = |host: &str| MountOptions {
         host: host.into(),
         ..MountOptions::default()
@@ -147,22 +160,8 @@ fn a_recovery_that_failed_part_way_is_retried() {
 #[test]
 fn a_recovery_waiting_for_a_second_dead_node_does_not_stop_the_watcher() {
     let _turn = take_turn();
-    let dev = Arc::new(MemDevice::new(256 << 20, 512));
-    let mk = MkfsOptions {
-        max_nodes: 4,
-        journal_bytes: 1 << 20,
-        heartbeat_interval_ms: 50,
-        io_timeout_ms: 100,
-        ..Default::default()
-    };
-    let sb = format(&*dev, &mk, &mut |_, _| {}).unwrap();
-    let wrap = || {
-        Arc::new(Node {
-            dev: dev.clone(),
-            silent: AtomicBool::new(false),
-        })
-    };
-    let (node_b, node_c) = (wrap(), wrap());
+    let (dev, sb) = volume();
+    let (node_b, node_c) = (Node::on(&dev), Node::on(&dev));
     let opts = |host: &str| MountOptions {
         host: host.into(),
         ..MountOptions::default()

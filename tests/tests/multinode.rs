@@ -2462,6 +2462,19 @@ const _: () = assert!(FAIL_TIME.as_millis() < DEAD_TIME.as_millis());
 //     nobody uses"), so its death blocks no other node's metadata change.
 // ---------------------------------------------------------------------------------------------
 
+/// A new sparse 512 MiB file at `path` (a thin VM image), open for reading and writing.
+fn thin_image(path: &std::path::Path) -> fs::File {
+    let img = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    img.set_len(512 << 20)
+        .unwrap_or_else(|e| panic!("size {}: {e}", path.display()));
+    img
+}
+
 /// Has `node` logged that it recovered `dead`?
 fn has_recovered(node: &Mount, dead: &str) -> bool {
     node.log()
@@ -2513,13 +2526,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
         fs::create_dir(node1.p(d)).expect("mkdir on node1");
     }
     fs::write(node1.p("y/m"), b"m").expect("write y/m on node1");
-    let img = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(node1.p("y/thin.img"))
-        .expect("create y/thin.img on node1");
-    img.set_len(512 << 20).expect("size y/thin.img");
+    let img = thin_image(&node1.p("y/thin.img"));
     let chunk = vec![0x6B_u8; 1 << 20];
     // The first write takes the global lock: node1 owns the image and has a pool.
     img.write_all_at(&chunk, 0).expect("first write on node1");
@@ -2649,13 +2656,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
     );
     // A thin image grows on node1 past several refills of its block pool (each takes the
     // global lock; on this 1 GiB LUN a refill is about 11 MiB), all before node2's recovery.
-    let img = fs::OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create_new(true)
-        .open(node1.p("y/thin.img"))
-        .expect("create y/thin.img on node1");
-    img.set_len(512 << 20).expect("size y/thin.img");
+    let img = thin_image(&node1.p("y/thin.img"));
     let chunk = vec![0x5A_u8; 1 << 20];
     for i in 0..GROW_MIB {
         img.write_all_at(&chunk, (i as u64) << 20)

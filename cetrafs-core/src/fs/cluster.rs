@@ -749,7 +749,10 @@ impl Volume {
             // free slot is never recovered).
             self.unmark_groups(m);
             if m.groups().has_marks_to_take_off() {
-                bail!(Io, "taking this node's marks off allocation groups failed");
+                bail!(
+                    Io,
+                    "taking this node's marks off allocation groups failed (see the warnings above); its slot is left for another node to recover, which takes them off"
+                );
             }
         }
         if !self.read_only && m.gml() == LockMode::Exclusive {

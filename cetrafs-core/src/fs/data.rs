@@ -854,13 +854,8 @@ impl Volume {
             let mut meta = self.lock_meta();
             // Format 7: a low pool is topped up here from this node's own groups, without
             // the global lock (fs/group_marks.rs); else the metadata path does it below.
-            if meta.pool_is_low()
-                && self.sb.has_group_marks()
-                && self.detached.may_refill_marked()
-                && il.owns(st.data_lock(il))
-            {
-                let ok = self.refill_marked(&mut meta);
-                self.detached.marked_refill_done(ok);
+            if meta.pool_is_low() && il.owns(st.data_lock(il)) {
+                self.refill_marked(&mut meta);
             }
             if meta.pool_available() == 0
                 || meta.pool_room() < 2 * (meta.inflight().pooled() + 1) + POOL_ROOM_SPARE

@@ -139,17 +139,26 @@ impl GroupGate for MarkGate {
 
 impl Volume {
     /// Format 7, under the metadata mutex, without the global lock held exclusively: top the
-    /// pool up from a group this node owns (module docs). True if the pool got blocks; false
-    /// if it could not (the caller takes the global path, as on older volumes).
-    pub(super) fn refill_marked(&self, m: &mut Meta) -> bool {
+    /// pool up from a group this node owns (module docs). If it cannot, the write takes the
+    /// global path, as on older volumes, and the next try waits a moment
+    /// (`Detached::may_refill_marked`).
+    pub(super) fn refill_marked(&self, m: &mut Meta) {
         if !self.sb.has_group_marks()
             || self.read_only
             || m.gml() == LockMode::Exclusive
             || !m.pool_is_low()
             || m.inflight().holds_bitmap_blocks()
+            || !self.detached.may_refill_marked()
         {
-            return false;
+            return;
         }
+        let ok = self.refill_from_mine(m);
+        self.detached.marked_refill_done(ok);
+    }
+
+    /// [`Volume::refill_marked`] once its conditions hold: the groups this node owns, the
+    /// emptiest last. True if the pool got blocks.
+    fn refill_from_mine(&self, m: &mut Meta) -> bool {
         let me = self.cl.me;
         if m.groups().has_marks_to_take_off() {
             self.unmark_groups(m);
