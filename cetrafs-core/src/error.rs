@@ -38,12 +38,21 @@ pub enum ErrorKind {
     /// needs the lock before it changed anything; the caller takes the global path instead.
     /// Never returned to a user (EIO if it were).
     NeedsGlobalLock,
+    /// Internal: a read under the global lock found an inode's lock held elsewhere and not
+    /// given up within a moment (its holder may be dead) before it read anything that
+    /// matters; the caller gives the global lock and the metadata mutex up, waits for that
+    /// inode's lock ([`Error::inode`]) without them, and starts again (`Volume::read_op`).
+    /// Never returned to a user (EIO if it were).
+    WaitForInodeLock,
 }
 
 #[derive(Debug)]
 pub struct Error {
     kind: ErrorKind,
     context: String,
+    /// The inode the error is about, where that matters to the caller (the lock to wait for
+    /// of [`ErrorKind::WaitForInodeLock`]).
+    inode: Option<u64>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
@@ -54,8 +63,25 @@ impl Error {
         Self {
             kind,
             context: context.into(),
+            inode: None,
             source: None,
         }
+    }
+
+    /// [`ErrorKind::WaitForInodeLock`] for inode `ino`.
+    pub fn wait_for_inode_lock(ino: u64) -> Self {
+        Self {
+            inode: Some(ino),
+            ..Self::new(
+                ErrorKind::WaitForInodeLock,
+                format!("the lock of inode {ino} is held by another node"),
+            )
+        }
+    }
+
+    /// The inode this error is about, if it names one.
+    pub fn inode(&self) -> Option<u64> {
+        self.inode
     }
 
     pub fn with_source(
@@ -66,6 +92,7 @@ impl Error {
         Self {
             kind,
             context: context.into(),
+            inode: None,
             source: Some(Box::new(source)),
         }
     }
@@ -125,7 +152,8 @@ impl Error {
             ErrorKind::Corrupted
             | ErrorKind::Fenced
             | ErrorKind::Io
-            | ErrorKind::NeedsGlobalLock => libc::EIO,
+            | ErrorKind::NeedsGlobalLock
+            | ErrorKind::WaitForInodeLock => libc::EIO,
         }
     }
 }

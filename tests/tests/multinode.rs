@@ -2475,6 +2475,45 @@ fn thin_image(path: &std::path::Path) -> fs::File {
     img
 }
 
+/// A 1 GiB LUN with the test timings and 256 MiB groups: the group a node claims holds a
+/// whole 64 MiB growth, so no refill of its pool needs a new group (claiming one takes the
+/// global lock).
+fn lun_with_big_groups() -> Lun {
+    let lun = Lun::new(1 << 30);
+    let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
+    lun.mkfs(&[
+        "--heartbeat-interval",
+        &hb,
+        "--io-timeout",
+        &io,
+        "-N",
+        "4",
+        "--group-size",
+        "256M",
+    ]);
+    lun
+}
+
+/// Write every MiB in `mibs` of `img` full of `byte`, then fsync it.
+fn grow_mib(img: &fs::File, byte: u8, mibs: std::ops::Range<usize>) {
+    let chunk = vec![byte; 1 << 20];
+    for i in mibs {
+        img.write_all_at(&chunk, (i as u64) << 20)
+            .expect("grow the thin image");
+    }
+    img.sync_all().expect("fsync the thin image");
+}
+
+/// Every MiB in `mibs` of `img` is full of `byte`.
+fn assert_mib(img: &fs::File, byte: u8, mibs: std::ops::Range<usize>) {
+    let mut back = vec![0u8; 1 << 20];
+    for i in mibs {
+        img.read_exact_at(&mut back, (i as u64) << 20)
+            .expect("read the thin image back");
+        assert!(back.iter().all(|&b| b == byte), "MiB {i} of the thin image");
+    }
+}
+
 /// Has `node` logged that it recovered `dead`?
 fn has_recovered(node: &Mount, dead: &str) -> bool {
     node.log()
@@ -2506,20 +2545,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     const GROW_MIB: usize = 64;
     require_fuse!();
     let _serial = serial();
-    let lun = Lun::new(1 << 30);
-    let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
-    // Groups of 256 MiB: the group node1 claims holds the whole growth, so no refill needs a
-    // new group (claiming one takes the global lock).
-    lun.mkfs(&[
-        "--heartbeat-interval",
-        &hb,
-        "--io-timeout",
-        &io,
-        "-N",
-        "4",
-        "--group-size",
-        "256M",
-    ]);
+    let lun = lun_with_big_groups();
     let node1 = Mount::new(&lun, "node1");
     let node2 = Mount::new(&lun, "node2");
     for d in ["y", "z"] {
@@ -2562,11 +2588,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
         (r, Instant::now())
     });
     std::thread::sleep(Duration::from_millis(200));
-    for i in 1..=GROW_MIB {
-        img.write_all_at(&chunk, (i as u64) << 20)
-            .expect("grow y/thin.img on node1");
-    }
-    img.sync_all().expect("fsync y/thin.img");
+    grow_mib(&img, 0x6B, 1..GROW_MIB + 1);
     let grown = killed.elapsed();
     assert!(
         !mover.is_finished(),
@@ -2595,13 +2617,122 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     assert_eq!(fs::read(node1.p("z/m")).expect("read z/m"), b"m");
     let f = fs::read(node1.p("a/f")).or_else(|_| fs::read(node1.p("b/f")));
     assert_eq!(f.expect("node2's moved file"), b"f");
-    let mut back = vec![0u8; 1 << 20];
-    for i in 0..=GROW_MIB {
-        img.read_exact_at(&mut back, (i as u64) << 20)
-            .expect("read y/thin.img back");
-        assert!(back.iter().all(|&b| b == 0x6B), "MiB {i} of y/thin.img");
-    }
+    assert_mib(&img, 0x6B, 0..GROW_MIB + 1);
     drop(img);
+    node1.unmount();
+    lun.assert_fsck_clean();
+}
+
+/// A dead node's open image blocks only itself. node2 writes an image and keeps it open (its
+/// inode lock stays exclusive there while it is open for writing), idles 3 s (its other
+/// holds go back) and is SIGKILLed. On node1 an `ls -l` of the image's directory then stats
+/// that image (and asks for its xattrs): it waits for node2's recovery, as it must.
+/// Meanwhile node3 moves a file between directories (it needs the global lock, which node1
+/// took for the stat) and node1's thin image grows by 64 MiB (its allocating writes need
+/// node1's metadata mutex). Both must go on before node2 is recovered: the stat gives the
+/// global lock and the mutex up while it waits for the inode lock, and starts again once it
+/// holds that. Before, it waited holding both, and node3's move and node1's image waited the
+/// whole dead time with it.
+#[test]
+fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
+    const GROW_MIB: usize = 64;
+    require_fuse!();
+    let _serial = serial();
+    let lun = lun_with_big_groups();
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    let node3 = Mount::new(&lun, "node3");
+    fs::create_dir(node1.p("y")).expect("mkdir y on node1");
+    let img = thin_image(&node1.p("y/thin.img"));
+    let chunk = vec![0x3C_u8; 1 << 20];
+    img.write_all_at(&chunk, 0).expect("first write on node1");
+    fs::create_dir(node2.p("b")).expect("mkdir b on node2");
+    let vm = fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(node2.p("b/vm.img"))
+        .expect("create b/vm.img on node2");
+    vm.write_all_at(&chunk, 0).expect("write b/vm.img on node2");
+    vm.sync_all().expect("fsync b/vm.img on node2");
+    for d in ["p", "q"] {
+        fs::create_dir(node3.p(d)).expect("mkdir on node3");
+    }
+    fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
+    // Idle holds go back between 1 and about 2 s after their last use; the open image's stays.
+    std::thread::sleep(Duration::from_secs(3));
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    // `ls -l` as an admin would run it: readdir, then lstat and the xattr calls of each name.
+    let dir = node1.p("b");
+    let stat = std::thread::spawn(move || {
+        let r = std::process::Command::new("ls")
+            .arg("-ln")
+            .arg(&dir)
+            .output();
+        (r, Instant::now())
+    });
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
+    let moved = t.elapsed();
+    grow_mib(&img, 0x3C, 1..GROW_MIB + 1);
+    let grown = killed.elapsed();
+    let recovered = || has_recovered(&node1, "node2") || has_recovered(&node3, "node2");
+    let recovered_by_then = recovered();
+    eprintln!(
+        "after node2's death holding b/vm.img: node3's move took {:.3} s; node1 had written \
+         {GROW_MIB} MiB into its thin image {:.3} s after the kill (dead time {:.1} s; \
+         recovered by then: {recovered_by_then})",
+        moved.as_secs_f64(),
+        grown.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before node3's move and node1's growth were done ({grown:?}): they \
+         waited for the stat of node2's image\nnode1:\n{}\nnode3:\n{}",
+        node1.log(),
+        node3.log()
+    );
+    assert!(
+        !stat.is_finished(),
+        "node1's `ls -l b` did not wait for node2's inode lock: the test proves nothing"
+    );
+    assert!(
+        poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
+        "node2 was not recovered"
+    );
+    let (ls, at) = stat.join().expect("the ls thread");
+    let ls = ls.expect("run ls");
+    let out = String::from_utf8_lossy(&ls.stdout);
+    eprintln!(
+        "node1's `ls -l b` waited {:.3} s (until node2's recovery):\n{out}",
+        (at - killed).as_secs_f64()
+    );
+    assert!(
+        ls.status.success(),
+        "ls -l b on node1: {}",
+        String::from_utf8_lossy(&ls.stderr)
+    );
+    assert!(
+        out.lines()
+            .any(|l| l.ends_with(" vm.img") && l.contains(" 1048576 ")),
+        "ls -l b does not show node2's fsync'd 1 MiB image"
+    );
+    assert_eq!(
+        fs::metadata(node1.p("b/vm.img"))
+            .expect("stat b/vm.img")
+            .len(),
+        1 << 20
+    );
+    drop(vm);
+    assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
+    assert_mib(&img, 0x3C, 0..GROW_MIB + 1);
+    drop(img);
+    node3.unmount();
     node1.unmount();
     lun.assert_fsck_clean();
 }
@@ -2657,12 +2788,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
     // A thin image grows on node1 past several refills of its block pool (each takes the
     // global lock; on this 1 GiB LUN a refill is about 11 MiB), all before node2's recovery.
     let img = thin_image(&node1.p("y/thin.img"));
-    let chunk = vec![0x5A_u8; 1 << 20];
-    for i in 0..GROW_MIB {
-        img.write_all_at(&chunk, (i as u64) << 20)
-            .expect("grow y/thin.img on node1");
-    }
-    img.sync_all().expect("fsync y/thin.img");
+    grow_mib(&img, 0x5A, 0..GROW_MIB);
     let grown = killed.elapsed();
     let recovered_by_then = has_recovered(&node1, "node2");
     eprintln!(
@@ -2686,12 +2812,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
         b"f",
         "node2's moved file"
     );
-    let mut back = vec![0u8; 1 << 20];
-    for i in 0..GROW_MIB {
-        img.read_exact_at(&mut back, (i as u64) << 20)
-            .expect("read y/thin.img back");
-        assert!(back.iter().all(|&b| b == 0x5A), "MiB {i} of y/thin.img");
-    }
+    assert_mib(&img, 0x5A, 0..GROW_MIB);
     drop(img);
     node1.unmount();
     lun.assert_fsck_clean();

@@ -339,8 +339,7 @@ impl Volume {
         }
         // Another node may have unlinked it: its link count is known after a refresh.
         if last && !self.is_current_unlocked(st) {
-            let mut meta = self.meta_sh()?;
-            match self.refresh(&mut Tx::new(&*self.dev, &mut meta), st) {
+            match self.read_op(|tx| self.refresh(tx, st)) {
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
                 r => r?,
             }
@@ -1978,9 +1977,7 @@ impl Volume {
 
     /// The file's extent map (for tools and tests: extent counts, fragmentation).
     pub fn extents(&self, ino: Ino) -> Result<Vec<crate::format::extent::Extent>> {
-        let mut meta = self.meta_sh()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        let st = self.state(&mut tx, ino)?;
+        let st = self.loaded_state(ino)?;
         let inner = st.read();
         Ok(inner.extents.iter().copied().collect())
     }

@@ -33,6 +33,14 @@
 //!    makes the owner write it home (rule 2). A new exclusive hold needs the global lock
 //!    exclusively, so what it found stays true until it gives the global lock up; every
 //!    inode loaded under that hold is re-read after (the epoch, `docs/locking.md` §7).
+//!    A **read** (`Volume::read_op`: lookup, getattr, open's load) that waited
+//!    [`INODE_LOCK_PATIENCE`] for that shared hold without changing anything stops
+//!    waiting there ([`ErrorKind::WaitForInodeLock`]): it gives the metadata mutex back (and
+//!    with it the global lock, to whoever asks), waits for the hold with no lock of this
+//!    node held ([`Volume::wait_for_inode_lock`]) and starts again. An owner that died
+//!    holds the lock until its recovery, a dead time (84 s by default), and a `stat` of its
+//!    open image would otherwise keep this node's allocating writes and every node's
+//!    metadata waiting that long with it.
 //! 4. **No wait holds what the owner needs.** The owner's handoff needs its metadata mutex (to
 //!    map and commit). A thread waits for the global lock without that mutex
 //!    (`Volume::meta_in`: one thread of the node at a time, on its acquiring turn), and does
@@ -54,6 +62,11 @@ use std::time::{Duration, Instant};
 
 /// After a refill from a marked group could not top the pool up, the next try waits this long.
 const MARKED_REFILL_RETRY: Duration = Duration::from_millis(200);
+
+/// How long a read under the global lock waits for an inode's shared hold before it gives
+/// its locks up and waits without them (rule 3). A live owner answers within its mailbox poll
+/// (at most 40 ms) plus a write home; only a dead or stuck one takes longer.
+pub(super) const INODE_LOCK_PATIENCE: Duration = Duration::from_millis(100);
 
 /// How long the lock server tries the metadata mutex before it asks its holder to serve.
 const TRY_META_FOR: Duration = Duration::from_millis(2);
@@ -563,12 +576,30 @@ impl Volume {
             return Ok(false);
         }
         let tx = std::cell::RefCell::new(tx);
+        let since = Instant::now();
         il.hold_shared(ino, &|| {
             if let Ok(mut t) = tx.try_borrow_mut() {
+                // A read its caller starts again waits for the holder (perhaps dead, until
+                // its recovery) with no lock of this node held (`Volume::read_op`).
+                if t.may_restart() && since.elapsed() >= INODE_LOCK_PATIENCE {
+                    return Some(Error::wait_for_inode_lock(ino));
+                }
                 self.serve_duties(t.meta_mut());
             }
             self.lock_abort()
         })?;
         Ok(true)
+    }
+
+    /// After [`ErrorKind::WaitForInodeLock`], with no lock of this node held: hold `ino`'s
+    /// lock shared (the exclusive holder wrote it home, or its recoverer replayed it), and
+    /// forget the copy of its block read before, so the read that starts again reads it
+    /// anew, as [`Volume::before_load`]'s callers do.
+    pub(super) fn wait_for_inode_lock(&self, ino: Ino) -> Result<()> {
+        if let Some(il) = &self.cl.ilocks {
+            il.hold_shared(ino, &|| self.lock_abort())?;
+        }
+        Tx::new(&*self.dev, &mut self.lock_meta()).drop_cached(ino);
+        Ok(())
     }
 }

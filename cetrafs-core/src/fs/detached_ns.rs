@@ -130,7 +130,8 @@ impl Volume {
         if let Some(r) = self.in_owned_dir(dir, &f) {
             return r;
         }
-        self.meta_op(|tx| {
+        // Every namespace change loads what it needs before it changes anything.
+        self.restartable_op(|tx| {
             let v = f(tx)?;
             self.keep_names_pool(tx, dir);
             Ok(v)

@@ -105,35 +105,35 @@ impl Volume {
         if let Some(r) = self.lookup_owned(parent, name) {
             return r;
         }
-        let mut meta = self.meta_sh()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        let dst = self.dir_state(&mut tx, parent)?;
-        let target = {
-            let d = dst.read();
-            if name == b"." {
-                d.inode.ino
-            } else if name == b".." {
-                d.inode.parent
-            } else {
-                match dir_lookup(&mut tx, &d.inode, name)? {
-                    Some(e) => e.ino,
-                    None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
+        self.read_op(|tx| {
+            let dst = self.dir_state(tx, parent)?;
+            let target = {
+                let d = dst.read();
+                if name == b"." {
+                    d.inode.ino
+                } else if name == b".." {
+                    d.inode.parent
+                } else {
+                    match dir_lookup(tx, &d.inode, name)? {
+                        Some(e) => e.ino,
+                        None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
+                    }
                 }
-            }
-        };
-        // The name exists (read in this same transaction): an inode that does not is damage,
-        // not absence — EIO, so the entry is never mistaken for one that was removed.
-        let st = self.state(&mut tx, target).map_err(|e| {
-            if e.kind() == ErrorKind::NotFound {
-                Error::corrupted(format!(
-                    "directory {parent}: entry {:?} names inode {target}, which does not exist; run fsck.cetra",
-                    String::from_utf8_lossy(name)
-                ))
-            } else {
-                e
-            }
-        })?;
-        Ok(Self::attr_with_pending(&st))
+            };
+            // The name exists (read in this same transaction): an inode that does not is damage,
+            // not absence — EIO, so the entry is never mistaken for one that was removed.
+            let st = self.state(tx, target).map_err(|e| {
+                if e.kind() == ErrorKind::NotFound {
+                    Error::corrupted(format!(
+                        "directory {parent}: entry {:?} names inode {target}, which does not exist; run fsck.cetra",
+                        String::from_utf8_lossy(name)
+                    ))
+                } else {
+                    e
+                }
+            })?;
+            Ok(Self::attr_with_pending(&st))
+        })
     }
 
     /// The attributes to list with entry `e` of directory `dir` (readdirplus), and whether to
@@ -421,20 +421,20 @@ impl Volume {
     }
 
     pub fn readlink(&self, ino: Ino) -> Result<Vec<u8>> {
-        let mut meta = self.meta_sh()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        let st = self.state(&mut tx, ino)?;
-        let inner = st.read();
-        if !inner.inode.is_symlink() {
-            bail!(InvalidInput, "inode {ino} is not a symlink");
-        }
-        super::attrs::symlink_target(&mut tx, &self.sb, &inner.inode)
+        self.read_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let inner = st.read();
+            if !inner.inode.is_symlink() {
+                bail!(InvalidInput, "inode {ino} is not a symlink");
+            }
+            super::attrs::symlink_target(tx, &self.sb, &inner.inode)
+        })
     }
 
     pub fn link(&self, ino: Ino, new_parent: Ino, new_name: &[u8]) -> Result<Attr> {
         self.check_writable()?;
         check_name(new_name)?;
-        self.meta_op(|tx| {
+        self.restartable_op(|tx| {
             let st = self.state(tx, ino)?;
             let pst = self.dir_state(tx, new_parent)?;
             let mut p = pst.write();
@@ -916,11 +916,11 @@ impl Volume {
         const BATCH: usize = 256;
         let mut offset = offset;
         loop {
-            let mut batch = Vec::with_capacity(BATCH + 2);
-            {
-                let mut meta = self.meta_sh()?;
-                let mut tx = Tx::new(&*self.dev, &mut meta);
-                let st = self.dir_state(&mut tx, ino)?;
+            // A directory another node holds (perhaps a dead one) is waited for holding
+            // nothing else (`Volume::read_op`).
+            let batch = self.read_op(|tx| {
+                let mut batch = Vec::with_capacity(BATCH + 2);
+                let st = self.dir_state(tx, ino)?;
                 let inode = st.read().inode.clone();
                 if offset < 1 {
                     batch.push(DirListEntry {
@@ -939,7 +939,7 @@ impl Volume {
                     });
                 }
                 if inode.tree_root != 0 {
-                    let mut t = Tree::new(&mut tx, inode.tree_root, ino);
+                    let mut t = Tree::new(tx, inode.tree_root, ino);
                     t.scan_from(
                         offset.max(crate::format::dirent::FIRST_HASH_KEY),
                         &mut |k, v| {
@@ -957,7 +957,8 @@ impl Volume {
                         },
                     )?;
                 }
-            }
+                Ok(batch)
+            })?;
             let Some(last) = batch.last().map(|e| e.next) else {
                 return Ok(());
             };

@@ -413,3 +413,66 @@ fn idle_holds_go_back_unless_their_file_is_open() {
     b.unmount().unwrap();
     assert_fsck_clean(&dev);
 }
+
+/// A read that meets a dead node's inode lock waits for it holding nothing else
+/// (`fs/detached.rs` rule 3): a `stat` on b of a's open file, a dead, waits for a's recovery,
+/// and meanwhile b's allocating writes into its own thin image (they need b's metadata mutex)
+/// and c's move between directories (it needs the global lock, which b took for the stat) go
+/// on. Before, the stat held both while it waited, and they waited the dead time with it.
+#[test]
+fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
+    use super::detached_tests::{node, thin_image};
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"vm", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &[5u8; 8192]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
+    let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
+    let (x, xfh) = c.create(c1.ino, b"x", 0o644, C, true).unwrap();
+    c.release(&xfh).unwrap();
+    let (_, gfh) = thin_image(&b, b"thin");
+    b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    // a dies holding vm's lock exclusively (its writer keeps it).
+    a.member.fence("test: simulated crash".into());
+    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+    let killed = Instant::now();
+    let stat = {
+        let b = b.clone();
+        std::thread::spawn(move || (b.getattr(f.ino), Instant::now()))
+    };
+    std::thread::sleep(Duration::from_millis(300));
+    let t = Instant::now();
+    for i in 1..=50u64 {
+        b.write(&gfh, i << 20, &[7u8; 4096]).unwrap();
+    }
+    let wrote = t.elapsed();
+    let t = Instant::now();
+    c.rename(c1.ino, b"x", c2.ino, b"x", RenameFlags::default())
+        .unwrap();
+    let moved = t.elapsed();
+    assert!(
+        wrote < dead / 4 && moved < dead / 4,
+        "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while b's stat waited \
+         for a's inode lock (dead time {dead:?})"
+    );
+    assert!(
+        !stat.is_finished(),
+        "b's stat of a's file did not wait for a's recovery ({:?} after the crash, dead time \
+         {dead:?}): the test proves nothing",
+        killed.elapsed()
+    );
+    let (st, at) = stat.join().unwrap();
+    assert_eq!(st.unwrap().size, 8192, "a's fsync'd file");
+    assert!(at - killed >= dead / 2, "the stat waited {:?}", at - killed);
+    assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
+    drop(fh);
+    b.release(&gfh).unwrap();
+    b.unmount().unwrap();
+    c.unmount().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    assert_fsck_clean(&dev);
+}

@@ -571,9 +571,7 @@ impl Volume {
                 return Ok(s);
             }
         }
-        let mut meta = self.meta_sh()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        self.state(&mut tx, ino)
+        self.read_op(|tx| self.state(tx, ino))
     }
 
     /// Write an inode (and its changed extents) into the transaction.
@@ -732,8 +730,28 @@ impl Volume {
 
     /// Run a metadata operation: lock, transaction, commit.
     fn meta_op<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.meta_op_as(false, f)
+    }
+
+    /// [`Volume::meta_op`] for a change that loads every inode it needs before it changes
+    /// anything, in the transaction or in memory: like a read ([`Volume::read_op`]), it is
+    /// started again when a load met an inode lock held elsewhere for longer than a moment,
+    /// so that it waits for that lock without the global lock and the metadata mutex.
+    fn restartable_op<T>(&self, f: impl Fn(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.restarting(|| self.meta_op_as(true, &f))
+    }
+
+    fn meta_op_as<T>(
+        &self,
+        restartable: bool,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<T> {
         let mut meta = self.meta_ex()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
+        let mut tx = if restartable {
+            Tx::restartable(&*self.dev, &mut meta)
+        } else {
+            Tx::new(&*self.dev, &mut meta)
+        };
         let r = f(&mut tx);
         // Commit what was done even on error: every step leaves metadata consistent, and
         // blocks allocated before the failure are referenced by what is committed.
@@ -741,6 +759,31 @@ impl Volume {
         let v = r?;
         c?;
         Ok(v)
+    }
+
+    /// A read under the global lock (held at least shared), started again when it met an
+    /// inode lock held elsewhere for longer than a moment before it changed anything: then
+    /// the lock is waited for with no lock of this node held (`fs/detached.rs` rule 3).
+    fn read_op<T>(&self, f: impl Fn(&mut Tx<'_>) -> Result<T>) -> Result<T> {
+        self.restarting(|| {
+            let mut meta = self.meta_sh()?;
+            f(&mut Tx::restartable(&*self.dev, &mut meta))
+        })
+    }
+
+    /// Run `attempt` (which holds the metadata mutex only while it runs) until it ends other
+    /// than with [`ErrorKind::WaitForInodeLock`]; after that error, wait for the inode lock
+    /// it names with no lock of this node held.
+    fn restarting<T>(&self, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+        loop {
+            match attempt() {
+                Err(e) if e.kind() == ErrorKind::WaitForInodeLock => {
+                    let ino = e.inode().ok_or(e)?;
+                    self.wait_for_inode_lock(ino)?;
+                }
+                r => return r,
+            }
+        }
     }
 
     pub fn getattr(&self, ino: Ino) -> Result<Attr> {
@@ -822,7 +865,7 @@ impl Volume {
         if let Some(attr) = self.setattr_owned(ino, set, who)? {
             return Ok(attr);
         }
-        self.meta_op(|tx| {
+        self.restartable_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             // A truncate frees blocks and zeroes a partial one: own the inode before either.
@@ -941,12 +984,12 @@ impl Volume {
         if self.has_no_xattrs_here(ino) {
             return Err(no_such());
         }
-        let mut meta = self.meta_sh()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        let st = self.state(&mut tx, ino)?;
-        let inner = st.read();
-        let mut set = attrs::load_xattrs(&mut tx, &self.sb, &inner.inode)?;
-        set.map.remove(name).ok_or_else(no_such)
+        self.read_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let inner = st.read();
+            let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
+            set.map.remove(name).ok_or_else(no_such)
+        })
     }
 
     /// Does this node know, without the global lock, that `ino` has no extended attributes?
@@ -966,14 +1009,14 @@ impl Volume {
         if self.has_no_xattrs_here(ino) {
             return Ok(Vec::new());
         }
-        let mut meta = self.meta_sh()?;
-        let mut tx = Tx::new(&*self.dev, &mut meta);
-        let st = self.state(&mut tx, ino)?;
-        let inner = st.read();
-        Ok(attrs::load_xattrs(&mut tx, &self.sb, &inner.inode)?
-            .map
-            .into_keys()
-            .collect())
+        self.read_op(|tx| {
+            let st = self.state(tx, ino)?;
+            let inner = st.read();
+            Ok(attrs::load_xattrs(tx, &self.sb, &inner.inode)?
+                .map
+                .into_keys()
+                .collect())
+        })
     }
 
     /// flags: `XATTR_CREATE` / `XATTR_REPLACE` semantics.
@@ -1066,9 +1109,9 @@ impl Volume {
     fn update_xattrs(
         &self,
         ino: Ino,
-        f: impl FnOnce(&mut xattr::XattrMap, &mut Inode) -> Result<()>,
+        f: impl Fn(&mut xattr::XattrMap, &mut Inode) -> Result<()>,
     ) -> Result<()> {
-        self.meta_op(|tx| {
+        self.restartable_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             if inner.inode.flags & (flags::IMMUTABLE | flags::APPEND) != 0 {
@@ -1097,7 +1140,7 @@ impl Volume {
                 new_flags & !flags::USER_VISIBLE
             );
         }
-        self.meta_op(|tx| {
+        self.restartable_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             inner.inode.flags = (inner.inode.flags & !flags::USER_VISIBLE) | new_flags;

@@ -566,6 +566,9 @@ pub(crate) struct Tx<'a> {
     /// Something was written, allocated or freed (a refusal after that would leave half a
     /// change: `fs/detached_ns.rs`).
     touched: bool,
+    /// A read its caller may start again (`Volume::read_op`): a long wait for an inode lock
+    /// gives the global lock and the metadata mutex up instead, while nothing was changed.
+    restartable: bool,
 }
 
 impl<'a> Tx<'a> {
@@ -576,7 +579,22 @@ impl<'a> Tx<'a> {
             dirty: BTreeMap::new(),
             detached: false,
             touched: false,
+            restartable: false,
         }
+    }
+
+    /// A read that its caller starts again after [`ErrorKind::WaitForInodeLock`]
+    /// (`Volume::read_op`).
+    pub fn restartable(dev: &'a dyn BlockDevice, meta: &'a mut Meta) -> Self {
+        let mut tx = Self::new(dev, meta);
+        tx.restartable = true;
+        tx
+    }
+
+    /// May a long wait for an inode lock end this transaction with
+    /// [`ErrorKind::WaitForInodeLock`]? Only a restartable one that changed nothing yet.
+    pub fn may_restart(&self) -> bool {
+        self.restartable && !self.touched
     }
 
     /// A transaction made without the global lock (fs/pool.rs): only for changes of objects
