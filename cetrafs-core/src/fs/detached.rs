@@ -33,11 +33,14 @@
 //!    makes the owner write it home (rule 2). A new exclusive hold needs the global lock
 //!    exclusively, so what it found stays true until it gives the global lock up; every
 //!    inode loaded under that hold is re-read after (the epoch, `docs/locking.md` §7).
-//!    A **read** (`Volume::read_op`: lookup, getattr, open's load) that waited
+//!    A **read** (`Volume::read_op`), or a change that loads everything before it changes
+//!    anything (`Volume::restartable_op`), that waited
 //!    [`INODE_LOCK_PATIENCE`] for that shared hold without changing anything stops
 //!    waiting there ([`ErrorKind::WaitForInodeLock`]): it gives the metadata mutex back (and
 //!    with it the global lock, to whoever asks), waits for the hold with no lock of this
-//!    node held ([`Volume::wait_for_inode_lock`]) and starts again. An owner that died
+//!    node held ([`Volume::wait_for_inode_lock`]) and starts again, once per inode
+//!    ([`Tx::may_restart`]: a live owner could take the lock back each time). Its copy of
+//!    the inode's block is dropped from the cache before the mutex goes. An owner that died
 //!    holds the lock until its recovery, a dead time (84 s by default), and a `stat` of its
 //!    open image would otherwise keep this node's allocating writes and every node's
 //!    metadata waiting that long with it.
@@ -581,7 +584,10 @@ impl Volume {
             if let Ok(mut t) = tx.try_borrow_mut() {
                 // A read its caller starts again waits for the holder (perhaps dead, until
                 // its recovery) with no lock of this node held (`Volume::read_op`).
-                if t.may_restart() && since.elapsed() >= INODE_LOCK_PATIENCE {
+                if t.may_restart(ino) && since.elapsed() >= INODE_LOCK_PATIENCE {
+                    // The copy read before this wait may be stale: nobody is to use it
+                    // while the mutex is free.
+                    t.drop_cached(ino);
                     return Some(Error::wait_for_inode_lock(ino));
                 }
                 self.serve_duties(t.meta_mut());

@@ -661,7 +661,7 @@ impl InodeLocks {
     ) -> Result<Option<(Grant, MutexGuard<'d, DlState>)>> {
         self.check_open()?;
         let grant = {
-            let _one = dl.acquiring.lock().or_panic();
+            let _one = Self::acquiring_turn(dl, abort)?;
             self.timed(|| self.locks.acquire(self.me, obj, mode, abort))?
         };
         self.stats.acquires.fetch_add(1, Ordering::Relaxed);
@@ -674,6 +674,29 @@ impl InodeLocks {
         // A hold is in use from its grant: one that took a second to come is not idle yet.
         self.stamp(dl);
         Ok(Some((grant, s)))
+    }
+
+    /// This node's turn to acquire `dl`'s lock (one local acquire at a time), waiting as
+    /// [`ObjectLocks::acquire`] waits: `abort` is asked while another thread of this node
+    /// acquires it, so a wait behind that thread (perhaps for a dead holder's recovery) ends
+    /// as a wait for the holder itself would — a read under the global lock gives its locks
+    /// up after a moment (`fs/detached.rs` rule 3), a fenced node stops.
+    fn acquiring_turn<'d>(dl: &'d DataLock, abort: Abort<'_>) -> Result<MutexGuard<'d, ()>> {
+        let mut pause = std::time::Duration::from_micros(200);
+        loop {
+            match dl.acquiring.try_lock() {
+                Ok(g) => return Ok(g),
+                Err(std::sync::TryLockError::WouldBlock) => {}
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    panic!("inode lock acquire poisoned: {e}")
+                }
+            }
+            if let Some(e) = abort() {
+                return Err(e);
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(std::time::Duration::from_millis(5));
+        }
     }
 
     /// Run `f` (an acquire); note a lock exchange if it had to wait.

@@ -415,10 +415,11 @@ fn idle_holds_go_back_unless_their_file_is_open() {
 }
 
 /// A read that meets a dead node's inode lock waits for it holding nothing else
-/// (`fs/detached.rs` rule 3): a `stat` on b of a's open file, a dead, waits for a's recovery,
-/// and meanwhile b's allocating writes into its own thin image (they need b's metadata mutex)
-/// and c's move between directories (it needs the global lock, which b took for the stat) go
-/// on. Before, the stat held both while it waited, and they waited the dead time with it.
+/// (`fs/detached.rs` rule 3): a `stat` on b of a's open file, a dead, waits for a's recovery
+/// (and so does a lookup of it, behind the stat's acquire), and meanwhile b's allocating
+/// writes into its own thin image (they need b's metadata mutex) and c's move between
+/// directories (it needs the global lock, which b took for the stat) go on. Before, the stat
+/// held both while it waited, and they waited the dead time with it.
 #[test]
 fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     use super::detached_tests::{node, thin_image};
@@ -444,6 +445,13 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
         let b = b.clone();
         std::thread::spawn(move || (b.getattr(f.ino), Instant::now()))
     };
+    // A second reader of the same inode on b: it waits behind the first one's acquire, and
+    // must give its locks up all the same.
+    std::thread::sleep(Duration::from_millis(150));
+    let second = {
+        let b = b.clone();
+        std::thread::spawn(move || b.lookup(r, b"vm").map(|a| a.size))
+    };
     std::thread::sleep(Duration::from_millis(300));
     let t = Instant::now();
     for i in 1..=50u64 {
@@ -467,6 +475,7 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     );
     let (st, at) = stat.join().unwrap();
     assert_eq!(st.unwrap().size, 8192, "a's fsync'd file");
+    assert_eq!(second.join().unwrap().unwrap(), 8192, "the second reader");
     assert!(at - killed >= dead / 2, "the stat waited {:?}", at - killed);
     assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
     drop(fh);

@@ -730,7 +730,7 @@ impl Volume {
 
     /// Run a metadata operation: lock, transaction, commit.
     fn meta_op<T>(&self, f: impl FnOnce(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        self.meta_op_as(false, f)
+        self.meta_op_as(None, f)
     }
 
     /// [`Volume::meta_op`] for a change that loads every inode it needs before it changes
@@ -738,19 +738,19 @@ impl Volume {
     /// started again when a load met an inode lock held elsewhere for longer than a moment,
     /// so that it waits for that lock without the global lock and the metadata mutex.
     fn restartable_op<T>(&self, f: impl Fn(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        self.restarting(|| self.meta_op_as(true, &f))
+        self.restarting(|waited| self.meta_op_as(Some(waited), &f))
     }
 
+    /// `restart`: for a restartable change, the inodes its earlier attempts waited for.
     fn meta_op_as<T>(
         &self,
-        restartable: bool,
+        restart: Option<&[u64]>,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
         let mut meta = self.meta_ex()?;
-        let mut tx = if restartable {
-            Tx::restartable(&*self.dev, &mut meta)
-        } else {
-            Tx::new(&*self.dev, &mut meta)
+        let mut tx = match restart {
+            Some(waited) => Tx::restartable(&*self.dev, &mut meta, waited),
+            None => Tx::new(&*self.dev, &mut meta),
         };
         let r = f(&mut tx);
         // Commit what was done even on error: every step leaves metadata consistent, and
@@ -765,21 +765,24 @@ impl Volume {
     /// inode lock held elsewhere for longer than a moment before it changed anything: then
     /// the lock is waited for with no lock of this node held (`fs/detached.rs` rule 3).
     fn read_op<T>(&self, f: impl Fn(&mut Tx<'_>) -> Result<T>) -> Result<T> {
-        self.restarting(|| {
+        self.restarting(|waited| {
             let mut meta = self.meta_sh()?;
-            f(&mut Tx::restartable(&*self.dev, &mut meta))
+            f(&mut Tx::restartable(&*self.dev, &mut meta, waited))
         })
     }
 
     /// Run `attempt` (which holds the metadata mutex only while it runs) until it ends other
     /// than with [`ErrorKind::WaitForInodeLock`]; after that error, wait for the inode lock
-    /// it names with no lock of this node held.
-    fn restarting<T>(&self, mut attempt: impl FnMut() -> Result<T>) -> Result<T> {
+    /// it names with no lock of this node held. `attempt` gets the inodes waited for so far
+    /// (each once: [`Tx::may_restart`]).
+    fn restarting<T>(&self, mut attempt: impl FnMut(&[u64]) -> Result<T>) -> Result<T> {
+        let mut waited = Vec::new();
         loop {
-            match attempt() {
+            match attempt(&waited) {
                 Err(e) if e.kind() == ErrorKind::WaitForInodeLock => {
                     let ino = e.inode().ok_or(e)?;
                     self.wait_for_inode_lock(ino)?;
+                    waited.push(ino);
                 }
                 r => return r,
             }

@@ -569,6 +569,9 @@ pub(crate) struct Tx<'a> {
     /// A read its caller may start again (`Volume::read_op`): a long wait for an inode lock
     /// gives the global lock and the metadata mutex up instead, while nothing was changed.
     restartable: bool,
+    /// Inodes whose locks an earlier attempt of the same operation already waited for
+    /// outside: not again (a live owner could otherwise take the lock back each time).
+    waited: Vec<u64>,
 }
 
 impl<'a> Tx<'a> {
@@ -580,21 +583,25 @@ impl<'a> Tx<'a> {
             detached: false,
             touched: false,
             restartable: false,
+            waited: Vec::new(),
         }
     }
 
     /// A read that its caller starts again after [`ErrorKind::WaitForInodeLock`]
-    /// (`Volume::read_op`).
-    pub fn restartable(dev: &'a dyn BlockDevice, meta: &'a mut Meta) -> Self {
+    /// (`Volume::read_op`); `waited`: the inodes earlier attempts waited for.
+    pub fn restartable(dev: &'a dyn BlockDevice, meta: &'a mut Meta, waited: &[u64]) -> Self {
         let mut tx = Self::new(dev, meta);
         tx.restartable = true;
+        tx.waited = waited.to_vec();
         tx
     }
 
-    /// May a long wait for an inode lock end this transaction with
-    /// [`ErrorKind::WaitForInodeLock`]? Only a restartable one that changed nothing yet.
-    pub fn may_restart(&self) -> bool {
-        self.restartable && !self.touched
+    /// May a long wait for inode `ino`'s lock end this transaction with
+    /// [`ErrorKind::WaitForInodeLock`]? Only a restartable one that changed nothing yet, and
+    /// once per inode and operation: the next attempt waits holding its locks (an owner
+    /// that gave the lock once is alive, and cannot take it back from under a global hold).
+    pub fn may_restart(&self, ino: u64) -> bool {
+        self.restartable && !self.touched && !self.waited.contains(&ino)
     }
 
     /// A transaction made without the global lock (fs/pool.rs): only for changes of objects
@@ -672,6 +679,7 @@ impl<'a> Tx<'a> {
     /// `n` metadata blocks (no reservation window), all or nothing, as few runs as possible.
     pub fn alloc_meta(&mut self, near: u64, n: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating metadata blocks")?;
+        self.touched = true;
         self.meta.alloc.alloc(near, n, 0)
     }
 
@@ -679,6 +687,7 @@ impl<'a> Tx<'a> {
     /// transaction (the file's reservation window grows: alloc.rs).
     pub fn alloc_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating data blocks")?;
+        self.touched = true;
         self.meta.alloc.alloc(goal, n, ino)
     }
 
@@ -873,6 +882,7 @@ impl<'a> Tx<'a> {
 
     /// A held run is mapped now: mark it used in this transaction.
     pub fn commit_reserved(&mut self, start: u64, len: u64) {
+        self.touched = true;
         self.meta.alloc.commit_reserved(start, len);
     }
 
