@@ -73,6 +73,14 @@
 //! lock's handoff); reservation windows in those groups are dropped then, since the owner may
 //! fill them next. `is_used` takes no mark (it also runs under a shared hold), and a discard
 //! leaves such groups to their owners ([`Allocator::unclaimed`]).
+//!
+//! **Group claims (format 8, docs/locking.md §9).** A node whose own groups cannot top its
+//! pool up claims a group nobody owns *without* the global lock: one CAW of the group's
+//! record from Free and unmarked to owned and marked by it (`LockTable::claim_group_marked`).
+//! So on such a volume a group nobody owns is not safe to use unmarked either: the gate marks
+//! it like another node's group before this allocator allocates from, frees into or trims
+//! it (an unmarked group is one nobody changes, and whoever marked it last wrote its changes
+//! home before taking the mark off), and `is_used` looks it up without a mark as above.
 
 use crate::dev::{AlignedBuf, SharedDevice};
 use crate::error::{Error, ErrorKind, Result};
@@ -216,6 +224,9 @@ pub struct Allocator {
     held: u64,
     /// Format 7: marks groups of other nodes before using them (module docs); None before.
     gate: Option<std::sync::Arc<dyn GroupGate>>,
+    /// Format 8: groups nobody owns are marked too (another node may claim one without the
+    /// global lock: module docs, "Group claims").
+    mark_unowned: bool,
     /// Groups of other nodes this node's mark is on (taken back by [`Self::take_marked`]).
     marked: BTreeSet<usize>,
     /// Groups this node's mark may still be on, though it does not use them under it (a
@@ -331,6 +342,7 @@ impl Allocator {
             windows: HashMap::new(),
             held: 0,
             gate: None,
+            mark_unowned: false,
             marked: BTreeSet::new(),
             unmark_later: BTreeSet::new(),
         };
@@ -681,9 +693,11 @@ impl Allocator {
             .collect()
     }
 
-    /// Format 7: use `gate` for every group of another node (module docs, "Group marks").
-    pub fn set_gate(&mut self, gate: std::sync::Arc<dyn GroupGate>) {
+    /// Format 7: use `gate` for every group of another node (module docs, "Group marks");
+    /// with `unowned_too` (format 8, "Group claims"), also for every group nobody owns.
+    pub fn set_gate(&mut self, gate: std::sync::Arc<dyn GroupGate>, unowned_too: bool) {
         self.gate = Some(gate);
+        self.mark_unowned = unowned_too;
     }
 
     /// May group `g` be used now? Yes unless it is another node's group on a volume with
@@ -713,8 +727,9 @@ impl Allocator {
     /// Must this node put its mark on group `g` before it uses it (format 7: another node's
     /// group, not marked yet)?
     fn needs_mark(&self, g: usize) -> bool {
+        let class = self.groups[g].class;
         self.gate.is_some()
-            && self.groups[g].class == GroupClass::Others
+            && (class == GroupClass::Others || (self.mark_unowned && class == GroupClass::Unowned))
             && !self.marked.contains(&g)
     }
 
@@ -858,11 +873,11 @@ impl Allocator {
         Ok(self.groups[i].free)
     }
 
-    /// The groups this node owns and their free counts, the most free first.
-    pub fn mine_by_free(&self) -> Vec<(u64, u64)> {
+    /// The groups of `class` (as this node knows them) with free blocks, the most free first.
+    pub fn by_free(&self, class: GroupClass) -> Vec<(u64, u64)> {
         let mut v: Vec<(u64, u64)> = (0u64..)
             .zip(&self.groups)
-            .filter(|(_, g)| g.class == GroupClass::Mine && g.free > 0)
+            .filter(|(_, g)| g.class == class && g.free > 0)
             .map(|(i, g)| (i, g.free))
             .collect();
         v.sort_by_key(|&(_, free)| std::cmp::Reverse(free));
@@ -1295,9 +1310,13 @@ impl Allocator {
                 break;
             };
             let n = (end - at).min(self.group_blocks - bit);
-            if self.needs_mark(g) {
+            if self.needs_mark(g)
+                && (self.groups[g].class == GroupClass::Others || !self.gated(g, false)?)
+            {
                 // Format 7, another node's group: left to its owner's discards and trims (a
                 // mark held for a discard would keep the owner from refilling from it).
+                // Format 8, a group nobody owns: trimmed under this node's mark only, so
+                // that nobody claims it and fills it meanwhile.
                 at += n;
                 continue;
             }

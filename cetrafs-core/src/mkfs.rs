@@ -9,8 +9,8 @@ use crate::format::inode::{Inode, Timespec};
 use crate::format::mailbox::Mailbox;
 use crate::format::object_lock::Bucket;
 use crate::format::superblock::{
-    SharingMode, Superblock, INCOMPAT_GROUP_MARKS, INCOMPAT_GROW, INCOMPAT_OBJECT_LOCKS,
-    INCOMPAT_OVERFLOW, INCOMPAT_SHARING_MODE,
+    SharingMode, Superblock, INCOMPAT_GROUP_CLAIMS, INCOMPAT_GROUP_MARKS, INCOMPAT_GROW,
+    INCOMPAT_OBJECT_LOCKS, INCOMPAT_OVERFLOW, INCOMPAT_SHARING_MODE,
 };
 use crate::format::FS_BLOCK;
 
@@ -43,6 +43,19 @@ pub const MAX_GROUP_RECORDS: u64 = 1 << 20;
 /// How much of each journal mkfs zeroes (the journal code treats zeros as "empty").
 const JOURNAL_ZERO_BYTES: u64 = 1 << 20;
 
+/// The rules for changing an allocation group's bitmap (`MkfsOptions::group_rules`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GroupRules {
+    /// Format 5: only under the global lock.
+    GlobalLock,
+    /// Format 7, group marks (`INCOMPAT_GROUP_MARKS`): a node also refills its block pool
+    /// from its own groups without the global lock, under the group's mark.
+    Marks,
+    /// Format 8 (the default), group claims (`INCOMPAT_GROUP_CLAIMS`): and a node whose own
+    /// groups are full claims a group nobody owns without the global lock.
+    Claims,
+}
+
 #[derive(Debug, Clone)]
 pub struct MkfsOptions {
     pub label: String,
@@ -65,10 +78,9 @@ pub struct MkfsOptions {
     /// Format version 5 (the default): the volume can grow online (`INCOMPAT_GROW`, `cetra
     /// grow`); ignored without `sharing` (format 5 builds on format 4).
     pub growable: bool,
-    /// Format version 7 (the default): group marks (`INCOMPAT_GROUP_MARKS`, docs/locking.md
-    /// §9): a node refills its block pool from its own groups without the global lock.
-    /// Ignored without `growable` (format 7 builds on format 5).
-    pub group_marks: bool,
+    /// Who may change an allocation group's bitmap outside the global lock (docs/locking.md
+    /// §9); ignored without `growable` (formats 7 and 8 build on format 5).
+    pub group_rules: GroupRules,
     /// v5: the largest size (bytes) the volume can grow to, which sizes the lock area's group
     /// records (one logical block per group); None: [`DEFAULT_GROW_FACTOR`] times the device,
     /// at most [`DEFAULT_MAX_GROW_BYTES`] (never less than the device).
@@ -88,7 +100,7 @@ impl Default for MkfsOptions {
             object_locks: true,
             sharing: Some(SharingMode::SingleHost),
             growable: true,
-            group_marks: true,
+            group_rules: GroupRules::Claims,
             max_bytes: None,
         }
     }
@@ -213,10 +225,11 @@ pub fn plan(size_bytes: u64, lbs: u32, opts: &MkfsOptions) -> Result<Superblock>
     } else {
         incompat
     };
-    let incompat = if growable && opts.group_marks {
-        incompat | INCOMPAT_GROUP_MARKS
-    } else {
-        incompat
+    let incompat = match opts.group_rules {
+        _ if !growable => incompat,
+        GroupRules::GlobalLock => incompat,
+        GroupRules::Marks => incompat | INCOMPAT_GROUP_MARKS,
+        GroupRules::Claims => incompat | INCOMPAT_GROUP_MARKS | INCOMPAT_GROUP_CLAIMS,
     };
     Ok(Superblock {
         compat: 0,
@@ -470,7 +483,7 @@ mod tests {
                 ..Default::default()
             };
             let sb = format(&dev, &opts, &mut |_, _| {}).unwrap();
-            assert_eq!(sb.format_version(), 7);
+            assert_eq!(sb.format_version(), 8);
             assert_eq!(
                 sb.sharing,
                 Some(crate::format::superblock::SharingMode::SingleHost)
@@ -590,7 +603,11 @@ mod tests {
             object_locks: bool,
             record_sharing: bool,
             growable: bool,
-            group_marks: bool,
+            rules in proptest::sample::select(vec![
+                GroupRules::GlobalLock,
+                GroupRules::Marks,
+                GroupRules::Claims,
+            ]),
         ) {
             let opts = MkfsOptions {
                 max_nodes: nodes,
@@ -598,23 +615,25 @@ mod tests {
                 object_locks,
                 sharing: record_sharing.then_some(SharingMode::MultiNode),
                 growable,
-                group_marks,
+                group_rules: rules,
                 ..Default::default()
             };
             if let Ok(sb) = plan(mib << 20, lbs, &opts) {
                 let back = Superblock::decode(&sb.encode()).unwrap();
                 proptest::prop_assert_eq!(&back, &sb);
-                let want = match (object_locks, record_sharing, growable, group_marks) {
+                let want = match (object_locks, record_sharing, growable, rules) {
                     (false, ..) => 2,
                     (true, false, ..) => 3,
                     (true, true, false, _) => 4,
-                    (true, true, true, false) => 5,
-                    (true, true, true, true) => 7,
+                    (true, true, true, GroupRules::GlobalLock) => 5,
+                    (true, true, true, GroupRules::Marks) => 7,
+                    (true, true, true, GroupRules::Claims) => 8,
                 };
                 proptest::prop_assert_eq!(back.format_version(), want);
                 proptest::prop_assert_eq!(back.sharing.is_some(), want >= 4);
                 proptest::prop_assert_eq!(back.can_grow(), want >= 5);
-                proptest::prop_assert_eq!(back.has_group_marks(), want == 7);
+                proptest::prop_assert_eq!(back.has_group_marks(), want >= 7);
+                proptest::prop_assert_eq!(back.has_group_claims(), want == 8);
                 // Room for 16 times the device (at most 64 TiB), never less than it has.
                 proptest::prop_assert!(back.group_capacity() >= back.group_count);
                 if want >= 5 {

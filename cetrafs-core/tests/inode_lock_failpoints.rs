@@ -88,7 +88,7 @@ fn a_failed_inode_lock_handoff_is_retried_at_the_next_tick() {
     let _turn = take_turn();
     let dev = volume();
     let (a, b) = (mount(&dev, "a"), mount(&dev, "b"));
-    assert_eq!(a.superblock().format_version(), 7);
+    assert_eq!(a.superblock().format_version(), 8);
     let r = a.root_ino();
     let (f, fh) = a.create(r, b"f", 0o644, Caller::ROOT, true).unwrap();
     a.write(&fh, 0, &[1u8; 4096]).unwrap();

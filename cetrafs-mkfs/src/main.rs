@@ -10,7 +10,7 @@ use cetrafs_core::dev::sg::SgDeviceOptions;
 use cetrafs_core::dev::BlockDevice;
 use cetrafs_core::format::superblock::{SharingMode, Superblock};
 use cetrafs_core::format::FS_BLOCK;
-use cetrafs_core::mkfs::{self, MkfsOptions};
+use cetrafs_core::mkfs::{self, GroupRules, MkfsOptions};
 use cetrafs_core::{probe, ErrorKind};
 use clap::Parser;
 use std::io::IsTerminal;
@@ -51,13 +51,15 @@ struct Cli {
     /// Logical block size to use for a regular file (block devices report their own).
     #[arg(long = "logical-block-size", value_parser = ["512", "4096"])]
     logical_block_size: Option<String>,
-    /// On-disk format version: 7 (default) lets a node refill its block pool from its own
-    /// allocation groups without the global lock (group marks); 5 can grow online (`cetra
+    /// On-disk format version: 8 (default) also lets a node whose own allocation groups are
+    /// full claim a free one without the global lock (group claims); 7 lets a node refill its
+    /// block pool from its own allocation groups without the global lock (group marks) and
+    /// stays mountable by version-7 binaries; 5 can grow online (`cetra
     /// grow`) and stays mountable by version-5 binaries; 4 records the
     /// sharing mode (single-host or multi-node, from the COMPARE AND WRITE probe) and enforces
     /// it at mount; 3 has per-object locks and stays mountable by version-3 binaries; 2 has the
     /// global lock only. Each version has everything of the versions below it.
-    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4", "5", "7"], default_value = "7")]
+    #[arg(long = "format-version", value_name = "N", value_parser = ["2", "3", "4", "5", "7", "8"], default_value = "8")]
     format_version: String,
     /// Format 5: the largest size `cetra grow` can take the volume to (K/M/G/T suffixes;
     /// default: 16 times the device, at most 64T). Costs one logical block of lock area per
@@ -184,10 +186,14 @@ fn validate(cli: &Cli) -> Result<MkfsOptions, Failure> {
         io_timeout_ms: cli.io_timeout,
         object_locks: cli.format_version != "2",
         // Format 4: replaced by what the probe finds, before anything is written (`run`).
-        sharing: matches!(cli.format_version.as_str(), "4" | "5" | "7")
+        sharing: matches!(cli.format_version.as_str(), "4" | "5" | "7" | "8")
             .then_some(SharingMode::SingleHost),
-        growable: matches!(cli.format_version.as_str(), "5" | "7"),
-        group_marks: cli.format_version == "7",
+        growable: matches!(cli.format_version.as_str(), "5" | "7" | "8"),
+        group_rules: match cli.format_version.as_str() {
+            "8" => GroupRules::Claims,
+            "7" => GroupRules::Marks,
+            _ => GroupRules::GlobalLock,
+        },
         max_bytes: cli.max_size,
         ..MkfsOptions::default()
     })

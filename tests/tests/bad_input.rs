@@ -299,7 +299,7 @@ fn fsck_checks_the_object_lock_area() {
     use cetrafs_core::format::object_lock::{Bucket, Entry, Mention, Role};
     let lun = Lun::new(LUN_SIZE);
     let out = lun.mkfs(&[]);
-    assert!(out.stdout.contains("format version:     7"), "{out}");
+    assert!(out.stdout.contains("format version:     8"), "{out}");
     assert!(out.stdout.contains("can grow to:"), "{out}");
     assert!(
         out.stdout.contains("object locks:       8192 buckets"),
@@ -307,8 +307,8 @@ fn fsck_checks_the_object_lock_area() {
     );
     assert!(out.stdout.contains("recorded: single-host"), "{out}");
     let sb = superblock(&lun, 0).expect("superblock");
-    assert_eq!(sb.format_version(), 7);
-    assert!(sb.has_group_marks());
+    assert_eq!(sb.format_version(), 8);
+    assert!(sb.has_group_marks() && sb.has_group_claims());
     assert_eq!(
         sb.sharing,
         Some(cetrafs_core::format::superblock::SharingMode::SingleHost)
@@ -316,7 +316,7 @@ fn fsck_checks_the_object_lock_area() {
     assert!(
         lun.fsck()
             .stdout
-            .contains("format version 7, sharing mode single-host"),
+            .contains("format version 8, sharing mode single-host"),
         "fsck prints the recorded mode"
     );
     let area = sb.object_lock_area().expect("v3 has an object-lock area");
@@ -360,6 +360,20 @@ fn fsck_checks_the_object_lock_area() {
         "{f}"
     );
     lun.poke(at, &good);
+    lun.assert_fsck_clean();
+
+    // Version 7 on request: group marks, no group claims; still clean.
+    let out = lun.mkfs(&["-f", "--format-version", "7"]);
+    assert!(out.stdout.contains("format version:     7"), "{out}");
+    let sb = superblock(&lun, 0).expect("superblock");
+    assert_eq!(
+        (
+            sb.format_version(),
+            sb.has_group_marks(),
+            sb.has_group_claims()
+        ),
+        (7, true, false)
+    );
     lun.assert_fsck_clean();
 
     // Version 5 on request: online grow, no group marks; still clean.

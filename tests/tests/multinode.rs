@@ -2184,7 +2184,7 @@ fn single_host_volume_refuses_a_second_machine() {
     {
         use cetrafs_core::format::superblock::{SharingMode, Superblock};
         let sb = Superblock::decode(&c.lun.peek(0, BLK)).expect("superblock");
-        assert_eq!(sb.format_version(), 7);
+        assert_eq!(sb.format_version(), 8);
         assert_eq!(sb.sharing, Some(SharingMode::SingleHost), "mkfs on a file");
     }
     let on = |m: &'static str| [("CETRA_MACHINE_ID", m)];
@@ -2735,6 +2735,82 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
     node3.unmount();
     node1.unmount();
     lun.assert_fsck_clean();
+}
+
+/// node1 grows a thin image by 96 MiB, six times the 16 MiB groups of this volume, right
+/// after node2 died holding the global lock. Returns how long after the kill the growth was
+/// done, and whether node2 had been recovered by then.
+fn outgrow_groups_while_a_dead_node_holds_the_global_lock(format: &str) -> (Duration, bool) {
+    const GROW_MIB: usize = 96;
+    let lun = Lun::new(1 << 30);
+    let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
+    lun.mkfs(&[
+        "--heartbeat-interval",
+        &hb,
+        "--io-timeout",
+        &io,
+        "-N",
+        "4",
+        "--group-size",
+        "16M",
+        "--format-version",
+        format,
+    ]);
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    let img = thin_image(&node1.p("thin.img"));
+    grow_mib(&img, 0x2D, 0..1);
+    for d in ["a", "b"] {
+        fs::create_dir(node2.p(d)).expect("mkdir on node2");
+    }
+    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    // node2 keeps the global lock after its last move (nobody asks for it) and is killed
+    // well inside the second after which an idle hold goes back.
+    for i in 0..4 {
+        let (from, to) = if i % 2 == 0 {
+            ("a/f", "b/f")
+        } else {
+            ("b/f", "a/f")
+        };
+        fs::rename(node2.p(from), node2.p(to)).expect("move on node2");
+    }
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    grow_mib(&img, 0x2D, 1..GROW_MIB + 1);
+    let grown = killed.elapsed();
+    let recovered_by_then = has_recovered(&node1, "node2");
+    eprintln!(
+        "format {format}: node1 grew its thin image by {GROW_MIB} MiB over 16 MiB groups {:.3} s after node2 died holding the global lock (recovered by then: {recovered_by_then})",
+        grown.as_secs_f64()
+    );
+    await_recovery(&node1, "node2");
+    assert_mib(&img, 0x2D, 0..GROW_MIB + 1);
+    drop(img);
+    node1.unmount();
+    lun.assert_fsck_clean();
+    (grown, recovered_by_then)
+}
+
+/// Format 8 (group claims): once node1's own allocation groups are full, its pool refills
+/// claim free groups without the global lock, so its thin image keeps growing while a dead
+/// node2 holds that lock. On format 7 the same growth waits for node2's recovery (a new group
+/// is claimed only under the global lock there), which shows the test can fail.
+#[test]
+fn a_thin_image_outgrows_its_groups_while_a_dead_node_holds_the_global_lock() {
+    require_fuse!();
+    let _serial = serial();
+    let (grown, recovered) = outgrow_groups_while_a_dead_node_holds_the_global_lock("8");
+    assert!(
+        !recovered,
+        "format 8: node1's growth took {grown:?}, until node2's recovery: a new group needed the global lock"
+    );
+    let (grown, recovered) = outgrow_groups_while_a_dead_node_holds_the_global_lock("7");
+    assert!(
+        recovered,
+        "format 7: node1 outgrew its groups in {grown:?}, before node2's recovery: the test cannot tell format 8 from 7"
+    );
 }
 
 /// node2 moves a file between two directories (which takes the global lock exclusively), then

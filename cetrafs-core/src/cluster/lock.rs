@@ -1171,6 +1171,41 @@ impl LockTable {
         Ok(mine || written.is_some())
     }
 
+    /// Format 8 (docs/locking.md §9 "Group claims"): claim group `g` **without the global
+    /// lock** — one CAW from Free *and unmarked* to owned by `me` and marked by `me`
+    /// (`version + 1`). Unmarked means nobody changes it now: a node under the global lock
+    /// marks a group nobody owns before it uses it, and takes the mark off only once what it
+    /// changed there is home. False if the group is owned or marked (nothing written).
+    pub fn claim_group_marked(&self, g: u64, me: Me) -> Result<bool> {
+        self.check_group(g)?;
+        check_slot(me.slot)?;
+        let mut claimed = false;
+        self.update(self.group_index(g), |r| {
+            // Decided anew on every read (a lost CAW is retried on what is there now).
+            claimed = r.mode == LockMode::Exclusive
+                && r.owner == me.slot
+                && r.owner_gen == me.gen
+                && r.next == me.slot;
+            if claimed {
+                return None;
+            }
+            if r.mode != LockMode::Free || r.next != NO_SLOT {
+                return None;
+            }
+            let mut n = r.clone();
+            n.mode = LockMode::Exclusive;
+            n.owner = me.slot;
+            n.owner_gen = me.gen;
+            n.holders = SlotSet::default();
+            n.waiters.remove(me.slot);
+            n.next = me.slot;
+            n.version = r.version.wrapping_add(1);
+            claimed = true;
+            Some(n)
+        })?;
+        Ok(claimed)
+    }
+
     /// Ask for group `g`, owned by another node: its owner gives it back (at its next metadata
     /// lock grant) when it sees a waiter. A no-op if it is free, mine, or already asked for.
     pub fn want_group(&self, g: u64, me: Me) -> Result<()> {
@@ -2168,6 +2203,36 @@ mod tests {
         assert_eq!((r.owner, r.version, r.group_free()), (2, 2, Some(99)));
         assert!(t.claim_group(sb.group_count, me(1)).is_err());
         assert!(t.publish_group_free(sb.group_count, 1).is_err());
+    }
+
+    /// Format 8: a claim without the global lock takes only a Free, unmarked group, owner
+    /// and mark in one write; its mark and ownership go as any other's.
+    #[test]
+    fn lock_group_claims_without_the_global_lock() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        // Free and unmarked: owned and marked by the claimer in one write.
+        assert!(t.claim_group_marked(0, me(1)).unwrap());
+        let r = t.read(1).unwrap().1;
+        assert_eq!((r.mode, r.owner, r.next), (LockMode::Exclusive, 1, 1));
+        let v = r.version;
+        assert!(t.claim_group_marked(0, me(1)).unwrap(), "again: ours");
+        assert_eq!(t.read(1).unwrap().1.version, v, "nothing written");
+        assert!(!t.claim_group_marked(0, me(2)).unwrap(), "owned");
+        // Marked by a node that uses it under the global lock: not claimable.
+        assert_eq!(t.mark_group(1, me(2), false).unwrap(), GroupMark::Marked);
+        assert!(!t.claim_group_marked(1, me(1)).unwrap(), "marked");
+        assert_eq!(t.read(2).unwrap().1.mode, LockMode::Free);
+        t.unmark_group(1, me(2), None).unwrap();
+        assert!(t.claim_group_marked(1, me(1)).unwrap(), "the mark went");
+        // The claimer's mark goes like any other; its recoverer frees the group.
+        t.unmark_group(0, me(1), Some(7)).unwrap();
+        assert_eq!(t.read(1).unwrap().1.next, NO_SLOT);
+        t.scrub_slot(1).unwrap();
+        for i in [1, 2] {
+            let r = t.read(i).unwrap().1;
+            assert_eq!((r.mode, r.next), (LockMode::Free, NO_SLOT), "record {i}");
+        }
     }
 
     /// Format 7: one mark per group; a refill's mark only on the owner's own group; a mark

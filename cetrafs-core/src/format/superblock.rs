@@ -8,7 +8,7 @@
 //!                                     any, 2 with INCOMPAT_OVERFLOW, 3 with INCOMPAT_OBJECT_LOCKS,
 //!                                     4 with INCOMPAT_SHARING_MODE, 5 with INCOMPAT_GROW,
 //!                                     6 with INCOMPAT_EXTRA_JOURNALS, 7 with
-//!                                     INCOMPAT_GROUP_MARKS
+//!                                     INCOMPAT_GROUP_MARKS, 8 with INCOMPAT_GROUP_CLAIMS
 //!  12     4 compat features           unknown bits: ignore
 //!  16     4 ro_compat features        unknown bits: mount read-only only
 //!  20     4 incompat features         unknown bits: refuse to mount
@@ -85,6 +85,15 @@
 //! naming it. A binary that does not know this would borrow from, free into or trim a group
 //! while its owner refills from it, so it must refuse the volume. mkfs sets it together with
 //! the bits of format 5.
+//!
+//! **Group claims (v8, [`INCOMPAT_GROUP_CLAIMS`]).** No new field either: a node may also
+//! *claim* a group nobody owns without the global lock (one CAW of the group's record from
+//! Free and unmarked to owned by it and marked by it, `docs/locking.md` §9), so that its pool
+//! keeps being refilled once its own groups are full. In return every node, under the global
+//! lock, marks a group nobody owns (as one another node owns) before it allocates from,
+//! frees into or trims it. A binary of version 7 would use such a group unmarked while another
+//! node claims and fills it, so it must refuse the volume. mkfs sets it with the format-7
+//! bits.
 
 use super::codec::{Reader, Writer};
 use super::FS_BLOCK_SIZE;
@@ -95,10 +104,11 @@ pub const SB_MAGIC: [u8; 8] = *b"CETRAFS\0";
 /// its incompat features ([`Superblock::format_version`]): 1 without any, 2 with
 /// [`INCOMPAT_OVERFLOW`], 3 with [`INCOMPAT_OBJECT_LOCKS`], 4 with [`INCOMPAT_SHARING_MODE`],
 /// 5 with [`INCOMPAT_GROW`], 6 with [`INCOMPAT_EXTRA_JOURNALS`], 7 with
-/// [`INCOMPAT_GROUP_MARKS`]. Volumes of versions 1 to 6 keep working with their version's features and stay mountable
+/// [`INCOMPAT_GROUP_MARKS`], 8 with [`INCOMPAT_GROUP_CLAIMS`]. Volumes of versions 1 to 7
+/// keep working with their version's features and stay mountable
 /// by the binaries of their version; those refuse a newer volume (by the version, and by the
 /// incompat bit they do not know).
-pub const FORMAT_VERSION: u32 = 7;
+pub const FORMAT_VERSION: u32 = 8;
 pub const LABEL_LEN: usize = 64;
 
 /// Incompat (v2): overflow blocks (`format/overflow.rs`): symlink targets up to 4095 bytes and
@@ -141,6 +151,14 @@ pub const INCOMPAT_EXTRA_JOURNALS: u32 = 0x10;
 /// while its owner does, so it must refuse the volume. mkfs sets it with the format-5 bits.
 pub const INCOMPAT_GROUP_MARKS: u32 = 0x20;
 
+/// Incompat (v8): group claims without the global lock (`docs/locking.md` §9). A node claims
+/// a group nobody owns with one CAW of its record (Free and unmarked → owned and marked by
+/// it) and refills its pool from it; so under the global lock every node marks a group
+/// nobody owns too before it changes or trims it. A binary that does not know this would use
+/// such a group unmarked while another node claims it, so it must refuse the volume. mkfs
+/// sets it with the format-7 bits.
+pub const INCOMPAT_GROUP_CLAIMS: u32 = 0x40;
+
 /// The most node slots `cetra tune -N` can add (the superblock's room for their journals).
 pub const MAX_EXTRA_JOURNALS: usize = (FS_BLOCK_SIZE - 4 - 296) / 8;
 
@@ -152,7 +170,8 @@ pub const INCOMPAT_KNOWN: u32 = INCOMPAT_OVERFLOW
     | INCOMPAT_SHARING_MODE
     | INCOMPAT_GROW
     | INCOMPAT_EXTRA_JOURNALS
-    | INCOMPAT_GROUP_MARKS;
+    | INCOMPAT_GROUP_MARKS
+    | INCOMPAT_GROUP_CLAIMS;
 
 /// How a volume may be shared (format v4, [`INCOMPAT_SHARING_MODE`]): recorded by mkfs from
 /// the probe of the device it formatted (`dev/open.rs`, `Lun::check_sharing`).
@@ -495,6 +514,9 @@ impl Superblock {
         if self.incompat & INCOMPAT_GROUP_MARKS != 0 && self.incompat & INCOMPAT_GROW == 0 {
             return bad("group marks (format 7) without online grow (format 5)");
         }
+        if self.incompat & INCOMPAT_GROUP_CLAIMS != 0 && self.incompat & INCOMPAT_GROUP_MARKS == 0 {
+            return bad("group claims (format 8) without group marks (format 7)");
+        }
         let extra = self.incompat & INCOMPAT_EXTRA_JOURNALS != 0;
         if extra && self.incompat & INCOMPAT_GROW == 0 {
             return bad("added node slots (format 6) without online grow (format 5)");
@@ -584,7 +606,9 @@ impl Superblock {
 
     /// The format version this volume is: the oldest that knows its features.
     pub fn format_version(&self) -> u32 {
-        if self.incompat & INCOMPAT_GROUP_MARKS != 0 {
+        if self.incompat & INCOMPAT_GROUP_CLAIMS != 0 {
+            8
+        } else if self.incompat & INCOMPAT_GROUP_MARKS != 0 {
             7
         } else if self.incompat & INCOMPAT_EXTRA_JOURNALS != 0 {
             6
@@ -678,6 +702,11 @@ impl Superblock {
         self.lock_count
             .saturating_sub(u64::from(self.inode_lock_slots))
             .saturating_sub(1)
+    }
+
+    /// May a node claim a group without the global lock (v8, [`INCOMPAT_GROUP_CLAIMS`])?
+    pub fn has_group_claims(&self) -> bool {
+        self.incompat & INCOMPAT_GROUP_CLAIMS != 0
     }
 
     /// Does the volume use group marks (v7, [`INCOMPAT_GROUP_MARKS`])?
@@ -933,7 +962,7 @@ mod tests {
         assert!(sb.can_grow());
         assert!(sb.group_capacity() > sb.group_count);
         let mut v4 = sb.clone();
-        v4.incompat &= !(INCOMPAT_GROW | INCOMPAT_GROUP_MARKS);
+        v4.incompat &= !(INCOMPAT_GROW | INCOMPAT_GROUP_MARKS | INCOMPAT_GROUP_CLAIMS);
         let back = Superblock::decode(&v4.encode()).unwrap();
         assert_eq!((back.format_version(), back.can_grow()), (4, false));
         // The bit without the sharing mode, and more groups than records.
@@ -953,20 +982,36 @@ mod tests {
     /// Version 6: added node slots' journals round-trip at byte 292; each must lie in one
     /// group's data, apart from the others, and the count must leave mkfs's slots.
     /// Version 7: the group-marks bit, only on top of version 5; without it the volume is
-    /// version 5 as before, and a binary of version 6 refuses it by the bit.
+    /// version 5 as before, and a binary of version 6 refuses it by the bit. Version 8: the
+    /// group-claims bit, only on top of version 7.
     #[test]
-    fn group_marks_are_version_7() {
+    fn group_marks_are_version_7_and_group_claims_version_8() {
         let sb = planned();
-        assert!(sb.has_group_marks());
-        assert_eq!(sb.format_version(), 7);
+        assert!(sb.has_group_marks() && sb.has_group_claims());
+        assert_eq!(sb.format_version(), 8);
+        let mut v7 = sb.clone();
+        v7.incompat &= !INCOMPAT_GROUP_CLAIMS;
+        let back = Superblock::decode(&v7.encode()).unwrap();
+        assert_eq!(
+            (
+                back.format_version(),
+                back.has_group_marks(),
+                back.has_group_claims()
+            ),
+            (7, true, false)
+        );
         let mut v5 = sb.clone();
-        v5.incompat &= !INCOMPAT_GROUP_MARKS;
+        v5.incompat &= !(INCOMPAT_GROUP_MARKS | INCOMPAT_GROUP_CLAIMS);
         let back = Superblock::decode(&v5.encode()).unwrap();
         assert_eq!((back.format_version(), back.has_group_marks()), (5, false));
-        let mut bad = sb.clone();
+        let mut bad = v7.clone();
         bad.incompat &= !(INCOMPAT_GROW | INCOMPAT_SHARING_MODE);
         let e = Superblock::decode(&bad.encode()).unwrap_err();
         assert!(e.to_string().contains("group marks"), "{e}");
+        let mut bad = sb.clone();
+        bad.incompat &= !INCOMPAT_GROUP_MARKS;
+        let e = Superblock::decode(&bad.encode()).unwrap_err();
+        assert!(e.to_string().contains("group claims"), "{e}");
     }
 
     #[test]
@@ -974,7 +1019,7 @@ mod tests {
         let sb = planned();
         let data = sb.group_first_block(1) + 1 + u64::from(sb.bitmap_blocks) + 10;
         let mut v6 = sb.clone();
-        v6.incompat &= !INCOMPAT_GROUP_MARKS;
+        v6.incompat &= !(INCOMPAT_GROUP_MARKS | INCOMPAT_GROUP_CLAIMS);
         v6.incompat |= INCOMPAT_EXTRA_JOURNALS;
         v6.max_nodes += 2;
         v6.extra_journals = vec![data, data + sb.journal_blocks];
@@ -1021,11 +1066,11 @@ mod tests {
     #[test]
     fn object_lock_geometry_is_checked() {
         let sb = planned();
-        assert_eq!(sb.format_version(), 7);
-        assert_eq!(FORMAT_VERSION, 7);
+        assert_eq!(sb.format_version(), 8);
+        assert_eq!(FORMAT_VERSION, 8);
         assert_eq!(Superblock::decode(&sb.encode()).unwrap(), sb);
         let raw = sb.encode();
-        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 7);
+        assert_eq!(u32::from_le_bytes(raw[8..12].try_into().unwrap()), 8);
         assert_eq!(
             u64::from_le_bytes(raw[264..272].try_into().unwrap()),
             sb.objlock_start
@@ -1096,8 +1141,11 @@ mod tests {
     fn version_follows_the_object_lock_bit() {
         let sb = planned();
         let mut v2 = sb.clone();
-        v2.incompat &=
-            !(INCOMPAT_OBJECT_LOCKS | INCOMPAT_SHARING_MODE | INCOMPAT_GROW | INCOMPAT_GROUP_MARKS);
+        v2.incompat &= !(INCOMPAT_OBJECT_LOCKS
+            | INCOMPAT_SHARING_MODE
+            | INCOMPAT_GROW
+            | INCOMPAT_GROUP_MARKS
+            | INCOMPAT_GROUP_CLAIMS);
         v2.sharing = None;
         assert_eq!(v2.format_version(), 2);
         assert!(v2.object_lock_area().is_none());
@@ -1129,12 +1177,12 @@ mod tests {
         }
         // A version this release does not know.
         let mut raw = sb.encode();
-        raw[8..12].copy_from_slice(&8u32.to_le_bytes());
+        raw[8..12].copy_from_slice(&9u32.to_le_bytes());
         let crc = crc32c::crc32c(&raw[..CRC]);
         raw[CRC..].copy_from_slice(&crc.to_le_bytes());
         let e = Superblock::decode(&raw).unwrap_err();
         assert_eq!(e.kind(), ErrorKind::Unsupported);
-        assert!(e.to_string().contains("knows 1 to 7"), "{e}");
+        assert!(e.to_string().contains("knows 1 to 8"), "{e}");
         assert!(sb.check_features().is_ok());
     }
 
@@ -1160,14 +1208,15 @@ mod tests {
             assert_eq!(u32::from_le_bytes(raw[288..292].try_into().unwrap()), code);
             let back = Superblock::decode(&raw).unwrap();
             assert_eq!(back.sharing, Some(mode));
-            assert_eq!(back.format_version(), 7);
+            assert_eq!(back.format_version(), 8);
         }
         assert_eq!(SharingMode::SingleHost.to_string(), "single-host");
         assert_eq!(SharingMode::MultiNode.to_string(), "multi-node");
 
         // A version-3 volume: no bit, the mode is unknown, and byte 288 is not read.
         let mut v3 = sb.clone();
-        v3.incompat &= !(INCOMPAT_SHARING_MODE | INCOMPAT_GROW | INCOMPAT_GROUP_MARKS);
+        v3.incompat &=
+            !(INCOMPAT_SHARING_MODE | INCOMPAT_GROW | INCOMPAT_GROUP_MARKS | INCOMPAT_GROUP_CLAIMS);
         v3.sharing = None;
         assert_eq!(v3.format_version(), 3);
         let mut raw = v3.encode();

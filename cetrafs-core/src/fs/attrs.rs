@@ -642,7 +642,7 @@ mod tests {
     fn version_1_volume_keeps_its_limits() {
         let (dev, v) = fresh(64 << 20);
         let mut sb = v.superblock().clone();
-        assert_eq!(sb.format_version(), 7);
+        assert_eq!(sb.format_version(), 8);
         v.unmount().unwrap();
         sb.incompat = 0;
         sb.sharing = None;

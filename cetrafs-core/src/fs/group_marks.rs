@@ -42,7 +42,7 @@
 
 use super::txn::{Meta, Tx};
 use super::Volume;
-use crate::alloc::GroupGate;
+use crate::alloc::{GroupClass, GroupGate};
 use crate::cluster::lock::{GroupMark, LockTable, Me};
 use crate::error::Result;
 use crate::format::lock_record::LockMode;
@@ -62,6 +62,10 @@ enum Refill {
 /// How long a node under the global lock waits for another node's mark on a group it would
 /// only allocate from (it looks elsewhere then).
 pub const MARK_PATIENCE: Duration = Duration::from_millis(200);
+
+/// How many groups nobody owns a refill tries to claim without the global lock (format 8)
+/// before the write takes the global path.
+const CLAIM_TRIES: usize = 3;
 
 /// The allocator's [`GroupGate`] on a format-7 volume: this node's mark, through the lock
 /// table.
@@ -157,12 +161,15 @@ impl Volume {
     }
 
     /// [`Volume::refill_marked`] once its conditions hold: the groups this node owns, the
-    /// emptiest last. True if the pool got blocks.
+    /// emptiest last; then (format 8) a group nobody owns, claimed. Goes on to the next group
+    /// while the pool stays low (a nearly full group tops it up only in part). True if the
+    /// pool got blocks.
     fn refill_from_mine(&self, m: &mut Meta) -> bool {
         let me = self.cl.me;
         if m.groups().has_marks_to_take_off() {
             self.unmark_groups(m);
         }
+        let mut got = false;
         for (g, _) in m.groups().mine_by_free() {
             match self.cl.locks.mark_group(g, me, true) {
                 Ok(GroupMark::Marked) => {}
@@ -174,47 +181,103 @@ impl Volume {
                     return false;
                 }
             }
-            match self.refill_from(m, g) {
-                Ok(Refill::Home(taken)) => {
-                    let free = m.groups().group_free(g);
-                    match self.unmark(g, free) {
-                        Ok(()) => {
-                            if let Some(free) = free {
-                                m.groups().note_published(g, free);
-                            }
-                        }
-                        // Perhaps still ours: the next refill or handoff takes it off.
-                        Err(e) => {
-                            tracing::warn!("taking the mark off allocation group {g} failed: {e}");
-                            m.groups().unmark_later(g);
-                        }
-                    }
-                    if taken {
-                        tracing::debug!(
-                            "refilled the block pool from group {g} without the global lock"
-                        );
-                        return true;
-                    }
-                }
-                Ok(Refill::Undone(e)) => {
-                    // Nothing of it reached a transaction (the allocator undid its part).
-                    tracing::warn!("refilling the pool from allocation group {g} failed: {e}");
-                    if self.unmark(g, None).is_err() {
-                        m.groups().unmark_later(g);
-                    }
-                    return false;
-                }
-                Err(e) => {
-                    // Committed in memory, perhaps journaled, perhaps partly home: unknown. The
-                    // mark stays until the others have recovered this node.
-                    self.member.fence(format!(
-                        "metadata commit of a pool refill from allocation group {g} failed: {e}"
-                    ));
-                    return false;
-                }
+            match self.refill_under_mark(m, g) {
+                Some(false) => {}
+                Some(true) if m.pool_is_low() => got = true,
+                Some(true) => return true,
+                None => return got,
             }
         }
-        false
+        if self.sb.has_group_claims() {
+            got |= self.refill_from_claimed(m);
+        }
+        got
+    }
+
+    /// Format 8: this node's own groups could not top the pool up. Claim a group nobody owns
+    /// (the one with the most free blocks as far as this node knows, up to [`CLAIM_TRIES`])
+    /// without the global lock — owned and marked in one CAW, so nobody uses it meanwhile
+    /// (alloc.rs "Group claims") — and refill from it. Without this a node's thin images
+    /// stopped growing once its own groups were full while a dead node held the global lock
+    /// (a new group was claimed only under it).
+    fn refill_from_claimed(&self, m: &mut Meta) -> bool {
+        let me = self.cl.me;
+        let mut got = false;
+        if !m.pool_is_low() {
+            return false;
+        }
+        for (g, _) in m.groups().unowned_by_free().into_iter().take(CLAIM_TRIES) {
+            match self.cl.locks.claim_group_marked(g, me) {
+                Ok(true) => {
+                    m.groups().set_class(g, GroupClass::Mine);
+                    tracing::info!(
+                        "took allocation group {g} without the global lock: this node's own groups are full"
+                    );
+                }
+                // Owned, or marked by a node using it: this node knows next time.
+                Ok(false) => continue,
+                Err(e) => {
+                    // The CAW may have landed: the mark goes with the others; the group is
+                    // known as this node's at the next grant of the global lock if it is.
+                    tracing::debug!("claiming allocation group {g} failed: {e}");
+                    m.groups().unmark_later(g);
+                    return got;
+                }
+            }
+            match self.refill_under_mark(m, g) {
+                Some(true) if m.pool_is_low() => got = true,
+                Some(true) => return true,
+                // A fresh group that gives nothing: something else stops refills (claim no
+                // more groups for it).
+                Some(false) | None => return got,
+            }
+        }
+        got
+    }
+
+    /// With this node's mark on its group `g`: refill, make the commit point, take the mark
+    /// off. Some(whether the pool got blocks), or None when the refill must stop (its
+    /// transaction failed; a failed commit point fences the node and leaves the mark).
+    fn refill_under_mark(&self, m: &mut Meta, g: u64) -> Option<bool> {
+        match self.refill_from(m, g) {
+            Ok(Refill::Home(taken)) => {
+                let free = m.groups().group_free(g);
+                match self.unmark(g, free) {
+                    Ok(()) => {
+                        if let Some(free) = free {
+                            m.groups().note_published(g, free);
+                        }
+                    }
+                    // Perhaps still ours: the next refill or handoff takes it off.
+                    Err(e) => {
+                        tracing::warn!("taking the mark off allocation group {g} failed: {e}");
+                        m.groups().unmark_later(g);
+                    }
+                }
+                if taken {
+                    tracing::debug!(
+                        "refilled the block pool from group {g} without the global lock"
+                    );
+                }
+                Some(taken)
+            }
+            Ok(Refill::Undone(e)) => {
+                // Nothing of it reached a transaction (the allocator undid its part).
+                tracing::warn!("refilling the pool from allocation group {g} failed: {e}");
+                if self.unmark(g, None).is_err() {
+                    m.groups().unmark_later(g);
+                }
+                None
+            }
+            Err(e) => {
+                // Committed in memory, perhaps journaled, perhaps partly home: unknown. The
+                // mark stays until the others have recovered this node.
+                self.member.fence(format!(
+                    "metadata commit of a pool refill from allocation group {g} failed: {e}"
+                ));
+                None
+            }
+        }
     }
 
     /// Step 2 of [`Volume::refill_marked`], with `g` marked: the transaction and its commit

@@ -3,7 +3,9 @@
 use super::detached_tests::{gml, node, thin_image};
 use super::multinode_tests::{assert_fsck_clean, volume};
 use super::*;
+use crate::dev::mem::MemDevice;
 use crate::format::lock_record::LockMode;
+use crate::mkfs::{format, GroupRules, MkfsOptions};
 use std::time::{Duration, Instant};
 
 const C: Caller = Caller::ROOT;
@@ -143,4 +145,88 @@ fn a_free_into_another_nodes_group_waits_for_its_mark() {
     a.unmount().unwrap();
     b.unmount().unwrap();
     assert_fsck_clean(&dev);
+}
+
+/// Group records that name `v` as their owner.
+fn owned_by(v: &Volume) -> Vec<u64> {
+    let recs = v.cl.locks.group_records().unwrap();
+    (0u64..)
+        .zip(recs)
+        .filter(|(_, r)| r.mode == LockMode::Exclusive && r.owner == v.cl.me.slot)
+        .map(|(g, _)| g)
+        .collect()
+}
+
+/// Grow a thin image on a by three times its groups' worth while b holds the global lock
+/// exclusively, on a volume of 16 MiB groups made with or without group claims. Returns
+/// whether a took the global lock meanwhile, and the groups a owned before and after.
+fn outgrow_own_groups(claims: bool) -> (bool, Vec<u64>, Vec<u64>) {
+    let dev = Arc::new(MemDevice::new(512 << 20, 512));
+    let opts = MkfsOptions {
+        max_nodes: 4,
+        journal_bytes: 1 << 20,
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        group_bytes: Some(16 << 20),
+        group_rules: if claims {
+            GroupRules::Claims
+        } else {
+            GroupRules::Marks
+        },
+        ..Default::default()
+    };
+    format(&*dev, &opts, &mut |_, _| {}).unwrap();
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    assert_eq!(a.sb.has_group_claims(), claims);
+    let (f, fh) = thin_image(&a, b"img");
+    a.write(&fh, 0, &pattern(0)).unwrap();
+    let before = owned_by(&a);
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    let total = 3 * u64::try_from(before.len()).unwrap() * (16 << 20) + MIB;
+    let mut took_global = false;
+    for off in (MIB..total).step_by(usize::try_from(MIB).unwrap()) {
+        a.write(&fh, off, &pattern(off)).unwrap();
+        took_global |= gml(&a) != LockMode::Free;
+    }
+    let after = owned_by(&a);
+    assert!(
+        marked_by(&a).is_empty(),
+        "a refill left its mark on {:?} (owned {before:?} -> {after:?}, took the global lock: {took_global})",
+        marked_by(&a)
+    );
+    let bfh = b.open(f.ino, false, false).unwrap();
+    for off in (0..total).step_by(usize::try_from(MIB).unwrap()) {
+        let mut got = Vec::new();
+        b.read(&bfh, off, 1 << 20, &mut |d| got.extend_from_slice(d))
+            .unwrap();
+        assert!(got == pattern(off), "b read other bytes at {off}");
+    }
+    b.release(&bfh).unwrap();
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+    (took_global, before, after)
+}
+
+/// Format 8: once a node's own groups are full, its refills claim groups nobody owns without
+/// the global lock (one CAW each), so a thin image keeps growing while another node holds
+/// the global lock (or lies dead holding it). On format 7 the same growth takes the global
+/// lock once the node's groups are full (from a live holder, as here; a dead one's recovery
+/// would be waited for).
+#[test]
+fn a_thin_image_outgrows_its_nodes_groups_while_another_node_holds_the_global_lock() {
+    let (took_global, before, after) = outgrow_own_groups(true);
+    assert!(!took_global, "format 8: a refill took the global lock");
+    assert!(
+        after.len() >= before.len() + 2,
+        "a claimed no groups of its own: {before:?} -> {after:?}"
+    );
+    let (took_global, _, _) = outgrow_own_groups(false);
+    assert!(
+        took_global,
+        "format 7 grew past a's groups without the global lock"
+    );
 }

@@ -139,8 +139,8 @@ fn node_slots_added_offline_get_journals_in_the_groups() {
     assert_eq!((new.max_nodes, new.base_journals()), (4, 2));
     assert_eq!(
         new.format_version(),
-        7,
-        "group marks (7) and added slots (6)"
+        8,
+        "group claims (8) and added slots (6)"
     );
     assert_eq!(new.extra_journals.len(), 2);
     for (i, &j) in new.extra_journals.iter().enumerate() {

@@ -192,7 +192,9 @@ impl Volume {
         if sb.has_group_marks() {
             // Format 7: another node's group is used under its mark only (fs/group_marks.rs).
             let gate = super::group_marks::MarkGate::new(cl.locks.clone(), me, timing.dead_time());
-            meta.groups().set_gate(Arc::new(gate));
+            // Format 8: groups nobody owns too (a node may claim one without the global lock).
+            meta.groups()
+                .set_gate(Arc::new(gate), sb.has_group_claims());
         }
         let emptied = meta.emptied_counter();
         let vol = Arc::new(Volume {

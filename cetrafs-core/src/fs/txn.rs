@@ -529,9 +529,14 @@ impl Groups<'_> {
         self.0.take_changed()
     }
 
-    /// Format 7: mark other nodes' groups through `gate` before using them (alloc.rs).
-    pub fn set_gate(&mut self, gate: std::sync::Arc<dyn crate::alloc::GroupGate>) {
-        self.0.set_gate(gate);
+    /// Format 7: mark other nodes' groups through `gate` before using them (alloc.rs); with
+    /// `unowned_too` (format 8) also groups nobody owns.
+    pub fn set_gate(
+        &mut self,
+        gate: std::sync::Arc<dyn crate::alloc::GroupGate>,
+        unowned_too: bool,
+    ) {
+        self.0.set_gate(gate, unowned_too);
     }
 
     /// The other nodes' groups this node's mark is on (to take the marks off).
@@ -551,7 +556,13 @@ impl Groups<'_> {
 
     /// Groups this node owns, with the most free blocks first (where a refill looks).
     pub fn mine_by_free(&self) -> Vec<(u64, u64)> {
-        self.0.mine_by_free()
+        self.0.by_free(crate::alloc::GroupClass::Mine)
+    }
+
+    /// Groups nobody owns as far as this node knows, with the most free blocks first (where
+    /// a refill claims one, format 8).
+    pub fn unowned_by_free(&self) -> Vec<(u64, u64)> {
+        self.0.by_free(crate::alloc::GroupClass::Unowned)
     }
 }
 
@@ -821,18 +832,17 @@ impl<'a> Tx<'a> {
     /// Only this transaction's commit and a commit point may follow (the bitmap blocks must
     /// be home before the mark goes).
     pub fn refill_pool_marked(&mut self, g: u64) -> Result<bool> {
-        use super::pool::{CHUNK, LOW_FRACTION, MIN_CHUNK};
+        use super::pool::{CHUNK, MIN_CHUNK};
         debug_assert!(self.detached);
         let chunk = CHUNK.min(self.meta.alloc.free_blocks() / 64);
-        let Some((available, fragments)) = self
-            .meta
-            .pool
-            .as_ref()
-            .map(|p| (p.available(), p.fragments()))
+        let Some((low, fragments)) = self.meta.pool.as_ref().map(|p| (p.is_low(), p.fragments()))
         else {
             return Ok(false);
         };
-        if chunk < MIN_CHUNK || available >= chunk / LOW_FRACTION {
+        // Low as the write path judged it (`Pool::is_low`, against the last refill's size):
+        // a size computed again here shrinks as the volume fills, and a pool the write path
+        // found low would not be topped up, the write then taking the global path.
+        if chunk < MIN_CHUNK || !low {
             return Ok(false);
         }
         // At most as many runs as the inode has room for: nothing to free again (a free
