@@ -532,7 +532,7 @@ impl Volume {
         self.cl
             .seen_version
             .store(m.gml_version(), Ordering::Release);
-        self.refresh_group_classes(m);
+        self.refresh_group_classes(m, false);
         match membership::scan(&*self.dev, &self.sb) {
             Ok(views) => self.cl.set_live(&views),
             Err(e) => tracing::warn!("reading the heartbeat area failed: {e}"),
@@ -546,14 +546,19 @@ impl Volume {
     fn invalidate(&self, m: &mut Meta) {
         m.drop_cache();
         m.groups().invalidate();
-        self.refresh_group_classes(m);
+        // At a grant: everything this node changed before is home (its last handoff emptied
+        // the journal), so a group asked for may go back.
+        self.refresh_group_classes(m, true);
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Learn who owns which group and the free counts other nodes published; give back groups
-    /// of ours that a node short of space asked for (their free count goes into the value block
-    /// on the way).
-    pub(super) fn refresh_group_classes(&self, m: &mut Meta) {
+    /// Learn who owns which group and the free counts other nodes published; with
+    /// `give_back` (only at a grant of the global lock, exclusive: nothing of this node's is
+    /// pending then, and no reservation is left), give back groups of ours that a node short
+    /// of space asked for (their free count goes into the value block on the way). Mid-hold
+    /// a group given back could be claimed by another node (format 8) while this node's
+    /// changes there are not home yet.
+    pub(super) fn refresh_group_classes(&self, m: &mut Meta, give_back: bool) {
         use crate::alloc::GroupClass;
         let me = self.cl.me;
         let records = match self.cl.locks.group_records() {
@@ -588,6 +593,7 @@ impl Volume {
                 .iter()
                 .any(|s| s != me.slot && self.cl.slot_live(s));
             if class == GroupClass::Mine
+                && give_back
                 && asked
                 && !self.read_only
                 && m.gml() == LockMode::Exclusive
@@ -604,7 +610,13 @@ impl Volume {
                         );
                         class = GroupClass::Unowned;
                     }
-                    Err(e) => tracing::warn!("giving allocation group {g} back failed: {e}"),
+                    Err(e) => {
+                        // The CAW may have landed: then the group is Free on disk, and
+                        // another node may claim it (format 8). Used again only under a
+                        // mark until the next read of the owners says whose it is.
+                        tracing::warn!("giving allocation group {g} back failed: {e}");
+                        class = GroupClass::Unowned;
+                    }
                 }
             }
             m.groups().set_class(g, class);

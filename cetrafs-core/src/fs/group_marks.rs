@@ -183,7 +183,7 @@ impl Volume {
             }
             match self.refill_under_mark(m, g) {
                 Some(false) => {}
-                Some(true) if m.pool_is_low() => got = true,
+                Some(true) if m.pool_may_refill() => got = true,
                 Some(true) => return true,
                 None => return got,
             }
@@ -203,7 +203,9 @@ impl Volume {
     fn refill_from_claimed(&self, m: &mut Meta) -> bool {
         let me = self.cl.me;
         let mut got = false;
-        if !m.pool_is_low() {
+        // Nothing to claim a group for: the volume is nearly full, or the pool needs the
+        // global path's compaction first.
+        if !m.pool_may_refill() {
             return false;
         }
         for (g, _) in m.groups().unowned_by_free().into_iter().take(CLAIM_TRIES) {
@@ -214,8 +216,12 @@ impl Volume {
                         "took allocation group {g} without the global lock: this node's own groups are full"
                     );
                 }
-                // Owned, or marked by a node using it: this node knows next time.
-                Ok(false) => continue,
+                // Owned, or marked by a node using it: not a group to claim now (until the
+                // next read of the owners says otherwise; the gate marks it before any use).
+                Ok(false) => {
+                    m.groups().set_class(g, GroupClass::Others);
+                    continue;
+                }
                 Err(e) => {
                     // The CAW may have landed: the mark goes with the others; the group is
                     // known as this node's at the next grant of the global lock if it is.
@@ -225,7 +231,7 @@ impl Volume {
                 }
             }
             match self.refill_under_mark(m, g) {
-                Some(true) if m.pool_is_low() => got = true,
+                Some(true) if m.pool_may_refill() => got = true,
                 Some(true) => return true,
                 // A fresh group that gives nothing: something else stops refills (claim no
                 // more groups for it).

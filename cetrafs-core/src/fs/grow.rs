@@ -201,8 +201,9 @@ impl Volume {
         let groups = new.group_count;
         m.adopt_geometry(new)?;
         self.cl.locks.set_group_count(groups);
-        // Who owns the new groups (another node may have claimed some already).
-        self.refresh_group_classes(m);
+        // Who owns the new groups (another node may have claimed some already). Nothing
+        // goes back here: changes of this hold may not be home yet.
+        self.refresh_group_classes(m, false);
         Ok(())
     }
 }

@@ -277,6 +277,18 @@ impl Meta {
         self.pool.as_ref().is_some_and(super::pool::Pool::is_low)
     }
 
+    /// May a refill without the global lock (`fs/group_marks.rs`) add to the pool now? It is
+    /// low, the volume has a refill's worth free (`Pool` chunk, as [`Tx::refill_pool_marked`]
+    /// takes it), and the pool inode is not so fragmented that the global path must compact
+    /// it first (each refill adds runs).
+    pub fn pool_may_refill(&self) -> bool {
+        use super::pool::{CHUNK, MIN_CHUNK};
+        self.pool
+            .as_ref()
+            .is_some_and(|p| p.is_low() && !p.needs_compaction())
+            && CHUNK.min(self.alloc.free_blocks() / 64) >= MIN_CHUNK
+    }
+
     /// How many more extents the pool inode can take (0 without a pool): each write in flight
     /// from the pool may add two (a run taken out of the middle of one, a tree node given
     /// back), and the inode must stay inline.
