@@ -2479,6 +2479,12 @@ fn thin_image(path: &std::path::Path) -> fs::File {
 /// whole 64 MiB growth, so no refill of its pool needs a new group (claiming one takes the
 /// global lock).
 fn lun_with_big_groups() -> Lun {
+    lun_with_groups("256M", "8")
+}
+
+/// A 1 GiB LUN of format `format` with the test timings, four node slots and groups of
+/// `size`.
+fn lun_with_groups(size: &str, format: &str) -> Lun {
     let lun = Lun::new(1 << 30);
     let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
     lun.mkfs(&[
@@ -2489,7 +2495,9 @@ fn lun_with_big_groups() -> Lun {
         "-N",
         "4",
         "--group-size",
-        "256M",
+        size,
+        "--format-version",
+        format,
     ]);
     lun
 }
@@ -2512,6 +2520,24 @@ fn assert_mib(img: &fs::File, byte: u8, mibs: std::ops::Range<usize>) {
             .expect("read the thin image back");
         assert!(back.iter().all(|&b| b == byte), "MiB {i} of the thin image");
     }
+}
+
+/// node2 moves `a/f` between `a/` and `b/` `moves` times (each move takes the global lock
+/// exclusively) and is SIGKILLed right after the last, still holding the lock: nobody asked
+/// for it, and an idle hold goes back only a second after its last use. Returns when.
+fn kill_holding_the_global_lock(node2: Mount, moves: usize) -> Instant {
+    for i in 0..moves {
+        let (from, to) = if i % 2 == 0 {
+            ("a/f", "b/f")
+        } else {
+            ("b/f", "a/f")
+        };
+        fs::rename(node2.p(from), node2.p(to)).expect("move on node2");
+    }
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    Instant::now()
 }
 
 /// Has `node` logged that it recovered `dead`?
@@ -2565,21 +2591,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     fs::File::open(node2.p("a/f"))
         .and_then(|f| f.sync_all())
         .expect("fsync a/f on node2");
-    // Moves between directories need the global lock; node2 keeps it after the last one
-    // (nobody asks for it) and is killed well inside the second after which an idle hold
-    // goes back.
-    for i in 0..10 {
-        let (from, to) = if i % 2 == 0 {
-            ("a/f", "b/f")
-        } else {
-            ("b/f", "a/f")
-        };
-        fs::rename(node2.p(from), node2.p(to)).expect("move on node2");
-    }
-    node2
-        .abandon(Some(libc::SIGKILL))
-        .expect("kill node2's daemon");
-    let killed = Instant::now();
+    let killed = kill_holding_the_global_lock(node2, 10);
     // Meanwhile another process on node1 moves a file between directories: it waits for the
     // global lock until node2 is recovered, and the image's writes must not wait with it.
     let (from, to) = (node1.p("y/m"), node1.p("z/m"));
@@ -2742,20 +2754,7 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
 /// done, and whether node2 had been recovered by then.
 fn outgrow_groups_while_a_dead_node_holds_the_global_lock(format: &str) -> (Duration, bool) {
     const GROW_MIB: usize = 96;
-    let lun = Lun::new(1 << 30);
-    let (hb, io) = (HEARTBEAT_MS.to_string(), IO_TIMEOUT_MS.to_string());
-    lun.mkfs(&[
-        "--heartbeat-interval",
-        &hb,
-        "--io-timeout",
-        &io,
-        "-N",
-        "4",
-        "--group-size",
-        "16M",
-        "--format-version",
-        format,
-    ]);
+    let lun = lun_with_groups("16M", format);
     let node1 = Mount::new(&lun, "node1");
     let node2 = Mount::new(&lun, "node2");
     let img = thin_image(&node1.p("thin.img"));
@@ -2764,20 +2763,7 @@ fn outgrow_groups_while_a_dead_node_holds_the_global_lock(format: &str) -> (Dura
         fs::create_dir(node2.p(d)).expect("mkdir on node2");
     }
     fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
-    // node2 keeps the global lock after its last move (nobody asks for it) and is killed
-    // well inside the second after which an idle hold goes back.
-    for i in 0..4 {
-        let (from, to) = if i % 2 == 0 {
-            ("a/f", "b/f")
-        } else {
-            ("b/f", "a/f")
-        };
-        fs::rename(node2.p(from), node2.p(to)).expect("move on node2");
-    }
-    node2
-        .abandon(Some(libc::SIGKILL))
-        .expect("kill node2's daemon");
-    let killed = Instant::now();
+    let killed = kill_holding_the_global_lock(node2, 4);
     grow_mib(&img, 0x2D, 1..GROW_MIB + 1);
     let grown = killed.elapsed();
     let recovered_by_then = has_recovered(&node1, "node2");

@@ -1150,25 +1150,7 @@ impl LockTable {
     /// Take group `g` if it is Free (version + 1). True if it is now mine (also if it already
     /// was).
     pub fn claim_group(&self, g: u64, me: Me) -> Result<bool> {
-        self.check_group(g)?;
-        check_slot(me.slot)?;
-        let mut mine = false;
-        let written = self.update(self.group_index(g), |r| {
-            mine = r.mode == LockMode::Exclusive && r.owner == me.slot && r.owner_gen == me.gen;
-            if mine || r.mode != LockMode::Free {
-                return None;
-            }
-            let mut n = r.clone();
-            n.mode = LockMode::Exclusive;
-            n.owner = me.slot;
-            n.owner_gen = me.gen;
-            n.holders = SlotSet::default();
-            n.waiters.remove(me.slot);
-            // `next` is the group's mark (format 7): independent of who owns it, kept.
-            n.version = r.version.wrapping_add(1);
-            Some(n)
-        })?;
-        Ok(mine || written.is_some())
+        self.claim(g, me, false)
     }
 
     /// Format 8 (docs/locking.md §9 "Group claims"): claim group `g` **without the global
@@ -1177,19 +1159,22 @@ impl LockTable {
     /// marks a group nobody owns before it uses it, and takes the mark off only once what it
     /// changed there is home. False if the group is owned or marked (nothing written).
     pub fn claim_group_marked(&self, g: u64, me: Me) -> Result<bool> {
+        self.claim(g, me, true)
+    }
+
+    /// [`claim_group`](Self::claim_group), and with `marked`
+    /// [`claim_group_marked`](Self::claim_group_marked).
+    fn claim(&self, g: u64, me: Me, marked: bool) -> Result<bool> {
         self.check_group(g)?;
         check_slot(me.slot)?;
-        let mut claimed = false;
+        let mut mine = false;
         self.update(self.group_index(g), |r| {
             // Decided anew on every read (a lost CAW is retried on what is there now).
-            claimed = r.mode == LockMode::Exclusive
+            mine = r.mode == LockMode::Exclusive
                 && r.owner == me.slot
                 && r.owner_gen == me.gen
-                && r.next == me.slot;
-            if claimed {
-                return None;
-            }
-            if r.mode != LockMode::Free || r.next != NO_SLOT {
+                && (!marked || r.next == me.slot);
+            if mine || r.mode != LockMode::Free || (marked && r.next != NO_SLOT) {
                 return None;
             }
             let mut n = r.clone();
@@ -1198,12 +1183,16 @@ impl LockTable {
             n.owner_gen = me.gen;
             n.holders = SlotSet::default();
             n.waiters.remove(me.slot);
-            n.next = me.slot;
+            // `next` is the group's mark (format 7): independent of who owns it, kept by a
+            // claim under the global lock, this node's after a claim without it.
+            if marked {
+                n.next = me.slot;
+            }
             n.version = r.version.wrapping_add(1);
-            claimed = true;
+            mine = true;
             Some(n)
         })?;
-        Ok(claimed)
+        Ok(mine)
     }
 
     /// Ask for group `g`, owned by another node: its owner gives it back (at its next metadata

@@ -28,6 +28,31 @@ fn marked_by(v: &Volume) -> Vec<u64> {
         .collect()
 }
 
+/// The end of a growth test: b reads the first `total` bytes of a's image `ino` (a writes its
+/// inode home when b asks for its lock) and finds the test pattern; both unmount; fsck is
+/// clean.
+fn b_reads_back_and_both_unmount(
+    dev: &Arc<MemDevice>,
+    a: &Volume,
+    b: &Volume,
+    ino: Ino,
+    fh: &Arc<OpenFile>,
+    total: u64,
+) {
+    let bfh = b.open(ino, false, false).unwrap();
+    for off in (0..total).step_by(usize::try_from(MIB).unwrap()) {
+        let mut got = Vec::new();
+        b.read(&bfh, off, 1 << 20, &mut |d| got.extend_from_slice(d))
+            .unwrap();
+        assert!(got == pattern(off), "b read other bytes at {off}");
+    }
+    b.release(&bfh).unwrap();
+    a.release(fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(dev);
+}
+
 /// The point of marks: a thin image grows through several pool refills while another node
 /// holds the global lock exclusively (as a node that died holding it would, until it is
 /// recovered). Before format 7 the first refill waited for the global lock.
@@ -57,19 +82,7 @@ fn a_thin_image_outgrows_its_pool_while_another_node_holds_the_global_lock() {
     assert_eq!(gml(&a), LockMode::Free, "a refill took the global lock");
     assert_eq!(gml(&b), LockMode::Exclusive);
     assert!(marked_by(&a).is_empty(), "a refill left its mark");
-    // b reads it all (a writes its inode home when b asks for its lock).
-    let bfh = b.open(f.ino, false, false).unwrap();
-    for off in (0..total).step_by(usize::try_from(MIB).unwrap()) {
-        let mut got = Vec::new();
-        b.read(&bfh, off, 1 << 20, &mut |d| got.extend_from_slice(d))
-            .unwrap();
-        assert!(got == pattern(off), "b read other bytes at {off}");
-    }
-    b.release(&bfh).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    b_reads_back_and_both_unmount(&dev, &a, &b, f.ino, &fh, total);
 }
 
 /// A free into a group another node owns needs the group's mark: while the owner's mark is
@@ -196,18 +209,7 @@ fn outgrow_own_groups(claims: bool) -> (bool, Vec<u64>, Vec<u64>) {
         "a refill left its mark on {:?} (owned {before:?} -> {after:?}, took the global lock: {took_global})",
         marked_by(&a)
     );
-    let bfh = b.open(f.ino, false, false).unwrap();
-    for off in (0..total).step_by(usize::try_from(MIB).unwrap()) {
-        let mut got = Vec::new();
-        b.read(&bfh, off, 1 << 20, &mut |d| got.extend_from_slice(d))
-            .unwrap();
-        assert!(got == pattern(off), "b read other bytes at {off}");
-    }
-    b.release(&bfh).unwrap();
-    a.release(&fh).unwrap();
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    b_reads_back_and_both_unmount(&dev, &a, &b, f.ino, &fh, total);
     (took_global, before, after)
 }
 
