@@ -1,11 +1,11 @@
 //! Group marks (format 7, `fs/group_marks.rs`), with two nodes on one memory device.
 
 use super::detached_tests::{gml, node, thin_image};
-use super::multinode_tests::{assert_fsck_clean, volume};
+use super::multinode_tests::{assert_fsck_clean, test_mkfs, volume, volume_with};
 use super::*;
 use crate::dev::mem::MemDevice;
 use crate::format::lock_record::LockMode;
-use crate::mkfs::{format, GroupRules, MkfsOptions};
+use crate::mkfs::{GroupRules, MkfsOptions};
 use std::time::{Duration, Instant};
 
 const C: Caller = Caller::ROOT;
@@ -174,21 +174,15 @@ fn owned_by(v: &Volume) -> Vec<u64> {
 /// exclusively, on a volume of 16 MiB groups made with or without group claims. Returns
 /// whether a took the global lock meanwhile, and the groups a owned before and after.
 fn outgrow_own_groups(claims: bool) -> (bool, Vec<u64>, Vec<u64>) {
-    let dev = Arc::new(MemDevice::new(512 << 20, 512));
-    let opts = MkfsOptions {
-        max_nodes: 4,
-        journal_bytes: 1 << 20,
-        heartbeat_interval_ms: 50,
-        io_timeout_ms: 100,
+    let dev = volume_with(&MkfsOptions {
         group_bytes: Some(16 << 20),
         group_rules: if claims {
             GroupRules::Claims
         } else {
             GroupRules::Marks
         },
-        ..Default::default()
-    };
-    format(&*dev, &opts, &mut |_, _| {}).unwrap();
+        ..test_mkfs(4)
+    });
     let a = node(&dev, "a");
     let b = node(&dev, "b");
     assert_eq!(a.sb.has_group_claims(), claims);

@@ -11,15 +11,24 @@ use std::time::Duration;
 const C: Caller = Caller::ROOT;
 
 pub(super) fn volume(nodes: u32) -> Arc<MemDevice> {
-    let dev = Arc::new(MemDevice::new(512 << 20, 512));
-    let opts = MkfsOptions {
+    volume_with(&test_mkfs(nodes))
+}
+
+/// The mkfs options of [`volume`]: `nodes` slots, 1 MiB journals, test timings.
+pub(super) fn test_mkfs(nodes: u32) -> MkfsOptions {
+    MkfsOptions {
         max_nodes: nodes,
         journal_bytes: 1 << 20,
         heartbeat_interval_ms: 50,
         io_timeout_ms: 100,
         ..Default::default()
-    };
-    format(&*dev, &opts, &mut |_, _| {}).unwrap();
+    }
+}
+
+/// A 512 MiB memory volume made with `opts`.
+pub(super) fn volume_with(opts: &MkfsOptions) -> Arc<MemDevice> {
+    let dev = Arc::new(MemDevice::new(512 << 20, 512));
+    format(&*dev, opts, &mut |_, _| {}).unwrap();
     dev
 }
 
