@@ -41,18 +41,26 @@ pub enum ErrorKind {
     /// Internal: a read under the global lock found an inode's lock held elsewhere and not
     /// given up within a moment (its holder may be dead) before it read anything that
     /// matters; the caller gives the global lock and the metadata mutex up, waits for that
-    /// inode's lock ([`Error::inode`]) without them, and starts again (`Volume::read_op`).
+    /// inode's lock ([`Error::lock_wait`]) without them, and starts again (`Volume::read_op`).
+    /// A change that met it before it changed anything waits so too, for a hold it could own.
     /// Never returned to a user (EIO if it were).
     WaitForInodeLock,
+}
+
+/// What an [`ErrorKind::WaitForInodeLock`] waits for: inode `ino`'s lock, to be held shared
+/// (a read) or to be free of every other node's hold (`exclusive`: a change that owns it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct InodeLockWait {
+    pub ino: u64,
+    pub exclusive: bool,
 }
 
 #[derive(Debug)]
 pub struct Error {
     kind: ErrorKind,
     context: String,
-    /// The inode the error is about, where that matters to the caller (the lock to wait for
-    /// of [`ErrorKind::WaitForInodeLock`]).
-    inode: Option<u64>,
+    /// The lock [`ErrorKind::WaitForInodeLock`] waits for.
+    lock_wait: Option<InodeLockWait>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
@@ -63,15 +71,16 @@ impl Error {
         Self {
             kind,
             context: context.into(),
-            inode: None,
+            lock_wait: None,
             source: None,
         }
     }
 
-    /// [`ErrorKind::WaitForInodeLock`] for inode `ino`.
-    pub fn wait_for_inode_lock(ino: u64) -> Self {
+    /// [`ErrorKind::WaitForInodeLock`] for inode `ino`'s lock, to hold it shared or, if
+    /// `exclusive`, until no other node holds it.
+    pub fn wait_for_inode_lock(ino: u64, exclusive: bool) -> Self {
         Self {
-            inode: Some(ino),
+            lock_wait: Some(InodeLockWait { ino, exclusive }),
             ..Self::new(
                 ErrorKind::WaitForInodeLock,
                 format!("the lock of inode {ino} is held by another node"),
@@ -79,9 +88,9 @@ impl Error {
         }
     }
 
-    /// The inode this error is about, if it names one.
-    pub fn inode(&self) -> Option<u64> {
-        self.inode
+    /// The inode lock an [`ErrorKind::WaitForInodeLock`] waits for.
+    pub fn lock_wait(&self) -> Option<InodeLockWait> {
+        self.lock_wait
     }
 
     pub fn with_source(
@@ -92,7 +101,7 @@ impl Error {
         Self {
             kind,
             context: context.into(),
-            inode: None,
+            lock_wait: None,
             source: Some(Box::new(source)),
         }
     }

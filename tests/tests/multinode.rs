@@ -2749,6 +2749,108 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
     lun.assert_fsck_clean();
 }
 
+/// A dead reader of an image blocks only that image. node1 writes `y/vm.img` and keeps it
+/// open for writing (a VM); node2 opens it for reading and reads it (as a backup or
+/// `qemu-img info` would), keeps it open — so it holds the image's inode lock shared, and
+/// node1 none — and is SIGKILLed. node1's next allocating write into the image must own
+/// that lock, and waits for node2's recovery, as it must (node2 may still be reading until
+/// its lease is over). Meanwhile node3 moves a file between directories (it needs the global
+/// lock, which node1 took for the write) and node1's thin image grows by 64 MiB (its
+/// allocating writes need node1's metadata mutex): both must go on before node2 is
+/// recovered. The write gives both up while it waits to own the inode, and starts again
+/// after. Before, it waited holding both, and they waited the whole dead time with it.
+#[test]
+fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
+    const GROW_MIB: usize = 64;
+    require_fuse!();
+    let _serial = serial();
+    let lun = lun_with_big_groups();
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    let node3 = Mount::new(&lun, "node3");
+    fs::create_dir(node1.p("y")).expect("mkdir y on node1");
+    let img = thin_image(&node1.p("y/thin.img"));
+    let chunk = vec![0x5A_u8; 1 << 20];
+    img.write_all_at(&chunk, 0).expect("first write on node1");
+    let vm = thin_image(&node1.p("y/vm.img"));
+    vm.write_all_at(&chunk, 0).expect("write y/vm.img on node1");
+    vm.sync_all().expect("fsync y/vm.img on node1");
+    let reader = fs::File::open(node2.p("y/vm.img")).expect("open y/vm.img on node2");
+    let mut first = vec![0u8; 4096];
+    reader
+        .read_exact_at(&mut first, 0)
+        .expect("read y/vm.img on node2");
+    assert!(
+        first.iter().all(|&b| b == 0x5A),
+        "node2 reads node1's image"
+    );
+    for d in ["p", "q"] {
+        fs::create_dir(node3.p(d)).expect("mkdir on node3");
+    }
+    fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
+    // Idle holds go back between 1 and about 2 s after their last use; node2's hold of the
+    // image it has open for reading stays.
+    std::thread::sleep(Duration::from_secs(3));
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    let vm = std::sync::Arc::new(vm);
+    let writer = {
+        let (vm, chunk) = (vm.clone(), chunk.clone());
+        std::thread::spawn(move || {
+            let r = vm
+                .write_all_at(&chunk, 1 << 20)
+                .and_then(|()| vm.sync_all());
+            (r, Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
+    let moved = t.elapsed();
+    grow_mib(&img, 0x5A, 1..GROW_MIB + 1);
+    let grown = killed.elapsed();
+    let recovered = || has_recovered(&node1, "node2") || has_recovered(&node3, "node2");
+    let recovered_by_then = recovered();
+    eprintln!(
+        "after node2's death holding y/vm.img shared: node3's move took {:.3} s; node1 had \
+         written {GROW_MIB} MiB into its thin image {:.3} s after the kill (dead time {:.1} s; \
+         recovered by then: {recovered_by_then})",
+        moved.as_secs_f64(),
+        grown.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before node3's move and node1's growth were done ({grown:?}): they \
+         waited for node1's write into the image node2 held\nnode1:\n{}\nnode3:\n{}",
+        node1.log(),
+        node3.log()
+    );
+    assert!(
+        !writer.is_finished(),
+        "node1's write into y/vm.img did not wait for node2's hold: the test proves nothing"
+    );
+    assert!(
+        poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
+        "node2 was not recovered"
+    );
+    let (wrote, at) = writer.join().expect("the writer thread");
+    wrote.expect("node1's write into y/vm.img");
+    eprintln!(
+        "node1's write into y/vm.img waited {:.3} s (until node2's recovery)",
+        (at - killed).as_secs_f64()
+    );
+    assert_mib(&vm, 0x5A, 0..2);
+    assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
+    assert_mib(&img, 0x5A, 0..GROW_MIB + 1);
+    drop((img, vm));
+    node3.unmount();
+    node1.unmount();
+    lun.assert_fsck_clean();
+}
+
 /// node1 grows a thin image by 96 MiB, six times the 16 MiB groups of this volume, right
 /// after node2 died holding the global lock. Returns how long after the kill the growth was
 /// done, and whether node2 had been recovered by then.

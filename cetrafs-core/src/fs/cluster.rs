@@ -873,16 +873,30 @@ impl Volume {
     /// renamed or linked elsewhere, and its lock is taken like any other's.
     /// A parked one (unlinked while open, its block the pool's on disk) goes on the orphan list
     /// in `tx` instead, under the global lock.
+    ///
+    /// A change its caller can start again (`Volume::restartable_op`) that has changed
+    /// nothing yet stops waiting after a moment, as a read does (`fs/detached.rs` rule 3):
+    /// another node's hold — perhaps a dead node's shared one, until its recovery — then
+    /// keeps only this inode waiting, not the global lock and this node's metadata mutex.
     pub(super) fn own_inode(&self, tx: &mut Tx<'_>, ino: u64) -> Result<()> {
         self.detached.forget_fresh(ino);
         if self.detached.take_parked(ino) {
             tx.unpark_from_pool(ino);
             tx.add_orphan(ino)?;
         }
-        match &self.cl.ilocks {
-            Some(il) => il.own(ino, &|| self.lock_abort()),
-            None => Ok(()),
-        }
+        let Some(il) = &self.cl.ilocks else {
+            return Ok(());
+        };
+        let since = std::time::Instant::now();
+        let tx = std::cell::RefCell::new(tx);
+        il.own(ino, &|| {
+            // (Not the node's duties, as a load's wait serves them: the caller holds this
+            // inode's write lock, which mapping its detached writes would take.)
+            tx.try_borrow_mut()
+                .ok()
+                .and_then(|mut t| t.stop_waiting(ino, since, true))
+                .or_else(|| self.lock_abort())
+        })
     }
 
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode

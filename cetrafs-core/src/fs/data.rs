@@ -151,6 +151,15 @@ struct Planned {
     pooled: bool,
 }
 
+/// What the metadata step of a write that the fast path did not take did
+/// ([`Volume::write_slow`]): the whole write (a read-modify-write: offset written at and
+/// setuid/setgid bits removed), or the plan of an allocating write (and its offset) whose data
+/// is written next, without the metadata mutex.
+enum Slow {
+    Written(u64, u32),
+    Planned(Planned, u64),
+}
+
 /// Called once with the result of a write that was queued to be mapped
 /// ([`Volume::write_then`]), on whichever thread mapped it.
 pub type WriteDone = Box<dyn FnOnce(Result<Written>) + Send>;
@@ -622,7 +631,6 @@ impl Volume {
         who: &dyn Credentials,
         done: &mut Option<WriteDone>,
     ) -> Result<(u64, u32)> {
-        let len = data.len() as u64;
         if let WriteAt::Offset(offset) = at {
             if let Some(dropped) = self.try_detached(st, offset, data, who, done)? {
                 return Ok((offset, dropped));
@@ -631,7 +639,32 @@ impl Volume {
         if let Some(offset) = self.write_owned(st, at, data, who)? {
             return Ok((offset, 0));
         }
-        let (plan, id, offset, pooled) = loop {
+        // Until it changed anything, the metadata path starts again rather than wait for
+        // another node's hold of the inode holding the global lock (`Volume::restarting`).
+        let (planned, offset) =
+            match self.restarting(|waited| self.plan_slow(st, at, data, who, waited))? {
+                Slow::Written(offset, dropped) => return Ok((offset, dropped)),
+                Slow::Planned(planned, offset) => (planned, offset),
+            };
+        let written = self.write_plan(&planned.plan, offset, data);
+        let at = Self::queued_at(offset, data);
+        self.map_written(st, planned, written, at, done)
+            .map(|dropped| (offset, dropped))
+    }
+
+    /// [`Volume::write_slow`]'s metadata step under the locks, one attempt
+    /// (`waited`: [`Tx::restartable`]): a whole read-modify-write, or a planned allocating
+    /// write whose blocks are held and in flight.
+    fn plan_slow(
+        &self,
+        st: &Arc<InodeState>,
+        at: WriteAt,
+        data: &[u8],
+        who: &dyn Credentials,
+        waited: &[u64],
+    ) -> Result<Slow> {
+        let len = data.len() as u64;
+        loop {
             let mut meta = self.meta_ex()?;
             let (w0, w1) = match at {
                 WriteAt::Offset(o) => (o / FS_BLOCK, (o + len).div_ceil(FS_BLOCK)),
@@ -641,7 +674,7 @@ impl Volume {
                 drop(self.wait_inflight(meta));
                 continue;
             }
-            let mut tx = Tx::new(&*self.dev, &mut meta);
+            let mut tx = Tx::restartable(&*self.dev, &mut meta, waited);
             self.refresh(&mut tx, st)?;
             let inner = st.write();
             // Before planning blocks or reading any for a read-modify-write: other nodes'
@@ -664,7 +697,7 @@ impl Volume {
                 drop(inner);
                 return self
                     .write_under_lock(tx, st, offset, data, who)
-                    .map(|dropped| (offset, dropped));
+                    .map(|dropped| Slow::Written(offset, dropped));
             }
             // A granule must not take blocks of another write in flight (its blocks are not
             // mapped yet, so they look like a hole): then only the write's own blocks.
@@ -692,12 +725,8 @@ impl Volume {
             } else {
                 meta.inflight_mut().begin(st.ino, p0, p1)
             };
-            break (plan, id, offset, pooled);
-        };
-        let written = self.write_plan(&plan, offset, data);
-        let at = Self::queued_at(offset, data);
-        self.map_written(st, Planned { plan, id, pooled }, written, at, done)
-            .map(|dropped| (offset, dropped))
+            return Ok(Slow::Planned(Planned { plan, id, pooled }, offset));
+        }
     }
 
     /// Plan file blocks `[p0, p1)` of a write under the global lock: from the pool when it has
@@ -1808,7 +1837,7 @@ impl Volume {
         if self.falloc_owned(ino, offset, end, mode)? {
             return Ok(());
         }
-        self.meta_op(|tx| {
+        self.restartable_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
             self.own_inode(tx, ino)?;

@@ -43,7 +43,11 @@
 //!    the inode's block is dropped from the cache before the mutex goes. An owner that died
 //!    holds the lock until its recovery, a dead time (84 s by default), and a `stat` of its
 //!    open image would otherwise keep this node's allocating writes and every node's
-//!    metadata waiting that long with it.
+//!    metadata waiting that long with it. Such a change that waits to *own* an inode another
+//!    node holds (`Volume::own_inode`; a dead node that had the file open for reading holds
+//!    it shared until its recovery) stops waiting so too, and then waits outside until it
+//!    could own it ([`InodeLocks::await_exclusive`]); so does a write's metadata path
+//!    (`Volume::plan_slow`).
 //! 4. **No wait holds what the owner needs.** The owner's handoff needs its metadata mutex (to
 //!    map and commit). A thread waits for the global lock without that mutex
 //!    (`Volume::meta_in`: one thread of the node at a time, on its acquiring turn), and does
@@ -56,7 +60,7 @@
 use super::inode_lock::{InodeLocks, Seal};
 use super::txn::{Meta, Tx};
 use super::{Ino, Volume};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, InodeLockWait, Result};
 use crate::sync::LockPolicy;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -584,11 +588,8 @@ impl Volume {
             if let Ok(mut t) = tx.try_borrow_mut() {
                 // A read its caller starts again waits for the holder (perhaps dead, until
                 // its recovery) with no lock of this node held (`Volume::read_op`).
-                if t.may_restart(ino) && since.elapsed() >= INODE_LOCK_PATIENCE {
-                    // The copy read before this wait may be stale: nobody is to use it
-                    // while the mutex is free.
-                    t.drop_cached(ino);
-                    return Some(Error::wait_for_inode_lock(ino));
+                if let Some(e) = t.stop_waiting(ino, since, false) {
+                    return Some(e);
                 }
                 self.serve_duties(t.meta_mut());
             }
@@ -601,9 +602,14 @@ impl Volume {
     /// lock shared (the exclusive holder wrote it home, or its recoverer replayed it), and
     /// forget the copy of its block read before, so the read that starts again reads it
     /// anew, as [`Volume::before_load`]'s callers do.
-    pub(super) fn wait_for_inode_lock(&self, ino: Ino) -> Result<()> {
+    pub(super) fn wait_for_inode_lock(&self, wait: InodeLockWait) -> Result<()> {
+        let ino = wait.ino;
         if let Some(il) = &self.cl.ilocks {
-            il.hold_shared(ino, &|| self.lock_abort())?;
+            if wait.exclusive {
+                il.await_exclusive(ino, &|| self.lock_abort())?;
+            } else {
+                il.hold_shared(ino, &|| self.lock_abort())?;
+            }
         }
         Tx::new(&*self.dev, &mut self.lock_meta()).drop_cached(ino);
         Ok(())

@@ -648,6 +648,40 @@ impl InodeLocks {
         }
     }
 
+    /// Wait until no other node holds `ino`'s lock, holding no other lock of this node (a
+    /// change that gave its locks up after waiting to own it: `Volume::restarting`): take it
+    /// exclusively — the wait, perhaps for a dead holder's recovery, is the acquire's — and
+    /// give it back at once, unused. The grant validates nothing it did not find valid (the
+    /// cache stays valid only if the version did not move), so whatever this node cached is
+    /// reloaded as after any grant, and the change that starts again owns the lock under the
+    /// global lock as usual (rule 1). Taking it outside the global lock breaks no reader's
+    /// assumption: an exclusive hold changes nothing by itself, and this one changes nothing.
+    pub fn await_exclusive(&self, ino: u64, abort: Abort<'_>) -> Result<()> {
+        let dl = self.lock_of(ino);
+        let obj = ObjectId::inode(ino)?;
+        loop {
+            let seen = {
+                let mut s = dl.settled();
+                if s.held == Held::Exclusive {
+                    return Ok(());
+                }
+                // As in `own`: an upgrade gives the shared hold up while it waits.
+                dl.ready.store(false, Ordering::Release);
+                self.set_held(&mut s, Held::Nothing);
+                s.handoffs
+            };
+            let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Exclusive, seen, abort)?
+            else {
+                continue;
+            };
+            if grant.cache_valid(s.validator) {
+                s.validator = Some(grant.version);
+            }
+            drop(s);
+            return self.give_back(ino, &dl);
+        }
+    }
+
     /// Acquire `obj` in `mode` (one local acquire at a time) and record the grant, unless a
     /// handoff completed since `seen` (then None: it may have given up what was just granted,
     /// start again). Returns the settled state, locked.

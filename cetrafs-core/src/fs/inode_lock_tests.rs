@@ -485,3 +485,127 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     std::thread::sleep(Duration::from_millis(10));
     assert_fsck_clean(&dev);
 }
+
+/// A change that must own an inode a dead node held shared waits for it holding nothing
+/// else (`Volume::own_inode`): a, dead, had three of b's files open for reading; b's
+/// truncate of one, its extending write into another and a hole punched in the third wait
+/// for a's recovery, and meanwhile b's
+/// allocating writes into its own thin image (they need b's metadata mutex) and c's move
+/// between directories (it needs the global lock) go on. Before, the upgrade waited holding
+/// both, and they waited the dead time with it.
+#[test]
+fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
+    use super::detached_tests::{node, thin_image};
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    let (cut, cut_fh) = b.create(r, b"cut", 0o644, C, true).unwrap();
+    let (grow, grow_fh) = b.create(r, b"grow", 0o644, C, true).unwrap();
+    let (punch, punch_fh) = b.create(r, b"punch", 0o644, C, true).unwrap();
+    for (f, fh) in [(&cut, &cut_fh), (&grow, &grow_fh), (&punch, &punch_fh)] {
+        b.write(fh, 0, &[5u8; 8192]).unwrap();
+        b.fsync(f.ino, false).unwrap();
+    }
+    // a reads them: it holds their locks shared, and keeps them while they are open there.
+    let reading: Vec<_> = [cut.ino, grow.ino, punch.ino]
+        .iter()
+        .map(|&i| {
+            let fh = a.open(i, false, false).unwrap();
+            assert_eq!(read_all(&a, &fh, 4096), vec![5u8; 4096]);
+            fh
+        })
+        .collect();
+    for i in [cut.ino, grow.ino, punch.ino] {
+        assert_eq!(
+            role_on_disk(&a, i),
+            Some(crate::format::object_lock::Role::Holder),
+            "a holds inode {i}'s lock shared"
+        );
+    }
+    let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
+    let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
+    let (x, xfh) = c.create(c1.ino, b"x", 0o644, C, true).unwrap();
+    c.release(&xfh).unwrap();
+    let (_, gfh) = thin_image(&b, b"thin");
+    b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    a.member.fence("test: simulated crash".into());
+    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+    let killed = Instant::now();
+    let truncate = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let set = SetAttr {
+                size: Some(4096),
+                ..Default::default()
+            };
+            (b.setattr(cut.ino, &set, C), Instant::now())
+        })
+    };
+    let extend = {
+        let (b, fh) = (b.clone(), grow_fh.clone());
+        std::thread::spawn(move || (b.write(&fh, 8192, &[6u8; 4096]), Instant::now()))
+    };
+    let hole = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let r = b.fallocate(punch.ino, 0, 4096, FallocMode::PunchHole);
+            (r, Instant::now())
+        })
+    };
+    std::thread::sleep(Duration::from_millis(400));
+    let t = Instant::now();
+    for i in 1..=50u64 {
+        b.write(&gfh, i << 20, &[7u8; 4096]).unwrap();
+    }
+    let wrote = t.elapsed();
+    let t = Instant::now();
+    c.rename(c1.ino, b"x", c2.ino, b"x", RenameFlags::default())
+        .unwrap();
+    let moved = t.elapsed();
+    assert!(
+        wrote < dead / 4 && moved < dead / 4,
+        "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while b's changes \
+         waited for a's shared holds (dead time {dead:?})"
+    );
+    assert!(
+        !truncate.is_finished() && !extend.is_finished() && !hole.is_finished(),
+        "b's changes did not wait for a's recovery ({:?} after the crash, dead time {dead:?}): \
+         the test proves nothing",
+        killed.elapsed()
+    );
+    let (set, cut_at) = truncate.join().unwrap();
+    assert_eq!(set.unwrap().size, 4096, "the truncate");
+    let (wrote, grew_at) = extend.join().unwrap();
+    wrote.unwrap();
+    let (punched, punched_at) = hole.join().unwrap();
+    punched.unwrap();
+    for at in [cut_at, grew_at, punched_at] {
+        assert!(
+            at - killed >= dead / 2,
+            "a change waited only {:?}",
+            at - killed
+        );
+    }
+    assert_eq!(b.getattr(grow.ino).unwrap().size, 12288);
+    assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
+    assert_eq!(
+        c.getattr(cut.ino).unwrap().size,
+        4096,
+        "c sees the truncate"
+    );
+    let pfh = c.open(punch.ino, false, false).unwrap();
+    let mut want = vec![0u8; 4096];
+    want.extend_from_slice(&[5u8; 4096]);
+    assert_eq!(read_all(&c, &pfh, 8192), want, "c sees the hole");
+    c.release(&pfh).unwrap();
+    drop(reading);
+    for fh in [cut_fh, grow_fh, punch_fh, gfh] {
+        b.release(&fh).unwrap();
+    }
+    b.unmount().unwrap();
+    c.unmount().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    assert_fsck_clean(&dev);
+}

@@ -780,9 +780,9 @@ impl Volume {
         loop {
             match attempt(&waited) {
                 Err(e) if e.kind() == ErrorKind::WaitForInodeLock => {
-                    let ino = e.inode().ok_or(e)?;
-                    self.wait_for_inode_lock(ino)?;
-                    waited.push(ino);
+                    let wait = e.lock_wait().ok_or(e)?;
+                    self.wait_for_inode_lock(wait)?;
+                    waited.push(wait.ino);
                 }
                 r => return r,
             }

@@ -57,6 +57,7 @@ use crate::format::tree_node::TreeNode;
 use crate::format::FS_BLOCK;
 use crate::journal::{self, JournalArea};
 use std::collections::{BTreeMap, HashMap};
+use std::time::Instant;
 
 /// Pool inode extents a hole punched without the global lock leaves free beyond its own runs
 /// (tree nodes of the file it frees: [`Meta::pool_fits`]).
@@ -625,6 +626,21 @@ impl<'a> Tx<'a> {
     /// that gave the lock once is alive, and cannot take it back from under a global hold).
     pub fn may_restart(&self, ino: u64) -> bool {
         self.restartable && !self.touched && !self.waited.contains(&ino)
+    }
+
+    /// The abort test of a wait for inode `ino`'s lock that began at `since`, under the
+    /// global lock: once the wait took [`INODE_LOCK_PATIENCE`] and this transaction may start
+    /// again, it ends with [`ErrorKind::WaitForInodeLock`] (to hold the lock shared, or, if
+    /// `exclusive`, until it could be owned). The copy of the inode's block read before may
+    /// be stale then: nobody is to use it while the metadata mutex is free.
+    ///
+    /// [`INODE_LOCK_PATIENCE`]: super::detached::INODE_LOCK_PATIENCE
+    pub fn stop_waiting(&mut self, ino: u64, since: Instant, exclusive: bool) -> Option<Error> {
+        if !self.may_restart(ino) || since.elapsed() < super::detached::INODE_LOCK_PATIENCE {
+            return None;
+        }
+        self.drop_cached(ino);
+        Some(Error::wait_for_inode_lock(ino, exclusive))
     }
 
     /// A transaction made without the global lock (fs/pool.rs): only for changes of objects
