@@ -46,8 +46,8 @@
 //!    metadata waiting that long with it. Such a change that waits to *own* an inode another
 //!    node holds (`Volume::own_inode`; a dead node that had the file open for reading holds
 //!    it shared until its recovery) stops waiting so too, and then waits outside until it
-//!    could own it ([`InodeLocks::await_exclusive`]); so does a write's metadata path
-//!    (`Volume::plan_slow`).
+//!    could own it (`Volume::await_holders`: until the holders let go or show they are
+//!    alive); so does a write's metadata path (`Volume::plan_slow`).
 //! 4. **No wait holds what the owner needs.** The owner's handoff needs its metadata mutex (to
 //!    map and commit). A thread waits for the global lock without that mutex
 //!    (`Volume::meta_in`: one thread of the node at a time, on its acquiring turn), and does
@@ -606,12 +606,48 @@ impl Volume {
         let ino = wait.ino;
         if let Some(il) = &self.cl.ilocks {
             if wait.exclusive {
-                il.await_exclusive(ino, &|| self.lock_abort())?;
+                self.await_holders(il, ino)?;
             } else {
                 il.hold_shared(ino, &|| self.lock_abort())?;
             }
         }
         Tx::new(&*self.dev, &mut self.lock_meta()).drop_cached(ino);
         Ok(())
+    }
+
+    /// The exclusive wait of [`Volume::wait_for_inode_lock`] (a change that waited to own
+    /// `ino`): taking nothing, wait until every other node that held `ino`'s lock then has
+    /// let it go — a dead one's recoverer releases its holds after the replay — or one of
+    /// them shows it is alive (its heartbeat moved, or cannot be read). A live holder answers
+    /// a request within its mailbox poll and a write home, so the change that starts again
+    /// waits for it holding its locks, as every change did before. Nothing of this node's
+    /// holds changes here: its fast path on the inode, and other nodes' reasoning about
+    /// exclusive holds (rule 3), stay as they were. Costs one bucket read, and one heartbeat
+    /// read per holder, every 5–100 ms while it waits.
+    fn await_holders(&self, il: &InodeLocks, ino: Ino) -> Result<()> {
+        let beat = |slot: u32| -> Option<(u64, u64)> {
+            let raw = crate::cluster::membership::read_slot(&*self.dev, &self.sb, slot).ok()?;
+            let h = crate::cluster::membership::decode_slot(&raw, &self.sb, slot).ok()??;
+            Some((h.generation, h.counter))
+        };
+        let first = il.held_elsewhere(ino)?;
+        let beats: Vec<_> = first.iter().map(|m| beat(m.slot)).collect();
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if let Some(e) = self.lock_abort() {
+                return Err(e);
+            }
+            let now = il.held_elsewhere(ino)?;
+            let mut still = first
+                .iter()
+                .zip(&beats)
+                .filter(|(m, _)| now.contains(m))
+                .peekable();
+            if still.peek().is_none() || still.any(|(m, b)| b.is_none() || beat(m.slot) != *b) {
+                return Ok(());
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
     }
 }

@@ -75,6 +75,9 @@ impl Volume {
     /// writes it home first.
     pub(super) fn before_change(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<()> {
         if !tx.is_detached() {
+            // The caller may have changed the inode in memory already (a save): an attempt
+            // that started again would find that change made, so this wait never ends it.
+            tx.no_restart();
             return self.own_inode(tx, ino);
         }
         Self::needs_global_unless(self.may_change_detached(ino), ino)?;

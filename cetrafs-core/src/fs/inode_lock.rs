@@ -119,6 +119,7 @@ use crate::cluster::object_lock::{Class, Grant, Handoff, ObjectId, ObjectLocks, 
 use crate::error::{Error, Result};
 use crate::format::lock_record::LockMode;
 use crate::format::mailbox::Request;
+use crate::format::object_lock::Mention;
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -648,38 +649,20 @@ impl InodeLocks {
         }
     }
 
-    /// Wait until no other node holds `ino`'s lock, holding no other lock of this node (a
-    /// change that gave its locks up after waiting to own it: `Volume::restarting`): take it
-    /// exclusively — the wait, perhaps for a dead holder's recovery, is the acquire's — and
-    /// give it back at once, unused. The grant validates nothing it did not find valid (the
-    /// cache stays valid only if the version did not move), so whatever this node cached is
-    /// reloaded as after any grant, and the change that starts again owns the lock under the
-    /// global lock as usual (rule 1). Taking it outside the global lock breaks no reader's
-    /// assumption: an exclusive hold changes nothing by itself, and this one changes nothing.
-    pub fn await_exclusive(&self, ino: u64, abort: Abort<'_>) -> Result<()> {
-        let dl = self.lock_of(ino);
+    /// The other nodes' holds of `ino`'s lock now, either mode (one bucket read): what an
+    /// exclusive hold of it waits for.
+    pub fn held_elsewhere(&self, ino: u64) -> Result<Vec<Mention>> {
         let obj = ObjectId::inode(ino)?;
-        loop {
-            let seen = {
-                let mut s = dl.settled();
-                if s.held == Held::Exclusive {
-                    return Ok(());
-                }
-                // As in `own`: an upgrade gives the shared hold up while it waits.
-                dl.ready.store(false, Ordering::Release);
-                self.set_held(&mut s, Held::Nothing);
-                s.handoffs
-            };
-            let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Exclusive, seen, abort)?
-            else {
-                continue;
-            };
-            if grant.cache_valid(s.validator) {
-                s.validator = Some(grant.version);
-            }
-            drop(s);
-            return self.give_back(ino, &dl);
-        }
+        let (_, bucket) = self.locks.read_bucket(self.locks.bucket_of(obj))?;
+        Ok(bucket
+            .entry(obj.raw())
+            .map(|e| {
+                e.holders()
+                    .filter(|m| m.slot != self.me.slot)
+                    .copied()
+                    .collect()
+            })
+            .unwrap_or_default())
     }
 
     /// Acquire `obj` in `mode` (one local acquire at a time) and record the grant, unless a

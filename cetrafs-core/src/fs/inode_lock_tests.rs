@@ -487,9 +487,9 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
 }
 
 /// A change that must own an inode a dead node held shared waits for it holding nothing
-/// else (`Volume::own_inode`): a, dead, had three of b's files open for reading; b's
-/// truncate of one, its extending write into another and a hole punched in the third wait
-/// for a's recovery, and meanwhile b's
+/// else (`Volume::own_inode`): a, dead, had four of b's files open for reading; b's
+/// truncate of one, its extending write into another, a hole punched in the third and a
+/// `chattr` of the fourth wait for a's recovery (and b is not fenced), and meanwhile b's
 /// allocating writes into its own thin image (they need b's metadata mutex) and c's move
 /// between directories (it needs the global lock) go on. Before, the upgrade waited holding
 /// both, and they waited the dead time with it.
@@ -504,12 +504,18 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
     let (cut, cut_fh) = b.create(r, b"cut", 0o644, C, true).unwrap();
     let (grow, grow_fh) = b.create(r, b"grow", 0o644, C, true).unwrap();
     let (punch, punch_fh) = b.create(r, b"punch", 0o644, C, true).unwrap();
-    for (f, fh) in [(&cut, &cut_fh), (&grow, &grow_fh), (&punch, &punch_fh)] {
+    let (flag, flag_fh) = b.create(r, b"flag", 0o644, C, true).unwrap();
+    for (f, fh) in [
+        (&cut, &cut_fh),
+        (&grow, &grow_fh),
+        (&punch, &punch_fh),
+        (&flag, &flag_fh),
+    ] {
         b.write(fh, 0, &[5u8; 8192]).unwrap();
         b.fsync(f.ino, false).unwrap();
     }
     // a reads them: it holds their locks shared, and keeps them while they are open there.
-    let reading: Vec<_> = [cut.ino, grow.ino, punch.ino]
+    let reading: Vec<_> = [cut.ino, grow.ino, punch.ino, flag.ino]
         .iter()
         .map(|&i| {
             let fh = a.open(i, false, false).unwrap();
@@ -517,7 +523,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
             fh
         })
         .collect();
-    for i in [cut.ino, grow.ino, punch.ino] {
+    for i in [cut.ino, grow.ino, punch.ino, flag.ino] {
         assert_eq!(
             role_on_disk(&a, i),
             Some(crate::format::object_lock::Role::Holder),
@@ -554,6 +560,13 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
             (r, Instant::now())
         })
     };
+    let chattr = {
+        let b = b.clone();
+        std::thread::spawn(move || {
+            let r = b.set_flags(flag.ino, crate::format::inode::flags::NOATIME);
+            (r, Instant::now())
+        })
+    };
     std::thread::sleep(Duration::from_millis(400));
     let t = Instant::now();
     for i in 1..=50u64 {
@@ -570,7 +583,10 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
          waited for a's shared holds (dead time {dead:?})"
     );
     assert!(
-        !truncate.is_finished() && !extend.is_finished() && !hole.is_finished(),
+        !truncate.is_finished()
+            && !extend.is_finished()
+            && !hole.is_finished()
+            && !chattr.is_finished(),
         "b's changes did not wait for a's recovery ({:?} after the crash, dead time {dead:?}): \
          the test proves nothing",
         killed.elapsed()
@@ -581,7 +597,14 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
     wrote.unwrap();
     let (punched, punched_at) = hole.join().unwrap();
     punched.unwrap();
-    for at in [cut_at, grew_at, punched_at] {
+    let (flagged, flagged_at) = chattr.join().unwrap();
+    flagged.unwrap();
+    assert!(
+        !b.member.is_fenced(),
+        "b fenced itself: {:?}",
+        b.member.fence_reason()
+    );
+    for at in [cut_at, grew_at, punched_at, flagged_at] {
         assert!(
             at - killed >= dead / 2,
             "a change waited only {:?}",
@@ -600,8 +623,12 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
     want.extend_from_slice(&[5u8; 4096]);
     assert_eq!(read_all(&c, &pfh, 8192), want, "c sees the hole");
     c.release(&pfh).unwrap();
+    assert_eq!(
+        c.get_flags(flag.ino).unwrap(),
+        crate::format::inode::flags::NOATIME
+    );
     drop(reading);
-    for fh in [cut_fh, grow_fh, punch_fh, gfh] {
+    for fh in [cut_fh, grow_fh, punch_fh, flag_fh, gfh] {
         b.release(&fh).unwrap();
     }
     b.unmount().unwrap();

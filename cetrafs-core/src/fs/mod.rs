@@ -1146,6 +1146,8 @@ impl Volume {
         self.restartable_op(|tx| {
             let st = self.state(tx, ino)?;
             let mut inner = st.write();
+            // Owned before the change in memory, while the transaction may start again.
+            self.own_inode(tx, ino)?;
             inner.inode.flags = (inner.inode.flags & !flags::USER_VISIBLE) | new_flags;
             inner.inode.ctime = now();
             self.save(tx, &mut inner)

@@ -628,6 +628,12 @@ impl<'a> Tx<'a> {
         self.restartable && !self.touched && !self.waited.contains(&ino)
     }
 
+    /// From here on no wait ends this transaction with [`ErrorKind::WaitForInodeLock`]:
+    /// its caller changed state in memory that a new attempt would not undo.
+    pub fn no_restart(&mut self) {
+        self.restartable = false;
+    }
+
     /// The abort test of a wait for inode `ino`'s lock that began at `since`, under the
     /// global lock: once the wait took [`INODE_LOCK_PATIENCE`] and this transaction may start
     /// again, it ends with [`ErrorKind::WaitForInodeLock`] (to hold the lock shared, or, if
