@@ -899,6 +899,22 @@ impl Volume {
         })
     }
 
+    /// A change on the global path, before it changes anything: own every inode in `inos`
+    /// that it will change ([`Volume::own_inode`], rule 1; the caller holds their write
+    /// locks), so that a wait for another node's hold — a dead node that created a file in
+    /// the directory a moment before it died holds it until its recovery — may still end the
+    /// transaction and wait holding nothing. Their saves later find them owned. Without the
+    /// global lock (`fs/detached_ns.rs`) nothing is taken here: the save checks ownership.
+    pub(super) fn own_first(&self, tx: &mut Tx<'_>, inos: &[u64]) -> Result<()> {
+        if tx.is_detached() {
+            return Ok(());
+        }
+        let mut inos = inos.to_vec();
+        inos.sort_unstable();
+        inos.dedup();
+        inos.iter().try_for_each(|&ino| self.own_inode(tx, ino))
+    }
+
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode
     /// lock and validated the cache under it; v2: loaded at this node's current epoch.)
     pub(super) fn is_current_unlocked(&self, st: &InodeState) -> bool {

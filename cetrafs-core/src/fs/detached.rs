@@ -616,38 +616,52 @@ impl Volume {
     }
 
     /// The exclusive wait of [`Volume::wait_for_inode_lock`] (a change that waited to own
-    /// `ino`): taking nothing, wait until every other node that held `ino`'s lock then has
-    /// let it go — a dead one's recoverer releases its holds after the replay — or one of
-    /// them shows it is alive (its heartbeat moved, or cannot be read). A live holder answers
-    /// a request within its mailbox poll and a write home, so the change that starts again
-    /// waits for it holding its locks, as every change did before. Nothing of this node's
-    /// holds changes here: its fast path on the inode, and other nodes' reasoning about
-    /// exclusive holds (rule 3), stay as they were. Costs one bucket read, and one heartbeat
-    /// read per holder, every 5–100 ms while it waits.
+    /// `ino`): taking nothing, wait until each other node that held `ino`'s lock then has
+    /// let it go — a dead one's recoverer releases its holds after the replay — or shown it
+    /// is alive: its heartbeat moved at the generation of its hold, the slot still live (a
+    /// recoverer's claim of the slot is no sign of life), or it cannot be read. Once every
+    /// one of them did either, the change starts again and waits for the live ones holding
+    /// its locks, as every change did before: they answer its request within their mailbox
+    /// poll. A holder that shows life is watched no more, so a live one does not end the wait
+    /// while a dead one still holds the lock. Nothing of this node's holds changes here: its
+    /// fast path on the inode, and other nodes' reasoning about exclusive holds (rule 3),
+    /// stay as they were. Cost: one bucket read, and one heartbeat read per holder watched,
+    /// every 5–100 ms while it waits; and since no request stands while it waits, a live
+    /// holder slower than [`INODE_LOCK_PATIENCE`] to hand over costs the change up to one
+    /// heartbeat interval more.
     fn await_holders(&self, il: &InodeLocks, ino: Ino) -> Result<()> {
-        let beat = |slot: u32| -> Option<(u64, u64)> {
+        use crate::format::heartbeat::SlotState;
+        // What slot `slot`'s heartbeat says of a hold made at generation `gen`: Some(Some(n)),
+        // live at it with counter n; Some(None), not live at it (dead, being recovered, or
+        // gone: only the recovery's release ends the hold); None, unreadable.
+        let beat = |slot: u32, gen: u64| -> Option<Option<u64>> {
             let raw = crate::cluster::membership::read_slot(&*self.dev, &self.sb, slot).ok()?;
-            let h = crate::cluster::membership::decode_slot(&raw, &self.sb, slot).ok()??;
-            Some((h.generation, h.counter))
+            let h = crate::cluster::membership::decode_slot(&raw, &self.sb, slot).ok()?;
+            Some(
+                h.filter(|h| h.state == SlotState::Live && h.generation == gen)
+                    .map(|h| h.counter),
+            )
         };
-        let first = il.held_elsewhere(ino)?;
-        let beats: Vec<_> = first.iter().map(|m| beat(m.slot)).collect();
+        // The holders not yet seen alive, each with its heartbeat at the start (an unreadable
+        // one counts as alive: the change waits for it holding its locks, as before).
+        let mut watched: Vec<_> = il
+            .held_elsewhere(ino)?
+            .into_iter()
+            .filter_map(|m| beat(m.slot, m.gen).map(|b| (m, b)))
+            .collect();
         let mut pause = Duration::from_millis(5);
-        loop {
+        while !watched.is_empty() {
             if let Some(e) = self.lock_abort() {
                 return Err(e);
             }
-            let now = il.held_elsewhere(ino)?;
-            let mut still = first
-                .iter()
-                .zip(&beats)
-                .filter(|(m, _)| now.contains(m))
-                .peekable();
-            if still.peek().is_none() || still.any(|(m, b)| b.is_none() || beat(m.slot) != *b) {
-                return Ok(());
-            }
             std::thread::sleep(pause);
             pause = (pause * 2).min(Duration::from_millis(100));
+            let now = il.held_elsewhere(ino)?;
+            // Still held, and no sign of life since the start: still watched.
+            watched.retain(|(m, first)| {
+                now.contains(m) && beat(m.slot, m.gen).is_some_and(|b| b.is_none() || b == *first)
+            });
         }
+        Ok(())
     }
 }

@@ -196,6 +196,7 @@ impl Volume {
                 "a create in directory {parent} needs the global lock"
             );
         }
+        self.own_first(tx, &[parent])?;
         let ino = tx.alloc_one(parent)?;
         if tx.is_detached() {
             // Known to no other node until this directory's hold goes (fs/detached_ns.rs).
@@ -457,6 +458,7 @@ impl Volume {
             if dir_lookup(tx, &p.inode, new_name)?.is_some() {
                 bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
             }
+            self.own_first(tx, &[new_parent, ino])?;
             dir_insert(
                 tx,
                 &mut p.inode,
@@ -569,6 +571,7 @@ impl Volume {
                     String::from_utf8_lossy(name)
                 );
             }
+            self.own_first(tx, &[parent, e.ino])?;
             if is_dir || inner.inode.nlink <= 1 {
                 // The last link may free the inode: nothing changes unless that can be done.
                 Self::prepare_inode_free(tx, &inner)?;

@@ -632,11 +632,10 @@ impl InodeLocks {
                     s.validator = Some(s.version);
                     return Ok(());
                 }
-                // An upgrade may give the shared hold up while it waits (and if it then fails,
-                // nothing is held): the cache is not to be used until a grant (no local fast
-                // path runs now: the caller holds the inode's write lock).
+                // The cache is not to be used until a grant (no local fast path runs now: the
+                // caller holds the inode's write lock). An upgrade gives the shared hold up
+                // once it acquires (`grant`).
                 dl.ready.store(false, Ordering::Release);
-                self.set_held(&mut s, Held::Nothing);
                 s.handoffs
             };
             let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Exclusive, seen, abort)?
@@ -679,6 +678,18 @@ impl InodeLocks {
         self.check_open()?;
         let grant = {
             let _one = Self::acquiring_turn(dl, abort)?;
+            if mode == LockMode::Exclusive {
+                // An upgrade gives the shared hold up on disk while it waits (and if it then
+                // fails, nothing is held): so does the local state, from here, where the
+                // acquire begins. (Not before the turn: an abort there changes nothing on
+                // disk, and the hold the bucket still shows must stay known here, or no
+                // handoff would ever give it back.)
+                let mut s = dl.settled();
+                if s.handoffs != seen {
+                    return Ok(None);
+                }
+                self.set_held(&mut s, Held::Nothing);
+            }
             self.timed(|| self.locks.acquire(self.me, obj, mode, abort))?
         };
         self.stats.acquires.fetch_add(1, Ordering::Relaxed);

@@ -297,12 +297,17 @@ fn owns_on_disk(v: &Volume, ino: u64) -> bool {
 
 /// What `v` holds of inode `ino`'s lock (or waits for), as its bucket on disk says.
 fn role_on_disk(v: &Volume, ino: u64) -> Option<crate::format::object_lock::Role> {
+    role_of_slot(v, v.cl.me.slot, ino)
+}
+
+/// What `slot` has of `ino`'s lock on disk, read through `v`.
+fn role_of_slot(v: &Volume, slot: u32, ino: u64) -> Option<crate::format::object_lock::Role> {
     let ol = v.cl.ilocks.as_ref().unwrap().object_locks();
     let obj = crate::cluster::object_lock::ObjectId::inode(ino).unwrap();
     let (_, bucket) = ol.read_bucket(ol.bucket_of(obj)).unwrap();
     bucket
         .entry(obj.raw())
-        .and_then(|e| e.mention(v.cl.me.slot))
+        .and_then(|e| e.mention(slot))
         .map(|m| m.role)
 }
 
@@ -489,7 +494,9 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
 /// A change that must own an inode a dead node held shared waits for it holding nothing
 /// else (`Volume::own_inode`): a, dead, had four of b's files open for reading; b's
 /// truncate of one, its extending write into another, a hole punched in the third and a
-/// `chattr` of the fourth wait for a's recovery (and b is not fenced), and meanwhile b's
+/// `chattr` of the fourth wait for a's recovery (and b is not fenced) — c, alive, holds them
+/// shared too, and its heartbeat must not end the wait while a still holds them — and
+/// meanwhile b's
 /// allocating writes into its own thin image (they need b's metadata mutex) and c's move
 /// between directories (it needs the global lock) go on. Before, the upgrade waited holding
 /// both, and they waited the dead time with it.
@@ -515,20 +522,26 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
         b.fsync(f.ino, false).unwrap();
     }
     // a reads them: it holds their locks shared, and keeps them while they are open there.
-    let reading: Vec<_> = [cut.ino, grow.ino, punch.ino, flag.ino]
-        .iter()
-        .map(|&i| {
-            let fh = a.open(i, false, false).unwrap();
-            assert_eq!(read_all(&a, &fh, 4096), vec![5u8; 4096]);
-            fh
-        })
-        .collect();
+    let read_by = |v: &Volume| -> Vec<_> {
+        [cut.ino, grow.ino, punch.ino, flag.ino]
+            .iter()
+            .map(|&i| {
+                let fh = v.open(i, false, false).unwrap();
+                assert_eq!(read_all(v, &fh, 4096), vec![5u8; 4096]);
+                fh
+            })
+            .collect()
+    };
+    let reading = read_by(&a);
+    let c_reading = read_by(&c);
     for i in [cut.ino, grow.ino, punch.ino, flag.ino] {
-        assert_eq!(
-            role_on_disk(&a, i),
-            Some(crate::format::object_lock::Role::Holder),
-            "a holds inode {i}'s lock shared"
-        );
+        for v in [&a, &c] {
+            assert_eq!(
+                role_on_disk(v, i),
+                Some(crate::format::object_lock::Role::Holder),
+                "a and c hold inode {i}'s lock shared"
+            );
+        }
     }
     let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
     let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
@@ -536,6 +549,20 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
     c.release(&xfh).unwrap();
     let (_, gfh) = thin_image(&b, b"thin");
     b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    // c keeps reading them, so it takes its shared holds again whenever it gave them up.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let c_reader = {
+        let (c, stop) = (c.clone(), stop.clone());
+        let fhs: Vec<_> = c_reading.clone();
+        std::thread::spawn(move || {
+            while !stop.load(Ordering::Relaxed) {
+                for fh in &fhs {
+                    let _ = c.read(fh, 0, 4096, &mut |_| {});
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+        })
+    };
     a.member.fence("test: simulated crash".into());
     let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
     let killed = Instant::now();
@@ -627,10 +654,178 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
         c.get_flags(flag.ino).unwrap(),
         crate::format::inode::flags::NOATIME
     );
+    stop.store(true, Ordering::Relaxed);
+    c_reader.join().unwrap();
     drop(reading);
+    for fh in c_reading {
+        c.release(&fh).unwrap();
+    }
     for fh in [cut_fh, grow_fh, punch_fh, flag_fh, gfh] {
         b.release(&fh).unwrap();
     }
+    b.unmount().unwrap();
+    c.unmount().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    assert_fsck_clean(&dev);
+}
+
+/// `f(v)` on another thread; joins to its result and when it ended.
+fn timed_on(
+    v: &Arc<Volume>,
+    f: impl FnOnce(&Volume) -> Result<()> + Send + 'static,
+) -> std::thread::JoinHandle<(Result<()>, Instant)> {
+    let v = v.clone();
+    std::thread::spawn(move || (f(&v), Instant::now()))
+}
+
+/// Namespace changes on the global path own the inodes they change before they change
+/// anything (`Volume::own_first`), so a dead node's hold of a directory stalls only that
+/// directory: a, dead, had looked a name up in b's directory d (it holds d shared, as every
+/// node that walks `images/` does for a second); b's create, unlink and link in d wait for
+/// a's recovery, and meanwhile b's allocating writes into its own thin image and c's move
+/// between directories go on. Before, each owned d only when it saved it, after its first
+/// change, and waited holding the global lock and b's metadata mutex.
+#[test]
+fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
+    use super::detached_tests::{node, thin_image};
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    let d = b.mkdir(r, b"d", 0o755, C).unwrap().ino;
+    let (_, ofh) = b.create(d, b"old", 0o644, C, true).unwrap();
+    b.release(&ofh).unwrap();
+    let (t, tfh) = b.create(r, b"t", 0o644, C, true).unwrap();
+    b.release(&tfh).unwrap();
+    b.fsync(d, false).unwrap();
+    assert!(a.lookup(d, b"old").is_ok(), "a looks a name up in d");
+    assert_eq!(
+        role_on_disk(&a, d),
+        Some(crate::format::object_lock::Role::Holder),
+        "a holds d's lock shared"
+    );
+    let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
+    let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
+    let (x, xfh) = c.create(c1.ino, b"x", 0o644, C, true).unwrap();
+    c.release(&xfh).unwrap();
+    let (_, gfh) = thin_image(&b, b"thin");
+    b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    a.member.fence("test: simulated crash".into());
+    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+    let killed = Instant::now();
+    let changes = [
+        timed_on(&b, move |b| {
+            let (_, fh) = b.create(d, b"new", 0o644, C, true)?;
+            b.release(&fh)
+        }),
+        timed_on(&b, move |b| b.unlink(d, b"old")),
+        timed_on(&b, move |b| b.link(t.ino, d, b"t2").map(|_| ())),
+    ];
+    std::thread::sleep(Duration::from_millis(400));
+    let t0 = Instant::now();
+    for i in 1..=50u64 {
+        b.write(&gfh, i << 20, &[7u8; 4096]).unwrap();
+    }
+    let wrote = t0.elapsed();
+    let t0 = Instant::now();
+    c.rename(c1.ino, b"x", c2.ino, b"x", RenameFlags::default())
+        .unwrap();
+    let moved = t0.elapsed();
+    assert!(
+        wrote < dead / 4 && moved < dead / 4,
+        "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while b's changes \
+         in d waited for a's shared hold (dead time {dead:?})"
+    );
+    assert!(
+        changes.iter().all(|h| !h.is_finished()),
+        "b's changes in d did not wait for a's recovery ({:?} after the crash, dead time \
+         {dead:?}): the test proves nothing",
+        killed.elapsed()
+    );
+    for h in changes {
+        let (r, at) = h.join().unwrap();
+        r.unwrap();
+        assert!(
+            at - killed >= dead / 2,
+            "a change waited only {:?}",
+            at - killed
+        );
+    }
+    assert!(
+        !b.member.is_fenced(),
+        "b fenced itself: {:?}",
+        b.member.fence_reason()
+    );
+    assert!(c.lookup(d, b"new").is_ok(), "c sees b's create");
+    assert!(c.lookup(d, b"old").is_err(), "c sees b's unlink");
+    assert_eq!(c.lookup(d, b"t2").unwrap().ino, t.ino, "c sees b's link");
+    assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
+    b.release(&gfh).unwrap();
+    b.unmount().unwrap();
+    c.unmount().unwrap();
+    std::thread::sleep(Duration::from_millis(10));
+    assert_fsck_clean(&dev);
+}
+
+/// The outside wait of a change that waited to own an inode (`Volume::await_holders`) ends
+/// when the dead holder lets go, not at a live co-holder's heartbeat: a (dead) and c (alive)
+/// hold b's file shared; b's wait returns only after a's recovery released a's hold, and
+/// asks c for nothing (c still holds it). With c alone holding it, the wait ends at c's
+/// next heartbeat: a live holder is waited for by the change itself, holding its locks.
+#[test]
+fn the_outside_wait_ends_when_the_dead_holder_lets_go() {
+    use super::detached_tests::node;
+    use crate::error::InodeLockWait;
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    let (f, fh) = b.create(r, b"f", 0o644, C, true).unwrap();
+    b.write(&fh, 0, &[5u8; 4096]).unwrap();
+    b.fsync(f.ino, false).unwrap();
+    let held: Vec<_> = [&a, &c]
+        .iter()
+        .map(|v| {
+            let h = v.open(f.ino, false, false).unwrap();
+            assert_eq!(read_all(v, &h, 4096), vec![5u8; 4096]);
+            h
+        })
+        .collect();
+    let holder = Some(crate::format::object_lock::Role::Holder);
+    assert_eq!(role_on_disk(&a, f.ino), holder);
+    assert_eq!(role_on_disk(&c, f.ino), holder);
+    let wait = InodeLockWait {
+        ino: f.ino,
+        exclusive: true,
+    };
+    a.member.fence("test: simulated crash".into());
+    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+    let killed = Instant::now();
+    b.wait_for_inode_lock(wait).unwrap();
+    let waited = killed.elapsed();
+    assert!(
+        waited >= dead / 2,
+        "b's outside wait ended {waited:?} after a's crash, before a's recovery (dead time \
+         {dead:?}): c's heartbeat ended it"
+    );
+    assert_eq!(
+        role_of_slot(&b, a.cl.me.slot, f.ino),
+        None,
+        "a's hold went with its recovery"
+    );
+    assert_eq!(role_on_disk(&c, f.ino), holder, "c was asked for nothing");
+    // Only c, alive, holds it now: the wait ends at its next heartbeat (every 50 ms here).
+    let t = Instant::now();
+    b.wait_for_inode_lock(wait).unwrap();
+    assert!(
+        t.elapsed() < dead / 4,
+        "b waited {:?} outside for a live holder",
+        t.elapsed()
+    );
+    drop(held);
+    b.release(&fh).unwrap();
     b.unmount().unwrap();
     c.unmount().unwrap();
     std::thread::sleep(Duration::from_millis(10));
