@@ -326,6 +326,11 @@ def cmd_report(a):
             continue
         print(f"  randread nodes 2+3{label}: (a) idle {f(d['idle']['iops'])} IOPS p50/p99 {f(d['idle']['p50_us'])}/{f(d['idle']['p99_us'])} us"
               + (f"; raw LUN file, 2 processes: {f(rr['iops'])} IOPS p50/p99 {f(rr['p50_us'])}/{f(rr['p99_us'])} us" if rr and not label else ""))
+        rb, rbw = fio_group(res, "raw-read2-b"), fio_group(res, "raw-write-bg")
+        if rr and rb and rbw and not label:
+            print(f"      raw context for (b): the 2 raw readers while a third process randwrites a fresh sparse file at "
+                  f"{f(rbw['iops'])} IOPS: {f(rb['iops'])} IOPS = {f(ratio(rb['iops'], rr['iops']), '.2f')} of raw idle, "
+                  f"p99 {f(rb['p99_us'])} us = {f(ratio(rb['p99_us'], rr['p99_us']), '.2f')}x")
         for key in ("write", "create"):
             g = d.get(key)
             if g:

@@ -31,7 +31,8 @@
 #      log_avg_msec=1000): seconds with zero completions and the longest run of them. Target:
 #      none. Runs last: node 1 stays dead.
 # For context it also runs the fio jobs on raw sparse LUN files of the same kind (fresh and
-# prefilled randwrite, 1 and 3 processes on disjoint regions; randread from 2 processes), and
+# prefilled randwrite, 1 and 3 processes on disjoint regions; randread from 2 processes, idle
+# and while a third randwrites a fresh sparse file: the raw context of 2(b)), and
 # reports each daemon's CPU (utime+stime from /proc) per phase.
 #
 # The volume is made with SHORT TEST TIMINGS (mkfs --heartbeat-interval 100 --io-timeout 500:
@@ -268,6 +269,18 @@ if want 1 || want 2; then
         p=()
         for i in 2 3; do fio_bg raw-read2 "$i" "$RAW_PRE" $(((i - 1) * SIZE_B)) rand-read-4k-qd32.fio; p+=("$LAST"); done
         wait_ok "${p[@]}"
+        # Context for 2(b), no target: the same readers while a third process randwrites a
+        # fresh sparse file, as node 1 does in 2(b) but with no daemon: what a writer at full
+        # speed costs two readers on this machine's CPUs and disk alone.
+        echo "  randread QD32, 2 processes, while a third randwrites a fresh sparse file"
+        RAW_FB=$WORK/raw-fresh-b.img
+        truncate -s "$SIZE_B" "$RAW_FB"
+        RUNTIME=$((RUNTIME + 6)) fio_bg raw-write-bg 1 "$RAW_FB" 0 cluster-randwrite-4k-qd32.fio
+        bg=$LAST
+        sleep 2
+        p=()
+        for i in 2 3; do fio_bg raw-read2-b "$i" "$RAW_PRE" $(((i - 1) * SIZE_B)) rand-read-4k-qd32.fio; p+=("$LAST"); done
+        wait_ok "${p[@]}" "$bg"
     fi
     # Kept until the exit: deleting written files can take minutes on a host filesystem mounted
     # with online discard, and would stall the measurements that follow.

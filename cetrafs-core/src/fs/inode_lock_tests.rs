@@ -419,6 +419,60 @@ fn idle_holds_go_back_unless_their_file_is_open() {
     assert_fsck_clean(&dev);
 }
 
+/// What must go on while one of b's operations waits for a dead node's lock: b's allocating
+/// writes into its own thin image (they need b's metadata mutex) and c's move between
+/// directories (it needs the global lock, which b may have taken for the waiting operation).
+struct Bystanders {
+    c1: Ino,
+    c2: Ino,
+    x: Ino,
+    thin: Arc<OpenFile>,
+}
+
+impl Bystanders {
+    fn new(b: &Volume, c: &Volume) -> Self {
+        let r = c.root_ino();
+        let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap().ino;
+        let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap().ino;
+        let (x, xfh) = c.create(c1, b"x", 0o644, C, true).unwrap();
+        c.release(&xfh).unwrap();
+        let (_, thin) = super::detached_tests::thin_image(b, b"thin");
+        b.write(&thin, 0, &[7u8; 4096]).unwrap();
+        Self {
+            c1,
+            c2,
+            x: x.ino,
+            thin,
+        }
+    }
+
+    /// 50 allocating writes on b and a move on c, each within a quarter of the dead time
+    /// while `waiting` (what of b's waits for the dead node).
+    fn go_on(&self, b: &Volume, c: &Volume, waiting: &str) {
+        let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
+        let t = Instant::now();
+        for i in 1..=50u64 {
+            b.write(&self.thin, i << 20, &[7u8; 4096]).unwrap();
+        }
+        let wrote = t.elapsed();
+        let t = Instant::now();
+        c.rename(self.c1, b"x", self.c2, b"x", RenameFlags::default())
+            .unwrap();
+        let moved = t.elapsed();
+        assert!(
+            wrote < dead / 4 && moved < dead / 4,
+            "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while {waiting} \
+             (dead time {dead:?})"
+        );
+    }
+
+    /// c sees its move; b closes its image.
+    fn end(self, b: &Volume, c: &Volume) {
+        assert_eq!(c.lookup(self.c2, b"x").unwrap().ino, self.x);
+        b.release(&self.thin).unwrap();
+    }
+}
+
 /// A read that meets a dead node's inode lock waits for it holding nothing else
 /// (`fs/detached.rs` rule 3): a `stat` on b of a's open file, a dead, waits for a's recovery
 /// (and so does a lookup of it, behind the stat's acquire), and meanwhile b's allocating
@@ -427,7 +481,7 @@ fn idle_holds_go_back_unless_their_file_is_open() {
 /// held both while it waited, and they waited the dead time with it.
 #[test]
 fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
-    use super::detached_tests::{node, thin_image};
+    use super::detached_tests::node;
     let dev = volume(4);
     let a = node(&dev, "a");
     let b = node(&dev, "b");
@@ -436,12 +490,7 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     let (f, fh) = a.create(r, b"vm", 0o644, C, true).unwrap();
     a.write(&fh, 0, &[5u8; 8192]).unwrap();
     a.fsync(f.ino, false).unwrap();
-    let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
-    let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
-    let (x, xfh) = c.create(c1.ino, b"x", 0o644, C, true).unwrap();
-    c.release(&xfh).unwrap();
-    let (_, gfh) = thin_image(&b, b"thin");
-    b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    let by = Bystanders::new(&b, &c);
     // a dies holding vm's lock exclusively (its writer keeps it).
     a.member.fence("test: simulated crash".into());
     let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
@@ -458,20 +507,7 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
         std::thread::spawn(move || b.lookup(r, b"vm").map(|a| a.size))
     };
     std::thread::sleep(Duration::from_millis(300));
-    let t = Instant::now();
-    for i in 1..=50u64 {
-        b.write(&gfh, i << 20, &[7u8; 4096]).unwrap();
-    }
-    let wrote = t.elapsed();
-    let t = Instant::now();
-    c.rename(c1.ino, b"x", c2.ino, b"x", RenameFlags::default())
-        .unwrap();
-    let moved = t.elapsed();
-    assert!(
-        wrote < dead / 4 && moved < dead / 4,
-        "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while b's stat waited \
-         for a's inode lock (dead time {dead:?})"
-    );
+    by.go_on(&b, &c, "b's stat waited for a's inode lock");
     assert!(
         !stat.is_finished(),
         "b's stat of a's file did not wait for a's recovery ({:?} after the crash, dead time \
@@ -482,9 +518,8 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     assert_eq!(st.unwrap().size, 8192, "a's fsync'd file");
     assert_eq!(second.join().unwrap().unwrap(), 8192, "the second reader");
     assert!(at - killed >= dead / 2, "the stat waited {:?}", at - killed);
-    assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
+    by.end(&b, &c);
     drop(fh);
-    b.release(&gfh).unwrap();
     b.unmount().unwrap();
     c.unmount().unwrap();
     std::thread::sleep(Duration::from_millis(10));
@@ -502,7 +537,7 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
 /// both, and they waited the dead time with it.
 #[test]
 fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
-    use super::detached_tests::{node, thin_image};
+    use super::detached_tests::node;
     let dev = volume(4);
     let a = node(&dev, "a");
     let b = node(&dev, "b");
@@ -543,12 +578,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
             );
         }
     }
-    let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
-    let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
-    let (x, xfh) = c.create(c1.ino, b"x", 0o644, C, true).unwrap();
-    c.release(&xfh).unwrap();
-    let (_, gfh) = thin_image(&b, b"thin");
-    b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    let by = Bystanders::new(&b, &c);
     // c keeps reading them, so it takes its shared holds again whenever it gave them up.
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     let c_reader = {
@@ -595,20 +625,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
         })
     };
     std::thread::sleep(Duration::from_millis(400));
-    let t = Instant::now();
-    for i in 1..=50u64 {
-        b.write(&gfh, i << 20, &[7u8; 4096]).unwrap();
-    }
-    let wrote = t.elapsed();
-    let t = Instant::now();
-    c.rename(c1.ino, b"x", c2.ino, b"x", RenameFlags::default())
-        .unwrap();
-    let moved = t.elapsed();
-    assert!(
-        wrote < dead / 4 && moved < dead / 4,
-        "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while b's changes \
-         waited for a's shared holds (dead time {dead:?})"
-    );
+    by.go_on(&b, &c, "b's changes waited for a's shared holds");
     assert!(
         !truncate.is_finished()
             && !extend.is_finished()
@@ -639,7 +656,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
         );
     }
     assert_eq!(b.getattr(grow.ino).unwrap().size, 12288);
-    assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
+    by.end(&b, &c);
     assert_eq!(
         c.getattr(cut.ino).unwrap().size,
         4096,
@@ -660,7 +677,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
     for fh in c_reading {
         c.release(&fh).unwrap();
     }
-    for fh in [cut_fh, grow_fh, punch_fh, flag_fh, gfh] {
+    for fh in [cut_fh, grow_fh, punch_fh, flag_fh] {
         b.release(&fh).unwrap();
     }
     b.unmount().unwrap();
@@ -687,7 +704,7 @@ fn timed_on(
 /// change, and waited holding the global lock and b's metadata mutex.
 #[test]
 fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
-    use super::detached_tests::{node, thin_image};
+    use super::detached_tests::node;
     let dev = volume(4);
     let a = node(&dev, "a");
     let b = node(&dev, "b");
@@ -705,12 +722,7 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
         Some(crate::format::object_lock::Role::Holder),
         "a holds d's lock shared"
     );
-    let c1 = c.mkdir(r, b"c1", 0o755, C).unwrap();
-    let c2 = c.mkdir(r, b"c2", 0o755, C).unwrap();
-    let (x, xfh) = c.create(c1.ino, b"x", 0o644, C, true).unwrap();
-    c.release(&xfh).unwrap();
-    let (_, gfh) = thin_image(&b, b"thin");
-    b.write(&gfh, 0, &[7u8; 4096]).unwrap();
+    let by = Bystanders::new(&b, &c);
     a.member.fence("test: simulated crash".into());
     let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
     let killed = Instant::now();
@@ -723,20 +735,7 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
         timed_on(&b, move |b| b.link(t.ino, d, b"t2").map(|_| ())),
     ];
     std::thread::sleep(Duration::from_millis(400));
-    let t0 = Instant::now();
-    for i in 1..=50u64 {
-        b.write(&gfh, i << 20, &[7u8; 4096]).unwrap();
-    }
-    let wrote = t0.elapsed();
-    let t0 = Instant::now();
-    c.rename(c1.ino, b"x", c2.ino, b"x", RenameFlags::default())
-        .unwrap();
-    let moved = t0.elapsed();
-    assert!(
-        wrote < dead / 4 && moved < dead / 4,
-        "b's 50 allocating writes took {wrote:?} and c's move {moved:?} while b's changes \
-         in d waited for a's shared hold (dead time {dead:?})"
-    );
+    by.go_on(&b, &c, "b's changes in d waited for a's shared hold");
     assert!(
         changes.iter().all(|h| !h.is_finished()),
         "b's changes in d did not wait for a's recovery ({:?} after the crash, dead time \
@@ -760,8 +759,7 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
     assert!(c.lookup(d, b"new").is_ok(), "c sees b's create");
     assert!(c.lookup(d, b"old").is_err(), "c sees b's unlink");
     assert_eq!(c.lookup(d, b"t2").unwrap().ino, t.ino, "c sees b's link");
-    assert_eq!(c.lookup(c2.ino, b"x").unwrap().ino, x.ino);
-    b.release(&gfh).unwrap();
+    by.end(&b, &c);
     b.unmount().unwrap();
     c.unmount().unwrap();
     std::thread::sleep(Duration::from_millis(10));
