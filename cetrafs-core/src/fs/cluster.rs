@@ -915,6 +915,25 @@ impl Volume {
         inos.iter().try_for_each(|&ino| self.own_inode(tx, ino))
     }
 
+    /// [`Volume::own_first`] for inodes whose write locks the caller does not hold (a
+    /// rename, which takes them one role at a time): each is taken for its own.
+    pub(super) fn own_first_locking(
+        &self,
+        tx: &mut Tx<'_>,
+        states: &[&Arc<InodeState>],
+    ) -> Result<()> {
+        if tx.is_detached() {
+            return Ok(());
+        }
+        let mut states = states.to_vec();
+        states.sort_unstable_by_key(|s| s.ino);
+        states.dedup_by_key(|s| s.ino);
+        states.into_iter().try_for_each(|st| {
+            let _w = st.write();
+            self.own_inode(tx, st.ino)
+        })
+    }
+
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode
     /// lock and validated the cache under it; v2: loaded at this node's current epoch.)
     pub(super) fn is_current_unlocked(&self, st: &InodeState) -> bool {

@@ -686,6 +686,7 @@ impl Volume {
                 if dst_dir && parent != new_parent && self.is_ancestor(tx, d.ino, parent)? {
                     bail!(InvalidInput, "cannot move a directory into itself");
                 }
+                self.own_first_locking(tx, &[&sp, &dp, &sst, &dst_st])?;
                 self.with_parents(
                     tx,
                     &sp,
@@ -773,6 +774,11 @@ impl Volume {
                 victim = Some(vst);
             }
             let victim_dir = victim.as_ref().is_some_and(|v| v.read().inode.is_dir());
+            {
+                let mut changed = vec![&sp, &dp, &sst];
+                changed.extend(victim.as_ref());
+                self.own_first_locking(tx, &changed)?;
+            }
             if let Some(v) = &victim {
                 let v = v.read();
                 if victim_dir || v.inode.nlink <= 1 {

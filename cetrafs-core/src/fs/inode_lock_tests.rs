@@ -698,8 +698,8 @@ fn timed_on(
 /// Namespace changes on the global path own the inodes they change before they change
 /// anything (`Volume::own_first`), so a dead node's hold of a directory stalls only that
 /// directory: a, dead, had looked a name up in b's directory d (it holds d shared, as every
-/// node that walks `images/` does for a second); b's create, unlink and link in d wait for
-/// a's recovery, and meanwhile b's allocating writes into its own thin image and c's move
+/// node that walks `images/` does for a second); b's create, unlink, link, rename in d and
+/// move into d wait for a's recovery, and meanwhile b's allocating writes into its own thin image and c's move
 /// between directories go on. Before, each owned d only when it saved it, after its first
 /// change, and waited holding the global lock and b's metadata mutex.
 #[test]
@@ -711,8 +711,10 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
     let c = node(&dev, "c");
     let r = a.root_ino();
     let d = b.mkdir(r, b"d", 0o755, C).unwrap().ino;
-    let (_, ofh) = b.create(d, b"old", 0o644, C, true).unwrap();
-    b.release(&ofh).unwrap();
+    for (dir, name) in [(d, &b"old"[..]), (d, b"r1"), (r, b"m")] {
+        let (_, fh) = b.create(dir, name, 0o644, C, true).unwrap();
+        b.release(&fh).unwrap();
+    }
     let (t, tfh) = b.create(r, b"t", 0o644, C, true).unwrap();
     b.release(&tfh).unwrap();
     b.fsync(d, false).unwrap();
@@ -733,6 +735,12 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
         }),
         timed_on(&b, move |b| b.unlink(d, b"old")),
         timed_on(&b, move |b| b.link(t.ino, d, b"t2").map(|_| ())),
+        timed_on(&b, move |b| {
+            b.rename(d, b"r1", d, b"r2", RenameFlags::default())
+        }),
+        timed_on(&b, move |b| {
+            b.rename(r, b"m", d, b"m", RenameFlags::default())
+        }),
     ];
     std::thread::sleep(Duration::from_millis(400));
     by.go_on(&b, &c, "b's changes in d waited for a's shared hold");
@@ -759,6 +767,11 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
     assert!(c.lookup(d, b"new").is_ok(), "c sees b's create");
     assert!(c.lookup(d, b"old").is_err(), "c sees b's unlink");
     assert_eq!(c.lookup(d, b"t2").unwrap().ino, t.ino, "c sees b's link");
+    assert!(
+        c.lookup(d, b"r1").is_err() && c.lookup(d, b"r2").is_ok(),
+        "c sees the rename"
+    );
+    assert!(c.lookup(d, b"m").is_ok(), "c sees the move into d");
     by.end(&b, &c);
     b.unmount().unwrap();
     c.unmount().unwrap();
