@@ -2851,6 +2851,98 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
     lun.assert_fsck_clean();
 }
 
+/// A dead node's shared hold of a directory blocks only changes in that directory. node1
+/// makes `images/` with a file in it, and a thin image in `y/`; node2 lists `images/` (it
+/// holds the directory's lock shared for about a second after); node3 makes a directory,
+/// which takes the global lock from node2 (node2 keeps its hold of `images/`, as a node
+/// does in a busy cluster); node2 is SIGKILLed. node1's create of a file in `images/` must
+/// own the directory, and waits for node2's recovery. Meanwhile node3 moves a file between
+/// its directories and node1's thin image grows by 64 MiB: both must go on before node2 is
+/// recovered. Before, the create owned the directory only after its first change, and
+/// waited holding the global lock and node1's metadata mutex.
+#[test]
+fn a_dead_nodes_directory_listing_stalls_nobody_else() {
+    const GROW_MIB: usize = 64;
+    require_fuse!();
+    let _serial = serial();
+    let lun = lun_with_big_groups();
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    let node3 = Mount::new(&lun, "node3");
+    for d in ["images", "y"] {
+        fs::create_dir(node1.p(d)).expect("mkdir on node1");
+    }
+    fs::write(node1.p("images/a.img"), b"a").expect("write images/a.img on node1");
+    let img = thin_image(&node1.p("y/thin.img"));
+    let chunk = vec![0x4B_u8; 1 << 20];
+    img.write_all_at(&chunk, 0).expect("first write on node1");
+    for d in ["p", "q"] {
+        fs::create_dir(node3.p(d)).expect("mkdir on node3");
+    }
+    fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
+    let listed: Vec<_> = fs::read_dir(node2.p("images"))
+        .expect("list images on node2")
+        .map(|e| e.expect("an entry of images").file_name())
+        .collect();
+    assert_eq!(listed, ["a.img"], "node2 lists images/");
+    fs::create_dir(node3.p("r")).expect("mkdir r on node3");
+    node2
+        .abandon(Some(libc::SIGKILL))
+        .expect("kill node2's daemon");
+    let killed = Instant::now();
+    let creator = {
+        let path = node1.p("images/new.img");
+        std::thread::spawn(move || (fs::write(path, b"new"), Instant::now()))
+    };
+    std::thread::sleep(Duration::from_millis(500));
+    let t = Instant::now();
+    fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
+    let moved = t.elapsed();
+    grow_mib(&img, 0x4B, 1..GROW_MIB + 1);
+    let grown = killed.elapsed();
+    let recovered = || has_recovered(&node1, "node2") || has_recovered(&node3, "node2");
+    let recovered_by_then = recovered();
+    eprintln!(
+        "after node2's death holding images/ shared: node3's move took {:.3} s; node1 had \
+         written {GROW_MIB} MiB into its thin image {:.3} s after the kill (dead time {:.1} s; \
+         recovered by then: {recovered_by_then})",
+        moved.as_secs_f64(),
+        grown.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before node3's move and node1's growth were done ({grown:?}): they \
+         waited for node1's create in images/\nnode1:\n{}\nnode3:\n{}",
+        node1.log(),
+        node3.log()
+    );
+    assert!(
+        !creator.is_finished(),
+        "node1's create in images/ did not wait for node2's hold: the test proves nothing"
+    );
+    assert!(
+        poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
+        "node2 was not recovered"
+    );
+    let (made, at) = creator.join().expect("the creator thread");
+    made.expect("node1's create of images/new.img");
+    eprintln!(
+        "node1's create in images/ waited {:.3} s (until node2's recovery)",
+        (at - killed).as_secs_f64()
+    );
+    assert_eq!(
+        fs::read(node3.p("images/new.img")).expect("read images/new.img on node3"),
+        b"new"
+    );
+    assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
+    assert_mib(&img, 0x4B, 0..GROW_MIB + 1);
+    drop(img);
+    node3.unmount();
+    node1.unmount();
+    lun.assert_fsck_clean();
+}
+
 /// node1 grows a thin image by 96 MiB, six times the 16 MiB groups of this volume, right
 /// after node2 died holding the global lock. Returns how long after the kill the growth was
 /// done, and whether node2 had been recovered by then.

@@ -119,7 +119,7 @@ use crate::cluster::object_lock::{Class, Grant, Handoff, ObjectId, ObjectLocks, 
 use crate::error::{Error, Result};
 use crate::format::lock_record::LockMode;
 use crate::format::mailbox::Request;
-use crate::format::object_lock::Mention;
+use crate::format::object_lock::{Mention, Role};
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -680,17 +680,29 @@ impl InodeLocks {
             let _one = Self::acquiring_turn(dl, abort)?;
             if mode == LockMode::Exclusive {
                 // An upgrade gives the shared hold up on disk while it waits (and if it then
-                // fails, nothing is held): so does the local state, from here, where the
-                // acquire begins. (Not before the turn: an abort there changes nothing on
-                // disk, and the hold the bucket still shows must stay known here, or no
-                // handoff would ever give it back.)
+                // fails, nothing may be held): so does the local state, from here, where the
+                // acquire begins, and the fast path stops trusting the cache in the same
+                // step (a fast-path thread may have set `ready` again since the caller
+                // cleared it: it asks `share` before it takes the inode's read lock). Not
+                // before the turn: an abort there changes nothing on disk, and the hold the
+                // bucket still shows must stay known here (the sweep gives back only what
+                // it knows).
                 let mut s = dl.settled();
                 if s.handoffs != seen {
                     return Ok(None);
                 }
+                dl.ready.store(false, Ordering::Release);
                 self.set_held(&mut s, Held::Nothing);
             }
-            self.timed(|| self.locks.acquire(self.me, obj, mode, abort))?
+            match self.timed(|| self.locks.acquire(self.me, obj, mode, abort)) {
+                Ok(g) => g,
+                Err(e) => {
+                    if mode == LockMode::Exclusive {
+                        self.known_again(dl, obj, seen);
+                    }
+                    return Err(e);
+                }
+            }
         };
         self.stats.acquires.fetch_add(1, Ordering::Relaxed);
         let mut s = dl.settled();
@@ -702,6 +714,25 @@ impl InodeLocks {
         // A hold is in use from its grant: one that took a second to come is not idle yet.
         self.stamp(dl);
         Ok(Some((grant, s)))
+    }
+
+    /// After a failed upgrade (under the acquiring turn): the acquire may have ended before
+    /// it changed the bucket (an abort at its first look, a failed read), which then still
+    /// shows this node's shared hold. Know it again, so that the sweep can give it back; the
+    /// cache stays untrusted until `share` validates it. A failed read leaves it unknown (a
+    /// request from another node still releases it: the server reads the bucket).
+    fn known_again(&self, dl: &DataLock, obj: ObjectId, seen: u64) {
+        let Ok((_, bucket)) = self.locks.read_bucket(self.locks.bucket_of(obj)) else {
+            return;
+        };
+        let mine = bucket
+            .entry(obj.raw())
+            .and_then(|e| e.mention(self.me.slot))
+            .is_some_and(|m| m.gen == self.me.gen && m.role == Role::Holder);
+        let mut s = dl.settled();
+        if mine && s.handoffs == seen && s.held == Held::Nothing {
+            self.set_held(&mut s, Held::Shared);
+        }
     }
 
     /// This node's turn to acquire `dl`'s lock (one local acquire at a time), waiting as
