@@ -899,20 +899,21 @@ impl Volume {
         })
     }
 
-    /// A change on the global path, before it changes anything: own every inode in `inos`
-    /// that it will change ([`Volume::own_inode`], rule 1; the caller holds their write
-    /// locks), so that a wait for another node's hold — a dead node that created a file in
-    /// the directory a moment before it died holds it until its recovery — may still end the
-    /// transaction and wait holding nothing. Their saves later find them owned. Without the
-    /// global lock (`fs/detached_ns.rs`) nothing is taken here: the save checks ownership.
-    pub(super) fn own_first(&self, tx: &mut Tx<'_>, inos: &[u64]) -> Result<()> {
+    /// A change on the global path, before it changes anything: own the directories `dirs`
+    /// and the other inodes `files` that it will change ([`Volume::own_inode`], rule 1; the
+    /// caller holds their write locks), in the lock order of docs/locking.md §15 (directories
+    /// by ascending number, then the others), so that a wait for another node's hold — a dead
+    /// node that listed the directory a moment before it died holds it until its recovery —
+    /// may still end the transaction and wait holding nothing. Their saves later find them
+    /// owned. Without the global lock (`fs/detached_ns.rs`) nothing is taken here: the save
+    /// checks ownership.
+    pub(super) fn own_first(&self, tx: &mut Tx<'_>, dirs: &[u64], files: &[u64]) -> Result<()> {
         if tx.is_detached() {
             return Ok(());
         }
-        let mut inos = inos.to_vec();
-        inos.sort_unstable();
-        inos.dedup();
-        inos.iter().try_for_each(|&ino| self.own_inode(tx, ino))
+        Self::in_lock_order(dirs, files)
+            .into_iter()
+            .try_for_each(|ino| self.own_inode(tx, ino))
     }
 
     /// [`Volume::own_first`] for inodes whose write locks the caller does not hold (a
@@ -925,13 +926,32 @@ impl Volume {
         if tx.is_detached() {
             return Ok(());
         }
-        let mut states = states.to_vec();
-        states.sort_unstable_by_key(|s| s.ino);
-        states.dedup_by_key(|s| s.ino);
-        states.into_iter().try_for_each(|st| {
+        // The lock order of `own_first`: directories first, each kind by ascending number.
+        let mut states: Vec<_> = states
+            .iter()
+            .map(|st| (!st.read().inode.is_dir(), *st))
+            .collect();
+        states.sort_unstable_by_key(|(file, st)| (*file, st.ino));
+        states.dedup_by_key(|(_, st)| st.ino);
+        states.into_iter().try_for_each(|(_, st)| {
             let _w = st.write();
             self.own_inode(tx, st.ino)
         })
+    }
+
+    /// Directories by ascending number, then the other inodes (each once).
+    fn in_lock_order(dirs: &[u64], files: &[u64]) -> Vec<u64> {
+        let mut dirs = dirs.to_vec();
+        dirs.sort_unstable();
+        let mut files: Vec<_> = files
+            .iter()
+            .copied()
+            .filter(|f| !dirs.contains(f))
+            .collect();
+        files.sort_unstable();
+        dirs.extend(files);
+        dirs.dedup();
+        dirs
     }
 
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode

@@ -196,7 +196,7 @@ impl Volume {
                 "a create in directory {parent} needs the global lock"
             );
         }
-        self.own_first(tx, &[parent])?;
+        self.own_first(tx, &[parent], &[])?;
         let ino = tx.alloc_one(parent)?;
         if tx.is_detached() {
             // Known to no other node until this directory's hold goes (fs/detached_ns.rs).
@@ -458,7 +458,7 @@ impl Volume {
             if dir_lookup(tx, &p.inode, new_name)?.is_some() {
                 bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
             }
-            self.own_first(tx, &[new_parent, ino])?;
+            self.own_first(tx, &[new_parent], &[ino])?;
             dir_insert(
                 tx,
                 &mut p.inode,
@@ -571,7 +571,11 @@ impl Volume {
                     String::from_utf8_lossy(name)
                 );
             }
-            self.own_first(tx, &[parent, e.ino])?;
+            if is_dir {
+                self.own_first(tx, &[parent, e.ino], &[])?;
+            } else {
+                self.own_first(tx, &[parent], &[e.ino])?;
+            }
             if is_dir || inner.inode.nlink <= 1 {
                 // The last link may free the inode: nothing changes unless that can be done.
                 Self::prepare_inode_free(tx, &inner)?;

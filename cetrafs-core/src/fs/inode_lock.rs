@@ -718,9 +718,11 @@ impl InodeLocks {
 
     /// After a failed upgrade (under the acquiring turn): the acquire may have ended before
     /// it changed the bucket (an abort at its first look, a failed read), which then still
-    /// shows this node's shared hold. Know it again, so that the sweep can give it back; the
-    /// cache stays untrusted until `share` validates it. A failed read leaves it unknown (a
-    /// request from another node still releases it: the server reads the bucket).
+    /// shows this node's shared hold. Know it again, so that the sweep can give it back. The
+    /// cache is not trusted again without a reload (no validator): the caller may have
+    /// changed the inode in memory before it failed to own it. A failed read leaves the hold
+    /// unknown (a request from another node still releases it: the server reads the
+    /// bucket).
     fn known_again(&self, dl: &DataLock, obj: ObjectId, seen: u64) {
         let Ok((_, bucket)) = self.locks.read_bucket(self.locks.bucket_of(obj)) else {
             return;
@@ -732,6 +734,7 @@ impl InodeLocks {
         let mut s = dl.settled();
         if mine && s.handoffs == seen && s.held == Held::Nothing {
             self.set_held(&mut s, Held::Shared);
+            s.validator = None;
         }
     }
 
