@@ -2635,6 +2635,84 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     lun.assert_fsck_clean();
 }
 
+/// What must go on in the dead-holder tests while one of node1's operations waits for
+/// node2's recovery: node3 moves `p/m` to `q/m` (it needs the global lock, which node1 took
+/// for the waiting operation) and node1 grows its thin image `y/thin.img` by 64 MiB (its
+/// allocating writes need node1's metadata mutex). Both must be done before node2 is
+/// recovered.
+struct Bystanders {
+    img: fs::File,
+    byte: u8,
+}
+
+impl Bystanders {
+    const GROW_MIB: usize = 64;
+
+    /// node1's thin image `y/thin.img` (the caller made `y`) with its first MiB, and node3's
+    /// `p/m`.
+    fn new(node1: &Mount, node3: &Mount, byte: u8) -> Self {
+        let img = thin_image(&node1.p("y/thin.img"));
+        img.write_all_at(&vec![byte; 1 << 20], 0)
+            .expect("first write on node1");
+        for d in ["p", "q"] {
+            fs::create_dir(node3.p(d)).expect("mkdir on node3");
+        }
+        fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
+        Self { img, byte }
+    }
+
+    /// Half a second after node2's kill at `killed`, while `waiting` (what of node1's waits
+    /// for node2, `finished` tells whether it ended): the move and the growth, both before
+    /// node2's recovery; then wait for that recovery.
+    fn go_on(
+        &self,
+        node1: &Mount,
+        node3: &Mount,
+        killed: Instant,
+        waiting: &str,
+        finished: impl Fn() -> bool,
+    ) {
+        std::thread::sleep(Duration::from_millis(500));
+        let t = Instant::now();
+        fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
+        let moved = t.elapsed();
+        grow_mib(&self.img, self.byte, 1..Self::GROW_MIB + 1);
+        let grown = killed.elapsed();
+        let recovered = || has_recovered(node1, "node2") || has_recovered(node3, "node2");
+        let recovered_by_then = recovered();
+        eprintln!(
+            "while {waiting}: node3's move took {:.3} s; node1 had written {} MiB into its \
+             thin image {:.3} s after the kill (dead time {:.1} s; recovered by then: \
+             {recovered_by_then})",
+            moved.as_secs_f64(),
+            Self::GROW_MIB,
+            grown.as_secs_f64(),
+            DEAD_TIME.as_secs_f64()
+        );
+        assert!(
+            !recovered_by_then,
+            "node2 was recovered before node3's move and node1's growth were done ({grown:?}): \
+             they waited for {waiting}\nnode1:\n{}\nnode3:\n{}",
+            node1.log(),
+            node3.log()
+        );
+        assert!(
+            !finished(),
+            "{waiting} did not wait for node2: the test proves nothing"
+        );
+        assert!(
+            poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
+            "node2 was not recovered"
+        );
+    }
+
+    /// node1 sees node3's move, and reads its whole thin image back.
+    fn end(self, node1: &Mount) {
+        assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
+        assert_mib(&self.img, self.byte, 0..Self::GROW_MIB + 1);
+    }
+}
+
 /// A dead node's open image blocks only itself. node2 writes an image and keeps it open (its
 /// inode lock stays exclusive there while it is open for writing), idles 3 s (its other
 /// holds go back) and is SIGKILLed. On node1 an `ls -l` of the image's directory then stats
@@ -2647,7 +2725,6 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
 /// whole dead time with it.
 #[test]
 fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
-    const GROW_MIB: usize = 64;
     require_fuse!();
     let _serial = serial();
     let lun = lun_with_big_groups();
@@ -2655,9 +2732,8 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
     let node2 = Mount::new(&lun, "node2");
     let node3 = Mount::new(&lun, "node3");
     fs::create_dir(node1.p("y")).expect("mkdir y on node1");
-    let img = thin_image(&node1.p("y/thin.img"));
     let chunk = vec![0x3C_u8; 1 << 20];
-    img.write_all_at(&chunk, 0).expect("first write on node1");
+    let by = Bystanders::new(&node1, &node3, 0x3C);
     fs::create_dir(node2.p("b")).expect("mkdir b on node2");
     let vm = fs::OpenOptions::new()
         .read(true)
@@ -2667,10 +2743,6 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
         .expect("create b/vm.img on node2");
     vm.write_all_at(&chunk, 0).expect("write b/vm.img on node2");
     vm.sync_all().expect("fsync b/vm.img on node2");
-    for d in ["p", "q"] {
-        fs::create_dir(node3.p(d)).expect("mkdir on node3");
-    }
-    fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
     // Idle holds go back between 1 and about 2 s after their last use; the open image's stays.
     std::thread::sleep(Duration::from_secs(3));
     node2
@@ -2686,37 +2758,9 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
             .output();
         (r, Instant::now())
     });
-    std::thread::sleep(Duration::from_millis(500));
-    let t = Instant::now();
-    fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
-    let moved = t.elapsed();
-    grow_mib(&img, 0x3C, 1..GROW_MIB + 1);
-    let grown = killed.elapsed();
-    let recovered = || has_recovered(&node1, "node2") || has_recovered(&node3, "node2");
-    let recovered_by_then = recovered();
-    eprintln!(
-        "after node2's death holding b/vm.img: node3's move took {:.3} s; node1 had written \
-         {GROW_MIB} MiB into its thin image {:.3} s after the kill (dead time {:.1} s; \
-         recovered by then: {recovered_by_then})",
-        moved.as_secs_f64(),
-        grown.as_secs_f64(),
-        DEAD_TIME.as_secs_f64()
-    );
-    assert!(
-        !recovered_by_then,
-        "node2 was recovered before node3's move and node1's growth were done ({grown:?}): they \
-         waited for the stat of node2's image\nnode1:\n{}\nnode3:\n{}",
-        node1.log(),
-        node3.log()
-    );
-    assert!(
-        !stat.is_finished(),
-        "node1's `ls -l b` did not wait for node2's inode lock: the test proves nothing"
-    );
-    assert!(
-        poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
-        "node2 was not recovered"
-    );
+    by.go_on(&node1, &node3, killed, "the stat of node2's image", || {
+        stat.is_finished()
+    });
     let (ls, at) = stat.join().expect("the ls thread");
     let ls = ls.expect("run ls");
     let out = String::from_utf8_lossy(&ls.stdout);
@@ -2741,9 +2785,7 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
         1 << 20
     );
     drop(vm);
-    assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
-    assert_mib(&img, 0x3C, 0..GROW_MIB + 1);
-    drop(img);
+    by.end(&node1);
     node3.unmount();
     node1.unmount();
     lun.assert_fsck_clean();
@@ -2761,7 +2803,6 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
 /// after. Before, it waited holding both, and they waited the whole dead time with it.
 #[test]
 fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
-    const GROW_MIB: usize = 64;
     require_fuse!();
     let _serial = serial();
     let lun = lun_with_big_groups();
@@ -2769,9 +2810,8 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
     let node2 = Mount::new(&lun, "node2");
     let node3 = Mount::new(&lun, "node3");
     fs::create_dir(node1.p("y")).expect("mkdir y on node1");
-    let img = thin_image(&node1.p("y/thin.img"));
     let chunk = vec![0x5A_u8; 1 << 20];
-    img.write_all_at(&chunk, 0).expect("first write on node1");
+    let by = Bystanders::new(&node1, &node3, 0x5A);
     let vm = thin_image(&node1.p("y/vm.img"));
     vm.write_all_at(&chunk, 0).expect("write y/vm.img on node1");
     vm.sync_all().expect("fsync y/vm.img on node1");
@@ -2784,10 +2824,6 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
         first.iter().all(|&b| b == 0x5A),
         "node2 reads node1's image"
     );
-    for d in ["p", "q"] {
-        fs::create_dir(node3.p(d)).expect("mkdir on node3");
-    }
-    fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
     // Idle holds go back between 1 and about 2 s after their last use; node2's hold of the
     // image it has open for reading stays.
     std::thread::sleep(Duration::from_secs(3));
@@ -2805,36 +2841,12 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
             (r, Instant::now())
         })
     };
-    std::thread::sleep(Duration::from_millis(500));
-    let t = Instant::now();
-    fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
-    let moved = t.elapsed();
-    grow_mib(&img, 0x5A, 1..GROW_MIB + 1);
-    let grown = killed.elapsed();
-    let recovered = || has_recovered(&node1, "node2") || has_recovered(&node3, "node2");
-    let recovered_by_then = recovered();
-    eprintln!(
-        "after node2's death holding y/vm.img shared: node3's move took {:.3} s; node1 had \
-         written {GROW_MIB} MiB into its thin image {:.3} s after the kill (dead time {:.1} s; \
-         recovered by then: {recovered_by_then})",
-        moved.as_secs_f64(),
-        grown.as_secs_f64(),
-        DEAD_TIME.as_secs_f64()
-    );
-    assert!(
-        !recovered_by_then,
-        "node2 was recovered before node3's move and node1's growth were done ({grown:?}): they \
-         waited for node1's write into the image node2 held\nnode1:\n{}\nnode3:\n{}",
-        node1.log(),
-        node3.log()
-    );
-    assert!(
-        !writer.is_finished(),
-        "node1's write into y/vm.img did not wait for node2's hold: the test proves nothing"
-    );
-    assert!(
-        poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
-        "node2 was not recovered"
+    by.go_on(
+        &node1,
+        &node3,
+        killed,
+        "node1's write into the image node2 held",
+        || writer.is_finished(),
     );
     let (wrote, at) = writer.join().expect("the writer thread");
     wrote.expect("node1's write into y/vm.img");
@@ -2843,9 +2855,8 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
         (at - killed).as_secs_f64()
     );
     assert_mib(&vm, 0x5A, 0..2);
-    assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
-    assert_mib(&img, 0x5A, 0..GROW_MIB + 1);
-    drop((img, vm));
+    by.end(&node1);
+    drop(vm);
     node3.unmount();
     node1.unmount();
     lun.assert_fsck_clean();
@@ -2862,7 +2873,6 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
 /// waited holding the global lock and node1's metadata mutex.
 #[test]
 fn a_dead_nodes_directory_listing_stalls_nobody_else() {
-    const GROW_MIB: usize = 64;
     require_fuse!();
     let _serial = serial();
     let lun = lun_with_big_groups();
@@ -2873,13 +2883,7 @@ fn a_dead_nodes_directory_listing_stalls_nobody_else() {
         fs::create_dir(node1.p(d)).expect("mkdir on node1");
     }
     fs::write(node1.p("images/a.img"), b"a").expect("write images/a.img on node1");
-    let img = thin_image(&node1.p("y/thin.img"));
-    let chunk = vec![0x4B_u8; 1 << 20];
-    img.write_all_at(&chunk, 0).expect("first write on node1");
-    for d in ["p", "q"] {
-        fs::create_dir(node3.p(d)).expect("mkdir on node3");
-    }
-    fs::write(node3.p("p/m"), b"m").expect("write p/m on node3");
+    let by = Bystanders::new(&node1, &node3, 0x4B);
     let listed: Vec<_> = fs::read_dir(node2.p("images"))
         .expect("list images on node2")
         .map(|e| e.expect("an entry of images").file_name())
@@ -2894,37 +2898,9 @@ fn a_dead_nodes_directory_listing_stalls_nobody_else() {
         let path = node1.p("images/new.img");
         std::thread::spawn(move || (fs::write(path, b"new"), Instant::now()))
     };
-    std::thread::sleep(Duration::from_millis(500));
-    let t = Instant::now();
-    fs::rename(node3.p("p/m"), node3.p("q/m")).expect("move p/m to q/m on node3");
-    let moved = t.elapsed();
-    grow_mib(&img, 0x4B, 1..GROW_MIB + 1);
-    let grown = killed.elapsed();
-    let recovered = || has_recovered(&node1, "node2") || has_recovered(&node3, "node2");
-    let recovered_by_then = recovered();
-    eprintln!(
-        "after node2's death holding images/ shared: node3's move took {:.3} s; node1 had \
-         written {GROW_MIB} MiB into its thin image {:.3} s after the kill (dead time {:.1} s; \
-         recovered by then: {recovered_by_then})",
-        moved.as_secs_f64(),
-        grown.as_secs_f64(),
-        DEAD_TIME.as_secs_f64()
-    );
-    assert!(
-        !recovered_by_then,
-        "node2 was recovered before node3's move and node1's growth were done ({grown:?}): they \
-         waited for node1's create in images/\nnode1:\n{}\nnode3:\n{}",
-        node1.log(),
-        node3.log()
-    );
-    assert!(
-        !creator.is_finished(),
-        "node1's create in images/ did not wait for node2's hold: the test proves nothing"
-    );
-    assert!(
-        poll_until(DEAD_TIME + RECOVERY_SLACK, recovered).is_some(),
-        "node2 was not recovered"
-    );
+    by.go_on(&node1, &node3, killed, "node1's create in images/", || {
+        creator.is_finished()
+    });
     let (made, at) = creator.join().expect("the creator thread");
     made.expect("node1's create of images/new.img");
     eprintln!(
@@ -2935,9 +2911,7 @@ fn a_dead_nodes_directory_listing_stalls_nobody_else() {
         fs::read(node3.p("images/new.img")).expect("read images/new.img on node3"),
         b"new"
     );
-    assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
-    assert_mib(&img, 0x4B, 0..GROW_MIB + 1);
-    drop(img);
+    by.end(&node1);
     node3.unmount();
     node1.unmount();
     lun.assert_fsck_clean();
