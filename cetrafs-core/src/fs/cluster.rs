@@ -911,9 +911,10 @@ impl Volume {
         if tx.is_detached() {
             return Ok(());
         }
-        Self::in_lock_order(dirs, files)
+        let kinds = dirs.iter().map(|&d| (true, d, ()));
+        in_lock_order(kinds.chain(files.iter().map(|&f| (false, f, ()))).collect())
             .into_iter()
-            .try_for_each(|ino| self.own_inode(tx, ino))
+            .try_for_each(|(_, ino, ())| self.own_inode(tx, ino))
     }
 
     /// [`Volume::own_first`] for inodes whose write locks the caller does not hold (a
@@ -926,32 +927,15 @@ impl Volume {
         if tx.is_detached() {
             return Ok(());
         }
-        // The lock order of `own_first`: directories first, each kind by ascending number.
-        let mut states: Vec<_> = states
+        let kinds = states
             .iter()
-            .map(|st| (!st.read().inode.is_dir(), *st))
-            .collect();
-        states.sort_unstable_by_key(|(file, st)| (*file, st.ino));
-        states.dedup_by_key(|(_, st)| st.ino);
-        states.into_iter().try_for_each(|(_, st)| {
-            let _w = st.write();
-            self.own_inode(tx, st.ino)
-        })
-    }
-
-    /// Directories by ascending number, then the other inodes (each once).
-    fn in_lock_order(dirs: &[u64], files: &[u64]) -> Vec<u64> {
-        let mut dirs = dirs.to_vec();
-        dirs.sort_unstable();
-        let mut files: Vec<_> = files
-            .iter()
-            .copied()
-            .filter(|f| !dirs.contains(f))
-            .collect();
-        files.sort_unstable();
-        dirs.extend(files);
-        dirs.dedup();
-        dirs
+            .map(|st| (st.read().inode.is_dir(), st.ino, *st));
+        in_lock_order(kinds.collect())
+            .into_iter()
+            .try_for_each(|(_, ino, st)| {
+                let _w = st.write();
+                self.own_inode(tx, ino)
+            })
     }
 
     /// Is `st`'s cached state current without the global lock? (v3: this node holds its inode
@@ -1553,8 +1537,29 @@ impl Volume {
     }
 }
 
+/// Inodes `(is a directory, number, what goes with it)` in the lock order of
+/// docs/locking.md §15: directories by ascending number, then the others; each once.
+fn in_lock_order<T>(mut inodes: Vec<(bool, u64, T)>) -> Vec<(bool, u64, T)> {
+    inodes.sort_by_key(|&(dir, ino, _)| (!dir, ino));
+    inodes.dedup_by_key(|&mut (_, ino, _)| ino);
+    inodes
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn inodes_are_owned_directories_first_each_once() {
+        let order = super::in_lock_order(vec![
+            (false, 5, ()),
+            (true, 9, ()),
+            (true, 3, ()),
+            (false, 2, ()),
+            (true, 3, ()),
+        ]);
+        let inos: Vec<u64> = order.iter().map(|&(_, ino, ())| ino).collect();
+        assert_eq!(inos, [3, 9, 2, 5]);
+    }
+
     use super::{HoldWindow, HOLD_IDLE, HOLD_MAX, HOLD_MIN};
     use std::time::Duration;
 
