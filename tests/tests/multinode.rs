@@ -2706,10 +2706,15 @@ impl Bystanders {
         );
     }
 
-    /// node1 sees node3's move, and reads its whole thin image back.
-    fn end(self, node1: &Mount) {
+    /// node1 sees node3's move and reads its whole thin image back; both unmount, and the
+    /// volume checks clean.
+    fn end(self, lun: &Lun, node1: Mount, node3: Mount) {
         assert_eq!(fs::read(node1.p("q/m")).expect("read q/m on node1"), b"m");
         assert_mib(&self.img, self.byte, 0..Self::GROW_MIB + 1);
+        drop(self.img);
+        node3.unmount();
+        node1.unmount();
+        lun.assert_fsck_clean();
     }
 }
 
@@ -2785,10 +2790,7 @@ fn a_stat_of_a_dead_nodes_open_image_stalls_nobody() {
         1 << 20
     );
     drop(vm);
-    by.end(&node1);
-    node3.unmount();
-    node1.unmount();
-    lun.assert_fsck_clean();
+    by.end(&lun, node1, node3);
 }
 
 /// A dead reader of an image blocks only that image. node1 writes `y/vm.img` and keeps it
@@ -2855,11 +2857,8 @@ fn a_dead_readers_hold_on_an_image_stalls_nobody_else() {
         (at - killed).as_secs_f64()
     );
     assert_mib(&vm, 0x5A, 0..2);
-    by.end(&node1);
     drop(vm);
-    node3.unmount();
-    node1.unmount();
-    lun.assert_fsck_clean();
+    by.end(&lun, node1, node3);
 }
 
 /// A dead node's shared hold of a directory blocks only changes in that directory. node1
@@ -2911,10 +2910,7 @@ fn a_dead_nodes_directory_listing_stalls_nobody_else() {
         fs::read(node3.p("images/new.img")).expect("read images/new.img on node3"),
         b"new"
     );
-    by.end(&node1);
-    node3.unmount();
-    node1.unmount();
-    lun.assert_fsck_clean();
+    by.end(&lun, node1, node3);
 }
 
 /// node1 grows a thin image by 96 MiB, six times the 16 MiB groups of this volume, right

@@ -419,6 +419,25 @@ fn idle_holds_go_back_unless_their_file_is_open() {
     assert_fsck_clean(&dev);
 }
 
+/// Node `a` crashes (fences itself, as a SIGKILL would leave its records): the dead time
+/// of these tests' timings, and when it crashed.
+fn crash(a: &Volume) -> (Duration, Instant) {
+    a.member.fence("test: simulated crash".into());
+    (
+        crate::cluster::Timing::from_ms(50, 100).dead_time(),
+        Instant::now(),
+    )
+}
+
+/// The survivors unmount, and the volume checks clean.
+fn unmount_and_check(dev: &Arc<crate::dev::mem::MemDevice>, survivors: &[&Volume]) {
+    for v in survivors {
+        v.unmount().unwrap();
+    }
+    std::thread::sleep(Duration::from_millis(10));
+    assert_fsck_clean(dev);
+}
+
 /// What must go on while one of b's operations waits for a dead node's lock: b's allocating
 /// writes into its own thin image (they need b's metadata mutex) and c's move between
 /// directories (it needs the global lock, which b may have taken for the waiting operation).
@@ -492,9 +511,7 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     a.fsync(f.ino, false).unwrap();
     let by = Bystanders::new(&b, &c);
     // a dies holding vm's lock exclusively (its writer keeps it).
-    a.member.fence("test: simulated crash".into());
-    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
-    let killed = Instant::now();
+    let (dead, killed) = crash(&a);
     let stat = {
         let b = b.clone();
         std::thread::spawn(move || (b.getattr(f.ino), Instant::now()))
@@ -520,10 +537,7 @@ fn a_read_waiting_for_a_dead_nodes_inode_lock_holds_no_other_lock() {
     assert!(at - killed >= dead / 2, "the stat waited {:?}", at - killed);
     by.end(&b, &c);
     drop(fh);
-    b.unmount().unwrap();
-    c.unmount().unwrap();
-    std::thread::sleep(Duration::from_millis(10));
-    assert_fsck_clean(&dev);
+    unmount_and_check(&dev, &[&b, &c]);
 }
 
 /// A change that must own an inode a dead node held shared waits for it holding nothing
@@ -593,9 +607,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
             }
         })
     };
-    a.member.fence("test: simulated crash".into());
-    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
-    let killed = Instant::now();
+    let (dead, killed) = crash(&a);
     let truncate = {
         let b = b.clone();
         std::thread::spawn(move || {
@@ -680,10 +692,7 @@ fn a_change_waiting_for_a_dead_nodes_shared_hold_holds_no_other_lock() {
     for fh in [cut_fh, grow_fh, punch_fh, flag_fh] {
         b.release(&fh).unwrap();
     }
-    b.unmount().unwrap();
-    c.unmount().unwrap();
-    std::thread::sleep(Duration::from_millis(10));
-    assert_fsck_clean(&dev);
+    unmount_and_check(&dev, &[&b, &c]);
 }
 
 /// `f(v)` on another thread; joins to its result and when it ended.
@@ -725,9 +734,7 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
         "a holds d's lock shared"
     );
     let by = Bystanders::new(&b, &c);
-    a.member.fence("test: simulated crash".into());
-    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
-    let killed = Instant::now();
+    let (dead, killed) = crash(&a);
     let changes = [
         timed_on(&b, move |b| {
             let (_, fh) = b.create(d, b"new", 0o644, C, true)?;
@@ -773,10 +780,7 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
     );
     assert!(c.lookup(d, b"m").is_ok(), "c sees the move into d");
     by.end(&b, &c);
-    b.unmount().unwrap();
-    c.unmount().unwrap();
-    std::thread::sleep(Duration::from_millis(10));
-    assert_fsck_clean(&dev);
+    unmount_and_check(&dev, &[&b, &c]);
 }
 
 /// The outside wait of a change that waited to own an inode (`Volume::await_holders`) ends
@@ -811,9 +815,7 @@ fn the_outside_wait_ends_when_the_dead_holder_lets_go() {
         ino: f.ino,
         exclusive: true,
     };
-    a.member.fence("test: simulated crash".into());
-    let dead = crate::cluster::Timing::from_ms(50, 100).dead_time();
-    let killed = Instant::now();
+    let (dead, killed) = crash(&a);
     b.wait_for_inode_lock(wait).unwrap();
     let waited = killed.elapsed();
     assert!(
@@ -837,8 +839,5 @@ fn the_outside_wait_ends_when_the_dead_holder_lets_go() {
     );
     drop(held);
     b.release(&fh).unwrap();
-    b.unmount().unwrap();
-    c.unmount().unwrap();
-    std::thread::sleep(Duration::from_millis(10));
-    assert_fsck_clean(&dev);
+    unmount_and_check(&dev, &[&b, &c]);
 }
