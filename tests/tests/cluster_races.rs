@@ -1958,6 +1958,8 @@ const HELD_FILES: usize = 100;
 const BIG_CHUNK: usize = 1 << 20;
 /// The big file's fsync'd part.
 const BIG_DURABLE: usize = 8;
+/// How long past its random moment the kill may wait for node2 to show allocation locks.
+const KILL_WINDOW: Duration = Duration::from_secs(3);
 /// How long the survivors may take for their part (a lock left to the dead node blocks forever).
 const SURVIVOR_TIME: Duration = Duration::from_secs(40);
 
@@ -2230,11 +2232,19 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
 
     // Phase 2 (unsynced): extend + truncate the 100 files; grow the big file; then SIGKILL.
     let stop = AtomicBool::new(false);
+    // A writer's error before the kill fails the test (one, ENOSPC with the volume 7 % full,
+    // went unnoticed here while it stopped the writers and so the lock traffic the test needs).
+    let (killing, early_errors) = (AtomicBool::new(false), Mutex::new(Vec::<String>::new()));
+    let failed = |what: String| {
+        if !killing.load(Ordering::SeqCst) {
+            early_errors.lock().expect("errors").push(what);
+        }
+    };
     let kill_after = Duration::from_millis(rng.gen_range(1500..=2500));
     let node2 = c.take(1);
     let (kill_ns, t_kill, owned_at_kill, global_excl) = std::thread::scope(|s| {
         let _g = StopGuard(&stop);
-        let (files, big, stop) = (&files, &big, &stop);
+        let (files, big, stop, failed) = (&files, &big, &stop, &failed);
         s.spawn(move || {
             for round in 1u64.. {
                 for (i, f) in files.iter().enumerate() {
@@ -2247,7 +2257,8 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
                     } else {
                         f.set_len(off + 1000)
                     };
-                    if r.is_err() {
+                    if let Err(e) = r {
+                        failed(format!("f{i} round {round}: {e}"));
                         return;
                     }
                 }
@@ -2255,21 +2266,33 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
         });
         s.spawn(move || {
             for ch in BIG_DURABLE.. {
-                if stop.load(Ordering::SeqCst)
-                    || big
-                        .write_all_at(
-                            &pattern(held_key(999, ch, 0), BIG_CHUNK),
-                            (ch * BIG_CHUNK) as u64,
-                        )
-                        .is_err()
-                {
+                if stop.load(Ordering::SeqCst) {
+                    return;
+                }
+                if let Err(e) = big.write_all_at(
+                    &pattern(held_key(999, ch, 0), BIG_CHUNK),
+                    (ch * BIG_CHUNK) as u64,
+                ) {
+                    failed(format!("big chunk {ch}: {e}"));
                     return;
                 }
             }
         });
         std::thread::sleep(kill_after);
-        let owned = owned_by(&c, &sb, slot2);
-        let global = locks_of(&c, &sb, slot2).0;
+        // The kill must land while node2 holds allocation locks (two group locks or the global
+        // lock exclusively). It takes the global lock only around pool refills and gives it
+        // back after a second unused, so one sample can fall between two holds (1 run in 6
+        // here): sample until a hold shows, for at most KILL_WINDOW, and kill at once.
+        let window = Instant::now();
+        let (owned, global) = loop {
+            let owned = owned_by(&c, &sb, slot2);
+            let global = locks_of(&c, &sb, slot2).0;
+            if owned.1 >= 2 || global || window.elapsed() >= KILL_WINDOW {
+                break (owned, global);
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        killing.store(true, Ordering::SeqCst);
         node2.signal(libc::SIGKILL).expect("SIGKILL node2");
         let kill_ns = now_ns();
         let t_kill = Instant::now();
@@ -2311,6 +2334,11 @@ fn sigkill_holding_100_inode_locks_then_survivors_take_them() {
         owned_at_kill.0.len(),
         owned_at_kill.1,
         kill_ns.saturating_sub(last_commit) / 1_000_000
+    );
+    let early_errors = early_errors.into_inner().expect("errors");
+    assert!(
+        early_errors.is_empty(),
+        "node2's writers failed before the kill: {early_errors:?}"
     );
     assert_eq!(
         held, inos,

@@ -689,7 +689,12 @@ impl Volume {
             };
             let end = offset + len;
             let (b0, b1) = (offset / FS_BLOCK, end.div_ceil(FS_BLOCK));
-            Self::check_write(st.ino, &inner, offset)?;
+            if let Err(e) = Self::check_write(st.ino, &inner, offset) {
+                drop(inner);
+                // Only the pool may have changed (keep_pool): into the running transaction.
+                tx.commit()?;
+                return Err(e);
+            }
             // The rare write that removes setuid/setgid bits is one locked operation too.
             if Self::needs_rmw(&inner, offset, end)
                 || (suid::may_drop(inner.inode.mode) && !who.has_fsetid())
@@ -707,14 +712,26 @@ impl Volume {
             };
             // A granule the volume cannot give (nearly full) is no error: then only the
             // write's own blocks, as without a granule.
-            let ((plan, pooled), (p0, p1)) = match self.plan_held(&mut tx, &inner, wide) {
-                Ok(planned) => (planned, wide),
-                Err(e) if wide == (b0, b1) => return Err(e),
-                Err(_) => (self.plan_held(&mut tx, &inner, (b0, b1))?, (b0, b1)),
+            let planned = match self.plan_held(&mut tx, &inner, wide) {
+                Ok(planned) => Ok((planned, wide)),
+                Err(e) if wide == (b0, b1) => Err(e),
+                Err(_) => self
+                    .plan_held(&mut tx, &inner, (b0, b1))
+                    .map(|planned| (planned, (b0, b1))),
             };
             drop(inner);
             // Only the pool may have changed (keep_pool): the held blocks are in memory only.
-            if let Err(e) = tx.commit() {
+            // Committed when no plan was made too: a commit point for space
+            // (`Volume::restarting`) must find every change in the running transaction.
+            let committed = tx.commit();
+            let ((plan, pooled), (p0, p1)) = match planned {
+                Ok(planned) => planned,
+                Err(e) => {
+                    committed?;
+                    return Err(e);
+                }
+            };
+            if let Err(e) = committed {
                 if pooled {
                     self.detached.end(st.ino);
                 }

@@ -969,6 +969,44 @@ fn an_image_sized_sparse_file_allocates_by_granule() {
     assert!(report.is_clean(), "{:?}", report.findings);
 }
 
+/// A deleted file's space is there for the next write at once, not only after the commit
+/// point that makes the free durable (`Meta::commit_for_space`): deleting an old image to
+/// make room for a new one must not answer `ENOSPC` for the next second.
+#[test]
+fn space_freed_by_a_delete_is_written_at_once() {
+    let (_dev, v) = fresh(64 << 20);
+    let root = v.root_ino();
+    let chunk = vec![0x5au8; 1 << 20];
+    let fill = |name: &[u8], limit: Option<u64>| {
+        let (_, fh) = v.create(root, name, 0o644, C, true).unwrap();
+        let mut off = 0;
+        let r = loop {
+            if limit.is_some_and(|l| off >= l) {
+                break Ok(());
+            }
+            match v.write(&fh, off, &chunk) {
+                Ok(_) => off += chunk.len() as u64,
+                Err(e) => break Err(e),
+            }
+        };
+        v.release(&fh).unwrap();
+        (off, r)
+    };
+    let (full, r) = fill(b"old", None);
+    let e = r.unwrap_err();
+    assert_eq!(e.kind(), crate::ErrorKind::NoSpace, "{e}");
+    assert!(full >= 16 << 20, "only {full} bytes fit");
+    v.unlink(root, b"old").unwrap();
+    let t = std::time::Instant::now();
+    let (written, r) = fill(b"new", Some(full));
+    r.unwrap_or_else(|e| {
+        panic!(
+            "{e} after {written} of {full} bytes, {:?} after the delete",
+            t.elapsed()
+        )
+    });
+}
+
 #[test]
 fn a_granule_the_volume_cannot_give_allocates_the_blocks_written() {
     use super::data::{GRANULE_MIN_SIZE, MAX_ALLOC_GRANULE};

@@ -387,6 +387,26 @@ impl Meta {
         !self.pending.is_empty() || !self.nodes.is_empty() || self.alloc.has_quarantine()
     }
 
+    /// An allocation found no space: if blocks freed since the last commit point wait for it
+    /// (step 4 of the module docs), run the commit point now and answer true, so that the
+    /// caller tries once more and `ENOSPC` means a full volume, not frees not yet durable
+    /// (a deleted image's space must be usable by the next write; ext4 forces its journal's
+    /// commit the same way before it answers `ENOSPC`). Between operations only: the
+    /// running transaction must hold every change made so far.
+    pub fn commit_for_space(&mut self, dev: &dyn BlockDevice) -> Result<bool> {
+        let waiting = self.alloc.has_quarantine()
+            || self
+                .pool
+                .as_ref()
+                .is_some_and(super::pool::Pool::has_quarantine);
+        if !waiting || self.failed.is_some() {
+            return Ok(false);
+        }
+        tracing::debug!("no space: a commit point makes the blocks freed since the last usable");
+        self.commit_point(dev)?;
+        Ok(true)
+    }
+
     /// Blocks in the running transaction.
     fn pending_blocks(&self) -> usize {
         self.pending.len() + self.nodes.len()
@@ -850,7 +870,7 @@ impl<'a> Tx<'a> {
             if runs.len() > room {
                 runs.sort_by_key(|r| std::cmp::Reverse(r.1));
                 for (s, l) in runs.split_off(room) {
-                    self.meta.alloc.free(s, l)?;
+                    self.meta.alloc.free_unused(s, l)?;
                 }
             }
             if let Some(p) = &mut self.meta.pool {
@@ -1114,7 +1134,7 @@ impl<'a> Tx<'a> {
                 {
                     Ok(()) => {
                         for (i, &(s, l)) in runs.iter().enumerate() {
-                            if let Err(e) = self.meta.alloc.free(s, l) {
+                            if let Err(e) = self.meta.alloc.free_unused(s, l) {
                                 p.uncompact(&runs[i..]);
                                 self.meta.pool = Some(p);
                                 return Err(e);
