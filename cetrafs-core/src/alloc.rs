@@ -220,6 +220,8 @@ pub struct Allocator {
     /// Blocks freed by the running transaction: free on disk once it commits, but not
     /// reusable before that (see fs/txn.rs, commit point step 4).
     quarantine: Vec<(u64, u64)>,
+    /// Commit points seen ([`Self::committed`]): each releases the quarantine.
+    commit_points: u64,
     /// Reservation window each writing file has earned (doubles as it keeps growing).
     windows: HashMap<u64, u64>,
     /// Blocks held for writes in flight (in `resv`, not in `used`): not free, not yet used.
@@ -341,6 +343,7 @@ impl Allocator {
             changed: BTreeSet::new(),
             resv: HashMap::new(),
             quarantine: Vec::new(),
+            commit_points: 0,
             windows: HashMap::new(),
             held: 0,
             gate: None,
@@ -1128,17 +1131,25 @@ impl Allocator {
         Err(self.no_space(want))
     }
 
-    /// `ENOSPC` for an allocation of `want` blocks, saying how much waits for a commit point.
+    /// `ENOSPC` for an allocation of `want` blocks; typed ([`Error::frees_wait`]) when blocks
+    /// freed since the last commit point wait for the next, which would make them usable.
     fn no_space(&self, want: u64) -> Error {
         let waiting: u64 = self.quarantine.iter().map(|r| r.1).sum();
-        Error::new(
-            ErrorKind::NoSpace,
-            format!(
-                "no space left on the volume: {want} blocks asked, {} free, {waiting} of them \
-                 freed since the last commit point",
-                self.free_blocks()
-            ),
-        )
+        let context = format!(
+            "no space left on the volume: {want} blocks asked, {} free, {waiting} of them \
+             freed since the last commit point",
+            self.free_blocks()
+        );
+        if waiting == 0 {
+            Error::new(ErrorKind::NoSpace, context)
+        } else {
+            Error::no_space_until_commit(context, self.commit_points)
+        }
+    }
+
+    /// Commit points seen ([`Self::committed`]) since mount.
+    pub fn commit_points(&self) -> u64 {
+        self.commit_points
     }
 
     /// Reserve `next` blocks for `owner`: right after its allocation (`goal`) if free, else
@@ -1308,6 +1319,7 @@ impl Allocator {
     /// runs may be reused, and every bitmap it carried is home (evictable again). Returns the
     /// runs released: their frees are durable now (what fs/discard.rs queues).
     pub fn committed(&mut self) -> Vec<(u64, u64)> {
+        self.commit_points += 1;
         let released = std::mem::take(&mut self.quarantine);
         for &(start, len) in &released {
             if let Some((g, bit)) = self.locate(start) {

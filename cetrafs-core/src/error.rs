@@ -61,6 +61,8 @@ pub struct Error {
     context: String,
     /// The lock [`ErrorKind::WaitForInodeLock`] waits for.
     lock_wait: Option<InodeLockWait>,
+    /// [`ErrorKind::NoSpace`] while freed blocks waited for the commit point after this many.
+    frees_wait: Option<u64>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
 }
 
@@ -72,6 +74,7 @@ impl Error {
             kind,
             context: context.into(),
             lock_wait: None,
+            frees_wait: None,
             source: None,
         }
     }
@@ -93,6 +96,21 @@ impl Error {
         self.lock_wait
     }
 
+    /// [`ErrorKind::NoSpace`] of an allocation that found no space while blocks freed
+    /// since commit point number `commit_points` waited for the next one.
+    pub fn no_space_until_commit(context: impl Into<String>, commit_points: u64) -> Self {
+        Self {
+            frees_wait: Some(commit_points),
+            ..Self::new(ErrorKind::NoSpace, context)
+        }
+    }
+
+    /// For [`Error::no_space_until_commit`]: the commit point after which freed blocks
+    /// waited (the space the next commit point makes usable).
+    pub fn frees_wait(&self) -> Option<u64> {
+        self.frees_wait
+    }
+
     pub fn with_source(
         kind: ErrorKind,
         context: impl Into<String>,
@@ -102,6 +120,7 @@ impl Error {
             kind,
             context: context.into(),
             lock_wait: None,
+            frees_wait: None,
             source: Some(Box::new(source)),
         }
     }

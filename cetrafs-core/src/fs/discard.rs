@@ -24,7 +24,10 @@
 //!   the metadata mutex alone: only the parts still in the pool that no write, spare or pin
 //!   holds (`Pool::unclaimed`), and a reservation of pool blocks needs that mutex, so a block
 //!   is never handed to a write before its discard is done. No other node allocates a pool's
-//!   blocks. A guest's TRIM therefore reaches the LUN without any cluster lock.
+//!   blocks. A guest's TRIM therefore reaches the LUN without any cluster lock. A run the
+//!   pool gives back to the bitmaps before its discard ran (the pool's compaction, which
+//!   frees its runs without waiting for a commit point: `Allocator::free_unused`) moves to
+//!   the bitmaps' queue, where the rule above applies.
 //! * **At a limited rate** (mount option `discard=MiB/s`, default [`DEFAULT_RATE`], in
 //!   VMFS's 25–100 MB/s range; `nodiscard` turns it off): every [`TICK`] the discarder takes at
 //!   most a tick's worth of the queue, lowest blocks first. A tick with an empty queue costs a
@@ -115,6 +118,38 @@ impl DiscardQueue {
             self.blocks -= n;
             left -= n;
             out.push((s, n));
+        }
+        out
+    }
+
+    /// Take the queued parts of blocks `[start, start + len)` out of the queue (the parts
+    /// of runs outside it stay).
+    pub fn take_within(&mut self, start: u64, len: u64) -> Vec<(u64, u64)> {
+        let end = start + len;
+        let mut out = Vec::new();
+        let first = self
+            .runs
+            .range(..start)
+            .next_back()
+            .filter(|(&s, &l)| s + l > start)
+            .map(|(&s, _)| s);
+        let keys: Vec<u64> = first
+            .into_iter()
+            .chain(self.runs.range(start..end).map(|(&s, _)| s))
+            .collect();
+        for s in keys {
+            let Some(l) = self.runs.remove(&s) else {
+                continue;
+            };
+            self.blocks -= l;
+            let (a, b) = (s.max(start), (s + l).min(end));
+            out.push((a, b - a));
+            for (rs, rl) in [(s, a - s), (b, s + l - b)] {
+                if rl > 0 {
+                    self.runs.insert(rs, rl);
+                    self.blocks += rl;
+                }
+            }
         }
         out
     }
@@ -308,6 +343,19 @@ mod tests {
         assert_eq!(q.take(100), vec![(100, 40)]);
         assert_eq!(q.blocks(), 0);
         assert!(q.take(5).is_empty());
+    }
+
+    #[test]
+    fn take_within_takes_the_parts_inside_and_keeps_the_rest() {
+        let mut q = DiscardQueue::default();
+        q.push(100, 40);
+        q.push(200, 20);
+        q.push(300, 16);
+        assert_eq!(q.take_within(120, 110), vec![(120, 20), (200, 20)]);
+        assert_eq!(q.blocks(), 36);
+        assert_eq!(q.take_within(0, 50), vec![]);
+        assert_eq!(q.take_within(305, 2), vec![(305, 2)]);
+        assert_eq!(q.take(1000), vec![(100, 20), (300, 5), (307, 9)]);
     }
 
     proptest! {

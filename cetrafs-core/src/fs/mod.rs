@@ -774,10 +774,11 @@ impl Volume {
     /// Run `attempt` (which holds the metadata mutex only while it runs) until it ends other
     /// than with [`ErrorKind::WaitForInodeLock`]; after that error, wait for the inode lock
     /// it names with no lock of this node held. `attempt` gets the inodes waited for so far
-    /// (each once: [`Tx::may_restart`]). An attempt that found no space runs once more
-    /// after a commit point made the frees waiting for one usable ([`Meta::commit_for_space`]):
-    /// an attempt that fails leaves every change it made in the running transaction, as
-    /// consistent as a finished operation's, so trying again is what its caller would do.
+    /// (each once: [`Tx::may_restart`]). An attempt that found no space while freed blocks
+    /// waited for a commit point runs once more after it ([`Meta::commit_for_space`]):
+    /// an attempt that fails leaves the changes it made in the running transaction (as
+    /// [`Volume::meta_op_as`] commits what was done even on error), so trying again is what
+    /// its caller would do after `ENOSPC`.
     fn restarting<T>(&self, mut attempt: impl FnMut(&[u64]) -> Result<T>) -> Result<T> {
         let mut waited = Vec::new();
         let mut space_tried = false;
@@ -788,12 +789,15 @@ impl Volume {
                     self.wait_for_inode_lock(wait)?;
                     waited.push(wait.ino);
                 }
-                Err(e) if e.kind() == ErrorKind::NoSpace && !space_tried && !self.read_only => {
-                    space_tried = true;
-                    if !self.lock_meta().commit_for_space(&*self.dev)? {
-                        return Err(e);
+                Err(e) => match e.frees_wait() {
+                    Some(since) if !space_tried && !self.read_only => {
+                        space_tried = true;
+                        if !self.lock_meta().commit_for_space(&*self.dev, since)? {
+                            return Err(e);
+                        }
                     }
-                }
+                    _ => return Err(e),
+                },
                 r => return r,
             }
         }

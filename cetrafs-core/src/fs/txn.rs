@@ -387,24 +387,34 @@ impl Meta {
         !self.pending.is_empty() || !self.nodes.is_empty() || self.alloc.has_quarantine()
     }
 
-    /// An allocation found no space: if blocks freed since the last commit point wait for it
-    /// (step 4 of the module docs), run the commit point now and answer true, so that the
-    /// caller tries once more and `ENOSPC` means a full volume, not frees not yet durable
-    /// (a deleted image's space must be usable by the next write; ext4 forces its journal's
-    /// commit the same way before it answers `ENOSPC`). Between operations only: the
-    /// running transaction must hold every change made so far.
-    pub fn commit_for_space(&mut self, dev: &dyn BlockDevice) -> Result<bool> {
-        let waiting = self.alloc.has_quarantine()
-            || self
-                .pool
-                .as_ref()
-                .is_some_and(super::pool::Pool::has_quarantine);
-        if !waiting || self.failed.is_some() {
+    /// An allocation found no space while blocks freed after commit point number `since`
+    /// waited for the next one (step 4 of the module docs; [`Error::frees_wait`]): make them
+    /// usable, running that commit point unless one ran meanwhile (the committer, a handoff),
+    /// so that the caller tries once more and `ENOSPC` means a full volume, not frees not yet
+    /// durable (a deleted image's space must be usable by the next write; ext4 forces its
+    /// journal's commit the same way before it answers `ENOSPC`). Between operations only:
+    /// the running transaction must hold every change made so far. False if it cannot help
+    /// (the metadata path failed).
+    pub fn commit_for_space(&mut self, dev: &dyn BlockDevice, since: u64) -> Result<bool> {
+        if self.failed.is_some() {
             return Ok(false);
         }
-        tracing::debug!("no space: a commit point makes the blocks freed since the last usable");
-        self.commit_point(dev)?;
+        if self.alloc.commit_points() == since {
+            tracing::debug!("no space: a commit point makes the blocks freed since usable");
+            self.commit_point(dev)?;
+        }
         Ok(true)
+    }
+
+    /// Pool run `start`+`len` went back to the bitmaps (a compaction): its parts still
+    /// waiting for a discard as the pool's (a hole a guest punched, fs/discard.rs) wait as
+    /// the bitmaps' now, where the discarder finds them (checked as unclaimed there).
+    fn requeue_discards(&mut self, start: u64, len: u64) {
+        if let Some(q) = &mut self.discards {
+            for (s, l) in q[FreedTo::Pool.queue()].take_within(start, len) {
+                q[FreedTo::Bitmaps.queue()].push(s, l);
+            }
+        }
     }
 
     /// Blocks in the running transaction.
@@ -1139,6 +1149,7 @@ impl<'a> Tx<'a> {
                                 self.meta.pool = Some(p);
                                 return Err(e);
                             }
+                            self.meta.requeue_discards(s, l);
                         }
                     }
                     Err(e) => {
