@@ -1105,6 +1105,24 @@ impl Volume {
         }
     }
 
+    /// Unmount: the registrations of files still open here go. The kernel's last releases
+    /// can come after FUSE's destroy (which unmounts) and are not served then, so a clean
+    /// unmount left them behind, for fsck to warn about ("stale open entry") and the node's
+    /// next mount to remove.
+    pub(super) fn unregister_all_opens(&self) {
+        for st in self
+            .inodes
+            .matching(|s| s.opens.load(Ordering::Acquire) > 0)
+        {
+            if let Err(e) = self.cl.locks.open_clear(st.ino, self.cl.me) {
+                tracing::warn!(
+                    "removing the open registration of inode {} at unmount failed: {e}",
+                    st.ino
+                );
+            }
+        }
+    }
+
     /// Does another live node have `ino` open? (On a read error: assume yes, which only
     /// defers a free or refuses a truncate.)
     pub(super) fn open_elsewhere(&self, ino: u64) -> bool {

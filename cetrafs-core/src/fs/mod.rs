@@ -468,6 +468,7 @@ impl Volume {
         tx.return_pool(true)?;
         tx.commit()?;
         meta.close(&*self.dev)?;
+        self.unregister_all_opens();
         self.leave_cluster(&mut meta)?;
         drop(meta);
         if !self.keep_slot {
