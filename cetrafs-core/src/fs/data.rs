@@ -331,11 +331,16 @@ impl Volume {
         // This node's last file open for writing: its block pool goes back (below), unless
         // namespace changes use it (fs/detached_ns.rs; then a global handoff gives it back).
         let no_writers = fh.writable && self.detached.writer_closed();
-        if self.read_only || self.unmounted.load(Ordering::Relaxed) {
+        if self.unmounted.load(Ordering::Relaxed) {
             return Ok(());
         }
+        // A read-only mount registers its opens too (other nodes must not free a file it
+        // reads), so it clears them as well.
         if last || last_writer {
             self.unregister_open(st);
+        }
+        if self.read_only {
+            return Ok(());
         }
         let pending = st.has_pending.load(Ordering::Acquire);
         if st.read().freed {

@@ -2,7 +2,7 @@
 //! the data path of one node does not depend on the global lock, changes by another node
 //! drain it and are seen, and a dead node blocks only what it held.
 
-use super::multinode_tests::{assert_fsck_clean, node, read_all, volume};
+use super::multinode_tests::{assert_fsck_clean, node, read_all, read_only_node, volume};
 use super::*;
 use std::time::{Duration, Instant};
 
@@ -162,15 +162,7 @@ fn a_read_only_node_reads_through_its_inode_lock_and_hands_it_over() {
     let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
     a.write(&fh, 0, &[3u8; 4096]).unwrap();
     a.fsync(f.ino, false).unwrap();
-    let ro = Volume::mount(
-        dev.clone(),
-        &MountOptions {
-            host: "ro".into(),
-            read_only: true,
-            ..MountOptions::default()
-        },
-    )
-    .unwrap();
+    let ro = read_only_node(&dev, "ro");
     let rfh = ro.open(f.ino, false, false).unwrap();
     assert_eq!(read_all(&ro, &rfh, 8192), vec![3u8; 4096]);
     // a extends the file: the read-only node's mailbox thread gives its shared hold up.

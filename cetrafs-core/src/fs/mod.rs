@@ -424,6 +424,7 @@ impl Volume {
         if self.read_only || self.member.is_fenced() {
             self.unmounted.store(true, Ordering::SeqCst);
             if !self.member.is_fenced() {
+                self.unregister_all_opens();
                 let mut meta = self.lock_meta();
                 // Locks that could not be given back stay with the slot, which the others
                 // recover once its heartbeat stops: it is not released as if clean.
