@@ -362,6 +362,11 @@ impl Pool {
         self.map.punch(0, u64::MAX)
     }
 
+    /// Runs given back wait for the next commit point.
+    pub fn has_quarantine(&self) -> bool {
+        !self.quarantine.is_empty()
+    }
+
     /// A commit point made this transaction's frees durable: their runs may be used (not a
     /// pinned one). Returns the runs released (what fs/discard.rs may discard).
     pub fn committed(&mut self) -> Vec<(u64, u64)> {

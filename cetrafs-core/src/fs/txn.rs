@@ -406,6 +406,29 @@ impl Meta {
         Ok(true)
     }
 
+    /// An allocation from the bitmaps found no space while blocks freed into this node's pool
+    /// (a hole punched without the global lock) wait for the commit point: typed as the
+    /// allocator's own waiting frees are ([`Error::frees_wait`]), since that commit point
+    /// makes them usable.
+    fn space_error<T>(&self, r: Result<T>) -> Result<T> {
+        match r {
+            Err(e)
+                if e.kind() == ErrorKind::NoSpace
+                    && e.frees_wait().is_none()
+                    && self
+                        .pool
+                        .as_ref()
+                        .is_some_and(super::pool::Pool::has_quarantine) =>
+            {
+                Err(Error::no_space_until_commit(
+                    format!("{e}; blocks freed into this node's pool wait for the commit point"),
+                    self.alloc.commit_points(),
+                ))
+            }
+            r => r,
+        }
+    }
+
     /// Pool run `start`+`len` went back to the bitmaps (a compaction): its parts still
     /// waiting for a discard as the pool's (a hole a guest punched, fs/discard.rs) wait as
     /// the bitmaps' now, where the discarder finds them (checked as unclaimed there).
@@ -748,14 +771,16 @@ impl<'a> Tx<'a> {
                 .take_one(near)
                 .ok_or_else(|| Error::new(ErrorKind::NoSpace, "this node's block pool is empty"));
         }
-        Ok(self.meta.alloc.alloc(near, 1, 0)?[0].0)
+        let runs = self.meta.alloc.alloc(near, 1, 0);
+        Ok(self.meta.space_error(runs)?[0].0)
     }
 
     /// `n` metadata blocks (no reservation window), all or nothing, as few runs as possible.
     pub fn alloc_meta(&mut self, near: u64, n: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating metadata blocks")?;
         self.touched = true;
-        self.meta.alloc.alloc(near, n, 0)
+        let runs = self.meta.alloc.alloc(near, n, 0);
+        self.meta.space_error(runs)
     }
 
     /// `n` data blocks for file `ino`, near `goal`, all or nothing, mapped by this
@@ -763,14 +788,16 @@ impl<'a> Tx<'a> {
     pub fn alloc_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating data blocks")?;
         self.touched = true;
-        self.meta.alloc.alloc(goal, n, ino)
+        let runs = self.meta.alloc.alloc(goal, n, ino);
+        self.meta.space_error(runs)
     }
 
     /// As [`Tx::alloc_data`], but held in memory only, for an allocating write in flight:
     /// [`Tx::commit_reserved`] or [`Tx::unreserve`] ends each run's hold.
     pub fn reserve_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating data blocks")?;
-        self.meta.alloc.reserve(goal, n, ino)
+        let runs = self.meta.alloc.reserve(goal, n, ino);
+        self.meta.space_error(runs)
     }
 
     /// Hold `n` blocks of this node's pool for a write in flight (fs/pool.rs), keeping
