@@ -1122,7 +1122,16 @@ impl Volume {
     /// unmount left their entries behind, for fsck to warn about ("stale open entry") and
     /// the node's next mount to remove.
     pub(super) fn unregister_all_opens(&self) {
-        let inos = std::mem::take(&mut *self.cl.registered.lock().or_panic());
+        let mut inos = std::mem::take(&mut *self.cl.registered.lock().or_panic());
+        // And every file still open: an open and the last release of the same inode on two
+        // FUSE threads can leave its registration on disk and out of the set (a clear of an
+        // entry that is not there changes nothing).
+        inos.extend(
+            self.inodes
+                .matching(|s| s.opens.load(Ordering::Acquire) > 0)
+                .iter()
+                .map(|s| s.ino),
+        );
         for ino in inos {
             if let Err(e) = self.cl.locks.open_clear(ino, self.cl.me) {
                 tracing::warn!(
