@@ -406,10 +406,11 @@ impl Meta {
         Ok(true)
     }
 
-    /// An allocation from the bitmaps found no space while blocks freed into this node's pool
-    /// (a hole punched without the global lock) wait for the commit point: typed as the
-    /// allocator's own waiting frees are ([`Error::frees_wait`]), since that commit point
-    /// makes them usable.
+    /// A write's blocks held from the bitmaps found no space while blocks freed into this
+    /// node's pool (a hole punched without the global lock) wait for the commit point: typed
+    /// as the allocator's own waiting frees are ([`Error::frees_wait`]), since the write's next
+    /// attempt plans from the pool first (fs/data.rs `plan_held`). Only there: other
+    /// allocations take from the bitmaps alone, which that commit point does not help.
     fn space_error<T>(&self, r: Result<T>) -> Result<T> {
         match r {
             Err(e)
@@ -771,16 +772,14 @@ impl<'a> Tx<'a> {
                 .take_one(near)
                 .ok_or_else(|| Error::new(ErrorKind::NoSpace, "this node's block pool is empty"));
         }
-        let runs = self.meta.alloc.alloc(near, 1, 0);
-        Ok(self.meta.space_error(runs)?[0].0)
+        Ok(self.meta.alloc.alloc(near, 1, 0)?[0].0)
     }
 
     /// `n` metadata blocks (no reservation window), all or nothing, as few runs as possible.
     pub fn alloc_meta(&mut self, near: u64, n: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating metadata blocks")?;
         self.touched = true;
-        let runs = self.meta.alloc.alloc(near, n, 0);
-        self.meta.space_error(runs)
+        self.meta.alloc.alloc(near, n, 0)
     }
 
     /// `n` data blocks for file `ino`, near `goal`, all or nothing, mapped by this
@@ -788,8 +787,7 @@ impl<'a> Tx<'a> {
     pub fn alloc_data(&mut self, goal: u64, n: u64, ino: u64) -> Result<Vec<(u64, u64)>> {
         self.refuse_detached("allocating data blocks")?;
         self.touched = true;
-        let runs = self.meta.alloc.alloc(goal, n, ino);
-        self.meta.space_error(runs)
+        self.meta.alloc.alloc(goal, n, ino)
     }
 
     /// As [`Tx::alloc_data`], but held in memory only, for an allocating write in flight:
