@@ -237,9 +237,6 @@ pub(crate) struct Cluster {
     acquiring: Mutex<()>,
     /// Slots whose recovery's last steps run on a thread of their own (`Volume::watch_tick`).
     finishing: Mutex<std::collections::HashSet<u32>>,
-    /// Inodes whose open registration this node wrote and has not cleared: what an unmount
-    /// clears, including files freed at the unmount and releases it no longer serves.
-    registered: Mutex<std::collections::HashSet<u64>>,
     /// Fast-path data I/O holds this shared; giving up the global lock takes it exclusively
     /// (after bumping the epoch) so that no I/O through a soon-stale block map is in flight.
     pub data_gate: std::sync::RwLock<()>,
@@ -287,7 +284,6 @@ impl Cluster {
             global_asked: Mutex::new(HashMap::new()),
             acquiring: Mutex::new(()),
             finishing: Mutex::new(std::collections::HashSet::new()),
-            registered: Mutex::new(std::collections::HashSet::new()),
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             keep_idle: false,
@@ -1070,10 +1066,7 @@ impl Volume {
                 Some(n)
             })
             .and_then(|written| match (written, conflict) {
-                (Some(_), _) => {
-                    self.cl.registered.lock().or_panic().insert(ino);
-                    Ok(())
-                }
+                (Some(_), _) => Ok(()),
                 (None, Some(e)) => {
                     let host = self.host_of(e.slot);
                     tracing::warn!(
@@ -1098,11 +1091,7 @@ impl Volume {
     /// This node's last open of `ino` closed (or its last writer did).
     pub(super) fn unregister_open(&self, st: &InodeState) {
         let r = if st.opens.load(Ordering::Acquire) == 0 {
-            let r = self.cl.locks.open_clear(st.ino, self.cl.me);
-            if r.is_ok() {
-                self.cl.registered.lock().or_panic().remove(&st.ino);
-            }
-            r
+            self.cl.locks.open_clear(st.ino, self.cl.me)
         } else if st.writers.load(Ordering::Acquire) == 0 {
             self.cl.locks.open_set(st.ino, self.cl.me, false)
         } else {
@@ -1116,23 +1105,14 @@ impl Volume {
         }
     }
 
-    /// Unmount: the registrations this node wrote and did not clear go. The kernel's last
-    /// releases can come after FUSE's destroy (which unmounts) and are not served then, and
-    /// an open-unlinked file freed at the unmount leaves the inode table first: a clean
-    /// unmount left their entries behind, for fsck to warn about ("stale open entry") and
-    /// the node's next mount to remove.
-    pub(super) fn unregister_all_opens(&self) {
-        let mut inos = std::mem::take(&mut *self.cl.registered.lock().or_panic());
-        // And every file still open: an open and the last release of the same inode on two
-        // FUSE threads can leave its registration on disk and out of the set (a clear of an
-        // entry that is not there changes nothing).
-        inos.extend(
-            self.inodes
-                .matching(|s| s.opens.load(Ordering::Acquire) > 0)
-                .iter()
-                .map(|s| s.ino),
-        );
-        for ino in inos {
+    /// Unmount: the registrations of `open_here` (the inodes open on this node when the
+    /// unmount began) go. The kernel's last releases can come after FUSE's destroy (which
+    /// unmounts) and are not served then, and an open-unlinked file freed at the unmount
+    /// leaves the inode table first: a clean unmount left their entries behind, for fsck to
+    /// warn about ("stale open entry") and the node's next mount to remove. A release served
+    /// meanwhile cleared its own; clearing an entry that is not there changes nothing.
+    pub(super) fn unregister_all_opens(&self, open_here: &[u64]) {
+        for &ino in open_here {
             if let Err(e) = self.cl.locks.open_clear(ino, self.cl.me) {
                 tracing::warn!(
                     "removing the open registration of inode {ino} at unmount failed: {e}"

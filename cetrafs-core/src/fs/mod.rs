@@ -421,10 +421,15 @@ impl Volume {
         let r = self.sync();
         // Open-unlinked files still open at unmount are freed now (unless open elsewhere).
         let states = self.inodes.matching(|_| true);
+        let open_here: Vec<Ino> = states
+            .iter()
+            .filter(|st| st.opens.load(Ordering::Acquire) > 0)
+            .map(|st| st.ino)
+            .collect();
         if self.read_only || self.member.is_fenced() {
             self.unmounted.store(true, Ordering::SeqCst);
             if !self.member.is_fenced() {
-                self.unregister_all_opens();
+                self.unregister_all_opens(&open_here);
                 let mut meta = self.lock_meta();
                 // Locks that could not be given back stay with the slot, which the others
                 // recover once its heartbeat stops: it is not released as if clean.
@@ -469,7 +474,7 @@ impl Volume {
         tx.return_pool(true)?;
         tx.commit()?;
         meta.close(&*self.dev)?;
-        self.unregister_all_opens();
+        self.unregister_all_opens(&open_here);
         self.leave_cluster(&mut meta)?;
         drop(meta);
         if !self.keep_slot {
