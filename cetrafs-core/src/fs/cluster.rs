@@ -1017,6 +1017,7 @@ impl Volume {
             super::extent_map::ExtentMap::default()
         };
         inner.inode = inode;
+        inner.forget_unfreed();
         st.epoch.store(epoch, Ordering::Release);
         Ok(())
     }

@@ -1738,20 +1738,6 @@ impl Volume {
         Ok(())
     }
 
-    /// Free punched runs, whose groups [`Volume::prepare_free`] loaded. Should a free still
-    /// fail, the runs not yet freed stay allocated: leaked, which fsck reports.
-    pub(super) fn free_runs(
-        tx: &mut Tx<'_>,
-        inner: &mut InodeInner,
-        runs: Vec<(u64, u64)>,
-    ) -> Result<()> {
-        for (p, l) in runs {
-            tx.free(p, l)?;
-            inner.inode.blocks -= l;
-        }
-        Ok(())
-    }
-
     pub(super) fn truncate_locked(
         &self,
         tx: &mut Tx<'_>,
@@ -1762,7 +1748,7 @@ impl Volume {
             let keep = size.div_ceil(FS_BLOCK);
             Self::prepare_free(tx, inner, keep, u64::MAX)?;
             let freed = inner.extents.punch(keep, u64::MAX);
-            Self::free_runs(tx, inner, freed)?;
+            inner.free_at_save(freed);
             // Bytes past EOF in the last block must read as zeros if the file grows again.
             if !size.is_multiple_of(FS_BLOCK) {
                 self.zero_written(inner, size, keep * FS_BLOCK)?;
@@ -1841,9 +1827,11 @@ impl Volume {
     /// Would freeing what `inner` maps in file blocks [`b0`, `b1`) fit into this node's pool
     /// ([`Meta::pool_fits`])? The test of a hole punched, and of a truncate, without the
     /// global lock.
+    /// Runs an earlier change unmapped and left for a save count too.
     fn frees_fit(m: &Meta, inner: &InodeInner, b0: u64, b1: u64) -> bool {
+        let (left, left_blocks) = inner.unfreed();
         Self::mapped(inner, b0, b1, crate::format::inode::INLINE_EXTENTS_MAX)
-            .is_some_and(|(runs, blocks)| m.pool_fits(runs, blocks, 0))
+            .is_some_and(|(runs, blocks)| m.pool_fits(runs + left, blocks + left_blocks, 0))
     }
 
     pub fn fallocate(&self, ino: Ino, offset: u64, len: u64, mode: FallocMode) -> Result<()> {
@@ -1907,7 +1895,7 @@ impl Volume {
                 if f0 < f1 {
                     Self::prepare_free(tx, inner, f0, f1)?;
                     let freed = inner.extents.punch(f0, f1);
-                    Self::free_runs(tx, inner, freed)?;
+                    inner.free_at_save(freed);
                     self.zero_written(inner, offset, f0 * FS_BLOCK)?;
                     self.zero_written(inner, f1 * FS_BLOCK, end)?;
                 } else {

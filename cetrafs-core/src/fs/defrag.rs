@@ -275,7 +275,7 @@ impl Volume {
             }
             Self::prepare_free(tx, &inner, 0, u64::MAX)?;
             let freed = inner.extents.punch(0, u64::MAX);
-            Self::free_runs(tx, &mut inner, freed)?;
+            inner.free_at_save(freed);
             let mut k = 0;
             for e in &plan.old {
                 let len = u64::from(e.len);

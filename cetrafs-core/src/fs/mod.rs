@@ -113,6 +113,38 @@ pub(crate) struct InodeInner {
     pub extents: ExtentMap,
     /// The inode has been freed (unlinked and closed); the state is a tombstone.
     pub freed: bool,
+    /// Runs a truncate, a punched hole or a defrag took out of `extents` that the inode at
+    /// home still maps: [`Volume::save`] frees them in the transaction that writes the inode
+    /// without them, never before. A change that fails between the punch and the save (a tree
+    /// node that finds no space, a failed write of zeros) so leaves its frees out of the
+    /// running transaction, which commits even on error: freed blocks still mapped by the
+    /// inode at home would be given to another file while a crash (or a reload) brings the
+    /// old map back. A reload from home forgets them (home maps them, and they are allocated).
+    unfreed: Vec<(u64, u64)>,
+}
+
+impl InodeInner {
+    /// `runs`, just punched out of `extents`, are freed at the next save
+    /// ([`Volume::save`]); the block count drops now, with the map.
+    fn free_at_save(&mut self, runs: Vec<(u64, u64)>) {
+        for &(_, l) in &runs {
+            self.inode.blocks -= l;
+        }
+        self.unfreed.extend(runs);
+    }
+
+    /// Runs unmapped and not yet freed: (count, blocks).
+    fn unfreed(&self) -> (usize, u64) {
+        (
+            self.unfreed.len(),
+            self.unfreed.iter().map(|&(_, l)| l).sum(),
+        )
+    }
+
+    /// The inode was read again from home, which still maps the runs not yet freed.
+    fn forget_unfreed(&mut self) {
+        self.unfreed.clear();
+    }
 }
 
 impl InodeState {
@@ -124,6 +156,7 @@ impl InodeState {
                 inode,
                 extents,
                 freed: false,
+                unfreed: Vec::new(),
             }),
             opens: AtomicU32::new(0),
             writers: AtomicU32::new(0),
@@ -600,12 +633,29 @@ impl Volume {
             ));
             return Err(e);
         }
+        // The bitmaps the frees below need are loaded (and, format 7, marked) before anything
+        // is written, so a failure leaves the runs for the next save. Without the global lock
+        // they go into this node's pool, if it has room for them all (as the punch that
+        // unmapped them checked, `Volume::frees_fit`); else a later save frees them.
+        let free_now = inner.unfreed.is_empty() || tx.frees_fit(&inner.unfreed);
+        if free_now {
+            for &(p, _) in &inner.unfreed {
+                tx.prepare_free(p)?;
+            }
+        }
+        crate::failpoint!("save::before_map");
         if inner.inode.is_reg() {
             let d = inner.extents.persist(tx, &mut inner.inode)?;
             inner.inode.blocks = inner.inode.blocks.saturating_add_signed(d);
         }
         inner.inode.seq += 1;
         tx.write(inner.inode.ino, inner.inode.encode());
+        // Only now, in the transaction that unmaps them. A free that still fails leaves the
+        // rest for the next save (until then they are leaked, which is safe).
+        while let Some(&(p, l)) = inner.unfreed.last().filter(|_| free_now) {
+            tx.free(p, l)?;
+            inner.unfreed.pop();
+        }
         Ok(())
     }
 
@@ -645,6 +695,9 @@ impl Volume {
         tx.prepare_free(inner.inode.ino)?;
         if inner.inode.is_reg() {
             Self::prepare_free(tx, inner, 0, u64::MAX)?;
+        }
+        for &(p, _) in &inner.unfreed {
+            tx.prepare_free(p)?;
         }
         if inner.inode.tree_root != 0 && !tx.is_detached() && tx.sb().has_group_marks() {
             let nodes =
@@ -694,7 +747,8 @@ impl Volume {
             "freeing inode {ino} with a write in flight"
         );
         if inner.inode.is_reg() {
-            for (p, l) in inner.extents.punch(0, u64::MAX) {
+            let runs = inner.extents.punch(0, u64::MAX);
+            for (p, l) in runs.into_iter().chain(std::mem::take(&mut inner.unfreed)) {
                 tx.free(p, l)?;
             }
         }

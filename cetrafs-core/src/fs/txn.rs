@@ -727,6 +727,15 @@ impl<'a> Tx<'a> {
         }
     }
 
+    /// May `runs` be freed in this transaction now? Always under the global lock; without
+    /// it they go into this node's pool, which must have room for them ([`Meta::pool_fits`]).
+    pub fn frees_fit(&self, runs: &[(u64, u64)]) -> bool {
+        !self.detached
+            || self
+                .meta
+                .pool_fits(runs.len(), runs.iter().map(|&(_, l)| l).sum(), 0)
+    }
+
     /// Made without the global lock?
     pub fn is_detached(&self) -> bool {
         self.detached

@@ -1,0 +1,103 @@
+//! A change that unmaps blocks and then fails before it saves the inode (the `failpoints`
+//! feature; run with `cargo test -p cetrafs-core --features failpoints --test
+//! save_failpoints`). The running transaction commits even after an error, so the blocks a
+//! punched hole took out of the map must not be freed in it before the inode that no longer
+//! maps them is written: else a commit point makes them free while the inode at home still
+//! maps them, and the next file to get them shares them with this one after a crash (or a
+//! reload). `save::before_map` fails the save of the punched file; the blocks are freed by
+//! the next save of it instead.
+#![cfg(feature = "failpoints")]
+
+use cetrafs_core::check::check_volume;
+use cetrafs_core::dev::mem::MemDevice;
+use cetrafs_core::failpoint;
+use cetrafs_core::fs::{Caller, FallocMode, MountOptions, SetAttr, Volume};
+use cetrafs_core::mkfs::{format, MkfsOptions};
+use std::sync::Arc;
+use std::time::Duration;
+
+const KIB: u64 = 1 << 10;
+
+fn opts() -> MountOptions {
+    MountOptions {
+        commit_interval: Duration::ZERO,
+        ..MountOptions::default()
+    }
+}
+
+fn assert_clean(img: Vec<u8>, what: &str) {
+    let dev = Arc::new(MemDevice::from_image(img, 512));
+    // The mount replays the journal, as after a crash.
+    let v = Volume::mount(dev.clone(), &opts()).unwrap();
+    v.unmount().unwrap();
+    let report = check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{what}: {:?}", report.findings);
+}
+
+#[test]
+fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() {
+    let dev = Arc::new(MemDevice::new(96 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: 2 << 20,
+        // The copies below find this node's slot taken: it is declared dead in 1.1 s.
+        heartbeat_interval_ms: 50,
+        io_timeout_ms: 100,
+        ..Default::default()
+    };
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let v = Volume::mount(dev.clone(), &opts()).unwrap();
+    let (a, fh) = v
+        .create(v.root_ino(), b"image", 0o644, Caller::ROOT, true)
+        .unwrap();
+    v.write(&fh, 0, &[0xab; 1 << 20]).unwrap();
+    v.sync().unwrap();
+    let free_before = v.statfs().unwrap().bfree;
+
+    failpoint::arm("save::before_map");
+    let e = v
+        .fallocate(a.ino, 256 * KIB, 256 * KIB, FallocMode::PunchHole)
+        .unwrap_err();
+    failpoint::disarm_all();
+    assert!(e.to_string().contains("save::before_map"), "{e}");
+    // The failed change's transaction reaches the journal and home; then the node dies.
+    v.sync().unwrap();
+    assert_clean(
+        dev.snapshot(),
+        "a crash after the punch failed to save its inode",
+    );
+
+    // The node lives on: the next save of the file frees the punched blocks with it.
+    v.setattr(
+        a.ino,
+        &SetAttr {
+            mode: Some(0o600),
+            ..Default::default()
+        },
+        Caller::ROOT,
+    )
+    .unwrap();
+    v.sync().unwrap();
+    assert_eq!(
+        v.statfs().unwrap().bfree,
+        free_before + 64,
+        "the 64 punched blocks are free once the inode is saved"
+    );
+    let mut buf = Vec::new();
+    while buf.len() < 1 << 20 {
+        let before = buf.len();
+        v.read(&fh, before as u64, (1 << 20) - before as u32, &mut |d| {
+            buf.extend_from_slice(d)
+        })
+        .unwrap();
+        assert!(buf.len() > before, "a short read at {before}");
+    }
+    let hole = 256 * 1024..512 * 1024;
+    assert!(buf[hole.clone()].iter().all(|&b| b == 0));
+    assert!(buf[..hole.start].iter().all(|&b| b == 0xab));
+    assert!(buf[hole.end..].iter().all(|&b| b == 0xab));
+    v.release(&fh).unwrap();
+    assert_clean(dev.snapshot(), "after the next save");
+    v.unmount().unwrap();
+    assert!(check_volume(&*dev).unwrap().is_clean());
+}
