@@ -1007,6 +1007,59 @@ fn space_freed_by_a_delete_is_written_at_once() {
     });
 }
 
+/// The same for a hole a guest punches in its image (a TRIM): without the global lock the
+/// blocks go into this node's pool, where they wait for the commit point; a write that finds
+/// neither the pool nor the bitmaps with space meanwhile waits for that commit point too
+/// (`Meta::space_error`) instead of answering `ENOSPC`.
+#[test]
+fn space_punched_into_the_pool_is_written_at_once() {
+    let dev = Arc::new(MemDevice::new(64 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: 1 << 20,
+        ..Default::default()
+    };
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    // No committer: only a commit point the write asks for makes the punched blocks reusable.
+    let opts = MountOptions {
+        commit_interval: std::time::Duration::ZERO,
+        ..MountOptions::default()
+    };
+    let v = Volume::mount(dev.clone(), &opts).unwrap();
+    let (img, fh) = v.create(v.root_ino(), b"img", 0o644, C, true).unwrap();
+    let mib = vec![7u8; 1 << 20];
+    let mut off = 0u64;
+    while v.write(&fh, off, &mib).is_ok() {
+        off += 1 << 20;
+    }
+    let e = loop {
+        match v.write(&fh, off, &mib[..4096]) {
+            Ok(_) => off += 4096,
+            Err(e) => break e,
+        }
+    };
+    assert_eq!(e.kind(), crate::ErrorKind::NoSpace, "{e}");
+    assert!(off >= 16 << 20, "only {off} bytes fit");
+    v.fallocate(img.ino, 0, 4 << 20, FallocMode::PunchHole)
+        .unwrap();
+    assert!(
+        v.lock_meta().pool_has_quarantine(),
+        "the punch went into this node's pool (the image is owned and open for writing)"
+    );
+    let t = std::time::Instant::now();
+    for i in 0..4u64 {
+        v.write(&fh, i << 20, &mib).unwrap_or_else(|e| {
+            panic!(
+                "{e}: MiB {i} of the punched 4, {:?} after the punch",
+                t.elapsed()
+            )
+        });
+    }
+    v.release(&fh).unwrap();
+    v.unmount().unwrap();
+    assert!(crate::check::check_volume(&*dev).unwrap().is_clean());
+}
+
 #[test]
 fn a_granule_the_volume_cannot_give_allocates_the_blocks_written() {
     use super::data::{GRANULE_MIN_SIZE, MAX_ALLOC_GRANULE};

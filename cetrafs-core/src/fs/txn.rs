@@ -354,6 +354,14 @@ impl Meta {
                 .map_or(0, super::pool::Pool::held_for_writes)
     }
 
+    /// Do blocks freed into this node's pool wait for the commit point?
+    #[cfg(test)]
+    pub fn pool_has_quarantine(&self) -> bool {
+        self.pool
+            .as_ref()
+            .is_some_and(super::pool::Pool::has_quarantine)
+    }
+
     /// The allocator's per-group bookkeeping, for fs/cluster.rs (see [`Groups`]).
     pub fn groups(&mut self) -> Groups<'_> {
         Groups(&mut self.alloc)
