@@ -5,12 +5,14 @@
 //! maps them is written: else a commit point makes them free while the inode at home still
 //! maps them, and the next file to get them shares them with this one after a crash (or a
 //! reload). `save::before_map` fails the save of the punched file; the blocks are freed by
-//! the next save of it instead.
+//! the next save of it instead. `defrag::switch` fails a defrag's switch to its new runs
+//! half-way: the node fences, and what reaches the LUN is the file as it was.
 #![cfg(feature = "failpoints")]
 
 use cetrafs_core::check::check_volume;
 use cetrafs_core::dev::mem::MemDevice;
 use cetrafs_core::failpoint;
+use cetrafs_core::format::FS_BLOCK;
 use cetrafs_core::fs::{Caller, FallocMode, MountOptions, SetAttr, Volume};
 use cetrafs_core::mkfs::{format, MkfsOptions};
 use std::sync::Arc;
@@ -34,8 +36,14 @@ fn assert_clean(img: Vec<u8>, what: &str) {
     assert!(report.is_clean(), "{what}: {:?}", report.findings);
 }
 
+/// One test, so the process-wide failpoint table is never shared between threads.
 #[test]
-fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() {
+fn changes_that_fail_half_way_leave_no_block_both_free_and_mapped() {
+    blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved();
+    a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was();
+}
+
+fn volume() -> Arc<MemDevice> {
     let dev = Arc::new(MemDevice::new(96 << 20, 512));
     let mk = MkfsOptions {
         max_nodes: 2,
@@ -46,11 +54,29 @@ fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() 
         ..Default::default()
     };
     format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    dev
+}
+
+fn read_all(v: &Volume, fh: &cetrafs_core::fs::OpenFile, len: usize) -> Vec<u8> {
+    let mut buf = Vec::new();
+    while buf.len() < len {
+        let before = buf.len();
+        let at = u64::try_from(before).unwrap();
+        let size = u32::try_from(len - before).unwrap_or(u32::MAX);
+        v.read(fh, at, size, &mut |d| buf.extend_from_slice(d))
+            .unwrap();
+        assert!(buf.len() > before, "a short read at {before}");
+    }
+    buf
+}
+
+fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() {
+    let dev = volume();
     let v = Volume::mount(dev.clone(), &opts()).unwrap();
     let (a, fh) = v
         .create(v.root_ino(), b"image", 0o644, Caller::ROOT, true)
         .unwrap();
-    v.write(&fh, 0, &[0xab; 1 << 20]).unwrap();
+    v.write(&fh, 0, &vec![0xab; 1 << 20]).unwrap();
     v.sync().unwrap();
     let free_before = v.statfs().unwrap().bfree;
 
@@ -83,15 +109,7 @@ fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() 
         free_before + 64,
         "the 64 punched blocks are free once the inode is saved"
     );
-    let mut buf = Vec::new();
-    while buf.len() < 1 << 20 {
-        let before = buf.len();
-        v.read(&fh, before as u64, (1 << 20) - before as u32, &mut |d| {
-            buf.extend_from_slice(d)
-        })
-        .unwrap();
-        assert!(buf.len() > before, "a short read at {before}");
-    }
+    let buf = read_all(&v, &fh, 1 << 20);
     let hole = 256 * 1024..512 * 1024;
     assert!(buf[hole.clone()].iter().all(|&b| b == 0));
     assert!(buf[..hole.start].iter().all(|&b| b == 0xab));
@@ -100,4 +118,63 @@ fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() 
     assert_clean(dev.snapshot(), "after the next save");
     v.unmount().unwrap();
     assert!(check_volume(&*dev).unwrap().is_clean());
+}
+
+fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
+    let dev = volume();
+    // One block per allocation, so that the file below is in many pieces.
+    let exact = MountOptions {
+        alloc_granule: FS_BLOCK,
+        ..opts()
+    };
+    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let blocks = 200u64;
+    let (a, fh) = v
+        .create(v.root_ino(), b"frag", 0o644, Caller::ROOT, true)
+        .unwrap();
+    let block = usize::try_from(FS_BLOCK).unwrap();
+    let mut want = vec![0u8; usize::try_from(blocks).unwrap() * block];
+    for pass in [0, 1] {
+        for b in (pass..blocks).step_by(2) {
+            let data = vec![u8::try_from(b % 251).unwrap() + 1; block];
+            v.write(&fh, b * FS_BLOCK, &data).unwrap();
+            let at = usize::try_from(b).unwrap() * block;
+            want[at..at + data.len()].copy_from_slice(&data);
+        }
+    }
+    v.sync().unwrap();
+    assert!(v.extents(a.ino).unwrap().len() >= 100);
+
+    failpoint::arm("defrag::switch");
+    let e = v.defrag(a.ino, true).unwrap_err();
+    failpoint::disarm_all();
+    assert!(e.to_string().contains("defrag::switch"), "{e}");
+    // The file's next save (in memory its map may name the temporary's runs, which the
+    // failed defrag's cleanup freed) and a commit point: refused, the node fenced.
+    let chmod = SetAttr {
+        mode: Some(0o600),
+        ..Default::default()
+    };
+    let saved = v.setattr(a.ino, &chmod, Caller::ROOT).is_ok();
+    let synced = v.sync().is_ok();
+    let img = dev.snapshot();
+    drop(fh);
+    drop(v);
+    // What the LUN holds: the file as it was, the temporary inode freed by the recovery.
+    let dev = Arc::new(MemDevice::from_image(img, 512));
+    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let fh = v.open(a.ino, false, false).unwrap();
+    assert!(read_all(&v, &fh, want.len()) == want, "the file's contents");
+    v.release(&fh).unwrap();
+    v.unmount().unwrap();
+    let report = check_volume(&*dev).unwrap();
+    assert!(
+        report.is_clean(),
+        "after the failed defrag: {:?}",
+        report.findings
+    );
+    assert!(
+        !saved && !synced,
+        "the node fenced: nothing more reaches the LUN"
+    );
 }

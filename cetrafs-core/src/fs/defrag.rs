@@ -37,6 +37,7 @@ use crate::dev::AlignedBuf;
 use crate::error::{Error, Result};
 use crate::format::extent::Extent;
 use crate::format::inode::flags;
+use crate::format::slot_header::SlotHeader;
 use crate::format::FS_BLOCK;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -129,6 +130,9 @@ impl Volume {
                 extents_after: after,
                 blocks_copied: n,
             }),
+            // A switch that failed half-way fenced the node (`defrag_switch`): the temporary's
+            // runs may be the file's in memory, and nothing more is written.
+            Err(e) if self.member.is_fenced() => Err(e),
             Err(e) => {
                 if let Err(f) = self.meta_op(|tx| Self::drop_tmp(tx, &plan)) {
                     tracing::warn!(
@@ -261,6 +265,14 @@ impl Volume {
     }
 
     /// Step 3: returns the file's extent count after.
+    ///
+    /// Everything that can fail before the map changes is done first (bitmaps loaded, the
+    /// slot header read, the new places computed): a failure there leaves the file as it was,
+    /// and [`Volume::defrag`] frees the temporary inode with its runs. A failure once the map
+    /// changed (saving the inode, freeing the temporary one) would leave half a switch in the
+    /// running transaction, which commits even on error — and the temporary's runs, now the
+    /// file's, freed by that cleanup: the node fences instead, so that none of it reaches the
+    /// LUN, and its recovery frees the temporary inode (on the orphan list) with its runs.
     fn defrag_switch(&self, ino: Ino, plan: &Plan) -> Result<u64> {
         let after = self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
@@ -274,8 +286,9 @@ impl Volume {
                 );
             }
             Self::prepare_free(tx, &inner, 0, u64::MAX)?;
-            let freed = inner.extents.punch(0, u64::MAX);
-            inner.free_at_save(freed);
+            tx.prepare_free(plan.tmp)?;
+            let header = tx.slot_header()?;
+            let mut places = Vec::new();
             let mut k = 0;
             for e in &plan.old {
                 let len = u64::from(e.len);
@@ -284,15 +297,29 @@ impl Volume {
                     let (p, room) = new_place(&plan.runs, k + i)
                         .ok_or_else(|| Error::corrupted("defrag: the new runs are too short"))?;
                     let n = (len - i).min(room);
-                    inner.extents.insert(e.logical + i, p, n, e.unwritten());
-                    inner.inode.blocks += n;
+                    places.push((e.logical + i, p, n, e.unwritten()));
                     i += n;
                 }
                 k += len;
             }
-            Self::forget_tmp(tx, plan.tmp)?;
+            let freed = inner.extents.punch(0, u64::MAX);
+            inner.free_at_save(freed);
+            for (logical, p, n, unwritten) in places {
+                inner.extents.insert(logical, p, n, unwritten);
+                inner.inode.blocks += n;
+            }
             inner.inode.ctime = super::now();
-            self.save(tx, &mut inner)?;
+            let switched = (|| {
+                crate::failpoint!("defrag::switch");
+                Self::forget_tmp(tx, plan.tmp, header)?;
+                self.save(tx, &mut inner)
+            })();
+            if let Err(e) = &switched {
+                self.member.fence(format!(
+                    "defrag of inode {ino} failed half-way through its switch: {e}"
+                ));
+            }
+            switched?;
             Ok(inner.extents.iter().count() as u64)
         })?;
         // The switch is durable before anyone is told it is done.
@@ -301,12 +328,11 @@ impl Volume {
         Ok(after)
     }
 
-    /// The temporary inode leaves the orphan list and is freed; its runs are not (the file
-    /// maps them now).
-    fn forget_tmp(tx: &mut Tx<'_>, tmp: Ino) -> Result<()> {
-        let mut h = tx.slot_header()?;
-        h.orphans.retain(|&o| o != tmp);
-        tx.put_slot_header(h);
+    /// The temporary inode leaves the orphan list (`header`, this node's slot header read
+    /// before) and is freed; its runs are not (the file maps them now).
+    fn forget_tmp(tx: &mut Tx<'_>, tmp: Ino, mut header: SlotHeader) -> Result<()> {
+        header.orphans.retain(|&o| o != tmp);
+        tx.put_slot_header(header);
         tx.free_one(tmp)
     }
 
@@ -315,10 +341,11 @@ impl Volume {
         for &(p, _) in &plan.runs {
             tx.prepare_free(p)?;
         }
+        let header = tx.slot_header()?;
         for &(p, l) in &plan.runs {
             tx.free(p, l)?;
         }
-        Self::forget_tmp(tx, plan.tmp)
+        Self::forget_tmp(tx, plan.tmp, header)
     }
 }
 
