@@ -459,6 +459,12 @@ impl Volume {
                 bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
             }
             self.own_first(tx, &[new_parent], &[ino])?;
+            // The count first: should the name then fail, the inode counts one link too many
+            // (a leak fsck reports), never one too few (a name left to a freed inode).
+            let t = now();
+            inner.inode.nlink += 1;
+            inner.inode.ctime = t;
+            self.save(tx, &mut inner)?;
             dir_insert(
                 tx,
                 &mut p.inode,
@@ -468,13 +474,9 @@ impl Volume {
                     dtype: kind_of(&inner.inode).dtype(),
                 },
             )?;
-            let t = now();
             p.inode.mtime = t;
             p.inode.ctime = t;
             self.save(tx, &mut p)?;
-            inner.inode.nlink += 1;
-            inner.inode.ctime = t;
-            self.save(tx, &mut inner)?;
             Ok(Self::attr_of(&inner.inode))
         })
     }
@@ -825,7 +827,7 @@ impl Volume {
                             dtype: src.dtype,
                         },
                     )?;
-                    match whiteout {
+                    let old_name = match whiteout {
                         // Replaces the source's entry under the same name.
                         Some(w) => dir_insert(
                             tx,
@@ -835,8 +837,19 @@ impl Volume {
                                 ino: w,
                                 dtype: FileKind::CharDevice.dtype(),
                             },
-                        )?,
-                        None => dir_remove(tx, s, name)?,
+                        ),
+                        None => dir_remove(tx, s, name),
+                    };
+                    if let Err(e) = old_name {
+                        // The new name is in the running transaction, which commits even on
+                        // error: the file would keep both names with one link (a directory
+                        // two parents). Only a failed read gets here (of the source
+                        // directory's tree, or of the bitmap a node it drops frees into); fence, so that the half-made rename never reaches the LUN.
+                        self.member.fence(format!(
+                            "a rename of inode {} failed after it added the new name: {e}",
+                            src.ino
+                        ));
+                        return Err(e);
                     }
                     if src_dir && parent != new_parent {
                         s.nlink -= 1;

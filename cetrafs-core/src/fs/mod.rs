@@ -119,7 +119,9 @@ pub(crate) struct InodeInner {
     /// node that finds no space, a failed write of zeros) so leaves its frees out of the
     /// running transaction, which commits even on error: freed blocks still mapped by the
     /// inode at home would be given to another file while a crash (or a reload) brings the
-    /// old map back. A reload from home forgets them (home maps them, and they are allocated).
+    /// old map back. A reload from home forgets them: home maps them, and they are allocated
+    /// — or, should a save have written the inode without freeing them (their bitmap could
+    /// not be loaded then), they are leaked, which fsck reports; never free and mapped.
     unfreed: Vec<(u64, u64)>,
 }
 
@@ -634,15 +636,21 @@ impl Volume {
             return Err(e);
         }
         // The bitmaps the frees below need are loaded (and, format 7, marked) before anything
-        // is written, so a failure leaves the runs for the next save. Without the global lock
-        // they go into this node's pool, if it has room for them all (as the punch that
-        // unmapped them checked, `Volume::frees_fit`); else a later save frees them.
-        let free_now = inner.unfreed.is_empty() || tx.frees_fit(&inner.unfreed);
-        if free_now {
-            for &(p, _) in &inner.unfreed {
-                tx.prepare_free(p)?;
-            }
-        }
+        // is written. The frees are not this save's purpose: runs whose bitmap cannot be
+        // loaded now wait for a later save rather than failing this one (a link, a chmod) for
+        // a change another operation began. Without the global lock they go into this node's
+        // pool, if it has room for them all (as the punch that unmapped them checked,
+        // `Volume::frees_fit`); else a later save frees them.
+        let ino = inner.inode.ino;
+        let free_now = !inner.unfreed.is_empty()
+            && tx.frees_fit(&inner.unfreed)
+            && inner.unfreed.iter().all(|&(p, _)| {
+                tx.prepare_free(p)
+                    .inspect_err(|e| {
+                        tracing::warn!("inode {ino}: blocks it no longer maps stay allocated until a later save: {e}");
+                    })
+                    .is_ok()
+            });
         crate::failpoint!("save::before_map");
         if inner.inode.is_reg() {
             let d = inner.extents.persist(tx, &mut inner.inode)?;

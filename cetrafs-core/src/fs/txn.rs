@@ -982,6 +982,9 @@ impl<'a> Tx<'a> {
                 self.meta.alloc.prepare_free_now(s)?;
             }
         }
+        // So is the slot header: a read failing after the frees would leave the pool inode
+        // on the orphan list, mapping runs already free, for the recovery to free again.
+        let mut h = self.slot_header()?;
         let Some(mut p) = self.meta.pool.take() else {
             return Ok(());
         };
@@ -990,7 +993,6 @@ impl<'a> Tx<'a> {
         }
         let ino = p.ino();
         self.free_one(ino)?;
-        let mut h = self.slot_header()?;
         h.orphans.retain(|&o| o != ino);
         self.put_slot_header(h);
         Ok(())
@@ -1185,11 +1187,13 @@ impl<'a> Tx<'a> {
                     .try_for_each(|&(s, _)| self.meta.alloc.prepare_free_now(s))
                 {
                     Ok(()) => {
+                        // Never an early return here: this operation's blocks must reach the
+                        // running transaction with the bitmap changes it made.
                         for (i, &(s, l)) in runs.iter().enumerate() {
                             if let Err(e) = self.meta.alloc.free_unused(s, l) {
+                                tracing::warn!("the pool keeps {} short runs: {e}", runs.len() - i);
                                 p.uncompact(&runs[i..]);
-                                self.meta.pool = Some(p);
-                                return Err(e);
+                                break;
                             }
                             self.meta.requeue_discards(s, l);
                         }
@@ -1202,7 +1206,13 @@ impl<'a> Tx<'a> {
             }
             let r = p.save(&mut self);
             self.meta.pool = Some(p);
-            r?;
+            if let Err(e) = r {
+                // The pool inode at home would still list runs this operation mapped into a
+                // file (the recovery frees a pool's runs): nothing more may reach the LUN.
+                // Only a bug gets here (`Meta::pool_fits` keeps the pool within its inode).
+                self.meta.failed = Some(e.kind());
+                return Err(e);
+            }
         }
         for (b, data) in self.meta.alloc.take_dirty() {
             self.dirty.insert(b, data);
