@@ -217,14 +217,27 @@ impl ExtentMap {
             inode.inline_extents.clear();
             inode.tree_root = root;
         } else {
+            // Keys new to the tree first: only they can split a node, and an insert that
+            // finds no space for its split changes nothing. Then the keys replaced in place
+            // (same size: no split) and the removals. So a full volume fails the save before
+            // any extent the tree maps was shortened or removed — a punch in the middle of an
+            // extent used to shorten its head first, and a failed insert of its tail left the
+            // tail unmapped at home. (`changed` stays, and the next save writes every key
+            // again: an insert of a key already there replaces it.)
             let mut t = Tree::new(tx, inode.tree_root, inode.ino);
-            for k in &self.changed {
-                match self.map.get(k) {
-                    Some(e) => t.insert(*k, &e.encode_value())?,
-                    None => {
-                        t.remove(*k)?;
-                    }
+            let (mut replaced, mut removed) = (Vec::new(), Vec::new());
+            for &k in &self.changed {
+                match self.map.get(&k) {
+                    Some(e) if t.get(k)?.is_none() => t.insert(k, &e.encode_value())?,
+                    Some(e) => replaced.push((k, e.encode_value())),
+                    None => removed.push(k),
                 }
+            }
+            for (k, v) in replaced {
+                t.insert(k, &v)?;
+            }
+            for k in removed {
+                t.remove(k)?;
             }
             if self.map.is_empty() {
                 t.destroy()?;

@@ -1060,6 +1060,112 @@ fn space_punched_into_the_pool_is_written_at_once() {
     assert!(crate::check::check_volume(&*dev).unwrap().is_clean());
 }
 
+/// A hole punched in the middle of an extent of a file mapped by a tree, on a full volume:
+/// the extent's tail is a new key, whose insert may split a leaf and find no block. The
+/// save fails then (`ENOSPC`) — and the failed operation's transaction, which commits even on
+/// error, must not hold the extent's head already shortened (`ExtentMap::persist` inserts
+/// new keys first): else the tail is unmapped at home, and lost after a crash.
+#[test]
+fn a_punch_that_finds_no_space_for_its_tree_leaves_the_map_at_home_whole() {
+    let dev = Arc::new(MemDevice::new(48 << 20, 512));
+    let mk = MkfsOptions {
+        max_nodes: 2,
+        journal_bytes: 1 << 20,
+        ..Default::default()
+    };
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let opts = MountOptions {
+        commit_interval: std::time::Duration::ZERO,
+        alloc_granule: FS_BLOCK,
+        ..MountOptions::default()
+    };
+    let v = Volume::mount(dev.clone(), &opts).unwrap();
+    let root = v.root_ino();
+    // The image: 600 extents of 8 blocks (even runs written first, then odd ones).
+    let (img, fh) = v.create(root, b"img", 0o644, C, true).unwrap();
+    let run = 8u64;
+    let runs = 600u64;
+    let byte = |b: u64| u8::try_from(b % 251).unwrap() + 1;
+    for pass in [0, 1] {
+        for r in (pass..runs).step_by(2) {
+            for b in r * run..(r + 1) * run {
+                v.write(&fh, b * FS_BLOCK, &[byte(b); 4096]).unwrap();
+            }
+        }
+    }
+    v.release(&fh).unwrap();
+    assert!(v.extents(img.ino).unwrap().len() >= usize::try_from(runs).unwrap());
+    // Fill the volume; then punch one block inside run after run, taking back what each
+    // punch freed, until one finds no space.
+    let (_, fill) = v.create(root, b"fill", 0o644, C, true).unwrap();
+    let mut fill_at = 0u64;
+    let mut top_up = |v: &Volume| {
+        while v.write(&fill, fill_at, &[9u8; 4096]).is_ok() {
+            fill_at += FS_BLOCK;
+        }
+    };
+    v.sync().unwrap();
+    top_up(&v);
+    let mut failed = None;
+    for r in 0..runs {
+        let b = r * run + 3;
+        match v.fallocate(img.ino, b * FS_BLOCK, FS_BLOCK, FallocMode::PunchHole) {
+            Ok(()) => {
+                v.sync().unwrap();
+                top_up(&v);
+            }
+            Err(e) => {
+                assert_eq!(e.kind(), crate::ErrorKind::NoSpace, "{e}");
+                failed = Some(r);
+                break;
+            }
+        }
+    }
+    let failed = failed.expect("some punch needed a tree block on the full volume");
+    // The failed operation's transaction reaches home; then the node dies.
+    v.sync().unwrap();
+    let dev = Arc::new(MemDevice::from_image(dev.snapshot(), 512));
+    drop(v);
+    let v = Volume::mount(dev.clone(), &opts).unwrap();
+    let fh = v.open(img.ino, false, false).unwrap();
+    let mut data = Vec::new();
+    let len = runs * run * FS_BLOCK;
+    while (data.len() as u64) < len {
+        let at = data.len() as u64;
+        v.read(
+            &fh,
+            at,
+            u32::try_from(len - at).unwrap_or(1 << 20),
+            &mut |d| {
+                data.extend_from_slice(d);
+            },
+        )
+        .unwrap();
+    }
+    for b in 0..runs * run {
+        let at = usize::try_from(b * FS_BLOCK).unwrap();
+        let got = &data[at..at + 4096];
+        let punched = b % run == 3 && b / run < failed;
+        let maybe = b % run == 3 && b / run == failed;
+        let ok = if punched {
+            got.iter().all(|&x| x == 0)
+        } else if maybe {
+            got.iter().all(|&x| x == 0) || got.iter().all(|&x| x == byte(b))
+        } else {
+            got.iter().all(|&x| x == byte(b))
+        };
+        assert!(
+            ok,
+            "block {b} of the image (punch {failed} failed): {:?}",
+            &got[..8]
+        );
+    }
+    v.release(&fh).unwrap();
+    v.unmount().unwrap();
+    let report = crate::check::check_volume(&*dev).unwrap();
+    assert!(report.is_clean(), "{:?}", report.findings);
+}
+
 #[test]
 fn a_granule_the_volume_cannot_give_allocates_the_blocks_written() {
     use super::data::{GRANULE_MIN_SIZE, MAX_ALLOC_GRANULE};
