@@ -729,6 +729,8 @@ impl Volume {
         // node owns its group): a read that fails, or a mark that does not come, leaves the
         // inode (and its orphan entry) as it was, instead of freeing half its blocks.
         Self::prepare_inode_free(tx, inner)?;
+        // The orphan entry to remove, read before anything changes.
+        let mut orphan_entry = None;
         if inner.inode.nlink == 0 && tx.is_detached() {
             // A fresh inode is on no other node's list. On this node's only if its unlink
             // took the global path; then so does its free: slot headers are changed under
@@ -744,7 +746,7 @@ impl Volume {
                 let mut h = tx.slot_header_of(slot)?;
                 if let Some(i) = h.orphans.iter().position(|&o| o == ino) {
                     h.orphans.swap_remove(i);
-                    tx.put_slot_header_of(slot, h);
+                    orphan_entry = Some((slot, h));
                     break;
                 }
             }
@@ -754,22 +756,37 @@ impl Volume {
             !tx.inflight().busy(ino),
             "freeing inode {ino} with a write in flight"
         );
-        if inner.inode.is_reg() {
-            let runs = inner.extents.punch(0, u64::MAX);
-            for (p, l) in runs.into_iter().chain(std::mem::take(&mut inner.unfreed)) {
-                tx.free(p, l)?;
+        // From the first free on, a failure (a tree node that cannot be read) would leave a
+        // half-freed inode in the running transaction, which commits even on error — off the
+        // orphan list or not, mapping blocks already free. Fence instead: none of it reaches
+        // the LUN, and the recovery frees the inode from the orphan list it is still on.
+        let freed = (|| {
+            if inner.inode.is_reg() {
+                let runs = inner.extents.punch(0, u64::MAX);
+                for (p, l) in runs.into_iter().chain(std::mem::take(&mut inner.unfreed)) {
+                    tx.free(p, l)?;
+                }
             }
-        }
-        if inner.inode.tree_root != 0 {
-            btree::Tree::new(tx, inner.inode.tree_root, ino).destroy()?;
-        }
-        attrs::free_owned(tx, &self.sb, &inner.inode);
-        tx.forget_owner(ino);
-        if tx.is_detached() && self.detached.take_parked(ino) {
-            // Its block is the pool's on disk already (fs/detached_ns.rs).
-            tx.free_parked(ino);
-        } else {
-            tx.free_one(ino)?;
+            if inner.inode.tree_root != 0 {
+                btree::Tree::new(tx, inner.inode.tree_root, ino).destroy()?;
+            }
+            attrs::free_owned(tx, &self.sb, &inner.inode);
+            tx.forget_owner(ino);
+            if tx.is_detached() && self.detached.take_parked(ino) {
+                // Its block is the pool's on disk already (fs/detached_ns.rs).
+                tx.free_parked(ino);
+            } else {
+                tx.free_one(ino)?;
+            }
+            if let Some((slot, h)) = orphan_entry {
+                tx.put_slot_header_of(slot, h);
+            }
+            Ok(())
+        })();
+        if let Err(e) = freed {
+            self.member
+                .fence(format!("freeing inode {ino} failed half-way: {e}"));
+            return Err(e);
         }
         inner.freed = true;
         self.inodes.remove(ino);
