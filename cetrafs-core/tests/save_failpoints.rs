@@ -6,7 +6,8 @@
 //! maps them, and the next file to get them shares them with this one after a crash (or a
 //! reload). `save::before_map` fails the save of the punched file; the blocks are freed by
 //! the next save of it instead. `defrag::switch` fails a defrag's switch to its new runs
-//! half-way: the node fences, and what reaches the LUN is the file as it was.
+//! half-way: the node fences, and what reaches the LUN is the file as it was. The blocks of
+//! an xattr set a failed change made smaller are freed only with the inode saved too.
 #![cfg(feature = "failpoints")]
 
 use cetrafs_core::check::check_volume;
@@ -41,6 +42,7 @@ fn assert_clean(img: Vec<u8>, what: &str) {
 fn changes_that_fail_half_way_leave_no_block_both_free_and_mapped() {
     blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved();
     a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was();
+    xattr_blocks_a_failed_removal_released_stay_allocated();
 }
 
 fn volume() -> Arc<MemDevice> {
@@ -177,4 +179,28 @@ fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
         !saved && !synced,
         "the node fenced: nothing more reaches the LUN"
     );
+}
+
+fn xattr_blocks_a_failed_removal_released_stay_allocated() {
+    let dev = volume();
+    let v = Volume::mount(dev.clone(), &opts()).unwrap();
+    let (a, fh) = v
+        .create(v.root_ino(), b"tagged", 0o644, Caller::ROOT, true)
+        .unwrap();
+    v.release(&fh).unwrap();
+    // Big enough for overflow blocks besides the head block.
+    v.setxattr(a.ino, b"user.big", &vec![7u8; 20_000], false, false)
+        .unwrap();
+    v.sync().unwrap();
+    failpoint::arm("save::before_map");
+    let e = v.removexattr(a.ino, b"user.big").unwrap_err();
+    failpoint::disarm_all();
+    assert!(e.to_string().contains("save::before_map"), "{e}");
+    v.sync().unwrap();
+    assert_clean(
+        dev.snapshot(),
+        "a crash after an xattr removal failed to save its inode",
+    );
+    v.unmount().unwrap();
+    assert!(check_volume(&*dev).unwrap().is_clean());
 }

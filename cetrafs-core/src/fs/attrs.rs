@@ -112,19 +112,33 @@ fn alloc_blocks(tx: &mut Tx<'_>, goal: u64, n: usize) -> Result<Vec<(u64, u64)>>
     Ok(out)
 }
 
-fn free_block(tx: &mut Tx<'_>, b: u64) -> Result<()> {
-    tx.free_one(b)
+/// Xattr blocks a smaller set no longer uses ([`store_xattrs`]): freed by [`Released::free`]
+/// once the inode that no longer names them is saved, in the same transaction. A failed
+/// operation's transaction commits with what it did: freed before the save, they would be
+/// free while the inode at home still named them.
+#[must_use = "the blocks are freed by `free`, after the inode is saved"]
+#[derive(Debug, Default)]
+pub(super) struct Released(Vec<u64>);
+
+impl Released {
+    /// Free them (their bitmaps were loaded by [`store_xattrs`]); a failure leaks the rest.
+    pub(super) fn free(self, tx: &mut Tx<'_>) -> Result<()> {
+        for b in self.0 {
+            tx.free_one(b)?;
+        }
+        Ok(())
+    }
 }
 
 /// Write `set.map` back as the inode's xattr set: reuse its blocks, allocate what a larger set
-/// needs (near the inode), free what a smaller one no longer uses; adjust `blocks` and
-/// `xattr_block`. The caller saves the inode in the same transaction.
+/// needs (near the inode); adjust `blocks` and `xattr_block`. The caller saves the inode in
+/// the same transaction, then frees what a smaller set no longer uses (the result).
 pub(super) fn store_xattrs(
     tx: &mut Tx<'_>,
     sb: &Superblock,
     inode: &mut Inode,
     set: &XattrSet,
-) -> Result<()> {
+) -> Result<Released> {
     let ino = inode.ino;
     let layout = Layout::of(sb);
     let used = xattr::encoded_len(&set.map, layout);
@@ -152,24 +166,28 @@ pub(super) fn store_xattrs(
         ));
     }
     let before = set.blocks();
+    let need = xattr::overflow_count(used);
+    let released: Vec<u64> = if set.map.is_empty() {
+        set.head.iter().chain(&set.more).map(|&(b, _)| b).collect()
+    } else {
+        set.more.iter().skip(need).map(|&(b, _)| b).collect()
+    };
+    // Their bitmaps are loaded before anything changes, so the frees after the save find them.
+    for &b in &released {
+        tx.prepare_free(b)?;
+    }
     if set.map.is_empty() {
-        for (b, _) in set.head.iter().chain(&set.more) {
-            free_block(tx, *b)?;
-        }
         inode.xattr_block = 0;
         inode.blocks = inode.blocks.saturating_sub(before);
-        return Ok(());
+        return Ok(Released(released));
     }
     let head = match set.head {
         Some((b, seq)) => (b, seq + 1),
         None => alloc_blocks(tx, ino, 1)?[0],
     };
-    let need = xattr::overflow_count(used);
     let mut more: Vec<(u64, u64)> = set.more.iter().map(|&(b, s)| (b, s + 1)).collect();
     if more.len() > need {
-        for (b, _) in more.split_off(need) {
-            free_block(tx, b)?;
-        }
+        more.truncate(need);
     } else if more.len() < need {
         let extra = alloc_blocks(tx, head.0, need - more.len())?;
         more.extend(extra);
@@ -179,7 +197,7 @@ pub(super) fn store_xattrs(
     }
     inode.xattr_block = head.0;
     inode.blocks = inode.blocks.saturating_sub(before) + 1 + more.len() as u64;
-    Ok(())
+    Ok(Released(released))
 }
 
 /// Longest symlink target this volume stores.
@@ -260,7 +278,7 @@ pub(super) fn free_owned(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) {
         match load_xattrs(tx, sb, inode) {
             Ok(set) => {
                 for (b, _) in set.head.iter().chain(&set.more) {
-                    if let Err(e) = free_block(tx, *b) {
+                    if let Err(e) = tx.free_one(*b) {
                         tracing::warn!(
                             "inode {ino}: xattr block {b} not freed (fsck.cetra will report it): {e}"
                         );
@@ -277,7 +295,7 @@ pub(super) fn free_owned(tx: &mut Tx<'_>, sb: &Superblock, inode: &Inode) {
         let b = inode.overflow_block;
         match symlink_target(tx, sb, inode) {
             Ok(_) => {
-                if let Err(e) = free_block(tx, b) {
+                if let Err(e) = tx.free_one(b) {
                     tracing::warn!(
                         "inode {ino}: symlink overflow block {b} not freed (fsck.cetra will report it): {e}"
                     );

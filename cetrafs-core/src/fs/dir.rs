@@ -300,7 +300,8 @@ impl Volume {
                         set.map.insert(name.to_vec(), v);
                     }
                 }
-                super::attrs::store_xattrs(tx, &self.sb, &mut inode, &set)?;
+                // A new inode's set held no block: nothing is released.
+                super::attrs::store_xattrs(tx, &self.sb, &mut inode, &set)?.free(tx)?;
             }
         }
         let st = Arc::new(super::InodeState::new(

@@ -1019,9 +1019,10 @@ impl Volume {
             self.truncate_locked(tx, inner, size)?;
             inner.inode.mtime = t;
         }
+        let mut released = attrs::Released::default();
         if let Some(m) = set.mode {
             inner.inode.mode = (inner.inode.mode & libc::S_IFMT) | (m & 0o7777);
-            self.chmod_acl(tx, &mut inner.inode, m)?;
+            released = self.chmod_acl(tx, &mut inner.inode, m)?;
         }
         if let Some(u) = set.uid {
             inner.inode.uid = u;
@@ -1042,6 +1043,7 @@ impl Volume {
         }
         inner.inode.ctime = set.ctime.unwrap_or(t);
         self.save(tx, inner)?;
+        released.free(tx)?;
         Ok(Self::attr_of(&inner.inode))
     }
 
@@ -1186,13 +1188,13 @@ impl Volume {
 
     /// After chmod (in its transaction): the owner, mask and other entries of the inode's
     /// access ACL follow the new mode. Symlinks have no ACLs; an unparsable ACL is left alone.
-    fn chmod_acl(&self, tx: &mut Tx<'_>, inode: &mut Inode, mode: u32) -> Result<()> {
+    fn chmod_acl(&self, tx: &mut Tx<'_>, inode: &mut Inode, mode: u32) -> Result<attrs::Released> {
         if inode.xattr_block == 0 || inode.mode & libc::S_IFMT == libc::S_IFLNK {
-            return Ok(());
+            return Ok(attrs::Released::default());
         }
         let mut set = attrs::load_xattrs(tx, &self.sb, inode)?;
         let Some(v) = set.map.get(acl::ACCESS) else {
-            return Ok(());
+            return Ok(attrs::Released::default());
         };
         let Some(mut a) = acl::Acl::decode(v) else {
             tracing::warn!(
@@ -1200,7 +1202,7 @@ impl Volume {
                 inode.ino,
                 String::from_utf8_lossy(acl::ACCESS)
             );
-            return Ok(());
+            return Ok(attrs::Released::default());
         };
         a.chmod(mode);
         set.map.insert(acl::ACCESS.to_vec(), a.encode());
@@ -1222,9 +1224,10 @@ impl Volume {
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
             f(&mut set.map, &mut inner.inode)?;
-            attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set)?;
+            let released = attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set)?;
             inner.inode.ctime = now();
-            self.save(tx, &mut inner)
+            self.save(tx, &mut inner)?;
+            released.free(tx)
         })
     }
 
