@@ -1747,12 +1747,13 @@ impl Volume {
         if size < inner.inode.size {
             let keep = size.div_ceil(FS_BLOCK);
             Self::prepare_free(tx, inner, keep, u64::MAX)?;
-            let freed = inner.extents.punch(keep, u64::MAX);
-            inner.free_at_save(freed);
             // Bytes past EOF in the last block must read as zeros if the file grows again.
+            // Written before the map changes in memory, so that a failed write leaves it whole.
             if !size.is_multiple_of(FS_BLOCK) {
                 self.zero_written(inner, size, keep * FS_BLOCK)?;
             }
+            let freed = inner.extents.punch(keep, u64::MAX);
+            inner.free_at_save(freed);
         }
         inner.inode.size = size;
         Ok(())
@@ -1894,10 +1895,12 @@ impl Volume {
             FallocMode::PunchHole => {
                 if f0 < f1 {
                     Self::prepare_free(tx, inner, f0, f1)?;
-                    let freed = inner.extents.punch(f0, f1);
-                    inner.free_at_save(freed);
+                    // The partial blocks at the ends first: a failed write leaves the map
+                    // whole in memory (they are not punched).
                     self.zero_written(inner, offset, f0 * FS_BLOCK)?;
                     self.zero_written(inner, f1 * FS_BLOCK, end)?;
+                    let freed = inner.extents.punch(f0, f1);
+                    inner.free_at_save(freed);
                 } else {
                     self.zero_written(inner, offset, end)?;
                 }
@@ -1905,10 +1908,10 @@ impl Volume {
             }
             FallocMode::ZeroRange { keep_size } => {
                 if f0 < f1 {
-                    inner.extents.set_unwritten(f0, f1, true);
-                    Self::allocate_unwritten(tx, inner, f0, f1)?;
                     self.zero_written(inner, offset, f0 * FS_BLOCK)?;
                     self.zero_written(inner, f1 * FS_BLOCK, end)?;
+                    inner.extents.set_unwritten(f0, f1, true);
+                    Self::allocate_unwritten(tx, inner, f0, f1)?;
                 } else {
                     self.zero_written(inner, offset, end)?;
                 }
