@@ -5,9 +5,11 @@
 //! maps them is written: else a commit point makes them free while the inode at home still
 //! maps them, and the next file to get them shares them with this one after a crash (or a
 //! reload). `save::before_map` fails the save of the punched file; the blocks are freed by
-//! the next save of it instead. `defrag::switch` fails a defrag's switch to its new runs
-//! half-way: the node fences, and what reaches the LUN is the file as it was. The blocks of
-//! an xattr set a failed change made smaller are freed only with the inode saved too.
+//! the next save of it instead. `defrag::forget_tmp` fails a defrag's switch to its new runs
+//! after the file was saved with its new runs: the node fences, and what reaches the LUN is
+//! the file as it was; a defrag whose save fails puts the old map back and goes on. The blocks of
+//! an xattr set a failed change made smaller are freed only with the inode saved too, and a
+//! link that fails counts no link.
 #![cfg(feature = "failpoints")]
 
 use cetrafs_core::check::check_volume;
@@ -42,7 +44,9 @@ fn assert_clean(img: Vec<u8>, what: &str) {
 fn changes_that_fail_half_way_leave_no_block_both_free_and_mapped() {
     blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved();
     a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was();
+    a_defrag_whose_save_fails_puts_the_old_map_back();
     xattr_blocks_a_failed_removal_released_stay_allocated();
+    a_link_whose_save_fails_counts_nothing();
 }
 
 fn volume() -> Arc<MemDevice> {
@@ -122,14 +126,14 @@ fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() 
     assert!(check_volume(&*dev).unwrap().is_clean());
 }
 
-fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
-    let dev = volume();
-    // One block per allocation, so that the file below is in many pieces.
-    let exact = MountOptions {
-        alloc_granule: FS_BLOCK,
-        ..opts()
-    };
-    let v = Volume::mount(dev.clone(), &exact).unwrap();
+/// A file of 200 blocks in 200 extents (even blocks written first), open for writing, synced.
+fn fragmented(
+    v: &Volume,
+) -> (
+    cetrafs_core::fs::Attr,
+    Arc<cetrafs_core::fs::OpenFile>,
+    Vec<u8>,
+) {
     let blocks = 200u64;
     let (a, fh) = v
         .create(v.root_ino(), b"frag", 0o644, Caller::ROOT, true)
@@ -146,11 +150,52 @@ fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
     }
     v.sync().unwrap();
     assert!(v.extents(a.ino).unwrap().len() >= 100);
+    (a, fh, want)
+}
 
-    failpoint::arm("defrag::switch");
+fn a_defrag_whose_save_fails_puts_the_old_map_back() {
+    let dev = volume();
+    let exact = MountOptions {
+        alloc_granule: FS_BLOCK,
+        ..opts()
+    };
+    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let (a, fh, want) = fragmented(&v);
+    let extents = v.extents(a.ino).unwrap();
+    let free = v.statfs().unwrap().bfree;
+    failpoint::arm("save::before_map");
     let e = v.defrag(a.ino, true).unwrap_err();
     failpoint::disarm_all();
-    assert!(e.to_string().contains("defrag::switch"), "{e}");
+    assert!(e.to_string().contains("save::before_map"), "{e}");
+    // Not fenced: the file maps its old runs, in memory as at home, and the temporary's
+    // runs are free again.
+    assert_eq!(v.extents(a.ino).unwrap(), extents);
+    assert!(read_all(&v, &fh, want.len()) == want, "the file's contents");
+    v.sync().unwrap();
+    assert_eq!(v.statfs().unwrap().bfree, free);
+    assert_clean(dev.snapshot(), "after the defrag whose save failed");
+    let done = v.defrag(a.ino, true).unwrap();
+    assert!(done.extents_after < 10, "{done:?}");
+    assert!(read_all(&v, &fh, want.len()) == want, "the file's contents");
+    v.release(&fh).unwrap();
+    v.unmount().unwrap();
+    assert!(check_volume(&*dev).unwrap().is_clean());
+}
+
+fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
+    let dev = volume();
+    // One block per allocation, so that the file below is in many pieces.
+    let exact = MountOptions {
+        alloc_granule: FS_BLOCK,
+        ..opts()
+    };
+    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let (a, fh, want) = fragmented(&v);
+
+    failpoint::arm("defrag::forget_tmp");
+    let e = v.defrag(a.ino, true).unwrap_err();
+    failpoint::disarm_all();
+    assert!(e.to_string().contains("defrag::forget_tmp"), "{e}");
     // The file's next save (in memory its map may name the temporary's runs, which the
     // failed defrag's cleanup freed) and a commit point: refused, the node fenced.
     let chmod = SetAttr {
@@ -201,6 +246,33 @@ fn xattr_blocks_a_failed_removal_released_stay_allocated() {
         dev.snapshot(),
         "a crash after an xattr removal failed to save its inode",
     );
+    // The failed removal changed nothing, in memory either: it can be done again.
+    v.removexattr(a.ino, b"user.big").unwrap();
     v.unmount().unwrap();
     assert!(check_volume(&*dev).unwrap().is_clean());
+}
+
+fn a_link_whose_save_fails_counts_nothing() {
+    let dev = volume();
+    let v = Volume::mount(dev.clone(), &opts()).unwrap();
+    let root = v.root_ino();
+    let (a, fh) = v.create(root, b"one", 0o644, Caller::ROOT, true).unwrap();
+    v.release(&fh).unwrap();
+    failpoint::arm("save::before_map");
+    let e = v.link(a.ino, root, b"two").unwrap_err();
+    failpoint::disarm_all();
+    assert!(e.to_string().contains("save::before_map"), "{e}");
+    assert_eq!(v.getattr(a.ino).unwrap().nlink, 1);
+    v.link(a.ino, root, b"two").unwrap();
+    assert_eq!(v.getattr(a.ino).unwrap().nlink, 2);
+    // Both names gone: the file is freed (a count one too high would keep it, leaked).
+    v.unlink(root, b"one").unwrap();
+    v.unlink(root, b"two").unwrap();
+    v.unmount().unwrap();
+    let report = check_volume(&*dev).unwrap();
+    assert!(
+        report.is_clean(),
+        "after a failed link: {:?}",
+        report.findings
+    );
 }

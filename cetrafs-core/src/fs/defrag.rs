@@ -130,9 +130,9 @@ impl Volume {
                 extents_after: after,
                 blocks_copied: n,
             }),
-            // A switch that failed half-way fenced the node (`defrag_switch`): the temporary's
-            // runs may be the file's in memory, and nothing more is written.
-            Err(e) if self.member.is_fenced() => Err(e),
+            // A switch that failed half-way fenced the node or failed it (`defrag_switch`):
+            // the temporary's runs may be the file's, and nothing more is written.
+            Err(e) if self.member.is_fenced() || self.lock_meta().has_failed() => Err(e),
             Err(e) => {
                 if let Err(f) = self.meta_op(|tx| Self::drop_tmp(tx, &plan)) {
                     tracing::warn!(
@@ -267,12 +267,13 @@ impl Volume {
     /// Step 3: returns the file's extent count after.
     ///
     /// Everything that can fail before the map changes is done first (bitmaps loaded, the
-    /// slot header read, the new places computed): a failure there leaves the file as it was,
-    /// and [`Volume::defrag`] frees the temporary inode with its runs. A failure once the map
-    /// changed (saving the inode, freeing the temporary one) would leave half a switch in the
-    /// running transaction, which commits even on error — and the temporary's runs, now the
-    /// file's, freed by that cleanup: the node fences instead, so that none of it reaches the
-    /// LUN, and its recovery frees the temporary inode (on the orphan list) with its runs.
+    /// slot header read, the new places computed), and a save that fails (a full volume: the
+    /// new tree keys find no space) puts the old map back in memory: the file is as it was,
+    /// and [`Volume::defrag`] frees the temporary inode with its runs. Once the file is saved
+    /// with the temporary's runs, a failure (freeing the temporary inode) would leave half a
+    /// switch in the running transaction, which commits even on error — and those runs, now
+    /// the file's, freed by that cleanup: the node fences instead, so that none of it reaches
+    /// the LUN, and its recovery frees the temporary inode (on the orphan list).
     fn defrag_switch(&self, ino: Ino, plan: &Plan) -> Result<u64> {
         let after = self.meta_op(|tx| {
             let st = self.state(tx, ino)?;
@@ -302,6 +303,13 @@ impl Volume {
                 }
                 k += len;
             }
+            // What the map was, to put back if the save fails: the file then maps its old
+            // runs again, in memory as at home, and the cleanup frees the temporary's.
+            let (old_map, old_inode, old_unfreed) = (
+                inner.extents.clone(),
+                inner.inode.clone(),
+                inner.unfreed.len(),
+            );
             let freed = inner.extents.punch(0, u64::MAX);
             inner.free_at_save(freed);
             for (logical, p, n, unwritten) in places {
@@ -309,17 +317,23 @@ impl Volume {
                 inner.inode.blocks += n;
             }
             inner.inode.ctime = super::now();
-            let switched = (|| {
-                crate::failpoint!("defrag::switch");
-                Self::forget_tmp(tx, plan.tmp, header)?;
-                self.save(tx, &mut inner)
-            })();
-            if let Err(e) = &switched {
+            if let Err(e) = self.save(tx, &mut inner) {
+                // The save wrote nothing of the inode and left its tree at home as it was
+                // (a tree that finds no space for its new keys), unless the node stopped.
+                inner.extents = old_map;
+                inner.inode = old_inode;
+                inner.unfreed.truncate(old_unfreed);
+                return Err(e);
+            }
+            // The file maps the temporary's runs now: a failure here would leave them to the
+            // cleanup, which frees them. Fence instead, so that none of it reaches the LUN;
+            // the recovery frees the temporary inode from the orphan list.
+            if let Err(e) = Self::forget_tmp(tx, plan.tmp, header) {
                 self.member.fence(format!(
                     "defrag of inode {ino} failed half-way through its switch: {e}"
                 ));
+                return Err(e);
             }
-            switched?;
             Ok(inner.extents.iter().count() as u64)
         })?;
         // The switch is durable before anyone is told it is done.
@@ -331,6 +345,7 @@ impl Volume {
     /// The temporary inode leaves the orphan list (`header`, this node's slot header read
     /// before) and is freed; its runs are not (the file maps them now).
     fn forget_tmp(tx: &mut Tx<'_>, tmp: Ino, mut header: SlotHeader) -> Result<()> {
+        crate::failpoint!("defrag::forget_tmp");
         header.orphans.retain(|&o| o != tmp);
         tx.put_slot_header(header);
         tx.free_one(tmp)

@@ -110,7 +110,9 @@ impl Volume {
         inner: &super::InodeInner,
     ) -> Result<()> {
         if tx.is_detached() {
-            let ok = self.detached.is_fresh(st.ino) && inner.inode.blocks <= FREE_BLOCKS_MAX;
+            // Runs a failed change left for a save count: the inode still holds them.
+            let ok = self.detached.is_fresh(st.ino)
+                && inner.inode.blocks + inner.unfreed().1 <= FREE_BLOCKS_MAX;
             Self::needs_global_unless(ok, st.ino)?;
         }
         Ok(())

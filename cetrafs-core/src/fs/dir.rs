@@ -460,21 +460,31 @@ impl Volume {
                 bail!(Exists, "{:?} exists", String::from_utf8_lossy(new_name));
             }
             self.own_first(tx, &[new_parent], &[ino])?;
-            // The count first: should the name then fail, the inode counts one link too many
-            // (a leak fsck reports), never one too few (a name left to a freed inode).
+            // The count first: never a name more than the inode counts (a name left to a
+            // freed inode). A failed save wrote nothing; a failed insert (no space for a
+            // split) changed nothing, and the count is saved back (should that fail too, the
+            // inode counts a link too many: a leak fsck reports). Either way the count in
+            // memory is put back, so that the retry after a commit point counts once.
             let t = now();
+            let (nlink, ctime) = (inner.inode.nlink, inner.inode.ctime);
             inner.inode.nlink += 1;
             inner.inode.ctime = t;
-            self.save(tx, &mut inner)?;
-            dir_insert(
-                tx,
-                &mut p.inode,
-                DirEntry {
-                    name: new_name.to_vec(),
-                    ino,
-                    dtype: kind_of(&inner.inode).dtype(),
-                },
-            )?;
+            if let Err(e) = self.save(tx, &mut inner) {
+                (inner.inode.nlink, inner.inode.ctime) = (nlink, ctime);
+                return Err(e);
+            }
+            let entry = DirEntry {
+                name: new_name.to_vec(),
+                ino,
+                dtype: kind_of(&inner.inode).dtype(),
+            };
+            if let Err(e) = dir_insert(tx, &mut p.inode, entry) {
+                (inner.inode.nlink, inner.inode.ctime) = (nlink, ctime);
+                if let Err(undo) = self.save(tx, &mut inner) {
+                    tracing::warn!("inode {ino} keeps a link count one too high after a failed link ({e}): {undo}");
+                }
+                return Err(e);
+            }
             p.inode.mtime = t;
             p.inode.ctime = t;
             self.save(tx, &mut p)?;
@@ -844,8 +854,9 @@ impl Volume {
                     if let Err(e) = old_name {
                         // The new name is in the running transaction, which commits even on
                         // error: the file would keep both names with one link (a directory
-                        // two parents). Only a failed read gets here (of the source
-                        // directory's tree, or of the bitmap a node it drops frees into); fence, so that the half-made rename never reaches the LUN.
+                        // two parents). Only a failed read of the source directory's tree
+                        // gets here (a node it empties that cannot be freed is leaked):
+                        // fence, so that the half-made rename never reaches the LUN.
                         self.member.fence(format!(
                             "a rename of inode {} failed after it added the new name: {e}",
                             src.ino

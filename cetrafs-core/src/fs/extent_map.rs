@@ -9,12 +9,14 @@ use crate::error::Result;
 use crate::format::extent::{Extent, EXTENT_UNWRITTEN, MAX_EXTENT_BLOCKS};
 use crate::format::inode::{flags, Inode, INLINE_EXTENTS_MAX};
 use crate::format::layout::PointerKind;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 #[derive(Debug, Default, Clone)]
 pub(crate) struct ExtentMap {
     map: BTreeMap<u64, Extent>,
-    changed: BTreeSet<u64>,
+    /// Keys changed since the last [`ExtentMap::persist`], each with whether it was a key of
+    /// the map then (so at home: a key the tree has, which a change replaces in place).
+    changed: BTreeMap<u64, bool>,
 }
 
 impl ExtentMap {
@@ -44,7 +46,7 @@ impl ExtentMap {
         }
         Ok(Self {
             map,
-            changed: BTreeSet::new(),
+            changed: BTreeMap::new(),
         })
     }
 
@@ -71,7 +73,7 @@ impl ExtentMap {
     /// B-tree nodes, even for one extent.
     pub fn heap_bytes(&self) -> usize {
         super::heap::btree::<u64, Extent>(self.map.len())
-            + super::heap::btree::<u64, ()>(self.changed.len())
+            + super::heap::btree::<u64, bool>(self.changed.len())
     }
 
     /// The physical block right after the mapping that precedes file block `b` (allocation goal).
@@ -83,13 +85,20 @@ impl ExtentMap {
     }
 
     fn put(&mut self, e: Extent) {
+        self.note_change(e.logical);
         self.map.insert(e.logical, e);
-        self.changed.insert(e.logical);
     }
 
     fn del(&mut self, logical: u64) {
+        self.note_change(logical);
         self.map.remove(&logical);
-        self.changed.insert(logical);
+    }
+
+    /// Before key `k` changes: remember whether it was at home (its first change since the
+    /// last persist decides).
+    fn note_change(&mut self, k: u64) {
+        let at_home = self.map.contains_key(&k);
+        self.changed.entry(k).or_insert(at_home);
     }
 
     /// Make `b` an extent boundary.
@@ -197,7 +206,9 @@ impl ExtentMap {
     }
 
     /// Write changes into the inode (inline) or its extent tree. Returns the change in
-    /// tree-node blocks held by the inode.
+    /// tree-node blocks held by the inode. An error leaves the tree at home mapping what it
+    /// mapped (at worst new tree blocks leaked), or has failed the node (`Tx::fail_node`).
+    /// The inode is changed in memory only, for its caller to write.
     pub fn persist(&mut self, tx: &mut Tx<'_>, inode: &mut Inode) -> Result<i64> {
         let mut delta = 0;
         let inline = inode.flags & flags::INLINE_EXTENTS != 0 || inode.tree_root == 0;
@@ -217,27 +228,46 @@ impl ExtentMap {
             inode.inline_extents.clear();
             inode.tree_root = root;
         } else {
-            // Keys new to the tree first: only they can split a node, and an insert that
-            // finds no space for its split changes nothing. Then the keys replaced in place
-            // (same size: no split) and the removals. So a full volume fails the save before
-            // any extent the tree maps was shortened or removed — a punch in the middle of an
-            // extent used to shorten its head first, and a failed insert of its tail left the
-            // tail unmapped at home. (`changed` stays, and the next save writes every key
-            // again: an insert of a key already there replaces it.)
+            // Keys new to the tree first: only they can split a node. Their inserts are all
+            // or nothing: one that finds no space for its split changes nothing, and the new
+            // keys inserted before it are removed again. Then the keys replaced in place (same
+            // size: no split) and the removals. So a full volume fails the save with the tree
+            // as it was — a punch in the middle of an extent used to shorten its head first,
+            // and a failed insert of its tail left the tail unmapped at home; a write into the
+            // middle of an unwritten extent adds two keys, and the first alone would map its
+            // blocks twice. (`changed` stays, and the next save applies every key again.)
             let mut t = Tree::new(tx, inode.tree_root, inode.ino);
-            let (mut replaced, mut removed) = (Vec::new(), Vec::new());
-            for &k in &self.changed {
+            let (mut added, mut replaced, mut removed) = (Vec::new(), Vec::new(), Vec::new());
+            for (&k, &at_home) in &self.changed {
                 match self.map.get(&k) {
-                    Some(e) if t.get(k)?.is_none() => t.insert(k, &e.encode_value())?,
-                    Some(e) => replaced.push((k, e.encode_value())),
+                    Some(e) if at_home => replaced.push((k, e.encode_value())),
+                    Some(e) => added.push((k, e.encode_value())),
                     None => removed.push(k),
                 }
             }
-            for (k, v) in replaced {
-                t.insert(k, &v)?;
+            for (i, (k, v)) in added.iter().enumerate() {
+                if let Err(e) = t.insert(*k, v) {
+                    for (k, _) in &added[..i] {
+                        if let Err(undo) = t.remove(*k) {
+                            // The node read a moment ago cannot be read again: the tree maps
+                            // some blocks twice in this transaction. Nothing more may reach
+                            // the LUN.
+                            t.tx.fail_node(undo.kind());
+                            return Err(undo);
+                        }
+                    }
+                    return Err(e);
+                }
             }
-            for k in removed {
-                t.remove(k)?;
+            // These change keys the tree has and allocate nothing: only a node that cannot be
+            // read fails them, half-way through the change. Nothing more may reach the LUN.
+            let rest = replaced
+                .into_iter()
+                .try_for_each(|(k, v)| t.insert(k, &v))
+                .and_then(|()| removed.into_iter().try_for_each(|k| t.remove(k).map(drop)));
+            if let Err(e) = rest {
+                t.tx.fail_node(e.kind());
+                return Err(e);
             }
             if self.map.is_empty() {
                 t.destroy()?;

@@ -616,7 +616,9 @@ impl Volume {
         self.read_op(|tx| self.state(tx, ino))
     }
 
-    /// Write an inode (and its changed extents) into the transaction.
+    /// Write an inode (and its changed extents) into the transaction. An error means the
+    /// inode was not written and its tree at home maps what it mapped (the caller may undo
+    /// its change in memory), unless the node fenced itself or failed (`Meta::has_failed`).
     fn save(&self, tx: &mut Tx<'_>, inner: &mut InodeInner) -> Result<()> {
         // Other nodes' fast paths stop trusting their cached copy first (v3). Operations that
         // free, allocate or rewrite blocks took it already, before doing so; for the rest this
@@ -642,15 +644,21 @@ impl Volume {
         // pool, if it has room for them all (as the punch that unmapped them checked,
         // `Volume::frees_fit`); else a later save frees them.
         let ino = inner.inode.ino;
-        let free_now = !inner.unfreed.is_empty()
-            && tx.frees_fit(&inner.unfreed)
-            && inner.unfreed.iter().all(|&(p, _)| {
-                tx.prepare_free(p)
-                    .inspect_err(|e| {
-                        tracing::warn!("inode {ino}: blocks it no longer maps stay allocated until a later save: {e}");
-                    })
-                    .is_ok()
-            });
+        let ready: Vec<bool> = if !inner.unfreed.is_empty() && tx.frees_fit(&inner.unfreed) {
+            inner
+                .unfreed
+                .iter()
+                .map(|&(p, _)| {
+                    tx.prepare_free(p)
+                        .inspect_err(|e| {
+                            tracing::warn!("inode {ino}: blocks at {p} it no longer maps stay allocated until a later save: {e}");
+                        })
+                        .is_ok()
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
         crate::failpoint!("save::before_map");
         if inner.inode.is_reg() {
             let d = inner.extents.persist(tx, &mut inner.inode)?;
@@ -658,11 +666,25 @@ impl Volume {
         }
         inner.inode.seq += 1;
         tx.write(inner.inode.ino, inner.inode.encode());
-        // Only now, in the transaction that unmaps them. A free that still fails leaves the
-        // rest for the next save (until then they are leaked, which is safe).
-        while let Some(&(p, l)) = inner.unfreed.last().filter(|_| free_now) {
-            tx.free(p, l)?;
-            inner.unfreed.pop();
+        // Only now, in the transaction that unmaps them. The inode is written: a free that
+        // still fails keeps its run for the next save (leaked until then, which is safe) and
+        // fails nothing, so that an error from this function always means the inode was not
+        // written (or the node fenced).
+        if !ready.is_empty() {
+            let runs = std::mem::take(&mut inner.unfreed);
+            for ((p, l), ready) in runs.into_iter().zip(ready) {
+                let freed = ready
+                    && tx.free(p, l).map_or_else(
+                        |e| {
+                            tracing::warn!("inode {ino}: blocks {p}+{l} it no longer maps stay allocated until a later save: {e}");
+                            false
+                        },
+                        |()| true,
+                    );
+                if !freed {
+                    inner.unfreed.push((p, l));
+                }
+            }
         }
         Ok(())
     }
@@ -1223,11 +1245,22 @@ impl Volume {
                 bail!(PermissionDenied, "inode {ino} is immutable or append-only");
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
-            f(&mut set.map, &mut inner.inode)?;
-            let released = attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set)?;
-            inner.inode.ctime = now();
-            self.save(tx, &mut inner)?;
-            released.free(tx)
+            // Put back if the change fails before the inode is saved (the save wrote nothing
+            // then), so that its retry after a commit point starts from the inode at home.
+            let before = inner.inode.clone();
+            let saved = f(&mut set.map, &mut inner.inode)
+                .and_then(|()| attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set))
+                .and_then(|released| {
+                    inner.inode.ctime = now();
+                    self.save(tx, &mut inner).map(|()| released)
+                });
+            match saved {
+                Ok(released) => released.free(tx),
+                Err(e) => {
+                    inner.inode = before;
+                    Err(e)
+                }
+            }
         })
     }
 

@@ -532,6 +532,12 @@ impl Meta {
         Ok(())
     }
 
+    /// Did a commit point fail, or a change half-way ([`Tx::fail_node`])? Nothing more of
+    /// this node's metadata reaches the LUN then.
+    pub fn has_failed(&self) -> bool {
+        self.failed.is_some()
+    }
+
     /// The sticky error of an earlier failed commit point. It keeps that failure's kind, so a
     /// fenced node's later calls are `Fenced` (logged once, as FENCED), not new I/O errors.
     fn check_not_failed(&self) -> Result<()> {
@@ -742,6 +748,14 @@ impl<'a> Tx<'a> {
             || self
                 .meta
                 .pool_fits(runs.len(), runs.iter().map(|&(_, l)| l).sum(), 0)
+    }
+
+    /// This transaction holds half a change that cannot be undone (a bug, or a read that
+    /// failed in the middle of an undo): no more metadata of this node reaches the LUN, as
+    /// after a failed commit point; the node is recovered from its last one.
+    pub fn fail_node(&mut self, kind: ErrorKind) {
+        tracing::error!("a metadata change failed half-way ({kind:?}): this node writes no more metadata; remount the volume");
+        self.meta.failed = Some(kind);
     }
 
     /// Made without the global lock?
@@ -975,15 +989,17 @@ impl<'a> Tx<'a> {
         // Every bitmap the frees need is loaded first: a read that fails leaves the pool as
         // it was, rather than its runs freed in the bitmaps and still listed by its inode.
         // (`wait` false: a group another node is refilling from fails it at once, format 7.)
-        for &(s, _) in &runs {
+        // So are the pool inode's own and the slot header: a read failing after the frees
+        // would leave the pool inode on the orphan list, mapping runs already free, for the
+        // recovery to free again.
+        let ino = self.meta.pool.as_ref().map(super::pool::Pool::ino);
+        for s in runs.iter().map(|&(s, _)| s).chain(ino) {
             if wait {
                 self.prepare_free(s)?;
             } else {
                 self.meta.alloc.prepare_free_now(s)?;
             }
         }
-        // So is the slot header: a read failing after the frees would leave the pool inode
-        // on the orphan list, mapping runs already free, for the recovery to free again.
         let mut h = self.slot_header()?;
         let Some(mut p) = self.meta.pool.take() else {
             return Ok(());
@@ -1210,7 +1226,7 @@ impl<'a> Tx<'a> {
                 // The pool inode at home would still list runs this operation mapped into a
                 // file (the recovery frees a pool's runs): nothing more may reach the LUN.
                 // Only a bug gets here (`Meta::pool_fits` keeps the pool within its inode).
-                self.meta.failed = Some(e.kind());
+                self.fail_node(e.kind());
                 return Err(e);
             }
         }
