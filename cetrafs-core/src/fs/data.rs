@@ -1910,8 +1910,9 @@ impl Volume {
                 if f0 < f1 {
                     self.zero_written(inner, offset, f0 * FS_BLOCK)?;
                     self.zero_written(inner, f1 * FS_BLOCK, end)?;
-                    inner.extents.set_unwritten(f0, f1, true);
+                    // Holes first: an allocation that finds no space leaves the map as it was.
                     Self::allocate_unwritten(tx, inner, f0, f1)?;
+                    inner.extents.set_unwritten(f0, f1, true);
                 } else {
                     self.zero_written(inner, offset, end)?;
                 }

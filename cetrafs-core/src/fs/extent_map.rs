@@ -17,6 +17,9 @@ pub(crate) struct ExtentMap {
     /// Keys changed since the last [`ExtentMap::persist`], each with whether it was a key of
     /// the map then (so at home: a key the tree has, which a change replaces in place).
     changed: BTreeMap<u64, bool>,
+    /// Tree nodes a failed persist added to the tree (splits its undo left), for the next
+    /// persist to count in the inode's blocks.
+    delta_pending: i64,
 }
 
 impl ExtentMap {
@@ -47,6 +50,7 @@ impl ExtentMap {
         Ok(Self {
             map,
             changed: BTreeMap::new(),
+            delta_pending: 0,
         })
     }
 
@@ -242,7 +246,9 @@ impl ExtentMap {
                 match self.map.get(&k) {
                     Some(e) if at_home => replaced.push((k, e.encode_value())),
                     Some(e) => added.push((k, e.encode_value())),
-                    None => removed.push(k),
+                    None if at_home => removed.push(k),
+                    // Made and dropped again since the last persist (a merge): not at home.
+                    None => {}
                 }
             }
             for (i, (k, v)) in added.iter().enumerate() {
@@ -256,6 +262,8 @@ impl ExtentMap {
                             return Err(undo);
                         }
                     }
+                    // Nodes the inserts split stay in the tree: counted at the next persist.
+                    self.delta_pending += t.delta;
                     return Err(e);
                 }
             }
@@ -270,7 +278,14 @@ impl ExtentMap {
                 return Err(e);
             }
             if self.map.is_empty() {
-                t.destroy()?;
+                // The keys are gone already: a node that cannot be freed is leaked (fsck
+                // reports it), rather than failing a change that is half made.
+                if let Err(e) = t.destroy() {
+                    tracing::warn!(
+                        "inode {}: nodes of its emptied extent tree not freed (fsck.cetra will report them): {e}",
+                        inode.ino
+                    );
+                }
                 inode.tree_root = 0;
                 inode.flags |= flags::INLINE_EXTENTS;
                 inode.inline_extents.clear();
@@ -278,6 +293,6 @@ impl ExtentMap {
             delta += t.delta;
         }
         self.changed.clear();
-        Ok(delta)
+        Ok(delta + std::mem::take(&mut self.delta_pending))
     }
 }

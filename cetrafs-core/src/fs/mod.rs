@@ -1245,22 +1245,28 @@ impl Volume {
                 bail!(PermissionDenied, "inode {ino} is immutable or append-only");
             }
             let mut set = attrs::load_xattrs(tx, &self.sb, &inner.inode)?;
-            // Put back if the change fails before the inode is saved (the save wrote nothing
-            // then), so that its retry after a commit point starts from the inode at home.
+            // Put back while nothing of the new set is written (the change failed, or the set
+            // is empty now, which writes no block), so that a retry after a commit point
+            // starts from the inode at home. Once the set's blocks are rewritten, memory
+            // keeps the new set, as they hold it: the next save writes the inode.
             let before = inner.inode.clone();
-            let saved = f(&mut set.map, &mut inner.inode)
-                .and_then(|()| attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set))
-                .and_then(|released| {
-                    inner.inode.ctime = now();
-                    self.save(tx, &mut inner).map(|()| released)
-                });
-            match saved {
-                Ok(released) => released.free(tx),
+            let stored = f(&mut set.map, &mut inner.inode)
+                .and_then(|()| attrs::store_xattrs(tx, &self.sb, &mut inner.inode, &set));
+            let released = match stored {
+                Ok(r) => r,
                 Err(e) => {
                     inner.inode = before;
-                    Err(e)
+                    return Err(e);
                 }
+            };
+            inner.inode.ctime = now();
+            if let Err(e) = self.save(tx, &mut inner) {
+                if set.map.is_empty() {
+                    inner.inode = before;
+                }
+                return Err(e);
             }
+            released.free(tx)
         })
     }
 
