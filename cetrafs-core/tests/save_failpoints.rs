@@ -126,6 +126,14 @@ fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() 
     assert!(check_volume(&*dev).unwrap().is_clean());
 }
 
+/// One block per allocation, so that a file written out of order is in many pieces.
+fn exact() -> MountOptions {
+    MountOptions {
+        alloc_granule: FS_BLOCK,
+        ..opts()
+    }
+}
+
 /// A file of 200 blocks in 200 extents (even blocks written first), open for writing, synced.
 fn fragmented(
     v: &Volume,
@@ -155,11 +163,7 @@ fn fragmented(
 
 fn a_defrag_whose_save_fails_puts_the_old_map_back() {
     let dev = volume();
-    let exact = MountOptions {
-        alloc_granule: FS_BLOCK,
-        ..opts()
-    };
-    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let v = Volume::mount(dev.clone(), &exact()).unwrap();
     let (a, fh, want) = fragmented(&v);
     let extents = v.extents(a.ino).unwrap();
     let free = v.statfs().unwrap().bfree;
@@ -184,12 +188,7 @@ fn a_defrag_whose_save_fails_puts_the_old_map_back() {
 
 fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
     let dev = volume();
-    // One block per allocation, so that the file below is in many pieces.
-    let exact = MountOptions {
-        alloc_granule: FS_BLOCK,
-        ..opts()
-    };
-    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let v = Volume::mount(dev.clone(), &exact()).unwrap();
     let (a, fh, want) = fragmented(&v);
 
     failpoint::arm("defrag::forget_tmp");
@@ -209,7 +208,7 @@ fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
     drop(v);
     // What the LUN holds: the file as it was, the temporary inode freed by the recovery.
     let dev = Arc::new(MemDevice::from_image(img, 512));
-    let v = Volume::mount(dev.clone(), &exact).unwrap();
+    let v = Volume::mount(dev.clone(), &exact()).unwrap();
     let fh = v.open(a.ino, false, false).unwrap();
     assert!(read_all(&v, &fh, want.len()) == want, "the file's contents");
     v.release(&fh).unwrap();

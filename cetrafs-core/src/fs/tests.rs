@@ -9,14 +9,19 @@ use std::collections::BTreeMap;
 const C: Caller = Caller::ROOT;
 
 pub(super) fn fresh(size: u64) -> (Arc<MemDevice>, Arc<Volume>) {
+    fresh_with(size, &MountOptions::default())
+}
+
+/// [`fresh`], mounted with `opts`.
+pub(super) fn fresh_with(size: u64, opts: &MountOptions) -> (Arc<MemDevice>, Arc<Volume>) {
     let dev = Arc::new(MemDevice::new(size, 512));
-    let opts = MkfsOptions {
+    let mk = MkfsOptions {
         max_nodes: 2,
         journal_bytes: 1 << 20,
         ..Default::default()
     };
-    format(&*dev, &opts, &mut |_, _| {}).unwrap();
-    let v = Volume::mount(dev.clone(), &MountOptions::default()).unwrap();
+    format(&*dev, &mk, &mut |_, _| {}).unwrap();
+    let v = Volume::mount(dev.clone(), opts).unwrap();
     (dev, v)
 }
 
@@ -1013,19 +1018,12 @@ fn space_freed_by_a_delete_is_written_at_once() {
 /// (`Meta::space_error`) instead of answering `ENOSPC`.
 #[test]
 fn space_punched_into_the_pool_is_written_at_once() {
-    let dev = Arc::new(MemDevice::new(64 << 20, 512));
-    let mk = MkfsOptions {
-        max_nodes: 2,
-        journal_bytes: 1 << 20,
-        ..Default::default()
-    };
-    format(&*dev, &mk, &mut |_, _| {}).unwrap();
     // No committer: only a commit point the write asks for makes the punched blocks reusable.
     let opts = MountOptions {
         commit_interval: std::time::Duration::ZERO,
         ..MountOptions::default()
     };
-    let v = Volume::mount(dev.clone(), &opts).unwrap();
+    let (dev, v) = fresh_with(64 << 20, &opts);
     let (img, fh) = v.create(v.root_ino(), b"img", 0o644, C, true).unwrap();
     let mib = vec![7u8; 1 << 20];
     let mut off = 0u64;
@@ -1067,19 +1065,12 @@ fn space_punched_into_the_pool_is_written_at_once() {
 /// new keys first): else the tail is unmapped at home, and lost after a crash.
 #[test]
 fn a_punch_that_finds_no_space_for_its_tree_leaves_the_map_at_home_whole() {
-    let dev = Arc::new(MemDevice::new(48 << 20, 512));
-    let mk = MkfsOptions {
-        max_nodes: 2,
-        journal_bytes: 1 << 20,
-        ..Default::default()
-    };
-    format(&*dev, &mk, &mut |_, _| {}).unwrap();
     let opts = MountOptions {
         commit_interval: std::time::Duration::ZERO,
         alloc_granule: FS_BLOCK,
         ..MountOptions::default()
     };
-    let v = Volume::mount(dev.clone(), &opts).unwrap();
+    let (dev, v) = fresh_with(48 << 20, &opts);
     let root = v.root_ino();
     // The image: 600 extents of 8 blocks (even runs written first, then odd ones).
     let (img, fh) = v.create(root, b"img", 0o644, C, true).unwrap();
