@@ -320,7 +320,7 @@ impl Volume {
             if let Err(e) = self.save(tx, &mut inner) {
                 // The save wrote nothing of the inode and left its tree at home as it was
                 // (a tree that finds no space for its new keys), unless the node stopped.
-                inner.extents = old_map;
+                inner.extents.restore(old_map);
                 inner.inode = old_inode;
                 inner.unfreed.truncate(old_unfreed);
                 return Err(e);

@@ -54,6 +54,14 @@ impl ExtentMap {
         })
     }
 
+    /// Put `old` back in place of this map (a change undone in memory after a failed save),
+    /// keeping the count of tree nodes this map's failed persist left in the tree.
+    pub fn restore(&mut self, old: Self) {
+        let pending = self.delta_pending;
+        *self = old;
+        self.delta_pending += pending;
+    }
+
     /// The extent covering file block `b`.
     pub fn find(&self, b: u64) -> Option<Extent> {
         self.map
