@@ -1830,7 +1830,7 @@ impl Volume {
     /// global lock.
     /// Runs an earlier change unmapped and left for a save count too.
     fn frees_fit(m: &Meta, inner: &InodeInner, b0: u64, b1: u64) -> bool {
-        let (left, left_blocks) = inner.unfreed();
+        let (left, left_blocks) = inner.unfreed_count();
         Self::mapped(inner, b0, b1, crate::format::inode::INLINE_EXTENTS_MAX)
             .is_some_and(|(runs, blocks)| m.pool_fits(runs + left, blocks + left_blocks, 0))
     }

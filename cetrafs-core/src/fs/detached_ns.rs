@@ -112,7 +112,7 @@ impl Volume {
         if tx.is_detached() {
             // Runs a failed change left for a save count: the inode still holds them.
             let ok = self.detached.is_fresh(st.ino)
-                && inner.inode.blocks + inner.unfreed().1 <= FREE_BLOCKS_MAX;
+                && inner.inode.blocks + inner.unfreed_count().1 <= FREE_BLOCKS_MAX;
             Self::needs_global_unless(ok, st.ino)?;
         }
         Ok(())

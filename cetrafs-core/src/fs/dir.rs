@@ -301,7 +301,7 @@ impl Volume {
                     }
                 }
                 // A new inode's set held no block: nothing is released.
-                super::attrs::store_xattrs(tx, &self.sb, &mut inode, &set)?.free(tx)?;
+                super::attrs::store_xattrs(tx, &self.sb, &mut inode, &set)?.free(tx);
             }
         }
         let st = Arc::new(super::InodeState::new(

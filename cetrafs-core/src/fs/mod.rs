@@ -136,7 +136,7 @@ impl InodeInner {
     }
 
     /// Runs unmapped and not yet freed: (count, blocks).
-    fn unfreed(&self) -> (usize, u64) {
+    fn unfreed_count(&self) -> (usize, u64) {
         (
             self.unfreed.len(),
             self.unfreed.iter().map(|&(_, l)| l).sum(),
@@ -1065,7 +1065,7 @@ impl Volume {
         }
         inner.inode.ctime = set.ctime.unwrap_or(t);
         self.save(tx, inner)?;
-        released.free(tx)?;
+        released.free(tx);
         Ok(Self::attr_of(&inner.inode))
     }
 
@@ -1266,7 +1266,8 @@ impl Volume {
                 }
                 return Err(e);
             }
-            released.free(tx)
+            released.free(tx);
+            Ok(())
         })
     }
 
