@@ -49,6 +49,15 @@ fn changes_that_fail_half_way_leave_no_block_both_free_and_mapped() {
     a_link_whose_save_fails_counts_nothing();
 }
 
+/// Run `op` with failpoint `point` armed: it must fail there.
+fn fails_at<T: std::fmt::Debug>(point: &str, op: impl FnOnce() -> cetrafs_core::Result<T>) {
+    failpoint::arm(point);
+    let r = op();
+    failpoint::disarm_all();
+    let e = r.unwrap_err();
+    assert!(e.to_string().contains(point), "{e}");
+}
+
 fn volume() -> Arc<MemDevice> {
     let dev = Arc::new(MemDevice::new(96 << 20, 512));
     let mk = MkfsOptions {
@@ -86,12 +95,9 @@ fn blocks_punched_by_a_change_that_failed_are_freed_only_with_the_inode_saved() 
     v.sync().unwrap();
     let free_before = v.statfs().unwrap().bfree;
 
-    failpoint::arm("save::before_map");
-    let e = v
-        .fallocate(a.ino, 256 * KIB, 256 * KIB, FallocMode::PunchHole)
-        .unwrap_err();
-    failpoint::disarm_all();
-    assert!(e.to_string().contains("save::before_map"), "{e}");
+    fails_at("save::before_map", || {
+        v.fallocate(a.ino, 256 * KIB, 256 * KIB, FallocMode::PunchHole)
+    });
     // The failed change's transaction reaches the journal and home; then the node dies.
     v.sync().unwrap();
     assert_clean(
@@ -167,10 +173,7 @@ fn a_defrag_whose_save_fails_puts_the_old_map_back() {
     let (a, fh, want) = fragmented(&v);
     let extents = v.extents(a.ino).unwrap();
     let free = v.statfs().unwrap().bfree;
-    failpoint::arm("save::before_map");
-    let e = v.defrag(a.ino, true).unwrap_err();
-    failpoint::disarm_all();
-    assert!(e.to_string().contains("save::before_map"), "{e}");
+    fails_at("save::before_map", || v.defrag(a.ino, true));
     // Not fenced: the file maps its old runs, in memory as at home, and the temporary's
     // runs are free again.
     assert_eq!(v.extents(a.ino).unwrap(), extents);
@@ -191,10 +194,7 @@ fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
     let v = Volume::mount(dev.clone(), &exact()).unwrap();
     let (a, fh, want) = fragmented(&v);
 
-    failpoint::arm("defrag::forget_tmp");
-    let e = v.defrag(a.ino, true).unwrap_err();
-    failpoint::disarm_all();
-    assert!(e.to_string().contains("defrag::forget_tmp"), "{e}");
+    fails_at("defrag::forget_tmp", || v.defrag(a.ino, true));
     // The file's next save (in memory its map may name the temporary's runs, which the
     // failed defrag's cleanup freed) and a commit point: refused, the node fenced.
     let chmod = SetAttr {
@@ -236,10 +236,7 @@ fn xattr_blocks_a_failed_removal_released_stay_allocated() {
     v.setxattr(a.ino, b"user.big", &vec![7u8; 20_000], false, false)
         .unwrap();
     v.sync().unwrap();
-    failpoint::arm("save::before_map");
-    let e = v.removexattr(a.ino, b"user.big").unwrap_err();
-    failpoint::disarm_all();
-    assert!(e.to_string().contains("save::before_map"), "{e}");
+    fails_at("save::before_map", || v.removexattr(a.ino, b"user.big"));
     v.sync().unwrap();
     assert_clean(
         dev.snapshot(),
@@ -257,10 +254,7 @@ fn a_link_whose_save_fails_counts_nothing() {
     let root = v.root_ino();
     let (a, fh) = v.create(root, b"one", 0o644, Caller::ROOT, true).unwrap();
     v.release(&fh).unwrap();
-    failpoint::arm("save::before_map");
-    let e = v.link(a.ino, root, b"two").unwrap_err();
-    failpoint::disarm_all();
-    assert!(e.to_string().contains("save::before_map"), "{e}");
+    fails_at("save::before_map", || v.link(a.ino, root, b"two"));
     assert_eq!(v.getattr(a.ino).unwrap().nlink, 1);
     v.link(a.ino, root, b"two").unwrap();
     assert_eq!(v.getattr(a.ino).unwrap().nlink, 2);

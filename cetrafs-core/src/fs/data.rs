@@ -1827,8 +1827,7 @@ impl Volume {
 
     /// Would freeing what `inner` maps in file blocks [`b0`, `b1`) fit into this node's pool
     /// ([`Meta::pool_fits`])? The test of a hole punched, and of a truncate, without the
-    /// global lock.
-    /// Runs an earlier change unmapped and left for a save count too.
+    /// global lock. Runs an earlier change unmapped and left for a save count too.
     fn frees_fit(m: &Meta, inner: &InodeInner, b0: u64, b1: u64) -> bool {
         let (left, left_blocks) = inner.unfreed_count();
         Self::mapped(inner, b0, b1, crate::format::inode::INLINE_EXTENTS_MAX)
