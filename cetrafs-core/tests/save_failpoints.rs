@@ -9,7 +9,9 @@
 //! after the file was saved with its new runs: the node fences, and what reaches the LUN is
 //! the file as it was; a defrag whose save fails puts the old map back and goes on. The blocks of
 //! an xattr set a failed change made smaller are freed only with the inode saved too, and a
-//! link that fails counts no link.
+//! link that fails counts no link. A commit point that fails (`commit::before_home`) fences
+//! the node at once, as a change that fails half-way does: it stops renewing its lease, so
+//! the others recover it without waiting to ask it for a lock.
 #![cfg(feature = "failpoints")]
 
 use cetrafs_core::check::check_volume;
@@ -47,6 +49,7 @@ fn changes_that_fail_half_way_leave_no_block_both_free_and_mapped() {
     a_defrag_whose_save_fails_puts_the_old_map_back();
     xattr_blocks_a_failed_removal_released_stay_allocated();
     a_link_whose_save_fails_counts_nothing();
+    a_failed_commit_point_fences_the_node_at_once();
 }
 
 /// Run `op` with failpoint `point` armed: it must fail there.
@@ -195,6 +198,8 @@ fn a_defrag_that_fails_in_its_switch_fences_and_leaves_the_file_as_it_was() {
     let (a, fh, want) = fragmented(&v);
 
     fails_at("defrag::forget_tmp", || v.defrag(a.ino, true));
+    let why = v.fence_reason().expect("fenced at once");
+    assert!(why.contains("half-way"), "{why}");
     // The file's next save (in memory its map may name the temporary's runs, which the
     // failed defrag's cleanup freed) and a commit point: refused, the node fenced.
     let chmod = SetAttr {
@@ -268,4 +273,26 @@ fn a_link_whose_save_fails_counts_nothing() {
         "after a failed link: {:?}",
         report.findings
     );
+}
+
+fn a_failed_commit_point_fences_the_node_at_once() {
+    let dev = volume();
+    let v = Volume::mount(dev.clone(), &opts()).unwrap();
+    let (_, fh) = v
+        .create(v.root_ino(), b"late", 0o644, Caller::ROOT, true)
+        .unwrap();
+    v.write(&fh, 0, &vec![0x5a; 64 << 10]).unwrap();
+    // The journal holds the transaction; its blocks never went home.
+    fails_at("commit::before_home", || v.sync());
+    let why = v
+        .fence_reason()
+        .expect("fenced at once, not when another node next asks for a lock");
+    assert!(why.contains("commit point"), "{why}");
+    // Nothing more of the node's metadata is written.
+    assert!(v.mkdir(v.root_ino(), b"d", 0o755, Caller::ROOT).is_err());
+    let img = dev.snapshot();
+    drop(fh);
+    drop(v);
+    // The journal replayed as after a crash: the file as it was committed.
+    assert_clean(img, "after the failed commit point");
 }

@@ -682,13 +682,10 @@ impl Volume {
         let start = Instant::now();
         if m.gml() == LockMode::Exclusive {
             self.give_idle_pool(m);
-            if let Err(e) = m.close(&*self.dev) {
-                // What is on disk is unknown: stop heartbeating so the others recover this
-                // node (replaying its journal) instead of waiting for a lock it cannot give.
-                self.member
-                    .fence(format!("metadata commit before a lock handoff failed: {e}"));
-                return Err(e);
-            }
+            // A failure fences the node (`Meta::fail`): what is on disk is unknown, so the
+            // others recover it (replaying its journal) instead of waiting for a lock it
+            // cannot give.
+            m.close(&*self.dev)?;
             self.publish_groups(m);
             self.unmark_groups(m);
             self.give_back_global_dirs();

@@ -329,9 +329,7 @@ impl Volume {
             // cleanup, which frees them. Fence instead, so that none of it reaches the LUN;
             // the recovery frees the temporary inode from the orphan list.
             if let Err(e) = Self::forget_tmp(tx, plan.tmp, header) {
-                self.member.fence(format!(
-                    "defrag of inode {ino} failed half-way through its switch: {e}"
-                ));
+                tx.fail_node(&e, &format!("the switch of inode {ino}'s defrag"));
                 return Err(e);
             }
             Ok(inner.extents.iter().count() as u64)

@@ -539,21 +539,13 @@ impl Volume {
             self.detached.serve_wanted.store(true, Ordering::Release);
             return Ok(false);
         }
-        self.empty_or_fence(&mut m, "before handing an inode lock over")?;
+        // Everything home and the journal emptied: after the lock goes, the next holder may
+        // free and reuse the blocks the journal logged, and a replay of an older image over
+        // them would corrupt what they then hold (a data block has no sequence number to
+        // compare). A failure fences the node (`Meta::fail`) rather than give a lock away.
+        m.close(&*self.dev)?;
         drop(m);
         Ok(self.detached.close_and_seal(ino, seal) == Homing::Sealed)
-    }
-
-    /// Everything home and the journal emptied ([`Meta::close`]): after the lock goes, the
-    /// next holder may free and reuse the blocks the journal logged, and a replay of an older
-    /// image over them would corrupt what they then hold (a data block has no sequence
-    /// number to compare). If it fails, what is on disk is unknown: fence (the others recover
-    /// this node from its journal) rather than give a lock away.
-    fn empty_or_fence(&self, m: &mut Meta, when: &str) -> Result<()> {
-        m.close(&*self.dev).inspect_err(|e| {
-            self.member
-                .fence(format!("metadata commit {when} failed: {e}"));
-        })
     }
 
     /// Rule 4: called by a thread that holds the metadata mutex while it waits for the
@@ -564,8 +556,9 @@ impl Volume {
             return;
         }
         self.map_serving(m);
-        if let Err(e) = self.empty_or_fence(m, "while waiting for a cluster lock") {
-            tracing::error!("{e}");
+        // A failure fences the node (`Meta::fail`), which logs it.
+        if let Err(e) = m.close(&*self.dev) {
+            tracing::debug!("serving the lock server while waiting: {e}");
         }
     }
 

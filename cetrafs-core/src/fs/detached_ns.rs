@@ -200,16 +200,18 @@ impl Volume {
 
     /// Commit a detached transaction's outcome, or (None) drop a refusal made before any
     /// change.
-    fn settle_detached<T>(&self, tx: Tx<'_>, r: Result<T>) -> Option<Result<T>> {
+    fn settle_detached<T>(&self, mut tx: Tx<'_>, r: Result<T>) -> Option<Result<T>> {
         match r {
             Err(e) if e.kind() == ErrorKind::NeedsGlobalLock => {
                 if !tx.touched() {
                     return None;
                 }
                 // Half a change is in the running transaction: it must never be written.
-                let msg = format!("a change without the global lock was refused half-way: {e}");
-                self.member.fence(msg.clone());
-                Some(Err(Error::new(ErrorKind::Fenced, msg)))
+                tx.fail_node(&e, "a change without the global lock");
+                Some(Err(Error::new(
+                    ErrorKind::Fenced,
+                    format!("a change without the global lock was refused half-way: {e}"),
+                )))
             }
             r => {
                 self.detached.note_ns_use();

@@ -857,10 +857,10 @@ impl Volume {
                         // two parents). Only a failed read of the source directory's tree
                         // gets here (a node it empties that cannot be freed is leaked):
                         // fence, so that the half-made rename never reaches the LUN.
-                        self.member.fence(format!(
-                            "a rename of inode {} failed after it added the new name: {e}",
-                            src.ino
-                        ));
+                        tx.fail_node(
+                            &e,
+                            &format!("a rename of inode {} (the new name was added)", src.ino),
+                        );
                         return Err(e);
                     }
                     if src_dir && parent != new_parent {

@@ -266,7 +266,7 @@ impl ExtentMap {
                             // The node read a moment ago cannot be read again: the tree maps
                             // some blocks twice in this transaction. Nothing more may reach
                             // the LUN.
-                            t.tx.fail_node(undo.kind());
+                            t.tx.fail_node(&undo, "undoing an extent tree's new keys");
                             return Err(undo);
                         }
                     }
@@ -282,7 +282,7 @@ impl ExtentMap {
                 .try_for_each(|(k, v)| t.insert(k, &v))
                 .and_then(|()| removed.into_iter().try_for_each(|k| t.remove(k).map(drop)));
             if let Err(e) = rest {
-                t.tx.fail_node(e.kind());
+                t.tx.fail_node(&e, "an extent tree's save");
                 return Err(e);
             }
             if self.map.is_empty() {

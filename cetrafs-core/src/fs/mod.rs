@@ -631,10 +631,13 @@ impl Volume {
             if e.kind() == ErrorKind::NeedsGlobalLock && !tx.touched() {
                 return Err(e);
             }
-            self.member.fence(format!(
-                "the cluster lock of inode {} could not be taken in the middle of a metadata change: {e}",
-                inner.inode.ino
-            ));
+            tx.fail_node(
+                &e,
+                &format!(
+                    "a change of inode {} (its cluster lock could not be taken)",
+                    inner.inode.ino
+                ),
+            );
             return Err(e);
         }
         // The bitmaps the frees below need are loaded (and, format 7, marked) before anything
@@ -806,8 +809,7 @@ impl Volume {
             Ok(())
         })();
         if let Err(e) = freed {
-            self.member
-                .fence(format!("freeing inode {ino} failed half-way: {e}"));
+            tx.fail_node(&e, &format!("freeing inode {ino}"));
             return Err(e);
         }
         inner.freed = true;
@@ -1325,7 +1327,7 @@ impl Volume {
     /// Commit point if anything is pending (the background committer's tick).
     pub fn commit_if_pending(&self) -> Result<()> {
         let mut meta = self.lock_meta();
-        if meta.has_pending() && !meta.is_failed() {
+        if meta.has_pending() && !meta.has_failed() {
             meta.commit_point(&*self.dev)?;
         }
         Ok(())

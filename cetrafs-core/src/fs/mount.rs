@@ -189,6 +189,9 @@ impl Volume {
         };
         let mut meta = Meta::new(alloc, journal, sb.clone(), opts.meta_cache_bytes);
         meta.joined(member.slot, granted.version);
+        // A failed metadata path fences the node at once (`Meta::fail`).
+        let fencer = member.clone();
+        meta.on_failure(Box::new(move |why| fencer.fence(why.to_owned())));
         if sb.has_group_marks() {
             // Format 7: another node's group is used under its mark only (fs/group_marks.rs).
             let gate = super::group_marks::MarkGate::new(cl.locks.clone(), me, timing.dead_time());

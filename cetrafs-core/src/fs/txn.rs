@@ -80,6 +80,19 @@ impl FreedTo {
     }
 }
 
+/// [`Meta::on_failure`]'s hook.
+struct FailHook(Option<crate::cluster::membership::FenceHook>);
+
+impl std::fmt::Debug for FailHook {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() {
+            "FailHook(set)"
+        } else {
+            "FailHook(none)"
+        })
+    }
+}
+
 #[derive(Debug)]
 pub(crate) struct Meta {
     alloc: Allocator,
@@ -98,9 +111,12 @@ pub(crate) struct Meta {
     nodes: HashMap<u64, TreeNode>,
     journal: JournalArea,
     next_seq: u64,
-    /// A commit point failed (with this kind): what is on disk is unknown, so no more metadata
-    /// is written.
+    /// A commit point failed, or a change half-way (with this kind): what is on disk is
+    /// unknown, so no more metadata is written ([`Meta::fail`]).
     failed: Option<ErrorKind>,
+    /// Told once, when `failed` is first set: the mount fences the node there, so the others
+    /// recover it now rather than when one of them next asks for a lock it holds.
+    on_fail: FailHook,
     /// This node's slot (whose journal and orphan list it uses).
     slot: u32,
     /// How this node holds the cluster's global metadata lock (fs/cluster.rs).
@@ -142,6 +158,7 @@ impl Meta {
             journal,
             next_seq: 1,
             failed: None,
+            on_fail: FailHook(None),
             slot: 0,
             gml: LockMode::Free,
             gml_version: 0,
@@ -457,11 +474,31 @@ impl Meta {
     /// Make the running compound transaction durable (see the module docs).
     pub fn commit_point(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         self.check_not_failed()?;
-        let r = self.commit_point_inner(dev);
-        if let Err(e) = &r {
-            self.failed = Some(e.kind());
+        self.commit_point_inner(dev)
+            .inspect_err(|e| self.fail(e.kind(), &format!("a metadata commit point failed: {e}")))
+    }
+
+    /// Run `hook` once when this node's metadata path fails ([`Meta::fail`]); the mount
+    /// fences the node there.
+    pub fn on_failure(&mut self, hook: crate::cluster::membership::FenceHook) {
+        self.on_fail = FailHook(Some(hook));
+    }
+
+    /// The one home of "this node's metadata path failed": a commit point that did not
+    /// complete, a journal not emptied before a lock goes, or a change that failed half-way
+    /// ([`Tx::fail_node`]). What is on disk is unknown, or the running transaction holds half
+    /// a change: nothing more of this node's metadata is written, and the node fences itself
+    /// at once (GFS2's *withdraw*) — it stops renewing its lease, so the others replay its
+    /// journal and take its locks after the dead time, instead of finding a node that still
+    /// holds its locks but can change nothing when they next ask for one.
+    fn fail(&mut self, kind: ErrorKind, why: &str) {
+        if self.failed.is_none() {
+            self.failed = Some(kind);
+            tracing::error!("{why}: this node writes no more metadata; remount the volume");
+            if let Some(hook) = &self.on_fail.0 {
+                hook(why);
+            }
         }
-        r
     }
 
     fn commit_point_inner(&mut self, dev: &dyn BlockDevice) -> Result<()> {
@@ -525,15 +562,16 @@ impl Meta {
     /// Everything durable and home: leave an empty journal behind (clean unmount).
     pub fn close(&mut self, dev: &dyn BlockDevice) -> Result<()> {
         self.commit_point(dev)?;
-        dev.flush()?;
-        journal::invalidate(dev, self.journal)?;
+        dev.flush()
+            .and_then(|()| journal::invalidate(dev, self.journal))
+            .inspect_err(|e| self.fail(e.kind(), &format!("emptying the journal failed: {e}")))?;
         self.emptied
             .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
         Ok(())
     }
 
-    /// Did a commit point fail, or a change half-way ([`Tx::fail_node`])? Nothing more of
-    /// this node's metadata reaches the LUN then.
+    /// Did a commit point fail, or a change half-way ([`Meta::fail`])? Nothing more of this
+    /// node's metadata reaches the LUN then.
     pub fn has_failed(&self) -> bool {
         self.failed.is_some()
     }
@@ -548,10 +586,6 @@ impl Meta {
                 "an earlier metadata commit failed; remount the volume",
             )),
         }
-    }
-
-    pub fn is_failed(&self) -> bool {
-        self.failed.is_some()
     }
 
     pub fn journal(&self) -> JournalArea {
@@ -751,11 +785,12 @@ impl<'a> Tx<'a> {
     }
 
     /// This transaction holds half a change that cannot be undone (a bug, or a read that
-    /// failed in the middle of an undo): no more metadata of this node reaches the LUN, as
-    /// after a failed commit point; the node is recovered from its last one.
-    pub fn fail_node(&mut self, kind: ErrorKind) {
-        tracing::error!("a metadata change failed half-way ({kind:?}): this node writes no more metadata; remount the volume");
-        self.meta.failed = Some(kind);
+    /// failed in the middle of an undo), which `what` describes: no more metadata of this
+    /// node reaches the LUN, as after a failed commit point, and the node fences itself; the
+    /// others recover it from its last commit point ([`Meta::fail`]).
+    pub fn fail_node(&mut self, e: &Error, what: &str) {
+        self.meta
+            .fail(e.kind(), &format!("{what} failed half-way: {e}"));
     }
 
     /// Made without the global lock?
@@ -1226,7 +1261,7 @@ impl<'a> Tx<'a> {
                 // The pool inode at home would still list runs this operation mapped into a
                 // file (the recovery frees a pool's runs): nothing more may reach the LUN.
                 // Only a bug gets here (`Meta::pool_fits` keeps the pool within its inode).
-                self.fail_node(e.kind());
+                self.fail_node(&e, "saving the block pool's inode");
                 return Err(e);
             }
         }
