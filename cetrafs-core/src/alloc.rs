@@ -1261,6 +1261,19 @@ impl Allocator {
         Ok(())
     }
 
+    /// [`Self::prepare_free`] that waits for another node's mark a moment only: Some(group)
+    /// if the mark stayed (nothing loaded; the caller waits for it elsewhere), None once the
+    /// bitmap is loaded.
+    pub fn prepare_free_briefly(&mut self, start: u64) -> Result<Option<u64>> {
+        if let Some((g, _)) = self.locate(start) {
+            if !self.gated(g, false)? {
+                return Ok(Some(g as u64));
+            }
+            self.load(g)?;
+        }
+        Ok(None)
+    }
+
     /// [`Self::prepare_free`] for a free that may as well wait (giving back spare pool runs):
     /// on format 7, `Busy` at once if another node's mark is on the group, instead of waiting
     /// for it.

@@ -41,26 +41,30 @@ pub enum ErrorKind {
     /// Internal: a read under the global lock found an inode's lock held elsewhere and not
     /// given up within a moment (its holder may be dead) before it read anything that
     /// matters; the caller gives the global lock and the metadata mutex up, waits for that
-    /// inode's lock ([`Error::lock_wait`]) without them, and starts again (`Volume::read_op`).
-    /// A change that met it before it changed anything waits so too, for a hold it could own.
-    /// Never returned to a user (EIO if it were).
-    WaitForInodeLock,
+    /// lock ([`Error::lock_wait`]) without them, and starts again (`Volume::read_op`). A
+    /// change that met it before it changed anything waits so too, for a hold it could own,
+    /// or for another node's mark to go from a group it must free blocks into. Never
+    /// returned to a user (EIO if it were).
+    WaitForLock,
 }
 
-/// What an [`ErrorKind::WaitForInodeLock`] waits for: inode `ino`'s lock, to be held shared
-/// (a read) or to be free of every other node's hold (`exclusive`: a change that owns it).
+/// What an [`ErrorKind::WaitForLock`] waits for, holding no lock of this node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct InodeLockWait {
-    pub ino: u64,
-    pub exclusive: bool,
+pub enum LockWait {
+    /// Inode `ino`'s lock, to be held shared (a read) or to be free of every other node's
+    /// hold (`exclusive`: a change that owns it).
+    Inode { ino: u64, exclusive: bool },
+    /// Another node's mark on allocation group `group` (its refill; a dead node's stays
+    /// until its recovery), to go: a free into the group needs this node's mark there.
+    GroupMark { group: u64 },
 }
 
 #[derive(Debug)]
 pub struct Error {
     kind: ErrorKind,
     context: String,
-    /// The lock [`ErrorKind::WaitForInodeLock`] waits for.
-    lock_wait: Option<InodeLockWait>,
+    /// The lock [`ErrorKind::WaitForLock`] waits for.
+    lock_wait: Option<LockWait>,
     /// [`ErrorKind::NoSpace`] while freed blocks waited for the commit point after this many.
     frees_wait: Option<u64>,
     source: Option<Box<dyn std::error::Error + Send + Sync + 'static>>,
@@ -79,20 +83,32 @@ impl Error {
         }
     }
 
-    /// [`ErrorKind::WaitForInodeLock`] for inode `ino`'s lock, to hold it shared or, if
+    /// [`ErrorKind::WaitForLock`] for inode `ino`'s lock, to hold it shared or, if
     /// `exclusive`, until no other node holds it.
     pub fn wait_for_inode_lock(ino: u64, exclusive: bool) -> Self {
         Self {
-            lock_wait: Some(InodeLockWait { ino, exclusive }),
+            lock_wait: Some(LockWait::Inode { ino, exclusive }),
             ..Self::new(
-                ErrorKind::WaitForInodeLock,
+                ErrorKind::WaitForLock,
                 format!("the lock of inode {ino} is held by another node"),
             )
         }
     }
 
-    /// The inode lock an [`ErrorKind::WaitForInodeLock`] waits for.
-    pub fn lock_wait(&self) -> Option<InodeLockWait> {
+    /// [`ErrorKind::WaitForLock`] for another node's mark to go from allocation group
+    /// `group`.
+    pub fn wait_for_group_mark(group: u64) -> Self {
+        Self {
+            lock_wait: Some(LockWait::GroupMark { group }),
+            ..Self::new(
+                ErrorKind::WaitForLock,
+                format!("allocation group {group} is being changed by the node that owns it"),
+            )
+        }
+    }
+
+    /// The lock an [`ErrorKind::WaitForLock`] waits for.
+    pub fn lock_wait(&self) -> Option<LockWait> {
         self.lock_wait
     }
 
@@ -181,7 +197,7 @@ impl Error {
             | ErrorKind::Fenced
             | ErrorKind::Io
             | ErrorKind::NeedsGlobalLock
-            | ErrorKind::WaitForInodeLock => libc::EIO,
+            | ErrorKind::WaitForLock => libc::EIO,
         }
     }
 }

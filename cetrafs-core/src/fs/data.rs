@@ -666,7 +666,7 @@ impl Volume {
         at: WriteAt,
         data: &[u8],
         who: &dyn Credentials,
-        waited: &[u64],
+        waited: &[crate::error::LockWait],
     ) -> Result<Slow> {
         let len = data.len() as u64;
         loop {

@@ -36,7 +36,7 @@
 //!    A **read** (`Volume::read_op`), or a change that loads everything before it changes
 //!    anything (`Volume::restartable_op`), that waited
 //!    [`INODE_LOCK_PATIENCE`] for that shared hold without changing anything stops
-//!    waiting there ([`ErrorKind::WaitForInodeLock`]): it gives the metadata mutex back (and
+//!    waiting there ([`ErrorKind::WaitForLock`]): it gives the metadata mutex back (and
 //!    with it the global lock, to whoever asks), waits for the hold with no lock of this
 //!    node held ([`Volume::wait_for_inode_lock`]) and starts again, once per inode
 //!    ([`Tx::may_restart`]: a live owner could take the lock back each time). Its copy of
@@ -60,7 +60,7 @@
 use super::inode_lock::{InodeLocks, Seal};
 use super::txn::{Meta, Tx};
 use super::{Ino, Volume};
-use crate::error::{Error, ErrorKind, InodeLockWait, Result};
+use crate::error::{Error, ErrorKind, Result};
 use crate::sync::LockPolicy;
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -591,14 +591,13 @@ impl Volume {
         Ok(true)
     }
 
-    /// After [`ErrorKind::WaitForInodeLock`], with no lock of this node held: hold `ino`'s
+    /// After [`ErrorKind::WaitForLock`], with no lock of this node held: hold `ino`'s
     /// lock shared (the exclusive holder wrote it home, or its recoverer replayed it), and
     /// forget the copy of its block read before, so the read that starts again reads it
     /// anew, as [`Volume::before_load`]'s callers do.
-    pub(super) fn wait_for_inode_lock(&self, wait: InodeLockWait) -> Result<()> {
-        let ino = wait.ino;
+    pub(super) fn wait_for_inode_lock(&self, ino: Ino, exclusive: bool) -> Result<()> {
         if let Some(il) = &self.cl.ilocks {
-            if wait.exclusive {
+            if exclusive {
                 self.await_holders(il, ino)?;
             } else {
                 il.hold_shared(ino, &|| self.lock_abort())?;

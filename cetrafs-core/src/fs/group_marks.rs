@@ -32,7 +32,10 @@
 //! global lock, so the wait ends at most a dead time later (bounded at three dead times and
 //! 30 s, then `Busy`). An unlink or a rename over a last link marks every group the inode's
 //! blocks lie in before it removes the name (`Volume::prepare_inode_free`), so it waits with
-//! nothing changed. Looking up an inode in such a group needs no mark (alloc.rs `is_used`),
+//! nothing changed — and, since it may start again, waits only a moment under the global
+//! lock: then it gives the global lock and the metadata mutex up, waits outside
+//! ([`Volume::wait_for_group_mark`]) and starts again (`Tx::prepare_free`), so a dead
+//! node's mark stalls only the frees into its group. Looking up an inode in such a group needs no mark (alloc.rs `is_used`),
 //! and a discard leaves such groups to their owners. A refill that finds another node's mark
 //! tries its next group, and without one takes the global path as before. A dead node's
 //! marks are taken off by its recoverer after its journal is replayed, with its other locks
@@ -45,7 +48,7 @@ use super::Volume;
 use crate::alloc::{GroupClass, GroupGate};
 use crate::cluster::lock::{GroupMark, LockTable, Me};
 use crate::error::Result;
-use crate::format::lock_record::LockMode;
+use crate::format::lock_record::{LockMode, NO_SLOT};
 use crate::sync::LockPolicy;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -67,15 +70,20 @@ pub const MARK_PATIENCE: Duration = Duration::from_millis(200);
 /// before the write takes the global path.
 const CLAIM_TRIES: usize = 3;
 
+/// How long a free waits for another node's mark on a group: until a node that died holding
+/// it would have been found dead and recovered, with room to spare. Past that the free fails
+/// (`Busy`) before it changes anything.
+fn mark_patience(dead_time: Duration) -> Duration {
+    dead_time * 3 + Duration::from_secs(30)
+}
+
 /// The allocator's [`GroupGate`] on a format-7 volume: this node's mark, through the lock
 /// table.
 #[derive(Debug)]
 pub(super) struct MarkGate {
     locks: Arc<LockTable>,
     me: Me,
-    /// How long a free waits for another node's mark: until a node that died holding it
-    /// would have been found dead and recovered, with room to spare. Past that the free
-    /// fails (`Busy`) before it changes anything.
+    /// How long a free waits for another node's mark ([`mark_patience`]).
     patience: Duration,
     /// Groups whose mark outlasted [`MARK_PATIENCE`], with that mark (slot, record version):
     /// while the same mark stays, an allocation does not wait for it again (a node that died
@@ -89,7 +97,7 @@ impl MarkGate {
         Self {
             locks,
             me,
-            patience: dead_time * 3 + Duration::from_secs(30),
+            patience: mark_patience(dead_time),
             stuck: Mutex::new(HashMap::new()),
         }
     }
@@ -158,6 +166,39 @@ impl Volume {
         }
         let ok = self.refill_from_mine(m);
         self.detached.marked_refill_done(ok);
+    }
+
+    /// After [`ErrorKind::WaitForLock`] for group `g`'s mark, holding no lock of this node:
+    /// wait until no other node's mark is on `g` — its refill ended, or, for a node that died
+    /// in one, its recoverer took the mark off after the replay — for at most
+    /// [`mark_patience`], then `Busy`. One lock record read every 5–100 ms meanwhile. The
+    /// operation then starts again and takes its own mark under the global lock
+    /// ([`Tx::prepare_free`]).
+    ///
+    /// [`ErrorKind::WaitForLock`]: crate::error::ErrorKind::WaitForLock
+    pub(super) fn wait_for_group_mark(&self, g: u64) -> Result<()> {
+        let start = Instant::now();
+        let limit = mark_patience(self.cl.timing.dead_time());
+        let mut pause = Duration::from_millis(5);
+        loop {
+            if let Some(e) = self.lock_abort() {
+                return Err(e);
+            }
+            let (_, rec) = self.cl.locks.read(self.cl.locks.group_index(g))?;
+            if rec.next == NO_SLOT || rec.next == self.cl.me.slot {
+                return Ok(());
+            }
+            if start.elapsed() >= limit {
+                bail!(
+                    Busy,
+                    "allocation group {g}: node slot {}'s mark stayed for {} s; try again",
+                    rec.next,
+                    start.elapsed().as_secs()
+                );
+            }
+            std::thread::sleep(pause);
+            pause = (pause * 2).min(Duration::from_millis(100));
+        }
     }
 
     /// [`Volume::refill_marked`] once its conditions hold: the groups this node owns, the

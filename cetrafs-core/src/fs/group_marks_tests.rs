@@ -160,6 +160,79 @@ fn a_free_into_another_nodes_group_waits_for_its_mark() {
     assert_fsck_clean(&dev);
 }
 
+/// A free that waits for another node's mark holds no lock meanwhile: the owner may have died
+/// in a refill, and then its mark stays until its recovery, a dead time (84 s by default).
+/// The unlink waits a moment under the global lock, then gives it up with the metadata mutex
+/// and waits outside (`Volume::wait_for_group_mark`); the other node's namespace changes, a
+/// move between directories among them, and its own node's go on. Before, the unlink waited
+/// holding both, and every node's metadata waited with it.
+#[test]
+fn a_free_waiting_for_a_mark_holds_no_global_lock() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let (old, fh) = a.create(a.root_ino(), b"old", 0o644, C, true).unwrap();
+    for off in (0..8 * MIB).step_by(usize::try_from(MIB).unwrap()) {
+        a.write(&fh, off, &pattern(off)).unwrap();
+    }
+    a.release(&fh).unwrap();
+    a.fsync(old.ino, false).unwrap();
+    let mine: Vec<u64> = a
+        .lock_meta()
+        .groups()
+        .mine_by_free()
+        .into_iter()
+        .map(|(g, _)| g)
+        .collect();
+    // a "died in a refill" in every group it owns.
+    for &g in &mine {
+        let m = a.cl.locks.mark_group(g, a.cl.me, true).unwrap();
+        assert_eq!(m, crate::cluster::lock::GroupMark::Marked);
+    }
+    let unlinker = {
+        let b = b.clone();
+        std::thread::spawn(move || b.unlink(b.root_ino(), b"old"))
+    };
+    std::thread::sleep(Duration::from_millis(600));
+    assert!(
+        !unlinker.is_finished(),
+        "the unlink did not wait for a's mark"
+    );
+    let others = {
+        let (a, b) = (a.clone(), b.clone());
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let d = a.mkdir(a.root_ino(), b"d", 0o755, C)?;
+            let e = a.mkdir(a.root_ino(), b"e", 0o755, C)?;
+            a.rename(a.root_ino(), b"d", e.ino, b"d", RenameFlags::default())?;
+            b.mkdir(b.root_ino(), b"f", 0o755, C)?;
+            Ok::<_, Error>((d.ino, t.elapsed()))
+        })
+    };
+    let t = Instant::now();
+    while !others.is_finished() && t.elapsed() < Duration::from_secs(3) {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let in_time = others.is_finished();
+    let still_waiting = !unlinker.is_finished();
+    for &g in &mine {
+        a.cl.locks.unmark_group(g, a.cl.me, None).unwrap();
+    }
+    let (_, took) = others.join().unwrap().unwrap();
+    unlinker.join().unwrap().unwrap();
+    assert!(
+        in_time && still_waiting,
+        "the others' changes took {took:?} while b's unlink waited for a's mark"
+    );
+    assert_eq!(
+        b.lookup(b.root_ino(), b"old").unwrap_err().kind(),
+        ErrorKind::NotFound
+    );
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
 /// Group records that name `v` as their owner.
 fn owned_by(v: &Volume) -> Vec<u64> {
     let recs = v.cl.locks.group_records().unwrap();

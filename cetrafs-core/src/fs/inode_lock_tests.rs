@@ -783,7 +783,6 @@ fn namespace_changes_waiting_for_a_dead_nodes_directory_hold_no_other_lock() {
 #[test]
 fn the_outside_wait_ends_when_the_dead_holder_lets_go() {
     use super::detached_tests::node;
-    use crate::error::InodeLockWait;
     let dev = volume(4);
     let a = node(&dev, "a");
     let b = node(&dev, "b");
@@ -803,12 +802,8 @@ fn the_outside_wait_ends_when_the_dead_holder_lets_go() {
     let holder = Some(crate::format::object_lock::Role::Holder);
     assert_eq!(role_on_disk(&a, f.ino), holder);
     assert_eq!(role_on_disk(&c, f.ino), holder);
-    let wait = InodeLockWait {
-        ino: f.ino,
-        exclusive: true,
-    };
     let (dead, killed) = crash(&a);
-    b.wait_for_inode_lock(wait).unwrap();
+    b.wait_for_inode_lock(f.ino, true).unwrap();
     let waited = killed.elapsed();
     assert!(
         waited >= dead / 2,
@@ -823,7 +818,7 @@ fn the_outside_wait_ends_when_the_dead_holder_lets_go() {
     assert_eq!(role_on_disk(&c, f.ino), holder, "c was asked for nothing");
     // Only c, alive, holds it now: the wait ends at its next heartbeat (every 50 ms here).
     let t = Instant::now();
-    b.wait_for_inode_lock(wait).unwrap();
+    b.wait_for_inode_lock(f.ino, true).unwrap();
     assert!(
         t.elapsed() < dead / 4,
         "b waited {:?} outside for a live holder",

@@ -48,7 +48,7 @@ pub use types::*;
 
 use crate::cluster::Membership;
 use crate::dev::{AlignedBuf, SharedDevice};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, LockWait, Result};
 use crate::format::inode::{flags, Inode, Timespec};
 use crate::format::superblock::Superblock;
 use crate::format::{xattr, FS_BLOCK, FS_BLOCK_SIZE};
@@ -854,7 +854,7 @@ impl Volume {
     /// `restart`: for a restartable change, the inodes its earlier attempts waited for.
     fn meta_op_as<T>(
         &self,
-        restart: Option<&[u64]>,
+        restart: Option<&[LockWait]>,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
         let mut meta = self.meta_ex()?;
@@ -882,22 +882,28 @@ impl Volume {
     }
 
     /// Run `attempt` (which holds the metadata mutex only while it runs) until it ends other
-    /// than with [`ErrorKind::WaitForInodeLock`]; after that error, wait for the inode lock
-    /// it names with no lock of this node held. `attempt` gets the inodes waited for so far
-    /// (each once: [`Tx::may_restart`]). An attempt that found no space while freed blocks
+    /// than with [`ErrorKind::WaitForLock`]; after that error, wait for the lock it names
+    /// (an inode's lock, or another node's mark on a group to free into) with no lock of
+    /// this node held. `attempt` gets the locks waited for so far (each once:
+    /// [`Tx::may_restart`], [`Tx::prepare_free`]). An attempt that found no space while freed blocks
     /// waited for a commit point runs once more after it ([`Meta::commit_for_space`]):
     /// an attempt that fails leaves the changes it made in the running transaction (as
     /// [`Volume::meta_op_as`] commits what was done even on error), so trying again is what
     /// its caller would do after `ENOSPC`.
-    fn restarting<T>(&self, mut attempt: impl FnMut(&[u64]) -> Result<T>) -> Result<T> {
+    fn restarting<T>(&self, mut attempt: impl FnMut(&[LockWait]) -> Result<T>) -> Result<T> {
         let mut waited = Vec::new();
         let mut space_tried = false;
         loop {
             match attempt(&waited) {
-                Err(e) if e.kind() == ErrorKind::WaitForInodeLock => {
+                Err(e) if e.kind() == ErrorKind::WaitForLock => {
                     let wait = e.lock_wait().ok_or(e)?;
-                    self.wait_for_inode_lock(wait)?;
-                    waited.push(wait.ino);
+                    match wait {
+                        LockWait::Inode { ino, exclusive } => {
+                            self.wait_for_inode_lock(ino, exclusive)?;
+                        }
+                        LockWait::GroupMark { group } => self.wait_for_group_mark(group)?,
+                    }
+                    waited.push(wait);
                 }
                 Err(e) => match e.frees_wait() {
                     Some(since) if !space_tried && !self.read_only => {

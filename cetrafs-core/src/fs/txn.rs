@@ -49,7 +49,7 @@
 use super::block_cache::{BlockCache, BlockCacheStats};
 use crate::alloc::{Allocator, GroupClass};
 use crate::dev::{AlignedBuf, BlockDevice};
-use crate::error::{Error, ErrorKind, Result};
+use crate::error::{Error, ErrorKind, LockWait, Result};
 use crate::format::block::BlockHeader;
 use crate::format::lock_record::LockMode;
 use crate::format::superblock::Superblock;
@@ -695,9 +695,10 @@ pub(crate) struct Tx<'a> {
     /// A read its caller may start again (`Volume::read_op`): a long wait for an inode lock
     /// gives the global lock and the metadata mutex up instead, while nothing was changed.
     restartable: bool,
-    /// Inodes whose locks an earlier attempt of the same operation already waited for
-    /// outside: not again (a live owner could otherwise take the lock back each time).
-    waited: Vec<u64>,
+    /// Locks (inode locks, group marks) an earlier attempt of the same operation already
+    /// waited for outside: not again (a live owner could otherwise take the lock back each
+    /// time).
+    waited: Vec<LockWait>,
 }
 
 impl<'a> Tx<'a> {
@@ -713,9 +714,9 @@ impl<'a> Tx<'a> {
         }
     }
 
-    /// A read that its caller starts again after [`ErrorKind::WaitForInodeLock`]
-    /// (`Volume::read_op`); `waited`: the inodes earlier attempts waited for.
-    pub fn restartable(dev: &'a dyn BlockDevice, meta: &'a mut Meta, waited: &[u64]) -> Self {
+    /// A read that its caller starts again after [`ErrorKind::WaitForLock`]
+    /// (`Volume::read_op`); `waited`: the locks earlier attempts waited for.
+    pub fn restartable(dev: &'a dyn BlockDevice, meta: &'a mut Meta, waited: &[LockWait]) -> Self {
         let mut tx = Self::new(dev, meta);
         tx.restartable = true;
         tx.waited = waited.to_vec();
@@ -723,14 +724,19 @@ impl<'a> Tx<'a> {
     }
 
     /// May a long wait for inode `ino`'s lock end this transaction with
-    /// [`ErrorKind::WaitForInodeLock`]? Only a restartable one that changed nothing yet, and
+    /// [`ErrorKind::WaitForLock`]? Only a restartable one that changed nothing yet, and
     /// once per inode and operation: the next attempt waits holding its locks (an owner
     /// that gave the lock once is alive, and cannot take it back from under a global hold).
     pub fn may_restart(&self, ino: u64) -> bool {
-        self.restartable && !self.touched && !self.waited.contains(&ino)
+        self.restartable
+            && !self.touched
+            && !self
+                .waited
+                .iter()
+                .any(|w| matches!(w, LockWait::Inode { ino: i, .. } if *i == ino))
     }
 
-    /// From here on no wait ends this transaction with [`ErrorKind::WaitForInodeLock`]:
+    /// From here on no wait ends this transaction with [`ErrorKind::WaitForLock`]:
     /// its caller changed state in memory that a new attempt would not undo.
     pub fn no_restart(&mut self) {
         self.restartable = false;
@@ -738,7 +744,7 @@ impl<'a> Tx<'a> {
 
     /// The abort test of a wait for inode `ino`'s lock that began at `since`, under the
     /// global lock: once the wait took [`INODE_LOCK_PATIENCE`] and this transaction may start
-    /// again, it ends with [`ErrorKind::WaitForInodeLock`] (to hold the lock shared, or, if
+    /// again, it ends with [`ErrorKind::WaitForLock`] (to hold the lock shared, or, if
     /// `exclusive`, until it could be owned). The copy of the inode's block read before may
     /// be stale then: nobody is to use it while the metadata mutex is free.
     ///
@@ -1062,8 +1068,28 @@ impl<'a> Tx<'a> {
 
     /// Load what a later [`Tx::free`] of a run starting at `start` needs, so that freeing
     /// several runs fails before the first is freed rather than half-way.
+    ///
+    /// Format 7: the group must carry this node's mark if another node owns it, so this
+    /// waits while another node's mark is on it (a refill: milliseconds; a node that died in
+    /// one keeps it until its recovery). A transaction that may start again and changed
+    /// nothing waits only a moment ([`MARK_PATIENCE`]) and then ends with
+    /// [`ErrorKind::WaitForLock`], once per group: its caller waits for the mark to go
+    /// holding no lock (`Volume::wait_for_group_mark`), so a dead node's mark keeps only this
+    /// operation waiting, not the global lock and this node's metadata mutex with it.
+    ///
+    /// [`MARK_PATIENCE`]: super::group_marks::MARK_PATIENCE
     pub fn prepare_free(&mut self, start: u64) -> Result<()> {
         if self.detached {
+            return Ok(());
+        }
+        if self.restartable && !self.touched {
+            if let Some(group) = self.meta.alloc.prepare_free_briefly(start)? {
+                let wait = LockWait::GroupMark { group };
+                if !self.waited.contains(&wait) {
+                    return Err(Error::wait_for_group_mark(group));
+                }
+                return self.meta.alloc.prepare_free(start);
+            }
             return Ok(());
         }
         self.meta.alloc.prepare_free(start)
