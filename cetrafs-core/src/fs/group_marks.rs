@@ -169,25 +169,32 @@ impl Volume {
     }
 
     /// After [`ErrorKind::WaitForLock`] for group `g`'s mark, holding no lock of this node:
-    /// wait until no other node's mark is on `g` — its refill ended, or, for a node that died
-    /// in one, its recoverer took the mark off after the replay — for at most
-    /// [`mark_patience`], then `Busy`. One lock record read every 5–100 ms meanwhile. The
-    /// operation then starts again and takes its own mark under the global lock
-    /// ([`Tx::prepare_free`]).
+    /// wait until the node whose mark is on `g` now takes it off — its refill ended, or, for
+    /// a node that died in one, its recoverer took the mark off after the replay — for at
+    /// most [`mark_patience`], then `Busy`. One lock record read every 5–100 ms meanwhile.
+    /// The operation then starts again and takes its own mark under the global lock
+    /// ([`Tx::prepare_free`]). The wait ends as well when another node's mark replaces the
+    /// first: a node that freed into `g` under the global lock keeps its mark until it hands
+    /// the global lock on, which only this node's asking for it brings about.
     ///
     /// [`ErrorKind::WaitForLock`]: crate::error::ErrorKind::WaitForLock
     pub(super) fn wait_for_group_mark(&self, g: u64) -> Result<()> {
         let start = Instant::now();
         let limit = mark_patience(self.cl.timing.dead_time());
         let mut pause = Duration::from_millis(5);
+        let mut marker = None;
         loop {
             if let Some(e) = self.lock_abort() {
                 return Err(e);
             }
             let (_, rec) = self.cl.locks.read(self.cl.locks.group_index(g))?;
-            if rec.next == NO_SLOT || rec.next == self.cl.me.slot {
+            if rec.next == NO_SLOT
+                || rec.next == self.cl.me.slot
+                || marker.is_some_and(|m| m != rec.next)
+            {
                 return Ok(());
             }
+            marker = Some(rec.next);
             if start.elapsed() >= limit {
                 bail!(
                     Busy,

@@ -1047,6 +1047,8 @@ impl Volume {
                 bail!(InvalidInput, "cannot change the size of a non-regular file");
             }
             self.truncate_locked(tx, inner, size)?;
+            // The map is punched in memory: a wait further on must not start this again.
+            tx.no_restart();
             inner.inode.mtime = t;
         }
         let mut released = attrs::Released::default();

@@ -493,7 +493,12 @@ impl Meta {
     /// holds its locks but can change nothing when they next ask for one.
     fn fail(&mut self, kind: ErrorKind, why: &str) {
         if self.failed.is_none() {
-            self.failed = Some(kind);
+            // Later calls fail with this kind: never one that callers act on (a refusal
+            // that sends an operation to the global path, a wait that starts it again).
+            self.failed = Some(match kind {
+                ErrorKind::NeedsGlobalLock | ErrorKind::WaitForLock => ErrorKind::Io,
+                k => k,
+            });
             tracing::error!("{why}: this node writes no more metadata; remount the volume");
             if let Some(hook) = &self.on_fail.0 {
                 hook(why);
