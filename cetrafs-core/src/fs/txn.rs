@@ -499,7 +499,12 @@ impl Meta {
                 ErrorKind::NeedsGlobalLock | ErrorKind::WaitForLock => ErrorKind::Io,
                 k => k,
             });
-            tracing::error!("{why}: this node writes no more metadata; remount the volume");
+            if kind == ErrorKind::Fenced {
+                // Fenced first (the lease, a reservation conflict): logged once, as FENCED.
+                tracing::debug!("{why}");
+            } else {
+                tracing::error!("{why}: this node writes no more metadata; remount the volume");
+            }
             if let Some(hook) = &self.on_fail.0 {
                 hook(why);
             }
