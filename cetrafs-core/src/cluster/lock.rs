@@ -383,6 +383,8 @@ pub struct LockTable {
     backoff_max: Duration,
     /// How long I/O errors in a row are retried through ([`IoPatience`]).
     io_patience: Duration,
+    /// Reads of every group record ([`LockTable::group_records`]) so far.
+    group_scans: AtomicU64,
 }
 
 /// The first slot of `set` after `slot` in ascending order, wrapping; `NO_SLOT` if none.
@@ -573,6 +575,7 @@ impl LockTable {
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
             io_patience: Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms).fail_time(),
+            group_scans: AtomicU64::new(0),
         }
     }
 
@@ -1268,7 +1271,14 @@ impl LockTable {
 
     /// Every group record, in one read.
     pub fn group_records(&self) -> Result<Vec<LockRecord>> {
+        self.group_scans.fetch_add(1, Ordering::Relaxed);
         self.read_range(self.group_index(0), self.group_count())
+    }
+
+    /// How many times [`LockTable::group_records`] read every group record: `group_count`
+    /// logical blocks each time.
+    pub fn group_scans(&self) -> u64 {
+        self.group_scans.load(Ordering::Relaxed)
     }
 
     /// If group `g` is mine: Free it, publishing its free-block count in the LVB.

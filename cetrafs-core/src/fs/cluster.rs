@@ -248,7 +248,16 @@ pub(crate) struct Cluster {
     pub ilocks: Option<InodeLocks>,
     /// `MountOptions::idle_locks` is `Keep`: no lock goes back only because it is idle.
     pub keep_idle: bool,
+    /// When this node last read every group record (`Volume::refresh_group_classes`).
+    groups_read: Mutex<Option<Instant>>,
 }
+
+/// How old this node's copy of the group records (owners, published free counts, requests
+/// for its groups) may grow before a grant of the global lock after another node's changes
+/// reads them all again (`Volume::invalidate`). One read of every record is `group_count`
+/// logical blocks — 4 MiB for 8 TiB at 512-byte blocks, 32 MiB on a 4Kn LUN — and a
+/// directory that nodes share changes hands many times a second.
+const GROUP_RECORDS_EVERY: Duration = Duration::from_secs(1);
 
 fn mode_code(m: LockMode) -> u8 {
     match m {
@@ -287,6 +296,7 @@ impl Cluster {
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             keep_idle: false,
+            groups_read: Mutex::new(None),
         }
     }
 
@@ -542,14 +552,36 @@ impl Volume {
     /// Another node changed metadata since this node last held the lock: drop every cached
     /// block, mark every allocation group unchecked (each is revalidated by its header's
     /// change counter at its next use, alloc.rs), re-read the group owners and their published
-    /// free counts, and make loaded inodes stale.
+    /// free counts if they are due, and make loaded inodes stale.
     fn invalidate(&self, m: &mut Meta) {
         m.drop_cache();
         m.groups().invalidate();
-        // At a grant: everything this node changed before is home (its last handoff emptied
-        // the journal), so a group asked for may go back.
-        self.refresh_group_classes(m, true);
+        if self.group_records_due() {
+            // At a grant: everything this node changed before is home (its last handoff
+            // emptied the journal), so a group asked for may go back.
+            self.refresh_group_classes(m, true);
+        }
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
+    }
+
+    /// Must this grant read every group record again? At most once per
+    /// [`GROUP_RECORDS_EVERY`]: a class or count a second old only steers placement, since
+    /// every group this node does not own is used under its mark (format 8: an unowned one
+    /// too, so one that another node claimed meanwhile is never changed under the other's
+    /// refill) or, without marks, only under the global lock. Format 7 marks only other
+    /// nodes' groups, and a group claimed by another node's global hold since would be
+    /// taken for an unowned one: read at every such grant there. A request for one of this
+    /// node's groups waits up to that second longer for its give-back, and statfs shows other
+    /// nodes' published counts up to that second older.
+    fn group_records_due(&self) -> bool {
+        if self.sb.has_group_marks() && !self.sb.has_group_claims() {
+            return true;
+        }
+        self.cl
+            .groups_read
+            .lock()
+            .or_panic()
+            .is_none_or(|t| t.elapsed() >= GROUP_RECORDS_EVERY)
     }
 
     /// Learn who owns which group and the free counts other nodes published; with
@@ -562,7 +594,10 @@ impl Volume {
         use crate::alloc::GroupClass;
         let me = self.cl.me;
         let records = match self.cl.locks.group_records() {
-            Ok(r) => r,
+            Ok(r) => {
+                *self.cl.groups_read.lock().or_panic() = Some(Instant::now());
+                r
+            }
             Err(e) => {
                 tracing::warn!("reading allocation group owners failed: {e}");
                 if self.sb.has_group_marks() {
