@@ -521,9 +521,22 @@ impl Allocator {
         {
             self.unload(g);
         }
-        self.set_free(g, h.free_blocks);
+        self.set_header_free(g, h.free_blocks);
         self.groups[g].checked = self.gen;
         Ok(())
+    }
+
+    /// Group `g`'s free count as its header says now. If that is not the published count
+    /// last seen, the value block moved since (or will: the changes are not published yet),
+    /// so the next published count is taken whatever it is ([`Self::note_lvb`]): comparing
+    /// it with the last one seen would miss a count that moved and came back between two
+    /// reads of the records (an 8-block file made and removed by its owner), and statfs
+    /// would keep the header's passing count until the group is used again.
+    fn set_header_free(&mut self, g: usize, free: u64) {
+        if self.groups[g].lvb_seen != Some(free) {
+            self.groups[g].lvb_seen = None;
+        }
+        self.set_free(g, free);
     }
 
     /// Group `g`'s bitmap, current: checked at this generation and loaded. `Busy` if it is
@@ -549,7 +562,7 @@ impl Allocator {
             // Unchecked, or checked and evicted since: the disk holds what this node last
             // wrote (only clean, home bitmaps are evicted) or what another node wrote.
             let (h, bm) = self.read_group(g as u64)?;
-            self.set_free(g, h.free_blocks);
+            self.set_header_free(g, h.free_blocks);
             self.groups[g].checked = self.gen;
             self.loaded.push(g);
             self.loads += 1;
@@ -1849,6 +1862,40 @@ pub(crate) mod tests {
             a.group_free(2),
             Some(0),
             "checked at this generation: exact"
+        );
+    }
+
+    /// A count published, then published back to what it was between two reads of the
+    /// records, with a header read of the group in between: the count that came back is
+    /// taken, not the header's passing one (before, it matched the last count seen and
+    /// was ignored, so statfs stayed 8 blocks short until the group was used again).
+    #[test]
+    fn a_published_count_that_moved_and_came_back_is_taken() {
+        let (dev, sb) = volume(256, Some(16));
+        let shared: SharedDevice = dev.clone();
+        let mut a = load(&shared, &sb);
+        let mut b = load(&shared, &sb);
+        let full = b.group_free(2).unwrap();
+        // B reads the records: group 2's published count is `full`.
+        b.note_lvb(2, Some(full));
+        // A takes 8 blocks there (and publishes full - 8, which B does not read).
+        let r = a.alloc(sb.group_first_block(2) + 10, 8, 0).unwrap();
+        assert!(r.iter().all(|(s, _)| group_of(&sb, *s) == 2));
+        commit(&*dev, &mut a);
+        // B uses the group: its header says full - 8.
+        b.invalidate();
+        assert_eq!(b.exact_free(2).unwrap(), full - 8);
+        // A frees them and publishes `full` again; B's next read of the records sees it.
+        for (s, l) in &r {
+            a.free(*s, *l).unwrap();
+        }
+        commit(&*dev, &mut a);
+        b.invalidate();
+        b.note_lvb(2, Some(full));
+        assert_eq!(
+            b.group_free(2),
+            Some(full),
+            "the published count that came back"
         );
     }
 

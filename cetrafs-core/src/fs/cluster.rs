@@ -248,8 +248,10 @@ pub(crate) struct Cluster {
     pub ilocks: Option<InodeLocks>,
     /// `MountOptions::idle_locks` is `Keep`: no lock goes back only because it is idle.
     pub keep_idle: bool,
-    /// When this node last read every group record (`Volume::refresh_group_classes`).
-    groups_read: Mutex<Option<Instant>>,
+    /// When this node last read every group record (`Volume::refresh_group_classes`): at
+    /// any time, and at a grant of the global lock held exclusively (the only reads that
+    /// may give a group back).
+    groups_read: Mutex<[Option<Instant>; 2]>,
 }
 
 /// How old this node's copy of the group records (owners, published free counts, requests
@@ -296,7 +298,7 @@ impl Cluster {
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             keep_idle: false,
-            groups_read: Mutex::new(None),
+            groups_read: Mutex::new([None; 2]),
         }
     }
 
@@ -556,7 +558,7 @@ impl Volume {
     fn invalidate(&self, m: &mut Meta) {
         m.drop_cache();
         m.groups().invalidate();
-        if self.group_records_due() {
+        if self.group_records_due(m.gml() == LockMode::Exclusive) {
             // At a grant: everything this node changed before is home (its last handoff
             // emptied the journal), so a group asked for may go back.
             self.refresh_group_classes(m, true);
@@ -571,16 +573,15 @@ impl Volume {
     /// refill) or, without marks, only under the global lock. Format 7 marks only other
     /// nodes' groups, and a group claimed by another node's global hold since would be
     /// taken for an unowned one: read at every such grant there. A request for one of this
-    /// node's groups waits up to that second longer for its give-back, and statfs shows other
-    /// nodes' published counts up to that second older.
-    fn group_records_due(&self) -> bool {
+    /// node's groups waits up to that second longer for its give-back (an exclusive grant
+    /// reads them if its last exclusive read is a second old, whatever shared grants read
+    /// since), and statfs shows other nodes' published counts as this node last read them, a
+    /// second at most before its last grant.
+    fn group_records_due(&self, exclusive: bool) -> bool {
         if self.sb.has_group_marks() && !self.sb.has_group_claims() {
             return true;
         }
-        self.cl
-            .groups_read
-            .lock()
-            .or_panic()
+        self.cl.groups_read.lock().or_panic()[usize::from(exclusive)]
             .is_none_or(|t| t.elapsed() >= GROUP_RECORDS_EVERY)
     }
 
@@ -595,7 +596,12 @@ impl Volume {
         let me = self.cl.me;
         let records = match self.cl.locks.group_records() {
             Ok(r) => {
-                *self.cl.groups_read.lock().or_panic() = Some(Instant::now());
+                let now = Some(Instant::now());
+                let mut read = self.cl.groups_read.lock().or_panic();
+                read[0] = now;
+                if give_back && m.gml() == LockMode::Exclusive {
+                    read[1] = now;
+                }
                 r
             }
             Err(e) => {
@@ -801,15 +807,32 @@ impl Volume {
         }
         if !self.read_only && m.gml() == LockMode::Exclusive {
             self.publish_groups(m);
-            for g in 0..self.cl.locks.group_count() {
-                if m.groups().class(g) == Some(GroupClass::Mine) {
-                    let released = m
-                        .groups()
-                        .exact_free(g)
-                        .and_then(|free| self.cl.locks.release_group(g, self.cl.me, free));
-                    if let Err(e) = released {
-                        tracing::warn!("releasing allocation group {g} failed: {e}");
+            // Every group whose record names this node, whatever its class says: a claim
+            // whose CAW landed but reported an error left it Unowned here, and the classes
+            // are read at most once a second (`Volume::group_records_due`).
+            let mut owned: Vec<u64> = (0..self.cl.locks.group_count())
+                .filter(|&g| m.groups().class(g) == Some(GroupClass::Mine))
+                .collect();
+            match self.cl.locks.group_records() {
+                Ok(recs) => {
+                    for (g, r) in (0u64..).zip(recs) {
+                        let names_me = r.mode == LockMode::Exclusive
+                            && r.owner == self.cl.me.slot
+                            && r.owner_gen == self.cl.me.gen;
+                        if names_me && !owned.contains(&g) {
+                            owned.push(g);
+                        }
                     }
+                }
+                Err(e) => tracing::warn!("reading allocation group owners failed: {e}"),
+            }
+            for g in owned {
+                let released = m
+                    .groups()
+                    .exact_free(g)
+                    .and_then(|free| self.cl.locks.release_group(g, self.cl.me, free));
+                if let Err(e) = released {
+                    tracing::warn!("releasing allocation group {g} failed: {e}");
                 }
             }
         }
