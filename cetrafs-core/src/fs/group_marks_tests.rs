@@ -85,12 +85,14 @@ fn a_thin_image_outgrows_its_pool_while_another_node_holds_the_global_lock() {
     b_reads_back_and_both_unmount(&dev, &a, &b, f.ino, &fh, total);
 }
 
-/// A free into a group another node owns needs the group's mark: while the owner's mark is
-/// on it (a refill in progress) the free waits (before it removes the name); once the mark
-/// is gone it goes through, under this node's mark, which the global lock's handoff takes off
-/// again. The owner's next refill from that group sees the free.
-#[test]
-fn a_free_into_another_nodes_group_waits_for_its_mark() {
+/// b's unlink on a thread of its own.
+type Unlinker = std::thread::JoinHandle<Result<()>>;
+
+/// Two nodes: a wrote an 8 MiB file `old` into the groups it owns and put its mark on each
+/// of them (a refill in progress, or a node that died in one); b unlinks `old` on a thread,
+/// and 600 ms later still waits for a's marks. Returns the device, a, b, a's groups and the
+/// unlink's thread.
+fn unlink_in_marked_groups() -> (Arc<MemDevice>, Arc<Volume>, Arc<Volume>, Vec<u64>, Unlinker) {
     let dev = volume(4);
     let a = node(&dev, "a");
     let b = node(&dev, "b");
@@ -108,7 +110,6 @@ fn a_free_into_another_nodes_group_waits_for_its_mark() {
         .map(|(g, _)| g)
         .collect();
     assert!(!mine.is_empty(), "a owns no group");
-    // a's refill is "in progress" in every group it owns.
     for &g in &mine {
         let m = a.cl.locks.mark_group(g, a.cl.me, true).unwrap();
         assert_eq!(m, crate::cluster::lock::GroupMark::Marked);
@@ -122,6 +123,16 @@ fn a_free_into_another_nodes_group_waits_for_its_mark() {
         !unlinker.is_finished(),
         "the unlink did not wait for a's mark"
     );
+    (dev, a, b, mine, unlinker)
+}
+
+/// A free into a group another node owns needs the group's mark: while the owner's mark is
+/// on it (a refill in progress) the free waits (before it removes the name); once the mark
+/// is gone it goes through, under this node's mark, which the global lock's handoff takes off
+/// again. The owner's next refill from that group sees the free.
+#[test]
+fn a_free_into_another_nodes_group_waits_for_its_mark() {
+    let (dev, a, b, mine, unlinker) = unlink_in_marked_groups();
     for &g in &mine {
         a.cl.locks.unmark_group(g, a.cl.me, None).unwrap();
     }
@@ -168,36 +179,7 @@ fn a_free_into_another_nodes_group_waits_for_its_mark() {
 /// holding both, and every node's metadata waited with it.
 #[test]
 fn a_free_waiting_for_a_mark_holds_no_global_lock() {
-    let dev = volume(4);
-    let a = node(&dev, "a");
-    let b = node(&dev, "b");
-    let (old, fh) = a.create(a.root_ino(), b"old", 0o644, C, true).unwrap();
-    for off in (0..8 * MIB).step_by(usize::try_from(MIB).unwrap()) {
-        a.write(&fh, off, &pattern(off)).unwrap();
-    }
-    a.release(&fh).unwrap();
-    a.fsync(old.ino, false).unwrap();
-    let mine: Vec<u64> = a
-        .lock_meta()
-        .groups()
-        .mine_by_free()
-        .into_iter()
-        .map(|(g, _)| g)
-        .collect();
-    // a "died in a refill" in every group it owns.
-    for &g in &mine {
-        let m = a.cl.locks.mark_group(g, a.cl.me, true).unwrap();
-        assert_eq!(m, crate::cluster::lock::GroupMark::Marked);
-    }
-    let unlinker = {
-        let b = b.clone();
-        std::thread::spawn(move || b.unlink(b.root_ino(), b"old"))
-    };
-    std::thread::sleep(Duration::from_millis(600));
-    assert!(
-        !unlinker.is_finished(),
-        "the unlink did not wait for a's mark"
-    );
+    let (dev, a, b, mine, unlinker) = unlink_in_marked_groups();
     let others = {
         let (a, b) = (a.clone(), b.clone());
         std::thread::spawn(move || {
