@@ -885,11 +885,11 @@ impl Volume {
     /// than with [`ErrorKind::WaitForLock`]; after that error, wait for the lock it names
     /// (an inode's lock, or another node's mark on a group to free into) with no lock of
     /// this node held. `attempt` gets the locks waited for so far (each once:
-    /// [`Tx::may_restart`], [`Tx::prepare_free`]). An attempt that found no space while freed blocks
-    /// waited for a commit point runs once more after it ([`Meta::commit_for_space`]):
-    /// an attempt that fails leaves the changes it made in the running transaction (as
-    /// [`Volume::meta_op_as`] commits what was done even on error), so trying again is what
-    /// its caller would do after `ENOSPC`.
+    /// [`Tx::may_restart`], [`Tx::prepare_free`]). An attempt that found no space while
+    /// freed blocks waited for a commit point runs once more after it
+    /// ([`Meta::commit_for_space`]): an attempt that fails leaves the changes it made in the
+    /// running transaction (as [`Volume::meta_op_as`] commits what was done even on error),
+    /// so trying again is what its caller would do after `ENOSPC`.
     fn restarting<T>(&self, mut attempt: impl FnMut(&[LockWait]) -> Result<T>) -> Result<T> {
         let mut waited = Vec::new();
         let mut space_tried = false;

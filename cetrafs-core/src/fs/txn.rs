@@ -586,14 +586,15 @@ impl Meta {
         self.failed.is_some()
     }
 
-    /// The sticky error of an earlier failed commit point. It keeps that failure's kind, so a
-    /// fenced node's later calls are `Fenced` (logged once, as FENCED), not new I/O errors.
+    /// The sticky error of an earlier failure of the metadata path ([`Meta::fail`]). It
+    /// keeps that failure's kind, so a fenced node's later calls are `Fenced` (logged once,
+    /// as FENCED), not new I/O errors.
     fn check_not_failed(&self) -> Result<()> {
         match self.failed {
             None => Ok(()),
             Some(kind) => Err(Error::new(
                 kind,
-                "an earlier metadata commit failed; remount the volume",
+                "this node's metadata path failed earlier (a commit point, or a change half-way) and the node fenced itself; remount the volume",
             )),
         }
     }
