@@ -891,6 +891,15 @@ impl Allocator {
         Ok(self.groups[i].free)
     }
 
+    /// The groups of `class` (as this node knows them).
+    pub fn of_class(&self, class: GroupClass) -> Vec<u64> {
+        (0u64..)
+            .zip(&self.groups)
+            .filter(|(_, g)| g.class == class)
+            .map(|(i, _)| i)
+            .collect()
+    }
+
     /// The groups of `class` (as this node knows them) with free blocks, the most free first.
     pub fn by_free(&self, class: GroupClass) -> Vec<(u64, u64)> {
         let mut v: Vec<(u64, u64)> = (0u64..)

@@ -383,8 +383,9 @@ pub struct LockTable {
     backoff_max: Duration,
     /// How long I/O errors in a row are retried through ([`IoPatience`]).
     io_patience: Duration,
-    /// Reads of every group record ([`LockTable::group_records`]) so far.
-    group_scans: AtomicU64,
+    /// Group records read so far ([`LockTable::group_records`],
+    /// [`LockTable::group_records_of`]): what the volume's size costs a node.
+    group_records_read: AtomicU64,
 }
 
 /// The first slot of `set` after `slot` in ascending order, wrapping; `NO_SLOT` if none.
@@ -575,7 +576,7 @@ impl LockTable {
             backoff_first: BACKOFF_FIRST,
             backoff_max: BACKOFF_MAX,
             io_patience: Timing::from_ms(sb.heartbeat_interval_ms, sb.io_timeout_ms).fail_time(),
-            group_scans: AtomicU64::new(0),
+            group_records_read: AtomicU64::new(0),
         }
     }
 
@@ -1271,14 +1272,42 @@ impl LockTable {
 
     /// Every group record, in one read.
     pub fn group_records(&self) -> Result<Vec<LockRecord>> {
-        self.group_scans.fetch_add(1, Ordering::Relaxed);
-        self.read_range(self.group_index(0), self.group_count())
+        let n = self.group_count();
+        self.group_records_read.fetch_add(n, Ordering::Relaxed);
+        self.read_range(self.group_index(0), n)
     }
 
-    /// How many times [`LockTable::group_records`] read every group record: `group_count`
-    /// logical blocks each time.
-    pub fn group_scans(&self) -> u64 {
-        self.group_scans.load(Ordering::Relaxed)
+    /// The records of groups `gs` only: one read per run of adjacent groups.
+    pub fn group_records_of(&self, gs: &[u64]) -> Result<Vec<(u64, LockRecord)>> {
+        let mut gs = gs.to_vec();
+        gs.sort_unstable();
+        gs.dedup();
+        let mut out = Vec::with_capacity(gs.len());
+        let mut i = 0;
+        while let Some(&first) = gs.get(i) {
+            self.check_group(first)?;
+            let mut n = 1;
+            while gs.get(i + n) == Some(&first.saturating_add(n as u64)) {
+                n += 1;
+            }
+            let n64 = n as u64;
+            self.group_records_read.fetch_add(n64, Ordering::Relaxed);
+            let recs = self.read_range(self.group_index(first), n64)?;
+            out.extend((first..).zip(recs));
+            i += n;
+        }
+        Ok(out)
+    }
+
+    /// The size of every group record together: what [`LockTable::group_records`] reads.
+    pub fn group_record_bytes(&self) -> u64 {
+        self.group_count().saturating_mul(self.lbs as u64)
+    }
+
+    /// How many group records this node read ([`LockTable::group_records`],
+    /// [`LockTable::group_records_of`]).
+    pub fn group_records_read(&self) -> u64 {
+        self.group_records_read.load(Ordering::Relaxed)
     }
 
     /// If group `g` is mine: Free it, publishing its free-block count in the LVB.

@@ -27,6 +27,7 @@
 use super::inode_lock::{Held, InodeLocks};
 use super::txn::{Meta, Tx};
 use super::{InodeState, Volume};
+use crate::alloc::GroupClass;
 use crate::cluster::lock::{LockTable, Me};
 use crate::cluster::mailbox::PollPacer;
 use crate::cluster::membership::{self, SlotView};
@@ -248,18 +249,83 @@ pub(crate) struct Cluster {
     pub ilocks: Option<InodeLocks>,
     /// `MountOptions::idle_locks` is `Keep`: no lock goes back only because it is idle.
     pub keep_idle: bool,
-    /// When this node last read every group record (`Volume::refresh_group_classes`): at
-    /// any time, and at a grant of the global lock held exclusively (the only reads that
-    /// may give a group back).
-    groups_read: Mutex<[Option<Instant>; 2]>,
+    /// When this node last read which group records, and whether the next grant must read
+    /// them all (`GroupReads`).
+    group_reads: Mutex<GroupReads>,
 }
 
-/// How old this node's copy of the group records (owners, published free counts, requests
-/// for its groups) may grow before a grant of the global lock after another node's changes
-/// reads them all again (`Volume::invalidate`). One read of every record is `group_count`
-/// logical blocks — 4 MiB for 8 TiB at 512-byte blocks, 32 MiB on a 4Kn LUN — and a
-/// directory that nodes share changes hands many times a second.
-const GROUP_RECORDS_EVERY: Duration = Duration::from_secs(1);
+/// How old this node's copy of its own groups' records (requests for them, a give-back by
+/// its recoverer) may grow before a grant of the global lock after another node's changes
+/// reads them again (`Volume::invalidate`). A directory that nodes share changes hands many
+/// times a second.
+const OWN_GROUP_RECORDS_EVERY: Duration = Duration::from_secs(1);
+
+/// What a read of every group record (`group_count` logical blocks: 4 MiB for 8 TiB at
+/// 512-byte blocks, 32 MiB on a 4Kn LUN) may cost on average: such a read comes at most
+/// once per `max(1 s, its size / this rate)` (2 s for 8 TiB at 512-byte blocks, 32 s on a
+/// 4Kn LUN), and only when statfs or a node short of space needs other nodes' groups.
+const ALL_GROUP_RECORDS_BYTES_PER_SEC: u64 = 2 << 20;
+
+/// Which group records `Volume::read_group_records` reads.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum GroupRecords {
+    /// At a grant of the global lock after another node's changes: this node's own
+    /// groups', if due (every record on format 7, or after a group CAW failed).
+    AtGrant,
+    /// Every record, if due (statfs, a node short of space); `give_back` only at an
+    /// exclusive grant.
+    All { give_back: bool },
+    /// Every record now (mount, a grow, tests); nothing goes back.
+    AllNow,
+}
+
+/// Which group records this node read when (owners, published free counts, requests for its
+/// groups). A grant of the global lock reads only this node's own groups' records, at most
+/// once per [`OWN_GROUP_RECORDS_EVERY`] for each of the two kinds of grant (an exclusive one
+/// may give a group back, so shared grants do not postpone it). Every record is read at
+/// mount, by statfs and by a node short of space, at most once per
+/// [`GroupReads::all_every`], and at the next grant after a CAW on a group record failed (it
+/// may have landed: whose the group is is then unknown here).
+#[derive(Debug, Default)]
+struct GroupReads {
+    own: [Option<Instant>; 2],
+    all: Option<Instant>,
+    all_wanted: bool,
+}
+
+impl GroupReads {
+    /// How often every record may be read, for records of `bytes` in all.
+    fn all_every(bytes: u64) -> Duration {
+        Duration::from_secs((bytes / ALL_GROUP_RECORDS_BYTES_PER_SEC).max(1))
+    }
+
+    fn own_due(&self, exclusive: bool) -> bool {
+        self.all_wanted
+            || self.own[usize::from(exclusive)]
+                .is_none_or(|t| t.elapsed() >= OWN_GROUP_RECORDS_EVERY)
+    }
+
+    fn all_due(&self, bytes: u64) -> bool {
+        self.all_wanted
+            || self
+                .all
+                .is_none_or(|t| t.elapsed() >= Self::all_every(bytes))
+    }
+
+    /// Own records were read at a grant (`exclusive`: one that may give groups back); `all`:
+    /// every record was.
+    fn read(&mut self, exclusive: bool, all: bool) {
+        let now = Some(Instant::now());
+        self.own[0] = now;
+        if exclusive {
+            self.own[1] = now;
+        }
+        if all {
+            self.all = now;
+            self.all_wanted = false;
+        }
+    }
+}
 
 fn mode_code(m: LockMode) -> u8 {
     match m {
@@ -298,7 +364,7 @@ impl Cluster {
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             keep_idle: false,
-            groups_read: Mutex::new([None; 2]),
+            group_reads: Mutex::new(GroupReads::default()),
         }
     }
 
@@ -544,7 +610,7 @@ impl Volume {
         self.cl
             .seen_version
             .store(m.gml_version(), Ordering::Release);
-        self.refresh_group_classes(m, false);
+        self.read_group_records(m, GroupRecords::AllNow);
         match membership::scan(&*self.dev, &self.sb) {
             Ok(views) => self.cl.set_live(&views),
             Err(e) => tracing::warn!("reading the heartbeat area failed: {e}"),
@@ -553,60 +619,59 @@ impl Volume {
 
     /// Another node changed metadata since this node last held the lock: drop every cached
     /// block, mark every allocation group unchecked (each is revalidated by its header's
-    /// change counter at its next use, alloc.rs), re-read the group owners and their published
-    /// free counts if they are due, and make loaded inodes stale.
+    /// change counter at its next use, alloc.rs), re-read this node's own groups' records
+    /// if that is due (`GroupReads`), and make loaded inodes stale.
     fn invalidate(&self, m: &mut Meta) {
         m.drop_cache();
         m.groups().invalidate();
-        if self.group_records_due(m.gml() == LockMode::Exclusive) {
-            // At a grant: everything this node changed before is home (its last handoff
-            // emptied the journal), so a group asked for may go back.
-            self.refresh_group_classes(m, true);
-        }
+        // At a grant: everything this node changed before is home (its last handoff emptied
+        // the journal), so a group asked for may go back.
+        self.read_group_records(m, GroupRecords::AtGrant);
         self.cl.epoch.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// Must this grant read every group record again? At most once per
-    /// [`GROUP_RECORDS_EVERY`]: a class or count a second old only steers placement, since
-    /// every group this node does not own is used under its mark (format 8: an unowned one
-    /// too, so one that another node claimed meanwhile is never changed under the other's
-    /// refill) or, without marks, only under the global lock. Format 7 marks only other
-    /// nodes' groups, and a group claimed by another node's global hold since would be
-    /// taken for an unowned one: read at every such grant there. A request for one of this
-    /// node's groups waits up to that second longer for its give-back (an exclusive grant
-    /// reads them if its last exclusive read is a second old, whatever shared grants read
-    /// since), and statfs shows other nodes' published counts as this node last read them, a
-    /// second at most before its last grant.
-    fn group_records_due(&self, exclusive: bool) -> bool {
-        if self.sb.has_group_marks() && !self.sb.has_group_claims() {
-            return true;
-        }
-        self.cl.groups_read.lock().or_panic()[usize::from(exclusive)]
-            .is_none_or(|t| t.elapsed() >= GROUP_RECORDS_EVERY)
-    }
-
-    /// Learn who owns which group and the free counts other nodes published; with
-    /// `give_back` (only at a grant of the global lock, exclusive: nothing of this node's is
-    /// pending then, and no reservation is left), give back groups of ours that a node short
-    /// of space asked for (their free count goes into the value block on the way). Mid-hold
-    /// a group given back could be claimed by another node (format 8) while this node's
-    /// changes there are not home yet.
-    pub(super) fn refresh_group_classes(&self, m: &mut Meta, give_back: bool) {
-        use crate::alloc::GroupClass;
-        let me = self.cl.me;
-        let records = match self.cl.locks.group_records() {
-            Ok(r) => {
-                let now = Some(Instant::now());
-                let mut read = self.cl.groups_read.lock().or_panic();
-                read[0] = now;
-                if give_back && m.gml() == LockMode::Exclusive {
-                    read[1] = now;
+    /// Read the group records `which` asks for, if they are due. What a grant reads: only
+    /// this node's own groups', since a class or count of another node's group that is old
+    /// only steers placement — every group this node does not own is used under its mark
+    /// (format 8: an unowned one too, so one that another node claimed meanwhile is never
+    /// changed under the other's refill) or, without marks, only under the global lock, and
+    /// an allocation that finds no space checks every group's header before it fails
+    /// (alloc.rs). Format 7 marks only other nodes' groups, and a group claimed by another
+    /// node's global hold since would be taken for an unowned one: a grant there reads every
+    /// record. A request for one of this node's groups waits up to
+    /// [`OWN_GROUP_RECORDS_EVERY`] longer for its give-back, and statfs shows other nodes'
+    /// published counts as this node last read them ([`GroupReads::all_every`] at most).
+    pub(super) fn read_group_records(&self, m: &mut Meta, which: GroupRecords) {
+        let exclusive = m.gml() == LockMode::Exclusive;
+        let bytes = self.cl.locks.group_record_bytes();
+        let (all, give_back) = {
+            let reads = self.cl.group_reads.lock().or_panic();
+            match which {
+                GroupRecords::AtGrant
+                    if self.sb.has_group_marks() && !self.sb.has_group_claims() =>
+                {
+                    (true, true)
                 }
-                r
+                GroupRecords::AtGrant if reads.all_wanted => (true, true),
+                GroupRecords::AtGrant if reads.own_due(exclusive) => (false, true),
+                GroupRecords::All { give_back } if reads.all_due(bytes) => (true, give_back),
+                GroupRecords::AllNow => (true, false),
+                _ => return,
             }
+        };
+        let read = if all {
+            self.cl
+                .locks
+                .group_records()
+                .map(|r| (0..).zip(r).collect())
+        } else {
+            self.cl.locks.group_records_of(&m.groups().mine())
+        };
+        let records: Vec<(u64, LockRecord)> = match read {
+            Ok(r) => r,
             Err(e) => {
-                tracing::warn!("reading allocation group owners failed: {e}");
-                if self.sb.has_group_marks() {
+                tracing::warn!("reading allocation group records failed: {e}");
+                if all && self.sb.has_group_marks() {
                     // Another node may own a group this node thinks nobody owns (claimed
                     // since): every group not this node's needs a mark until the next read.
                     for g in 0..self.cl.locks.group_count() {
@@ -618,61 +683,85 @@ impl Volume {
                 return;
             }
         };
-        for (g, rec) in records.into_iter().enumerate() {
-            let g = g as u64;
-            m.groups().note_lvb(g, rec.group_free());
-            let mut class = if rec.mode == LockMode::Free || rec.owner == NO_SLOT {
-                GroupClass::Unowned
-            } else if rec.owner == me.slot {
-                GroupClass::Mine
-            } else {
-                GroupClass::Others
-            };
-            // Only a node that is still mounted counts (a waiter bit outlives a clean unmount).
-            let asked = rec
-                .waiters
-                .iter()
-                .any(|s| s != me.slot && self.cl.slot_live(s));
-            if class == GroupClass::Mine
-                && give_back
-                && asked
-                && !self.read_only
-                && m.gml() == LockMode::Exclusive
-            {
-                let released = m
-                    .groups()
-                    .exact_free(g)
-                    .and_then(|free| self.cl.locks.release_group(g, me, free).map(|()| free));
-                match released {
-                    Ok(free) => {
-                        m.groups().note_published(g, free);
-                        tracing::info!(
-                            "gave allocation group {g} back: another node is short of space"
-                        );
-                        class = GroupClass::Unowned;
-                    }
-                    Err(e) => {
-                        // The CAW may have landed: then the group is Free on disk, and
-                        // another node may claim it (format 8). Used again only under a
-                        // mark until the next read of the owners says whose it is.
-                        tracing::warn!("giving allocation group {g} back failed: {e}");
-                        class = GroupClass::Unowned;
-                    }
+        self.cl
+            .group_reads
+            .lock()
+            .or_panic()
+            .read(give_back && exclusive, all);
+        for (g, rec) in records {
+            self.take_group_record(m, g, &rec, give_back);
+        }
+    }
+
+    /// Learn from group `g`'s record who owns it and the free count published for it; with
+    /// `give_back` (only at a grant of the global lock, exclusive: nothing of this node's is
+    /// pending then, and no reservation is left), give the group back if it is ours and a
+    /// node short of space asked for it (its free count goes into the value block on the
+    /// way). Mid-hold a group given back could be claimed by another node (format 8) while
+    /// this node's changes there are not home yet.
+    fn take_group_record(&self, m: &mut Meta, g: u64, rec: &LockRecord, give_back: bool) {
+        let me = self.cl.me;
+        m.groups().note_lvb(g, rec.group_free());
+        let mut class = if rec.mode == LockMode::Free || rec.owner == NO_SLOT {
+            GroupClass::Unowned
+        } else if rec.owner == me.slot {
+            GroupClass::Mine
+        } else {
+            GroupClass::Others
+        };
+        // Only a node that is still mounted counts (a waiter bit outlives a clean unmount).
+        let asked = rec
+            .waiters
+            .iter()
+            .any(|s| s != me.slot && self.cl.slot_live(s));
+        if class == GroupClass::Mine
+            && give_back
+            && asked
+            && !self.read_only
+            && m.gml() == LockMode::Exclusive
+        {
+            let released = m
+                .groups()
+                .exact_free(g)
+                .and_then(|free| self.cl.locks.release_group(g, me, free).map(|()| free));
+            match released {
+                Ok(free) => {
+                    m.groups().note_published(g, free);
+                    tracing::info!(
+                        "gave allocation group {g} back: another node is short of space"
+                    );
+                    class = GroupClass::Unowned;
+                }
+                Err(e) => {
+                    // The CAW may have landed: then the group is Free on disk, and
+                    // another node may claim it (format 8). Used again only under a
+                    // mark until the next read of every record says whose it is.
+                    tracing::warn!("giving allocation group {g} back failed: {e}");
+                    self.group_record_unknown();
+                    class = GroupClass::Unowned;
                 }
             }
-            m.groups().set_class(g, class);
         }
+        m.groups().set_class(g, class);
+    }
+
+    /// A CAW on a group record failed and may have landed: whose the group is is unknown
+    /// here until the next read of every record, which the next grant makes.
+    pub(super) fn group_record_unknown(&self) {
+        self.cl.group_reads.lock().or_panic().all_wanted = true;
     }
 
     /// Keep a group's worth of free space in groups this node owns: claim the emptiest
     /// unowned group when short. Failure only costs locality (allocation falls back to
     /// unowned and then other nodes' groups, which the global lock still makes safe).
     fn ensure_groups(&self, m: &mut Meta) {
-        use crate::alloc::GroupClass;
-        let mut groups = m.groups();
-        if groups.free_in_mine() >= self.sb.group_blocks / 4 {
+        if m.groups().free_in_mine() >= self.sb.group_blocks / 4 {
             return;
         }
+        // Which groups are free now: a grant reads only this node's own records. Called only
+        // at an exclusive grant, so a group asked for may go back.
+        self.read_group_records(m, GroupRecords::All { give_back: true });
+        let mut groups = m.groups();
         for _ in 0..3 {
             let best = (0..self.cl.locks.group_count())
                 .filter(|&g| groups.class(g) == Some(GroupClass::Unowned))
@@ -699,6 +788,7 @@ impl Volume {
                 Ok(false) => groups.set_class(g, GroupClass::Others),
                 Err(e) => {
                     tracing::warn!("claiming allocation group {g} failed: {e}");
+                    self.group_record_unknown();
                     return;
                 }
             }
@@ -792,7 +882,6 @@ impl Volume {
 
     /// At unmount: give back the global lock and the allocation groups.
     pub(super) fn leave_cluster(&self, m: &mut Meta) -> Result<()> {
-        use crate::alloc::GroupClass;
         if !self.read_only {
             // Everything is home: this node's marks go (whatever its hold). If one cannot be
             // taken off, the slot must not be freed: its recoverer takes it off instead (a
@@ -808,8 +897,8 @@ impl Volume {
         if !self.read_only && m.gml() == LockMode::Exclusive {
             self.publish_groups(m);
             // Every group whose record names this node, whatever its class says: a claim
-            // whose CAW landed but reported an error left it Unowned here, and the classes
-            // are read at most once a second (`Volume::group_records_due`).
+            // whose CAW landed but reported an error left it Unowned here, and other groups'
+            // records are read only now and then (`GroupReads`).
             let mut owned: Vec<u64> = (0..self.cl.locks.group_count())
                 .filter(|&g| m.groups().class(g) == Some(GroupClass::Mine))
                 .collect();

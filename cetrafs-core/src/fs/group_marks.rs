@@ -272,10 +272,11 @@ impl Volume {
                 }
                 Err(e) => {
                     // The CAW may have landed: the mark goes with the others; the group is
-                    // known as this node's at the next read of the group records if it is
-                    // (a grant's, at most a second apart), and an unmount releases it
-                    // either way (`Volume::leave_cluster` reads whose it is).
+                    // known as this node's at the next read of every group record if it is
+                    // (the next grant's), and an unmount releases it either way
+                    // (`Volume::leave_cluster` reads whose it is).
                     tracing::debug!("claiming allocation group {g} failed: {e}");
+                    self.group_record_unknown();
                     m.groups().unmark_later(g);
                     return got;
                 }

@@ -203,7 +203,7 @@ impl Volume {
         self.cl.locks.set_group_count(groups);
         // Who owns the new groups (another node may have claimed some already). Nothing
         // goes back here: changes of this hold may not be home yet.
-        self.refresh_group_classes(m, false);
+        self.read_group_records(m, super::cluster::GroupRecords::AllNow);
         Ok(())
     }
 }

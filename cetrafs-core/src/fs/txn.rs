@@ -680,6 +680,11 @@ impl Groups<'_> {
         self.0.has_marks_to_take_off()
     }
 
+    /// Groups this node owns.
+    pub fn mine(&self) -> Vec<u64> {
+        self.0.of_class(crate::alloc::GroupClass::Mine)
+    }
+
     /// Groups this node owns, with the most free blocks first (where a refill looks).
     pub fn mine_by_free(&self) -> Vec<(u64, u64)> {
         self.0.by_free(crate::alloc::GroupClass::Mine)
