@@ -262,7 +262,7 @@ const OWN_GROUP_RECORDS_EVERY: Duration = Duration::from_secs(1);
 
 /// What a read of every group record (`group_count` logical blocks: 4 MiB for 8 TiB at
 /// 512-byte blocks, 32 MiB on a 4Kn LUN) may cost on average: such a read comes at most
-/// once per `max(1 s, its size / this rate)` (2 s for 8 TiB at 512-byte blocks, 32 s on a
+/// once per `max(1 s, its size / this rate)` (2 s for 8 TiB at 512-byte blocks, 16 s on a
 /// 4Kn LUN), and only when statfs or a node short of space needs other nodes' groups.
 const ALL_GROUP_RECORDS_BYTES_PER_SEC: u64 = 2 << 20;
 
@@ -272,9 +272,9 @@ pub(super) enum GroupRecords {
     /// At a grant of the global lock after another node's changes: this node's own
     /// groups', if due (every record on format 7, or after a group CAW failed).
     AtGrant,
-    /// Every record, if due (statfs, a node short of space); `give_back` only at an
-    /// exclusive grant.
-    All { give_back: bool },
+    /// Every record, if due (statfs, a node short of space); nothing goes back (only a
+    /// grant that dropped this node's reservation windows may give a group back).
+    All,
     /// Every record now (mount, a grow, tests); nothing goes back.
     AllNow,
 }
@@ -283,15 +283,25 @@ pub(super) enum GroupRecords {
 /// groups). A grant of the global lock reads only this node's own groups' records, at most
 /// once per [`OWN_GROUP_RECORDS_EVERY`] for each of the two kinds of grant (an exclusive one
 /// may give a group back, so shared grants do not postpone it). Every record is read at
-/// mount, by statfs and by a node short of space, at most once per
-/// [`GroupReads::all_every`], and at the next grant after a CAW on a group record failed (it
-/// may have landed: whose the group is is then unknown here).
+/// mount and a grow, by statfs and by a node short of space at most once per
+/// [`GroupReads::all_every`], and after a CAW on a group record failed (it may have landed:
+/// whose the group is is then unknown here) by the next of those reads or of the grants
+/// after another node's changes, whatever the time. A group this node gave back is not
+/// claimed by it again for [`GIVEN_BACK_FOR`], so that the node that asked for it gets it.
 #[derive(Debug, Default)]
 struct GroupReads {
     own: [Option<Instant>; 2],
     all: Option<Instant>,
     all_wanted: bool,
+    given_back: HashMap<u64, Instant>,
 }
+
+/// How long a group this node gave back stays out of its own claims: the node that asked
+/// claims it at its next exclusive grant once it read every record (at most
+/// [`GroupReads::all_every`] later). Before, an owner short of space itself gave the group
+/// back and claimed it again at once (the emptiest unowned group), for as long as the
+/// other node asked.
+const GIVEN_BACK_FOR: Duration = Duration::from_secs(30);
 
 impl GroupReads {
     /// How often every record may be read, for records of `bytes` in all.
@@ -310,6 +320,19 @@ impl GroupReads {
             || self
                 .all
                 .is_none_or(|t| t.elapsed() >= Self::all_every(bytes))
+    }
+
+    /// Group `g` went back to the node that asked for it.
+    fn gave_back(&mut self, g: u64) {
+        self.given_back.retain(|_, t| t.elapsed() < GIVEN_BACK_FOR);
+        self.given_back.insert(g, Instant::now());
+    }
+
+    /// Was group `g` given back by this node lately?
+    fn gave_back_lately(&self, g: u64) -> bool {
+        self.given_back
+            .get(&g)
+            .is_some_and(|t| t.elapsed() < GIVEN_BACK_FOR)
     }
 
     /// Own records were read at a grant (`exclusive`: one that may give groups back); `all`:
@@ -654,7 +677,7 @@ impl Volume {
                 }
                 GroupRecords::AtGrant if reads.all_wanted => (true, true),
                 GroupRecords::AtGrant if reads.own_due(exclusive) => (false, true),
-                GroupRecords::All { give_back } if reads.all_due(bytes) => (true, give_back),
+                GroupRecords::All if reads.all_due(bytes) => (true, false),
                 GroupRecords::AllNow => (true, false),
                 _ => return,
             }
@@ -730,6 +753,7 @@ impl Volume {
                     tracing::info!(
                         "gave allocation group {g} back: another node is short of space"
                     );
+                    self.cl.group_reads.lock().or_panic().gave_back(g);
                     class = GroupClass::Unowned;
                 }
                 Err(e) => {
@@ -745,8 +769,18 @@ impl Volume {
         m.groups().set_class(g, class);
     }
 
+    /// Groups this node may claim, the most free blocks first: unowned as far as it knows,
+    /// with free blocks, and not given back by it lately (`GIVEN_BACK_FOR`).
+    pub(super) fn claimable_groups(&self, m: &mut Meta) -> Vec<(u64, u64)> {
+        let reads = self.cl.group_reads.lock().or_panic();
+        let mut v = m.groups().unowned_by_free();
+        v.retain(|&(g, _)| !reads.gave_back_lately(g));
+        v
+    }
+
     /// A CAW on a group record failed and may have landed: whose the group is is unknown
-    /// here until the next read of every record, which the next grant makes.
+    /// here until the next read of every record, which the next grant after another node's
+    /// changes, statfs or a refill short of groups makes whatever the time.
     pub(super) fn group_record_unknown(&self) {
         self.cl.group_reads.lock().or_panic().all_wanted = true;
     }
@@ -758,14 +792,18 @@ impl Volume {
         if m.groups().free_in_mine() >= self.sb.group_blocks / 4 {
             return;
         }
-        // Which groups are free now: a grant reads only this node's own records. Called only
-        // at an exclusive grant, so a group asked for may go back.
-        self.read_group_records(m, GroupRecords::All { give_back: true });
-        let mut groups = m.groups();
+        // Which groups are free now: a grant reads only this node's own records. Nothing
+        // goes back here: a grant whose version did not move kept this node's reservation
+        // windows, which a group given back must not hold.
+        self.read_group_records(m, GroupRecords::All);
         for _ in 0..3 {
-            let best = (0..self.cl.locks.group_count())
-                .filter(|&g| groups.class(g) == Some(GroupClass::Unowned))
-                .max_by_key(|&g| groups.group_free(g).unwrap_or(0));
+            // The emptiest; of equals, the last (away from the metadata at the start).
+            let claimable = self.claimable_groups(m);
+            let best = claimable
+                .iter()
+                .max_by_key(|&&(_, free)| free)
+                .map(|&(g, _)| g);
+            let mut groups = m.groups();
             let Some(g) = best else {
                 // None left: ask the owner of the emptiest other group to give it back; until
                 // then allocation borrows from other nodes' groups (safe under this lock).

@@ -43,6 +43,7 @@
 //! A refill whose commit point fails leaves its mark and fences this node: what reached the
 //! disk is unknown, so the others must recover it before anyone uses the group again.
 
+use super::cluster::GroupRecords;
 use super::txn::{Meta, Tx};
 use super::Volume;
 use crate::alloc::{GroupClass, GroupGate};
@@ -256,7 +257,11 @@ impl Volume {
         if !m.pool_may_refill() {
             return false;
         }
-        for (g, _) in m.groups().unowned_by_free().into_iter().take(CLAIM_TRIES) {
+        // Which groups are unowned now: a grant reads only this node's own records (every
+        // record at most once per `GroupReads::all_every`, so this costs little even when
+        // the volume is nearly full and no claim succeeds).
+        self.read_group_records(m, GroupRecords::All);
+        for (g, _) in self.claimable_groups(m).into_iter().take(CLAIM_TRIES) {
             match self.cl.locks.claim_group_marked(g, me) {
                 Ok(true) => {
                     m.groups().set_class(g, GroupClass::Mine);

@@ -1082,7 +1082,7 @@ impl Volume {
     pub fn statfs(&self) -> Result<StatFs> {
         let mut meta = self.meta_sh()?;
         // Other nodes' published free counts: a grant reads only this node's own groups.
-        self.read_group_records(&mut meta, cluster::GroupRecords::All { give_back: false });
+        self.read_group_records(&mut meta, cluster::GroupRecords::All);
         let free = meta.free_blocks();
         Ok(StatFs {
             blocks: meta.total_blocks(),

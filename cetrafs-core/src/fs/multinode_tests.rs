@@ -339,16 +339,17 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
     let b = node(&dev, "b");
     let r = a.root_ino();
     a.mkdir(r, b"a0", 0o755, C).unwrap();
-    // a takes every group nobody owns.
+    // a takes every group nobody owns (and learns that it did, as its own claims would).
     for g in 0..a.sb.group_count {
         let _ = a.cl.locks.claim_group(g, a.cl.me).unwrap();
     }
+    a.read_group_records(&mut a.lock_meta(), super::cluster::GroupRecords::AllNow);
     let owner_of = |g: u64| a.cl.locks.group_records().unwrap()[usize::try_from(g).unwrap()].owner;
     assert!((0..a.sb.group_count).all(|g| owner_of(g) == a.slot()));
     a.mkdir(r, b"a1", 0o755, C).unwrap();
     // b works: it finds no free group and asks for one; a gives it back at its next grant
-    // that reads the group records (at most once a second, fs/cluster.rs); b takes it at its
-    // next such grant.
+    // that reads its own groups' records (at most once a second, fs/cluster.rs); b takes it
+    // at its next exclusive grant once it reads every record again (a second later).
     let mut got = None;
     for i in 0..40 {
         std::thread::sleep(Duration::from_millis(100));
@@ -369,6 +370,7 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
 /// A grant of the global lock after another node's changes reads only this node's own
 /// groups' records (at most once a second), not every group record (one read of
 /// `group_count` logical blocks: 4 MiB for 8 TiB at 512-byte blocks, 32 MiB on a 4Kn LUN).
+/// (The test can tell only while the loop takes under 7 s: it takes 0.2–0.4 s.)
 /// Two nodes moving directories between two directories they share take the global lock
 /// from each other at every move: that read used to come with each grant (measured on an
 /// 8 TiB sparse file LUN through FUSE, 200 moves and mkdirs: 204 MiB read per node, 5.7 s),
@@ -428,7 +430,7 @@ fn grants_read_only_this_nodes_own_group_records() {
 }
 
 /// statfs on one node counts the blocks another node took since, once the records it read
-/// last are [`GroupReads::all_every`] old (a second on a small volume): a grant reads only
+/// last are `GroupReads::all_every` old (a second on a small volume): a grant reads only
 /// the node's own groups' records, so statfs reads every record itself.
 #[test]
 fn statfs_sees_another_nodes_allocations_a_second_later() {
@@ -436,6 +438,9 @@ fn statfs_sees_another_nodes_allocations_a_second_later() {
     let a = node(&dev, "a");
     let b = node(&dev, "b");
     let r = a.root_ino();
+    // b claims its group now: later grants of b, not short of space, read only its own.
+    b.mkdir(r, b"b", 0o755, C).unwrap();
+    assert!(!b.lock_meta().groups().mine().is_empty());
     let free0 = b.statfs().unwrap().bfree;
     let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
     let data = vec![7u8; 32 << 20];
