@@ -286,21 +286,23 @@ pub(super) enum GroupRecords {
 /// mount and a grow, by statfs and by a node short of space at most once per
 /// [`GroupReads::all_every`], and after a CAW on a group record failed (it may have landed:
 /// whose the group is is then unknown here) by the next of those reads or of the grants
-/// after another node's changes, whatever the time. A group this node gave back is not
-/// claimed by it again for [`GIVEN_BACK_FOR`], so that the node that asked for it gets it.
+/// after another node's changes, whatever the time. A read without the global lock (a
+/// format-8 refill short of groups) takes the owners only, and does not count as a read of
+/// the counts: statfs still reads them when due. A group this node gave back is not
+/// claimed by it again for [`GroupReads::given_back_for`], so that the node that asked for
+/// it gets it.
 #[derive(Debug, Default)]
 struct GroupReads {
     own: [Option<Instant>; 2],
     all: Option<Instant>,
+    /// The last read of every record without the global lock: owners only, no counts.
+    lockless: Option<Instant>,
     all_wanted: bool,
     given_back: HashMap<u64, Instant>,
 }
 
-/// How long a group this node gave back stays out of its own claims: the node that asked
-/// claims it at its next exclusive grant once it read every record (at most
-/// [`GroupReads::all_every`] later). Before, an owner short of space itself gave the group
-/// back and claimed it again at once (the emptiest unowned group), for as long as the
-/// other node asked.
+/// The least time a group this node gave back stays out of its own claims
+/// ([`GroupReads::given_back_for`]).
 const GIVEN_BACK_FOR: Duration = Duration::from_secs(30);
 
 impl GroupReads {
@@ -315,30 +317,49 @@ impl GroupReads {
                 .is_none_or(|t| t.elapsed() >= OWN_GROUP_RECORDS_EVERY)
     }
 
-    fn all_due(&self, bytes: u64) -> bool {
-        self.all_wanted
-            || self
-                .all
-                .is_none_or(|t| t.elapsed() >= Self::all_every(bytes))
+    /// Is a read of every record due? `counts`: one that takes the published counts (under
+    /// the global lock), which a read without it does not stand in for.
+    fn all_due(&self, bytes: u64, counts: bool) -> bool {
+        let last = if counts {
+            self.all
+        } else {
+            self.all.max(self.lockless)
+        };
+        self.all_wanted || last.is_none_or(|t| t.elapsed() >= Self::all_every(bytes))
+    }
+
+    /// How long a group this node gave back stays out of its own claims: the node that
+    /// asked claims it at its next exclusive grant once it read every record, up to
+    /// [`Self::all_every`] later, so twice that and at least [`GIVEN_BACK_FOR`]. Before, an
+    /// owner short of space itself gave the group back and claimed it again at once (the
+    /// emptiest unowned group), for as long as the other node asked.
+    fn given_back_for(bytes: u64) -> Duration {
+        GIVEN_BACK_FOR.max(2 * Self::all_every(bytes))
     }
 
     /// Group `g` went back to the node that asked for it.
-    fn gave_back(&mut self, g: u64) {
-        self.given_back.retain(|_, t| t.elapsed() < GIVEN_BACK_FOR);
+    fn gave_back(&mut self, g: u64, bytes: u64) {
+        let keep = Self::given_back_for(bytes);
+        self.given_back.retain(|_, t| t.elapsed() < keep);
         self.given_back.insert(g, Instant::now());
     }
 
     /// Was group `g` given back by this node lately?
-    fn gave_back_lately(&self, g: u64) -> bool {
+    fn gave_back_lately(&self, g: u64, bytes: u64) -> bool {
         self.given_back
             .get(&g)
-            .is_some_and(|t| t.elapsed() < GIVEN_BACK_FOR)
+            .is_some_and(|t| t.elapsed() < Self::given_back_for(bytes))
     }
 
     /// Own records were read at a grant (`exclusive`: one that may give groups back); `all`:
     /// every record was.
-    fn read(&mut self, exclusive: bool, all: bool) {
+    fn read(&mut self, exclusive: bool, all: bool, counts: bool) {
         let now = Some(Instant::now());
+        if !counts {
+            self.lockless = now;
+            self.all_wanted = false;
+            return;
+        }
         self.own[0] = now;
         if exclusive {
             self.own[1] = now;
@@ -666,6 +687,12 @@ impl Volume {
     /// published counts as this node last read them ([`GroupReads::all_every`] at most).
     pub(super) fn read_group_records(&self, m: &mut Meta, which: GroupRecords) {
         let exclusive = m.gml() == LockMode::Exclusive;
+        // Without the global lock (a format-8 refill) this node's check of its groups dates
+        // from its last hold, and others may have changed them since: a published count
+        // taken as seen now, but not applied (the group counts as checked), would be
+        // ignored at the next grant, which makes it unchecked. Counts wait for a read under
+        // the lock; the classes are enough to claim.
+        let counts = m.gml() != LockMode::Free;
         let bytes = self.cl.locks.group_record_bytes();
         let (all, give_back) = {
             let reads = self.cl.group_reads.lock().or_panic();
@@ -677,7 +704,7 @@ impl Volume {
                 }
                 GroupRecords::AtGrant if reads.all_wanted => (true, true),
                 GroupRecords::AtGrant if reads.own_due(exclusive) => (false, true),
-                GroupRecords::All if reads.all_due(bytes) => (true, false),
+                GroupRecords::All if reads.all_due(bytes, counts) => (true, false),
                 GroupRecords::AllNow => (true, false),
                 _ => return,
             }
@@ -710,9 +737,9 @@ impl Volume {
             .group_reads
             .lock()
             .or_panic()
-            .read(give_back && exclusive, all);
+            .read(give_back && exclusive, all, counts);
         for (g, rec) in records {
-            self.take_group_record(m, g, &rec, give_back);
+            self.take_group_record(m, g, &rec, give_back, counts);
         }
     }
 
@@ -721,10 +748,19 @@ impl Volume {
     /// pending then, and no reservation is left), give the group back if it is ours and a
     /// node short of space asked for it (its free count goes into the value block on the
     /// way). Mid-hold a group given back could be claimed by another node (format 8) while
-    /// this node's changes there are not home yet.
-    fn take_group_record(&self, m: &mut Meta, g: u64, rec: &LockRecord, give_back: bool) {
+    /// this node's changes there are not home yet. `counts`: take the published count too.
+    fn take_group_record(
+        &self,
+        m: &mut Meta,
+        g: u64,
+        rec: &LockRecord,
+        give_back: bool,
+        counts: bool,
+    ) {
         let me = self.cl.me;
-        m.groups().note_lvb(g, rec.group_free());
+        if counts {
+            m.groups().note_lvb(g, rec.group_free());
+        }
         let mut class = if rec.mode == LockMode::Free || rec.owner == NO_SLOT {
             GroupClass::Unowned
         } else if rec.owner == me.slot {
@@ -753,7 +789,8 @@ impl Volume {
                     tracing::info!(
                         "gave allocation group {g} back: another node is short of space"
                     );
-                    self.cl.group_reads.lock().or_panic().gave_back(g);
+                    let bytes = self.cl.locks.group_record_bytes();
+                    self.cl.group_reads.lock().or_panic().gave_back(g, bytes);
                     class = GroupClass::Unowned;
                 }
                 Err(e) => {
@@ -770,11 +807,12 @@ impl Volume {
     }
 
     /// Groups this node may claim, the most free blocks first: unowned as far as it knows,
-    /// with free blocks, and not given back by it lately (`GIVEN_BACK_FOR`).
+    /// with free blocks, and not given back by it lately (`GroupReads::given_back_for`).
     pub(super) fn claimable_groups(&self, m: &mut Meta) -> Vec<(u64, u64)> {
         let reads = self.cl.group_reads.lock().or_panic();
         let mut v = m.groups().unowned_by_free();
-        v.retain(|&(g, _)| !reads.gave_back_lately(g));
+        let bytes = self.cl.locks.group_record_bytes();
+        v.retain(|&(g, _)| !reads.gave_back_lately(g, bytes));
         v
     }
 

@@ -461,6 +461,50 @@ fn statfs_sees_another_nodes_allocations_a_second_later() {
     assert_fsck_clean(&dev);
 }
 
+/// A read of every group record without the global lock (a format-8 refill that claims a
+/// group) takes no published count: this node's check of its own groups dates from its
+/// last hold, so a count another node published since would be marked seen but not
+/// applied, and then ignored at the next grant. Here b frees a file in a's group and
+/// publishes the count when it gives the idle global lock back; a reads every record
+/// without the lock, then takes it: a's statfs must count the freed blocks.
+#[test]
+fn a_read_of_the_group_records_without_the_lock_loses_no_published_count() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &vec![7u8; 8 << 20]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    a.release(&fh).unwrap();
+    b.unlink(r, b"f").unwrap();
+    // b gives the idle global lock back after a second, publishing the count.
+    std::thread::sleep(Duration::from_millis(1600));
+    {
+        let mut m = a.lock_meta();
+        assert_eq!(
+            m.gml(),
+            crate::format::lock_record::LockMode::Free,
+            "a still holds the global lock"
+        );
+        a.read_group_records(&mut m, super::cluster::GroupRecords::All);
+    }
+    // a's next grant reads its own groups' records (a second after its last such read).
+    std::thread::sleep(Duration::from_millis(1100));
+    let seen = a.statfs().unwrap().bfree;
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let c = node(&dev, "c");
+    let truth = c.statfs().unwrap().bfree;
+    c.unmount().unwrap();
+    let freed = (8 << 20) / FS_BLOCK;
+    assert!(
+        seen + freed / 2 > truth,
+        "a's statfs shows {seen} free blocks where a fresh mount finds {truth}: the {freed} blocks b freed are missing"
+    );
+    assert_fsck_clean(&dev);
+}
+
 #[test]
 fn an_inode_number_reused_by_another_node_is_found_under_its_new_name() {
     let dev = volume(4);
