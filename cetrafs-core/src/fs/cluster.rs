@@ -352,7 +352,8 @@ impl GroupReads {
     }
 
     /// Own records were read at a grant (`exclusive`: one that may give groups back); `all`:
-    /// every record was.
+    /// every record was; without `counts` (no global lock) only the owners were taken, which
+    /// stands in for no read under the lock.
     fn read(&mut self, exclusive: bool, all: bool, counts: bool) {
         let now = Some(Instant::now());
         if !counts {
