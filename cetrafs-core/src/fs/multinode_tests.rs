@@ -367,6 +367,48 @@ fn a_node_short_of_groups_gets_one_back_from_their_owner() {
     assert_fsck_clean(&dev);
 }
 
+/// A group an owner gave back to a node short of space stays out of the owner's own claims
+/// (`GroupReads::given_back_for`): an owner short of space itself used to claim it again at
+/// its next grant (the emptiest unowned group), before the asker could, for as long as the
+/// asker asked.
+#[test]
+fn an_owner_does_not_claim_the_group_it_gave_back() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    a.mkdir(r, b"a0", 0o755, C).unwrap();
+    for g in 0..a.sb.group_count {
+        let _ = a.cl.locks.claim_group(g, a.cl.me).unwrap();
+    }
+    a.read_group_records(&mut a.lock_meta(), super::cluster::GroupRecords::AllNow);
+    let unowned_here = |v: &Volume| {
+        let mut m = v.lock_meta();
+        (0..v.sb.group_count)
+            .find(|&g| m.groups().class(g) == Some(crate::alloc::GroupClass::Unowned))
+    };
+    let mut given = None;
+    for i in 0..40 {
+        std::thread::sleep(Duration::from_millis(100));
+        b.mkdir(r, format!("b{i}").as_bytes(), 0o755, C).unwrap();
+        a.mkdir(r, format!("a{}", i + 1).as_bytes(), 0o755, C)
+            .unwrap();
+        given = unowned_here(&a);
+        if given.is_some() {
+            break;
+        }
+    }
+    let g = given.expect("a never gave a group back to b");
+    let claimable = a.claimable_groups(&mut a.lock_meta());
+    assert!(
+        claimable.iter().all(|&(c, _)| c != g),
+        "a would claim group {g} it just gave back: {claimable:?}"
+    );
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
 /// A grant of the global lock after another node's changes reads only this node's own
 /// groups' records (at most once a second), not every group record (one read of
 /// `group_count` logical blocks: 4 MiB for 8 TiB at 512-byte blocks, 32 MiB on a 4Kn LUN).
