@@ -168,8 +168,9 @@ fn no_detached_write_begins_once_a_handoff_found_the_inode_home() {
 fn another_node_truncates_a_file_grown_without_the_global_lock() {
     let (dev, a, b, f, fh) = grown_elsewhere(20, 0);
     // b's view of the groups is current: a took its pool from them since b last read the
-    // group records (a grant reads only b's own, fs/cluster.rs `GroupReads`).
-    b.read_group_records(&mut b.lock_meta(), GroupRecords::AllNow);
+    // group records (a grant reads only b's own, fs/cluster.rs `GroupReads`). Under a hold
+    // of the global lock: a read without it takes owners only, not the published counts.
+    b.read_group_records(&mut b.meta_sh().unwrap(), GroupRecords::AllNow);
     let free_before = b.statfs().unwrap().bfree;
     // b changes the inode: it takes the lock exclusively, a writes home and lets go.
     let shrink = SetAttr {
