@@ -36,8 +36,9 @@
 //! lock: then it gives the global lock and the metadata mutex up, waits outside
 //! ([`Volume::wait_for_group_mark`]) and starts again (`Tx::prepare_free`), so a dead
 //! node's mark stalls only the frees into its group. Looking up an inode in such a group
-//! needs no mark (alloc.rs `is_used`), and a discard leaves such groups to their owners. A refill that finds another node's mark
-//! tries its next group, and without one takes the global path as before. A dead node's
+//! needs no mark (alloc.rs `is_used`), and a discard leaves such groups to their owners. A
+//! refill that finds another node's mark tries its next group, and without one takes the
+//! global path as before. A dead node's
 //! marks are taken off by its recoverer after its journal is replayed, with its other locks
 //! (`LockTable::scrub_slot`).
 //! A refill whose commit point fails leaves its mark and fences this node: what reached the
