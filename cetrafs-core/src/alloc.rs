@@ -695,6 +695,26 @@ impl Allocator {
         }
     }
 
+    /// Every group's LVB count as this node last saw it: what a read of the records made
+    /// without the metadata mutex compares against (`note_lvb_unless_seen`).
+    pub fn lvbs_seen(&self) -> Vec<Option<u64>> {
+        self.groups.iter().map(|g| g.lvb_seen).collect()
+    }
+
+    /// [`Self::note_lvb`] for a count read while this node went on: unless the count it has
+    /// seen for `g` is no longer `before` (the one when the read began). Then it saw a count
+    /// at least as new since (another read, its own publishing, a header that disagreed),
+    /// and the record read is not taken back over it.
+    pub fn note_lvb_unless_seen(&mut self, g: u64, before: Option<u64>, lvb: Option<u64>) {
+        let unchanged = usize::try_from(g)
+            .ok()
+            .and_then(|i| self.groups.get(i))
+            .is_some_and(|grp| grp.lvb_seen == before);
+        if unchanged {
+            self.note_lvb(g, lvb);
+        }
+    }
+
     /// This node wrote `free` into group `g`'s LVB.
     pub fn note_published(&mut self, g: u64, free: u64) {
         if let Some(grp) = usize::try_from(g).ok().and_then(|i| self.groups.get_mut(i)) {

@@ -299,6 +299,11 @@ struct GroupReads {
     lockless: Option<Instant>,
     all_wanted: bool,
     given_back: HashMap<u64, Instant>,
+    /// The last read of every record's count without the metadata mutex (statfs,
+    /// `Volume::refresh_group_counts`): counts only, no owners.
+    counts: Option<Instant>,
+    /// Such a read is under way.
+    reading: bool,
 }
 
 /// The least time a group this node gave back stays out of its own claims
@@ -326,6 +331,14 @@ impl GroupReads {
             self.all.max(self.lockless)
         };
         self.all_wanted || last.is_none_or(|t| t.elapsed() >= Self::all_every(bytes))
+    }
+
+    /// Is a read of every record's count due for statfs? Reads under the mutex that took
+    /// the counts stand in for one.
+    fn counts_due(&self, bytes: u64) -> bool {
+        self.all
+            .max(self.counts)
+            .is_none_or(|t| t.elapsed() >= Self::all_every(bytes))
     }
 
     /// How long a group this node gave back stays out of its own claims: the node that
@@ -742,6 +755,53 @@ impl Volume {
         for (g, rec) in records {
             self.take_group_record(m, g, &rec, give_back, counts);
         }
+    }
+
+    /// statfs: every group's published free count, read **without the metadata mutex** when
+    /// due ([`GroupReads::counts_due`]), so that neither this node's allocating writes nor
+    /// the other nodes' requests for the global lock (which this node hands over under its
+    /// mutex) wait for the read: 4 MiB at 8 TiB, 256 MiB for 64 TiB on a 4Kn LUN. Only the
+    /// counts are taken, under the mutex again: whose a group is stays as this node knows it
+    /// (a format-8 refill may claim one while the read runs, which a record read before
+    /// would undo). A count is taken only for a group whose published count this node has
+    /// not seen change since the read began (a read under the mutex meanwhile, or its own
+    /// publishing): what the read found is then the newest this node has. A CAW on a group
+    /// record that failed (`all_wanted`) makes it a read of everything under the mutex, as
+    /// before, since only that settles whose the group is. One such read per node at a time:
+    /// a statfs meanwhile answers from what the node knows.
+    pub(super) fn refresh_group_counts(&self) -> Result<()> {
+        let seen = {
+            let mut m = self.meta_sh()?;
+            let mut reads = self.cl.group_reads.lock().or_panic();
+            let bytes = self.cl.locks.group_record_bytes();
+            if reads.all_wanted {
+                drop(reads);
+                self.read_group_records(&mut m, GroupRecords::All);
+                return Ok(());
+            }
+            if reads.reading || !reads.counts_due(bytes) {
+                return Ok(());
+            }
+            reads.reading = true;
+            m.groups().lvbs_seen()
+        };
+        let read = self.cl.locks.group_records();
+        let m = self.meta_sh();
+        let mut reads = self.cl.group_reads.lock().or_panic();
+        reads.reading = false;
+        let mut m = m?;
+        // A failed read waits for the next one due, as a read of the counts.
+        reads.counts = Some(Instant::now());
+        drop(reads);
+        match read {
+            Ok(records) => {
+                for ((g, rec), before) in (0..).zip(records).zip(seen) {
+                    m.groups().note_lvb_unless_seen(g, before, rec.group_free());
+                }
+            }
+            Err(e) => tracing::warn!("reading allocation group records failed: {e}"),
+        }
+        Ok(())
     }
 
     /// Learn from group `g`'s record who owns it and the free count published for it; with

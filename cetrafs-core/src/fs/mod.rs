@@ -1080,9 +1080,10 @@ impl Volume {
     }
 
     pub fn statfs(&self) -> Result<StatFs> {
-        let mut meta = self.meta_sh()?;
-        // Other nodes' published free counts: a grant reads only this node's own groups.
-        self.read_group_records(&mut meta, cluster::GroupRecords::All);
+        // Other nodes' published free counts (a grant reads only this node's own groups'),
+        // read without the metadata mutex.
+        self.refresh_group_counts()?;
+        let meta = self.meta_sh()?;
         let free = meta.free_blocks();
         Ok(StatFs {
             blocks: meta.total_blocks(),

@@ -503,6 +503,205 @@ fn statfs_sees_another_nodes_allocations_a_second_later() {
     assert_fsck_clean(&dev);
 }
 
+/// A memory device whose reads of exactly (offset, length) wait, once read, while the test
+/// holds them.
+#[derive(Debug)]
+struct ParkedReads {
+    dev: Arc<MemDevice>,
+    /// (offset, length) to park, and whether it is armed; how many reads wait.
+    state: Mutex<(u64, usize, bool, usize)>,
+    cv: std::sync::Condvar,
+}
+
+impl ParkedReads {
+    fn arm(&self, offset: u64, len: usize) {
+        *self.state.lock().unwrap() = (offset, len, true, 0);
+    }
+
+    fn wait_parked(&self) {
+        let st = self.state.lock().unwrap();
+        let (st, t) = self
+            .cv
+            .wait_timeout_while(st, Duration::from_secs(10), |s| s.3 == 0)
+            .unwrap();
+        let timed_out = t.timed_out();
+        let st = *st;
+        assert!(!timed_out, "no read parked: {st:?}");
+    }
+
+    fn open(&self) {
+        self.state.lock().unwrap().2 = false;
+        self.cv.notify_all();
+    }
+}
+
+impl crate::dev::BlockDevice for ParkedReads {
+    fn geometry(&self) -> &crate::dev::Geometry {
+        self.dev.geometry()
+    }
+    /// A parked read returns what the device held when it parked.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
+        self.dev.read_at(offset, buf)?;
+        let mut st = self.state.lock().unwrap();
+        if st.2 && st.0 == offset && st.1 == buf.len() {
+            st.3 += 1;
+            self.cv.notify_all();
+            st = self.cv.wait_while(st, |s| s.2).unwrap();
+            st.3 -= 1;
+        }
+        Ok(())
+    }
+    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
+        self.dev.write_at(offset, buf)
+    }
+    fn compare_and_write(
+        &self,
+        lba: u64,
+        expected: &[u8],
+        new: &[u8],
+    ) -> Result<crate::dev::CawOutcome> {
+        self.dev.compare_and_write(lba, expected, new)
+    }
+    fn flush(&self) -> Result<()> {
+        self.dev.flush()
+    }
+    fn discard(&self, offset: u64, len: u64) -> Result<()> {
+        self.dev.discard(offset, len)
+    }
+    fn refresh_size(&self) -> Result<u64> {
+        self.dev.refresh_size()
+    }
+}
+
+/// Node `host` on a [`ParkedReads`] over `mem`, and where its read of every group record
+/// lies (offset, length).
+fn parked_node(mem: &Arc<MemDevice>, host: &str) -> (Arc<ParkedReads>, Arc<Volume>, u64, usize) {
+    let sb = read_superblock(&**mem).unwrap();
+    let dev = Arc::new(ParkedReads {
+        dev: mem.clone(),
+        state: Mutex::new((0, 0, false, 0)),
+        cv: std::sync::Condvar::new(),
+    });
+    let shared: SharedDevice = dev.clone();
+    let v = Volume::mount(
+        shared,
+        &MountOptions {
+            host: host.into(),
+            ..MountOptions::default()
+        },
+    )
+    .unwrap();
+    let lbs = u64::from(sb.logical_block_size);
+    let len = usize::try_from(v.cl.locks.group_count() * lbs).unwrap();
+    (dev, v, sb.lock_start * FS_BLOCK + lbs, len)
+}
+
+/// statfs reads every group record's count (256 MiB for 64 TiB on a 4Kn LUN) without this
+/// node's metadata mutex: another node that wants the global lock, which this node hands
+/// over only under its mutex, does not wait for that read; and the counts read are taken
+/// although the lock went to the other node and came back meanwhile.
+#[test]
+fn statfs_reads_the_group_records_without_the_metadata_mutex() {
+    let mem = volume(4);
+    let (dev, a, at, len) = parked_node(&mem, "a");
+    let b = node(&mem, "b");
+    let r = a.root_ino();
+    a.mkdir(r, b"a0", 0o755, C).unwrap();
+    // The grant read every record to claim a group: the next read is due a second later.
+    std::thread::sleep(Duration::from_millis(1100));
+    let free0 = a.statfs().unwrap().bfree;
+    // b allocates 8 MiB in its own groups and publishes their counts when a takes the lock
+    // back; a's grant reads only a's own groups' records.
+    let (f, fh) = b.create(r, b"f", 0o644, C, true).unwrap();
+    b.write(&fh, 0, &vec![7u8; 8 << 20]).unwrap();
+    b.fsync(f.ino, false).unwrap();
+    b.release(&fh).unwrap();
+    a.mkdir(r, b"a1", 0o755, C).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    dev.arm(at, len);
+    let st = std::thread::spawn({
+        let a = a.clone();
+        move || a.statfs()
+    });
+    dev.wait_parked();
+    let (tx, rx) = std::sync::mpsc::channel();
+    let mk = std::thread::spawn({
+        let b = b.clone();
+        move || {
+            let t = std::time::Instant::now();
+            b.mkdir(r, b"b1", 0o755, C).unwrap();
+            tx.send(t.elapsed()).unwrap();
+        }
+    });
+    let waited = rx.recv_timeout(Duration::from_millis(700));
+    dev.open();
+    let free1 = st.join().unwrap().unwrap().bfree;
+    mk.join().unwrap();
+    let took = waited.expect("b's mkdir waited for a's read of the group records");
+    assert!(took < Duration::from_millis(700), "{took:?}");
+    let taken = (8 << 20) / FS_BLOCK;
+    assert!(
+        free0 >= free1 + taken,
+        "a's statfs: {free0} free blocks before b wrote 8 MiB, {free1} after ({taken} expected gone)"
+    );
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&mem);
+}
+
+/// What statfs read without the metadata mutex never undoes a claim made after the read: a
+/// format-8 refill claims a group without the global lock, so a record read before it says
+/// the group is nobody's. Taken as read, the group would stop being this node's here while
+/// its record names it. Nor does it take back a count this node saw change meanwhile.
+#[test]
+fn a_late_read_of_the_group_records_keeps_what_changed_meanwhile() {
+    let mem = volume(4);
+    let (dev, a, at, len) = parked_node(&mem, "a");
+    let r = a.root_ino();
+    a.mkdir(r, b"d", 0o755, C).unwrap();
+    std::thread::sleep(Duration::from_millis(1100));
+    dev.arm(at, len);
+    let st = std::thread::spawn({
+        let a = a.clone();
+        move || a.statfs()
+    });
+    dev.wait_parked();
+    // What `refill_from_claimed` does while the read waits, and what a refill publishes
+    // when it takes its mark off one of this node's groups.
+    let (tx, rx) = std::sync::mpsc::channel();
+    let changer = std::thread::spawn({
+        let a = a.clone();
+        move || {
+            let mut m = a.lock_meta();
+            let (g, _) = m.groups().unowned_by_free()[0];
+            assert!(a.cl.locks.claim_group(g, a.cl.me).unwrap());
+            m.groups().set_class(g, crate::alloc::GroupClass::Mine);
+            let own = *m.groups().mine().first().unwrap();
+            m.groups().note_published(own, 12_345);
+            tx.send((g, own)).unwrap();
+        }
+    });
+    let changed = rx.recv_timeout(Duration::from_secs(5));
+    dev.open();
+    st.join().unwrap().unwrap();
+    changer.join().unwrap();
+    let (g, own) = changed.expect("statfs held the metadata mutex during its read");
+    let mut m = a.lock_meta();
+    assert_eq!(
+        m.groups().class(g),
+        Some(crate::alloc::GroupClass::Mine),
+        "statfs's read from before the claim of group {g} took it away"
+    );
+    assert_eq!(
+        m.groups().lvbs_seen()[usize::try_from(own).unwrap()],
+        Some(12_345),
+        "statfs's read took back the count published for group {own} meanwhile"
+    );
+    drop(m);
+    a.unmount().unwrap();
+    assert_fsck_clean(&mem);
+}
+
 /// A read of every group record without the global lock (a format-8 refill that claims a
 /// group) takes no published count: this node's check of its own groups dates from its
 /// last hold, so a count another node published since would be marked seen but not

@@ -650,6 +650,17 @@ impl Groups<'_> {
         self.0.note_published(g, free);
     }
 
+    /// Every group's published count as this node last saw it (`Allocator::lvbs_seen`).
+    pub fn lvbs_seen(&self) -> Vec<Option<u64>> {
+        self.0.lvbs_seen()
+    }
+
+    /// `note_lvb`, unless the count seen for `g` is no longer `before`
+    /// (`Allocator::note_lvb_unless_seen`).
+    pub fn note_lvb_unless_seen(&mut self, g: u64, before: Option<u64>, lvb: Option<u64>) {
+        self.0.note_lvb_unless_seen(g, before, lvb);
+    }
+
     /// Groups whose free count changed since the last call, with their counts (to publish).
     pub fn take_changed(&mut self) -> Vec<(u64, u64)> {
         self.0.take_changed()
