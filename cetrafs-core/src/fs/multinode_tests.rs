@@ -617,6 +617,14 @@ fn statfs_reads_the_group_records_without_the_metadata_mutex() {
     b.fsync(f.ino, false).unwrap();
     b.release(&fh).unwrap();
     a.mkdir(r, b"a1", 0o755, C).unwrap();
+    let taken = (8 << 20) / FS_BLOCK;
+    // Only statfs's read below can tell a (a grant reads a's own groups' records, and a is
+    // not short of space).
+    let known = a.lock_meta().free_blocks();
+    assert!(
+        known + taken > free0,
+        "a learned of b's blocks before statfs: {known}"
+    );
     std::thread::sleep(Duration::from_millis(1100));
     dev.arm(at, len);
     let st = std::thread::spawn({
@@ -639,7 +647,6 @@ fn statfs_reads_the_group_records_without_the_metadata_mutex() {
     mk.join().unwrap();
     let took = waited.expect("b's mkdir waited for a's read of the group records");
     assert!(took < Duration::from_millis(700), "{took:?}");
-    let taken = (8 << 20) / FS_BLOCK;
     assert!(
         free0 >= free1 + taken,
         "a's statfs: {free0} free blocks before b wrote 8 MiB, {free1} after ({taken} expected gone)"
