@@ -520,3 +520,61 @@ fn waiting_and_answered_writers_mixed_all_finish_once() {
     v.release(&fh).unwrap();
     check_clean(&v, &mem);
 }
+
+/// A guest's random writes into a fresh thin image: a write into a granule that another
+/// write in flight allocates waits for it without the global lock, on a node that owns the
+/// image (fs/data.rs `try_detached`). It used to take the metadata path, which waited the
+/// same way but first took the global lock from the other nodes: with three nodes growing
+/// images, a handoff and its four device flushes each time (docs/performance.md §6o).
+#[test]
+fn a_write_into_a_granule_in_flight_takes_no_global_lock() {
+    use super::detached_tests::gml;
+    use crate::format::lock_record::LockMode;
+    let mem = formatted(4);
+    let g = Gated::new(mem.clone());
+    let a = mount(g.clone(), "a");
+    let b = mount(mem.clone(), "b");
+    let (f, fh) = a.create(a.root_ino(), b"img", 0o644, C, true).unwrap();
+    let size = SetAttr {
+        size: Some(1 << 30),
+        ..Default::default()
+    };
+    a.setattr(f.ino, &size, C).unwrap();
+    // The first allocating write owns the image's lock and fills a's pool.
+    a.write(&fh, 0, &[1; 4096]).unwrap();
+    // b takes the global lock exclusively and keeps it (nobody asks for it back).
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    assert_eq!(gml(&a), LockMode::Free);
+    let granule = 4 << 20;
+    g.shut(0xAB, false);
+    let (va, fha) = (a.clone(), fh.clone());
+    let first = spawn(move || va.write(&fha, granule, &[0xAB; 4096]));
+    g.wait_parked(1);
+    // The same granule, another block: waits for the first write to be mapped.
+    let (va, fha) = (a.clone(), fh.clone());
+    let second = spawn(move || va.write(&fha, granule + 8192, &[0xCD; 4096]));
+    std::thread::sleep(STILL);
+    assert!(
+        second.try_recv().is_err(),
+        "a write went into a granule in flight"
+    );
+    g.open();
+    assert_eq!(first.recv().unwrap().unwrap(), 4096);
+    assert_eq!(second.recv().unwrap().unwrap(), 4096);
+    assert_eq!(
+        gml(&a),
+        LockMode::Free,
+        "a write into a granule in flight took the global lock"
+    );
+    assert_eq!(gml(&b), LockMode::Exclusive);
+    let mut want = vec![0xAB; 4096];
+    want.extend([0; 4096]);
+    want.extend([0xCD; 4096]);
+    assert_eq!(read(&a, &fh, granule, 3 * 4096), want);
+    a.release(&fh).unwrap();
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    let report = crate::check::check_volume(&*mem).unwrap();
+    assert!(report.findings.is_empty(), "{:?}", report.findings);
+}
