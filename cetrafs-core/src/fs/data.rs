@@ -903,11 +903,12 @@ impl Volume {
         let (plan, id) = {
             let mut meta = self.lock_meta();
             // A write into blocks that an allocating write in flight maps (its granule, under a
-            // guest's random writes into a fresh image) waits for that write here, without the
-            // global lock, and then goes on as a write into what it mapped. The metadata path
-            // would wait the same way, but holding the global lock, which it takes from the
-            // other nodes first: with three nodes growing thin images, each such handoff cost
-            // four device flushes (docs/performance.md §6o).
+            // guest's random writes into a fresh image), or into a file being drained
+            // (truncate, punch, fallocate, defrag), waits for that here, without the global
+            // lock, and then goes through the checks below (usually on as a write into what
+            // the other write mapped). The metadata path would wait the same way, but holding
+            // the global lock, which it takes from another node first if one holds it: a
+            // handoff, and four device flushes (docs/performance.md §6o).
             while meta.inflight().must_wait(st.ino, b0, b1) && il.owns(st.data_lock(il)) {
                 meta = self.wait_inflight(meta);
             }
