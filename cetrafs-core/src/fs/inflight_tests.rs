@@ -17,21 +17,24 @@ const STILL: Duration = Duration::from_millis(200);
 struct Gate {
     /// Writes whose first byte is this are parked (or failed) while the gate is shut.
     marker: Option<u8>,
+    /// Reads of exactly (offset, length) are parked, once read, while the gate is shut.
+    read: Option<(u64, usize)>,
     parked: usize,
     open: bool,
     fail: bool,
 }
 
-/// A memory device whose data writes starting with a marker byte wait for the test.
+/// A memory device whose data writes starting with a marker byte, or reads of one range,
+/// wait for the test.
 #[derive(Debug)]
-struct Gated {
+pub(super) struct Gated {
     dev: Arc<MemDevice>,
     gate: Mutex<Gate>,
     cv: Condvar,
 }
 
 impl Gated {
-    fn new(dev: Arc<MemDevice>) -> Arc<Self> {
+    pub(super) fn new(dev: Arc<MemDevice>) -> Arc<Self> {
         Arc::new(Self {
             dev,
             gate: Mutex::new(Gate::default()),
@@ -52,12 +55,21 @@ impl Gated {
         };
     }
 
-    fn open(&self) {
+    /// Park reads of exactly `offset`, `len` (after they read: they return what the device
+    /// held then) until `open`.
+    pub(super) fn shut_read(&self, offset: u64, len: usize) {
+        *self.gate() = Gate {
+            read: Some((offset, len)),
+            ..Gate::default()
+        };
+    }
+
+    pub(super) fn open(&self) {
         self.gate().open = true;
         self.cv.notify_all();
     }
 
-    fn wait_parked(&self, n: usize) {
+    pub(super) fn wait_parked(&self, n: usize) {
         let g = self.gate();
         let (g, t) = self
             .cv
@@ -72,7 +84,15 @@ impl BlockDevice for Gated {
         self.dev.geometry()
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.dev.read_at(offset, buf)
+        self.dev.read_at(offset, buf)?;
+        let mut g = self.gate();
+        if g.read == Some((offset, buf.len())) && !g.open {
+            g.parked += 1;
+            self.cv.notify_all();
+            g = self.cv.wait_while(g, |g| !g.open).unwrap();
+            g.parked -= 1;
+        }
+        Ok(())
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
         let mut g = self.gate();

@@ -2,6 +2,7 @@
 //! metadata lock, open registrations, deferred frees and recovery of a dead node. The same
 //! scenarios run through FUSE with separate daemon processes in tests/tests/multinode.rs.
 
+use super::inflight_tests::Gated;
 use super::*;
 use crate::cluster::lock::LockTable;
 use crate::dev::mem::MemDevice;
@@ -503,85 +504,11 @@ fn statfs_sees_another_nodes_allocations_a_second_later() {
     assert_fsck_clean(&dev);
 }
 
-/// A memory device whose reads of exactly (offset, length) wait, once read, while the test
-/// holds them.
-#[derive(Debug)]
-struct ParkedReads {
-    dev: Arc<MemDevice>,
-    /// (offset, length) to park, and whether it is armed; how many reads wait.
-    state: Mutex<(u64, usize, bool, usize)>,
-    cv: std::sync::Condvar,
-}
-
-impl ParkedReads {
-    fn arm(&self, offset: u64, len: usize) {
-        *self.state.lock().unwrap() = (offset, len, true, 0);
-    }
-
-    fn wait_parked(&self) {
-        let st = self.state.lock().unwrap();
-        let (st, t) = self
-            .cv
-            .wait_timeout_while(st, Duration::from_secs(10), |s| s.3 == 0)
-            .unwrap();
-        let timed_out = t.timed_out();
-        let st = *st;
-        assert!(!timed_out, "no read parked: {st:?}");
-    }
-
-    fn open(&self) {
-        self.state.lock().unwrap().2 = false;
-        self.cv.notify_all();
-    }
-}
-
-impl crate::dev::BlockDevice for ParkedReads {
-    fn geometry(&self) -> &crate::dev::Geometry {
-        self.dev.geometry()
-    }
-    /// A parked read returns what the device held when it parked.
-    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
-        self.dev.read_at(offset, buf)?;
-        let mut st = self.state.lock().unwrap();
-        if st.2 && st.0 == offset && st.1 == buf.len() {
-            st.3 += 1;
-            self.cv.notify_all();
-            st = self.cv.wait_while(st, |s| s.2).unwrap();
-            st.3 -= 1;
-        }
-        Ok(())
-    }
-    fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        self.dev.write_at(offset, buf)
-    }
-    fn compare_and_write(
-        &self,
-        lba: u64,
-        expected: &[u8],
-        new: &[u8],
-    ) -> Result<crate::dev::CawOutcome> {
-        self.dev.compare_and_write(lba, expected, new)
-    }
-    fn flush(&self) -> Result<()> {
-        self.dev.flush()
-    }
-    fn discard(&self, offset: u64, len: u64) -> Result<()> {
-        self.dev.discard(offset, len)
-    }
-    fn refresh_size(&self) -> Result<u64> {
-        self.dev.refresh_size()
-    }
-}
-
-/// Node `host` on a [`ParkedReads`] over `mem`, and where its read of every group record
+/// Node `host` on a [`Gated`] device over `mem`, and where its read of every group record
 /// lies (offset, length).
-fn parked_node(mem: &Arc<MemDevice>, host: &str) -> (Arc<ParkedReads>, Arc<Volume>, u64, usize) {
+fn parked_node(mem: &Arc<MemDevice>, host: &str) -> (Arc<Gated>, Arc<Volume>, u64, usize) {
     let sb = read_superblock(&**mem).unwrap();
-    let dev = Arc::new(ParkedReads {
-        dev: mem.clone(),
-        state: Mutex::new((0, 0, false, 0)),
-        cv: std::sync::Condvar::new(),
-    });
+    let dev = Gated::new(mem.clone());
     let shared: SharedDevice = dev.clone();
     let v = Volume::mount(
         shared,
@@ -626,12 +553,12 @@ fn statfs_reads_the_group_records_without_the_metadata_mutex() {
         "a learned of b's blocks before statfs: {known}"
     );
     std::thread::sleep(Duration::from_millis(1100));
-    dev.arm(at, len);
+    dev.shut_read(at, len);
     let st = std::thread::spawn({
         let a = a.clone();
         move || a.statfs()
     });
-    dev.wait_parked();
+    dev.wait_parked(1);
     let (tx, rx) = std::sync::mpsc::channel();
     let mk = std::thread::spawn({
         let b = b.clone();
@@ -667,12 +594,12 @@ fn a_late_read_of_the_group_records_keeps_what_changed_meanwhile() {
     let r = a.root_ino();
     a.mkdir(r, b"d", 0o755, C).unwrap();
     std::thread::sleep(Duration::from_millis(1100));
-    dev.arm(at, len);
+    dev.shut_read(at, len);
     let st = std::thread::spawn({
         let a = a.clone();
         move || a.statfs()
     });
-    dev.wait_parked();
+    dev.wait_parked(1);
     // What `refill_from_claimed` does while the read waits, and what a refill publishes
     // when it takes its mark off one of this node's groups.
     let (tx, rx) = std::sync::mpsc::channel();
