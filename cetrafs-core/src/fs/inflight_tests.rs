@@ -64,6 +64,14 @@ impl Gated {
         };
     }
 
+    /// Wait, counted as parked, until the test opens the gate.
+    fn park(&self, mut g: MutexGuard<'_, Gate>) {
+        g.parked += 1;
+        self.cv.notify_all();
+        g = self.cv.wait_while(g, |g| !g.open).unwrap();
+        g.parked -= 1;
+    }
+
     pub(super) fn open(&self) {
         self.gate().open = true;
         self.cv.notify_all();
@@ -85,27 +93,20 @@ impl BlockDevice for Gated {
     }
     fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         self.dev.read_at(offset, buf)?;
-        let mut g = self.gate();
+        let g = self.gate();
         if g.read == Some((offset, buf.len())) && !g.open {
-            g.parked += 1;
-            self.cv.notify_all();
-            g = self.cv.wait_while(g, |g| !g.open).unwrap();
-            g.parked -= 1;
+            self.park(g);
         }
         Ok(())
     }
     fn write_at(&self, offset: u64, buf: &[u8]) -> Result<()> {
-        let mut g = self.gate();
+        let g = self.gate();
         if g.marker.is_some() && buf.first().copied() == g.marker && !g.open {
             if g.fail {
                 bail!(Io, "gated write failed");
             }
-            g.parked += 1;
-            self.cv.notify_all();
-            g = self.cv.wait_while(g, |g| !g.open).unwrap();
-            g.parked -= 1;
+            self.park(g);
         }
-        drop(g);
         self.dev.write_at(offset, buf)
     }
     fn compare_and_write(&self, lba: u64, expected: &[u8], new: &[u8]) -> Result<CawOutcome> {
