@@ -770,16 +770,23 @@ impl Volume {
     /// before, since only that settles whose the group is. One such read per node at a time:
     /// a statfs meanwhile answers from what the node knows.
     pub(super) fn refresh_group_counts(&self) -> Result<()> {
+        let bytes = self.cl.locks.group_record_bytes();
+        let due =
+            |reads: &GroupReads| reads.all_wanted || (!reads.reading && reads.counts_due(bytes));
+        // Mostly not due: statfs then takes the metadata mutex once, not twice.
+        if !due(&self.cl.group_reads.lock().or_panic()) {
+            return Ok(());
+        }
         let seen = {
             let mut m = self.meta_sh()?;
             let mut reads = self.cl.group_reads.lock().or_panic();
-            let bytes = self.cl.locks.group_record_bytes();
             if reads.all_wanted {
                 drop(reads);
                 self.read_group_records(&mut m, GroupRecords::All);
                 return Ok(());
             }
-            if reads.reading || !reads.counts_due(bytes) {
+            // Asked again under the mutex: another statfs may have read meanwhile.
+            if !due(&reads) {
                 return Ok(());
             }
             reads.reading = true;
