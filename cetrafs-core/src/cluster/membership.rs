@@ -679,6 +679,15 @@ impl BlockDevice for LeaseGuard {
         self.check()?;
         self.seen(self.inner.discard(offset, len))
     }
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.check()?;
+        // As in write_at: zeros are a write.
+        crate::failpoint::process_at("lease::write_checked", offset, len);
+        self.seen(self.inner.write_zeroes(offset, len))
+    }
+    fn offloads_zeroes(&self) -> bool {
+        self.inner.offloads_zeroes()
+    }
     fn refresh_size(&self) -> Result<u64> {
         self.inner.refresh_size()
     }

@@ -1,6 +1,6 @@
 //! The shared-LUN seam. Everything above this module sees a [`BlockDevice`]: whole logical
 //! blocks read and written at byte offsets, a one-block COMPARE AND WRITE, a flush barrier,
-//! discard, and geometry. Backends: [`file::FileDevice`] (regular file or block device, `O_DIRECT`,
+//! discard, zeroing, and geometry. Backends: [`file::FileDevice`] (regular file or block device, `O_DIRECT`,
 //! host-local CAW emulation) and [`mem::MemDevice`] (unit tests, fault injection). The `SG_IO`
 //! backend plugs in here too; its CAW is one logical block, which is all this trait asks for.
 
@@ -83,6 +83,21 @@ pub trait BlockDevice: Send + Sync + Debug {
     fn flush(&self) -> Result<()>;
     /// Hint that a byte range no longer holds data. Reads of it afterwards are unspecified.
     fn discard(&self, offset: u64, len: u64) -> Result<()>;
+    /// Make a byte range (offset and length as for [`BlockDevice::write_at`]) read as zeros:
+    /// not a hint, and durable as a write is once a later [`BlockDevice::flush`] returns.
+    /// Devices that can do it without sending the zeros override it — VMware's "block
+    /// zeroing" primitive: `BLKZEROOUT` on a block device (WRITE SAME or WRITE ZEROES on the
+    /// LUN, the kernel writing zeros where the LUN has neither). The default writes the
+    /// zeros through [`BlockDevice::write_at`], so a decorator that does not override it
+    /// still sees every byte as a write.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        write_zeroes_by_writing(self, offset, len)
+    }
+    /// Does [`BlockDevice::write_zeroes`] zero without sending the zeros? Then a write into
+    /// new blocks (a granule) zeroes its padding that way; else the zeros go in its buffer.
+    fn offloads_zeroes(&self) -> bool {
+        false
+    }
     /// The device's size in bytes now, re-read from its backend: a LUN grown on the array, a
     /// LUN file extended (`cetra grow`). A kernel block device (`/dev/sdX`, a multipath map)
     /// reports a new size only after the host rescanned it. I/O up to the returned size is
@@ -116,6 +131,29 @@ impl LiveSize {
 }
 
 pub type SharedDevice = Arc<dyn BlockDevice>;
+
+/// Most bytes of zeros one write of [`write_zeroes_by_writing`] sends.
+const ZERO_WRITE_MAX: u64 = 1 << 20;
+
+/// [`BlockDevice::write_zeroes`] the slow way: zeros written through `write_at`, at most
+/// 1 MiB per write.
+pub fn write_zeroes_by_writing<D: BlockDevice + ?Sized>(
+    dev: &D,
+    offset: u64,
+    len: u64,
+) -> Result<()> {
+    let zeros = AlignedBuf::new(usize::try_from(len.min(ZERO_WRITE_MAX)).unwrap_or(1 << 20));
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(zeros.len() as u64);
+        dev.write_at(
+            offset + done,
+            &zeros[..usize::try_from(n).unwrap_or(zeros.len())],
+        )?;
+        done += n;
+    }
+    Ok(())
+}
 
 /// Read `len` bytes at byte `offset` (both multiples of the logical block size) into an
 /// aligned buffer.

@@ -394,6 +394,13 @@ impl BlockDevice for ScsiLun {
     fn discard(&self, offset: u64, len: u64) -> Result<()> {
         self.data.discard(offset, len)
     }
+    /// Through the kernel's block device: `BLKZEROOUT` sends WRITE SAME to the LUN.
+    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
+        self.data.write_zeroes(offset, len)
+    }
+    fn offloads_zeroes(&self) -> bool {
+        self.data.offloads_zeroes()
+    }
     /// The smaller of what the target reports and what the kernel's block device (after a
     /// rescan) covers: data goes through the latter.
     fn refresh_size(&self) -> Result<u64> {

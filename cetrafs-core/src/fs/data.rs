@@ -249,6 +249,11 @@ impl Drop for Quiesced<'_> {
     }
 }
 
+/// Fewest bytes of zeros around a write into new blocks (a granule's) that go to
+/// [`BlockDevice::write_zeroes`](crate::dev::BlockDevice::write_zeroes) rather than into the
+/// write's buffer: below this one write of the zeros costs less than a second request.
+const ZERO_OFFLOAD_MIN: u64 = 64 * 1024;
+
 /// How the parts of a block range that the write does not cover are filled.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fill {
@@ -1677,6 +1682,31 @@ impl Volume {
         // A segment of an allocation granule may lie wholly before or after the data.
         let d0 = offset.clamp(seg_start, seg_end);
         let d1 = (offset + data.len() as u64).clamp(d0, seg_end);
+        if fill == Fill::Zero && self.dev.offloads_zeroes() {
+            // The zeros of a granule around the data go to the device's zeroing (the LUN's
+            // WRITE SAME), not through the wire: the blocks that hold data are written, the
+            // whole blocks before and after them zeroed.
+            let (w0, w1) = if d1 > d0 {
+                (d0 / FS_BLOCK, d1.div_ceil(FS_BLOCK))
+            } else {
+                (b1, b1)
+            };
+            if (w0 - b0) * FS_BLOCK >= ZERO_OFFLOAD_MIN || (b1 - w1) * FS_BLOCK >= ZERO_OFFLOAD_MIN
+            {
+                if w0 > b0 {
+                    self.dev
+                        .write_zeroes(phys * FS_BLOCK, (w0 - b0) * FS_BLOCK)?;
+                }
+                if w1 > w0 {
+                    self.write_segment(phys + (w0 - b0), w0, w1, offset, data, fill)?;
+                }
+                if b1 > w1 {
+                    self.dev
+                        .write_zeroes((phys + (w1 - b0)) * FS_BLOCK, (b1 - w1) * FS_BLOCK)?;
+                }
+                return Ok(());
+            }
+        }
         let len = seg_end - seg_start;
         with_buf(us(len), |buf| {
             let head = us(d0 - seg_start);

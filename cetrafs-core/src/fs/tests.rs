@@ -885,6 +885,65 @@ fn a_truncate_that_cannot_read_a_bitmap_frees_nothing() {
     assert!(r.findings.is_empty(), "{:?}", r.findings);
 }
 
+/// A granule's zeros reach the device, offloaded (`BlockDevice::write_zeroes` for the whole
+/// blocks around the data: `MemDevice` offloads) or in the write's buffer (a device that does
+/// not: `RecordingDevice`): blocks that held something before read as zeros in a new image.
+#[test]
+fn a_new_granule_reads_zeros_where_old_contents_were() {
+    use super::data::{GRANULE_MIN_SIZE, MAX_ALLOC_GRANULE as ALLOC_GRANULE};
+    use crate::dev::record::RecordingDevice;
+    let size = 256u64 << 20;
+    for offloaded in [true, false] {
+        let stale = || MemDevice::from_image(vec![0xEE; usize::try_from(size).unwrap()], 512);
+        let dev: crate::dev::SharedDevice = if offloaded {
+            Arc::new(stale())
+        } else {
+            Arc::new(RecordingDevice::new(stale()))
+        };
+        assert_eq!(dev.offloads_zeroes(), offloaded);
+        let mk = MkfsOptions {
+            max_nodes: 2,
+            journal_bytes: 1 << 20,
+            ..Default::default()
+        };
+        format(&*dev, &mk, &mut |_, _| {}).unwrap();
+        let opts = MountOptions {
+            alloc_granule: ALLOC_GRANULE,
+            ..MountOptions::default()
+        };
+        let v = Volume::mount(dev.clone(), &opts).unwrap();
+        let (img, fh) = v.create(v.root_ino(), b"disk.raw", 0o644, C, true).unwrap();
+        let truncate = SetAttr {
+            size: Some(GRANULE_MIN_SIZE),
+            ..SetAttr::default()
+        };
+        v.setattr(img.ino, &truncate, C).unwrap();
+        let granule = usize::try_from(ALLOC_GRANULE).unwrap();
+        // A first write at a granule's start, one unaligned in its middle, one at its end.
+        for (n, (k, at)) in [(0, 0), (3, granule / 2 + 512), (7, granule - 4096)]
+            .into_iter()
+            .enumerate()
+        {
+            let n = n as u64;
+            let g = k * ALLOC_GRANULE;
+            v.write(&fh, g + at as u64, &[7u8; 4096]).unwrap();
+            let mut want = vec![0u8; granule];
+            want[at..at + 4096].fill(7);
+            let got = read_all(&v, &fh, g, u32::try_from(granule).unwrap());
+            assert_eq!(
+                v.getattr(img.ino).unwrap().blocks,
+                (n + 1) * ALLOC_GRANULE / 512
+            );
+            assert!(
+                got == want,
+                "granule {k} (offloaded: {offloaded}): not zeros around the write"
+            );
+        }
+        v.release(&fh).unwrap();
+        v.unmount().unwrap();
+    }
+}
+
 #[test]
 fn an_image_sized_sparse_file_allocates_by_granule() {
     use super::data::{ALLOC_GRANULE, GRANULE_MIN_SIZE};

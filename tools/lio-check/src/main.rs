@@ -24,6 +24,7 @@ mod fence;
 mod fsmulti;
 mod pr;
 
+use cetrafs_core::dev::file::{FileDevice, FileDeviceOptions};
 use cetrafs_core::dev::sg::{is_whole_lun, DataBuf, SgDevice, SgDeviceOptions, WholeLun};
 use cetrafs_core::dev::{AlignedBuf, BlockDevice, CawKind, CawOutcome};
 use cetrafs_core::scsi::{self, cdb, sense, CommandKind, Outcome};
@@ -373,6 +374,44 @@ fn conformance(
                 return Err("data differs between sg and sd node".into());
             }
             Ok(format!("{sd} identity and data match"))
+        })(),
+    );
+    // Block zeroing as a granule's zeros go out (`BlockDevice::write_zeroes` of a kernel block
+    // device: BLKZEROOUT, which the sd driver sends as WRITE SAME): the range reads as zeros
+    // through the sg node, its neighbours keep their data.
+    rep.check(
+        tag,
+        "write_zeroes (BLKZEROOUT) through the sd node",
+        (|| {
+            let fdev = FileDevice::open(Path::new(sd), &FileDeviceOptions::default())
+                .map_err(|e| e.to_string())?;
+            let zoff = 4u64 << 20;
+            let data = random_block(256 << 10);
+            dev.write_at(zoff, &data).map_err(|e| e.to_string())?;
+            let (z0, z1) = (zoff + u64::from(lbs), zoff + (256 << 10) - u64::from(lbs));
+            fdev.write_zeroes(z0, z1 - z0).map_err(|e| e.to_string())?;
+            let mut back = AlignedBuf::new(256 << 10);
+            dev.read_at(zoff, &mut back).map_err(|e| e.to_string())?;
+            let edge = lbsz;
+            if back[..edge] != data[..edge]
+                || back[back.len() - edge..] != data[data.len() - edge..]
+            {
+                return Err("the blocks next to the zeroed range changed".into());
+            }
+            if back[edge..back.len() - edge].iter().any(|&x| x != 0) {
+                return Err("the zeroed range does not read as zeros".into());
+            }
+            let name = Path::new(sd)
+                .file_name()
+                .map(|n| n.to_string_lossy().to_string())
+                .unwrap_or_default();
+            let offload =
+                std::fs::read_to_string(format!("/sys/block/{name}/queue/write_zeroes_max_bytes"))
+                    .map_or_else(|_| "unknown".to_string(), |s| s.trim().to_string());
+            Ok(format!(
+                "{} bytes read as zeros, neighbours kept (write_zeroes_max_bytes {offload})",
+                z1 - z0
+            ))
         })(),
     );
     rep.check(
