@@ -28,10 +28,11 @@
 //! # The global lock (record 0)
 //! `acquire_global(me, mode)` loops:
 //! 1. Read record 0. If it already shows `me` holding it in `mode` (or stronger), return it.
-//! 2. **Eligible** if `next` is `NO_SLOT`, or `next` is me, or the record's raw image has not
-//!    changed for `handoff_grace`, timed on this process's monotonic clock (clocks are never
-//!    compared across nodes). The last releaser names `next`; the grace bounds the wait for a
-//!    `next` that is dead or slow.
+//! 2. **Eligible** if `next` is `NO_SLOT`, or `next` is me, or `next` is silent (its heartbeat
+//!    stopped changing), or the record's raw image has not changed for `handoff_grace`, timed
+//!    on this process's monotonic clock (clocks are never compared across nodes). The last
+//!    releaser names `next`; the grace bounds the wait for a `next` that is slow, or dead
+//!    and not yet silent to this node.
 //! 3. **Compatible**: for Exclusive, the record is Free, or Shared with holders = {me} (an
 //!    upgrade); for Shared, the record is Free, or Shared with no waiter other than me (so a
 //!    stream of shared holders cannot starve an exclusive waiter).
@@ -46,7 +47,9 @@
 //!
 //! `release_global(me)`: if I am the owner, mode Free and no owner; otherwise I leave the
 //! holders (mode Free when none remain). I leave the waiters, and — if I held it — name as
-//! `next` the first waiter after my slot in ascending order, wrapping around (`NO_SLOT` if none).
+//! `next` the first waiter after my slot in ascending order, wrapping around (`NO_SLOT` if none),
+//! passing over waiters whose heartbeat has stopped changing (`silent`: a node that died while it
+//! waited, not yet recovered) while another waits.
 //! A node that was only waiting changes `next` only if `next` named it. Because every release
 //! hands over round-robin and the releaser itself is not eligible while `next` names someone
 //! else, a waiter gets the lock within (number of waiting slots) grants, unless the named
@@ -394,6 +397,16 @@ fn next_after(set: &SlotSet, slot: u32) -> u32 {
         .find(|&s| s > slot)
         .or_else(|| set.iter().find(|&s| s != slot))
         .unwrap_or(NO_SLOT)
+}
+
+/// [`next_after`], passing over the slots `silent` names while another is left.
+fn next_after_passing(set: &SlotSet, slot: u32, silent: &dyn Fn(u32) -> bool) -> u32 {
+    let after = set.iter().filter(|&s| s > slot);
+    let before = set.iter().filter(|&s| s < slot);
+    after
+        .chain(before)
+        .find(|&s| !silent(s))
+        .unwrap_or_else(|| next_after(set, slot))
 }
 
 pub(crate) fn check_slot(slot: u32) -> Result<()> {
@@ -806,17 +819,20 @@ impl LockTable {
         handoff_grace: Duration,
         abort: &dyn Fn() -> Option<Error>,
     ) -> Result<LockRecord> {
-        self.acquire_global_notify(me, mode, handoff_grace, abort, &|_| {})
+        self.acquire_global_notify(me, mode, handoff_grace, &|_| false, abort, &|_| {})
     }
 
     /// [`acquire_global`](Self::acquire_global), calling `notify(record)` after each round in
     /// which `me` waits (registered in the waiters of `record`), so that the caller can tell
-    /// the holders (on a v3 volume: a request in their mailboxes, fs/cluster.rs).
+    /// the holders (on a v3 volume: a request in their mailboxes, fs/cluster.rs). A `next`
+    /// that `silent` names (its heartbeat stopped: a node that died waiting) is not waited
+    /// for at all, rather than for `handoff_grace`.
     pub fn acquire_global_notify(
         &self,
         me: Me,
         mode: LockMode,
         handoff_grace: Duration,
+        silent: &dyn Fn(u32) -> bool,
         abort: &dyn Fn() -> Option<Error>,
         notify: &dyn Fn(&LockRecord),
     ) -> Result<LockRecord> {
@@ -842,8 +858,10 @@ impl LockTable {
                 last = Some(raw.clone());
                 since = Instant::now();
             }
-            let eligible =
-                rec.next == NO_SLOT || rec.next == me.slot || since.elapsed() >= handoff_grace;
+            let eligible = rec.next == NO_SLOT
+                || rec.next == me.slot
+                || since.elapsed() >= handoff_grace
+                || silent(rec.next);
             let compatible = match mode {
                 LockMode::Exclusive => {
                     rec.mode == LockMode::Free
@@ -923,6 +941,14 @@ impl LockTable {
     /// Give up record 0 (either mode) and hand it round-robin to the next waiter after my slot.
     /// Ok also when I did not hold it.
     pub fn release_global(&self, me: Me) -> Result<()> {
+        self.release_global_passing(me, &|_| false)
+    }
+
+    /// [`release_global`](Self::release_global), naming as `next` the first waiter after my
+    /// slot that `silent` does not name (a waiter whose heartbeat stopped would make the
+    /// others wait out the handoff grace at every release until it is recovered); if all
+    /// are silent, the first.
+    pub fn release_global_passing(&self, me: Me, silent: &dyn Fn(u32) -> bool) -> Result<()> {
         self.update(Self::GLOBAL, |r| {
             let owner = r.owner == me.slot;
             let holder = r.holders.contains(me.slot);
@@ -942,7 +968,7 @@ impl LockTable {
             }
             n.waiters.remove(me.slot);
             if owner || holder || n.next == me.slot {
-                n.next = next_after(&n.waiters, me.slot);
+                n.next = next_after_passing(&n.waiters, me.slot, silent);
             }
             Some(n)
         })?;
@@ -1926,6 +1952,55 @@ mod tests {
         t.acquire_global(me(2), LockMode::Shared, Duration::from_secs(30), &never)
             .unwrap();
         assert!(start.elapsed() < Duration::from_secs(5));
+    }
+
+    /// A waiter whose heartbeat stopped (a node that died waiting) is passed over when the
+    /// lock is handed on, and a `next` that names one is not waited for.
+    #[test]
+    fn a_handoff_passes_over_a_silent_waiter() {
+        let (dev, sb) = volume(512);
+        let t = table(&dev, &sb);
+        let silent = |s: u32| s == 2;
+        t.acquire_global(me(1), LockMode::Exclusive, Duration::from_secs(1), &never)
+            .unwrap();
+        t.update(0, |r| {
+            let mut n = r.clone();
+            n.waiters.insert(2);
+            n.waiters.insert(3);
+            Some(n)
+        })
+        .unwrap();
+        t.release_global_passing(me(1), &silent).unwrap();
+        assert_eq!(
+            t.read(0).unwrap().1.next,
+            3,
+            "the silent slot 2 is passed over"
+        );
+        // Without anyone to pass it to, the silent waiter is named all the same.
+        t.update(0, |r| {
+            let mut n = r.clone();
+            n.mode = LockMode::Exclusive;
+            n.owner = 1;
+            n.owner_gen = me(1).gen;
+            n.waiters.remove(3);
+            n.next = NO_SLOT;
+            Some(n)
+        })
+        .unwrap();
+        t.release_global_passing(me(1), &silent).unwrap();
+        assert_eq!(t.read(0).unwrap().1.next, 2);
+        // Named as next, the silent slot does not hold up a live waiter for the grace.
+        let start = Instant::now();
+        let grace = Duration::from_secs(30);
+        let g = t
+            .acquire_global_notify(me(3), LockMode::Exclusive, grace, &silent, &never, &|_| {})
+            .unwrap();
+        assert!(LockTable::holds(&g, me(3), LockMode::Exclusive));
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{:?}",
+            start.elapsed()
+        );
     }
 
     #[test]

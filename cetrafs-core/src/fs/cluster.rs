@@ -44,6 +44,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, RwLockReadGuard};
 use std::time::{Duration, Instant};
 
+/// A live-looking node whose heartbeat has not changed for this many of its renewal intervals
+/// is passed over when the global lock is handed on (`Cluster::silent`). Only the order of
+/// the handoff follows it: a node that is merely slow still gets the lock once it asks again
+/// with nobody else waiting, or once it renews and the next release names it.
+const SILENT_RENEWALS: u32 = 3;
+
 /// How often the keeper looks at the global lock record (waiters, version) on a v2 volume.
 const KEEPER_POLL: Duration = Duration::from_millis(10);
 /// The same on a v3 volume, where waiters also post a request into the holder's mailbox
@@ -244,6 +250,11 @@ pub(crate) struct Cluster {
     /// Every slot's state and generation at the last heartbeat scan: an open registration
     /// whose (slot, generation) is no longer in use is stale.
     live: Mutex<HashMap<u32, (SlotState, u64)>>,
+    /// Live-looking slots whose heartbeat has not changed for [`SILENT_RENEWALS`] of their
+    /// intervals, as of the watcher's last scan: a handoff of the global lock passes over
+    /// them (a node that died waiting for it would make the others wait out the handoff
+    /// grace at every release until its dead time is up and it is recovered).
+    silent: Mutex<std::collections::HashSet<u32>>,
     /// Per-inode locks for the data path (format v3 volumes; None on v2: the data path then
     /// depends on the global lock). See `fs/inode_lock.rs`.
     pub ilocks: Option<InodeLocks>,
@@ -421,6 +432,7 @@ impl Cluster {
             finishing: Mutex::new(std::collections::HashSet::new()),
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
+            silent: Mutex::new(std::collections::HashSet::new()),
             keep_idle: false,
             group_reads: Mutex::new(GroupReads::default()),
         }
@@ -437,6 +449,11 @@ impl Cluster {
             .filter_map(|v| v.record.as_ref().map(|h| (v.slot, (h.state, h.generation))))
             .collect();
         *self.live.lock().or_panic() = live;
+    }
+
+    /// Is `slot`'s heartbeat silent (see `silent`), as of the watcher's last scan?
+    fn slot_silent(&self, slot: u32) -> bool {
+        self.silent.lock().or_panic().contains(&slot)
     }
 
     /// Is `slot` held by a live node, as of the last heartbeat scan?
@@ -590,6 +607,7 @@ impl Volume {
             cl.me,
             mode,
             cl.handoff_grace(),
+            &|s| cl.slot_silent(s),
             &|| {
                 // The lock server asks whoever holds the metadata mutex to do this node's part
                 // of an inode handoff (fs/detached.rs rule 4); if nobody does, do it here.
@@ -1017,7 +1035,9 @@ impl Volume {
         if self.cl.ilocks.is_none() {
             drop(self.cl.data_gate.write().or_panic());
         }
-        self.cl.locks.release_global(self.cl.me)?;
+        self.cl
+            .locks
+            .release_global_passing(self.cl.me, &|s| self.cl.slot_silent(s))?;
         m.set_gml(LockMode::Free);
         self.cl.held.store(0, Ordering::Release);
         self.cl.handoff_wanted.store(false, Ordering::Release);
@@ -1706,6 +1726,7 @@ impl Volume {
         }
         let now = Instant::now();
         let mut due = Vec::new();
+        let mut silent = std::collections::HashSet::new();
         for v in &views {
             let changed_at = match seen.get(&v.slot) {
                 Some((raw, at)) if *raw == v.raw => *at,
@@ -1720,6 +1741,12 @@ impl Volume {
                     now
                 }
             };
+            if let Some(h) = v.record.as_ref().filter(|h| h.state == SlotState::Live) {
+                let renewals = Duration::from_millis(u64::from(h.interval_ms)) * SILENT_RENEWALS;
+                if now.duration_since(changed_at) >= renewals {
+                    silent.insert(v.slot);
+                }
+            }
             if v.slot == self.cl.me.slot || self.read_only {
                 continue;
             }
@@ -1759,6 +1786,7 @@ impl Volume {
                 due.push((v.clone(), silent));
             }
         }
+        *self.cl.silent.lock().or_panic() = silent;
         // Every due node's locks are released here, its last steps on a thread of their own:
         // a last step takes the global lock, which another dead node may hold (found dead in
         // this scan or a later one: the watcher must go on to recover it), and a free may wait

@@ -810,6 +810,67 @@ mod control_damage {
         assert!(after.is_clean(), "{:?}", after.findings);
     }
 
+    /// A node that died waiting for the global lock (its heartbeat stopped; its waiter bit
+    /// stays until its dead time is up and it is recovered) holds up nobody: the holder's
+    /// release passes over it, and a live waiter gets the lock at once, not after the
+    /// handoff grace (2 × `io_timeout`: 16 s with the default timing, at every release).
+    #[test]
+    fn a_node_that_died_waiting_for_the_global_lock_holds_up_nobody() {
+        let opts = MkfsOptions {
+            io_timeout_ms: 2000,
+            ..test_mkfs(4)
+        };
+        let grace = Duration::from_secs(2 * 2);
+        let dev = volume_with(&opts);
+        let sb = read_superblock(&*dev).unwrap();
+        let a = node_keeping(&dev, "a");
+        // Slot 1: another node that renewed once and stopped (its own timing puts its dead
+        // time ten minutes away).
+        let ghost = Heartbeat {
+            state: SlotState::Live,
+            generation: 1,
+            counter: 1,
+            nonce: 1,
+            uuid: sb.uuid,
+            interval_ms: 50,
+            io_timeout_ms: 60_000,
+            slot: 1,
+            host: "ghost".into(),
+            pid: 1,
+            recoverer: u32::MAX,
+            recoverer_gen: 0,
+            // This machine's (a volume of one host refuses the nodes of others).
+            machine: crate::cluster::machine::MachineId::local().unwrap(),
+            watchdog_ms: 0,
+        };
+        dev.write_at(lba_of(&sb, 1) * 512, &ghost.encode(512))
+            .unwrap();
+        let b = node_keeping(&dev, "b");
+        assert_eq!((a.slot(), b.slot()), (0, 2));
+        let r = a.root_ino();
+        // a holds the global lock, and the ghost is the first waiter after a's slot.
+        a.mkdir(r, b"x", 0o755, C).unwrap();
+        let mut g = get_lock(&dev, &sb, 0);
+        assert_eq!((g.mode, g.owner), (LockMode::Exclusive, 0));
+        g.waiters.insert(1);
+        put_lock(&dev, &sb, &g);
+        // Both watchers find the ghost silent (3 of its 50 ms intervals).
+        std::thread::sleep(Duration::from_millis(500));
+        let t = Instant::now();
+        b.mkdir(r, b"y", 0o755, C).unwrap();
+        let took = t.elapsed();
+        assert!(
+            took < grace / 2,
+            "b's mkdir took {took:?}: the handoff waited for the dead waiter (grace {grace:?})"
+        );
+        assert!(
+            get_lock(&dev, &sb, 0).waiters.contains(1),
+            "the ghost still waits"
+        );
+        b.unmount().unwrap();
+        a.unmount().unwrap();
+    }
+
     #[test]
     fn a_damaged_heartbeat_is_waited_for_its_dead_time_then_recovered() {
         let dev = volume(4);
