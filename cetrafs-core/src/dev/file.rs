@@ -53,9 +53,24 @@ pub struct FileDevice {
     size: LiveSize,
     is_block: bool,
     caw_stripes: Vec<Mutex<()>>,
-    /// `write_zeroes` of a block device still asks the kernel (`BLKZEROOUT`); false once it
-    /// answered that it cannot (then the zeros are written).
+    /// `write_zeroes` of a block device asks the kernel (`BLKZEROOUT`): the LUN can zero
+    /// (`zeroes_offloaded`) and the kernel has not answered that it cannot (else the zeros
+    /// are written).
     zero_offload: AtomicBool,
+}
+
+/// Does the kernel zero ranges of this block device without writing the zeros itself (its
+/// queue's `write_zeroes_max_bytes`: WRITE SAME or WRITE ZEROES on the LUN)? Unknown is no.
+fn zeroes_offloaded(meta: &std::fs::Metadata) -> bool {
+    let rdev = meta.rdev();
+    std::fs::read_to_string(format!(
+        "/sys/dev/block/{}:{}/queue/write_zeroes_max_bytes",
+        libc::major(rdev),
+        libc::minor(rdev)
+    ))
+    .ok()
+    .and_then(|s| s.trim().parse::<u64>().ok())
+    .is_some_and(|n| n > 0)
 }
 
 impl FileDevice {
@@ -133,7 +148,7 @@ impl FileDevice {
             size: LiveSize::new(size),
             is_block,
             caw_stripes: (0..CAW_STRIPES).map(|_| Mutex::new(())).collect(),
-            zero_offload: AtomicBool::new(true),
+            zero_offload: AtomicBool::new(is_block && zeroes_offloaded(&meta)),
         })
     }
 
@@ -473,13 +488,15 @@ impl BlockDevice for FileDevice {
         Ok(self.size.grow_to(now, self.geo.lbs()))
     }
 
-    /// `BLKZEROOUT` on a block device: the kernel sends WRITE SAME / WRITE ZEROES where the
-    /// LUN has them (the zeros never cross the SAN) and writes zeros itself where not; if it
-    /// answers that it cannot, the zeros are written here, and from then on at once. A
-    /// regular file gets its zeros written: `FALLOC_FL_ZERO_RANGE` on an ext4 LUN file cost
-    /// more than it saved (docs/performance.md §6p: each call waits for all direct I/O in
-    /// flight on the file, and the host file's extents fragment, so writes to a prefilled
-    /// image ran at 0.55x afterwards).
+    /// `BLKZEROOUT` on a block device whose queue says the LUN can zero (WRITE SAME or WRITE
+    /// ZEROES: the zeros never cross the SAN). The kernel holds the device's page-cache
+    /// invalidation lock for each call, so the zeroings (and discards) of one host run one
+    /// at a time; direct I/O does not wait for them. If the kernel refuses, the zeros are
+    /// written here (from then on at once; for a busy page cache, this once). A regular file
+    /// gets its zeros written: `FALLOC_FL_ZERO_RANGE` on an ext4 LUN file cost more than it
+    /// saved (docs/performance.md §6p: each call waits for all direct I/O in flight on the
+    /// file, and the host file's extents fragment, so writes to a prefilled image ran at
+    /// 0.55x afterwards).
     fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
         check_io(
             &self.geo,
@@ -498,9 +515,6 @@ impl BlockDevice for FileDevice {
                     | nix::errno::Errno::EINVAL
                     | nix::errno::Errno::ENOTTY
                     | nix::errno::Errno::ENOSYS
-                    // The node is claimed by another exclusive opener (its page cache cannot
-                    // be dropped), or the ioctl is not allowed here.
-                    | nix::errno::Errno::EBUSY
                     | nix::errno::Errno::EPERM
                     | nix::errno::Errno::EACCES),
                 ) => {
@@ -510,6 +524,8 @@ impl BlockDevice for FileDevice {
                         self.path.display()
                     );
                 }
+                // A page of the range could not be dropped from the page cache: write.
+                Err(nix::errno::Errno::EBUSY) => {}
                 Err(e) => {
                     return Err(Error::io(
                         format!("zeroing {len} bytes at {offset} of {}", self.path.display()),

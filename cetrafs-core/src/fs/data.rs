@@ -1684,15 +1684,21 @@ impl Volume {
         let d1 = (offset + data.len() as u64).clamp(d0, seg_end);
         if fill == Fill::Zero && self.dev.offloads_zeroes() {
             // The zeros of a granule around the data go to the device's zeroing (the LUN's
-            // WRITE SAME), not through the wire: the blocks that hold data are written, the
-            // whole blocks before and after them zeroed.
-            let (w0, w1) = if d1 > d0 {
+            // WRITE SAME), not through the wire: the blocks that hold data are written with
+            // any side of zeros shorter than ZERO_OFFLOAD_MIN, the whole blocks of a longer
+            // side zeroed.
+            let (mut w0, mut w1) = if d1 > d0 {
                 (d0 / FS_BLOCK, d1.div_ceil(FS_BLOCK))
             } else {
                 (b1, b1)
             };
-            if (w0 - b0) * FS_BLOCK >= ZERO_OFFLOAD_MIN || (b1 - w1) * FS_BLOCK >= ZERO_OFFLOAD_MIN
-            {
+            if (w0 - b0) * FS_BLOCK < ZERO_OFFLOAD_MIN {
+                w0 = b0;
+            }
+            if (b1 - w1) * FS_BLOCK < ZERO_OFFLOAD_MIN {
+                w1 = b1;
+            }
+            if w0 > b0 || w1 < b1 {
                 if w0 > b0 {
                     self.dev
                         .write_zeroes(phys * FS_BLOCK, (w0 - b0) * FS_BLOCK)?;

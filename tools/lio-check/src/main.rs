@@ -385,6 +385,10 @@ fn conformance(
         (|| {
             let fdev = FileDevice::open(Path::new(sd), &FileDeviceOptions::default())
                 .map_err(|e| e.to_string())?;
+            // LIO reports WRITE SAME: the data path's granules take the offloaded way.
+            if !fdev.offloads_zeroes() {
+                return Err("the sd node does not report zeroing offload".into());
+            }
             let zoff = 4u64 << 20;
             let data = random_block(256 << 10);
             dev.write_at(zoff, &data).map_err(|e| e.to_string())?;
