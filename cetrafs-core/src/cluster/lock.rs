@@ -53,7 +53,8 @@
 //! A node that was only waiting changes `next` only if `next` named it. Because every release
 //! hands over round-robin and the releaser itself is not eligible while `next` names someone
 //! else, a waiter gets the lock within (number of waiting slots) grants, unless the named
-//! `next` fails to take it within `handoff_grace`.
+//! `next` fails to take it within `handoff_grace`, or a waiter is silent to the releaser (it is
+//! then passed over until its heartbeat changes again) or a `next` silent to the others.
 //!
 //! # Recovery
 //! `scrub_slot(dead)` removes every trace of a dead slot: from record 0 (owner, holders,

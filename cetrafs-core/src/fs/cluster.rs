@@ -46,8 +46,9 @@ use std::time::{Duration, Instant};
 
 /// A live-looking node whose heartbeat has not changed for this many of its renewal intervals
 /// is passed over when the global lock is handed on (`Cluster::silent`). Only the order of
-/// the handoff follows it: a node that is merely slow still gets the lock once it asks again
-/// with nobody else waiting, or once it renews and the next release names it.
+/// the handoff follows it, never who may hold the lock: a node that is merely slow is passed
+/// over while others wait until its heartbeat changes again (the next scan), and gets the
+/// lock meanwhile when nobody else waits or the handoff grace runs out.
 const SILENT_RENEWALS: u32 = 3;
 
 /// How often the keeper looks at the global lock record (waiters, version) on a v2 volume.
@@ -544,7 +545,9 @@ impl Volume {
         if m.gml() == LockMode::Shared {
             // Never wait for an upgrade while holding shared: two upgraders would wait for
             // each other. Shared holders have nothing to write back.
-            self.cl.locks.release_global(self.cl.me)?;
+            self.cl
+                .locks
+                .release_global_passing(self.cl.me, &|s| self.cl.slot_silent(s))?;
             m.set_gml(LockMode::Free);
             self.cl.held.store(0, Ordering::Release);
         }
@@ -1496,7 +1499,13 @@ impl Volume {
         if rec.version != cl.seen_version.swap(rec.version, Ordering::AcqRel) {
             cl.epoch.fetch_add(1, Ordering::AcqRel);
         }
-        if cl.held.load(Ordering::Acquire) == 0 || !LockTable::others_waiting(&rec, cl.me) {
+        // A silent waiter (a node that died waiting) is not a reason to hand over: the lock
+        // would go round through Free, a commit point each time, until its recovery.
+        let asked = rec
+            .waiters
+            .iter()
+            .any(|s| s != cl.me.slot && !cl.slot_silent(s));
+        if cl.held.load(Ordering::Acquire) == 0 || !asked {
             return None;
         }
         cl.handoff_wanted.store(true, Ordering::Release);
@@ -1741,11 +1750,19 @@ impl Volume {
                     now
                 }
             };
-            if let Some(h) = v.record.as_ref().filter(|h| h.state == SlotState::Live) {
-                let renewals = Duration::from_millis(u64::from(h.interval_ms)) * SILENT_RENEWALS;
-                if now.duration_since(changed_at) >= renewals {
+            // A slot being recovered is silent at once: its node is dead, only its waiter bit
+            // is left until the recovery scrubs it.
+            match v.record.as_ref().map(|h| (h.state, h.interval_ms)) {
+                Some((SlotState::Live, interval_ms)) => {
+                    let renewals = Duration::from_millis(u64::from(interval_ms)) * SILENT_RENEWALS;
+                    if now.duration_since(changed_at) >= renewals {
+                        silent.insert(v.slot);
+                    }
+                }
+                Some((SlotState::Recovering, _)) => {
                     silent.insert(v.slot);
                 }
+                _ => {}
             }
             if v.slot == self.cl.me.slot || self.read_only {
                 continue;
