@@ -1735,7 +1735,7 @@ impl Volume {
         }
         let now = Instant::now();
         let mut due = Vec::new();
-        let mut silent = std::collections::HashSet::new();
+        let mut silent_slots = std::collections::HashSet::new();
         for v in &views {
             let changed_at = match seen.get(&v.slot) {
                 Some((raw, at)) if *raw == v.raw => *at,
@@ -1756,11 +1756,11 @@ impl Volume {
                 Some((SlotState::Live, interval_ms)) => {
                     let renewals = Duration::from_millis(u64::from(interval_ms)) * SILENT_RENEWALS;
                     if now.duration_since(changed_at) >= renewals {
-                        silent.insert(v.slot);
+                        silent_slots.insert(v.slot);
                     }
                 }
                 Some((SlotState::Recovering, _)) => {
-                    silent.insert(v.slot);
+                    silent_slots.insert(v.slot);
                 }
                 _ => {}
             }
@@ -1803,7 +1803,7 @@ impl Volume {
                 due.push((v.clone(), silent));
             }
         }
-        *self.cl.silent.lock().or_panic() = silent;
+        *self.cl.silent.lock().or_panic() = silent_slots;
         // Every due node's locks are released here, its last steps on a thread of their own:
         // a last step takes the global lock, which another dead node may hold (found dead in
         // this scan or a later one: the watcher must go on to recover it), and a free may wait
