@@ -457,6 +457,21 @@ impl Cluster {
         self.silent.lock().or_panic().contains(&slot)
     }
 
+    /// Give up the global lock, handing it to the next waiter that is not silent.
+    fn release_global(&self) -> Result<()> {
+        self.locks
+            .release_global_passing(self.me, &|s| self.slot_silent(s))
+    }
+
+    /// Does a node other than this one, and not silent, wait for the global lock in `rec`?
+    /// (A silent waiter is no reason to hand over: the lock would go round through Free, a
+    /// commit point each time, until its recovery.)
+    fn others_waiting(&self, rec: &LockRecord) -> bool {
+        rec.waiters
+            .iter()
+            .any(|s| s != self.me.slot && !self.slot_silent(s))
+    }
+
     /// Is `slot` held by a live node, as of the last heartbeat scan?
     fn slot_live(&self, slot: u32) -> bool {
         self.live
@@ -545,9 +560,7 @@ impl Volume {
         if m.gml() == LockMode::Shared {
             // Never wait for an upgrade while holding shared: two upgraders would wait for
             // each other. Shared holders have nothing to write back.
-            self.cl
-                .locks
-                .release_global_passing(self.cl.me, &|s| self.cl.slot_silent(s))?;
+            self.cl.release_global()?;
             m.set_gml(LockMode::Free);
             self.cl.held.store(0, Ordering::Release);
         }
@@ -557,7 +570,7 @@ impl Volume {
         if self.unmounted.load(Ordering::Acquire) {
             // The unmount gave the locks back while this thread waited: nobody would release
             // this grant.
-            let _ = self.cl.locks.release_global(self.cl.me);
+            let _ = self.cl.release_global();
             bail!(Io, "volume is unmounted");
         }
         self.install_grant(&mut m, mode, &rec)?;
@@ -1038,9 +1051,7 @@ impl Volume {
         if self.cl.ilocks.is_none() {
             drop(self.cl.data_gate.write().or_panic());
         }
-        self.cl
-            .locks
-            .release_global_passing(self.cl.me, &|s| self.cl.slot_silent(s))?;
+        self.cl.release_global()?;
         m.set_gml(LockMode::Free);
         self.cl.held.store(0, Ordering::Release);
         self.cl.handoff_wanted.store(false, Ordering::Release);
@@ -1499,13 +1510,7 @@ impl Volume {
         if rec.version != cl.seen_version.swap(rec.version, Ordering::AcqRel) {
             cl.epoch.fetch_add(1, Ordering::AcqRel);
         }
-        // A silent waiter (a node that died waiting) is not a reason to hand over: the lock
-        // would go round through Free, a commit point each time, until its recovery.
-        let asked = rec
-            .waiters
-            .iter()
-            .any(|s| s != cl.me.slot && !cl.slot_silent(s));
-        if cl.held.load(Ordering::Acquire) == 0 || !asked {
+        if cl.held.load(Ordering::Acquire) == 0 || !cl.others_waiting(&rec) {
             return None;
         }
         cl.handoff_wanted.store(true, Ordering::Release);
