@@ -193,20 +193,9 @@ impl BlockDevice for MemDevice {
         Ok(self.size.grow_to(len, self.geo.lbs()))
     }
 
-    /// Zeros filled in place, as a LUN's WRITE SAME does (the data path takes the offloaded
-    /// way on this device, so unit tests cover it), with the write faults of `write_at`.
-    fn write_zeroes(&self, offset: u64, len: u64) -> Result<()> {
-        let n = usize::try_from(len).unwrap_or(usize::MAX);
-        check_io(&self.geo, self.size.get(), offset, n, "write_zeroes")?;
-        self.delay();
-        if !self.write_fault()? {
-            return Ok(());
-        }
-        self.writes.fetch_add(1, Ordering::Relaxed);
-        self.data.write().or_panic()[Self::range(offset, n)].fill(0);
-        Ok(())
-    }
-
+    /// Says yes so that the data path takes its offloaded way on this device and unit
+    /// tests cover it; the zeros themselves go through `write_at` (the trait's default), with
+    /// its faults, tears and write count.
     fn offloads_zeroes(&self) -> bool {
         true
     }
