@@ -734,6 +734,35 @@ mod control_damage {
             .unwrap();
     }
 
+    /// A Live heartbeat of node "ghost" in `slot`, renewed once and never again, with its
+    /// own (interval, io timeout) in ms.
+    fn put_stopped_heartbeat(
+        dev: &MemDevice,
+        sb: &Superblock,
+        slot: u32,
+        (interval_ms, io_timeout_ms): (u32, u32),
+        machine: crate::cluster::machine::MachineId,
+    ) {
+        let h = Heartbeat {
+            state: SlotState::Live,
+            generation: 1,
+            counter: 1,
+            nonce: 1,
+            uuid: sb.uuid,
+            interval_ms,
+            io_timeout_ms,
+            slot,
+            host: "ghost".into(),
+            pid: 1,
+            recoverer: u32::MAX,
+            recoverer_gen: 0,
+            machine,
+            watchdog_ms: 0,
+        };
+        dev.write_at(lba_of(sb, slot) * 512, &h.encode(512))
+            .unwrap();
+    }
+
     fn get_lock(dev: &Arc<MemDevice>, sb: &Superblock, index: u64) -> LockRecord {
         let d: SharedDevice = dev.clone();
         LockTable::new(d, sb).read(index).unwrap().1
@@ -826,25 +855,9 @@ mod control_damage {
         let a = node_keeping(&dev, "a");
         // Slot 1: another node that renewed once and stopped (its own timing puts its dead
         // time ten minutes away).
-        let ghost = Heartbeat {
-            state: SlotState::Live,
-            generation: 1,
-            counter: 1,
-            nonce: 1,
-            uuid: sb.uuid,
-            interval_ms: 50,
-            io_timeout_ms: 60_000,
-            slot: 1,
-            host: "ghost".into(),
-            pid: 1,
-            recoverer: u32::MAX,
-            recoverer_gen: 0,
-            // This machine's (a volume of one host refuses the nodes of others).
-            machine: crate::cluster::machine::MachineId::local().unwrap(),
-            watchdog_ms: 0,
-        };
-        dev.write_at(lba_of(&sb, 1) * 512, &ghost.encode(512))
-            .unwrap();
+        // This machine's (a volume of one host refuses the nodes of others).
+        let machine = crate::cluster::machine::MachineId::local().unwrap();
+        put_stopped_heartbeat(&dev, &sb, 1, (50, 60_000), machine);
         let b = node_keeping(&dev, "b");
         assert_eq!((a.slot(), b.slot()), (0, 2));
         let r = a.root_ino();
@@ -876,23 +889,8 @@ mod control_damage {
         let dev = volume(4);
         let sb = read_superblock(&*dev).unwrap();
         // A Live record with absurd timing and a valid checksum: every mount waited forever.
-        let h = Heartbeat {
-            state: SlotState::Live,
-            generation: 1,
-            counter: 1,
-            nonce: 1,
-            uuid: sb.uuid,
-            interval_ms: 1000,
-            io_timeout_ms: u32::MAX,
-            slot: 2,
-            host: "ghost".into(),
-            pid: 1,
-            recoverer: u32::MAX,
-            recoverer_gen: 0,
-            machine: crate::cluster::machine::MachineId::UNKNOWN,
-            watchdog_ms: 0,
-        };
-        dev.write_at(lba_of(&sb, 2) * 512, &h.encode(512)).unwrap();
+        let unknown = crate::cluster::machine::MachineId::UNKNOWN;
+        put_stopped_heartbeat(&dev, &sb, 2, (1000, u32::MAX), unknown);
         let mut g = record(&sb, 0);
         g.mode = LockMode::Exclusive;
         g.owner = 2;
