@@ -1203,19 +1203,31 @@ impl Filesystem for Adapter {
                 // Removed (here or on another node) since the directory block was read: skip it;
                 // the next entry's cookie still resumes correctly.
                 EntryAttr::Gone => true,
-                // In the directory but its inode cannot be read (the core logged it): listed
-                // so that nothing looks missing, with zero timeouts so the kernel caches
-                // nothing and a stat of it asks again (and gets EIO). fuser sends the
-                // attributes' inode number as the node id, so the kernel takes a reference;
-                // its forget finds no state and is a no-op.
-                EntryAttr::Unreadable(a) => !reply.add(
-                    INodeNo(self.nodeid(a.ino)),
-                    e.next,
-                    OsStr::from_bytes(&e.name),
-                    &Duration::ZERO,
-                    &self.file_attr(&a),
-                    Generation(0),
-                ),
+                // In the directory but its inode cannot be read (the core logged it), or not
+                // now (every holder of the global lock is silent: the core's
+                // `fs/own_lock_reads.rs`): listed so that nothing looks missing, with zero
+                // timeouts so the kernel caches nothing and a stat of it asks again. fuser
+                // sends the attributes' inode number as the node id, so the kernel takes a
+                // reference, counted as for a loaded entry: until its forget the number is
+                // not reused (the inode may be a live one another node unlinks meanwhile).
+                EntryAttr::Unreadable(a) => {
+                    let counted = e.name != b"." && e.name != b"..";
+                    if counted {
+                        self.vol.note_lookup(a.ino);
+                    }
+                    let full = reply.add(
+                        INodeNo(self.nodeid(a.ino)),
+                        e.next,
+                        OsStr::from_bytes(&e.name),
+                        &Duration::ZERO,
+                        &self.file_attr(&a),
+                        Generation(0),
+                    );
+                    if full && counted {
+                        self.vol.forget(a.ino, 1);
+                    }
+                    !full
+                }
             }
         });
         match r {
