@@ -3043,3 +3043,77 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
     node1.unmount();
     lun.assert_fsck_clean();
 }
+
+/// `fs/own_lock_reads.rs` through FUSE: node2 dies holding the global lock. On node1, a stat,
+/// a read, an open for writing and listings of what node1 made and node2 did not touch since
+/// go on before node2's recovery, validated by those objects' own locks (node1's holds of
+/// them went back while idle); a change waits for the recovery. Before, every path walk on
+/// node1 that the kernel had not cached waited the whole dead time.
+#[test]
+fn survivors_read_what_a_dead_global_holder_did_not_touch() {
+    require_fuse!();
+    let _serial = serial();
+    let lun = lun_with_big_groups();
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    for d in ["a", "b"] {
+        fs::create_dir(node2.p(d)).expect("mkdir on node2");
+    }
+    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    fs::File::open(node2.p("a/f"))
+        .and_then(|f| f.sync_all())
+        .expect("fsync a/f on node2");
+    // After node2's changes of the root: node1's copy of it is current.
+    fs::create_dir(node1.p("own")).expect("mkdir own on node1");
+    fs::write(node1.p("own/old"), b"old").expect("write own/old on node1");
+    fs::write(node1.p("top"), b"top").expect("write top on node1");
+    // node1's holds go back (idle for a second) and its kernel forgets the names (0.5 s).
+    std::thread::sleep(Duration::from_secs(3));
+    let killed = kill_holding_the_global_lock(node2, 10);
+    let t = Instant::now();
+    assert_eq!(
+        fs::metadata(node1.p("own/old"))
+            .expect("stat own/old")
+            .len(),
+        3
+    );
+    assert_eq!(fs::read(node1.p("own/old")).expect("read own/old"), b"old");
+    assert_eq!(fs::read(node1.p("top")).expect("read top"), b"top");
+    fs::OpenOptions::new()
+        .write(true)
+        .open(node1.p("own/old"))
+        .expect("open own/old for writing");
+    let list = |d: &str| -> Vec<String> {
+        let mut names: Vec<String> = fs::read_dir(node1.p(d))
+            .unwrap_or_else(|e| panic!("list {d}: {e}"))
+            .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(list("own"), ["old"]);
+    // Names node1 never loaded are listed too (their attributes wait).
+    assert_eq!(list("."), ["a", "b", "own", "top"]);
+    let read = t.elapsed();
+    let recovered_by_then = has_recovered(&node1, "node2");
+    eprintln!(
+        "node1's reads took {:.3} s after node2 died holding the global lock (dead time {:.1} s)",
+        read.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before node1's reads were done ({read:?}): they waited for it\n{}",
+        node1.log()
+    );
+    fs::create_dir(node1.p("own/new")).expect("mkdir own/new on node1");
+    let changed = killed.elapsed();
+    assert!(
+        changed >= DEAD_TIME / 2,
+        "node1's mkdir took only {changed:?} after the kill: node2 did not die holding the \
+         global lock, and the test proves nothing"
+    );
+    await_recovery(&node1, "node2");
+    node1.unmount();
+    lun.assert_fsck_clean();
+}

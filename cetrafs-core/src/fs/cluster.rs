@@ -256,6 +256,12 @@ pub(crate) struct Cluster {
     /// them (a node that died waiting for it would make the others wait out the handoff
     /// grace at every release until its dead time is up and it is recovered).
     silent: Mutex<std::collections::HashSet<u32>>,
+    /// When a thread of this node waiting for the global lock last found it held only by
+    /// silent slots (perhaps dead, until their recovery): for [`STALL_VERDICT_FOR`] after,
+    /// reads that can be answered from objects this node's own inode locks validate stop
+    /// waiting (`fs/own_lock_reads.rs`). None once a round found a holder that is not silent,
+    /// and at every grant.
+    global_stalled: Mutex<Option<Instant>>,
     /// Per-inode locks for the data path (format v3 volumes; None on v2: the data path then
     /// depends on the global lock). See `fs/inode_lock.rs`.
     pub ilocks: Option<InodeLocks>,
@@ -265,6 +271,11 @@ pub(crate) struct Cluster {
     /// them all (`GroupReads`).
     group_reads: Mutex<GroupReads>,
 }
+
+/// How long a wait's finding that every holder of the global lock is silent stands without
+/// another look at the lock's record: reads that arrive meanwhile (a listing's entries, one
+/// by one) stop waiting at once, and the first after it reads the record again.
+const STALL_VERDICT_FOR: Duration = Duration::from_millis(100);
 
 /// How old this node's copy of its own groups' records (requests for them, a give-back by
 /// its recoverer) may grow before a grant of the global lock after another node's changes
@@ -434,6 +445,7 @@ impl Cluster {
             data_gate: std::sync::RwLock::new(()),
             live: Mutex::new(HashMap::new()),
             silent: Mutex::new(std::collections::HashSet::new()),
+            global_stalled: Mutex::new(None),
             keep_idle: false,
             group_reads: Mutex::new(GroupReads::default()),
         }
@@ -461,6 +473,28 @@ impl Cluster {
     fn release_global(&self) -> Result<()> {
         self.locks
             .release_global_passing(self.me, &|s| self.slot_silent(s))
+    }
+
+    /// Note whether the global lock as `rec` shows it is held only by silent slots (see
+    /// `global_stalled`).
+    fn note_global_holders(&self, rec: &LockRecord) {
+        let mut holders = match rec.mode {
+            LockMode::Exclusive => vec![rec.owner],
+            LockMode::Shared => rec.holders.iter().filter(|&s| s != self.me.slot).collect(),
+            LockMode::Free => Vec::new(),
+        };
+        holders.retain(|&s| s != self.me.slot);
+        let stalled = !holders.is_empty() && holders.iter().all(|&s| self.slot_silent(s));
+        *self.global_stalled.lock().or_panic() = stalled.then(Instant::now);
+    }
+
+    /// Did a wait for the global lock find it held only by silent slots less than
+    /// [`STALL_VERDICT_FOR`] ago?
+    fn global_stalled(&self) -> bool {
+        self.global_stalled
+            .lock()
+            .or_panic()
+            .is_some_and(|t| t.elapsed() < STALL_VERDICT_FOR)
     }
 
     /// Does a node other than this one, and not silent, wait for the global lock in `rec`?
@@ -538,9 +572,29 @@ impl Volume {
     }
 
     fn meta_in(&self, mode: LockMode) -> Result<MutexGuard<'_, Meta>> {
+        self.meta_in_unless_stalled(mode, false)?.ok_or_else(|| {
+            Error::new(
+                ErrorKind::Io,
+                "a wait for the global lock that may not stop stopped",
+            )
+        })
+    }
+
+    /// [`Volume::meta_sh`] for a read that can also be answered from objects this node's own
+    /// inode locks validate (`fs/own_lock_reads.rs`): None, instead of waiting on, once every
+    /// holder of the global lock is silent.
+    pub(super) fn meta_sh_unless_stalled(&self) -> Result<Option<MutexGuard<'_, Meta>>> {
+        self.meta_in_unless_stalled(LockMode::Shared, true)
+    }
+
+    fn meta_in_unless_stalled(
+        &self,
+        mode: LockMode,
+        may_stop: bool,
+    ) -> Result<Option<MutexGuard<'_, Meta>>> {
         let (m, held) = self.meta_held(self.lock_meta(), mode)?;
         if held {
-            return Ok(m);
+            return Ok(Some(m));
         }
         drop(m);
         // Wait for the global lock **without the metadata mutex**, one thread of this node at
@@ -549,10 +603,12 @@ impl Volume {
         // asked by other nodes) goes on meanwhile, also while the node waits for a dead
         // node's recovery. A thread that finds the lock taken by another thread of this node
         // while it waited for its turn uses that grant.
-        let turn = self.cl.acquiring.lock().or_panic();
+        let Some(turn) = self.acquiring_turn(may_stop) else {
+            return Ok(None);
+        };
         let (mut m, held) = self.meta_held(self.lock_meta(), mode)?;
         if held {
-            return Ok(m);
+            return Ok(Some(m));
         }
         if let Some(e) = self.abort_if_fenced() {
             return Err(e);
@@ -565,7 +621,9 @@ impl Volume {
             self.cl.held.store(0, Ordering::Release);
         }
         drop(m);
-        let rec = self.wait_for_global(mode)?;
+        let Some(rec) = self.wait_for_global(mode, may_stop)? else {
+            return Ok(None);
+        };
         let mut m = self.lock_meta();
         if self.unmounted.load(Ordering::Acquire) {
             // The unmount gave the locks back while this thread waited: nobody would release
@@ -575,7 +633,30 @@ impl Volume {
         }
         self.install_grant(&mut m, mode, &rec)?;
         drop(turn);
-        Ok(m)
+        Ok(Some(m))
+    }
+
+    /// This node's acquiring turn (one thread at a time waits for the global lock). With
+    /// `may_stop`, None once the thread waiting meanwhile found the lock held only by silent
+    /// slots (`global_stalled`).
+    fn acquiring_turn(&self, may_stop: bool) -> Option<MutexGuard<'_, ()>> {
+        if !may_stop {
+            return Some(self.cl.acquiring.lock().or_panic());
+        }
+        loop {
+            match self.cl.acquiring.try_lock() {
+                Ok(turn) => return Some(turn),
+                Err(std::sync::TryLockError::WouldBlock) => {
+                    if self.cl.global_stalled() {
+                        return None;
+                    }
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                Err(std::sync::TryLockError::Poisoned(e)) => {
+                    panic!("the global lock's acquiring turn is poisoned: {e}")
+                }
+            }
+        }
     }
 
     /// The first part of [`Volume::meta_in`], under the metadata mutex: hand the lock over if
@@ -613,13 +694,16 @@ impl Volume {
 
     /// Wait until this node holds the global lock in `mode` (the caller has this node's
     /// acquiring turn and not the metadata mutex). Returns the record as granted.
-    fn wait_for_global(&self, mode: LockMode) -> Result<LockRecord> {
+    /// With `may_stop`, None once every holder is silent (`global_stalled`): the wait is
+    /// given up (this node leaves the waiters).
+    fn wait_for_global(&self, mode: LockMode, may_stop: bool) -> Result<Option<LockRecord>> {
         let cl = &self.cl;
         // Each acquire asks the holders at once; only its own re-posts are rate-limited. (A
         // limit across acquires held back every other request of two nodes trading the lock
         // every 25 ms until the 50 ms were up: handoffs of 20-40 ms instead of 5.)
         cl.global_asked.lock().or_panic().clear();
-        cl.locks.acquire_global_notify(
+        let stopped = std::cell::Cell::new(false);
+        let r = cl.locks.acquire_global_notify(
             cl.me,
             mode,
             cl.handoff_grace(),
@@ -630,10 +714,28 @@ impl Volume {
                 if let Some(mut m) = self.meta.try_lock().or_panic() {
                     self.serve_duties(&mut m);
                 }
+                if may_stop && cl.global_stalled() {
+                    stopped.set(true);
+                    return Some(Error::new(
+                        ErrorKind::Busy,
+                        "the global lock's holders are silent",
+                    ));
+                }
                 self.lock_abort()
             },
-            &|rec| self.ask_global_holders(rec, mode),
-        )
+            &|rec| {
+                cl.note_global_holders(rec);
+                self.ask_global_holders(rec, mode);
+            },
+        );
+        match r {
+            Err(_) if stopped.get() => Ok(None),
+            Err(e) => Err(e),
+            Ok(rec) => {
+                *cl.global_stalled.lock().or_panic() = None;
+                Ok(Some(rec))
+            }
+        }
     }
 
     /// The global lock was granted in `mode` (`rec`): the metadata state follows it.

@@ -27,6 +27,47 @@ fn check_name(name: &[u8]) -> Result<()> {
     Ok(())
 }
 
+/// Up to about `max` entries of directory `dir` from cookie `offset` on ("." and ".." first),
+/// for [`Volume::readdir`].
+fn list_batch(tx: &mut Tx<'_>, dir: &Inode, offset: u64, max: usize) -> Result<Vec<DirListEntry>> {
+    let mut batch = Vec::with_capacity(max + 2);
+    if offset < 1 {
+        batch.push(DirListEntry {
+            ino: dir.ino,
+            kind: FileKind::Directory,
+            name: b".".to_vec(),
+            next: 1,
+        });
+    }
+    if offset < 2 {
+        batch.push(DirListEntry {
+            ino: dir.parent,
+            kind: FileKind::Directory,
+            name: b"..".to_vec(),
+            next: 2,
+        });
+    }
+    if dir.tree_root != 0 {
+        let mut t = Tree::new(tx, dir.tree_root, dir.ino);
+        t.scan_from(
+            offset.max(crate::format::dirent::FIRST_HASH_KEY),
+            &mut |k, v| {
+                for e in decode_entries(v)? {
+                    let kind = FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
+                    batch.push(DirListEntry {
+                        ino: e.ino,
+                        kind,
+                        name: e.name,
+                        next: k + 1,
+                    });
+                }
+                Ok(batch.len() < max)
+            },
+        )?;
+    }
+    Ok(batch)
+}
+
 /// Look a name up in a directory inode.
 pub(crate) fn dir_lookup(tx: &mut Tx<'_>, dir: &Inode, name: &[u8]) -> Result<Option<DirEntry>> {
     if dir.tree_root == 0 {
@@ -105,45 +146,60 @@ impl Volume {
         if let Some(r) = self.lookup_owned(parent, name) {
             return r;
         }
-        self.read_op(|tx| {
-            let dst = self.dir_state(tx, parent)?;
-            let target = {
-                let d = dst.read();
-                if name == b"." {
-                    d.inode.ino
-                } else if name == b".." {
-                    d.inode.parent
-                } else {
-                    match dir_lookup(tx, &d.inode, name)? {
-                        Some(e) => e.ino,
-                        None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
-                    }
+        if let Some(a) = self.read_op_unless_stalled(|tx| self.lookup_in(tx, parent, name))? {
+            return Ok(a);
+        }
+        // Every holder of the global lock is silent (fs/own_lock_reads.rs).
+        if let Some(r) = self.lookup_by_own_locks(parent, name) {
+            return r;
+        }
+        self.read_op(|tx| self.lookup_in(tx, parent, name))
+    }
+
+    /// [`Volume::lookup`] under the global lock (`tx`).
+    fn lookup_in(&self, tx: &mut Tx<'_>, parent: Ino, name: &[u8]) -> Result<Attr> {
+        let dst = self.dir_state(tx, parent)?;
+        let target = {
+            let d = dst.read();
+            if name == b"." {
+                d.inode.ino
+            } else if name == b".." {
+                d.inode.parent
+            } else {
+                match dir_lookup(tx, &d.inode, name)? {
+                    Some(e) => e.ino,
+                    None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
                 }
-            };
-            // The name exists (read in this same transaction): an inode that does not is damage,
-            // not absence — EIO, so the entry is never mistaken for one that was removed.
-            let st = self.state(tx, target).map_err(|e| {
-                if e.kind() == ErrorKind::NotFound {
-                    Error::corrupted(format!(
-                        "directory {parent}: entry {:?} names inode {target}, which does not exist; run fsck.cetra",
-                        String::from_utf8_lossy(name)
-                    ))
-                } else {
-                    e
-                }
-            })?;
-            Ok(Self::attr_with_pending(&st))
-        })
+            }
+        };
+        // The name exists (read in this same transaction): an inode that does not is damage,
+        // not absence — EIO, so the entry is never mistaken for one that was removed.
+        let st = self.state(tx, target).map_err(|e| {
+            if e.kind() == ErrorKind::NotFound {
+                Error::corrupted(format!(
+                    "directory {parent}: entry {:?} names inode {target}, which does not exist; run fsck.cetra",
+                    String::from_utf8_lossy(name)
+                ))
+            } else {
+                e
+            }
+        })?;
+        Ok(Self::attr_with_pending(&st))
     }
 
     /// The attributes to list with entry `e` of directory `dir` (readdirplus), and whether to
     /// list it at all. Every name that is in the directory is listed: one whose inode cannot
     /// be loaded comes back [`EntryAttr::Unreadable`] with a warning in the log naming the
     /// directory, the name and the error. Only a name that is no longer in the directory
-    /// (looked up again after the failure) is [`EntryAttr::Gone`].
+    /// (looked up again after the failure) is [`EntryAttr::Gone`]. While every holder of the
+    /// global lock is silent, an inode this node cannot validate by its own lock is listed
+    /// so as well, without a warning (`fs/own_lock_reads.rs`): its name now, its attributes at
+    /// the `stat` that follows.
     pub fn entry_attr(&self, dir: Ino, e: &DirListEntry) -> EntryAttr {
-        if let Ok(a) = self.getattr(e.ino) {
-            return EntryAttr::Loaded(a);
+        match self.loaded_state_unless_stalled(e.ino) {
+            Ok(Some(st)) => return EntryAttr::Loaded(Self::attr_with_pending(&st)),
+            Ok(None) => return EntryAttr::Unreadable(Attr::placeholder(e.ino, e.kind)),
+            Err(_) => {}
         }
         match self.lookup(dir, &e.name) {
             // Loaded on the second try, or the name now names another inode (renamed over).
@@ -956,47 +1012,21 @@ impl Volume {
         loop {
             // A directory another node holds (perhaps a dead one) is waited for holding
             // nothing else (`Volume::read_op`).
-            let batch = self.read_op(|tx| {
-                let mut batch = Vec::with_capacity(BATCH + 2);
+            let listed = |tx: &mut Tx<'_>| {
                 let st = self.dir_state(tx, ino)?;
                 let inode = st.read().inode.clone();
-                if offset < 1 {
-                    batch.push(DirListEntry {
-                        ino,
-                        kind: FileKind::Directory,
-                        name: b".".to_vec(),
-                        next: 1,
-                    });
+                list_batch(tx, &inode, offset, BATCH)
+            };
+            let batch = match self.read_op_unless_stalled(listed)? {
+                Some(b) => b,
+                // Every holder of the global lock is silent (fs/own_lock_reads.rs).
+                None => {
+                    match self.read_dir_by_own_lock(ino, |tx, d| list_batch(tx, d, offset, BATCH)) {
+                        Some(r) => r?,
+                        None => self.read_op(listed)?,
+                    }
                 }
-                if offset < 2 {
-                    batch.push(DirListEntry {
-                        ino: inode.parent,
-                        kind: FileKind::Directory,
-                        name: b"..".to_vec(),
-                        next: 2,
-                    });
-                }
-                if inode.tree_root != 0 {
-                    let mut t = Tree::new(tx, inode.tree_root, ino);
-                    t.scan_from(
-                        offset.max(crate::format::dirent::FIRST_HASH_KEY),
-                        &mut |k, v| {
-                            for e in decode_entries(v)? {
-                                let kind =
-                                    FileKind::from_dtype(e.dtype).unwrap_or(FileKind::Regular);
-                                batch.push(DirListEntry {
-                                    ino: e.ino,
-                                    kind,
-                                    name: e.name,
-                                    next: k + 1,
-                                });
-                            }
-                            Ok(batch.len() < BATCH)
-                        },
-                    )?;
-                }
-                Ok(batch)
-            })?;
+            };
             let Some(last) = batch.last().map(|e| e.next) else {
                 return Ok(());
             };

@@ -474,6 +474,26 @@ impl InodeLocks {
         s.held != Held::Nothing && !s.handing && s.validator == Some(s.version)
     }
 
+    /// While this node's cached state of `dl`'s inode is valid ([`is_valid`](Self::is_valid)):
+    /// a token for [`still_valid`](Self::still_valid), which a read of the inode's blocks made
+    /// without the global lock checks afterwards.
+    #[expect(
+        clippy::unused_self,
+        reason = "a verb of the lock table, like the others callers use on a DataLock"
+    )]
+    pub fn valid_since(&self, dl: &DataLock) -> Option<(u64, u64)> {
+        let s = dl.state.lock().or_panic();
+        (s.held != Held::Nothing && !s.handing && s.validator == Some(s.version))
+            .then_some((s.handoffs, s.version))
+    }
+
+    /// Was the cached state valid throughout since `token` was taken? No handoff began or
+    /// ended (a handoff marks itself before its CAW), and no new grant came: so no other node
+    /// can have changed the inode's blocks meanwhile (that takes the lock exclusively).
+    pub fn still_valid(&self, dl: &DataLock, token: (u64, u64)) -> bool {
+        self.valid_since(dl) == Some(token)
+    }
+
     /// Does this node hold `ino`'s lock exclusively, with its cache valid, and no handoff in
     /// progress? (A change without the global lock may be made: fs/detached.rs.)
     pub fn owns(&self, dl: &DataLock) -> bool {
@@ -588,6 +608,23 @@ impl InodeLocks {
     /// the cache under that hold, calling `reload` (which reloads the inode under the global
     /// lock) when the version moved since this node's last grant.
     pub fn share(&self, ino: u64, abort: Abort<'_>, reload: &dyn Fn() -> Result<()>) -> Result<()> {
+        self.share_or_reload(ino, abort, Some(reload)).map(|_| ())
+    }
+
+    /// [`share`](Self::share) for a reader that cannot reload (it does not hold the global
+    /// lock: `fs/own_lock_reads.rs`): hold `ino`'s lock at least shared, and tell whether this
+    /// node's cached state of the inode is valid under that hold. False: the version moved
+    /// since the state was last validated (another node changed the inode, or may have).
+    pub fn share_cached(&self, ino: u64, abort: Abort<'_>) -> Result<bool> {
+        self.share_or_reload(ino, abort, None)
+    }
+
+    fn share_or_reload(
+        &self,
+        ino: u64,
+        abort: Abort<'_>,
+        reload: Option<&dyn Fn() -> Result<()>>,
+    ) -> Result<bool> {
         let dl = self.lock_of(ino);
         let obj = ObjectId::inode(ino)?;
         loop {
@@ -595,7 +632,7 @@ impl InodeLocks {
                 let s = dl.settled();
                 if s.held != Held::Nothing && s.validator == Some(s.version) {
                     dl.ready.store(true, Ordering::Release);
-                    return Ok(());
+                    return Ok(true);
                 }
                 s.handoffs
             };
@@ -605,16 +642,19 @@ impl InodeLocks {
             if grant.cache_valid(s.validator) {
                 s.validator = Some(grant.version);
                 dl.ready.store(true, Ordering::Release);
-                return Ok(());
+                return Ok(true);
             }
             drop(s);
+            let Some(reload) = reload else {
+                return Ok(false);
+            };
             self.stats.reloads.fetch_add(1, Ordering::Relaxed);
             reload()?;
             let mut s = dl.settled();
             if s.handoffs == seen && s.version == grant.version {
                 s.validator = Some(grant.version);
                 dl.ready.store(true, Ordering::Release);
-                return Ok(());
+                return Ok(true);
             }
         }
     }

@@ -154,6 +154,89 @@ fn a_dead_node_blocks_only_what_it_held() {
     assert_fsck_clean(&dev);
 }
 
+/// Does `v` see its own slot holding the global lock exclusively on disk?
+fn holds_global_exclusively(v: &Volume, slot: u32) -> bool {
+    let (_, rec) =
+        v.cl.locks
+            .read(crate::cluster::lock::LockTable::GLOBAL)
+            .unwrap();
+    rec.mode == crate::format::lock_record::LockMode::Exclusive && rec.owner == slot
+}
+
+/// `fs/own_lock_reads.rs`: while a dead node holds the global lock, a survivor's lookups,
+/// getattrs and listings of what it has loaded and nobody changed since go on, validated by
+/// the objects' own locks (its holds of them went back while idle, so each is taken again);
+/// what the dead node changed since, and every change, waits for its recovery.
+#[test]
+fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let theirs = a.mkdir(r, b"theirs", 0o755, C).unwrap().ino;
+    let mine = b.mkdir(r, b"mine", 0o755, C).unwrap().ino;
+    let (f, fh) = b.create(mine, b"f", 0o644, C, true).unwrap();
+    b.write(&fh, 0, &[3u8; 4096]).unwrap();
+    b.release(&fh).unwrap();
+    // b reads what it will read again below, then lets every hold of it go (idle).
+    assert_eq!(b.lookup(r, b"mine").unwrap().ino, mine);
+    assert_eq!(b.lookup(mine, b"f").unwrap().size, 4096);
+    assert_eq!(b.lookup(r, b"theirs").unwrap().ino, theirs);
+    let il = b.cl.ilocks.as_ref().unwrap();
+    eventually("b's idle holds go back", || {
+        [r, mine, f.ino, theirs].iter().all(|&i| !il.holds_any(i))
+    });
+    // a changes a directory b has loaded (durably), and dies holding the global lock
+    // exclusively.
+    a.mkdir(theirs, b"sub", 0o755, C).unwrap();
+    a.fsync(theirs, false).unwrap();
+    let held = a.meta_ex().unwrap();
+    assert!(holds_global_exclusively(&b, a.cl.me.slot));
+    let (dead, _) = crash(&a);
+    let t = Instant::now();
+    let b2 = b.clone();
+    let reads = within(dead * 3, move || {
+        let looked = b2.lookup(r, b"mine").unwrap().ino;
+        let size = b2.lookup(mine, b"f").unwrap().size;
+        let absent = b2.lookup(mine, b"nothing").map(|a| a.ino);
+        let got = b2.getattr(f.ino).unwrap().size;
+        let mut names = Vec::new();
+        b2.readdir(mine, 0, &mut |e| {
+            names.push(e.name.clone());
+            true
+        })
+        .unwrap();
+        (looked, size, absent, got, names)
+    });
+    let read_in = t.elapsed();
+    let dead_still_holds = holds_global_exclusively(&b, a.cl.me.slot);
+    assert_eq!(reads.0, mine);
+    assert_eq!((reads.1, reads.3), (4096, 4096));
+    assert_eq!(reads.2.unwrap_err().kind(), ErrorKind::NotFound);
+    assert_eq!(reads.4, vec![b".".to_vec(), b"..".to_vec(), b"f".to_vec()]);
+    assert!(
+        dead_still_holds,
+        "b's reads took {read_in:?}: they waited for a's recovery (dead time {dead:?})"
+    );
+    // What a changed since b loaded it is not read from b's copy: the listing waits for the
+    // recovery and shows a's change.
+    let mut names = Vec::new();
+    b.readdir(theirs, 0, &mut |e| {
+        names.push(e.name.clone());
+        true
+    })
+    .unwrap();
+    assert_eq!(names, vec![b".".to_vec(), b"..".to_vec(), b"sub".to_vec()]);
+    // So does a change.
+    b.mkdir(mine, b"new", 0o755, C).unwrap();
+    assert!(
+        !holds_global_exclusively(&b, a.cl.me.slot),
+        "b's mkdir did not wait for a's recovery: the test proves nothing"
+    );
+    drop(held);
+    unmount_and_check(&dev, &[&b]);
+}
+
 #[test]
 fn a_read_only_node_reads_through_its_inode_lock_and_hands_it_over() {
     let dev = volume(4);

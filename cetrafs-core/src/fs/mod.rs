@@ -30,6 +30,7 @@ mod inflight;
 mod inode_lock;
 mod inode_table;
 mod mount;
+mod own_lock_reads;
 mod pool;
 mod suid;
 pub(crate) mod txn;
@@ -605,15 +606,28 @@ impl Volume {
     /// without touching the metadata lock when it is loaded, so such calls do not wait behind
     /// a commit point's device flushes; loaded under the lock otherwise.
     fn loaded_state(&self, ino: Ino) -> Result<Arc<InodeState>> {
+        match self.loaded_state_unless_stalled(ino)? {
+            Some(s) => Ok(s),
+            None => self.read_op(|tx| self.state(tx, ino)),
+        }
+    }
+
+    /// [`Volume::loaded_state`], or None while every holder of the global lock is silent and
+    /// this node's copy of `ino` (if it has one) is not validated by `ino`'s own lock
+    /// (`fs/own_lock_reads.rs`).
+    fn loaded_state_unless_stalled(&self, ino: Ino) -> Result<Option<Arc<InodeState>>> {
         // Release the table before taking the inode lock: free_inode holds the inode lock
         // while it removes the entry from the table, and this path holds no metadata lock.
         let cached = self.inodes.get(ino);
-        if let Some(s) = cached {
-            if !s.read().freed && self.is_current_unlocked(&s) {
-                return Ok(s);
+        if let Some(s) = &cached {
+            if !s.read().freed && self.is_current_unlocked(s) {
+                return Ok(Some(Arc::clone(s)));
             }
         }
-        self.read_op(|tx| self.state(tx, ino))
+        if let Some(s) = self.read_op_unless_stalled(|tx| self.state(tx, ino))? {
+            return Ok(Some(s));
+        }
+        Ok(cached.filter(|s| self.validated_by_own_lock(s)))
     }
 
     /// Write an inode (and its changed extents) into the transaction. An error means the

@@ -186,7 +186,9 @@ pub enum EntryAttr {
     Gone,
     /// The name is in the directory but its inode cannot be loaded (damaged, I/O error): list
     /// it anyway with these placeholder attributes (inode number and type from the entry,
-    /// nothing else), which must not be cached; a lookup or stat of the name fails with EIO.
+    /// nothing else), which must not be cached; a lookup or stat of the name fails with EIO
+    /// (or, listed while the global lock's holders were silent, waits for the global lock:
+    /// `fs/own_lock_reads.rs`).
     Unreadable(Attr),
 }
 

@@ -1,0 +1,141 @@
+//! Reads while the global lock's holder is silent: answered from objects this node's own
+//! inode locks validate (format v3 and later; docs/locking.md §15 "Reads while the global
+//! lock's holder is silent").
+//!
+//! A lookup or a `getattr` that needs the global lock (a shared hold: the inode or directory
+//! is not validated under a hold of its own lock now) normally waits for it. A node that died
+//! holding it exclusively keeps it until its recovery, a dead time (84 s by default), and
+//! every other node's `open`, `stat` and path walk waited that long with it, although most
+//! of what they read was never touched by the dead node. So:
+//!
+//! 1. the thread of this node that waits for the global lock notes, at every round, whether
+//!    every holder is **silent** (`Cluster::note_global_holders`: its heartbeat has not moved
+//!    for three of its intervals, or it is being recovered); a lookup, `getattr` or `readdir`
+//!    then stops waiting (`Volume::meta_sh_unless_stalled`), also one that waits for this
+//!    node's acquiring turn meanwhile, and for 100 ms one that begins a wait of its own
+//!    (then the record is read again);
+//! 2. it takes the object's own lock shared ([`InodeLocks::share_cached`]: one bucket CAW, or
+//!    a request to an exclusive holder, which writes it home first) and uses this node's
+//!    loaded state of it if the lock's version did not move since that state was last
+//!    validated. Every change of an inode takes its lock exclusively first (rule 1 of
+//!    §15), which moves the version: an unmoved version means nobody changed the inode, or a
+//!    directory's entries, since this node last read them under the global lock (when every
+//!    change before was home) or under a hold of their own;
+//! 3. a lookup reads the directory's entries under the metadata mutex (through the block
+//!    cache, which the last grant of the global lock after another node's changes emptied)
+//!    and checks afterwards that the directory's hold was valid throughout
+//!    ([`InodeLocks::still_valid`]: a handoff marks itself before its CAW, so another node's
+//!    write of those blocks cannot have begun); the inode the name leads to must be loaded
+//!    here and pass step 2 as well;
+//! 4. anything else — an object not loaded, one whose version moved, a read that raced a
+//!    handoff — waits for the global lock as before.
+//!
+//! This node does not hold the global lock here, so nothing of its own global-path changes is
+//! left unwritten at home (its handoff of the global lock wrote them all), and a read of a
+//! block through this node's cache sees its own detached changes. Only reads take this path:
+//! a change still needs the global lock, or the object owned (fs/detached.rs,
+//! `fs/detached_ns.rs`). A dead node therefore blocks only what it held and what changed since
+//! this node last read it. The cost: a shared hold of each object read this way (another
+//! node's next change of it asks this node for it through its mailbox), only while the
+//! global lock's holders are silent.
+
+use super::txn::{Meta, Tx};
+use super::{InodeState, Volume};
+use crate::error::{Error, ErrorKind, Result};
+use crate::format::inode::Inode;
+use crate::fs::types::Attr;
+use std::sync::{Arc, MutexGuard};
+
+impl Volume {
+    /// [`Volume::read_op`] that gives up (None) instead of waiting on once every holder of
+    /// the global lock is silent (step 1 of the module doc).
+    pub(super) fn read_op_unless_stalled<T>(
+        &self,
+        f: impl Fn(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        self.restarting(|waited| {
+            let meta: Option<MutexGuard<'_, Meta>> = self.meta_sh_unless_stalled()?;
+            let Some(mut meta) = meta else {
+                return Ok(None);
+            };
+            f(&mut Tx::restartable(&*self.dev, &mut meta, waited)).map(Some)
+        })
+    }
+
+    /// Is this node's loaded state `st` valid under a hold of its own lock, taken now if need
+    /// be (step 2)? False also on a v2 volume, for a freed inode, and when the lock cannot be
+    /// taken.
+    pub(super) fn validated_by_own_lock(&self, st: &InodeState) -> bool {
+        if self.is_current_unlocked(st) {
+            return !st.read().freed;
+        }
+        let Some(il) = &self.cl.ilocks else {
+            return false;
+        };
+        if st.read().freed {
+            return false;
+        }
+        match il.share_cached(st.ino, &|| self.lock_abort()) {
+            Ok(valid) => valid && il.is_valid(st.data_lock(il)) && !st.read().freed,
+            Err(e) => {
+                tracing::debug!("inode {}: its own lock could not be taken: {e}", st.ino);
+                false
+            }
+        }
+    }
+
+    /// The loaded state of `ino` if [`Volume::validated_by_own_lock`] says it is valid.
+    pub(super) fn state_by_own_lock(&self, ino: u64) -> Option<Arc<InodeState>> {
+        let st = self.inodes.get(ino)?;
+        self.validated_by_own_lock(&st).then_some(st)
+    }
+
+    /// Read directory `dir`'s blocks with `f` without the global lock (step 3). None: not
+    /// validated by its own lock, or the hold did not stay valid throughout (a handoff began
+    /// meanwhile); the global path must answer.
+    pub(super) fn read_dir_by_own_lock<T>(
+        &self,
+        dir: u64,
+        f: impl FnOnce(&mut Tx<'_>, &Inode) -> Result<T>,
+    ) -> Option<Result<T>> {
+        let il = self.cl.ilocks.as_ref()?;
+        let dst = self.state_by_own_lock(dir)?;
+        if !dst.read().inode.is_dir() {
+            return None;
+        }
+        let dl = dst.data_lock(il);
+        let token = il.valid_since(dl)?;
+        let r = {
+            let mut meta = self.lock_meta();
+            let mut tx = Tx::detached(&*self.dev, &mut meta);
+            let d = dst.read();
+            f(&mut tx, &d.inode)
+        };
+        if !il.still_valid(dl, token) {
+            return None;
+        }
+        Some(r)
+    }
+
+    /// Look `name` up in directory `parent` without the global lock (step 3). None: the
+    /// global path must answer.
+    pub(super) fn lookup_by_own_locks(&self, parent: u64, name: &[u8]) -> Option<Result<Attr>> {
+        if name == b"." || name == b".." {
+            return None;
+        }
+        let found =
+            self.read_dir_by_own_lock(parent, |tx, d| super::dir::dir_lookup(tx, d, name))?;
+        match found {
+            Ok(None) => Some(Err(Error::new(
+                ErrorKind::NotFound,
+                format!("no entry {:?}", String::from_utf8_lossy(name)),
+            ))),
+            // The global path reads again, and says what is wrong if something is.
+            Err(_) => None,
+            Ok(Some(e)) => {
+                let st = self.state_by_own_lock(e.ino)?;
+                Some(Ok(Self::attr_with_pending(&st)))
+            }
+        }
+    }
+}
