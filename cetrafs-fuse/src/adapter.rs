@@ -1205,8 +1205,10 @@ impl Filesystem for Adapter {
                 EntryAttr::Gone => true,
                 // In the directory but its inode cannot be read (the core logged it), or not
                 // now (every holder of the global lock is silent: the core's
-                // `fs/own_lock_reads.rs`): listed so that nothing looks missing, with zero
-                // timeouts so the kernel caches nothing and a stat of it asks again. fuser
+                // `fs/own_lock_reads.rs`, which then gives the inode's generation and never
+                // lists so an inode the kernel knows): listed so that nothing looks missing,
+                // with zero timeouts so the kernel caches nothing and a stat of it asks
+                // again. fuser
                 // sends the attributes' inode number as the node id, so the kernel takes a
                 // reference, counted as for a loaded entry: until its forget the number is
                 // not reused (the inode may be a live one another node unlinks meanwhile).
@@ -1221,7 +1223,7 @@ impl Filesystem for Adapter {
                         OsStr::from_bytes(&e.name),
                         &Duration::ZERO,
                         &self.file_attr(&a),
-                        Generation(0),
+                        Generation(a.generation.into()),
                     );
                     if full && counted {
                         self.vol.forget(a.ino, 1);

@@ -584,7 +584,8 @@ impl Volume {
     /// inode locks validate (`fs/own_lock_reads.rs`): None, instead of waiting on, once every
     /// holder of the global lock is silent.
     pub(super) fn meta_sh_unless_stalled(&self) -> Result<Option<MutexGuard<'_, Meta>>> {
-        self.meta_in_unless_stalled(LockMode::Shared, true)
+        // A v2 volume has no inode locks to validate anything by.
+        self.meta_in_unless_stalled(LockMode::Shared, self.cl.ilocks.is_some())
     }
 
     fn meta_in_unless_stalled(
@@ -612,6 +613,11 @@ impl Volume {
         }
         if let Some(e) = self.abort_if_fenced() {
             return Err(e);
+        }
+        // A recent finding stands (a listing's reads, one per entry, would each join the
+        // waiters and leave them again).
+        if may_stop && self.cl.global_stalled() {
+            return Ok(None);
         }
         if m.gml() == LockMode::Shared {
             // Never wait for an upgrade while holding shared: two upgraders would wait for
@@ -644,12 +650,12 @@ impl Volume {
             return Some(self.cl.acquiring.lock().or_panic());
         }
         loop {
+            if self.cl.global_stalled() {
+                return None;
+            }
             match self.cl.acquiring.try_lock() {
                 Ok(turn) => return Some(turn),
                 Err(std::sync::TryLockError::WouldBlock) => {
-                    if self.cl.global_stalled() {
-                        return None;
-                    }
                     std::thread::sleep(Duration::from_millis(1));
                 }
                 Err(std::sync::TryLockError::Poisoned(e)) => {

@@ -193,13 +193,19 @@ impl Volume {
     /// directory, the name and the error. Only a name that is no longer in the directory
     /// (looked up again after the failure) is [`EntryAttr::Gone`]. While every holder of the
     /// global lock is silent, an inode this node cannot validate by its own lock is listed
-    /// so as well, without a warning (`fs/own_lock_reads.rs`): its name now, its attributes at
-    /// the `stat` that follows.
+    /// so as well (with its generation), without a warning, unless the kernel knows it
+    /// (`fs/own_lock_reads.rs`): its name now, its attributes at the `stat` that follows.
     pub fn entry_attr(&self, dir: Ino, e: &DirListEntry) -> EntryAttr {
-        match self.loaded_state_unless_stalled(e.ino) {
-            Ok(Some(st)) => return EntryAttr::Loaded(Self::attr_with_pending(&st)),
-            Ok(None) => return EntryAttr::Unreadable(Attr::placeholder(e.ino, e.kind)),
-            Err(_) => {}
+        let first = match self.loaded_state_unless_stalled(e.ino) {
+            Ok(Some(st)) => Ok(st),
+            Ok(None) => match self.listed_without_attributes(e) {
+                Some(a) => return EntryAttr::Unreadable(a),
+                None => self.loaded_state(e.ino),
+            },
+            Err(err) => Err(err),
+        };
+        if let Ok(st) = first {
+            return EntryAttr::Loaded(Self::attr_with_pending(&st));
         }
         match self.lookup(dir, &e.name) {
             // Loaded on the second try, or the name now names another inode (renamed over).
@@ -1020,10 +1026,12 @@ impl Volume {
             let batch = match self.read_op_unless_stalled(listed)? {
                 Some(b) => b,
                 // Every holder of the global lock is silent (fs/own_lock_reads.rs).
+                // A read that failed there is made again under the global lock, which also
+                // says what is wrong if something is.
                 None => {
                     match self.read_dir_by_own_lock(ino, |tx, d| list_batch(tx, d, offset, BATCH)) {
-                        Some(r) => r?,
-                        None => self.read_op(listed)?,
+                        Some(Ok(b)) => b,
+                        _ => self.read_op(listed)?,
                     }
                 }
             };

@@ -173,7 +173,10 @@ fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() 
     let a = node(&dev, "a");
     let b = node(&dev, "b");
     let r = a.root_ino();
-    let theirs = a.mkdir(r, b"theirs", 0o755, C).unwrap().ino;
+    let theirs_attr = a.mkdir(r, b"theirs", 0o755, C).unwrap();
+    let theirs = theirs_attr.ino;
+    // Never loaded on b.
+    let other = a.mkdir(r, b"other", 0o755, C).unwrap();
     let mine = b.mkdir(r, b"mine", 0o755, C).unwrap().ino;
     let (f, fh) = b.create(mine, b"f", 0o644, C, true).unwrap();
     b.write(&fh, 0, &[3u8; 4096]).unwrap();
@@ -206,7 +209,20 @@ fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() 
             true
         })
         .unwrap();
-        (looked, size, absent, got, names)
+        // A listing (readdirplus) of the root: what b cannot validate and its kernel does not
+        // know comes with placeholders and the inode's own generation.
+        let mut listed = Vec::new();
+        b2.readdir(r, 0, &mut |e| {
+            listed.push(e.clone());
+            true
+        })
+        .unwrap();
+        let attrs: Vec<_> = listed
+            .iter()
+            .filter(|e| e.name != b"." && e.name != b"..")
+            .map(|e| (e.name.clone(), b2.entry_attr(r, e)))
+            .collect();
+        (looked, size, absent, got, names, attrs, listed)
     });
     let read_in = t.elapsed();
     let dead_still_holds = holds_global_exclusively(&b, a.cl.me.slot);
@@ -214,10 +230,33 @@ fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() 
     assert_eq!((reads.1, reads.3), (4096, 4096));
     assert_eq!(reads.2.unwrap_err().kind(), ErrorKind::NotFound);
     assert_eq!(reads.4, vec![b".".to_vec(), b"..".to_vec(), b"f".to_vec()]);
+    for (name, attr) in &reads.5 {
+        match (name.as_slice(), attr) {
+            (b"mine", EntryAttr::Loaded(x)) => assert_eq!(x.ino, mine),
+            (b"theirs", EntryAttr::Unreadable(x)) => {
+                assert_eq!((x.ino, x.generation), (theirs, theirs_attr.generation));
+            }
+            (b"other", EntryAttr::Unreadable(x)) => {
+                assert_eq!((x.ino, x.generation), (other.ino, other.generation));
+            }
+            (n, x) => panic!("{:?}: {x:?}", String::from_utf8_lossy(n)),
+        }
+    }
+    assert_eq!(reads.5.len(), 3);
     assert!(
         dead_still_holds,
         "b's reads took {read_in:?}: they waited for a's recovery (dead time {dead:?})"
     );
+    // An inode b's kernel knows is not listed with placeholders (the kernel would apply
+    // them to it): that waits for the recovery.
+    b.note_lookup(theirs);
+    let entry = reads.6.iter().find(|e| e.name == b"theirs").unwrap();
+    match b.entry_attr(r, entry) {
+        EntryAttr::Loaded(x) => assert_eq!(x.generation, theirs_attr.generation),
+        x => panic!("theirs, known to the kernel: {x:?}"),
+    }
+    assert!(!holds_global_exclusively(&b, a.cl.me.slot));
+    b.forget(theirs, 1);
     // What a changed since b loaded it is not read from b's copy: the listing waits for the
     // recovery and shows a's change.
     let mut names = Vec::new();

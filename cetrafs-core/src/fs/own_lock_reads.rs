@@ -15,12 +15,15 @@
 //!    node's acquiring turn meanwhile, and for 100 ms one that begins a wait of its own
 //!    (then the record is read again);
 //! 2. it takes the object's own lock shared ([`InodeLocks::share_cached`]: one bucket CAW, or
-//!    a request to an exclusive holder, which writes it home first) and uses this node's
-//!    loaded state of it if the lock's version did not move since that state was last
-//!    validated. Every change of an inode takes its lock exclusively first (rule 1 of
-//!    §15), which moves the version: an unmoved version means nobody changed the inode, or a
-//!    directory's entries, since this node last read them under the global lock (when every
-//!    change before was home) or under a hold of their own;
+//!    a request to an exclusive holder, which writes it home first; a holder that does not
+//!    answer within [`INODE_LOCK_PATIENCE`] — perhaps the silent node — is not waited for)
+//!    and uses this node's loaded state of it if the lock's version did not move since that
+//!    state was last validated. Every change of an inode another node can know takes its
+//!    lock exclusively first, and that grant happens under the global lock (rule 1 of §15;
+//!    the owner's later changes without the global lock are under that same exclusive
+//!    hold, and a fresh inode is known only to its maker): an unmoved version means nobody
+//!    changed the inode, or a directory's entries, since this node last read them under the
+//!    global lock (when every change before was home) or under a hold of their own;
 //! 3. a lookup reads the directory's entries under the metadata mutex (through the block
 //!    cache, which the last grant of the global lock after another node's changes emptied)
 //!    and checks afterwards that the directory's hold was valid throughout
@@ -28,23 +31,30 @@
 //!    write of those blocks cannot have begun); the inode the name leads to must be loaded
 //!    here and pass step 2 as well;
 //! 4. anything else — an object not loaded, one whose version moved, a read that raced a
-//!    handoff — waits for the global lock as before.
+//!    handoff — waits for the global lock as before, except a listing's names: one whose
+//!    inode is not validated is listed without attributes if the kernel does not know that
+//!    inode ([`Volume::listed_without_attributes`]).
 //!
 //! This node does not hold the global lock here, so nothing of its own global-path changes is
-//! left unwritten at home (its handoff of the global lock wrote them all), and a read of a
-//! block through this node's cache sees its own detached changes. Only reads take this path:
+//! left unwritten at home (its handoff of the global lock wrote them all), and a read through
+//! a detached transaction sees its own detached changes (the running transaction's blocks
+//! come before the cache and the device). A fenced node answers nothing this way. Only reads take this path:
 //! a change still needs the global lock, or the object owned (fs/detached.rs,
 //! `fs/detached_ns.rs`). A dead node therefore blocks only what it held and what changed since
 //! this node last read it. The cost: a shared hold of each object read this way (another
 //! node's next change of it asks this node for it through its mailbox), only while the
 //! global lock's holders are silent.
 
+use super::detached::INODE_LOCK_PATIENCE;
 use super::txn::{Meta, Tx};
 use super::{InodeState, Volume};
+use crate::dev::aligned::AlignedBuf;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::inode::Inode;
-use crate::fs::types::Attr;
+use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
+use crate::fs::types::{Attr, DirListEntry};
 use std::sync::{Arc, MutexGuard};
+use std::time::Instant;
 
 impl Volume {
     /// [`Volume::read_op`] that gives up (None) instead of waiting on once every holder of
@@ -65,20 +75,34 @@ impl Volume {
     /// Is this node's loaded state `st` valid under a hold of its own lock, taken now if need
     /// be (step 2)? False also on a v2 volume, for a freed inode, and when the lock cannot be
     /// taken.
+    /// A hold another node keeps (perhaps the silent one, until its recovery) is waited for
+    /// [`INODE_LOCK_PATIENCE`], then the answer is no.
     pub(super) fn validated_by_own_lock(&self, st: &InodeState) -> bool {
+        // A fenced node answers nothing from its caches.
+        if self.lock_abort().is_some() || st.read().freed {
+            return false;
+        }
         if self.is_current_unlocked(st) {
-            return !st.read().freed;
+            return true;
         }
         let Some(il) = &self.cl.ilocks else {
             return false;
         };
-        if st.read().freed {
-            return false;
-        }
-        match il.share_cached(st.ino, &|| self.lock_abort()) {
+        let since = Instant::now();
+        let abort = || {
+            self.lock_abort().or_else(|| {
+                (since.elapsed() >= INODE_LOCK_PATIENCE).then(|| {
+                    Error::new(
+                        ErrorKind::Busy,
+                        "another node keeps its lock: not waited for",
+                    )
+                })
+            })
+        };
+        match il.share_cached(st.ino, &abort) {
             Ok(valid) => valid && il.is_valid(st.data_lock(il)) && !st.read().freed,
             Err(e) => {
-                tracing::debug!("inode {}: its own lock could not be taken: {e}", st.ino);
+                tracing::debug!("inode {}: its own lock was not had: {e}", st.ino);
                 false
             }
         }
@@ -115,6 +139,33 @@ impl Volume {
             return None;
         }
         Some(r)
+    }
+
+    /// Entry `e` of a directory read by [`Volume::read_dir_by_own_lock`], whose inode is not
+    /// validated: listed without attributes (placeholders the kernel does not cache, a
+    /// `stat` asks again), or None — wait for the global lock — if the kernel knows the inode
+    /// (it would apply the placeholders to it) or its generation cannot be read. The
+    /// generation is the inode's own (the kernel takes a different one for a reused number
+    /// and would fail the open files of the inode it has): the name stays in the validated
+    /// directory, so the inode cannot have been freed and its number reused since, and its
+    /// generation at home is current even if the rest of it is not.
+    pub(super) fn listed_without_attributes(&self, e: &DirListEntry) -> Option<Attr> {
+        if self.inodes.referenced(e.ino) {
+            return None;
+        }
+        let generation = if let Some(st) = self.inodes.get(e.ino) {
+            st.read().inode.generation
+        } else {
+            let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+            self.dev
+                .read_at(e.ino.checked_mul(FS_BLOCK)?, &mut buf)
+                .ok()?;
+            Inode::decode(&buf, e.ino).ok()?.generation
+        };
+        Some(Attr {
+            generation,
+            ..Attr::placeholder(e.ino, e.kind)
+        })
     }
 
     /// Look `name` up in directory `parent` without the global lock (step 3). None: the
