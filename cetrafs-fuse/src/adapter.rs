@@ -1206,7 +1206,8 @@ impl Filesystem for Adapter {
                 // In the directory but its inode cannot be read (the core logged it), or not
                 // now (every holder of the global lock is silent: the core's
                 // `fs/own_lock_reads.rs`, which then gives the inode's generation and never
-                // lists so an inode the kernel knows): listed so that nothing looks missing,
+                // lists so an inode the kernel was given attributes of): listed so that
+                // nothing looks missing,
                 // with zero timeouts so the kernel caches nothing and a stat of it asks
                 // again. fuser
                 // sends the attributes' inode number as the node id, so the kernel takes a
@@ -1215,7 +1216,7 @@ impl Filesystem for Adapter {
                 EntryAttr::Unreadable(a) => {
                     let counted = e.name != b"." && e.name != b"..";
                     if counted {
-                        self.vol.note_lookup(a.ino);
+                        self.vol.note_listed(a.ino);
                     }
                     let full = reply.add(
                         INodeNo(self.nodeid(a.ino)),

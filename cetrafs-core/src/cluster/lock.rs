@@ -846,15 +846,22 @@ impl LockTable {
         let mut since = Instant::now();
         let mut io = IoPatience::new(self.io_patience);
         let what = "the global lock (record 0)";
+        // A grant whose CAW ended in doubt may have landed: the next read tells, and no abort
+        // comes before it (an abort then would leave this node holding the lock on disk
+        // without knowing it).
+        let mut in_doubt = false;
         loop {
-            if let Some(e) = abort() {
-                self.leave_waiters(me);
-                return Err(e);
+            if !in_doubt {
+                if let Some(e) = abort() {
+                    self.leave_waiters(me);
+                    return Err(e);
+                }
             }
             let (raw, rec) = self.read(Self::GLOBAL)?;
             if Self::holds(&rec, me, mode) {
                 return Ok(rec);
             }
+            in_doubt = false;
             if last.as_deref() != Some(&raw[..]) {
                 last = Some(raw.clone());
                 since = Instant::now();
@@ -896,6 +903,7 @@ impl LockTable {
                     // Unknown outcome: the next round's read shows whether we hold it.
                     Err(e) => {
                         io.absorb(e, &what)?;
+                        in_doubt = true;
                         continue;
                     }
                 }

@@ -614,7 +614,8 @@ impl InodeLocks {
     /// [`share`](Self::share) for a reader that cannot reload (it does not hold the global
     /// lock: `fs/own_lock_reads.rs`): hold `ino`'s lock at least shared, and tell whether this
     /// node's cached state of the inode is valid under that hold. False: the version moved
-    /// since the state was last validated (another node changed the inode, or may have).
+    /// since the state was last validated (another node changed the inode, or may have);
+    /// then nothing is asked of anyone (the bucket is read first).
     pub fn share_cached(&self, ino: u64, abort: Abort<'_>) -> Result<bool> {
         self.share_or_reload(ino, abort, None)
     }
@@ -628,14 +629,17 @@ impl InodeLocks {
         let dl = self.lock_of(ino);
         let obj = ObjectId::inode(ino)?;
         loop {
-            let seen = {
+            let (seen, validator) = {
                 let s = dl.settled();
                 if s.held != Held::Nothing && s.validator == Some(s.version) {
                     dl.ready.store(true, Ordering::Release);
                     return Ok(true);
                 }
-                s.handoffs
+                (s.handoffs, s.validator)
             };
+            if reload.is_none() && !self.version_is(obj, validator)? {
+                return Ok(false);
+            }
             let Some((grant, mut s)) = self.grant(&dl, obj, LockMode::Shared, seen, abort)? else {
                 continue;
             };
@@ -657,6 +661,20 @@ impl InodeLocks {
                 return Ok(true);
             }
         }
+    }
+
+    /// Does `obj`'s entry show version `validator` now (one bucket read)? If not, a shared
+    /// grant could not validate the cache ([`share_cached`](Self::share_cached)), and asking
+    /// for one would only make an exclusive holder write home and give up its hold, which it
+    /// takes back only under the global lock (perhaps the one a silent node keeps). An entry
+    /// that is not there was evicted (a new one starts above the bucket's floor) or never
+    /// existed: no.
+    fn version_is(&self, obj: ObjectId, validator: Option<u64>) -> Result<bool> {
+        let Some(v) = validator else {
+            return Ok(false);
+        };
+        let (_, bucket) = self.locks.read_bucket(self.locks.bucket_of(obj))?;
+        Ok(bucket.entry(obj.raw()).is_some_and(|e| e.version == v))
     }
 
     /// Hold `ino`'s lock exclusively before changing its block. The caller holds the global

@@ -249,8 +249,14 @@ fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() 
     );
     // An inode b's kernel knows is not listed with placeholders (the kernel would apply
     // them to it): that waits for the recovery.
-    b.note_lookup(theirs);
+    b.note_listed(theirs);
     let entry = reads.6.iter().find(|e| e.name == b"theirs").unwrap();
+    assert!(
+        matches!(b.entry_attr(r, entry), EntryAttr::Unreadable(_)),
+        "known to the kernel from placeholders only: listed so again"
+    );
+    b.forget(theirs, 1);
+    b.note_lookup(theirs);
     match b.entry_attr(r, entry) {
         EntryAttr::Loaded(x) => assert_eq!(x.generation, theirs_attr.generation),
         x => panic!("theirs, known to the kernel: {x:?}"),
@@ -274,6 +280,52 @@ fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() 
     );
     drop(held);
     unmount_and_check(&dev, &[&b]);
+}
+
+/// `fs/own_lock_reads.rs` step 2: while the global lock's holder is silent, a read of an
+/// object that another node changed since this node's copy (and holds exclusively) asks that
+/// node for nothing. Asked, the owner would write home and give its hold up, and could take
+/// it back only under the global lock, which the dead node keeps: its VM's allocating writes
+/// would stop for nothing until the recovery.
+#[test]
+fn a_stale_read_while_the_global_holder_is_silent_leaves_the_owner_its_hold() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"img", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &[1u8; 4096]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    // b loads the file (a writes it home and shares), then a's allocating write owns it
+    // again: b's copy is stale, a holds the file exclusively.
+    assert_eq!(b.getattr(f.ino).unwrap().size, 4096);
+    a.write(&fh, 1 << 20, &[2u8; 4096]).unwrap();
+    // c dies holding the global lock exclusively.
+    let held = c.meta_ex().unwrap();
+    let (dead, _) = crash(&c);
+    let (b2, ino) = (b.clone(), f.ino);
+    let stat = std::thread::spawn(move || b2.getattr(ino).map(|x| x.size));
+    // b finds the holders silent and looks at the file's own lock meanwhile.
+    std::thread::sleep(Duration::from_millis(400));
+    let (a2, fh) = (a.clone(), Arc::new(fh));
+    let fh2 = fh.clone();
+    within(dead, move || {
+        for i in 2..10u64 {
+            a2.write(&fh2, i << 20, &[3u8; 4096]).unwrap();
+        }
+    });
+    assert!(
+        holds_global_exclusively(&a, c.cl.me.slot),
+        "a's writes waited for c's recovery: b's read took a's hold"
+    );
+    assert_eq!(stat.join().unwrap().unwrap(), (9 << 20) + 4096);
+    drop(held);
+    let Ok(fh) = Arc::try_unwrap(fh) else {
+        panic!("handle still shared")
+    };
+    a.release(&fh).unwrap();
+    unmount_and_check(&dev, &[&a, &b]);
 }
 
 #[test]

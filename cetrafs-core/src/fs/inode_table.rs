@@ -110,12 +110,21 @@ struct Entry {
     hot: bool,
 }
 
+/// The kernel's references to one inode number (FUSE lookup counts).
+#[derive(Debug, Default, Clone, Copy)]
+struct Refs {
+    count: u64,
+    /// Some reply since the count was last zero gave the kernel the inode's attributes (not
+    /// only a listing's placeholders: `Volume::entry_attr`).
+    attributes: bool,
+}
+
 #[derive(Debug, Default)]
 struct Inner {
     states: HashMap<Ino, Entry>,
     /// (number, stamp) of every state in load order, plus stale slots of removed ones.
     ring: VecDeque<(Ino, u64)>,
-    refs: HashMap<Ino, u64>,
+    refs: HashMap<Ino, Refs>,
     bytes: usize,
     budget: usize,
     next_stamp: u64,
@@ -342,11 +351,22 @@ impl InodeTable {
         });
     }
 
-    /// The kernel took one more reference to `ino`.
+    /// The kernel took one more reference to `ino`, with its attributes.
     pub fn note_lookup(&self, ino: Ino) {
+        self.note_reference(ino, true);
+    }
+
+    /// The kernel took one more reference to `ino` from a listing that gave it placeholder
+    /// attributes only.
+    pub fn note_listed(&self, ino: Ino) {
+        self.note_reference(ino, false);
+    }
+
+    fn note_reference(&self, ino: Ino, attributes: bool) {
         self.change(|t| {
-            let c = t.refs.entry(ino).or_insert(0);
-            *c = c.saturating_add(1);
+            let r = t.refs.entry(ino).or_default();
+            r.count = r.count.saturating_add(1);
+            r.attributes |= attributes;
         });
     }
 
@@ -354,9 +374,9 @@ impl InodeTable {
     /// state when none are left, for the caller to decide its fate.
     pub fn forget(&self, ino: Ino, nlookup: u64) -> Option<Arc<InodeState>> {
         self.change(|t| {
-            if let Some(c) = t.refs.get_mut(&ino) {
-                *c = c.saturating_sub(nlookup);
-                if *c > 0 {
+            if let Some(r) = t.refs.get_mut(&ino) {
+                r.count = r.count.saturating_sub(nlookup);
+                if r.count > 0 {
                     return None;
                 }
                 t.refs.remove(&ino);
@@ -369,6 +389,11 @@ impl InodeTable {
     /// Does the kernel hold a reference to `ino`?
     pub fn referenced(&self, ino: Ino) -> bool {
         self.lock().refs.contains_key(&ino)
+    }
+
+    /// Does the kernel hold a reference to `ino` that came with its attributes?
+    pub fn given_attributes(&self, ino: Ino) -> bool {
+        self.lock().refs.get(&ino).is_some_and(|r| r.attributes)
     }
 
     /// Drop the state of `ino` if it is idle (the caller holds no clone of it).

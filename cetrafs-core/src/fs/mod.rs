@@ -958,6 +958,12 @@ impl Volume {
         self.inodes.note_lookup(ino);
     }
 
+    /// [`Volume::note_lookup`] for an entry a listing gave with placeholder attributes only
+    /// ([`EntryAttr::Unreadable`]).
+    pub fn note_listed(&self, ino: Ino) {
+        self.inodes.note_listed(ino);
+    }
+
     /// The kernel dropped `nlookup` references to `ino`. An inode without links, opens or
     /// kernel references is freed now; otherwise the in-memory state is dropped if idle.
     pub fn forget(&self, ino: Ino, nlookup: u64) {

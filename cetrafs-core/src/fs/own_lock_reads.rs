@@ -14,11 +14,12 @@
 //!    then stops waiting (`Volume::meta_sh_unless_stalled`), also one that waits for this
 //!    node's acquiring turn meanwhile, and for 100 ms one that begins a wait of its own
 //!    (then the record is read again);
-//! 2. it takes the object's own lock shared ([`InodeLocks::share_cached`]: one bucket CAW, or
-//!    a request to an exclusive holder, which writes it home first; a holder that does not
-//!    answer within [`INODE_LOCK_PATIENCE`] — perhaps the silent node — is not waited for)
-//!    and uses this node's loaded state of it if the lock's version did not move since that
-//!    state was last validated. Every change of an inode another node can know takes its
+//! 2. if the object's bucket shows the version this node's loaded state of it was last
+//!    validated at, it takes the object's own lock shared ([`InodeLocks::share_cached`]: one
+//!    CAW, or a request to a holder, which writes it home first; a holder that does not
+//!    answer within [`INODE_LOCK_PATIENCE`] is not waited for) and uses that state; a
+//!    version that moved asks nothing of anyone (an exclusive holder asked would give up a
+//!    hold it takes back only under the global lock). Every change of an inode another node can know takes its
 //!    lock exclusively first, and that grant happens under the global lock (rule 1 of §15;
 //!    the owner's later changes without the global lock are under that same exclusive
 //!    hold, and a fresh inode is known only to its maker): an unmoved version means nobody
@@ -32,13 +33,13 @@
 //!    here and pass step 2 as well;
 //! 4. anything else — an object not loaded, one whose version moved, a read that raced a
 //!    handoff — waits for the global lock as before, except a listing's names: one whose
-//!    inode is not validated is listed without attributes if the kernel does not know that
-//!    inode ([`Volume::listed_without_attributes`]).
+//!    inode is not validated is listed without attributes unless the kernel was given that
+//!    inode's attributes ([`Volume::listed_without_attributes`]).
 //!
 //! This node does not hold the global lock here, so nothing of its own global-path changes is
 //! left unwritten at home (its handoff of the global lock wrote them all), and a read through
 //! a detached transaction sees its own detached changes (the running transaction's blocks
-//! come before the cache and the device). A fenced node answers nothing this way. Only reads take this path:
+//! come before the cache and the device). A fenced node validates nothing this way. Only reads take this path:
 //! a change still needs the global lock, or the object owned (fs/detached.rs,
 //! `fs/detached_ns.rs`). A dead node therefore blocks only what it held and what changed since
 //! this node last read it. The cost: a shared hold of each object read this way (another
@@ -143,25 +144,32 @@ impl Volume {
 
     /// Entry `e` of a directory read by [`Volume::read_dir_by_own_lock`], whose inode is not
     /// validated: listed without attributes (placeholders the kernel does not cache, a
-    /// `stat` asks again), or None — wait for the global lock — if the kernel knows the inode
-    /// (it would apply the placeholders to it) or its generation cannot be read. The
-    /// generation is the inode's own (the kernel takes a different one for a reused number
-    /// and would fail the open files of the inode it has): the name stays in the validated
-    /// directory, so the inode cannot have been freed and its number reused since, and its
-    /// generation at home is current even if the rest of it is not.
+    /// `stat` asks again), or None — wait for the global lock — if the kernel was given the
+    /// inode's attributes (it would apply the placeholders to the inode it has; one it knows
+    /// only from placeholders is listed so again), if the inode is fresh, or if its
+    /// generation cannot be read. The generation is the inode's own, from its home copy (the
+    /// kernel takes a different one for a reused number and fails the open files of the
+    /// inode it has): the name was in the validated directory, so the number was not reused
+    /// when the directory was read, and the generation at home is current even if the rest
+    /// of the inode is not.
     pub(super) fn listed_without_attributes(&self, e: &DirListEntry) -> Option<Attr> {
-        if self.inodes.referenced(e.ino) {
+        if e.name == b"." || e.name == b".." {
+            // The kernel makes nothing of a dot entry's attributes.
+            return Some(Attr::placeholder(e.ino, e.kind));
+        }
+        // A fresh inode's block at home may still hold an earlier inode's image (its
+        // state is this node's only copy: fs/detached_ns.rs).
+        if self.inodes.given_attributes(e.ino)
+            || self.detached.known_only_here(e.ino)
+            || self.lock_abort().is_some()
+        {
             return None;
         }
-        let generation = if let Some(st) = self.inodes.get(e.ino) {
-            st.read().inode.generation
-        } else {
-            let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
-            self.dev
-                .read_at(e.ino.checked_mul(FS_BLOCK)?, &mut buf)
-                .ok()?;
-            Inode::decode(&buf, e.ino).ok()?.generation
-        };
+        let mut buf = AlignedBuf::new(FS_BLOCK_SIZE);
+        self.dev
+            .read_at(e.ino.checked_mul(FS_BLOCK)?, &mut buf)
+            .ok()?;
+        let generation = Inode::decode(&buf, e.ino).ok()?.generation;
         Some(Attr {
             generation,
             ..Attr::placeholder(e.ino, e.kind)
