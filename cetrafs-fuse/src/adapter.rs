@@ -1179,59 +1179,44 @@ impl Filesystem for Adapter {
         // Volume::readdir calls emit with its metadata lock released, so calling back is safe.
         let r = self.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
             // The entry names its inode; dot entries are not instantiated by the kernel.
-            match self.vol.entry_attr(dir, e) {
-                EntryAttr::Loaded(a) => {
-                    // The kernel takes a reference to every entry but "." and "..".
-                    let counted = e.name != b"." && e.name != b"..";
-                    if counted {
-                        self.vol.note_lookup(a.ino);
-                    }
-                    let full = reply.add(
-                        INodeNo(self.nodeid(a.ino)),
-                        e.next,
-                        OsStr::from_bytes(&e.name),
-                        &self.entry_ttl,
-                        &self.file_attr(&a),
-                        Generation(a.generation.into()),
-                    );
-                    if full && counted {
-                        // Not sent after all: give the reference back.
-                        self.vol.forget(a.ino, 1);
-                    }
-                    !full
-                }
-                // Removed (here or on another node) since the directory block was read: skip it;
-                // the next entry's cookie still resumes correctly.
-                EntryAttr::Gone => true,
+            let (a, ttl, with_attributes) = match self.vol.entry_attr(dir, e) {
+                EntryAttr::Loaded(a) => (a, self.entry_ttl, true),
+                // Removed (here or on another node) since the directory block was read: skip
+                // it; the next entry's cookie still resumes correctly.
+                EntryAttr::Gone => return true,
                 // In the directory but its inode cannot be read (the core logged it), or not
                 // now (every holder of the global lock is silent: the core's
                 // `fs/own_lock_reads.rs`, which then gives the inode's generation and never
                 // lists so an inode the kernel was given attributes of): listed so that
-                // nothing looks missing,
-                // with zero timeouts so the kernel caches nothing and a stat of it asks
-                // again. fuser
-                // sends the attributes' inode number as the node id, so the kernel takes a
-                // reference, counted as for a loaded entry: until its forget the number is
-                // not reused (the inode may be a live one another node unlinks meanwhile).
-                EntryAttr::Unreadable(a) => {
-                    let counted = e.name != b"." && e.name != b"..";
-                    if counted {
-                        self.vol.note_listed(a.ino);
-                    }
-                    let full = reply.add(
-                        INodeNo(self.nodeid(a.ino)),
-                        e.next,
-                        OsStr::from_bytes(&e.name),
-                        &Duration::ZERO,
-                        &self.file_attr(&a),
-                        Generation(a.generation.into()),
-                    );
-                    if full && counted {
-                        self.vol.forget(a.ino, 1);
-                    }
-                    !full
+                // nothing looks missing, with zero timeouts so the kernel caches nothing and a
+                // stat of it asks again.
+                EntryAttr::Unreadable(a) => (a, Duration::ZERO, false),
+            };
+            // fuser sends the attributes' inode number as the node id: the kernel takes a
+            // reference to every entry but "." and "..", placeholders too, and until its
+            // forget the number is not reused (the inode may be a live one another node
+            // unlinks meanwhile).
+            let counted = e.name != b"." && e.name != b"..";
+            if counted {
+                if with_attributes {
+                    self.vol.note_lookup(a.ino);
+                } else {
+                    self.vol.note_listed(a.ino);
                 }
             }
+            let full = reply.add(
+                INodeNo(self.nodeid(a.ino)),
+                e.next,
+                OsStr::from_bytes(&e.name),
+                &ttl,
+                &self.file_attr(&a),
+                Generation(a.generation.into()),
+            );
+            if full && counted {
+                // Not sent after all: give the reference back.
+                self.vol.forget(a.ino, 1);
+            }
+            !full
         });
         match r {
             Ok(()) => reply.ok(),
