@@ -19,12 +19,13 @@
 //!    CAW, or a request to a holder, which writes it home first; a holder that does not
 //!    answer within [`INODE_LOCK_PATIENCE`] is not waited for) and uses that state; a
 //!    version that moved asks nothing of anyone (an exclusive holder asked would give up a
-//!    hold it takes back only under the global lock). Every change of an inode another node can know takes its
-//!    lock exclusively first, and that grant happens under the global lock (rule 1 of §15;
-//!    the owner's later changes without the global lock are under that same exclusive
-//!    hold, and a fresh inode is known only to its maker): an unmoved version means nobody
-//!    changed the inode, or a directory's entries, since this node last read them under the
-//!    global lock (when every change before was home) or under a hold of their own;
+//!    hold it takes back only under the global lock). Every change of an inode another node
+//!    can know takes its lock exclusively first, and that grant happens under the global
+//!    lock (rule 1 of §15; the owner's later changes without the global lock are under that
+//!    same exclusive hold, and a fresh inode is known only to its maker): an unmoved version
+//!    means nobody changed the inode, or a directory's entries, since this node last read
+//!    them under the global lock (when every change before was home) or under a hold of
+//!    their own;
 //! 3. a lookup reads the directory's entries under the metadata mutex (through the block
 //!    cache, which the last grant of the global lock after another node's changes emptied)
 //!    and checks afterwards that the directory's hold was valid throughout
@@ -36,15 +37,16 @@
 //!    inode is not validated is listed without attributes unless the kernel was given that
 //!    inode's attributes ([`Volume::listed_without_attributes`]).
 //!
-//! This node does not hold the global lock here, so nothing of its own global-path changes is
-//! left unwritten at home (its handoff of the global lock wrote them all), and a read through
-//! a detached transaction sees its own detached changes (the running transaction's blocks
-//! come before the cache and the device). A fenced node validates nothing this way. Only reads take this path:
-//! a change still needs the global lock, or the object owned (fs/detached.rs,
-//! `fs/detached_ns.rs`). A dead node therefore blocks only what it held and what changed since
-//! this node last read it. The cost: a shared hold of each object read this way (another
-//! node's next change of it asks this node for it through its mailbox), only while the
-//! global lock's holders are silent.
+//! This node does not hold the global lock here (or another of its threads has just taken
+//! it), so nothing of its own global-path changes is left unwritten at home (its handoff of
+//! the global lock wrote them all), and a read through a detached transaction sees its own
+//! detached changes (the running transaction's blocks come before the cache and the
+//! device). A fenced node validates nothing this way. Only reads take this path: a change
+//! still needs the global lock, or the object owned (`fs/detached.rs`,
+//! `fs/detached_ns.rs`). A dead node therefore blocks only what it held and what changed
+//! since this node last read it. The cost: a bucket read per object, a shared hold of each
+//! object validated (another node's next change of it asks this node for it through its
+//! mailbox), only while the global lock's holders are silent.
 
 use super::detached::INODE_LOCK_PATIENCE;
 use super::txn::{Meta, Tx};
