@@ -478,14 +478,21 @@ impl Cluster {
     /// Note whether the global lock as `rec` shows it is held only by silent slots (see
     /// `global_stalled`).
     fn note_global_holders(&self, rec: &LockRecord) {
+        let holders = self.holders_but_me(rec);
+        let stalled = !holders.is_empty() && holders.iter().all(|&s| self.slot_silent(s));
+        *self.global_stalled.lock().or_panic() = stalled.then(Instant::now);
+    }
+
+    /// The slots other than this node's that hold the global lock as `rec` shows it: what a
+    /// wait for it waits for.
+    fn holders_but_me(&self, rec: &LockRecord) -> Vec<u32> {
         let mut holders = match rec.mode {
             LockMode::Exclusive => vec![rec.owner],
-            LockMode::Shared => rec.holders.iter().filter(|&s| s != self.me.slot).collect(),
+            LockMode::Shared => rec.holders.iter().collect(),
             LockMode::Free => Vec::new(),
         };
         holders.retain(|&s| s != self.me.slot);
-        let stalled = !holders.is_empty() && holders.iter().all(|&s| self.slot_silent(s));
-        *self.global_stalled.lock().or_panic() = stalled.then(Instant::now);
+        holders
     }
 
     /// Did a wait for the global lock find it held only by silent slots less than
@@ -774,11 +781,7 @@ impl Volume {
     fn ask_global_holders(&self, rec: &LockRecord, mode: LockMode) {
         let Some(il) = &self.cl.ilocks else { return };
         let me = self.cl.me;
-        let holders: Vec<u32> = match rec.mode {
-            LockMode::Exclusive => vec![rec.owner],
-            LockMode::Shared => rec.holders.iter().filter(|&s| s != me.slot).collect(),
-            LockMode::Free => Vec::new(),
-        };
+        let holders = self.cl.holders_but_me(rec);
         let req = Request {
             object: ObjectId::volume(VolumeLock::Global).raw(),
             slot: me.slot,

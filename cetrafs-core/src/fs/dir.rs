@@ -146,14 +146,10 @@ impl Volume {
         if let Some(r) = self.lookup_owned(parent, name) {
             return r;
         }
-        if let Some(a) = self.read_op_unless_stalled(|tx| self.lookup_in(tx, parent, name))? {
-            return Ok(a);
-        }
-        // Every holder of the global lock is silent (fs/own_lock_reads.rs).
-        if let Some(r) = self.lookup_by_own_locks(parent, name) {
-            return r;
-        }
-        self.read_op(|tx| self.lookup_in(tx, parent, name))
+        self.read_or_by_own_locks(
+            |tx| self.lookup_in(tx, parent, name),
+            || self.lookup_by_own_locks(parent, name),
+        )
     }
 
     /// [`Volume::lookup`] under the global lock (`tx`).
@@ -1018,23 +1014,17 @@ impl Volume {
         loop {
             // A directory another node holds (perhaps a dead one) is waited for holding
             // nothing else (`Volume::read_op`).
-            let listed = |tx: &mut Tx<'_>| {
-                let st = self.dir_state(tx, ino)?;
-                let inode = st.read().inode.clone();
-                list_batch(tx, &inode, offset, BATCH)
-            };
-            let batch = match self.read_op_unless_stalled(listed)? {
-                Some(b) => b,
-                // Every holder of the global lock is silent (fs/own_lock_reads.rs).
-                // A read that failed there is made again under the global lock, which also
-                // says what is wrong if something is.
-                None => {
-                    match self.read_dir_by_own_lock(ino, |tx, d| list_batch(tx, d, offset, BATCH)) {
-                        Some(Ok(b)) => b,
-                        _ => self.read_op(listed)?,
-                    }
-                }
-            };
+            let batch = self.read_or_by_own_locks(
+                |tx| {
+                    let st = self.dir_state(tx, ino)?;
+                    let inode = st.read().inode.clone();
+                    list_batch(tx, &inode, offset, BATCH)
+                },
+                || {
+                    self.read_dir_by_own_lock(ino, |tx, d| list_batch(tx, d, offset, BATCH))
+                        .map(Ok)
+                },
+            )?;
             let Some(last) = batch.last().map(|e| e.next) else {
                 return Ok(());
             };

@@ -462,16 +462,11 @@ impl InodeLocks {
         dl.ready.load(Ordering::Acquire)
     }
 
-    #[expect(
-        clippy::unused_self,
-        reason = "a verb of the lock table, like the others callers use on a DataLock"
-    )]
     /// Is this node's cached state of the inode valid now: it holds the lock (either mode), no
     /// handoff is in progress, and the cache was validated under this hold? (Then no other
     /// node can have changed the inode: that takes the lock exclusively.)
     pub fn is_valid(&self, dl: &DataLock) -> bool {
-        let s = dl.state.lock().or_panic();
-        s.held != Held::Nothing && !s.handing && s.validator == Some(s.version)
+        self.valid_since(dl).is_some()
     }
 
     /// While this node's cached state of `dl`'s inode is valid ([`is_valid`](Self::is_valid)):

@@ -49,17 +49,34 @@
 //! mailbox), only while the global lock's holders are silent.
 
 use super::detached::INODE_LOCK_PATIENCE;
-use super::txn::{Meta, Tx};
+use super::txn::Tx;
 use super::{InodeState, Volume};
 use crate::dev::aligned::AlignedBuf;
 use crate::error::{Error, ErrorKind, Result};
 use crate::format::inode::Inode;
 use crate::format::{FS_BLOCK, FS_BLOCK_SIZE};
 use crate::fs::types::{Attr, DirListEntry};
-use std::sync::{Arc, MutexGuard};
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Volume {
+    /// A read under the global lock (`global`), or, once every holder of the global lock is
+    /// silent, `by_own_locks` (steps 2 and 3 of the module doc); when that cannot answer
+    /// (None), the global lock is waited for after all (step 4).
+    pub(super) fn read_or_by_own_locks<T>(
+        &self,
+        global: impl Fn(&mut Tx<'_>) -> Result<T>,
+        by_own_locks: impl FnOnce() -> Option<Result<T>>,
+    ) -> Result<T> {
+        if let Some(v) = self.read_op_unless_stalled(&global)? {
+            return Ok(v);
+        }
+        if let Some(r) = by_own_locks() {
+            return r;
+        }
+        self.read_op(global)
+    }
+
     /// [`Volume::read_op`] that gives up (None) instead of waiting on once every holder of
     /// the global lock is silent (step 1 of the module doc).
     pub(super) fn read_op_unless_stalled<T>(
@@ -67,8 +84,7 @@ impl Volume {
         f: impl Fn(&mut Tx<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
         self.restarting(|waited| {
-            let meta: Option<MutexGuard<'_, Meta>> = self.meta_sh_unless_stalled()?;
-            let Some(mut meta) = meta else {
+            let Some(mut meta) = self.meta_sh_unless_stalled()? else {
                 return Ok(None);
             };
             f(&mut Tx::restartable(&*self.dev, &mut meta, waited)).map(Some)
@@ -77,9 +93,8 @@ impl Volume {
 
     /// Is this node's loaded state `st` valid under a hold of its own lock, taken now if need
     /// be (step 2)? False also on a v2 volume, for a freed inode, and when the lock cannot be
-    /// taken.
-    /// A hold another node keeps (perhaps the silent one, until its recovery) is waited for
-    /// [`INODE_LOCK_PATIENCE`], then the answer is no.
+    /// taken: a hold another node keeps (perhaps the silent one, until its recovery) is
+    /// waited for [`INODE_LOCK_PATIENCE`], then the answer is no.
     pub(super) fn validated_by_own_lock(&self, st: &InodeState) -> bool {
         // A fenced node answers nothing from its caches.
         if self.lock_abort().is_some() || st.read().freed {
@@ -118,16 +133,17 @@ impl Volume {
     }
 
     /// Read directory `dir`'s blocks with `f` without the global lock (step 3). None: not
-    /// validated by its own lock, or the hold did not stay valid throughout (a handoff began
-    /// meanwhile); the global path must answer.
+    /// validated by its own lock, the hold did not stay valid throughout (a handoff began
+    /// meanwhile), or `f` failed: the global path must answer (and says what is wrong, if
+    /// something is).
     pub(super) fn read_dir_by_own_lock<T>(
         &self,
         dir: u64,
         f: impl FnOnce(&mut Tx<'_>, &Inode) -> Result<T>,
-    ) -> Option<Result<T>> {
+    ) -> Option<T> {
         let il = self.cl.ilocks.as_ref()?;
-        let dst = self.state_by_own_lock(dir)?;
-        if !dst.read().inode.is_dir() {
+        let dst = self.inodes.get(dir)?;
+        if !dst.read().inode.is_dir() || !self.validated_by_own_lock(&dst) {
             return None;
         }
         let dl = dst.data_lock(il);
@@ -141,7 +157,7 @@ impl Volume {
         if !il.still_valid(dl, token) {
             return None;
         }
-        Some(r)
+        r.ok()
     }
 
     /// Entry `e` of a directory read by [`Volume::read_dir_by_own_lock`], whose inode is not
@@ -186,17 +202,13 @@ impl Volume {
         }
         let found =
             self.read_dir_by_own_lock(parent, |tx, d| super::dir::dir_lookup(tx, d, name))?;
-        match found {
-            Ok(None) => Some(Err(Error::new(
+        let Some(e) = found else {
+            return Some(Err(Error::new(
                 ErrorKind::NotFound,
                 format!("no entry {:?}", String::from_utf8_lossy(name)),
-            ))),
-            // The global path reads again, and says what is wrong if something is.
-            Err(_) => None,
-            Ok(Some(e)) => {
-                let st = self.state_by_own_lock(e.ino)?;
-                Some(Ok(Self::attr_with_pending(&st)))
-            }
-        }
+            )));
+        };
+        let st = self.state_by_own_lock(e.ino)?;
+        Some(Ok(Self::attr_with_pending(&st)))
     }
 }
