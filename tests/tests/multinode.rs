@@ -2522,6 +2522,22 @@ fn assert_mib(img: &fs::File, byte: u8, mibs: std::ops::Range<usize>) {
     }
 }
 
+/// node2's directories `a/` and `b/` and the file `a/f` that [`kill_holding_the_global_lock`]
+/// moves between them. With `durable`, fsync'd (an fsync commits the node's whole
+/// transaction, the directories too): the moves may be lost with node2, but the file is in
+/// `a/` or `b/` after its recovery.
+fn make_node2_files_to_move(node2: &Mount, durable: bool) {
+    for d in ["a", "b"] {
+        fs::create_dir(node2.p(d)).expect("mkdir on node2");
+    }
+    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    if durable {
+        fs::File::open(node2.p("a/f"))
+            .and_then(|f| f.sync_all())
+            .expect("fsync a/f on node2");
+    }
+}
+
 /// node2 moves `a/f` between `a/` and `b/` `moves` times (each move takes the global lock
 /// exclusively) and is SIGKILLed right after the last, still holding the lock: nobody asked
 /// for it, and an idle hold goes back only a second after its last use. Returns when.
@@ -2582,15 +2598,7 @@ fn a_thin_image_grows_while_a_dead_node_holds_the_global_lock() {
     let chunk = vec![0x6B_u8; 1 << 20];
     // The first write takes the global lock: node1 owns the image and has a pool.
     img.write_all_at(&chunk, 0).expect("first write on node1");
-    for d in ["a", "b"] {
-        fs::create_dir(node2.p(d)).expect("mkdir on node2");
-    }
-    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
-    // Durable (an fsync commits the node's whole transaction, the directories too); the
-    // moves below may be lost with node2, but the file is in a/ or b/ after the recovery.
-    fs::File::open(node2.p("a/f"))
-        .and_then(|f| f.sync_all())
-        .expect("fsync a/f on node2");
+    make_node2_files_to_move(&node2, true);
     let killed = kill_holding_the_global_lock(node2, 10);
     // Meanwhile another process on node1 moves a file between directories: it waits for the
     // global lock until node2 is recovered, and the image's writes must not wait with it.
@@ -2923,10 +2931,7 @@ fn outgrow_groups_while_a_dead_node_holds_the_global_lock(format: &str) -> (Dura
     let node2 = Mount::new(&lun, "node2");
     let img = thin_image(&node1.p("thin.img"));
     grow_mib(&img, 0x2D, 0..1);
-    for d in ["a", "b"] {
-        fs::create_dir(node2.p(d)).expect("mkdir on node2");
-    }
-    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    make_node2_files_to_move(&node2, false);
     let killed = kill_holding_the_global_lock(node2, 4);
     grow_mib(&img, 0x2D, 1..GROW_MIB + 1);
     let grown = killed.elapsed();
@@ -2986,10 +2991,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
         fs::create_dir(node1.p(d)).expect("mkdir on node1");
     }
     fs::write(node1.p("x/g"), b"g").expect("write x/g on node1");
-    for d in ["a", "b"] {
-        fs::create_dir(node2.p(d)).expect("mkdir on node2");
-    }
-    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
+    make_node2_files_to_move(&node2, false);
     fs::rename(node2.p("a/f"), node2.p("b/f")).expect("move a/f to b/f on node2");
     // Idle holds go back between 1 and about 2 s after their last use (the sweep looks once a
     // second); 3 s leaves room for a slow machine.
@@ -3056,13 +3058,7 @@ fn survivors_read_what_a_dead_global_holder_did_not_touch() {
     let lun = lun_with_big_groups();
     let node1 = Mount::new(&lun, "node1");
     let node2 = Mount::new(&lun, "node2");
-    for d in ["a", "b"] {
-        fs::create_dir(node2.p(d)).expect("mkdir on node2");
-    }
-    fs::write(node2.p("a/f"), b"f").expect("write a/f on node2");
-    fs::File::open(node2.p("a/f"))
-        .and_then(|f| f.sync_all())
-        .expect("fsync a/f on node2");
+    make_node2_files_to_move(&node2, true);
     // After node2's changes of the root: node1's copy of it is current.
     fs::create_dir(node1.p("own")).expect("mkdir own on node1");
     fs::write(node1.p("own/old"), b"old").expect("write own/old on node1");
