@@ -587,12 +587,14 @@ impl Volume {
         })
     }
 
-    /// [`Volume::meta_sh`] for a read that can also be answered from objects this node's own
-    /// inode locks validate (`fs/own_lock_reads.rs`): None, instead of waiting on, once every
-    /// holder of the global lock is silent.
-    pub(super) fn meta_sh_unless_stalled(&self) -> Result<Option<MutexGuard<'_, Meta>>> {
-        // A v2 volume has no inode locks to validate anything by.
-        self.meta_in_unless_stalled(LockMode::Shared, self.cl.ilocks.is_some())
+    /// The metadata mutex with the global lock held in `mode` (at least), or None instead of
+    /// waiting on once every holder of the global lock is silent: for work that can be done
+    /// otherwise meanwhile (`fs/own_lock_reads.rs`, `fs/closer.rs`).
+    pub(super) fn meta_unless_stalled(
+        &self,
+        mode: LockMode,
+    ) -> Result<Option<MutexGuard<'_, Meta>>> {
+        self.meta_in_unless_stalled(mode, true)
     }
 
     fn meta_in_unless_stalled(
@@ -1133,21 +1135,6 @@ impl Volume {
             if let Err(e) = il.give_back_exclusive(d) {
                 tracing::debug!("giving back the lock of directory {d} failed: {e}");
             }
-        }
-    }
-
-    /// Under the global lock (exclusive), before a handoff: a pool that neither writers nor
-    /// namespace changes used for a while goes back to the bitmaps (fs/detached.rs
-    /// `POOL_IDLE`), so its space is free on every node again.
-    fn give_idle_pool(&self, m: &mut Meta) {
-        if !m.has_pool() || !self.detached.pool_idle() || m.inflight().pooled() != 0 {
-            return;
-        }
-        let mut tx = Tx::new(&*self.dev, m);
-        let r = tx.return_pool(false);
-        let c = tx.commit();
-        if let Err(e) = r.and(c) {
-            tracing::warn!("giving the idle block pool back failed: {e}");
         }
     }
 

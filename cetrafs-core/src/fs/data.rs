@@ -329,13 +329,17 @@ impl Volume {
         Ok(Self::open_state(st, writable))
     }
 
+    /// Close `fh`. Never waits for a global lock whose holders are silent: what needs it is
+    /// then finished in the background (`fs/closer.rs`).
     pub fn release(&self, fh: &Arc<OpenFile>) -> Result<()> {
         let st = &fh.state;
         let last_writer = fh.writable && st.writers.fetch_sub(1, Ordering::AcqRel) == 1;
         let last = st.opens.fetch_sub(1, Ordering::AcqRel) == 1;
-        // This node's last file open for writing: its block pool goes back (below), unless
-        // namespace changes use it (fs/detached_ns.rs; then a global handoff gives it back).
-        let no_writers = fh.writable && self.detached.writer_closed();
+        // This node's last file open for writing: its block pool goes back once idle, from
+        // the closer (fs/closer.rs), never from here.
+        if fh.writable {
+            self.detached.writer_closed();
+        }
         if self.unmounted.load(Ordering::Relaxed) {
             return Ok(());
         }
@@ -347,24 +351,30 @@ impl Volume {
         if self.read_only {
             return Ok(());
         }
-        let pending = st.has_pending.load(Ordering::Acquire);
+        if last_writer {
+            // The file's allocation window (memory).
+            Tx::new(&*self.dev, &mut self.lock_meta()).forget_owner(st.ino);
+        }
         if st.read().freed {
             // Freed already (an unlink that overtook this release freed it into the pool:
-            // fs/detached_ns.rs): only its allocation window to forget.
-            if last_writer {
-                Tx::new(&*self.dev, &mut self.lock_meta()).forget_owner(st.ino);
-            }
+            // fs/detached_ns.rs).
             return Ok(());
         }
+        // The mtime of writes this node made into a file it owns goes in without the global
+        // lock, as at an fsync.
+        self.fold_pending_owned(st)?;
         // Another node may have unlinked it: its link count is known after a refresh.
         if last && !self.is_current_unlocked(st) {
-            match self.read_op(|tx| self.refresh(tx, st)) {
+            match self.read_op_or_stop(true, |tx| self.refresh(tx, st)) {
+                Ok(Some(())) => {}
+                Ok(None) => return self.finish_close_or_defer(st),
                 Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
-                r => r?,
+                Err(e) => return Err(e),
             }
         }
+        let pending = st.has_pending.load(Ordering::Acquire);
         let unlinked = last && st.read().inode.nlink == 0;
-        if !(last_writer || pending || unlinked) {
+        if !(pending || unlinked) {
             return Ok(());
         }
         if unlinked && !pending {
@@ -373,47 +383,7 @@ impl Volume {
                 return r;
             }
         }
-        let give_pool = no_writers && self.detached.pool_idle();
-        if !pending && !unlinked {
-            let mut meta = self.lock_meta();
-            if !(give_pool && meta.has_pool()) {
-                // Only the file's allocation window to forget (memory): no global lock.
-                Tx::new(&*self.dev, &mut meta).forget_owner(st.ino);
-                return Ok(());
-            }
-        }
-        self.meta_op(|tx| {
-            if last_writer {
-                tx.forget_owner(st.ino);
-            }
-            // Again under the mutex: a namespace change may have parked or pinned a block in
-            // the pool since.
-            if give_pool && self.detached.pool_idle() && tx.inflight().pooled() == 0 {
-                match tx.return_pool(false) {
-                    // Format 7: a group of the pool's is being refilled by its owner; the
-                    // pool goes back later (nothing changed).
-                    Err(e) if e.kind() == crate::ErrorKind::Busy => {
-                        tracing::debug!("the block pool stays for now: {e}");
-                    }
-                    r => r?,
-                }
-            }
-            match self.refresh(tx, st) {
-                Err(e) if e.kind() == crate::ErrorKind::NotFound => return Ok(()),
-                r => r?,
-            }
-            let mut inner = st.write();
-            if inner.freed {
-                return Ok(());
-            }
-            if unlinked && self.can_free(st, &inner, super::FreeScope::Now) {
-                return self.free_inode(tx, &mut inner);
-            }
-            if Self::fold_pending(st, &mut inner) {
-                self.save(tx, &mut inner)?;
-            }
-            Ok(())
-        })
+        self.finish_close_or_defer(st)
     }
 
     /// Read up to `size` bytes at `offset`; `reply` receives the bytes (short at EOF).
@@ -2111,6 +2081,21 @@ impl Volume {
         }
     }
 
+    /// Fold `st`'s pending mtime into its inode without the global lock if this node owns
+    /// the inode (the image of a VM on this node: `fs/detached.rs`). False if nothing was
+    /// pending or the metadata path must fold it.
+    fn fold_pending_owned(&self, st: &InodeState) -> Result<bool> {
+        if !st.has_pending.load(Ordering::Acquire) {
+            return Ok(false);
+        }
+        self.change_owned(st, |tx, inner| {
+            if !inner.freed && Self::fold_pending(st, inner) {
+                self.save(tx, inner)?;
+            }
+            Ok(())
+        })
+    }
+
     /// Make the file's data (and with !datasync its metadata) durable.
     pub fn fsync(&self, ino: Ino, _datasync: bool) -> Result<()> {
         // Data written on the fast path is already on the device (O_DIRECT); metadata is
@@ -2118,15 +2103,7 @@ impl Volume {
         // device's volatile cache.
         let st = self.inodes.get(ino);
         if let Some(st) = st {
-            // The image of a VM on this node: its lock is this node's, and the mtime goes in
-            // without the global lock (fs/detached.rs).
-            let owned = st.has_pending.load(Ordering::Acquire)
-                && self.change_owned(&st, |tx, inner| {
-                    if !inner.freed && Self::fold_pending(&st, inner) {
-                        self.save(tx, inner)?;
-                    }
-                    Ok(())
-                })?;
+            let owned = self.fold_pending_owned(&st)?;
             if !owned && st.has_pending.load(Ordering::Acquire) && !self.read_only {
                 self.meta_op(|tx| {
                     self.refresh(tx, &st)?;

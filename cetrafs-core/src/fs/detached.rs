@@ -92,8 +92,12 @@ pub(crate) struct Detached {
     marked_refill_failed: Mutex<Option<Instant>>,
     /// Handles open for writing on this node: the pool is given back when none is left.
     writers: std::sync::atomic::AtomicUsize,
-    /// When this node last changed the namespace without the global lock (ms since `base`).
-    ns_used: AtomicU64,
+    /// When this node last changed the namespace without the global lock, or closed its last
+    /// handle open for writing (ms since `base`).
+    used: AtomicU64,
+    /// The last handle open for writing was closed since the closer last looked at the
+    /// pool: it gives it back once idle (`fs/closer.rs`).
+    return_wanted: AtomicBool,
     base: Instant,
 }
 
@@ -163,9 +167,11 @@ impl State {
 /// path, which is always allowed).
 const FRESH_MAX: usize = 65_536;
 
-/// A node whose last namespace change without the global lock is this old, and which has no
-/// file open for writing, gives its block pool back (at its next handoff of the global lock,
-/// or at the close of a writer).
+/// A node whose last namespace change without the global lock and whose last close of a file
+/// open for writing are this old, and which has no file open for writing, gives its block
+/// pool back: at its next handoff of the global lock, or from the background once its last
+/// writer closed (`fs/closer.rs`). A writer closed and opened again at once
+/// (a `dd` loop, a VM restarted) keeps the pool.
 pub(crate) const POOL_IDLE: Duration = Duration::from_secs(2);
 
 impl Detached {
@@ -177,21 +183,26 @@ impl Detached {
             refilling: AtomicBool::new(false),
             marked_refill_failed: Mutex::new(None),
             writers: std::sync::atomic::AtomicUsize::new(0),
-            ns_used: AtomicU64::new(0),
+            used: AtomicU64::new(0),
+            return_wanted: AtomicBool::new(false),
             base: Instant::now(),
         }
     }
 
     /// A namespace change was made without the global lock.
     pub fn note_ns_use(&self) {
-        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.ns_used.store(ms.max(1), Ordering::Release);
+        self.note_use();
     }
 
-    /// May the block pool go back? No handle open for writing, and no namespace change
-    /// without the global lock for [`POOL_IDLE`].
+    fn note_use(&self) {
+        let ms = u64::try_from(self.base.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.used.store(ms.max(1), Ordering::Release);
+    }
+
+    /// May the block pool go back? No handle open for writing, and neither a namespace change
+    /// without the global lock nor a close of the last writer for [`POOL_IDLE`].
     pub fn pool_idle(&self) -> bool {
-        let used = self.ns_used.load(Ordering::Acquire);
+        let used = self.used.load(Ordering::Acquire);
         let idle = used == 0
             || self
                 .base
@@ -327,9 +338,21 @@ impl Detached {
         self.writers.fetch_add(1, Ordering::AcqRel);
     }
 
-    /// A handle open for writing was released; true if it was this node's last.
-    pub fn writer_closed(&self) -> bool {
-        self.writers.fetch_sub(1, Ordering::AcqRel) == 1
+    /// A handle open for writing was released. This node's last: the pool goes back once
+    /// idle ([`Detached::take_return_due`]).
+    pub fn writer_closed(&self) {
+        if self.writers.fetch_sub(1, Ordering::AcqRel) == 1 {
+            self.note_use();
+            self.return_wanted.store(true, Ordering::Release);
+        }
+    }
+
+    /// Should the pool go back now? The last writer closed since this was last true, and
+    /// the pool is idle ([`Detached::pool_idle`]): true once per such close.
+    pub fn take_return_due(&self) -> bool {
+        self.return_wanted.load(Ordering::Acquire)
+            && self.pool_idle()
+            && self.return_wanted.swap(false, Ordering::AcqRel)
     }
 
     /// The pool is `low`: should this write take the metadata path to top it up? True for

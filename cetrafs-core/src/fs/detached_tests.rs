@@ -6,7 +6,7 @@ use super::multinode_tests::{assert_fsck_clean, volume};
 use super::*;
 use crate::dev::mem::MemDevice;
 use crate::format::lock_record::LockMode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const C: Caller = Caller::ROOT;
 /// Far apart: each write is a new allocation (a hole between), not an overwrite.
@@ -226,6 +226,20 @@ fn a_node_that_dies_after_writes_without_the_global_lock_is_recovered() {
     assert_fsck_clean(&dev);
 }
 
+/// The closer gives `v`'s pool back, once idle (`POOL_IDLE` and a few of its polls).
+pub(super) fn await_pool_back(v: &Volume) {
+    await_pool_back_within(v, super::detached::POOL_IDLE * 2);
+}
+
+/// [`await_pool_back`], with a limit.
+pub(super) fn await_pool_back_within(v: &Volume, limit: Duration) {
+    let t = Instant::now();
+    while v.lock_meta().pool_available() > 0 {
+        assert!(t.elapsed() < limit, "the idle pool stayed");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 #[test]
 fn the_pool_goes_back_when_the_last_writer_closes_and_at_unmount() {
     let dev = volume(2);
@@ -246,14 +260,19 @@ fn the_pool_goes_back_when_the_last_writer_closes_and_at_unmount() {
     assert!(total(&a) > 0, "given back while a writer is still open");
     a.release(&fh2).unwrap();
     // The creates above went without the global lock (fs/detached_ns.rs), from the pool:
-    // it stays until namespace changes have left it alone for POOL_IDLE; then the next close
-    // of a writer gives it back.
+    // it stays until neither namespace changes nor the last writer's close have used it for
+    // POOL_IDLE. A writer opened again meanwhile (a `dd` loop) keeps it.
     assert!(total(&a) > 0, "given back while namespace changes use it");
-    std::thread::sleep(super::detached::POOL_IDLE + Duration::from_millis(100));
+    std::thread::sleep(super::detached::POOL_IDLE / 2);
     let img2 = a.lookup(r, b"img2").unwrap();
     let fh2 = a.open(img2.ino, true, false).unwrap();
+    std::thread::sleep(super::detached::POOL_IDLE);
+    assert!(total(&a) > 0, "given back while a writer was open");
     a.release(&fh2).unwrap();
-    assert_eq!(total(&a), 0, "kept after the last writer closed");
+    std::thread::sleep(super::detached::POOL_IDLE / 2);
+    assert!(total(&a) > 0, "given back before it was idle");
+    // Then the closer gives it back, with no call of the file system's.
+    await_pool_back(&a);
     a.unlink(r, b"img").unwrap();
     a.unlink(r, b"img2").unwrap();
     // (The root's entry tree may have grown a block meanwhile; fsck below finds any leak.)
@@ -608,11 +627,9 @@ fn appends_and_partial_writes_of_an_owned_file_take_no_global_lock() {
     let mut model = vec![b'-'; 70 << 10];
     a.write(&fh, 0, &model).unwrap();
     a.release(&fh).unwrap();
-    // The create filled a pool; it goes back at the last writer's close once idle.
-    std::thread::sleep(super::detached::POOL_IDLE + Duration::from_millis(100));
-    a.release(&a.open(log.ino, true, false).unwrap()).unwrap();
+    // The create filled a pool; it goes back once idle after the last writer's close.
+    await_pool_back(&a);
     let fh = a.open(log.ino, true, false).unwrap();
-    assert_eq!(a.lock_meta().pool_available(), 0, "the pool stayed");
     // An append that needs a new block: on the metadata path (no pool), which fills one.
     a.write_by(&fh, WriteAt::End, &[b'+'; 4096], &C).unwrap();
     model.extend_from_slice(&[b'+'; 4096]);

@@ -328,6 +328,97 @@ fn a_stale_read_while_the_global_holder_is_silent_leaves_the_owner_its_hold() {
     unmount_and_check(&dev, &[&a, &b]);
 }
 
+/// A VM's image reopened, written and closed again and again (a `dd` loop, a restart) on a
+/// node that owns it, while another node lies dead holding the global lock: no close waits
+/// for that lock. The last writer's close gave the block pool back under the global lock,
+/// and folded a pending mtime on the metadata path: with FUSE, each such close took a worker
+/// until the recovery, and once every worker waited, the node's opens and reads did too.
+#[test]
+fn closing_an_owned_file_never_waits_for_a_dead_global_holder() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"img", 0o644, C, true).unwrap();
+    // A thin image's writes fill a pool.
+    for i in 0..8u64 {
+        a.write(&fh, i << 20, &[1u8; 4096]).unwrap();
+    }
+    a.fsync(f.ino, false).unwrap();
+    assert!(
+        a.lock_meta().pool_available() > 0,
+        "no pool: the test proves nothing"
+    );
+    // The pool has been idle for POOL_IDLE but for the open writer, which keeps it at b's
+    // handoff; b dies holding the global lock.
+    std::thread::sleep(super::detached::POOL_IDLE + Duration::from_millis(100));
+    let held = b.meta_ex().unwrap();
+    let (dead, _) = crash(&b);
+    let a2 = a.clone();
+    within(dead / 2, move || {
+        a2.release(&fh).unwrap();
+        for i in 0..20u8 {
+            let fh = a2.open(f.ino, true, false).unwrap();
+            a2.write(&fh, 0, &[i; 4096]).unwrap();
+            // Every other pass leaves the mtime pending for the close to fold in.
+            if i % 2 == 0 {
+                a2.fsync(f.ino, false).unwrap();
+            }
+            a2.release(&fh).unwrap();
+        }
+    });
+    assert!(
+        holds_global_exclusively(&a, b.cl.me.slot),
+        "the closes took the dead node's recovery time: they waited for it"
+    );
+    assert!(!a
+        .inodes
+        .get(f.ino)
+        .unwrap()
+        .has_pending
+        .load(Ordering::Acquire));
+    drop(held);
+    // Once b is recovered, the idle pool goes back from the background.
+    super::detached_tests::await_pool_back_within(&a, dead * 3 + super::detached::POOL_IDLE);
+    unmount_and_check(&dev, &[&a]);
+}
+
+/// `fs/closer.rs` point 2: the last close of a file unlinked while open, whose free needs
+/// the global lock, does not wait for it while its holder is silent: the closer frees the
+/// file once the dead holder is recovered.
+#[test]
+fn a_close_that_needs_a_silent_holders_global_lock_is_finished_in_the_background() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let r = a.root_ino();
+    let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
+    a.write(&fh, 0, &vec![1u8; 64 << 10]).unwrap();
+    a.fsync(f.ino, false).unwrap();
+    // b reads the root: f is no longer fresh (its free needs the global lock).
+    assert_eq!(b.lookup(r, b"f").unwrap().ino, f.ino);
+    a.unlink(r, b"f").unwrap();
+    let held = b.meta_ex().unwrap();
+    let (dead, _) = crash(&b);
+    let a2 = a.clone();
+    within(dead / 2, move || a2.release(&fh).unwrap());
+    assert!(
+        holds_global_exclusively(&a, b.cl.me.slot),
+        "the close waited for b's recovery"
+    );
+    assert_eq!(
+        a.closer.deferred(),
+        1,
+        "the free was not left to the closer"
+    );
+    let gone = |v: &Volume| v.inodes.get(f.ino).is_none_or(|s| s.read().freed);
+    assert!(!gone(&a), "freed without the global lock");
+    drop(held);
+    eventually("the closer frees the file after b's recovery", || gone(&a));
+    assert_eq!(a.closer.deferred(), 0);
+    unmount_and_check(&dev, &[&a]);
+}
+
 #[test]
 fn a_read_only_node_reads_through_its_inode_lock_and_hands_it_over() {
     let dev = volume(4);

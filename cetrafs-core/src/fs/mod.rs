@@ -14,6 +14,7 @@ pub mod types;
 mod attrs;
 mod block_cache;
 pub(crate) mod btree;
+mod closer;
 mod cluster;
 mod data;
 mod defrag;
@@ -241,6 +242,8 @@ pub struct Volume {
     pr: Option<Arc<crate::cluster::reservation::Reservations>>,
     /// Writes and changes made without the global lock (`fs/detached.rs`).
     detached: detached::Detached,
+    /// What closes leave to the background (`fs/closer.rs`).
+    closer: closer::Closer,
     /// Mounted in a slot the caller holds (`MountOptions::claimed`): unmount keeps it.
     keep_slot: bool,
     /// The defrag running on this node, if any (`fs/defrag.rs`).
@@ -453,6 +456,9 @@ impl Volume {
     pub fn unmount(&self) -> Result<()> {
         if self.unmounted.load(Ordering::SeqCst) {
             return Ok(());
+        }
+        if !self.read_only && !self.member.is_fenced() {
+            self.finish_deferred_closes();
         }
         let r = self.sync();
         // Open-unlinked files still open at unmount are freed now (unless open elsewhere).
@@ -871,7 +877,27 @@ impl Volume {
         restart: Option<&[LockWait]>,
         f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
     ) -> Result<T> {
-        let mut meta = self.meta_ex()?;
+        self.meta_op_in(self.meta_ex()?, restart, f)
+    }
+
+    /// [`Volume::meta_op`], or None (nothing done) instead of waiting on once every holder of
+    /// the global lock is silent (`fs/closer.rs`).
+    fn meta_op_unless_stalled<T>(
+        &self,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
+        match self.meta_unless_stalled(crate::format::lock_record::LockMode::Exclusive)? {
+            Some(meta) => self.meta_op_in(meta, None, f).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    fn meta_op_in<T>(
+        &self,
+        mut meta: MutexGuard<'_, Meta>,
+        restart: Option<&[LockWait]>,
+        f: impl FnOnce(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<T> {
         let mut tx = match restart {
             Some(waited) => Tx::restartable(&*self.dev, &mut meta, waited),
             None => Tx::new(&*self.dev, &mut meta),

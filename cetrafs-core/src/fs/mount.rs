@@ -216,6 +216,7 @@ impl Volume {
             watchdog: std::sync::OnceLock::new(),
             pr: opts.reservations.clone(),
             detached: super::detached::Detached::new(emptied),
+            closer: super::closer::Closer::default(),
             keep_slot: opts.claimed.is_some(),
             defrag_progress: super::defrag::Progress::default(),
         });
@@ -243,6 +244,9 @@ impl Volume {
     fn start(self: &Arc<Self>, opts: &MountOptions, recovered: &[Claimed]) -> Result<()> {
         self.note_mounted(&mut self.lock_meta());
         Self::spawn_keeper(self);
+        if !self.read_only {
+            Self::spawn_closer(self);
+        }
         if !self.read_only && !opts.commit_interval.is_zero() {
             Self::spawn_committer(self, opts.commit_interval);
         }

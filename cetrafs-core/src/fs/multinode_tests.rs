@@ -652,6 +652,8 @@ fn a_read_of_the_group_records_without_the_lock_loses_no_published_count() {
     a.write(&fh, 0, &vec![7u8; 8 << 20]).unwrap();
     a.fsync(f.ino, false).unwrap();
     a.release(&fh).unwrap();
+    // a's closer gives the pool back (taking the global lock) before the test begins.
+    super::detached_tests::await_pool_back(&a);
     b.unlink(r, b"f").unwrap();
     // b gives the idle global lock back after a second, publishing the count.
     std::thread::sleep(Duration::from_millis(1600));

@@ -11,7 +11,7 @@
 //! 1. the thread of this node that waits for the global lock notes, at every round, whether
 //!    every holder is **silent** (`Cluster::note_global_holders`: its heartbeat has not moved
 //!    for three of its intervals, or it is being recovered); a lookup, `getattr` or `readdir`
-//!    then stops waiting (`Volume::meta_sh_unless_stalled`), also one that waits for this
+//!    then stops waiting (`Volume::meta_unless_stalled`), also one that waits for this
 //!    node's acquiring turn meanwhile, and for 100 ms one that begins a wait of its own
 //!    (then the record is read again);
 //! 2. if the object's bucket shows the version this node's loaded state of it was last
@@ -78,13 +78,29 @@ impl Volume {
     }
 
     /// [`Volume::read_op`] that gives up (None) instead of waiting on once every holder of
-    /// the global lock is silent (step 1 of the module doc).
+    /// the global lock is silent (step 1 of the module doc). A v2 volume has no inode locks
+    /// to validate anything by: it waits.
     pub(super) fn read_op_unless_stalled<T>(
         &self,
         f: impl Fn(&mut Tx<'_>) -> Result<T>,
     ) -> Result<Option<T>> {
+        self.read_op_or_stop(self.cl.ilocks.is_some(), f)
+    }
+
+    /// [`Volume::read_op`], or with `may_stop` None once every holder of the global lock is
+    /// silent (also the last close's refresh, `fs/closer.rs`).
+    pub(super) fn read_op_or_stop<T>(
+        &self,
+        may_stop: bool,
+        f: impl Fn(&mut Tx<'_>) -> Result<T>,
+    ) -> Result<Option<T>> {
         self.restarting(|waited| {
-            let Some(mut meta) = self.meta_sh_unless_stalled()? else {
+            let meta = if may_stop {
+                self.meta_unless_stalled(crate::format::lock_record::LockMode::Shared)?
+            } else {
+                Some(self.meta_sh()?)
+            };
+            let Some(mut meta) = meta else {
                 return Ok(None);
             };
             f(&mut Tx::restartable(&*self.dev, &mut meta, waited)).map(Some)
