@@ -2556,6 +2556,34 @@ fn kill_holding_the_global_lock(node2: Mount, moves: usize) -> Instant {
     Instant::now()
 }
 
+/// What node1 did (`what`) was done `took` after node2 died holding the global lock: before
+/// node2's recovery (printed, and asserted: else it waited for the recovery).
+fn assert_done_before_recovery(node1: &Mount, what: &str, took: Duration) {
+    let recovered_by_then = has_recovered(node1, "node2");
+    eprintln!(
+        "{what} done {:.3} s after node2 died holding the global lock (dead time {:.1} s)",
+        took.as_secs_f64(),
+        DEAD_TIME.as_secs_f64()
+    );
+    assert!(
+        !recovered_by_then,
+        "node2 was recovered before {what} were done ({took:?}): they waited for it\n{}",
+        node1.log()
+    );
+}
+
+/// A change on node1 (a mkdir of `rel`) waits for node2's recovery: else node2 did not die
+/// holding the global lock (killed at `killed`), and the test proves nothing.
+fn assert_a_change_waits(node1: &Mount, rel: &str, killed: Instant) {
+    fs::create_dir(node1.p(rel)).unwrap_or_else(|e| panic!("mkdir {rel} on node1: {e}"));
+    let changed = killed.elapsed();
+    assert!(
+        changed >= DEAD_TIME / 2,
+        "node1's mkdir took only {changed:?} after the kill: node2 did not die holding the \
+         global lock, and the test proves nothing"
+    );
+}
+
 /// Has `node` logged that it recovered `dead`?
 fn has_recovered(node: &Mount, dead: &str) -> bool {
     node.log()
@@ -2572,6 +2600,60 @@ fn await_recovery(node: &Mount, dead: &str) {
         DEAD_TIME + RECOVERY_SLACK,
         node.log()
     );
+}
+
+/// A VM image reopened, written with `O_DIRECT`, fsync'd and closed again and again on the
+/// node that owns it (a `dd` loop, as the SAN harness's writers run; a VM restarted) while
+/// another node lies dead holding the global lock: every pass ends long before the
+/// recovery. Before, the close of the node's last writer gave its block pool back under the
+/// global lock: the kernel does not wait for a release, so closes piled up, each holding a
+/// FUSE worker until the recovery, and once every worker waited, the next open did too
+/// (the SAN harness's isolate run: its survivors' `dd` loops stalled the whole dead time).
+#[test]
+fn an_image_reopened_in_a_loop_goes_on_while_a_dead_node_holds_the_global_lock() {
+    require_fuse!();
+    let _serial = serial();
+    let lun = lun_with_big_groups();
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    make_node2_files_to_move(&node2, true);
+    let img = node1.p("img");
+    let mut buf = AlignedBuf::new(1 << 20);
+    buf.fill(7);
+    {
+        let mut f = open_direct(&img, true, true).expect("create img on node1");
+        for _ in 0..4 {
+            f.write_all(&buf).expect("write img");
+        }
+        f.sync_all().expect("fsync img");
+    }
+    // Files made in a directory of node1's: without the global lock, from a block pool that
+    // they make node1 take.
+    fs::create_dir(node1.p("own")).expect("mkdir own on node1");
+    for i in 0..8 {
+        fs::write(node1.p(format!("own/{i}")), b"x").expect("create in own on node1");
+    }
+    // A VM keeps the image open for writing while node2 takes the global lock (node1's pool
+    // stays), and the pool is idle otherwise.
+    let vm = open_direct(&img, true, false).expect("open img for writing");
+    std::thread::sleep(Duration::from_secs(3));
+    let killed = kill_holding_the_global_lock(node2, 10);
+    drop(vm);
+    // More passes than the daemon has FUSE workers.
+    let passes = 100;
+    for pass in 0..passes {
+        let mut f =
+            open_direct(&img, true, false).unwrap_or_else(|e| panic!("pass {pass}: open img: {e}"));
+        f.write_all(&buf)
+            .unwrap_or_else(|e| panic!("pass {pass}: write img: {e}"));
+        f.sync_all()
+            .unwrap_or_else(|e| panic!("pass {pass}: fsync img: {e}"));
+    }
+    assert_done_before_recovery(&node1, &format!("{passes} passes"), killed.elapsed());
+    assert_a_change_waits(&node1, "after", killed);
+    await_recovery(&node1, "node2");
+    node1.unmount();
+    lun.assert_fsck_clean();
 }
 
 /// Format 7 (group marks): a thin image keeps growing past several refills of its node's
@@ -3090,25 +3172,8 @@ fn survivors_read_what_a_dead_global_holder_did_not_touch() {
     assert_eq!(list("own"), ["old"]);
     // Names node1 never loaded are listed too (their attributes wait).
     assert_eq!(list("."), ["a", "b", "own", "top"]);
-    let read = t.elapsed();
-    let recovered_by_then = has_recovered(&node1, "node2");
-    eprintln!(
-        "node1's reads took {:.3} s after node2 died holding the global lock (dead time {:.1} s)",
-        read.as_secs_f64(),
-        DEAD_TIME.as_secs_f64()
-    );
-    assert!(
-        !recovered_by_then,
-        "node2 was recovered before node1's reads were done ({read:?}): they waited for it\n{}",
-        node1.log()
-    );
-    fs::create_dir(node1.p("own/new")).expect("mkdir own/new on node1");
-    let changed = killed.elapsed();
-    assert!(
-        changed >= DEAD_TIME / 2,
-        "node1's mkdir took only {changed:?} after the kill: node2 did not die holding the \
-         global lock, and the test proves nothing"
-    );
+    assert_done_before_recovery(&node1, "node1's reads", t.elapsed());
+    assert_a_change_waits(&node1, "own/new", killed);
     await_recovery(&node1, "node2");
     node1.unmount();
     lun.assert_fsck_clean();
