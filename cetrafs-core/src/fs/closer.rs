@@ -16,7 +16,9 @@
 //!    the global lock), it takes the global lock on its own thread and gives an idle pool
 //!    back ([`Volume::give_idle_pool`], which every handoff of the global lock runs as
 //!    well). Once per such close: a pool that stays (a group of it being refilled by a node
-//!    that may be dead) goes back at a later handoff, close or unmount.
+//!    that may be dead) goes back at a later handoff, close or unmount. A global lock taken
+//!    for this alone is given back at once (`Volume::give_back_after_chore`), not held idle
+//!    for a second: a node that died then would hold up every other node's changes.
 //! 2. **The end of an inode's last open**: learning whether another node unlinked it (a
 //!    refresh), freeing it if it has no links left, folding a pending mtime the node could
 //!    not fold as the inode's owner ([`Volume::finish_close`]). Under the global lock as
@@ -30,6 +32,9 @@
 //! What a close still waits for: the global lock while its holders are judged alive (a
 //! handoff, milliseconds), and until they are judged silent (three of their heartbeat
 //! intervals, 6 s with the defaults; from then on at once, `fs/own_lock_reads.rs` step 1).
+//!
+//! The kernel's last reference to an inode without links going (a `FORGET`, which is not
+//! answered either) frees it the same way, through [`Volume::finish_close_or_defer`].
 //!
 //! A close of a file this node owns needs neither: its pending mtime goes in without the
 //! global lock (`Volume::fold_pending_owned`), and its allocation window is memory.
@@ -73,8 +78,8 @@ impl Closer {
 }
 
 impl Volume {
-    /// The end of `st`'s last open on the global path: from the close itself, or (None, queued
-    /// for the closer) if every holder of the global lock is silent.
+    /// The end of `st`'s last open (or kernel reference) on the global path: from the close
+    /// itself, or, queued for the closer, once every holder of the global lock is silent.
     pub(super) fn finish_close_or_defer(&self, st: &Arc<InodeState>) -> Result<()> {
         if self
             .meta_op_unless_stalled(|tx| self.finish_close(tx, st))?
@@ -114,10 +119,14 @@ impl Volume {
     /// A failure is logged (as a failed close's error went to the kernel, which ignores it).
     pub(super) fn finish_deferred_closes(&self) {
         let _finishing = self.closer.finishing.lock().or_panic();
+        let held_before = self.holds_global();
         for st in self.closer.take() {
             if let Err(e) = self.meta_op(|tx| self.finish_close(tx, &st)) {
                 tracing::warn!("finishing the close of inode {} failed: {e}", st.ino);
             }
+        }
+        if !self.unmounted.load(Ordering::Acquire) {
+            self.give_back_after_chore(&mut self.lock_meta(), held_before);
         }
     }
 
@@ -152,9 +161,11 @@ impl Volume {
         if !self.detached.take_return_due() || !self.lock_meta().has_pool() {
             return;
         }
+        let held_before = self.holds_global();
         match self.meta_ex() {
             Ok(mut m) => {
                 self.give_idle_pool(&mut m);
+                self.give_back_after_chore(&mut m, held_before);
             }
             Err(e) => tracing::debug!("the block pool stays for now: {e}"),
         }

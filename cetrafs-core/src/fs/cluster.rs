@@ -1684,6 +1684,31 @@ impl Volume {
         }
     }
 
+    /// Does this node hold the global lock (either mode)?
+    pub(super) fn holds_global(&self) -> bool {
+        self.cl.held.load(Ordering::Acquire) != 0
+    }
+
+    /// The global lock was taken for a background chore alone (`held_before` false:
+    /// `fs/closer.rs`): given back at once, not a second later as an idle hold is (a node
+    /// that died in that second would keep every other node's changes waiting for its
+    /// recovery). Not when this node keeps idle locks, or allocating writes hold bitmap
+    /// blocks (an idle release or a handoff follows then).
+    pub(super) fn give_back_after_chore(&self, m: &mut Meta, held_before: bool) {
+        if held_before
+            || self.cl.keep_idle
+            || m.gml() == LockMode::Free
+            || m.inflight().holds_bitmap_blocks()
+        {
+            return;
+        }
+        match self.handoff(m) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::Fenced => {}
+            Err(e) => tracing::warn!("giving the global lock back after a chore failed: {e}"),
+        }
+    }
+
     /// One mailbox tick (v3): requests for the global lock are handled as the keeper does
     /// (and cleared once settled); the rest are inode-lock requests (`fs/inode_lock.rs`).
     fn mailbox_tick(&self, il: &InodeLocks) -> Result<GlobalAsk> {
