@@ -383,9 +383,10 @@ fn closing_an_owned_file_never_waits_for_a_dead_global_holder() {
     unmount_and_check(&dev, &[&a]);
 }
 
-/// `fs/closer.rs` point 2: the last close of a file unlinked while open, whose free needs
-/// the global lock, does not wait for it while its holder is silent: the closer frees the
-/// file once the dead holder is recovered.
+/// `fs/closer.rs` point 2: the last close of a file unlinked while open, and the kernel's
+/// last reference to one unlinked while it had it, whose frees need the global lock, do not
+/// wait for it while its holder is silent: the closer frees the files once the dead holder
+/// is recovered.
 #[test]
 fn a_close_that_needs_a_silent_holders_global_lock_is_finished_in_the_background() {
     let dev = volume(4);
@@ -395,26 +396,38 @@ fn a_close_that_needs_a_silent_holders_global_lock_is_finished_in_the_background
     let (f, fh) = a.create(r, b"f", 0o644, C, true).unwrap();
     a.write(&fh, 0, &vec![1u8; 64 << 10]).unwrap();
     a.fsync(f.ino, false).unwrap();
-    // b reads the root: f is no longer fresh (its free needs the global lock).
+    let (g, gh) = a.create(r, b"g", 0o644, C, true).unwrap();
+    a.release(&gh).unwrap();
+    a.note_lookup(g.ino);
+    // b reads the root: f and g are no longer fresh (their frees need the global lock).
     assert_eq!(b.lookup(r, b"f").unwrap().ino, f.ino);
     a.unlink(r, b"f").unwrap();
+    a.unlink(r, b"g").unwrap();
     let held = b.meta_ex().unwrap();
     let (dead, _) = crash(&b);
     let a2 = a.clone();
-    within(dead / 2, move || a2.release(&fh).unwrap());
+    within(dead / 2, move || {
+        a2.release(&fh).unwrap();
+        a2.forget(g.ino, 1);
+    });
     assert!(
         holds_global_exclusively(&a, b.cl.me.slot),
-        "the close waited for b's recovery"
+        "the close or the forget waited for b's recovery"
     );
     assert_eq!(
         a.closer.deferred(),
-        1,
-        "the free was not left to the closer"
+        2,
+        "the frees were not left to the closer"
     );
-    let gone = |v: &Volume| v.inodes.get(f.ino).is_none_or(|s| s.read().freed);
-    assert!(!gone(&a), "freed without the global lock");
+    let gone = |v: &Volume, ino| v.inodes.get(ino).is_none_or(|s| s.read().freed);
+    assert!(
+        !gone(&a, f.ino) && !gone(&a, g.ino),
+        "freed without the global lock"
+    );
     drop(held);
-    eventually("the closer frees the file after b's recovery", || gone(&a));
+    eventually("the closer frees the files after b's recovery", || {
+        gone(&a, f.ino) && gone(&a, g.ino)
+    });
     assert_eq!(a.closer.deferred(), 0);
     unmount_and_check(&dev, &[&a]);
 }

@@ -1010,17 +1010,12 @@ impl Volume {
             && !self.unmounted.load(Ordering::Relaxed)
             && self.can_free(&st, &st.read(), FreeScope::Now)
         {
-            // A fresh inode goes back into the pool without the global lock.
-            let r = self.free_fresh(&st).unwrap_or_else(|| {
-                self.meta_op(|tx| {
-                    self.refresh(tx, &st)?;
-                    let mut inner = st.write();
-                    if !self.can_free(&st, &inner, FreeScope::Now) {
-                        return Ok(());
-                    }
-                    self.free_inode(tx, &mut inner)
-                })
-            });
+            // A fresh inode goes back into the pool without the global lock; another is freed
+            // as at a last close: never waiting on a worker for silent holders of the global
+            // lock (a FORGET is not answered either: fs/closer.rs).
+            let r = self
+                .free_fresh(&st)
+                .unwrap_or_else(|| self.finish_close_or_defer(&st));
             if let Err(e) = r {
                 tracing::warn!("freeing inode {ino} after its last reference failed (it stays on the orphan list): {e}");
             }
