@@ -16,9 +16,10 @@
 //!    the global lock), it takes the global lock on its own thread and gives an idle pool
 //!    back ([`Volume::give_idle_pool`], which every handoff of the global lock runs as
 //!    well). Once per such close: a pool that stays (a group of it being refilled by a node
-//!    that may be dead) goes back at a later handoff, close or unmount. A global lock taken
-//!    for this alone is given back at once (`Volume::give_back_after_chore`), not held idle
-//!    for a second: a node that died then would hold up every other node's changes.
+//!    that may be dead) goes back at a later handoff, close or unmount. The closer's use of
+//!    the global lock does not count as use (`Volume::chore_done`): a lock taken for it alone
+//!    goes back at the next idle release (v3), not held idle for a second, when a node that
+//!    died would hold up every other node's changes.
 //! 2. **The end of an inode's last open**: learning whether another node unlinked it (a
 //!    refresh), freeing it if it has no links left, folding a pending mtime the node could
 //!    not fold as the inode's owner ([`Volume::finish_close`]). Under the global lock as
@@ -57,6 +58,8 @@ pub(super) struct Closer {
     /// Held while a batch taken from `deferred` is finished: an unmount waits for the
     /// closer's batch before it goes on.
     finishing: Mutex<()>,
+    /// How many closes were deferred since the mount (tests, logs).
+    total: std::sync::atomic::AtomicU64,
 }
 
 impl Closer {
@@ -64,6 +67,7 @@ impl Closer {
         let mut q = self.deferred.lock().or_panic();
         if !q.iter().any(|s| Arc::ptr_eq(s, st)) {
             q.push(Arc::clone(st));
+            self.total.fetch_add(1, Ordering::Relaxed);
         }
     }
 
@@ -71,9 +75,15 @@ impl Closer {
         std::mem::take(&mut *self.deferred.lock().or_panic())
     }
 
-    /// How many closes wait for the global lock.
+    /// How many closes wait for the global lock (not counting a batch being finished).
     pub(super) fn deferred(&self) -> usize {
         self.deferred.lock().or_panic().len()
+    }
+
+    /// How many closes were deferred since the mount.
+    #[cfg(test)]
+    pub(super) fn deferred_total(&self) -> u64 {
+        self.total.load(Ordering::Relaxed)
     }
 }
 
@@ -119,15 +129,15 @@ impl Volume {
     /// A failure is logged (as a failed close's error went to the kernel, which ignores it).
     pub(super) fn finish_deferred_closes(&self) {
         let _finishing = self.closer.finishing.lock().or_panic();
-        let held_before = self.holds_global();
+        let prior = self.lock_use_stamp();
         for st in self.closer.take() {
             if let Err(e) = self.meta_op(|tx| self.finish_close(tx, &st)) {
                 tracing::warn!("finishing the close of inode {} failed: {e}", st.ino);
             }
         }
-        if !self.unmounted.load(Ordering::Acquire) {
-            self.give_back_after_chore(&mut self.lock_meta(), held_before);
-        }
+        let m = self.lock_meta();
+        self.chore_done(prior);
+        drop(m);
     }
 
     /// Under the global lock (exclusive): a pool that neither writers nor namespace changes
@@ -161,11 +171,12 @@ impl Volume {
         if !self.detached.take_return_due() || !self.lock_meta().has_pool() {
             return;
         }
-        let held_before = self.holds_global();
+        let prior = self.lock_use_stamp();
         match self.meta_ex() {
             Ok(mut m) => {
                 self.give_idle_pool(&mut m);
-                self.give_back_after_chore(&mut m, held_before);
+                self.chore_done(prior);
+                drop(m);
             }
             Err(e) => tracing::debug!("the block pool stays for now: {e}"),
         }

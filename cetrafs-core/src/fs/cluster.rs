@@ -145,6 +145,19 @@ impl HoldWindow {
         self.used.store(t, Ordering::Release);
     }
 
+    /// The last use's stamp ([`HoldWindow::unuse`]).
+    fn stamp(&self) -> u64 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// The uses since `prior` (the last of which left stamp `own`) do not count: unless
+    /// another use came after them.
+    fn unuse(&self, own: u64, prior: u64) {
+        let _ = self
+            .used
+            .compare_exchange(own, prior, Ordering::AcqRel, Ordering::Acquire);
+    }
+
     /// A metadata operation is about to use the lock.
     fn used(&self) {
         self.used.store(self.now(), Ordering::Release);
@@ -1684,29 +1697,21 @@ impl Volume {
         }
     }
 
-    /// Does this node hold the global lock (either mode)?
-    pub(super) fn holds_global(&self) -> bool {
-        self.cl.held.load(Ordering::Acquire) != 0
+    /// The stamp of this node's last use of the global lock, before a background chore
+    /// ([`Volume::chore_done`]).
+    pub(super) fn lock_use_stamp(&self) -> u64 {
+        self.cl.hold.stamp()
     }
 
-    /// The global lock was taken for a background chore alone (`held_before` false:
-    /// `fs/closer.rs`): given back at once, not a second later as an idle hold is (a node
-    /// that died in that second would keep every other node's changes waiting for its
-    /// recovery). Not when this node keeps idle locks, or allocating writes hold bitmap
-    /// blocks (an idle release or a handoff follows then).
-    pub(super) fn give_back_after_chore(&self, m: &mut Meta, held_before: bool) {
-        if held_before
-            || self.cl.keep_idle
-            || m.gml() == LockMode::Free
-            || m.inflight().holds_bitmap_blocks()
-        {
-            return;
-        }
-        match self.handoff(m) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::Fenced => {}
-            Err(e) => tracing::warn!("giving the global lock back after a chore failed: {e}"),
-        }
+    /// A background chore (`fs/closer.rs`) that used the global lock since `prior`
+    /// ([`Volume::lock_use_stamp`]) is done: its use does not count, so a lock taken for it
+    /// alone goes back at the next idle release (a mailbox tick, v3), not a second later (a
+    /// node that died in that second would keep every other node's changes waiting for its
+    /// recovery). A use by another thread after the chore's still counts. The caller holds
+    /// the metadata mutex, so that no operation ran between the chore's last use and this.
+    pub(super) fn chore_done(&self, prior: u64) {
+        let hold = &self.cl.hold;
+        hold.unuse(hold.stamp(), prior);
     }
 
     /// One mailbox tick (v3): requests for the global lock are handled as the keeper does

@@ -383,6 +383,40 @@ fn closing_an_owned_file_never_waits_for_a_dead_global_holder() {
     unmount_and_check(&dev, &[&a]);
 }
 
+/// `fs/closer.rs` point 1: the global lock the closer takes to give the pool back does not
+/// stay with the node, idle, for a second (`GLOBAL_IDLE_RELEASE`): a node that died then
+/// would hold up every other node's changes. It goes back at the next idle release.
+#[test]
+fn the_closers_pool_return_leaves_the_global_lock_at_once() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let (_, fh) = a.create(a.root_ino(), b"img", 0o644, C, true).unwrap();
+    for i in 0..8u64 {
+        a.write(&fh, i << 20, &[1u8; 4096]).unwrap();
+    }
+    a.release(&fh).unwrap();
+    // b takes the global lock meanwhile (a's pool stays: its last writer just closed).
+    b.mkdir(b.root_ino(), b"d", 0o755, C).unwrap();
+    assert!(
+        a.lock_meta().pool_available() > 0,
+        "no pool: the test proves nothing"
+    );
+    super::detached_tests::await_pool_back(&a);
+    let t = Instant::now();
+    eventually("a gives the global lock back", || {
+        a.lock_meta().gml() == crate::format::lock_record::LockMode::Free
+    });
+    assert!(
+        t.elapsed() < Duration::from_millis(700),
+        "a kept the global lock {:?} after its closer gave the pool back",
+        t.elapsed()
+    );
+    a.unmount().unwrap();
+    b.unmount().unwrap();
+    assert_fsck_clean(&dev);
+}
+
 /// `fs/closer.rs` point 2: the last close of a file unlinked while open, and the kernel's
 /// last reference to one unlinked while it had it, whose frees need the global lock, do not
 /// wait for it while its holder is silent: the closer frees the files once the dead holder
@@ -415,7 +449,7 @@ fn a_close_that_needs_a_silent_holders_global_lock_is_finished_in_the_background
         "the close or the forget waited for b's recovery"
     );
     assert_eq!(
-        a.closer.deferred(),
+        a.closer.deferred_total(),
         2,
         "the frees were not left to the closer"
     );
