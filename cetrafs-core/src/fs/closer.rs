@@ -5,9 +5,9 @@
 //! that waits for the global lock holds a FUSE worker while its process opens the next file,
 //! and while a dead node holds that lock, a loop that reopens a file (a `dd` loop, a VM
 //! restarted) fills every worker with waiting closes within a few dozen passes; from then on
-//! the node's opens, reads and lookups wait for the recovery too, whatever they touch. (The
-//! SAN harness's isolate run showed it: its survivors' `dd` loops stalled for the whole dead
-//! time.) Two things a close did under the global lock:
+//! the node's opens, reads and lookups wait for the recovery too, whatever they touch
+//! (reproduced through FUSE with a `dd` loop, every worker found in a release). Two things a
+//! close did under the global lock:
 //!
 //! 1. **The block pool's return** (`fs/pool.rs`) once the node's last file open for writing
 //!    closed. It is the closer thread's now, always: 2 s after that close
