@@ -2522,6 +2522,17 @@ fn assert_mib(img: &fs::File, byte: u8, mibs: std::ops::Range<usize>) {
     }
 }
 
+/// Two nodes on a LUN with big groups, node2 with its durable files to move
+/// ([`make_node2_files_to_move`]): the start of a test in which node2 dies holding the global
+/// lock.
+fn node1_and_a_node2_to_kill() -> (Lun, Mount, Mount) {
+    let lun = lun_with_big_groups();
+    let node1 = Mount::new(&lun, "node1");
+    let node2 = Mount::new(&lun, "node2");
+    make_node2_files_to_move(&node2, true);
+    (lun, node1, node2)
+}
+
 /// node2's directories `a/` and `b/` and the file `a/f` that [`kill_holding_the_global_lock`]
 /// moves between them. With `durable`, fsync'd (an fsync commits the node's whole
 /// transaction, the directories too): the moves may be lost with node2, but the file is in
@@ -2607,16 +2618,12 @@ fn await_recovery(node: &Mount, dead: &str) {
 /// another node lies dead holding the global lock: every pass ends long before the
 /// recovery. Before, the close of the node's last writer gave its block pool back under the
 /// global lock: the kernel does not wait for a release, so closes piled up, each holding a
-/// FUSE worker until the recovery, and once every worker waited, the next open did too
-/// (the SAN harness's isolate run: its survivors' `dd` loops stalled the whole dead time).
+/// FUSE worker until the recovery, and once every worker waited, the next open did too.
 #[test]
 fn an_image_reopened_in_a_loop_goes_on_while_a_dead_node_holds_the_global_lock() {
     require_fuse!();
     let _serial = serial();
-    let lun = lun_with_big_groups();
-    let node1 = Mount::new(&lun, "node1");
-    let node2 = Mount::new(&lun, "node2");
-    make_node2_files_to_move(&node2, true);
+    let (lun, node1, node2) = node1_and_a_node2_to_kill();
     let img = node1.p("img");
     let mut buf = AlignedBuf::new(1 << 20);
     buf.fill(7);
@@ -3137,10 +3144,7 @@ fn a_node_that_dies_idle_holds_no_global_lock() {
 fn survivors_read_what_a_dead_global_holder_did_not_touch() {
     require_fuse!();
     let _serial = serial();
-    let lun = lun_with_big_groups();
-    let node1 = Mount::new(&lun, "node1");
-    let node2 = Mount::new(&lun, "node2");
-    make_node2_files_to_move(&node2, true);
+    let (lun, node1, node2) = node1_and_a_node2_to_kill();
     // After node2's changes of the root: node1's copy of it is current.
     fs::create_dir(node1.p("own")).expect("mkdir own on node1");
     fs::write(node1.p("own/old"), b"old").expect("write own/old on node1");

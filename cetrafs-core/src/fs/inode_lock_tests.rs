@@ -412,9 +412,7 @@ fn the_closers_pool_return_leaves_the_global_lock_at_once() {
         "a kept the global lock {:?} after its closer gave the pool back",
         t.elapsed()
     );
-    a.unmount().unwrap();
-    b.unmount().unwrap();
-    assert_fsck_clean(&dev);
+    unmount_and_check(&dev, &[&a, &b]);
 }
 
 /// `fs/closer.rs` point 2: the last close of a file unlinked while open, and the kernel's
