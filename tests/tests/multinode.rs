@@ -2663,6 +2663,56 @@ fn an_image_reopened_in_a_loop_goes_on_while_a_dead_node_holds_the_global_lock()
     lun.assert_fsck_clean();
 }
 
+/// A VM's flush (QEMU's is an fdatasync) never waits for a dead node's global lock, even when
+/// its node's exclusive hold of the image lapsed (the image closed and idle for a second, then
+/// reopened: the fast path takes the hold back only shared). Before, an fdatasync folded the
+/// writes' pending mtime in under the global lock, and waited for the recovery: in the SAN
+/// harness, whose passes take seconds under TCG, every pass after the kill did.
+#[test]
+fn an_image_flushed_after_its_hold_lapsed_goes_on_while_a_dead_node_holds_the_global_lock() {
+    require_fuse!();
+    let _serial = serial();
+    let (lun, node1, node2) = node1_and_a_node2_to_kill();
+    let img = node1.p("img");
+    let mut buf = AlignedBuf::new(1 << 20);
+    buf.fill(7);
+    let pass = |what: &str| {
+        let mut f = open_direct(&img, true, false).unwrap_or_else(|e| panic!("{what}: open: {e}"));
+        f.write_all(&buf)
+            .unwrap_or_else(|e| panic!("{what}: write: {e}"));
+        f.sync_data()
+            .unwrap_or_else(|e| panic!("{what}: fdatasync: {e}"));
+    };
+    {
+        let mut f = open_direct(&img, true, true).expect("create img on node1");
+        f.write_all(&buf).expect("write img");
+        f.sync_all().expect("fsync img");
+    }
+    // Idle holds go back within two seconds (a sweep a second, of holds idle for a second).
+    let lapse = Duration::from_millis(2500);
+    std::thread::sleep(lapse);
+    let killed = kill_holding_the_global_lock(node2, 10);
+    pass("the first pass after the kill");
+    std::thread::sleep(lapse);
+    let written = std::time::SystemTime::now();
+    pass("a pass after another lapse");
+    assert_done_before_recovery(&node1, "two passes", killed.elapsed());
+    assert_a_change_waits(&node1, "after", killed);
+    await_recovery(&node1, "node2");
+    // The mtime left pending went in at the close (once the global lock came back).
+    node1.unmount();
+    let node3 = Mount::new(&lun, "node3");
+    let mtime = fs::metadata(node3.p("img"))
+        .and_then(|m| m.modified())
+        .expect("stat img on node3");
+    assert!(
+        mtime >= written,
+        "the last pass's mtime was lost: {mtime:?} < {written:?}"
+    );
+    node3.unmount();
+    lun.assert_fsck_clean();
+}
+
 /// Format 7 (group marks): a thin image keeps growing past several refills of its node's
 /// block pool while another node lies dead holding the global lock — each refill takes blocks
 /// from a group its node owns, under the group's mark, without the global lock — and while

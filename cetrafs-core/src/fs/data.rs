@@ -2097,14 +2097,21 @@ impl Volume {
     }
 
     /// Make the file's data (and with !datasync its metadata) durable.
-    pub fn fsync(&self, ino: Ino, _datasync: bool) -> Result<()> {
-        // Data written on the fast path is already on the device (O_DIRECT); metadata is
-        // written at the end of every operation. What remains is the pending mtime and the
-        // device's volatile cache.
+    ///
+    /// Data written on the fast path is already on the device (`O_DIRECT`); metadata is
+    /// written at the end of every operation. What remains is the pending mtime (and ctime)
+    /// of fast-path writes, and the device's volatile cache. The pending times go in without
+    /// the global lock when this node owns the file; otherwise a full fsync takes the global
+    /// lock for them, and an **fdatasync leaves them pending** (POSIX does not make it write
+    /// timestamps, and ext4 does not): they go in at the close or the next change. That is
+    /// what keeps a VM's flushes (QEMU's are fdatasync) from waiting for a dead holder of the
+    /// global lock when its image's exclusive hold lapsed (closed and idle for a second, then
+    /// reopened: only shared is taken again on the fast path).
+    pub fn fsync(&self, ino: Ino, datasync: bool) -> Result<()> {
         let st = self.inodes.get(ino);
         if let Some(st) = st {
             let owned = self.fold_pending_owned(&st)?;
-            if !owned && st.has_pending.load(Ordering::Acquire) && !self.read_only {
+            if !owned && !datasync && st.has_pending.load(Ordering::Acquire) && !self.read_only {
                 self.meta_op(|tx| {
                     self.refresh(tx, &st)?;
                     let mut inner = st.write();
