@@ -102,7 +102,9 @@ writer)
         ) > /tmp/$1-$name.log 2>&1 < /dev/null &
         echo $! > /tmp/$1-$name.pid
     }
-    loop writer 'dd if=/dev/urandom of=$M/$name bs=1M count="$mb" oflag=direct conv=fsync,notrunc'
+    # a VM's writes: O_DIRECT, flushed with fdatasync as QEMU does for a cache=none image
+    # (busybox dd has no conv=fdatasync: `sync -d` is one)
+    loop writer 'dd if=/dev/urandom of=$M/$name bs=1M count="$mb" oflag=direct conv=notrunc && sync -d $M/$name'
     loop meta 'f=$M/$name.d/f$pass; echo $pass > $f && sync $f && mv $f $f.x && rm $f.x'
     ;;
 stop-writer)
