@@ -4,6 +4,7 @@
 //! ACL upkeep under `FUSE_POSIX_ACL`, the kernel's root nodeid).
 
 use crate::creds::RequestCreds;
+use crate::offload::Offload;
 use crate::options::Options;
 use crate::options::Transport;
 use crate::uring;
@@ -27,7 +28,7 @@ use std::os::unix::ffi::OsStrExt;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use tracing::{debug, error, info, warn};
 
 /// The kernel always calls the root directory nodeid 1 (`FUSE_ROOT_ID`). CetraFS inode numbers
@@ -68,6 +69,8 @@ const FL_XFLAG: [(u32, u32); 3] = [(0x10, 0x08), (0x20, 0x10), (0x80, 0x40)];
 /// Result of `Volume::unmount` from `destroy`, for the daemon's exit status.
 pub type UnmountOutcome = Arc<Mutex<Option<Result<(), String>>>>;
 
+/// How long `destroy` waits for changes still running on change threads (offload.rs).
+const CHANGES_DRAIN: Duration = Duration::from_secs(10);
 /// FUSE worker threads unless `CETRA_FUSE_THREADS` says otherwise.
 const DEFAULT_THREADS: usize = 32;
 
@@ -120,6 +123,68 @@ pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     cfg
 }
 
+/// A request that took this long is logged when answered: what waited, and how long (the
+/// kernel's hung-task report, for one request; it says which operation a stalled
+/// application was in).
+const SLOW_REQUEST: Duration = Duration::from_secs(5);
+
+/// Logs its request at its end (drop) if it took [`SLOW_REQUEST`] or longer.
+struct Timed {
+    op: &'static str,
+    ino: Ino,
+    start: Instant,
+}
+
+impl Timed {
+    fn new(op: &'static str, ino: Ino) -> Self {
+        Self {
+            op,
+            ino,
+            start: Instant::now(),
+        }
+    }
+}
+
+/// At most this many slow requests are logged a minute (a dead node's recovery can end
+/// hundreds of waits at once); the count of the rest is logged with the next one shown.
+const SLOW_LOGGED_PER_MINUTE: u32 = 20;
+
+/// The minute's start, requests logged in it, and requests not logged since the last one.
+static SLOW_LOG: Mutex<Option<(Instant, u32, u64)>> = Mutex::new(None);
+
+impl Drop for Timed {
+    fn drop(&mut self) {
+        let took = self.start.elapsed();
+        if took < SLOW_REQUEST {
+            return;
+        }
+        let now = Instant::now();
+        let mut g = SLOW_LOG.lock().or_panic();
+        let (since, shown, hidden) = g.get_or_insert((now, 0, 0));
+        if now.duration_since(*since) >= Duration::from_mins(1) {
+            (*since, *shown) = (now, 0);
+        }
+        if *shown >= SLOW_LOGGED_PER_MINUTE {
+            *hidden += 1;
+            return;
+        }
+        *shown += 1;
+        let more = std::mem::take(hidden);
+        drop(g);
+        let more = if more > 0 {
+            format!(" ({more} more slow requests not shown before this one)")
+        } else {
+            String::new()
+        };
+        info!(
+            "slow request: {} of inode {} took {:.1} s{more}",
+            self.op,
+            self.ino,
+            took.as_secs_f64()
+        );
+    }
+}
+
 /// Which of the daemon's adapters this is. All share one volume; only the session's adapter
 /// negotiates with the kernel and unmounts the volume at the end.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -167,6 +232,8 @@ pub struct Adapter {
     negotiated: Arc<Negotiated>,
     /// The `io_uring` transport once it runs: stopped before the volume is unmounted.
     rings: Arc<OnceLock<uring::Rings>>,
+    /// The change threads (offload.rs): metadata changes never wait on a FUSE worker.
+    changes: Offload,
 }
 
 /// Start the FUSE session for `fs` on `mountpoint` (mount(2) and the INIT handshake), and
@@ -197,6 +264,7 @@ impl Adapter {
             transport: opts.transport,
             negotiated: Arc::new(Negotiated::default()),
             rings: Arc::new(OnceLock::new()),
+            changes: Offload::default(),
         }
     }
 
@@ -205,6 +273,14 @@ impl Adapter {
     /// rings' other requests) and its `destroy` does nothing.
     pub fn for_rings(&self) -> Self {
         Self {
+            role: Role::Ring,
+            ..self.handle()
+        }
+    }
+
+    /// Another adapter for the same session and volume (what a change thread answers with).
+    fn handle(&self) -> Self {
+        Self {
             vol: Arc::clone(&self.vol),
             root: self.root,
             attr_ttl: self.attr_ttl,
@@ -212,11 +288,25 @@ impl Adapter {
             posix_acl: self.posix_acl,
             outcome: Arc::clone(&self.outcome),
             notifier: Arc::clone(&self.notifier),
-            role: Role::Ring,
+            role: self.role,
             transport: self.transport,
             negotiated: Arc::clone(&self.negotiated),
             rings: Arc::clone(&self.rings),
+            changes: self.changes.clone(),
         }
+    }
+
+    /// Answer a request that changes metadata on a change thread (offload.rs): it may wait
+    /// for the global lock, perhaps for a dead holder's recovery, and must not hold a FUSE
+    /// worker meanwhile.
+    /// `op` on inode `ino` names it in the log if it is slow ([`Timed`]).
+    fn change(&self, op: &'static str, ino: Ino, f: impl FnOnce(&Self) + Send + 'static) {
+        let a = self.handle();
+        let timed = Timed::new(op, ino);
+        self.changes.run(move || {
+            f(&a);
+            drop(timed);
+        });
     }
 
     /// What INIT settled (shared with every adapter made by [`Adapter::for_rings`]).
@@ -412,11 +502,11 @@ impl Adapter {
     #[allow(clippy::too_many_arguments)]
     fn create_or_open(
         &self,
-        req: &Request,
+        who: Caller,
+        creds: &RequestCreds,
         parent: Ino,
         name: &[u8],
         mode: u32,
-        umask: u32,
         flags: i32,
         writable: bool,
     ) -> Result<(Attr, Arc<OpenFile>), Errno> {
@@ -424,10 +514,7 @@ impl Adapter {
         let mut last = None;
         // Another node may remove the name between our attempts; a few rounds settle it.
         for _ in 0..3 {
-            match self
-                .vol
-                .create(parent, name, mode, caller_masked(req, umask), true)
-            {
+            match self.vol.create(parent, name, mode, who, true) {
                 Ok((a, of)) => return Ok((a, of)),
                 Err(e) if e.kind() == ErrorKind::Exists && flags & libc::O_EXCL == 0 => {
                     let a = match self.vol.lookup(parent, name) {
@@ -445,13 +532,13 @@ impl Adapter {
                     // permissions (FUSE marks create-opens FMODE_CREATED): check the file's mode
                     // bits here. Supplementary groups and ACLs are not visible at this point, so
                     // this can only be stricter than the kernel, never looser.
-                    if !mode_permits(&a, caller(req), flags) {
+                    if !mode_permits(&a, Caller { umask: 0, ..who }, flags) {
                         return Err(Errno::EACCES);
                     }
                     let truncate = flags & libc::O_TRUNC != 0;
                     let of = self
                         .vol
-                        .open_by(a.ino, writable, truncate, &creds(req))
+                        .open_by(a.ino, writable, truncate, creds)
                         .map_err(fail)?;
                     let a = if truncate {
                         self.vol.getattr(a.ino).map_err(fail)?
@@ -777,9 +864,13 @@ impl Filesystem for Adapter {
         if self.role != Role::Session {
             return;
         }
-        // No ring thread may still be serving a request while the volume goes.
+        // No ring thread may still be serving a request while the volume goes, nor a change
+        // thread (every request was answered before DESTROY: this only bounds a surprise).
         if let Some(rings) = self.rings.get() {
             rings.stop();
+        }
+        if !self.changes.drain(CHANGES_DRAIN) {
+            warn!("a metadata change still runs at unmount; unmounting regardless");
         }
         let r = self.vol.unmount();
         match &r {
@@ -793,6 +884,7 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        let _timed = Timed::new("lookup", self.ino(parent));
         match self.vol.lookup(self.ino(parent), name.as_bytes()) {
             Ok(a) => self.entry(reply, &a),
             // No negative entry caching: another node may create the name at any moment.
@@ -807,6 +899,7 @@ impl Filesystem for Adapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let _timed = Timed::new("getattr", self.ino(ino));
         match self.vol.getattr(self.ino(ino)) {
             Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
             Err(e) => reply.error(Self::fail("getattr", &e)),
@@ -843,10 +936,13 @@ impl Filesystem for Adapter {
             mtime: mtime.map(set_time),
             ctime: ctime.map(timespec),
         };
-        match self.vol.setattr_by(ino, &set, &creds(req)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(Self::fail("setattr", &e)),
-        }
+        let who = creds(req);
+        self.change("setattr", ino, move |me| {
+            match me.vol.setattr_by(ino, &set, &who) {
+                Ok(a) => reply.attr(&me.attr_ttl, &me.file_attr(&a)),
+                Err(e) => reply.error(Self::fail("setattr", &e)),
+            }
+        });
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
@@ -866,17 +962,16 @@ impl Filesystem for Adapter {
         rdev: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.vol.mknod(
-            self.ino(parent),
-            name.as_bytes(),
-            mode,
-            u64::from(rdev),
-            caller_masked(req, umask),
-        );
-        match r {
-            Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(Self::fail("mknod", &e)),
-        }
+        let (parent, name, who) = (self.ino(parent), name.to_owned(), caller_masked(req, umask));
+        self.change("mknod", parent, move |me| {
+            match me
+                .vol
+                .mknod(parent, name.as_bytes(), mode, u64::from(rdev), who)
+            {
+                Ok(a) => me.entry(reply, &a),
+                Err(e) => reply.error(Self::fail("mknod", &e)),
+            }
+        });
     }
 
     fn mkdir(
@@ -888,30 +983,33 @@ impl Filesystem for Adapter {
         umask: u32,
         reply: ReplyEntry,
     ) {
-        let r = self.vol.mkdir(
-            self.ino(parent),
-            name.as_bytes(),
-            mode,
-            caller_masked(req, umask),
-        );
-        match r {
-            Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(Self::fail("mkdir", &e)),
-        }
+        let (parent, name, who) = (self.ino(parent), name.to_owned(), caller_masked(req, umask));
+        self.change("mkdir", parent, move |me| {
+            match me.vol.mkdir(parent, name.as_bytes(), mode, who) {
+                Ok(a) => me.entry(reply, &a),
+                Err(e) => reply.error(Self::fail("mkdir", &e)),
+            }
+        });
     }
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.vol.unlink(self.ino(parent), name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("unlink", &e)),
-        }
+        let (parent, name) = (self.ino(parent), name.to_owned());
+        self.change("unlink", parent, move |me| {
+            match me.vol.unlink(parent, name.as_bytes()) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("unlink", &e)),
+            }
+        });
     }
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.vol.rmdir(self.ino(parent), name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("rmdir", &e)),
-        }
+        let (parent, name) = (self.ino(parent), name.to_owned());
+        self.change("rmdir", parent, move |me| {
+            match me.vol.rmdir(parent, name.as_bytes()) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("rmdir", &e)),
+            }
+        });
     }
 
     fn symlink(
@@ -922,15 +1020,21 @@ impl Filesystem for Adapter {
         target: &Path,
         reply: ReplyEntry,
     ) {
-        match self.vol.symlink(
+        let (parent, name, target, who) = (
             self.ino(parent),
-            link_name.as_bytes(),
-            target.as_os_str().as_bytes(),
+            link_name.to_owned(),
+            target.to_owned(),
             caller(req),
-        ) {
-            Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(Self::fail("symlink", &e)),
-        }
+        );
+        self.change("symlink", parent, move |me| {
+            match me
+                .vol
+                .symlink(parent, name.as_bytes(), target.as_os_str().as_bytes(), who)
+            {
+                Ok(a) => me.entry(reply, &a),
+                Err(e) => reply.error(Self::fail("symlink", &e)),
+            }
+        });
     }
 
     fn rename(
@@ -955,16 +1059,21 @@ impl Filesystem for Adapter {
             // overlayfs upper layers: the whiteout is owned by the caller, as the kernel's is.
             whiteout: flags.contains(F::RENAME_WHITEOUT).then(|| caller(req)),
         };
-        match self.vol.rename(
+        let (parent, name, newparent, newname) = (
             self.ino(parent),
-            name.as_bytes(),
+            name.to_owned(),
             self.ino(newparent),
-            newname.as_bytes(),
-            f,
-        ) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("rename", &e)),
-        }
+            newname.to_owned(),
+        );
+        self.change("rename", parent, move |me| {
+            match me
+                .vol
+                .rename(parent, name.as_bytes(), newparent, newname.as_bytes(), f)
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("rename", &e)),
+            }
+        });
     }
 
     fn link(
@@ -975,13 +1084,13 @@ impl Filesystem for Adapter {
         newname: &OsStr,
         reply: ReplyEntry,
     ) {
-        match self
-            .vol
-            .link(self.ino(ino), self.ino(newparent), newname.as_bytes())
-        {
-            Ok(a) => self.entry(reply, &a),
-            Err(e) => reply.error(Self::fail("link", &e)),
-        }
+        let (ino, newparent, newname) = (self.ino(ino), self.ino(newparent), newname.to_owned());
+        self.change("link", ino, move |me| {
+            match me.vol.link(ino, newparent, newname.as_bytes()) {
+                Ok(a) => me.entry(reply, &a),
+                Err(e) => reply.error(Self::fail("link", &e)),
+            }
+        });
     }
 
     fn open(&self, req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
@@ -990,10 +1099,11 @@ impl Filesystem for Adapter {
         // (and so never computes the setuid/setgid removal for it: the core does).
         let truncate = flags.0 & libc::O_TRUNC != 0;
         let ino = self.ino(ino);
-        match self.vol.open_by(ino, writable, truncate, &creds(req)) {
+        let who = creds(req);
+        let open = move |me: &Self| match me.vol.open_by(ino, writable, truncate, &who) {
             Ok(of) => {
                 if truncate && writable {
-                    self.invalidate_attrs(ino);
+                    me.invalidate_attrs(ino);
                 }
                 reply.opened(
                     fh_from_open(of),
@@ -1001,6 +1111,14 @@ impl Filesystem for Adapter {
                 );
             }
             Err(e) => reply.error(Self::fail("open", &e)),
+        };
+        // A truncating open is a change (it frees the file's blocks); the others do not wait
+        // for the global lock.
+        if truncate && writable {
+            self.change("open", ino, open);
+        } else {
+            let _timed = Timed::new("open", ino);
+            open(self);
         }
     }
 
@@ -1017,6 +1135,7 @@ impl Filesystem for Adapter {
     ) {
         // SAFETY: the kernel sends READ only with an fh from our open/create that is not yet released.
         let of = unsafe { fh_borrow(fh) };
+        let _timed = Timed::new("read", of.ino);
         let mut reply = Some(reply);
         let r = self.read_to(of, offset, size, &mut |bytes| {
             if let Some(rp) = reply.take() {
@@ -1063,6 +1182,7 @@ impl Filesystem for Adapter {
             }
             return;
         }
+        let _timed = Timed::new("write", of.ino);
         match self.write_waiting(&who, of, offset, data, how) {
             Ok(n) => reply.written(n),
             Err(e) => reply.error(e),
@@ -1110,6 +1230,7 @@ impl Filesystem for Adapter {
     ) {
         // SAFETY: RELEASE comes exactly once per handle from our open/create, after its last use.
         let of = unsafe { fh_release(fh) };
+        let _timed = Timed::new("release", of.ino);
         match self.vol.release(&of) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(Self::fail("release", &e)),
@@ -1124,10 +1245,11 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.vol.fsync(self.ino(ino), datasync) {
+        let ino = self.ino(ino);
+        self.change("fsync", ino, move |me| match me.vol.fsync(ino, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(Self::fail("fsync", &e)),
-        }
+        });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
@@ -1150,6 +1272,7 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
+        let _timed = Timed::new("readdir", self.ino(ino));
         let r = self
             .vol
             .readdir(self.ino(ino), offset, &mut |e: &DirListEntry| {
@@ -1176,6 +1299,7 @@ impl Filesystem for Adapter {
         mut reply: ReplyDirectoryPlus,
     ) {
         let dir = self.ino(ino);
+        let _timed = Timed::new("readdirplus", dir);
         // Volume::readdir calls emit with its metadata lock released, so calling back is safe.
         let r = self.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
             // The entry names its inode; dot entries are not instantiated by the kernel.
@@ -1243,10 +1367,13 @@ impl Filesystem for Adapter {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        match self.vol.fsync(self.ino(ino), datasync) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("fsyncdir", &e)),
-        }
+        let ino = self.ino(ino);
+        self.change("fsyncdir", ino, move |me| {
+            match me.vol.fsync(ino, datasync) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("fsyncdir", &e)),
+            }
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
@@ -1272,14 +1399,18 @@ impl Filesystem for Adapter {
             reply.error(Errno::EINVAL);
             return;
         }
-        let ino = self.ino(ino);
-        let name = name.as_bytes();
+        let (ino, name, value) = (self.ino(ino), name.to_owned(), value.to_vec());
         let create = flags & libc::XATTR_CREATE != 0;
         let replace = flags & libc::XATTR_REPLACE != 0;
-        match self.vol.setxattr(ino, name, value, create, replace) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("setxattr", &e)),
-        }
+        self.change("setxattr", ino, move |me| {
+            match me
+                .vol
+                .setxattr(ino, name.as_bytes(), &value, create, replace)
+            {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("setxattr", &e)),
+            }
+        });
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
@@ -1304,10 +1435,13 @@ impl Filesystem for Adapter {
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
-        match self.vol.removexattr(self.ino(ino), name.as_bytes()) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("removexattr", &e)),
-        }
+        let (ino, name) = (self.ino(ino), name.to_owned());
+        self.change("removexattr", ino, move |me| {
+            match me.vol.removexattr(ino, name.as_bytes()) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("removexattr", &e)),
+            }
+        });
     }
 
     fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
@@ -1326,24 +1460,27 @@ impl Filesystem for Adapter {
         flags: i32,
         reply: ReplyCreate,
     ) {
-        let parent = self.ino(parent);
+        let (parent, name) = (self.ino(parent), name.to_owned());
+        let (who, creds) = (caller_masked(req, umask), creds(req));
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        match self.create_or_open(req, parent, name.as_bytes(), mode, umask, flags, writable) {
-            Ok((a, of)) => {
-                let fa = self.file_attr(&a);
-                let fh = fh_from_open(of);
-                let gen = Generation(a.generation.into());
-                self.vol.note_lookup(a.ino);
-                reply.created(
-                    &self.entry_ttl,
-                    &fa,
-                    gen,
-                    fh,
-                    Self::create_reply_flags(a.kind),
-                );
+        self.change("create", parent, move |me| {
+            match me.create_or_open(who, &creds, parent, name.as_bytes(), mode, flags, writable) {
+                Ok((a, of)) => {
+                    let fa = me.file_attr(&a);
+                    let fh = fh_from_open(of);
+                    let gen = Generation(a.generation.into());
+                    me.vol.note_lookup(a.ino);
+                    reply.created(
+                        &me.entry_ttl,
+                        &fa,
+                        gen,
+                        fh,
+                        Self::create_reply_flags(a.kind),
+                    );
+                }
+                Err(e) => reply.error(e),
             }
-            Err(e) => reply.error(e),
-        }
+        });
     }
 
     fn fallocate(
@@ -1370,10 +1507,13 @@ impl Filesystem for Adapter {
                 return;
             }
         };
-        match self.vol.fallocate(self.ino(ino), offset, length, m) {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("fallocate", &e)),
-        }
+        let ino = self.ino(ino);
+        self.change("fallocate", ino, move |me| {
+            match me.vol.fallocate(ino, offset, length, m) {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("fallocate", &e)),
+            }
+        });
     }
 
     fn lseek(

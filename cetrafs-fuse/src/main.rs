@@ -7,6 +7,7 @@
 mod adapter;
 mod creds;
 mod daemon;
+mod offload;
 mod options;
 mod uring;
 

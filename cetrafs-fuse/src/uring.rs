@@ -40,7 +40,7 @@
 //! without interrupting it. A request that may wait — anything off the data path, a READ
 //! or WRITE whose admission waits for the cluster (the inode's lock not held here, a handoff
 //! or a change of it under way), an allocating, appending or `O_SYNC` write — goes to a
-//! **helper** (`threads` helper threads for all workers), which answers it as the one-entry
+//! **helper** (a change thread of offload.rs, started as requests wait), which answers it as the one-entry
 //! workers of the first version did and hands the entry back to its worker (an eventfd the
 //! worker's ring has a read pending on), so a worker never stops taking fast requests while
 //! one waits.
@@ -65,6 +65,7 @@
 
 use crate::adapter::{self, Adapter, WriteHow};
 use crate::creds::RequestCreds;
+use crate::offload::Offload;
 use cetrafs_core::fs::{BatchRead, BatchWrite};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use std::collections::HashMap;
@@ -96,9 +97,9 @@ const INIT_IN: usize = 64;
 /// The payload buffer: the connection's largest request or answer (`max_write` and
 /// `max_pages` are both 1 MiB: adapter.rs).
 const PAYLOAD_LEN: usize = 1 << 20;
-/// Workers of the bridge session (operations off the data path). Enough that metadata
-/// operations waiting for the cluster (another node's lock, a journal flush) do not hold up
-/// the others: a ring worker waits for its bridged request's answer.
+/// Workers of the bridge session (operations off the data path). Changes do not wait on
+/// them (the adapter answers those on its change threads, offload.rs); enough that reads
+/// waiting for the cluster (another node's lock) do not hold up the others.
 const BRIDGE_THREADS: usize = 16;
 /// Socket buffers of the bridge: a whole answer (a READDIR, an xattr) is one message.
 const BRIDGE_SOCKET_BUFFER: libc::c_int = 4 << 20;
@@ -118,7 +119,7 @@ pub struct Rings {
     /// One message per worker that ended.
     ended: Mutex<mpsc::Receiver<()>>,
     workers: usize,
-    /// The helpers' job queue: closed by [`Rings::stop`], which ends the helpers.
+    /// The helpers' pool: closed by [`Rings::stop`] (idle helpers then end).
     jobs: Jobs,
 }
 
@@ -232,7 +233,7 @@ fn start_rings(
         Ok(b) => b,
         Err(e) => return (None, Err(e)),
     };
-    let jobs: Jobs = Arc::new(Mutex::new(None));
+    let jobs: Jobs = Arc::new(Mutex::new(Some(Offload::named("cetra-uring-h"))));
     let ctx = Arc::new(Ctx {
         dev,
         fs: ring_fs,
@@ -241,9 +242,6 @@ fn start_rings(
             jobs: Arc::clone(&jobs),
         },
     });
-    if let Err(e) = Helpers::start(&ctx, threads) {
-        return (None, Err(e));
-    }
     let (ended_tx, ended) = mpsc::channel();
     let (reg_tx, reg_rx) = mpsc::channel();
     let mut started = 0;
@@ -285,7 +283,7 @@ fn start_rings(
         return (Some(rings), Err(e));
     }
     let what = format!(
-        "FUSE over io_uring: {layout}, {} KiB payload each, {threads} helpers; \
+        "FUSE over io_uring: {layout}, {} KiB payload each, helpers started as requests wait; \
          FORGET/INTERRUPT and requests before registration on /dev/fuse",
         PAYLOAD_LEN >> 10
     );
@@ -544,52 +542,40 @@ struct Job {
     back: Arc<Back>,
 }
 
-/// The helpers' job queue; `None` once closed (at the session's end: [`Rings::stop`]).
-type Jobs = Arc<Mutex<Option<mpsc::Sender<Job>>>>;
+/// The helpers' pool; `None` once closed (at the session's end: [`Rings::stop`]).
+type Jobs = Arc<Mutex<Option<Offload>>>;
 
-/// The helpers: threads that answer, one at a time and as the old one-entry workers did,
-/// the requests that may wait (everything off the data path, through the bridge; a READ or
-/// WRITE whose admission must wait for the cluster, an allocating or appending write, a
-/// sync write), so that a worker never stops taking fast requests while one waits. They end
-/// when their queue is closed.
+/// The helpers: threads that answer, each one request at a time as the old one-entry workers
+/// did, the requests that may wait (everything off the data path, through the bridge; a READ
+/// or WRITE whose admission must wait for the cluster, an allocating or appending write, a
+/// sync write), so that a worker never stops taking fast requests while one waits. They are
+/// change threads (offload.rs), started as requests wait: a fixed number of them (32, once)
+/// was used up by as many changes waiting for a dead node's global lock, and then every
+/// other request off the fast path waited for the recovery too.
 struct Helpers {
     jobs: Jobs,
 }
 
 impl Helpers {
-    /// Start `n` helpers taking jobs from `ctx.helpers`'s queue.
-    fn start(ctx: &Arc<Ctx>, n: usize) -> io::Result<()> {
-        let (tx, rx) = mpsc::channel::<Job>();
-        let rx = Arc::new(Mutex::new(rx));
-        for i in 0..n {
-            let (ctx, rx) = (Arc::clone(ctx), Arc::clone(&rx));
-            std::thread::Builder::new()
-                .name(format!("cetra-uring-h{i}"))
-                .spawn(move || loop {
-                    let job = match rx.lock() {
-                        Ok(r) => r.recv(),
-                        Err(_) => return,
-                    };
-                    let Ok(job) = job else {
-                        return;
-                    };
-                    // SAFETY: the worker handed this entry over (EntryPtr's rule).
-                    let e = unsafe { &mut *job.entry.0 };
-                    answer(&ctx, &mut e.header.0, e.payload);
-                    job.back.hand_back(job.idx);
-                })?;
-        }
-        if let Ok(mut jobs) = ctx.helpers.jobs.lock() {
-            *jobs = Some(tx);
-        }
-        Ok(())
-    }
-
-    /// Give the entry to a helper; false if none will take it (they are gone).
-    fn take(&self, job: Job) -> bool {
-        self.jobs
-            .lock()
-            .is_ok_and(|tx| tx.as_ref().is_some_and(|tx| tx.send(job).is_ok()))
+    /// Give the entry to a helper; false if none will take it (closed).
+    fn take(&self, ctx: &Arc<Ctx>, job: Job) -> bool {
+        let Ok(jobs) = self.jobs.lock() else {
+            return false;
+        };
+        let Some(pool) = jobs.as_ref() else {
+            return false;
+        };
+        let ctx = Arc::clone(ctx);
+        pool.run(move || {
+            // The whole job moves here (a closure would otherwise capture only the raw
+            // pointer inside EntryPtr, which is not Send on its own).
+            let job = job;
+            // SAFETY: the worker handed this entry over (EntryPtr's rule).
+            let e = unsafe { &mut *job.entry.0 };
+            answer(&ctx, &mut e.header.0, e.payload);
+            job.back.hand_back(job.idx);
+        });
+        true
     }
 }
 
@@ -893,7 +879,7 @@ impl Serve<'_> {
             idx,
             back: Arc::clone(self.back),
         };
-        if self.ctx.helpers.take(job) {
+        if self.ctx.helpers.take(self.ctx, job) {
             self.away += 1;
         } else {
             self.answered(idx, Err(libc::EIO));

@@ -2713,6 +2713,61 @@ fn an_image_flushed_after_its_hold_lapsed_goes_on_while_a_dead_node_holds_the_gl
     lun.assert_fsck_clean();
 }
 
+/// A survivor's VM I/O goes on while more of its processes than the daemon has FUSE workers
+/// wait for a dead node's global lock (each `chmod`s its own file: no directory lock in
+/// common, so the kernel sends them all at once). Before, each waiting change held a FUSE
+/// worker, and once all 32 did, a read of node1's own image waited for the recovery too.
+/// Metadata changes now wait on change threads (cetrafs-fuse/src/offload.rs).
+#[test]
+fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
+    use std::os::unix::fs::PermissionsExt;
+    const WAITERS: usize = 48;
+    require_fuse!();
+    let _serial = serial();
+    let (lun, node1, node2) = node1_and_a_node2_to_kill();
+    let mut buf = AlignedBuf::new(1 << 20);
+    buf.fill(7);
+    let vm = open_direct(&node1.p("img"), true, true).expect("create img on node1");
+    vm.write_all_at(&buf, 0).expect("write img");
+    vm.sync_all().expect("fsync img");
+    for i in 0..WAITERS {
+        fs::write(node1.p(format!("w{i}")), b"w").expect("create a file on node1");
+    }
+    // node1's holds of the files go back (idle for a second): a chmod needs the global lock.
+    std::thread::sleep(Duration::from_millis(2500));
+    let killed = kill_holding_the_global_lock(node2, 10);
+    let waiters: Vec<_> = (0..WAITERS)
+        .map(|i| {
+            let p = node1.p(format!("w{i}"));
+            std::thread::spawn(move || fs::set_permissions(p, fs::Permissions::from_mode(0o600)))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_secs(1));
+    let io = Instant::now();
+    vm.read_exact_at(&mut buf, 0).expect("read img on node1");
+    vm.write_all_at(&buf, 0).expect("write img on node1");
+    let took = io.elapsed();
+    assert!(
+        took < DEAD_TIME / 4,
+        "node1's read and write of its image took {took:?}: they waited for FUSE workers"
+    );
+    assert_done_before_recovery(&node1, "a read and a write", killed.elapsed());
+    let waited = waiters.iter().filter(|w| !w.is_finished()).count();
+    assert!(
+        waited > 32,
+        "only {waited} chmods still waited for the global lock: the test proves nothing"
+    );
+    for w in waiters {
+        w.join()
+            .expect("chmod thread")
+            .expect("chmod on node1 after the recovery");
+    }
+    await_recovery(&node1, "node2");
+    drop(vm);
+    node1.unmount();
+    lun.assert_fsck_clean();
+}
+
 /// Format 7 (group marks): a thin image keeps growing past several refills of its node's
 /// block pool while another node lies dead holding the global lock — each refill takes blocks
 /// from a group its node owns, under the group's mark, without the global lock — and while
