@@ -11,13 +11,14 @@
 #   san-node umount                 unmount and wait until the daemon exited (its exit status)
 #   san-node kill                   SIGKILL the daemon and detach its mount (umount -l)
 #   san-node writer NAME MB         background, two loops: one writes /mnt/cetra/NAME (MB MiB,
-#                                   O_DIRECT, 1 MiB at a time, then fsync) over and over, a line
+#                                   O_DIRECT, 1 MiB at a time, then fdatasync) over and over, a line
 #                                   per pass ("ok" or "ERROR", uptime) in /tmp/writer-NAME.log;
 #                                   the other creates, fsyncs, renames and removes a file in
 #                                   /mnt/cetra/NAME.d (metadata: locks, journal) over and over,
 #                                   likewise in /tmp/meta-NAME.log
 #   san-node stop-writer NAME       stop both; prints passes and errors of each, and the longest
-#                                   time between two completed passes (s)
+#                                   time between two completed passes (s); then the first errors
+#                                   and the daemon's slow requests (5 s or more) meanwhile
 set -u
 M=/mnt/cetra
 die() { echo "san-node: $*" >&2; exit 1; }
@@ -85,6 +86,8 @@ kill)
 writer)
     name=$1; mb=$2
     rm -f /tmp/writer-$name.stop
+    # where the daemon's log stood: stop-writer reports the slow requests logged since
+    wc -l < /tmp/cetra.log > /tmp/writer-$name.logpos
     mkdir -p $M/$name.d
     # loop KIND COMMAND: run COMMAND (with $pass set) until the stop file exists; a line per pass
     # in /tmp/KIND-NAME.log, its pid in /tmp/KIND-NAME.pid
@@ -121,6 +124,8 @@ stop-writer)
         echo "$w: passes $(grep -c ' ok ' /tmp/$w-$1.log) errors $(grep -c ERROR /tmp/$w-$1.log) longest gap $gap s"
     done
     grep -h ERROR /tmp/writer-$1.log /tmp/meta-$1.log | head -3
+    # the daemon's slow requests meanwhile (adapter.rs `Timed`): which operation waited
+    tail -n +$(($(cat /tmp/writer-$1.logpos) + 1)) /tmp/cetra.log | grep -o 'slow request: .*' | tail -8
     ;;
 *) die "unknown command '$cmd'" ;;
 esac
