@@ -296,10 +296,10 @@ impl Adapter {
         }
     }
 
-    /// Answer a request that changes metadata on a change thread (offload.rs): it may wait
-    /// for the global lock, perhaps for a dead holder's recovery, and must not hold a FUSE
-    /// worker meanwhile.
-    /// `op` on inode `ino` names it in the log if it is slow ([`Timed`]).
+    /// Answer a request that changes metadata through the change threads (offload.rs): it
+    /// may wait for the global lock, perhaps for a dead holder's recovery, and past the
+    /// first few such waits at once must not hold a FUSE worker meanwhile. `op` on inode
+    /// `ino` names it in the log if it is slow ([`Timed`]).
     fn change(&self, op: &'static str, ino: Ino, f: impl FnOnce(&Self) + Send + 'static) {
         let a = self.handle();
         let timed = Timed::new(op, ino);

@@ -17,24 +17,31 @@
 //! **What runs here.** The adapter hands every request that changes metadata (creates,
 //! removals, renames, links, `setattr`, xattr changes, `fallocate`, an open that truncates,
 //! `fsync` and `fsyncdir`) to [`Offload::run`], together with what it needs (owned copies of
-//! its names, its reply) and returns: the worker goes back to /dev/fuse at once. A change
-//! thread answers the request. Lookups, attributes, listings, opens, closes and the data path
-//! stay on the workers: the core answers them without the global lock when its holders are
-//! silent (`fs/own_lock_reads.rs`, `fs/closer.rs`), and a `READ`/`WRITE` needs only its file's
-//! own lock.
+//! its names, its reply). The first [`INLINE_CHANGES`] (8) changes in progress at once run
+//! on their own workers, as before: a hand-over to another thread cost 10–20 % of the
+//! create/rename/unlink rate of `bench/cluster.sh` §3 on this 2-core machine, and a node
+//! rarely has more changes in progress at once when nothing stalls. Past those, a change
+//! thread answers the request and the worker goes back to /dev/fuse at once: a stall can
+//! hold 8 workers, never the 24 others. Lookups, attributes, listings, opens, closes and the
+//! data path stay on the workers: the core answers them without the global lock when its
+//! holders are silent (`fs/own_lock_reads.rs`, `fs/closer.rs`), and a `READ`/`WRITE` needs
+//! only its file's own lock.
 //!
 //! The `io_uring` transport (uring.rs) answers its requests that may wait on a pool of its
-//! own (`cetra-uring-h` threads) for the same reason: it had 32 helpers, and as many waiting
-//! changes used them up.
+//! own (`cetra-uring-h` threads, none inline: its workers must never wait) for the same
+//! reason: it had 32 helpers, and as many waiting changes used them up.
 //!
 //! **The pool.** A thread is started when a request comes and no thread is idle, up to
 //! [`MAX_THREADS`]; past that the request runs on the worker (as before: never refused, and
 //! the bound keeps a runaway from exhausting the process). A thread idle for [`IDLE_EXIT`]
 //! ends, down to none. Order between requests is the kernel's business: it already holds the
 //! VFS locks (a directory's for changes in it, an inode's for its `setattr`) until each answer,
-//! so two requests that must not overlap are never both here. **Cost**: one hand-over (a
-//! queue push and a wake-up) per change, a few microseconds against the hundreds a change
-//! costs (its journal commit); measured by `bench/metadata.sh`.
+//! so two requests that must not overlap are never both here. **Cost**: none while at most
+//! 8 changes are in progress (`bench/cluster.sh` §3, create+rename+unlink, two runs each of
+//! the old and the new daemon alternated: one node 7,289 vs 7,865 ops/s, three nodes in
+//! private directories 10,507 vs 10,656, in one shared directory 6,475 vs 6,064: within
+//! this machine's run-to-run noise); beyond, a hand-over (a queue push and a wake-up) per
+//! change.
 //!
 //! **End.** The session's `destroy` calls [`Offload::drain`] before it unmounts the volume:
 //! the kernel sends DESTROY only once every request was answered, so it finds the queue empty
@@ -42,6 +49,7 @@
 
 use cetrafs_core::sync::LockPolicy;
 use std::collections::VecDeque;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::time::{Duration, Instant};
 use tracing::warn;
@@ -53,6 +61,10 @@ pub const IDLE_EXIT: Duration = Duration::from_secs(10);
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
+/// Jobs the adapter's pool runs on the caller's thread (a FUSE worker) at once before it
+/// hands them to its threads (module doc).
+pub const INLINE_CHANGES: usize = 8;
+
 /// The change threads (module doc). Cloning shares the pool.
 #[derive(Debug, Clone)]
 pub struct Offload {
@@ -61,7 +73,7 @@ pub struct Offload {
 
 impl Default for Offload {
     fn default() -> Self {
-        Self::named("cetra-change")
+        Self::named("cetra-change", INLINE_CHANGES)
     }
 }
 
@@ -69,6 +81,10 @@ impl Default for Offload {
 struct Shared {
     /// The threads' name.
     name: &'static str,
+    /// Most jobs run on callers' threads at once.
+    inline: usize,
+    /// Jobs running on callers' threads now.
+    inline_now: AtomicUsize,
     state: Mutex<State>,
     /// Jobs queued, or the pool draining.
     work: Condvar,
@@ -96,19 +112,34 @@ impl std::fmt::Debug for State {
 }
 
 impl Offload {
-    /// A pool whose threads are called `name`.
-    pub fn named(name: &'static str) -> Self {
+    /// A pool whose threads are called `name`, running up to `inline` jobs at once on the
+    /// callers' threads.
+    pub fn named(name: &'static str, inline: usize) -> Self {
         Self {
             shared: Arc::new(Shared {
                 name,
+                inline,
                 ..Shared::default()
             }),
         }
     }
 
-    /// Run `job` on a change thread, starting one if none is idle; on the caller's thread
-    /// when [`MAX_THREADS`] are busy or a thread cannot be started.
+    /// Run `job`: on the caller's thread while fewer than the pool's `inline` jobs run on
+    /// callers' threads; else on a pool thread, starting one if none is idle; on the
+    /// caller's thread again when [`MAX_THREADS`] are busy or a thread cannot be started.
     pub fn run(&self, job: impl FnOnce() + Send + 'static) {
+        let inline = &self.shared.inline_now;
+        if inline
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                (n < self.shared.inline).then_some(n + 1)
+            })
+            .is_ok()
+        {
+            // Decremented even if the job unwinds (a test; the daemon aborts on a panic).
+            let _slot = InlineSlot(inline);
+            job();
+            return;
+        }
         let mut s = self.shared.state.lock().or_panic();
         // Idle threads not yet claimed by a queued job.
         let free = s.idle.saturating_sub(s.jobs.len());
@@ -156,6 +187,15 @@ impl Offload {
     }
 }
 
+/// One job running on a caller's thread (released at its end).
+struct InlineSlot<'a>(&'a AtomicUsize);
+
+impl Drop for InlineSlot<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
+}
+
 /// A change thread: take jobs until idle for [`IDLE_EXIT`].
 fn serve(shared: &Shared) {
     let mut s = shared.state.lock().or_panic();
@@ -184,12 +224,11 @@ fn serve(shared: &Shared) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     use std::sync::mpsc;
 
     #[test]
     fn a_waiting_job_does_not_hold_up_the_next() {
-        let pool = Offload::default();
+        let pool = Offload::named("test", 0);
         let (release, gate) = mpsc::channel::<()>();
         let gate = Arc::new(Mutex::new(gate));
         // Three jobs wait; a fourth must still run at once.
@@ -215,8 +254,57 @@ mod tests {
     }
 
     #[test]
+    fn jobs_beyond_the_inline_share_go_to_threads() {
+        let pool = Offload::named("test", 2);
+        let (release, gate) = mpsc::channel::<()>();
+        let gate = Arc::new(Mutex::new(gate));
+        let here = std::thread::current().id();
+        let (tx, rx) = mpsc::channel();
+        // Two jobs run on callers' threads (each its own, as FUSE workers would call), and
+        // wait there; the next ones go to pool threads.
+        let callers: Vec<_> = (0..2)
+            .map(|_| {
+                let (pool, g, tx) = (pool.clone(), Arc::clone(&gate), tx.clone());
+                std::thread::spawn(move || {
+                    let caller = std::thread::current().id();
+                    pool.run(move || {
+                        tx.send(std::thread::current().id() == caller).unwrap();
+                        let _ = g.lock().unwrap().recv();
+                    });
+                })
+            })
+            .collect();
+        for _ in 0..2 {
+            assert!(
+                rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+                "not inline"
+            );
+        }
+        for _ in 0..3 {
+            let tx = tx.clone();
+            pool.run(move || tx.send(std::thread::current().id() == here).unwrap());
+            assert!(
+                !rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+                "ran inline past the share"
+            );
+        }
+        for _ in 0..2 {
+            release.send(()).unwrap();
+        }
+        for c in callers {
+            c.join().unwrap();
+        }
+        // The share is free again.
+        pool.run(move || tx.send(std::thread::current().id() == here).unwrap());
+        assert!(
+            rx.recv_timeout(Duration::from_secs(5)).unwrap(),
+            "share not given back"
+        );
+    }
+
+    #[test]
     fn idle_threads_are_reused() {
-        let pool = Offload::default();
+        let pool = Offload::named("test", 0);
         let n = Arc::new(AtomicUsize::new(0));
         for _ in 0..100 {
             let n = Arc::clone(&n);

@@ -233,7 +233,7 @@ fn start_rings(
         Ok(b) => b,
         Err(e) => return (None, Err(e)),
     };
-    let jobs: Jobs = Arc::new(Mutex::new(Some(Offload::named("cetra-uring-h"))));
+    let jobs: Jobs = Arc::new(Mutex::new(Some(Offload::named("cetra-uring-h", 0))));
     let ctx = Arc::new(Ctx {
         dev,
         fs: ring_fs,
