@@ -4,7 +4,7 @@
 //! ACL upkeep under `FUSE_POSIX_ACL`, the kernel's root nodeid).
 
 use crate::creds::RequestCreds;
-use crate::offload::Offload;
+use crate::offload::{Offload, INLINE_CHANGES};
 use crate::options::Options;
 use crate::options::Transport;
 use crate::uring;
@@ -112,13 +112,7 @@ pub fn session_config(fsname: &Path, opts: &Options) -> fuser::Config {
     cfg.acl = SessionACL::All;
     // 32 workers with their own /dev/fuse clone: QD32 direct I/O gets 32 requests in flight.
     // FUSE workers do synchronous O_DIRECT I/O, so they are also the device queue depth.
-    cfg.n_threads = Some(
-        std::env::var("CETRA_FUSE_THREADS")
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .filter(|n| (1..=1024).contains(n))
-            .unwrap_or(DEFAULT_THREADS),
-    );
+    cfg.n_threads = Some(fuse_threads());
     cfg.clone_fd = true;
     cfg
 }
@@ -183,6 +177,15 @@ impl Drop for Timed {
             took.as_secs_f64()
         );
     }
+}
+
+/// The FUSE worker threads: `CETRA_FUSE_THREADS` (1 to 1024), else [`DEFAULT_THREADS`].
+fn fuse_threads() -> usize {
+    std::env::var("CETRA_FUSE_THREADS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|n| (1..=1024).contains(n))
+        .unwrap_or(DEFAULT_THREADS)
 }
 
 /// Which of the daemon's adapters this is. All share one volume; only the session's adapter
@@ -264,7 +267,8 @@ impl Adapter {
             transport: opts.transport,
             negotiated: Arc::new(Negotiated::default()),
             rings: Arc::new(OnceLock::new()),
-            changes: Offload::default(),
+            // A quarter of the workers at most may wait on the cluster at once.
+            changes: Offload::named("cetra-change", (fuse_threads() / 4).min(INLINE_CHANGES)),
         }
     }
 
@@ -296,17 +300,23 @@ impl Adapter {
         }
     }
 
-    /// Answer a request that changes metadata through the change threads (offload.rs): it
-    /// may wait for the global lock, perhaps for a dead holder's recovery, and past the
-    /// first few such waits at once must not hold a FUSE worker meanwhile. `op` on inode
-    /// `ino` names it in the log if it is slow ([`Timed`]).
-    fn change(&self, op: &'static str, ino: Ino, f: impl FnOnce(&Self) + Send + 'static) {
-        let a = self.handle();
+    /// Answer a request that may wait for the cluster (the global lock, perhaps for a dead
+    /// holder's recovery): on this worker while the change threads' inline share allows,
+    /// else on a change thread (offload.rs), so that such waits never hold more than that
+    /// share of the workers. `op` on inode `ino` names it in the log if it is slow
+    /// ([`Timed`]).
+    fn may_wait(&self, op: &'static str, ino: Ino, f: impl FnOnce(&Self) + Send + 'static) {
         let timed = Timed::new(op, ino);
-        self.changes.run(move || {
-            f(&a);
+        if let Some(_slot) = self.changes.inline_slot() {
+            f(self);
             drop(timed);
-        });
+        } else {
+            let a = self.handle();
+            self.changes.hand_over(move || {
+                f(&a);
+                drop(timed);
+            });
+        }
     }
 
     /// What INIT settled (shared with every adapter made by [`Adapter::for_rings`]).
@@ -884,12 +894,14 @@ impl Filesystem for Adapter {
     }
 
     fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
-        let _timed = Timed::new("lookup", self.ino(parent));
-        match self.vol.lookup(self.ino(parent), name.as_bytes()) {
-            Ok(a) => self.entry(reply, &a),
-            // No negative entry caching: another node may create the name at any moment.
-            Err(e) => reply.error(Self::fail("lookup", &e)),
-        }
+        let name = name.to_owned();
+        self.may_wait("lookup", self.ino(parent), move |me| {
+            match me.vol.lookup(me.ino(parent), name.as_bytes()) {
+                Ok(a) => me.entry(reply, &a),
+                // No negative entry caching: another node may create the name at any moment.
+                Err(e) => reply.error(Self::fail("lookup", &e)),
+            }
+        });
     }
 
     fn forget(&self, _req: &Request, ino: INodeNo, nlookup: u64) {
@@ -899,11 +911,12 @@ impl Filesystem for Adapter {
     }
 
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
-        let _timed = Timed::new("getattr", self.ino(ino));
-        match self.vol.getattr(self.ino(ino)) {
-            Ok(a) => reply.attr(&self.attr_ttl, &self.file_attr(&a)),
-            Err(e) => reply.error(Self::fail("getattr", &e)),
-        }
+        self.may_wait("getattr", self.ino(ino), move |me| {
+            match me.vol.getattr(me.ino(ino)) {
+                Ok(a) => reply.attr(&me.attr_ttl, &me.file_attr(&a)),
+                Err(e) => reply.error(Self::fail("getattr", &e)),
+            }
+        });
     }
 
     fn setattr(
@@ -937,7 +950,7 @@ impl Filesystem for Adapter {
             ctime: ctime.map(timespec),
         };
         let who = creds(req);
-        self.change("setattr", ino, move |me| {
+        self.may_wait("setattr", ino, move |me| {
             match me.vol.setattr_by(ino, &set, &who) {
                 Ok(a) => reply.attr(&me.attr_ttl, &me.file_attr(&a)),
                 Err(e) => reply.error(Self::fail("setattr", &e)),
@@ -946,10 +959,12 @@ impl Filesystem for Adapter {
     }
 
     fn readlink(&self, _req: &Request, ino: INodeNo, reply: ReplyData) {
-        match self.vol.readlink(self.ino(ino)) {
-            Ok(t) => reply.data(&t),
-            Err(e) => reply.error(Self::fail("readlink", &e)),
-        }
+        self.may_wait("readlink", self.ino(ino), move |me| {
+            match me.vol.readlink(me.ino(ino)) {
+                Ok(t) => reply.data(&t),
+                Err(e) => reply.error(Self::fail("readlink", &e)),
+            }
+        });
     }
 
     fn mknod(
@@ -963,7 +978,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let (parent, name, who) = (self.ino(parent), name.to_owned(), caller_masked(req, umask));
-        self.change("mknod", parent, move |me| {
+        self.may_wait("mknod", parent, move |me| {
             match me
                 .vol
                 .mknod(parent, name.as_bytes(), mode, u64::from(rdev), who)
@@ -984,7 +999,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let (parent, name, who) = (self.ino(parent), name.to_owned(), caller_masked(req, umask));
-        self.change("mkdir", parent, move |me| {
+        self.may_wait("mkdir", parent, move |me| {
             match me.vol.mkdir(parent, name.as_bytes(), mode, who) {
                 Ok(a) => me.entry(reply, &a),
                 Err(e) => reply.error(Self::fail("mkdir", &e)),
@@ -994,7 +1009,7 @@ impl Filesystem for Adapter {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (parent, name) = (self.ino(parent), name.to_owned());
-        self.change("unlink", parent, move |me| {
+        self.may_wait("unlink", parent, move |me| {
             match me.vol.unlink(parent, name.as_bytes()) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Self::fail("unlink", &e)),
@@ -1004,7 +1019,7 @@ impl Filesystem for Adapter {
 
     fn rmdir(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (parent, name) = (self.ino(parent), name.to_owned());
-        self.change("rmdir", parent, move |me| {
+        self.may_wait("rmdir", parent, move |me| {
             match me.vol.rmdir(parent, name.as_bytes()) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Self::fail("rmdir", &e)),
@@ -1026,7 +1041,7 @@ impl Filesystem for Adapter {
             target.to_owned(),
             caller(req),
         );
-        self.change("symlink", parent, move |me| {
+        self.may_wait("symlink", parent, move |me| {
             match me
                 .vol
                 .symlink(parent, name.as_bytes(), target.as_os_str().as_bytes(), who)
@@ -1065,7 +1080,7 @@ impl Filesystem for Adapter {
             self.ino(newparent),
             newname.to_owned(),
         );
-        self.change("rename", parent, move |me| {
+        self.may_wait("rename", parent, move |me| {
             match me
                 .vol
                 .rename(parent, name.as_bytes(), newparent, newname.as_bytes(), f)
@@ -1085,7 +1100,7 @@ impl Filesystem for Adapter {
         reply: ReplyEntry,
     ) {
         let (ino, newparent, newname) = (self.ino(ino), self.ino(newparent), newname.to_owned());
-        self.change("link", ino, move |me| {
+        self.may_wait("link", ino, move |me| {
             match me.vol.link(ino, newparent, newname.as_bytes()) {
                 Ok(a) => me.entry(reply, &a),
                 Err(e) => reply.error(Self::fail("link", &e)),
@@ -1112,14 +1127,9 @@ impl Filesystem for Adapter {
             }
             Err(e) => reply.error(Self::fail("open", &e)),
         };
-        // A truncating open is a change (it frees the file's blocks); the others do not wait
-        // for the global lock.
-        if truncate && writable {
-            self.change("open", ino, open);
-        } else {
-            let _timed = Timed::new("open", ino);
-            open(self);
-        }
+        // A truncating open is a change (it frees the file's blocks); any open may wait for a
+        // silent holder's lock to load the inode.
+        self.may_wait("open", ino, open);
     }
 
     fn read(
@@ -1246,22 +1256,24 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let ino = self.ino(ino);
-        self.change("fsync", ino, move |me| match me.vol.fsync(ino, datasync) {
+        self.may_wait("fsync", ino, move |me| match me.vol.fsync(ino, datasync) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(Self::fail("fsync", &e)),
         });
     }
 
     fn opendir(&self, _req: &Request, ino: INodeNo, _flags: OpenFlags, reply: ReplyOpen) {
-        // Directory streams are stateless: the cookies from Volume::readdir carry the position.
-        // Still check that it is a directory the volume knows, so opendir fails early.
-        match self.vol.getattr(self.ino(ino)) {
-            Ok(a) if a.kind == FileKind::Directory => {
-                reply.opened(FileHandle(0), FopenFlags::empty());
+        self.may_wait("opendir", self.ino(ino), move |me| {
+            // Directory streams are stateless: the cookies from Volume::readdir carry the position.
+            // Still check that it is a directory the volume knows, so opendir fails early.
+            match me.vol.getattr(me.ino(ino)) {
+                Ok(a) if a.kind == FileKind::Directory => {
+                    reply.opened(FileHandle(0), FopenFlags::empty());
+                }
+                Ok(_) => reply.error(Errno::ENOTDIR),
+                Err(e) => reply.error(Self::fail("opendir", &e)),
             }
-            Ok(_) => reply.error(Errno::ENOTDIR),
-            Err(e) => reply.error(Self::fail("opendir", &e)),
-        }
+        });
     }
 
     fn readdir(
@@ -1272,22 +1284,23 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectory,
     ) {
-        let _timed = Timed::new("readdir", self.ino(ino));
-        let r = self
-            .vol
-            .readdir(self.ino(ino), offset, &mut |e: &DirListEntry| {
-                // add() returns true when the buffer is full and the entry was not added.
-                !reply.add(
-                    INodeNo(self.nodeid(e.ino)),
-                    e.next,
-                    file_type(e.kind),
-                    OsStr::from_bytes(&e.name),
-                )
-            });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("readdir", &e)),
-        }
+        self.may_wait("readdir", self.ino(ino), move |me| {
+            let r = me
+                .vol
+                .readdir(me.ino(ino), offset, &mut |e: &DirListEntry| {
+                    // add() returns true when the buffer is full and the entry was not added.
+                    !reply.add(
+                        INodeNo(me.nodeid(e.ino)),
+                        e.next,
+                        file_type(e.kind),
+                        OsStr::from_bytes(&e.name),
+                    )
+                });
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("readdir", &e)),
+            }
+        });
     }
 
     fn readdirplus(
@@ -1298,54 +1311,55 @@ impl Filesystem for Adapter {
         offset: u64,
         mut reply: ReplyDirectoryPlus,
     ) {
-        let dir = self.ino(ino);
-        let _timed = Timed::new("readdirplus", dir);
-        // Volume::readdir calls emit with its metadata lock released, so calling back is safe.
-        let r = self.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
-            // The entry names its inode; dot entries are not instantiated by the kernel.
-            let (a, ttl, with_attributes) = match self.vol.entry_attr(dir, e) {
-                EntryAttr::Loaded(a) => (a, self.entry_ttl, true),
-                // Removed (here or on another node) since the directory block was read: skip
-                // it; the next entry's cookie still resumes correctly.
-                EntryAttr::Gone => return true,
-                // In the directory but its inode cannot be read (the core logged it), or not
-                // now (every holder of the global lock is silent: the core's
-                // `fs/own_lock_reads.rs`, which then gives the inode's generation and never
-                // lists so an inode the kernel was given attributes of): listed so that
-                // nothing looks missing, with zero timeouts so the kernel caches nothing and a
-                // stat of it asks again.
-                EntryAttr::Unreadable(a) => (a, Duration::ZERO, false),
-            };
-            // fuser sends the attributes' inode number as the node id: the kernel takes a
-            // reference to every entry but "." and "..", placeholders too, and until its
-            // forget the number is not reused (the inode may be a live one another node
-            // unlinks meanwhile).
-            let counted = e.name != b"." && e.name != b"..";
-            if counted {
-                if with_attributes {
-                    self.vol.note_lookup(a.ino);
-                } else {
-                    self.vol.note_listed(a.ino);
+        self.may_wait("readdirplus", self.ino(ino), move |me| {
+            let dir = me.ino(ino);
+            // Volume::readdir calls emit with its metadata lock released, so calling back is safe.
+            let r = me.vol.readdir(dir, offset, &mut |e: &DirListEntry| {
+                // The entry names its inode; dot entries are not instantiated by the kernel.
+                let (a, ttl, with_attributes) = match me.vol.entry_attr(dir, e) {
+                    EntryAttr::Loaded(a) => (a, me.entry_ttl, true),
+                    // Removed (here or on another node) since the directory block was read: skip
+                    // it; the next entry's cookie still resumes correctly.
+                    EntryAttr::Gone => return true,
+                    // In the directory but its inode cannot be read (the core logged it), or not
+                    // now (every holder of the global lock is silent: the core's
+                    // `fs/own_lock_reads.rs`, which then gives the inode's generation and never
+                    // lists so an inode the kernel was given attributes of): listed so that
+                    // nothing looks missing, with zero timeouts so the kernel caches nothing and a
+                    // stat of it asks again.
+                    EntryAttr::Unreadable(a) => (a, Duration::ZERO, false),
+                };
+                // fuser sends the attributes' inode number as the node id: the kernel takes a
+                // reference to every entry but "." and "..", placeholders too, and until its
+                // forget the number is not reused (the inode may be a live one another node
+                // unlinks meanwhile).
+                let counted = e.name != b"." && e.name != b"..";
+                if counted {
+                    if with_attributes {
+                        me.vol.note_lookup(a.ino);
+                    } else {
+                        me.vol.note_listed(a.ino);
+                    }
                 }
+                let full = reply.add(
+                    INodeNo(me.nodeid(a.ino)),
+                    e.next,
+                    OsStr::from_bytes(&e.name),
+                    &ttl,
+                    &me.file_attr(&a),
+                    Generation(a.generation.into()),
+                );
+                if full && counted {
+                    // Not sent after all: give the reference back.
+                    me.vol.forget(a.ino, 1);
+                }
+                !full
+            });
+            match r {
+                Ok(()) => reply.ok(),
+                Err(e) => reply.error(Self::fail("readdirplus", &e)),
             }
-            let full = reply.add(
-                INodeNo(self.nodeid(a.ino)),
-                e.next,
-                OsStr::from_bytes(&e.name),
-                &ttl,
-                &self.file_attr(&a),
-                Generation(a.generation.into()),
-            );
-            if full && counted {
-                // Not sent after all: give the reference back.
-                self.vol.forget(a.ino, 1);
-            }
-            !full
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(Self::fail("readdirplus", &e)),
-        }
     }
 
     fn releasedir(
@@ -1368,7 +1382,7 @@ impl Filesystem for Adapter {
         reply: ReplyEmpty,
     ) {
         let ino = self.ino(ino);
-        self.change("fsyncdir", ino, move |me| {
+        self.may_wait("fsyncdir", ino, move |me| {
             match me.vol.fsync(ino, datasync) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Self::fail("fsyncdir", &e)),
@@ -1377,12 +1391,12 @@ impl Filesystem for Adapter {
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
-        match self.vol.statfs() {
+        self.may_wait("statfs", self.root, move |me| match me.vol.statfs() {
             Ok(s) => reply.statfs(
                 s.blocks, s.bfree, s.bavail, s.files, s.ffree, s.bsize, s.namelen, s.bsize,
             ),
             Err(e) => reply.error(Self::fail("statfs", &e)),
-        }
+        });
     }
 
     fn setxattr(
@@ -1402,7 +1416,7 @@ impl Filesystem for Adapter {
         let (ino, name, value) = (self.ino(ino), name.to_owned(), value.to_vec());
         let create = flags & libc::XATTR_CREATE != 0;
         let replace = flags & libc::XATTR_REPLACE != 0;
-        self.change("setxattr", ino, move |me| {
+        self.may_wait("setxattr", ino, move |me| {
             match me
                 .vol
                 .setxattr(ino, name.as_bytes(), &value, create, replace)
@@ -1414,29 +1428,34 @@ impl Filesystem for Adapter {
     }
 
     fn getxattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, size: u32, reply: ReplyXattr) {
-        match self.vol.getxattr(self.ino(ino), name.as_bytes()) {
-            Ok(v) => xattr_reply(reply, size, &v),
-            Err(e) => reply.error(Self::fail("getxattr", &e)),
-        }
+        let name = name.to_owned();
+        self.may_wait("getxattr", self.ino(ino), move |me| {
+            match me.vol.getxattr(me.ino(ino), name.as_bytes()) {
+                Ok(v) => xattr_reply(reply, size, &v),
+                Err(e) => reply.error(Self::fail("getxattr", &e)),
+            }
+        });
     }
 
     fn listxattr(&self, _req: &Request, ino: INodeNo, size: u32, reply: ReplyXattr) {
-        match self.vol.listxattr(self.ino(ino)) {
-            Ok(names) => {
-                let mut buf = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
-                for n in names {
-                    buf.extend_from_slice(&n);
-                    buf.push(0);
+        self.may_wait("listxattr", self.ino(ino), move |me| {
+            match me.vol.listxattr(me.ino(ino)) {
+                Ok(names) => {
+                    let mut buf = Vec::with_capacity(names.iter().map(|n| n.len() + 1).sum());
+                    for n in names {
+                        buf.extend_from_slice(&n);
+                        buf.push(0);
+                    }
+                    xattr_reply(reply, size, &buf);
                 }
-                xattr_reply(reply, size, &buf);
+                Err(e) => reply.error(Self::fail("listxattr", &e)),
             }
-            Err(e) => reply.error(Self::fail("listxattr", &e)),
-        }
+        });
     }
 
     fn removexattr(&self, _req: &Request, ino: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let (ino, name) = (self.ino(ino), name.to_owned());
-        self.change("removexattr", ino, move |me| {
+        self.may_wait("removexattr", ino, move |me| {
             match me.vol.removexattr(ino, name.as_bytes()) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Self::fail("removexattr", &e)),
@@ -1463,7 +1482,7 @@ impl Filesystem for Adapter {
         let (parent, name) = (self.ino(parent), name.to_owned());
         let (who, creds) = (caller_masked(req, umask), creds(req));
         let writable = flags & libc::O_ACCMODE != libc::O_RDONLY;
-        self.change("create", parent, move |me| {
+        self.may_wait("create", parent, move |me| {
             match me.create_or_open(who, &creds, parent, name.as_bytes(), mode, flags, writable) {
                 Ok((a, of)) => {
                     let fa = me.file_attr(&a);
@@ -1508,7 +1527,7 @@ impl Filesystem for Adapter {
             }
         };
         let ino = self.ino(ino);
-        self.change("fallocate", ino, move |me| {
+        self.may_wait("fallocate", ino, move |me| {
             match me.vol.fallocate(ino, offset, length, m) {
                 Ok(()) => reply.ok(),
                 Err(e) => reply.error(Self::fail("fallocate", &e)),
@@ -1542,13 +1561,15 @@ impl Filesystem for Adapter {
             reply.error(Errno::ENXIO);
             return;
         };
-        match self.vol.lseek(self.ino(ino), off, w) {
+        // It may load the inode (perhaps waiting for a silent holder).
+        let ino = self.ino(ino);
+        self.may_wait("lseek", ino, move |me| match me.vol.lseek(ino, off, w) {
             Ok(pos) => match i64::try_from(pos) {
                 Ok(p) => reply.offset(p),
                 Err(_) => reply.error(Errno::EOVERFLOW),
             },
             Err(e) => reply.error(Self::fail("lseek", &e)),
-        }
+        });
     }
 
     fn ioctl(
@@ -1562,145 +1583,149 @@ impl Filesystem for Adapter {
         out_size: u32,
         reply: ReplyIoctl,
     ) {
-        // lsattr/chattr reach us through the kernel's fileattr code, which opens the inode
-        // privately (so fh may be a directory's 0) and sends FS_IOC_[GS]ETFLAGS with a 4-byte
-        // int in and out. The kernel has already checked ownership and CAP_LINUX_IMMUTABLE.
-        let ino = self.ino(ino);
-        let out_len = usize::try_from(out_size).unwrap_or(usize::MAX).min(4);
-        match cmd {
-            FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match self.vol.get_flags(ino) {
-                Ok(f) => reply.ioctl(0, &f.to_ne_bytes()[..out_len]),
-                Err(e) => reply.error(Self::fail("ioctl(FS_IOC_GETFLAGS)", &e)),
-            },
-            FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
-                let Some(raw) = in_data.first_chunk::<4>() else {
-                    reply.error(Errno::EINVAL);
-                    return;
-                };
-                let f = u32::from_ne_bytes(*raw);
-                match self.vol.set_flags(ino, f) {
-                    Ok(()) => reply.ioctl(0, &raw[..out_len]),
-                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_SETFLAGS)", &e)),
-                }
-            }
-            FS_IOC_FSGETXATTR => match self.vol.get_flags(ino) {
-                Ok(f) => {
-                    let x = FL_XFLAG
-                        .iter()
-                        .filter(|(fl, _)| f & fl != 0)
-                        .fold(0, |x, (_, xf)| x | xf);
-                    let mut fsx = [0u8; FSXATTR_SIZE];
-                    fsx[..4].copy_from_slice(&u32::to_ne_bytes(x));
-                    let n = usize::try_from(out_size)
-                        .unwrap_or(usize::MAX)
-                        .min(FSXATTR_SIZE);
-                    reply.ioctl(0, &fsx[..n]);
-                }
-                Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
-            },
-            FS_IOC_FSSETXATTR => {
-                let Some(fsx) = in_data.first_chunk::<FSXATTR_SIZE>() else {
-                    reply.error(Errno::EINVAL);
-                    return;
-                };
-                let word =
-                    |i: usize| u32::from_ne_bytes([fsx[i], fsx[i + 1], fsx[i + 2], fsx[i + 3]]);
-                let x = word(0);
-                let known = FL_XFLAG.iter().fold(0, |k, (_, xf)| k | xf);
-                // extent size hints and project ids are not stored: only accept "none".
-                if x & !known != 0 || word(4) != 0 || word(12) != 0 || word(16) != 0 {
-                    reply.error(Errno::EOPNOTSUPP);
-                    return;
-                }
-                let f = FL_XFLAG
-                    .iter()
-                    .filter(|(_, xf)| x & xf != 0)
-                    .fold(0, |f, (fl, _)| f | fl);
-                match self.vol.set_flags(ino, f) {
-                    Ok(()) => reply.ioctl(0, &[]),
-                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
-                }
-            }
-            CETRA_IOC_DEFRAG => {
-                // Only a regular file's handle is an OpenFile of ours (its open made it).
-                match self.vol.getattr(ino) {
-                    Ok(a) if a.kind == FileKind::Regular && fh.0 != 0 => {}
-                    Ok(_) => {
+        let (uid, in_data) = (req.uid(), in_data.to_vec());
+        // chattr and defrag change metadata; FITRIM and grow take the global lock too.
+        self.may_wait("ioctl", self.ino(ino), move |me| {
+            // lsattr/chattr reach us through the kernel's fileattr code, which opens the inode
+            // privately (so fh may be a directory's 0) and sends FS_IOC_[GS]ETFLAGS with a 4-byte
+            // int in and out. The kernel has already checked ownership and CAP_LINUX_IMMUTABLE.
+            let ino = me.ino(ino);
+            let out_len = usize::try_from(out_size).unwrap_or(usize::MAX).min(4);
+            match cmd {
+                FS_IOC_GETFLAGS | FS_IOC32_GETFLAGS => match me.vol.get_flags(ino) {
+                    Ok(f) => reply.ioctl(0, &f.to_ne_bytes()[..out_len]),
+                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_GETFLAGS)", &e)),
+                },
+                FS_IOC_SETFLAGS | FS_IOC32_SETFLAGS => {
+                    let Some(raw) = in_data.first_chunk::<4>() else {
                         reply.error(Errno::EINVAL);
                         return;
+                    };
+                    let f = u32::from_ne_bytes(*raw);
+                    match me.vol.set_flags(ino, f) {
+                        Ok(()) => reply.ioctl(0, &raw[..out_len]),
+                        Err(e) => reply.error(Self::fail("ioctl(FS_IOC_SETFLAGS)", &e)),
                     }
-                    Err(e) => {
-                        reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e));
-                        return;
-                    }
                 }
-                // SAFETY: the kernel sends the handle of the open regular file the ioctl was
-                // made on, alive for the duration of the request (as for READ and WRITE).
-                let writable = unsafe { fh_borrow(fh) }.writable;
-                match self.vol.defrag(ino, writable) {
-                    Ok(d) => {
-                        let mut out = [0u8; 24];
-                        out[..8].copy_from_slice(&d.extents_before.to_ne_bytes());
-                        out[8..16].copy_from_slice(&d.extents_after.to_ne_bytes());
-                        out[16..].copy_from_slice(&d.blocks_copied.to_ne_bytes());
-                        let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(24);
-                        reply.ioctl(0, &out[..n]);
-                    }
-                    Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e)),
-                }
-            }
-            CETRA_IOC_GROW => {
-                // As FITRIM: the whole volume is the business of who administers it.
-                if req.uid() != 0 {
-                    reply.error(Errno::EPERM);
-                    return;
-                }
-                match self.vol.grow() {
-                    Ok(g) => {
-                        let mut out = [0u8; 32];
-                        for (i, v) in [g.old_groups, g.new_groups, g.old_bytes, g.new_bytes]
-                            .into_iter()
-                            .enumerate()
-                        {
-                            out[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
-                        }
-                        let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(32);
-                        reply.ioctl(0, &out[..n]);
-                    }
-                    Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_GROW)", &e)),
-                }
-            }
-            FITRIM => {
-                // As ext4: the whole volume's free space is the caller's business only if it
-                // may administer the filesystem.
-                if req.uid() != 0 {
-                    reply.error(Errno::EPERM);
-                    return;
-                }
-                let Some(range) = in_data.first_chunk::<FSTRIM_RANGE_SIZE>() else {
-                    reply.error(Errno::EINVAL);
-                    return;
-                };
-                let word = |i: usize| {
-                    let mut w = [0u8; 8];
-                    w.copy_from_slice(&range[i..i + 8]);
-                    u64::from_ne_bytes(w)
-                };
-                match self.vol.trim(word(0), word(8), word(16)) {
-                    Ok(bytes) => {
-                        // The kernel copies the range back: len is what was trimmed.
-                        let mut out = *range;
-                        out[8..16].copy_from_slice(&bytes.to_ne_bytes());
+                FS_IOC_FSGETXATTR => match me.vol.get_flags(ino) {
+                    Ok(f) => {
+                        let x = FL_XFLAG
+                            .iter()
+                            .filter(|(fl, _)| f & fl != 0)
+                            .fold(0, |x, (_, xf)| x | xf);
+                        let mut fsx = [0u8; FSXATTR_SIZE];
+                        fsx[..4].copy_from_slice(&u32::to_ne_bytes(x));
                         let n = usize::try_from(out_size)
                             .unwrap_or(usize::MAX)
-                            .min(FSTRIM_RANGE_SIZE);
-                        reply.ioctl(0, &out[..n]);
+                            .min(FSXATTR_SIZE);
+                        reply.ioctl(0, &fsx[..n]);
                     }
-                    Err(e) => reply.error(Self::fail("ioctl(FITRIM)", &e)),
+                    Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSGETXATTR)", &e)),
+                },
+                FS_IOC_FSSETXATTR => {
+                    let Some(fsx) = in_data.first_chunk::<FSXATTR_SIZE>() else {
+                        reply.error(Errno::EINVAL);
+                        return;
+                    };
+                    let word =
+                        |i: usize| u32::from_ne_bytes([fsx[i], fsx[i + 1], fsx[i + 2], fsx[i + 3]]);
+                    let x = word(0);
+                    let known = FL_XFLAG.iter().fold(0, |k, (_, xf)| k | xf);
+                    // extent size hints and project ids are not stored: only accept "none".
+                    if x & !known != 0 || word(4) != 0 || word(12) != 0 || word(16) != 0 {
+                        reply.error(Errno::EOPNOTSUPP);
+                        return;
+                    }
+                    let f = FL_XFLAG
+                        .iter()
+                        .filter(|(_, xf)| x & xf != 0)
+                        .fold(0, |f, (fl, _)| f | fl);
+                    match me.vol.set_flags(ino, f) {
+                        Ok(()) => reply.ioctl(0, &[]),
+                        Err(e) => reply.error(Self::fail("ioctl(FS_IOC_FSSETXATTR)", &e)),
+                    }
                 }
+                CETRA_IOC_DEFRAG => {
+                    // Only a regular file's handle is an OpenFile of ours (its open made it).
+                    match me.vol.getattr(ino) {
+                        Ok(a) if a.kind == FileKind::Regular && fh.0 != 0 => {}
+                        Ok(_) => {
+                            reply.error(Errno::EINVAL);
+                            return;
+                        }
+                        Err(e) => {
+                            reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e));
+                            return;
+                        }
+                    }
+                    // SAFETY: the kernel sends the handle of the open regular file the ioctl was
+                    // made on, alive for the duration of the request (as for READ and WRITE).
+                    let writable = unsafe { fh_borrow(fh) }.writable;
+                    match me.vol.defrag(ino, writable) {
+                        Ok(d) => {
+                            let mut out = [0u8; 24];
+                            out[..8].copy_from_slice(&d.extents_before.to_ne_bytes());
+                            out[8..16].copy_from_slice(&d.extents_after.to_ne_bytes());
+                            out[16..].copy_from_slice(&d.blocks_copied.to_ne_bytes());
+                            let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(24);
+                            reply.ioctl(0, &out[..n]);
+                        }
+                        Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e)),
+                    }
+                }
+                CETRA_IOC_GROW => {
+                    // As FITRIM: the whole volume is the business of who administers it.
+                    if uid != 0 {
+                        reply.error(Errno::EPERM);
+                        return;
+                    }
+                    match me.vol.grow() {
+                        Ok(g) => {
+                            let mut out = [0u8; 32];
+                            for (i, v) in [g.old_groups, g.new_groups, g.old_bytes, g.new_bytes]
+                                .into_iter()
+                                .enumerate()
+                            {
+                                out[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
+                            }
+                            let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(32);
+                            reply.ioctl(0, &out[..n]);
+                        }
+                        Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_GROW)", &e)),
+                    }
+                }
+                FITRIM => {
+                    // As ext4: the whole volume's free space is the caller's business only if it
+                    // may administer the filesystem.
+                    if uid != 0 {
+                        reply.error(Errno::EPERM);
+                        return;
+                    }
+                    let Some(range) = in_data.first_chunk::<FSTRIM_RANGE_SIZE>() else {
+                        reply.error(Errno::EINVAL);
+                        return;
+                    };
+                    let word = |i: usize| {
+                        let mut w = [0u8; 8];
+                        w.copy_from_slice(&range[i..i + 8]);
+                        u64::from_ne_bytes(w)
+                    };
+                    match me.vol.trim(word(0), word(8), word(16)) {
+                        Ok(bytes) => {
+                            // The kernel copies the range back: len is what was trimmed.
+                            let mut out = *range;
+                            out[8..16].copy_from_slice(&bytes.to_ne_bytes());
+                            let n = usize::try_from(out_size)
+                                .unwrap_or(usize::MAX)
+                                .min(FSTRIM_RANGE_SIZE);
+                            reply.ioctl(0, &out[..n]);
+                        }
+                        Err(e) => reply.error(Self::fail("ioctl(FITRIM)", &e)),
+                    }
+                }
+                _ => reply.error(Errno::ENOTTY),
             }
-            _ => reply.error(Errno::ENOTTY),
-        }
+        });
     }
 }
 

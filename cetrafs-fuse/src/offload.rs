@@ -14,38 +14,44 @@
 //! own image, which needs only its inode's lock, waited 3.9 s, until the recovery. A VM on a
 //! survivor then freezes with the dead node's, which is what issue 9 forbids.
 //!
-//! **What runs here.** The adapter hands every request that changes metadata (creates,
-//! removals, renames, links, `setattr`, xattr changes, `fallocate`, an open that truncates,
-//! `fsync` and `fsyncdir`) to [`Offload::run`], together with what it needs (owned copies of
-//! its names, its reply). The first [`INLINE_CHANGES`] (8) changes in progress at once run
-//! on their own workers, as before: a hand-over to another thread cost 10–20 % of the
-//! create/rename/unlink rate of `bench/cluster.sh` §3 on this 2-core machine, and a node
-//! rarely has more changes in progress at once when nothing stalls. Past those, a change
-//! thread answers the request and the worker goes back to /dev/fuse at once: a stall can
-//! hold 8 workers, never the 24 others. Lookups, attributes, listings, opens, closes and the
-//! data path stay on the workers: the core answers them without the global lock when its
-//! holders are silent (`fs/own_lock_reads.rs`, `fs/closer.rs`), and a `READ`/`WRITE` needs
-//! only its file's own lock.
+//! **What runs here.** The adapter (`Adapter::may_wait`) passes every request that may wait
+//! for the cluster — every change (creates, removals, renames, links, `setattr`, xattr
+//! changes, `fallocate`, opens, `fsync`, `fsyncdir`, the ioctls) and every read of metadata
+//! (lookups, attributes, `readlink`, listings, `statfs`, xattr reads, `SEEK_DATA`,
+//! `SEEK_HOLE`): a read waits for a silent holder too when the core cannot check what it
+//! needs against the object's own lock (`fs/own_lock_reads.rs`) — with what it needs (owned copies of its names, its reply). The
+//! first [`INLINE_CHANGES`] (8; a quarter of the workers when there are fewer than 32) in
+//! progress at once run on their own workers, as before: a hand-over to another thread cost
+//! 10–20 % of the create/rename/unlink rate of `bench/cluster.sh` §3 on this 2-core machine,
+//! and a node rarely has more such requests in progress at once when nothing stalls. Past
+//! those, a change thread answers the request and the worker goes back to /dev/fuse at
+//! once: a stall can hold 8 workers, never the 24 others. What stays on the workers whatever
+//! happens is the data path (`READ`, `WRITE`: a fast-path request needs only its file's own
+//! lock, and an allocating write is answered by the core's mapping thread), `RELEASE` (the
+//! core never waits there for a silent holder: `fs/closer.rs`), `FORGET` and `FLUSH`. Left: an `O_SYNC`/`O_DSYNC` or appending write of a file this node does not own
+//! waits for the global lock on its worker.
 //!
 //! The `io_uring` transport (uring.rs) answers its requests that may wait on a pool of its
 //! own (`cetra-uring-h` threads, none inline: its workers must never wait) for the same
-//! reason: it had 32 helpers, and as many waiting changes used them up.
+//! reason: it had 32 helpers, and as many waiting changes used them up. Such a pool never
+//! runs a job on its caller, also when it is at [`MAX_THREADS`]: it queues it.
 //!
-//! **The pool.** A thread is started when a request comes and no thread is idle, up to
-//! [`MAX_THREADS`]; past that the request runs on the worker (as before: never refused, and
-//! the bound keeps a runaway from exhausting the process). A thread idle for [`IDLE_EXIT`]
-//! ends, down to none. Order between requests is the kernel's business: it already holds the
-//! VFS locks (a directory's for changes in it, an inode's for its `setattr`) until each answer,
-//! so two requests that must not overlap are never both here. **Cost**: none while at most
-//! 8 changes are in progress (`bench/cluster.sh` §3, create+rename+unlink, two runs each of
+//! **The pool.** A thread is started when a job comes and no thread is idle, up to
+//! [`MAX_THREADS`]; past that the adapter's request runs on its worker (never refused, and
+//! the bound keeps a runaway from exhausting the process). A thread that ends a job while
+//! [`KEEP_IDLE`] others are idle ends too, and one idle for [`IDLE_EXIT`] ends, down to
+//! none. Order between requests is the kernel's business: it already holds the VFS locks (a
+//! directory's for changes in it, an inode's for its `setattr`) until each answer, so two
+//! requests that must not overlap are never both here. **Cost**: none while at most 8 such
+//! requests are in progress (`bench/cluster.sh` §3, create+rename+unlink, two runs each of
 //! the old and the new daemon alternated: one node 7,289 vs 7,865 ops/s, three nodes in
-//! private directories 10,507 vs 10,656, in one shared directory 6,475 vs 6,064: within
-//! this machine's run-to-run noise); beyond, a hand-over (a queue push and a wake-up) per
-//! change.
+//! private directories 10,507 vs 10,656, in one shared directory 6,475 vs 6,064: within this
+//! machine's run-to-run noise); beyond, a hand-over (a queue push and a wake-up) per request.
 //!
-//! **End.** The session's `destroy` calls [`Offload::drain`] before it unmounts the volume:
-//! the kernel sends DESTROY only once every request was answered, so it finds the queue empty
-//! in practice; it waits (bounded) for any change still running.
+//! **End.** The session's `destroy` calls [`Offload::drain`] (bounded) before it unmounts the
+//! volume. fuser calls `destroy` once its workers see the connection end, which after an
+//! abort (`umount -f`, a killed connection) can be while changes still run; one that runs
+//! past the bound meets an unmounted volume, which refuses it.
 
 use cetrafs_core::sync::LockPolicy;
 use std::collections::VecDeque;
@@ -58,6 +64,8 @@ use tracing::warn;
 pub const MAX_THREADS: usize = 1024;
 /// A change thread idle this long ends.
 pub const IDLE_EXIT: Duration = Duration::from_secs(10);
+/// Idle threads kept past a job's end (the others end then).
+const KEEP_IDLE: usize = 4;
 
 type Job = Box<dyn FnOnce() + Send + 'static>;
 
@@ -69,12 +77,6 @@ pub const INLINE_CHANGES: usize = 8;
 #[derive(Debug, Clone)]
 pub struct Offload {
     shared: Arc<Shared>,
-}
-
-impl Default for Offload {
-    fn default() -> Self {
-        Self::named("cetra-change", INLINE_CHANGES)
-    }
 }
 
 #[derive(Debug, Default)]
@@ -124,43 +126,66 @@ impl Offload {
         }
     }
 
-    /// Run `job`: on the caller's thread while fewer than the pool's `inline` jobs run on
-    /// callers' threads; else on a pool thread, starting one if none is idle; on the
-    /// caller's thread again when [`MAX_THREADS`] are busy or a thread cannot be started.
+    /// Run `job`: on the caller's thread if [`inline_slot`](Self::inline_slot) gives a
+    /// slot, else on a pool thread ([`hand_over`](Self::hand_over)).
+    #[cfg(test)]
     pub fn run(&self, job: impl FnOnce() + Send + 'static) {
+        if let Some(_slot) = self.inline_slot() {
+            job();
+        } else {
+            self.hand_over(job);
+        }
+    }
+
+    /// A slot to run one job on the caller's thread, while fewer than the pool's `inline`
+    /// jobs run on callers' threads; given back when dropped.
+    pub fn inline_slot(&self) -> Option<InlineSlot<'_>> {
         let inline = &self.shared.inline_now;
-        if inline
+        inline
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
                 (n < self.shared.inline).then_some(n + 1)
             })
-            .is_ok()
-        {
-            // Decremented even if the job unwinds (a test; the daemon aborts on a panic).
-            let _slot = InlineSlot(inline);
-            job();
-            return;
-        }
+            .ok()
+            .map(|_| InlineSlot(inline))
+    }
+
+    /// Run `job` on a pool thread, starting one if none is idle. When [`MAX_THREADS`] are
+    /// busy, or a thread cannot be started: a pool whose callers may run jobs (`inline` >
+    /// 0, the FUSE workers) runs it on the caller's thread; one whose callers must never
+    /// wait (the `io_uring` workers) queues it for the threads it has (and runs it on the
+    /// caller only if it has none).
+    pub fn hand_over(&self, job: impl FnOnce() + Send + 'static) {
         let mut s = self.shared.state.lock().or_panic();
         // Idle threads not yet claimed by a queued job.
         let free = s.idle.saturating_sub(s.jobs.len());
         if free == 0 {
-            if s.threads >= MAX_THREADS {
-                drop(s);
-                job();
-                return;
+            let started = if s.threads >= MAX_THREADS {
+                Err(None)
+            } else {
+                let shared = Arc::clone(&self.shared);
+                std::thread::Builder::new()
+                    .name(self.shared.name.into())
+                    .spawn(move || serve(&shared))
+                    .map_err(Some)
+            };
+            match started {
+                Ok(_) => {
+                    s.threads += 1;
+                    s.idle += 1;
+                }
+                Err(e) if self.shared.inline > 0 || s.threads == 0 => {
+                    drop(s);
+                    if let Some(e) = e {
+                        warn!(
+                            "cannot start a {} thread ({e}); its caller runs the job",
+                            self.shared.name
+                        );
+                    }
+                    job();
+                    return;
+                }
+                Err(_) => {} // queued for the threads there are
             }
-            let shared = Arc::clone(&self.shared);
-            let started = std::thread::Builder::new()
-                .name(self.shared.name.into())
-                .spawn(move || serve(&shared));
-            if let Err(e) = started {
-                drop(s);
-                warn!("cannot start a change thread ({e}); the FUSE worker runs the change");
-                job();
-                return;
-            }
-            s.threads += 1;
-            s.idle += 1;
         }
         s.jobs.push_back(Box::new(job));
         drop(s);
@@ -188,7 +213,8 @@ impl Offload {
 }
 
 /// One job running on a caller's thread (released at its end).
-struct InlineSlot<'a>(&'a AtomicUsize);
+#[derive(Debug)]
+pub struct InlineSlot<'a>(&'a AtomicUsize);
 
 impl Drop for InlineSlot<'_> {
     fn drop(&mut self) {
@@ -207,8 +233,15 @@ fn serve(shared: &Shared) {
             job();
             s = shared.state.lock().or_panic();
             s.running -= 1;
-            s.idle += 1;
             shared.done.notify_all();
+            // More idle threads than that end at once: which waiting thread a wake-up takes
+            // is the kernel's choice, so a steady trickle of jobs could otherwise keep every
+            // thread of a burst alive, each woken before its idle time runs out.
+            if s.idle >= KEEP_IDLE && s.jobs.is_empty() {
+                s.threads -= 1;
+                return;
+            }
+            s.idle += 1;
             continue;
         }
         let (next, timeout) = shared.work.wait_timeout(s, IDLE_EXIT).or_panic();

@@ -97,9 +97,9 @@ const INIT_IN: usize = 64;
 /// The payload buffer: the connection's largest request or answer (`max_write` and
 /// `max_pages` are both 1 MiB: adapter.rs).
 const PAYLOAD_LEN: usize = 1 << 20;
-/// Workers of the bridge session (operations off the data path). Changes do not wait on
-/// them (the adapter answers those on its change threads, offload.rs); enough that reads
-/// waiting for the cluster (another node's lock) do not hold up the others.
+/// Workers of the bridge session (operations off the data path). At most the adapter's
+/// inline share (8) of requests waiting for the cluster run on them; the others wait on
+/// change threads (offload.rs).
 const BRIDGE_THREADS: usize = 16;
 /// Socket buffers of the bridge: a whole answer (a READDIR, an xattr) is one message.
 const BRIDGE_SOCKET_BUFFER: libc::c_int = 4 << 20;
@@ -119,7 +119,8 @@ pub struct Rings {
     /// One message per worker that ended.
     ended: Mutex<mpsc::Receiver<()>>,
     workers: usize,
-    /// The helpers' pool: closed by [`Rings::stop`] (idle helpers then end).
+    /// The helpers' pool: closed by [`Rings::stop`] (nothing more is handed to it; its
+    /// threads end once idle).
     jobs: Jobs,
 }
 
@@ -559,14 +560,12 @@ struct Helpers {
 impl Helpers {
     /// Give the entry to a helper; false if none will take it (closed).
     fn take(&self, ctx: &Arc<Ctx>, job: Job) -> bool {
-        let Ok(jobs) = self.jobs.lock() else {
-            return false;
-        };
-        let Some(pool) = jobs.as_ref() else {
+        // Out of the mutex before the hand-over: every worker passes here.
+        let Some(pool) = self.jobs.lock().ok().and_then(|j| j.clone()) else {
             return false;
         };
         let ctx = Arc::clone(ctx);
-        pool.run(move || {
+        pool.hand_over(move || {
             // The whole job moves here (a closure would otherwise capture only the raw
             // pointer inside EntryPtr, which is not Send on its own).
             let job = job;
