@@ -2717,7 +2717,8 @@ fn an_image_flushed_after_its_hold_lapsed_goes_on_while_a_dead_node_holds_the_gl
 /// wait for a dead node's global lock (each `chmod`s its own file: no directory lock in
 /// common, so the kernel sends them all at once). Before, each waiting change held a FUSE
 /// worker, and once all 32 did, a read of node1's own image waited for the recovery too.
-/// Metadata changes now wait on change threads (cetrafs-fuse/src/offload.rs).
+/// Past 8 at once, requests that may wait now wait on change threads
+/// (cetrafs-fuse/src/offload.rs).
 #[test]
 fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     use std::os::unix::fs::PermissionsExt;
