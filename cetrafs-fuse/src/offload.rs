@@ -97,16 +97,21 @@ struct Shared {
 #[derive(Default)]
 struct State {
     jobs: VecDeque<Job>,
-    threads: usize,
+    /// Threads waiting for a job, and threads running one: every thread is one of the two.
     idle: usize,
     running: usize,
+}
+
+impl State {
+    fn threads(&self) -> usize {
+        self.idle + self.running
+    }
 }
 
 impl std::fmt::Debug for State {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("State")
             .field("jobs", &self.jobs.len())
-            .field("threads", &self.threads)
             .field("idle", &self.idle)
             .field("running", &self.running)
             .finish()
@@ -159,7 +164,7 @@ impl Offload {
         // Idle threads not yet claimed by a queued job.
         let free = s.idle.saturating_sub(s.jobs.len());
         if free == 0 {
-            let started = if s.threads >= MAX_THREADS {
+            let started = if s.threads() >= MAX_THREADS {
                 Err(None)
             } else {
                 let shared = Arc::clone(&self.shared);
@@ -169,11 +174,8 @@ impl Offload {
                     .map_err(Some)
             };
             match started {
-                Ok(_) => {
-                    s.threads += 1;
-                    s.idle += 1;
-                }
-                Err(e) if self.shared.inline > 0 || s.threads == 0 => {
+                Ok(_) => s.idle += 1,
+                Err(e) if self.shared.inline > 0 || s.threads() == 0 => {
                     drop(s);
                     if let Some(e) = e {
                         warn!(
@@ -208,7 +210,7 @@ impl Offload {
     /// Change threads now (started and not ended).
     #[cfg(test)]
     pub fn threads(&self) -> usize {
-        self.shared.state.lock().or_panic().threads
+        self.shared.state.lock().or_panic().threads()
     }
 }
 
@@ -238,7 +240,6 @@ fn serve(shared: &Shared) {
             // is the kernel's choice, so a steady trickle of jobs could otherwise keep every
             // thread of a burst alive, each woken before its idle time runs out.
             if s.idle >= KEEP_IDLE && s.jobs.is_empty() {
-                s.threads -= 1;
                 return;
             }
             s.idle += 1;
@@ -248,7 +249,6 @@ fn serve(shared: &Shared) {
         s = next;
         if timeout.timed_out() && s.jobs.is_empty() {
             s.idle -= 1;
-            s.threads -= 1;
             return;
         }
     }
