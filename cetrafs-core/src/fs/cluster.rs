@@ -1451,8 +1451,20 @@ impl Volume {
         };
         inner.inode = inode;
         inner.forget_unfreed();
+        drop(inner);
         st.epoch.store(epoch, Ordering::Release);
+        if changes_detached {
+            self.note_loaded(st, epoch);
+        }
         Ok(())
+    }
+
+    /// A regular file or directory just loaded from home under the global lock (after
+    /// [`Volume::before_load`]): current at its lock's version (`InodeLocks::note_reloaded`).
+    pub(super) fn note_loaded(&self, st: &InodeState, epoch: u64) {
+        if let Some(il) = &self.cl.ilocks {
+            il.note_reloaded(st.data_lock(il), st.ino, epoch);
+        }
     }
 
     /// Register this node's opening of `ino` (first open, or first writable open). A writer

@@ -168,6 +168,16 @@ struct DlState {
     moved: bool,
 }
 
+/// The version an object that has no entry in bucket `b` is at, for a validator: what a
+/// shared grant would create its entry at (`floor + 1`, `cluster/object_lock.rs`). No entry
+/// means nobody holds the object, so nothing of it is unwritten at home; a change needs an
+/// exclusive grant, which creates the entry one higher, and an entry evicted later raises
+/// the floor past it: so the bucket shows this version again (absent at the same floor, or
+/// an entry at it) only if nobody changed the object meanwhile.
+fn first_version(b: &crate::format::object_lock::Bucket) -> u64 {
+    b.floor.wrapping_add(1)
+}
+
 /// What this node holds of one inode lock.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Held {
@@ -556,6 +566,53 @@ impl InodeLocks {
         Ok(owned)
     }
 
+    /// After this node loaded `ino` from home under the global lock (its caller holds it; it
+    /// asked [`foreign_exclusive`](Self::foreign_exclusive) in this `epoch`, and waited for
+    /// an owner if it found one): the state it loaded is current at the lock's version, so
+    /// note that version as the validator. Another node's exclusive grant, which any change
+    /// needs, moves the version, and is taken only under the global lock held exclusively,
+    /// so not before the caller lets the global lock go; an owner's changes made without
+    /// the global lock were written home before its hold went; the others' changes under
+    /// the global lock were written home at its handoff.
+    ///
+    /// Without this, a node validated its copy only at its own grants: once another node
+    /// changed a directory, every lookup in it waited for the global lock while that lock's
+    /// holder was silent (`fs/own_lock_reads.rs` step 2), however often this node had read
+    /// the directory since. The version comes from the bucket read in this epoch (no I/O);
+    /// none read (this node holds the lock), or an entry with an owner, notes the hold's own
+    /// version, or nothing. A version noted is never above the entry's: at worst, too low,
+    /// and then the check fails and the read waits, as before.
+    pub fn note_reloaded(&self, dl: &DataLock, ino: u64, epoch: u64) {
+        let Ok(obj) = ObjectId::inode(ino) else {
+            return;
+        };
+        let seen = {
+            let seen = self.seen_buckets.lock().or_panic();
+            seen.1
+                .get(&self.locks.bucket_of(obj))
+                .filter(|_| seen.0 == epoch)
+                .and_then(|b| match b.entry(obj.raw()) {
+                    Some(e) => e.owner().is_none().then_some(e.version),
+                    None => Some(first_version(b)),
+                })
+        };
+        // Not `settled`: a handoff's homing may wait for the metadata mutex the caller holds.
+        let mut s = dl.state.lock().or_panic();
+        if s.handing {
+            return;
+        }
+        let current = match s.held {
+            // Held here: nobody else holds it exclusively.
+            Held::Shared => Some(s.version),
+            // This node's own changes are in its copy; its grant set the validator.
+            Held::Exclusive => None,
+            Held::Nothing => seen,
+        };
+        if let Some(v) = current {
+            s.validator = Some(s.validator.map_or(v, |old| old.max(v)));
+        }
+    }
+
     /// Hold `ino`'s lock at least shared, without validating any cache (the caller is about
     /// to load the inode from disk: fs/detached.rs, "Reading an inode another node owns").
     pub fn hold_shared(&self, ino: u64, abort: Abort<'_>) -> Result<()> {
@@ -662,14 +719,17 @@ impl InodeLocks {
     /// grant could not validate the cache ([`share_cached`](Self::share_cached)), and asking
     /// for one would only make an exclusive holder write home and give up its hold, which it
     /// takes back only under the global lock (perhaps the one a silent node keeps). An entry
-    /// that is not there was evicted (a new one starts above the bucket's floor) or never
-    /// existed: no.
+    /// that is not there counts as the version a shared grant would create it at
+    /// ([`first_version`]).
     fn version_is(&self, obj: ObjectId, validator: Option<u64>) -> Result<bool> {
         let Some(v) = validator else {
             return Ok(false);
         };
         let (_, bucket) = self.locks.read_bucket(self.locks.bucket_of(obj))?;
-        Ok(bucket.entry(obj.raw()).is_some_and(|e| e.version == v))
+        Ok(bucket
+            .entry(obj.raw())
+            .map_or_else(|| first_version(&bucket), |e| e.version)
+            == v)
     }
 
     /// Hold `ino`'s lock exclusively before changing its block. The caller holds the global

@@ -282,6 +282,105 @@ fn reads_of_what_nobody_changed_go_on_while_a_dead_node_holds_the_global_lock() 
     unmount_and_check(&dev, &[&b]);
 }
 
+/// `fs/own_lock_reads.rs` step 2 after another node changed a directory: once this node read
+/// it again under the global lock, its copy is current at the directory's lock version
+/// (`InodeLocks::note_reloaded`), and a lookup in it goes on while a dead node holds the
+/// global lock. Before, a copy was validated only at this node's own grants: in the SAN
+/// harness, every node's path walk through the root (which every node had changed at set-up)
+/// waited for the isolated node's recovery.
+#[test]
+fn a_directory_read_again_since_another_nodes_change_is_looked_up_while_the_holder_is_dead() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    // b changes the root (its own grant), then a and c do: b's grant is out of date.
+    let mine = b.mkdir(r, b"mine", 0o755, C).unwrap().ino;
+    let (f, fh) = b.create(mine, b"img", 0o644, C, true).unwrap();
+    b.write(&fh, 0, &[3u8; 4096]).unwrap();
+    b.release(&fh).unwrap();
+    let theirs = a.mkdir(r, b"theirs", 0o755, C).unwrap().ino;
+    c.mkdir(r, b"cs", 0o755, C).unwrap();
+    // b reads the root again under the global lock (nobody is silent), and lets every hold
+    // go (idle).
+    assert_eq!(b.lookup(r, b"theirs").unwrap().ino, theirs);
+    assert_eq!(b.lookup(r, b"mine").unwrap().ino, mine);
+    assert_eq!(b.lookup(mine, b"img").unwrap().ino, f.ino);
+    let il = b.cl.ilocks.as_ref().unwrap();
+    eventually("b's idle holds go back", || {
+        [r, mine, f.ino, theirs].iter().all(|&i| !il.holds_any(i))
+    });
+    // c dies holding the global lock exclusively.
+    let held = c.meta_ex().unwrap();
+    let (dead, _) = crash(&c);
+    let t = Instant::now();
+    let b2 = b.clone();
+    let found = within(dead * 3, move || {
+        (
+            b2.lookup(r, b"mine").map(|x| x.ino),
+            b2.lookup(r, b"theirs").map(|x| x.ino),
+            b2.lookup(mine, b"img").map(|x| x.ino),
+        )
+    });
+    let took = t.elapsed();
+    assert!(
+        holds_global_exclusively(&b, c.cl.me.slot),
+        "b's lookups took {took:?}: they waited for c's recovery (dead time {dead:?})"
+    );
+    assert_eq!(found.0.unwrap(), mine);
+    assert_eq!(found.1.unwrap(), theirs);
+    assert_eq!(found.2.unwrap(), f.ino);
+    drop(held);
+    unmount_and_check(&dev, &[&a, &b]);
+}
+
+/// The same for objects whose locks nobody took since the bucket's last eviction (no entry:
+/// a file made and never written, its directory evicted to make room): a load under the
+/// global lock notes the version a shared grant would create the entry at, and the lookups
+/// go on while a dead node holds the global lock.
+#[test]
+fn objects_without_a_lock_entry_are_looked_up_while_the_holder_is_dead() {
+    let dev = volume(4);
+    let a = node(&dev, "a");
+    let b = node(&dev, "b");
+    let c = node(&dev, "c");
+    let r = a.root_ino();
+    let d = a.mkdir(r, b"d", 0o755, C).unwrap().ino;
+    let (f, fh) = a.create(d, b"f", 0o644, C, true).unwrap();
+    a.release(&fh).unwrap();
+    c.mkdir(r, b"cs", 0o755, C).unwrap();
+    let il = a.cl.ilocks.as_ref().unwrap();
+    eventually("a's idle holds go back", || {
+        [r, d, f.ino].iter().all(|&i| !il.holds_any(i))
+    });
+    assert_eq!(b.lookup(r, b"d").unwrap().ino, d);
+    assert_eq!(b.lookup(d, b"f").unwrap().ino, f.ino);
+    let il = b.cl.ilocks.as_ref().unwrap();
+    eventually("b's idle holds go back", || {
+        [r, d, f.ino].iter().all(|&i| !il.holds_any(i))
+    });
+    let held = c.meta_ex().unwrap();
+    let (dead, _) = crash(&c);
+    let t = Instant::now();
+    let b2 = b.clone();
+    let found = within(dead * 3, move || {
+        (
+            b2.lookup(r, b"d").map(|x| x.ino),
+            b2.lookup(d, b"f").map(|x| x.ino),
+        )
+    });
+    let took = t.elapsed();
+    assert!(
+        holds_global_exclusively(&b, c.cl.me.slot),
+        "b's lookups took {took:?}: they waited for c's recovery (dead time {dead:?})"
+    );
+    assert_eq!(found.0.unwrap(), d);
+    assert_eq!(found.1.unwrap(), f.ino);
+    drop(held);
+    unmount_and_check(&dev, &[&a, &b]);
+}
+
 /// `fs/own_lock_reads.rs` step 2: while the global lock's holder is silent, a read of an
 /// object that another node changed since this node's copy (and holds exclusively) asks that
 /// node for nothing. Asked, the owner would write home and give its hold up, and could take

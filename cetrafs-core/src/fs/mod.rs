@@ -599,11 +599,12 @@ impl Volume {
         } else {
             ExtentMap::default()
         };
-        let st = Arc::new(InodeState::new(
-            inode,
-            extents,
-            self.cl.epoch.load(Ordering::Acquire),
-        ));
+        let epoch = self.cl.epoch.load(Ordering::Acquire);
+        let changes_detached = inode.is_reg() || inode.is_dir();
+        let st = Arc::new(InodeState::new(inode, extents, epoch));
+        if changes_detached {
+            self.note_loaded(&st, epoch);
+        }
         self.inodes.insert(st.clone());
         Ok(st)
     }

@@ -15,7 +15,8 @@
 //!    node's acquiring turn meanwhile, and for 100 ms one that begins a wait of its own
 //!    (then the record is read again);
 //! 2. if the object's bucket shows the version this node's loaded state of it was last
-//!    validated at, it takes the object's own lock shared ([`InodeLocks::share_cached`]: one
+//!    validated at (at a grant of this node, or when it last loaded the object from home
+//!    under the global lock: `InodeLocks::note_reloaded`), it takes the object's own lock shared ([`InodeLocks::share_cached`]: one
 //!    CAW, or a request to a holder, which writes it home first; a holder that does not
 //!    answer within [`INODE_LOCK_PATIENCE`] is not waited for) and uses that state; a
 //!    version that moved asks nothing of anyone (an exclusive holder asked would give up a
