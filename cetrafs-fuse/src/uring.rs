@@ -16,16 +16,20 @@
 //! fuser session keeps serving (as it does every request before the rings are complete).
 //!
 //! **Layout here** ([`Layout`]). For each queue of a CPU online at mount, [`WORKERS_PER_QUEUE`]
-//! worker threads, each with its own ring and its share of the queue's `threads` entries
-//! (`CETRA_FUSE_THREADS`, 32 by default): a caller's requests all go to the queue of its CPU,
-//! so one VM thread at QD32 needs 32 entries on one queue. The queues of possible but
+//! worker threads, each with its own ring and its share of the queue's entries: `threads`
+//! (`CETRA_FUSE_THREADS`, 32 by default) plus [`WAITING_ROOM`] (96) for requests that wait
+//! for the cluster. A caller's requests all go to the queue of its CPU, so one VM thread at
+//! QD32 needs 32 entries on one queue, and a request holds its entry until it is answered:
+//! without the room, 32 `chmod`s from one CPU waiting for a dead node's recovery stalled
+//! that CPU's VM reads with them. The queues of possible but
 //! offline CPUs share one spare worker, one entry each (they need one before the kernel uses
-//! any queue; a CPU plugged in later is served, slowly). Each entry has its own buffers,
-//! allocated once, never per request; payloads are resident only as far as requests touched
-//! them. What grows with the online CPUs: a ring, an eventfd and a device ring per worker
-//! (the descriptor limit is raised to its hard limit), and up to `threads` MiB of touched
-//! payload per queue. The workers are not pinned to their
-//! queue's CPU: measured on 2 cores, pinning made a QD1 read wait 108 µs instead of 71 (the
+//! any queue; a CPU plugged in later is served, slowly). Each entry has its own buffers
+//! (a worker's payloads are one mapping), allocated once, never per request; payloads are
+//! resident only as far as requests touched them, and the kernel hands the most recently
+//! answered entry out first. What grows with the online CPUs: a ring, an eventfd and a
+//! device ring per worker (the descriptor limit is raised to its hard limit), and 1 MiB of
+//! touched payload per request a queue had in progress at once. The workers are not pinned
+//! to their queue's CPU: measured on 2 cores, pinning made a QD1 read wait 108 µs instead of 71 (the
 //! worker then shares the CPU of the caller it answers).
 //!
 //! **A worker answers in batches.** It waits for completions, takes all that are there at
@@ -103,6 +107,14 @@ const PAYLOAD_LEN: usize = 1 << 20;
 const BRIDGE_THREADS: usize = 16;
 /// Socket buffers of the bridge: a whole answer (a READDIR, an xattr) is one message.
 const BRIDGE_SOCKET_BUFFER: libc::c_int = 4 << 20;
+/// Entries of a queue beyond `threads`, for requests that wait. A request holds its entry
+/// until it is answered, and the kernel sends a request only to its caller's queue: a
+/// metadata change waiting for the global lock (perhaps for a dead holder's recovery) holds
+/// one entry of its CPU's queue for as long. With only `threads` entries, 32 such waits from
+/// one CPU (processes of containers, a storm of `chmod`s) left that CPU's VM threads no
+/// entry: their reads waited for the recovery too. The kernel hands the most recently
+/// answered entry out first, so entries beyond what is in use at once cost no resident memory.
+const WAITING_ROOM: usize = 96;
 /// Workers per queue (each with its share of the queue's entries): two, so that one takes
 /// requests while the other waits for its batch's device I/O.
 const WORKERS_PER_QUEUE: usize = 2;
@@ -294,8 +306,9 @@ fn start_rings(
 /// Which worker registers which entries on which queue. The kernel has one queue per
 /// possible CPU and uses none before every queue has an entry; a request goes to the queue
 /// of the CPU its caller runs on. So the queues of the CPUs online now get
-/// [`WORKERS_PER_QUEUE`] workers and `threads` entries each (a VM's I/O thread at queue depth
-/// 32 needs 32 entries on one queue), and the queues of CPUs that are not (possible but
+/// [`WORKERS_PER_QUEUE`] workers and `threads` + [`WAITING_ROOM`] entries each (a VM's I/O
+/// thread at queue depth 32 needs 32 entries on one queue, however many requests of other
+/// processes on its CPU wait for the cluster), and the queues of CPUs that are not (possible but
 /// offline: hot-pluggable, or a firmware table listing more than the machine has) share one
 /// spare worker with one entry each, so that threads, descriptors and buffers grow with the
 /// CPUs that run, not with the ones that might.
@@ -314,10 +327,11 @@ impl Layout {
         let possible = read_cpus("possible")?;
         // If the online list cannot be read, every possible CPU counts as online.
         let online = read_cpus("online").unwrap_or_else(|_| possible.clone());
-        Self::new(&possible, &online, threads)
+        Self::new(&possible, &online, threads.saturating_add(WAITING_ROOM))
     }
 
-    fn new(possible: &[usize], online: &[usize], threads: usize) -> io::Result<Self> {
+    /// `per_queue` entries on each queue of an online CPU.
+    fn new(possible: &[usize], online: &[usize], per_queue: usize) -> io::Result<Self> {
         // The kernel's queue ids are 0..num_possible_cpus().
         let queues = possible.len();
         if queues == 0 {
@@ -336,7 +350,7 @@ impl Layout {
             // Not a list this kernel would give: serve every queue in full.
             busy = std::mem::take(&mut spare);
         }
-        let per_queue = threads.max(1);
+        let per_queue = per_queue.max(1);
         let workers = WORKERS_PER_QUEUE.min(per_queue);
         Ok(Self {
             busy,
@@ -471,16 +485,22 @@ struct Entry {
     qid: u16,
 }
 
-/// A payload buffer: `PAYLOAD_LEN` bytes of anonymous memory, page-aligned (so an aligned
-/// READ is read from the device straight into it), resident only as far as requests have
-/// touched it (a 4 KiB request touches 4 KiB): every queue has all `threads` entries, and a
-/// machine has a queue per CPU. Never freed. None if the memory cannot be mapped.
-fn payload() -> Option<&'static mut [u8]> {
+/// `n` payload buffers of `PAYLOAD_LEN` bytes each, from one anonymous mapping (one
+/// mapping per worker, not per entry: a machine has a queue per CPU, each with
+/// `threads` + [`WAITING_ROOM`] entries, and a process may have only so many mappings),
+/// page-aligned (so an aligned READ is read from the device straight into one), resident
+/// only as far as requests have touched them (a 4 KiB request touches 4 KiB). Never freed.
+/// None if the memory cannot be mapped.
+fn payloads(n: usize) -> Option<Vec<&'static mut [u8]>> {
+    let len = n.checked_mul(PAYLOAD_LEN)?;
+    if len == 0 {
+        return Some(Vec::new());
+    }
     // SAFETY: a new private anonymous mapping; nothing else refers to it.
     let p = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
-            PAYLOAD_LEN,
+            len,
             libc::PROT_READ | libc::PROT_WRITE,
             libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
             -1,
@@ -490,9 +510,10 @@ fn payload() -> Option<&'static mut [u8]> {
     if p == libc::MAP_FAILED {
         return None;
     }
-    // SAFETY: the mapping is PAYLOAD_LEN bytes, zeroed, and never unmapped; this is its only
+    // SAFETY: the mapping is `len` bytes, zeroed, and never unmapped; this is its only
     // reference.
-    Some(unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), PAYLOAD_LEN) })
+    let all = unsafe { std::slice::from_raw_parts_mut(p.cast::<u8>(), len) };
+    Some(all.chunks_exact_mut(PAYLOAD_LEN).collect())
 }
 
 /// An entry handed from its worker to a helper and back. The entry is used by one thread
@@ -612,10 +633,11 @@ fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>
             return;
         }
     };
-    let ents: Vec<EntryPtr> = plan
-        .iter()
-        .map(|&qid| {
-            let payload = payload()?;
+    let ents: Vec<EntryPtr> = payloads(entries)
+        .unwrap_or_default()
+        .into_iter()
+        .zip(plan)
+        .map(|(payload, &qid)| {
             let e: &'static mut Entry = Box::leak(Box::new(Entry {
                 header: Header([0; HEADER_LEN]),
                 payload,
@@ -635,10 +657,9 @@ fn worker(ctx: &Arc<Ctx>, plan: &[u16], registered: &mpsc::Sender<io::Result<()>
                     iov_len: PAYLOAD_LEN,
                 },
             ];
-            Some(EntryPtr(e))
+            EntryPtr(e)
         })
-        .collect::<Option<_>>()
-        .unwrap_or_default();
+        .collect();
     if ents.len() != entries {
         let _ = registered.send(Err(io::Error::other(format!(
             "{name}: no memory for {entries} payload buffers: {}",

@@ -2718,7 +2718,9 @@ fn an_image_flushed_after_its_hold_lapsed_goes_on_while_a_dead_node_holds_the_gl
 /// common, so the kernel sends them all at once). Before, each waiting change held a FUSE
 /// worker, and once all 32 did, a read of node1's own image waited for the recovery too.
 /// Past 8 at once, requests that may wait now wait on change threads
-/// (cetrafs-fuse/src/offload.rs).
+/// (cetrafs-fuse/src/offload.rs). Over `io_uring` the limit was the 32 entries of a CPU's
+/// queue: the requests all come from one CPU here, and a queue now has room for waiting ones
+/// (cetrafs-fuse/src/uring.rs, `WAITING_ROOM`).
 #[test]
 fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     use std::os::unix::fs::PermissionsExt;
@@ -2737,6 +2739,9 @@ fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     // node1's holds of the files go back (idle for a second): a chmod needs the global lock.
     std::thread::sleep(Duration::from_millis(2500));
     let killed = kill_holding_the_global_lock(node2, 10);
+    // Every request from one CPU: over io_uring, the kernel sends a request to its caller's
+    // CPU's queue, where it holds an entry until answered (cetrafs-fuse/src/uring.rs).
+    let cpus = pin_to_one_cpu();
     let waiters: Vec<_> = (0..WAITERS)
         .map(|i| {
             let p = node1.p(format!("w{i}"));
@@ -2748,9 +2753,10 @@ fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     vm.read_exact_at(&mut buf, 0).expect("read img on node1");
     vm.write_all_at(&buf, 0).expect("write img on node1");
     let took = io.elapsed();
+    unpin(&cpus);
     assert!(
         took < DEAD_TIME / 4,
-        "node1's read and write of its image took {took:?}: they waited for FUSE workers"
+        "node1's read and write of its image took {took:?}: they waited for FUSE workers (or io_uring entries)"
     );
     assert_done_before_recovery(&node1, "a read and a write", killed.elapsed());
     let waited = waiters.iter().filter(|w| !w.is_finished()).count();
@@ -2767,6 +2773,39 @@ fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     drop(vm);
     node1.unmount();
     lun.assert_fsck_clean();
+}
+
+/// Pin the calling thread (and the threads it starts from now on) to the first CPU it may
+/// run on; returns the set it had, for [`unpin`].
+fn pin_to_one_cpu() -> libc::cpu_set_t {
+    // SAFETY: a zeroed cpu_set_t is an empty set; sched_getaffinity fills it (pid 0: this
+    // thread) and sched_setaffinity reads the one it is given.
+    unsafe {
+        let mut had: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, size_of::<libc::cpu_set_t>(), &raw mut had),
+            0,
+            "sched_getaffinity"
+        );
+        let first = (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| libc::CPU_ISSET(c, &had))
+            .expect("a CPU to run on");
+        let mut one: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(first, &mut one);
+        assert_eq!(
+            libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), &raw const one),
+            0,
+            "sched_setaffinity"
+        );
+        had
+    }
+}
+
+/// Give the calling thread back the CPUs [`pin_to_one_cpu`] took from it.
+fn unpin(had: &libc::cpu_set_t) {
+    // SAFETY: reads the set it is given.
+    let r = unsafe { libc::sched_setaffinity(0, size_of::<libc::cpu_set_t>(), had) };
+    assert_eq!(r, 0, "sched_setaffinity");
 }
 
 /// Format 7 (group marks): a thin image keeps growing past several refills of its node's
