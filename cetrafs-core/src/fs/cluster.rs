@@ -1396,6 +1396,17 @@ impl Volume {
     /// through `tx`). An inode that is gone, or whose block now holds another inode, becomes a
     /// tombstone and `NotFound`.
     pub(super) fn refresh(&self, tx: &mut Tx<'_>, st: &InodeState) -> Result<()> {
+        self.refresh_noting(tx, st, st.ino == self.sb.root_ino)
+    }
+
+    /// [`Volume::refresh`]; `note`: the inode's number is known to be that live inode's
+    /// ([`Volume::state_of_name`]), so a copy loaded from home is noted current.
+    pub(super) fn refresh_noting(
+        &self,
+        tx: &mut Tx<'_>,
+        st: &InodeState,
+        note: bool,
+    ) -> Result<()> {
         let epoch = self.cl.epoch.load(Ordering::Acquire);
         if st.epoch.load(Ordering::Acquire) == epoch {
             return Ok(());
@@ -1453,18 +1464,31 @@ impl Volume {
         inner.forget_unfreed();
         drop(inner);
         st.epoch.store(epoch, Ordering::Release);
-        if changes_detached {
+        // Read after `before_load` asked the bucket: current, if the number is the live
+        // inode's.
+        if changes_detached && note {
             self.note_loaded(st, epoch);
         }
         Ok(())
     }
 
-    /// A regular file or directory just loaded from home under the global lock (after
-    /// [`Volume::before_load`]): current at its lock's version (`InodeLocks::note_reloaded`).
+    /// A regular file or directory whose number is a live inode's, just read from home
+    /// under the global lock after this node found that no other node owned it (or after
+    /// waiting for the owner to write it home): current at its lock's version
+    /// (`InodeLocks::note_reloaded`).
     pub(super) fn note_loaded(&self, st: &InodeState, epoch: u64) {
         if let Some(il) = &self.cl.ilocks {
             il.note_reloaded(st.data_lock(il), st.ino, epoch);
         }
+    }
+
+    /// Does this node know, in this `epoch`, that no other node owns `ino`'s lock (one
+    /// bucket read an epoch, `InodeLocks::foreign_exclusive`)? False on a v2 volume or when
+    /// the bucket cannot be read.
+    pub(super) fn unowned_elsewhere(&self, ino: u64, epoch: u64) -> bool {
+        self.cl.ilocks.as_ref().is_some_and(|il| {
+            il.holds_any(ino) || il.foreign_exclusive(ino, epoch).is_ok_and(|owned| !owned)
+        })
     }
 
     /// Register this node's opening of `ino` (first open, or first writable open). A writer

@@ -155,22 +155,27 @@ impl Volume {
     /// [`Volume::lookup`] under the global lock (`tx`).
     fn lookup_in(&self, tx: &mut Tx<'_>, parent: Ino, name: &[u8]) -> Result<Attr> {
         let dst = self.dir_state(tx, parent)?;
-        let target = {
+        let (target, named) = {
             let d = dst.read();
             if name == b"." {
-                d.inode.ino
+                (d.inode.ino, false)
             } else if name == b".." {
-                d.inode.parent
+                (d.inode.parent, false)
             } else {
                 match dir_lookup(tx, &d.inode, name)? {
-                    Some(e) => e.ino,
+                    Some(e) => (e.ino, true),
                     None => bail!(NotFound, "no entry {:?}", String::from_utf8_lossy(name)),
                 }
             }
         };
         // The name exists (read in this same transaction): an inode that does not is damage,
         // not absence — EIO, so the entry is never mistaken for one that was removed.
-        let st = self.state(tx, target).map_err(|e| {
+        let st = if named {
+            self.state_of_name(tx, target)
+        } else {
+            self.state(tx, target)
+        };
+        let st = st.map_err(|e| {
             if e.kind() == ErrorKind::NotFound {
                 Error::corrupted(format!(
                     "directory {parent}: entry {:?} names inode {target}, which does not exist; run fsck.cetra",

@@ -566,14 +566,18 @@ impl InodeLocks {
         Ok(owned)
     }
 
-    /// After this node loaded `ino` from home under the global lock (its caller holds it; it
-    /// asked [`foreign_exclusive`](Self::foreign_exclusive) in this `epoch`, and waited for
-    /// an owner if it found one): the state it loaded is current at the lock's version, so
-    /// note that version as the validator. Another node's exclusive grant, which any change
-    /// needs, moves the version, and is taken only under the global lock held exclusively,
-    /// so not before the caller lets the global lock go; an owner's changes made without
-    /// the global lock were written home before its hold went; the others' changes under
-    /// the global lock were written home at its handoff.
+    /// After this node loaded `ino` from home under the global lock (its caller holds it),
+    /// having found in this `epoch`, *before* the read, that no other node owns `ino`'s lock
+    /// ([`foreign_exclusive`](Self::foreign_exclusive)), or having waited for the owner to
+    /// write it home: the state it loaded is current at the lock's version, so note that
+    /// version as the validator. Another node's exclusive grant, which any change of a
+    /// known inode needs, moves the version, and is taken only under the global lock held
+    /// exclusively, so not before the caller lets the global lock go; an owner's changes
+    /// made without the global lock were written home before its hold went; the others'
+    /// changes under the global lock were written home at its handoff. The caller also
+    /// knows that the number is the live inode's (a name read in the same transaction led
+    /// to it, or it is the root): a freed inode's block taken into another node's pool
+    /// keeps its old image at home, and the fresh inode made there later takes no lock.
     ///
     /// Without this, a node validated its copy only at its own grants: once another node
     /// changed a directory, every lookup in it waited for the global lock while that lock's

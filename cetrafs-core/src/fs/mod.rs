@@ -562,10 +562,23 @@ impl Volume {
 
     /// The in-memory state of an inode, loading it if needed.
     fn state(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<InodeState>> {
+        self.state_noting(tx, ino, ino == self.sb.root_ino)
+    }
+
+    /// [`Volume::state`] of the inode a name read in this same transaction leads to: the
+    /// number is that live inode's, so a copy loaded from home may be noted current at its
+    /// lock's version ([`Volume::note_loaded`]). A number reached otherwise (the kernel's
+    /// node id) may be a freed inode's whose block another node's pool took, its old image
+    /// still at home: that copy must never be noted. The root is never freed.
+    pub(super) fn state_of_name(&self, tx: &mut Tx<'_>, ino: Ino) -> Result<Arc<InodeState>> {
+        self.state_noting(tx, ino, true)
+    }
+
+    fn state_noting(&self, tx: &mut Tx<'_>, ino: Ino, note: bool) -> Result<Arc<InodeState>> {
         let cached = self.inodes.get(ino);
         if let Some(s) = cached {
             if !s.read().freed {
-                match self.refresh(tx, &s) {
+                match self.refresh_noting(tx, &s, note) {
                     Ok(()) => return Ok(s),
                     // Removed by another node, and the number perhaps reused: load whatever
                     // the block holds now (below).
@@ -577,17 +590,24 @@ impl Volume {
         if !tx.sb().is_data_block(ino) || !tx.is_used(ino)? {
             bail!(NotFound, "inode {ino} does not exist");
         }
+        let epoch = self.cl.epoch.load(Ordering::Acquire);
+        // To be noted, the copy must be read after this node found that no other node owns
+        // the inode (then none can before this node lets the global lock go): asked before
+        // the read (one bucket read an epoch), not only after it as below.
+        let unowned_before_read = note && self.unowned_elsewhere(ino, epoch);
         let raw = tx.read(ino)?;
         // A regular file or a directory may be changed by the node that owns its lock
         // without the global lock (fs/detached.rs rule 3, fs/detached_ns.rs): what was read
         // may be stale, or torn by that node's home write; then read it again once that node
         // has written it home. (The type is only known from a good read: a torn one is
         // checked the same way before it counts as damage.)
+        let mut read_again = false;
         let inode = match Inode::decode(&raw, ino) {
             Ok(i) if !i.is_reg() && !i.is_dir() => i,
             first => {
                 if self.before_load(tx, ino)? {
                     tx.drop_cached(ino);
+                    read_again = true;
                     Inode::decode(&tx.read(ino)?, ino)?
                 } else {
                     first?
@@ -599,10 +619,9 @@ impl Volume {
         } else {
             ExtentMap::default()
         };
-        let epoch = self.cl.epoch.load(Ordering::Acquire);
         let changes_detached = inode.is_reg() || inode.is_dir();
         let st = Arc::new(InodeState::new(inode, extents, epoch));
-        if changes_detached {
+        if note && changes_detached && (unowned_before_read || read_again) {
             self.note_loaded(&st, epoch);
         }
         self.inodes.insert(st.clone());
