@@ -306,14 +306,27 @@ impl Adapter {
     /// share of the workers. `op` on inode `ino` names it in the log if it is slow
     /// ([`Timed`]).
     fn may_wait(&self, op: &'static str, ino: Ino, f: impl FnOnce(&Self) + Send + 'static) {
+        self.may_wait_with(op, ino, &[], move |me, _| f(me));
+    }
+
+    /// [`Adapter::may_wait`] for a request that carries bytes (a WRITE's): `f` gets them,
+    /// borrowed from the request on this worker, or copied for a change thread.
+    fn may_wait_with(
+        &self,
+        op: &'static str,
+        ino: Ino,
+        bytes: &[u8],
+        f: impl FnOnce(&Self, &[u8]) + Send + 'static,
+    ) {
         let timed = Timed::new(op, ino);
         if let Some(_slot) = self.changes.inline_slot() {
-            f(self);
+            f(self, bytes);
             drop(timed);
         } else {
             let a = self.handle();
+            let bytes = bytes.to_vec();
             self.changes.hand_over(move || {
-                f(&a);
+                f(&a, &bytes);
                 drop(timed);
             });
         }
@@ -1192,11 +1205,18 @@ impl Filesystem for Adapter {
             }
             return;
         }
-        let _timed = Timed::new("write", of.ino);
-        match self.write_waiting(&who, of, offset, data, how) {
-            Ok(n) => reply.written(n),
-            Err(e) => reply.error(e),
-        }
+        // An O_SYNC/O_DSYNC or appending write is answered once mapped (and durable): of a
+        // file this node does not own, that needs the global lock, so it waits where changes
+        // wait. The handle stays valid until the answer: the kernel sends RELEASE only after
+        // every answer.
+        self.may_wait_with("write", of.ino, data, move |me, data| {
+            // SAFETY: as above; this request is not answered yet.
+            let of = unsafe { fh_borrow(fh) };
+            match me.write_waiting(&who, of, offset, data, how) {
+                Ok(n) => reply.written(n),
+                Err(e) => reply.error(e),
+            }
+        });
     }
 
     fn flush(

@@ -2714,8 +2714,8 @@ fn an_image_flushed_after_its_hold_lapsed_goes_on_while_a_dead_node_holds_the_gl
 }
 
 /// A survivor's VM I/O goes on while more of its processes than the daemon has FUSE workers
-/// wait for a dead node's global lock (each `chmod`s its own file: no directory lock in
-/// common, so the kernel sends them all at once). Before, each waiting change held a FUSE
+/// wait for a dead node's global lock (64 processes, each `chmod`s its own file: no
+/// directory lock in common, so the kernel sends them all at once). Before, each waiting change held a FUSE
 /// worker, and once all 32 did, a read of node1's own image waited for the recovery too.
 /// Past 8 at once, requests that may wait now wait on change threads
 /// (cetrafs-fuse/src/offload.rs). Over `io_uring` the limit was the 32 entries of a CPU's
@@ -2724,9 +2724,44 @@ fn an_image_flushed_after_its_hold_lapsed_goes_on_while_a_dead_node_holds_the_gl
 #[test]
 fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     use std::os::unix::fs::PermissionsExt;
-    const WAITERS: usize = 48;
     require_fuse!();
     let _serial = serial();
+    vm_io_goes_on_while_many_wait_for_a_dead_holder(
+        |_| None,
+        |p, _| fs::set_permissions(p, fs::Permissions::from_mode(0o600)),
+    );
+}
+
+/// The same with `O_SYNC` writes of files node1 does not own (opened before the death): each
+/// waits for the global lock to put the file's mtime in. Such a write ran on its FUSE
+/// worker whatever the number waiting; it now waits where changes wait.
+#[test]
+fn a_vm_reads_on_while_more_sync_writes_than_fuse_workers_wait_for_a_dead_holder() {
+    require_fuse!();
+    let _serial = serial();
+    vm_io_goes_on_while_many_wait_for_a_dead_holder(
+        |p| {
+            Some(
+                fs::OpenOptions::new()
+                    .write(true)
+                    .custom_flags(libc::O_SYNC)
+                    .open(p)
+                    .expect("open a file O_SYNC on node1"),
+            )
+        },
+        |_, f| f.expect("opened").write_all_at(b"x", 0),
+    );
+}
+
+/// node1 has an image and 64 files (its holds of them gone back, most of them); node2 dies
+/// holding the global lock; 64 threads on one CPU each run `wait` on their file (given what `prepare`
+/// opened before the death), which waits for the recovery; node1's read and write of its
+/// image must not.
+fn vm_io_goes_on_while_many_wait_for_a_dead_holder(
+    prepare: fn(&Path) -> Option<fs::File>,
+    wait: fn(PathBuf, Option<fs::File>) -> io::Result<()>,
+) {
+    const WAITERS: usize = 64;
     let (lun, node1, node2) = node1_and_a_node2_to_kill();
     let mut buf = AlignedBuf::new(1 << 20);
     buf.fill(7);
@@ -2736,16 +2771,22 @@ fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     for i in 0..WAITERS {
         fs::write(node1.p(format!("w{i}")), b"w").expect("create a file on node1");
     }
-    // node1's holds of the files go back (idle for a second): a chmod needs the global lock.
+    // node1's holds of the files go back (idle for a second): a chmod needs the global lock,
+    // and so does an O_SYNC write's mtime.
     std::thread::sleep(Duration::from_millis(2500));
+    let opened: Vec<_> = (0..WAITERS)
+        .map(|i| prepare(&node1.p(format!("w{i}"))))
+        .collect();
     let killed = kill_holding_the_global_lock(node2, 10);
     // Every request from one CPU: over io_uring, the kernel sends a request to its caller's
     // CPU's queue, where it holds an entry until answered (cetrafs-fuse/src/uring.rs).
     let cpus = pin_to_one_cpu();
-    let waiters: Vec<_> = (0..WAITERS)
-        .map(|i| {
+    let waiters: Vec<_> = opened
+        .into_iter()
+        .enumerate()
+        .map(|(i, f)| {
             let p = node1.p(format!("w{i}"));
-            std::thread::spawn(move || fs::set_permissions(p, fs::Permissions::from_mode(0o600)))
+            std::thread::spawn(move || wait(p, f))
         })
         .collect();
     std::thread::sleep(Duration::from_secs(1));
@@ -2762,12 +2803,12 @@ fn a_vm_reads_on_while_more_changes_than_fuse_workers_wait_for_a_dead_holder() {
     let waited = waiters.iter().filter(|w| !w.is_finished()).count();
     assert!(
         waited > 32,
-        "only {waited} chmods still waited for the global lock: the test proves nothing"
+        "only {waited} still waited for the global lock: the test proves nothing"
     );
     for w in waiters {
         w.join()
-            .expect("chmod thread")
-            .expect("chmod on node1 after the recovery");
+            .expect("waiter thread")
+            .expect("the wait on node1 after the recovery");
     }
     await_recovery(&node1, "node2");
     drop(vm);
