@@ -591,23 +591,26 @@ impl Volume {
             bail!(NotFound, "inode {ino} does not exist");
         }
         let epoch = self.cl.epoch.load(Ordering::Acquire);
-        // To be noted, the copy must be read after this node found that no other node owns
-        // the inode (then none can before this node lets the global lock go): asked before
-        // the read (one bucket read an epoch), not only after it as below.
-        let unowned_before_read = note && self.unowned_elsewhere(ino, epoch);
+        // Whether another node owns it, asked before the read (one bucket read an epoch):
+        // if none does, none can before this node lets the global lock go, and the read is
+        // current.
+        let unowned_before_read = self.unowned_elsewhere(ino, epoch);
         let raw = tx.read(ino)?;
         // A regular file or a directory may be changed by the node that owns its lock
         // without the global lock (fs/detached.rs rule 3, fs/detached_ns.rs): what was read
         // may be stale, or torn by that node's home write; then read it again once that node
-        // has written it home. (The type is only known from a good read: a torn one is
-        // checked the same way before it counts as damage.)
-        let mut read_again = false;
+        // has written it home. So also when the owner the bucket showed before the read let
+        // go before `before_load` asked: a copy read before that must not stay in the block
+        // cache, where a later load would take it for current. (The type is only known from
+        // a good read: a torn one is checked the same way before it counts as damage.)
         let inode = match Inode::decode(&raw, ino) {
             Ok(i) if !i.is_reg() && !i.is_dir() => i,
             first => {
-                if self.before_load(tx, ino)? {
+                let waited = self
+                    .before_load(tx, ino)
+                    .inspect_err(|_| tx.drop_cached(ino))?;
+                if waited || !unowned_before_read {
                     tx.drop_cached(ino);
-                    read_again = true;
                     Inode::decode(&tx.read(ino)?, ino)?
                 } else {
                     first?
@@ -621,7 +624,7 @@ impl Volume {
         };
         let changes_detached = inode.is_reg() || inode.is_dir();
         let st = Arc::new(InodeState::new(inode, extents, epoch));
-        if note && changes_detached && (unowned_before_read || read_again) {
+        if note && changes_detached {
             self.note_loaded(&st, epoch);
         }
         self.inodes.insert(st.clone());
