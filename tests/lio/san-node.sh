@@ -17,8 +17,9 @@
 #                                   /mnt/cetra/NAME.d (metadata: locks, journal) over and over,
 #                                   likewise in /tmp/meta-NAME.log
 #   san-node stop-writer NAME       stop both; prints passes and errors of each, and the longest
-#                                   time between two completed passes (s); then the first errors
-#                                   and the daemon's slow requests (5 s or more) meanwhile
+#                                   time between two completed passes (s); then the first errors,
+#                                   the loops' slow steps and the daemon's slow requests (5 s or
+#                                   more) meanwhile
 set -u
 M=/mnt/cetra
 die() { echo "san-node: $*" >&2; exit 1; }
@@ -105,10 +106,19 @@ writer)
         ) > /tmp/$1-$name.log 2>&1 < /dev/null &
         echo $! > /tmp/$1-$name.pid
     }
+    # st STEP CMD...: run CMD; one that took 5 s or more is named in the loop's log (a stall
+    # the daemon does not see as one slow request: several shorter ones, or one in the kernel)
+    st() {
+        n=$1; shift
+        a=$(cut -d' ' -f1 /proc/uptime)
+        "$@" || return 1
+        awk -v a="$a" -v b="$(cut -d' ' -f1 /proc/uptime)" -v n="$n" \
+            'BEGIN { if (b - a >= 5) printf "slow step: %s took %.1f s from uptime %.1f\n", n, b - a, a }'
+    }
     # a VM's writes: O_DIRECT, flushed with fdatasync as QEMU does for a cache=none image
     # (busybox dd has no conv=fdatasync: `sync -d` is one)
-    loop writer 'dd if=/dev/urandom of=$M/$name bs=1M count="$mb" oflag=direct conv=notrunc && sync -d $M/$name'
-    loop meta 'f=$M/$name.d/f$pass; echo $pass > $f && sync $f && mv $f $f.x && rm $f.x'
+    loop writer 'st write dd if=/dev/urandom of=$M/$name bs=1M count="$mb" oflag=direct conv=notrunc && st fdatasync sync -d $M/$name'
+    loop meta 'f=$M/$name.d/f$pass; st create sh -c "echo $pass > $f" && st fsync sync $f && st rename mv $f $f.x && st unlink rm $f.x'
     ;;
 stop-writer)
     touch /tmp/writer-$1.stop
@@ -124,6 +134,7 @@ stop-writer)
         echo "$w: passes $(grep -c ' ok ' /tmp/$w-$1.log) errors $(grep -c ERROR /tmp/$w-$1.log) longest gap $gap s"
     done
     grep -h ERROR /tmp/writer-$1.log /tmp/meta-$1.log | head -3
+    for w in writer meta; do grep -o 'slow step: .*' /tmp/$w-$1.log | sed "s/^slow step: /slow step: $w /" | tail -4; done
     # the daemon's slow requests meanwhile (adapter.rs `Timed`): which operation waited
     tail -n +$(($(cat /tmp/writer-$1.logpos) + 1)) /tmp/cetra.log | grep -o 'slow request: .*' | tail -8
     ;;
