@@ -311,34 +311,50 @@ fn a_directory_read_again_since_another_nodes_change_is_looked_up_while_the_hold
     eventually("b's idle holds go back", || {
         [r, mine, f.ino, theirs].iter().all(|&i| !il.holds_any(i))
     });
-    // c dies holding the global lock exclusively.
+    lookups_go_on_while_c_is_dead(
+        &dev,
+        [&a, &b, &c],
+        vec![
+            (r, b"mine", mine),
+            (r, b"theirs", theirs),
+            (mine, b"img", f.ino),
+        ],
+    );
+}
+
+/// c dies holding the global lock exclusively; b's `lookups` (directory, name, the inode
+/// expected) are answered before its recovery. Then a and b unmount and the volume checks
+/// clean.
+fn lookups_go_on_while_c_is_dead(
+    dev: &Arc<crate::dev::mem::MemDevice>,
+    [a, b, c]: [&Arc<Volume>; 3],
+    lookups: Vec<(Ino, &'static [u8], Ino)>,
+) {
     let held = c.meta_ex().unwrap();
-    let (dead, _) = crash(&c);
+    let (dead, _) = crash(c);
     let t = Instant::now();
-    let b2 = b.clone();
+    let b2 = Arc::clone(b);
+    let want: Vec<_> = lookups.iter().map(|l| l.2).collect();
     let found = within(dead * 3, move || {
-        (
-            b2.lookup(r, b"mine").map(|x| x.ino),
-            b2.lookup(r, b"theirs").map(|x| x.ino),
-            b2.lookup(mine, b"img").map(|x| x.ino),
-        )
+        lookups
+            .iter()
+            .map(|&(dir, name, _)| b2.lookup(dir, name).map(|x| x.ino))
+            .collect::<Vec<_>>()
     });
     let took = t.elapsed();
     assert!(
-        holds_global_exclusively(&b, c.cl.me.slot),
+        holds_global_exclusively(b, c.cl.me.slot),
         "b's lookups took {took:?}: they waited for c's recovery (dead time {dead:?})"
     );
-    assert_eq!(found.0.unwrap(), mine);
-    assert_eq!(found.1.unwrap(), theirs);
-    assert_eq!(found.2.unwrap(), f.ino);
+    let found: Vec<_> = found.into_iter().map(Result::unwrap).collect();
+    assert_eq!(found, want);
     drop(held);
-    unmount_and_check(&dev, &[&a, &b]);
+    unmount_and_check(dev, &[&**a, &**b]);
 }
 
-/// The same for objects whose locks nobody took since the bucket's last eviction (no entry:
-/// a file made and never written, its directory evicted to make room): a load under the
-/// global lock notes the version a shared grant would create the entry at, and the lookups
-/// go on while a dead node holds the global lock.
+/// The same for an object whose lock nobody ever took (no entry in its bucket: a file made
+/// and never written): a load under the global lock notes the version a shared grant would
+/// create the entry at, and the lookups go on while a dead node holds the global lock.
 #[test]
 fn objects_without_a_lock_entry_are_looked_up_while_the_holder_is_dead() {
     let dev = volume(4);
@@ -360,25 +376,7 @@ fn objects_without_a_lock_entry_are_looked_up_while_the_holder_is_dead() {
     eventually("b's idle holds go back", || {
         [r, d, f.ino].iter().all(|&i| !il.holds_any(i))
     });
-    let held = c.meta_ex().unwrap();
-    let (dead, _) = crash(&c);
-    let t = Instant::now();
-    let b2 = b.clone();
-    let found = within(dead * 3, move || {
-        (
-            b2.lookup(r, b"d").map(|x| x.ino),
-            b2.lookup(d, b"f").map(|x| x.ino),
-        )
-    });
-    let took = t.elapsed();
-    assert!(
-        holds_global_exclusively(&b, c.cl.me.slot),
-        "b's lookups took {took:?}: they waited for c's recovery (dead time {dead:?})"
-    );
-    assert_eq!(found.0.unwrap(), d);
-    assert_eq!(found.1.unwrap(), f.ino);
-    drop(held);
-    unmount_and_check(&dev, &[&a, &b]);
+    lookups_go_on_while_c_is_dead(&dev, [&a, &b, &c], vec![(r, b"d", d), (d, b"f", f.ino)]);
 }
 
 /// `fs/own_lock_reads.rs` step 2: while the global lock's holder is silent, a read of an
