@@ -1483,10 +1483,10 @@ impl Volume {
     }
 
     /// Does this node know, in this `epoch`, that no other node owns `ino`'s lock (one
-    /// bucket read an epoch, `InodeLocks::foreign_exclusive`)? False on a v2 volume or when
-    /// the bucket cannot be read.
+    /// bucket read an epoch, `InodeLocks::foreign_exclusive`)? False when the bucket cannot
+    /// be read; true on a v2 volume, where nothing is owned.
     pub(super) fn unowned_elsewhere(&self, ino: u64, epoch: u64) -> bool {
-        self.cl.ilocks.as_ref().is_some_and(|il| {
+        self.cl.ilocks.as_ref().is_none_or(|il| {
             il.holds_any(ino) || il.foreign_exclusive(ino, epoch).is_ok_and(|owned| !owned)
         })
     }
