@@ -770,6 +770,15 @@ pub(crate) unsafe fn open_file<'a>(fh: u64) -> &'a OpenFile {
     unsafe { fh_borrow(FileHandle(fh)) }
 }
 
+/// Answer an ioctl with `vals` in native byte order, cut to the `out_size` the caller gave.
+fn reply_u64s(reply: ReplyIoctl, out_size: u32, vals: &[u64]) {
+    let out: Vec<u8> = vals.iter().flat_map(|v| v.to_ne_bytes()).collect();
+    let n = usize::try_from(out_size)
+        .unwrap_or(usize::MAX)
+        .min(out.len());
+    reply.ioctl(0, &out[..n]);
+}
+
 fn fh_from_open(of: Arc<OpenFile>) -> FileHandle {
     FileHandle(Arc::into_raw(of) as u64)
 }
@@ -1682,14 +1691,11 @@ impl Filesystem for Adapter {
                     // made on, alive for the duration of the request (as for READ and WRITE).
                     let writable = unsafe { fh_borrow(fh) }.writable;
                     match me.vol.defrag(ino, writable) {
-                        Ok(d) => {
-                            let mut out = [0u8; 24];
-                            out[..8].copy_from_slice(&d.extents_before.to_ne_bytes());
-                            out[8..16].copy_from_slice(&d.extents_after.to_ne_bytes());
-                            out[16..].copy_from_slice(&d.blocks_copied.to_ne_bytes());
-                            let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(24);
-                            reply.ioctl(0, &out[..n]);
-                        }
+                        Ok(d) => reply_u64s(
+                            reply,
+                            out_size,
+                            &[d.extents_before, d.extents_after, d.blocks_copied],
+                        ),
                         Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_DEFRAG)", &e)),
                     }
                 }
@@ -1700,17 +1706,11 @@ impl Filesystem for Adapter {
                         return;
                     }
                     match me.vol.grow() {
-                        Ok(g) => {
-                            let mut out = [0u8; 32];
-                            for (i, v) in [g.old_groups, g.new_groups, g.old_bytes, g.new_bytes]
-                                .into_iter()
-                                .enumerate()
-                            {
-                                out[i * 8..i * 8 + 8].copy_from_slice(&v.to_ne_bytes());
-                            }
-                            let n = usize::try_from(out_size).unwrap_or(usize::MAX).min(32);
-                            reply.ioctl(0, &out[..n]);
-                        }
+                        Ok(g) => reply_u64s(
+                            reply,
+                            out_size,
+                            &[g.old_groups, g.new_groups, g.old_bytes, g.new_bytes],
+                        ),
                         Err(e) => reply.error(Self::fail("ioctl(CETRA_IOC_GROW)", &e)),
                     }
                 }
